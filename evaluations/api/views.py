@@ -1,0 +1,234 @@
+"""HTTP API of SPEC §2. Views stay thin: serializers validate, admission and lifecycle decide."""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import time
+import uuid
+
+from django.conf import settings
+from django.db import connection
+from django.db.models import Avg, Q
+from rest_framework import status as http
+from rest_framework.permissions import AllowAny
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from evaluations import admission, languages, lifecycle, stats, wakeup
+from evaluations.api.errors import ApiError, envelope
+from evaluations.api.serializers import EvaluateRequestSerializer
+from evaluations.models import Evaluation, Status
+from evaluations.representation import evaluation_json, summary_json
+
+VERSION = "0.1.0"
+STARTED_AT = time.time()
+MAX_IDEMPOTENCY_KEY = 200
+
+
+class PublicView(APIView):
+    authentication_classes: list = []
+    permission_classes = [AllowAny]
+
+
+class HealthView(PublicView):
+    def get(self, request):
+        try:
+            with connection.cursor() as cursor:
+                cursor.execute("SELECT 1")
+        except Exception as exc:  # any driver error means the database is unreachable
+            body = {"status": "unhealthy", "checks": {"database": f"error: {exc.__class__.__name__}"}}
+            body.update(envelope("unhealthy", f"database unreachable: {exc}".strip()))
+            return Response(body, status=http.HTTP_503_SERVICE_UNAVAILABLE)
+        return Response({"status": "ok"})
+
+
+@functools.cache
+def _local_sandbox(mode: str) -> str:
+    if mode == "none":
+        return "none"
+    from evaluations.runtime.sandbox import probe_bwrap
+
+    works, _reason = probe_bwrap()
+    return "bwrap" if works else "none"
+
+
+def sandbox_mode(workers) -> str:
+    """What the live workers run commands in; this host's probe when no worker is up."""
+    if workers:
+        return workers[0].sandbox
+    return _local_sandbox(settings.EXECUTOR.sandbox)
+
+
+class StatusView(PublicView):
+    def get(self, request):
+        config = settings.EXECUTOR
+        counts = stats.evaluation_counts()
+        workers = stats.live_workers(config.worker_stale_secs)
+        capacity = sum(w.capacity for w in workers) if workers else config.max_concurrent_evals
+        return Response(
+            {
+                "version": VERSION,
+                "uptime_secs": int(time.time() - STARTED_AT),
+                "active_evals": counts["running"],
+                "queued_evals": counts["pending"],
+                "total_evals": counts["total"],
+                "passed": counts["passed"],
+                "failed": counts["failed"],
+                "cancelled": counts["cancelled"],
+                "capacity": capacity,
+                "available_slots": max(0, capacity - counts["running"]),
+                "workers": len(workers),
+                "sandbox": sandbox_mode(workers),
+                "auth": "enabled" if config.auth_enabled else "disabled",
+                "languages": list(languages.available()),
+            }
+        )
+
+
+def _request_fingerprint(payload: dict) -> str:
+    return hashlib.sha256(json.dumps(payload, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+def _retry_after_secs(capacity: int) -> int:
+    """Roughly when a slot frees: the mean recent duration spread over the slots, 1 to 60 s."""
+    recent = Evaluation.objects.filter(duration_ms__isnull=False).order_by("-finished_at")[:20]
+    mean_ms = Evaluation.objects.filter(id__in=recent.values("id")).aggregate(m=Avg("duration_ms"))["m"]
+    if not mean_ms:
+        return 5
+    return int(min(60, max(1, mean_ms / 1000 / max(1, capacity))))
+
+
+class EvaluateView(APIView):
+    def post(self, request):
+        config = settings.EXECUTOR
+        key = request.headers.get("Idempotency-Key")
+        if key is not None and not 0 < len(key) <= MAX_IDEMPOTENCY_KEY:
+            raise ApiError(
+                400,
+                "invalid_request",
+                f"Idempotency-Key must be 1 to {MAX_IDEMPOTENCY_KEY} characters",
+                fields={"Idempotency-Key": [f"must be 1 to {MAX_IDEMPOTENCY_KEY} characters"]},
+            )
+        serializer = EvaluateRequestSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        data = serializer.validated_data
+        fields = {
+            "agent_code": data["agent_code"],
+            "language": data["agent_language"],
+            "task_url": data["task_url"],
+            "timeout_secs": data.get("timeout_secs"),
+            "env": data.get("env") or {},
+            "static_assets": data.get("static_assets"),
+            "callback_url": data.get("callback_url") or "",
+            "metadata": data.get("metadata"),
+        }
+        try:
+            evaluation, _created = admission.admit(
+                fields=fields,
+                limit=config.admission_limit,
+                scope=request.user.scope,
+                key=key,
+                request_sha256=_request_fingerprint(request.data),
+                data_dir=config.data_dir,
+            )
+        except admission.AtCapacity:
+            raise ApiError(
+                503,
+                "at_capacity",
+                f"the executor is at capacity ({config.admission_limit} evaluations pending or running); retry later",
+                headers={"Retry-After": str(_retry_after_secs(config.max_concurrent_evals))},
+            ) from None
+        except admission.IdempotencyConflict:
+            raise ApiError(
+                409,
+                "idempotency_conflict",
+                "this Idempotency-Key was used with a different request body",
+            ) from None
+        location = f"/evaluate/{evaluation.id}"
+        return Response(
+            {"eval_id": str(evaluation.id), "status": Status.PENDING},
+            status=http.HTTP_202_ACCEPTED,
+            headers={"Location": location},
+        )
+
+
+def _get_evaluation(eval_id: str, *, full: bool = False) -> Evaluation:
+    try:
+        uuid.UUID(str(eval_id))
+    except ValueError:
+        raise ApiError(404, "not_found", f"no evaluation {eval_id}") from None
+    queryset = Evaluation.objects.all()
+    if full:
+        queryset = queryset.prefetch_related("transitions", "test_results")
+    evaluation = queryset.filter(id=eval_id).first()
+    if evaluation is None:
+        raise ApiError(404, "not_found", f"no evaluation {eval_id}")
+    return evaluation
+
+
+class EvaluationDetailView(APIView):
+    def get(self, request, eval_id):
+        return Response(evaluation_json(_get_evaluation(eval_id, full=True)))
+
+    def delete(self, request, eval_id):
+        evaluation = _get_evaluation(eval_id)
+        outcome = lifecycle.cancel(evaluation.id, "cancelled by DELETE")
+        if outcome is None:
+            evaluation.refresh_from_db(fields=["status"])
+            raise ApiError(409, "already_finished", f"evaluation {eval_id} already ended {evaluation.status}")
+        if outcome == Status.RUNNING:
+            wakeup.notify(settings.EXECUTOR.data_dir)
+        return Response({"eval_id": str(evaluation.id), "status": outcome}, status=http.HTTP_202_ACCEPTED)
+
+
+class EvaluationListView(APIView):
+    DEFAULT_LIMIT = 100
+    MAX_LIMIT = 1000
+
+    def get(self, request):
+        params = request.query_params
+        problems: dict[str, list[str]] = {}
+        queryset = Evaluation.objects.order_by("-created_at", "-id")
+        status_filter = params.get("status")
+        if status_filter is not None:
+            if status_filter not in Status.values:
+                problems["status"] = [f"must be one of {', '.join(Status.values)}"]
+            queryset = queryset.filter(status=status_filter)
+        limit = self.DEFAULT_LIMIT
+        if params.get("limit") is not None:
+            try:
+                limit = int(params["limit"])
+                if not 1 <= limit <= self.MAX_LIMIT:
+                    raise ValueError
+            except ValueError:
+                problems["limit"] = [f"must be an integer from 1 to {self.MAX_LIMIT}"]
+        before = params.get("before")
+        if before is not None:
+            anchor = None
+            try:
+                anchor = Evaluation.objects.filter(id=uuid.UUID(before)).values("id", "created_at").first()
+            except ValueError:
+                pass
+            if anchor is None:
+                problems["before"] = ["must be the eval_id of an existing evaluation"]
+            else:
+                queryset = queryset.filter(
+                    Q(created_at__lt=anchor["created_at"]) | Q(created_at=anchor["created_at"], id__lt=anchor["id"])
+                )
+        if problems:
+            raise ApiError(400, "invalid_request", "the query is invalid: " + ", ".join(sorted(problems)), fields=problems)
+        rows = list(
+            queryset.only("id", "task_url", "language", "status", "passed", "created_at")[: limit + 1]
+        )
+        headers = {}
+        if len(rows) > limit:
+            rows = rows[:limit]
+            query = {"limit": str(limit), "before": str(rows[-1].id)}
+            if status_filter:
+                query["status"] = status_filter
+            from urllib.parse import urlencode
+
+            headers["Link"] = f'<{request.build_absolute_uri(request.path)}?{urlencode(query)}>; rel="next"'
+        return Response([summary_json(row) for row in rows], headers=headers)

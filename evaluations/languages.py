@@ -1,0 +1,30 @@
+"""Agent languages: the file an agent's code is written to and the interpreter that runs it."""
+
+from __future__ import annotations
+
+import functools
+import shutil
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Language:
+    name: str
+    extension: str
+    interpreter: str
+
+    def argv(self, agent_file: str, prompt: str) -> list[str]:
+        return [self.interpreter, agent_file, "--instruction", prompt]
+
+
+_ALL = (
+    Language("python", "py", "python3"),
+    Language("bash", "sh", "bash"),
+    Language("node", "js", "node"),
+)
+
+
+@functools.cache
+def available() -> dict[str, Language]:
+    """The languages whose interpreter this host has, in a fixed order."""
+    return {lang.name: lang for lang in _ALL if shutil.which(lang.interpreter)}

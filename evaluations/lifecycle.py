@@ -1,0 +1,105 @@
+"""The one place that moves an evaluation between steps and statuses.
+
+Every change writes the Evaluation row and a Transition row in one short
+transaction, and is conditional on the status the caller expects, so a
+pipeline that lost a race with DELETE (or with the reaper) finds out instead
+of overwriting a terminal state.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterable
+
+from django.db import transaction
+from django.utils import timezone
+
+from evaluations.models import ACTIVE_STATUSES, Evaluation, Status, Step, TestResult, Transition
+
+
+def _elapsed_ms(start, end) -> int:
+    return max(0, int((end - start).total_seconds() * 1000))
+
+
+def record(
+    eval_id,
+    *,
+    step: str | None = None,
+    status: str | None = None,
+    expect: Iterable[str] = ACTIVE_STATUSES,
+    **fields,
+) -> bool:
+    """Apply a step/status change and store its transition; False if the row was not in `expect`."""
+    now = timezone.now()
+    updates = dict(fields)
+    if step is not None:
+        updates["step"] = step
+    if status is not None:
+        updates["status"] = status
+    with transaction.atomic():
+        changed = Evaluation.objects.filter(id=eval_id, status__in=list(expect)).update(**updates)
+        if not changed:
+            return False
+        current_step, current_status = Evaluation.objects.filter(id=eval_id).values_list("step", "status").get()
+        previous = Transition.objects.filter(evaluation_id=eval_id).order_by("-at", "-id").first()
+        if previous is not None and previous.duration_ms is None:
+            previous.duration_ms = _elapsed_ms(previous.at, now)
+            previous.save(update_fields=["duration_ms"])
+        Transition.objects.create(evaluation_id=eval_id, step=current_step, status=current_status, at=now)
+    return True
+
+
+def results_sha256(eval_id, passed: bool | None, results: Iterable[dict]) -> str:
+    """SHA-256 of a canonical JSON, so a platform can compare two executors' runs."""
+    canonical = {
+        "eval_id": str(eval_id),
+        "passed": passed,
+        "test_results": [
+            {"name": r["name"], "passed": r["passed"], "exit_code": r["exit_code"]} for r in results
+        ],
+    }
+    blob = json.dumps(canonical, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return hashlib.sha256(blob.encode()).hexdigest()
+
+
+def finish(
+    eval_id,
+    status: str,
+    *,
+    error: str = "",
+    expect: Iterable[str] = ACTIVE_STATUSES,
+    **fields,
+) -> bool:
+    """End an evaluation: step `done`, final status, `passed`, times and the results hash."""
+    now = timezone.now()
+    row = Evaluation.objects.filter(id=eval_id).values("created_at", "started_at").first()
+    if row is None:
+        return False
+    results = list(TestResult.objects.filter(evaluation_id=eval_id).values("name", "passed", "exit_code"))
+    passed = status == Status.COMPLETED
+    return record(
+        eval_id,
+        step=Step.DONE,
+        status=status,
+        expect=expect,
+        passed=passed,
+        error=error,
+        finished_at=now,
+        duration_ms=_elapsed_ms(row["started_at"] or row["created_at"], now),
+        results_sha256=results_sha256(eval_id, passed, results),
+        **fields,
+    )
+
+
+def cancel(eval_id, reason: str) -> str | None:
+    """DELETE: cancel a pending evaluation at once, ask a running one to stop.
+
+    Returns the status after the call, or None if the evaluation had already ended.
+    """
+    if finish(eval_id, Status.CANCELLED, error=f"queued: {reason}", expect=[Status.PENDING], cancel_reason=reason):
+        return Status.CANCELLED
+    asked = Evaluation.objects.filter(id=eval_id, status=Status.RUNNING).update(
+        cancel_requested=True, cancel_reason=reason
+    )
+    return Status.RUNNING if asked else None

@@ -1,0 +1,75 @@
+"""/metrics: django-prometheus' request metrics plus term_executor_* read from the database.
+
+The evaluation figures are collected at scrape time from the database, so
+whichever gunicorn worker answers, the numbers are the same, and a restart
+loses nothing. The request metrics are per process; with several gunicorn
+workers they are merged through PROMETHEUS_MULTIPROC_DIR (gunicorn.conf.py).
+"""
+
+from __future__ import annotations
+
+import os
+
+from django.conf import settings
+from django.http import HttpResponse
+from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+
+from evaluations import stats
+
+
+class EvaluationCollector:
+    def collect(self):
+        counts = stats.evaluation_counts()
+        for name, key, help_text in (
+            ("term_executor_evaluations", "total", "Evaluations admitted."),
+            ("term_executor_evaluations_passed", "passed", "Evaluations that passed."),
+            ("term_executor_evaluations_failed", "failed", "Evaluations that ended failed."),
+            ("term_executor_evaluations_cancelled", "cancelled", "Evaluations that ended cancelled."),
+        ):
+            yield CounterMetricFamily(name, help_text, value=counts[key])
+        yield GaugeMetricFamily(
+            "term_executor_evaluations_active", "Evaluations running now.", value=counts["running"]
+        )
+        yield CounterMetricFamily(
+            "term_executor_evaluations_duration_ms_sum",
+            "Sum of the durations of ended evaluations, in milliseconds.",
+            value=counts["duration_ms_sum"],
+        )
+        yield GaugeMetricFamily("term_executor_queue_depth", "Evaluations waiting.", value=counts["pending"])
+        yield GaugeMetricFamily(
+            "term_executor_capacity",
+            "Evaluations a worker runs at once (MAX_CONCURRENT_EVALS).",
+            value=settings.EXECUTOR.max_concurrent_evals,
+        )
+        histogram = HistogramMetricFamily(
+            "term_executor_step_duration_seconds", "Time spent in each pipeline step.", labels=["step"]
+        )
+        for step, figures in stats.step_histograms().items():
+            buckets = [(str(bound), count) for bound, count in figures["buckets"]]
+            buckets.append(("+Inf", figures["count"]))
+            histogram.add_metric([step], buckets, figures["sum_seconds"])
+        yield histogram
+
+
+_collector = EvaluationCollector()
+_default_registered = False
+
+
+def _registry() -> CollectorRegistry:
+    global _default_registered
+    if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        from prometheus_client import multiprocess
+
+        registry = CollectorRegistry()
+        multiprocess.MultiProcessCollector(registry)
+        registry.register(_collector)
+        return registry
+    if not _default_registered:
+        REGISTRY.register(_collector)
+        _default_registered = True
+    return REGISTRY
+
+
+def metrics_view(request):
+    return HttpResponse(generate_latest(_registry()), content_type=CONTENT_TYPE_LATEST)

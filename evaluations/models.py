@@ -1,0 +1,166 @@
+"""What the executor stores: evaluations, their transitions and test results, workers."""
+
+from __future__ import annotations
+
+import uuid
+
+from django.db import models
+from django.db.models import Q
+from django.utils import timezone
+
+
+class Status(models.TextChoices):
+    PENDING = "pending"
+    RUNNING = "running"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+
+ACTIVE_STATUSES = (Status.PENDING, Status.RUNNING)
+TERMINAL_STATUSES = (Status.COMPLETED, Status.FAILED, Status.CANCELLED)
+
+
+class Step(models.TextChoices):
+    QUEUED = "queued"
+    DOWNLOADING_TASK = "downloading_task"
+    CLONING_REPO = "cloning_repo"
+    INSTALLING_DEPS = "installing_deps"
+    RUNNING_AGENT = "running_agent"
+    RUNNING_TESTS = "running_tests"
+    CLEANUP = "cleanup"
+    DONE = "done"
+
+
+class TestKind(models.TextChoices):
+    FAIL_TO_PASS = "fail_to_pass"
+    PASS_TO_PASS = "pass_to_pass"
+    TEST = "test"
+    CHECK = "check"
+
+
+class Evaluation(models.Model):
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False, verbose_name="eval id")
+    status = models.CharField(max_length=16, choices=Status.choices, default=Status.PENDING)
+    step = models.CharField(max_length=24, choices=Step.choices, default=Step.QUEUED)
+    passed = models.BooleanField(null=True, help_text="null until the evaluation ends")
+    error = models.TextField(blank=True, default="")
+
+    # The request.
+    task_url = models.CharField(max_length=2048)
+    language = models.CharField(max_length=16, default="python")
+    agent_code = models.TextField()
+    timeout_secs = models.PositiveIntegerField(null=True, blank=True)
+    env = models.JSONField(default=dict, blank=True)
+    static_assets = models.JSONField(null=True, blank=True)
+    callback_url = models.CharField(max_length=2048, blank=True, default="")
+    metadata = models.JSONField(null=True, blank=True)
+    idempotency_key = models.CharField(max_length=200, null=True, blank=True)
+    idempotency_scope = models.CharField(max_length=64, blank=True, default="")
+    request_sha256 = models.CharField(max_length=64, blank=True, default="")
+
+    # Times.
+    created_at = models.DateTimeField(default=timezone.now)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    duration_ms = models.BigIntegerField(null=True, blank=True)
+
+    # What the task held and what the run produced.
+    task_prompt = models.TextField(blank=True, default="")
+    original_pr = models.TextField(blank=True, default="")
+    agent_output = models.TextField(blank=True, default="")
+    agent_exit_code = models.IntegerField(null=True, blank=True)
+    agent_patch = models.TextField(blank=True, default="")
+    test_output = models.TextField(blank=True, default="")
+    results_sha256 = models.CharField(max_length=64, blank=True, default="")
+
+    # Who runs it, and whether someone asked it to stop.
+    worker_id = models.CharField(max_length=64, blank=True, default="")
+    cancel_requested = models.BooleanField(default=False)
+    cancel_reason = models.CharField(max_length=200, blank=True, default="")
+
+    class Meta:
+        ordering = ("-created_at", "-id")
+        indexes = [
+            # GET /evaluations, newest first, optionally by status.
+            models.Index(fields=["-created_at", "-id"], name="eval_list_idx"),
+            models.Index(fields=["status", "-created_at"], name="eval_status_list_idx"),
+            # Admission counts and the worker's claim look at pending/running rows only.
+            models.Index(
+                fields=["status", "created_at"],
+                name="eval_active_idx",
+                condition=Q(status__in=["pending", "running"]),
+            ),
+            models.Index(fields=["worker_id", "status"], name="eval_worker_idx"),
+        ]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["idempotency_scope", "idempotency_key"],
+                condition=Q(idempotency_key__isnull=False),
+                name="eval_idempotency_unique",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.id} ({self.status}/{self.step})"
+
+    @property
+    def is_terminal(self) -> bool:
+        return self.status in TERMINAL_STATUSES
+
+
+class Transition(models.Model):
+    """One change of step or status. duration_ms: how long the evaluation stayed there."""
+
+    evaluation = models.ForeignKey(Evaluation, on_delete=models.CASCADE, related_name="transitions")
+    step = models.CharField(max_length=24, choices=Step.choices)
+    status = models.CharField(max_length=16, choices=Status.choices)
+    at = models.DateTimeField(default=timezone.now)
+    duration_ms = models.BigIntegerField(null=True, blank=True)
+
+    class Meta:
+        ordering = ("at", "id")
+        indexes = [models.Index(fields=["evaluation", "at"], name="transition_eval_idx")]
+
+    def __str__(self) -> str:
+        return f"{self.step}/{self.status} at {self.at:%H:%M:%S.%f}"
+
+
+class TestResult(models.Model):
+    evaluation = models.ForeignKey(Evaluation, on_delete=models.CASCADE, related_name="test_results")
+    position = models.PositiveIntegerField()
+    name = models.CharField(max_length=255)
+    kind = models.CharField(max_length=16, choices=TestKind.choices)
+    passed = models.BooleanField()
+    exit_code = models.IntegerField(null=True, blank=True)
+    timed_out = models.BooleanField(default=False)
+    duration_ms = models.BigIntegerField(default=0)
+    output = models.TextField(blank=True, default="")
+
+    class Meta:
+        ordering = ("position",)
+        constraints = [
+            models.UniqueConstraint(fields=["evaluation", "position"], name="testresult_position_unique")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.name}: {'passed' if self.passed else 'failed'}"
+
+
+class WorkerHeartbeat(models.Model):
+    """A run_worker process. A worker silent for WORKER_STALE_SECS is lost."""
+
+    worker_id = models.CharField(max_length=64, primary_key=True)
+    hostname = models.CharField(max_length=255)
+    pid = models.IntegerField()
+    capacity = models.PositiveIntegerField()
+    sandbox = models.CharField(max_length=16)
+    started_at = models.DateTimeField(default=timezone.now)
+    last_beat_at = models.DateTimeField(default=timezone.now)
+    stopping = models.BooleanField(default=False)
+
+    class Meta:
+        ordering = ("-last_beat_at",)
+
+    def __str__(self) -> str:
+        return f"{self.worker_id} on {self.hostname}"

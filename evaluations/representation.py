@@ -1,0 +1,61 @@
+"""The evaluation object of SPEC §2, as the API, callbacks and the CLI show it."""
+
+from __future__ import annotations
+
+from evaluations.models import Evaluation
+
+
+def _iso(value) -> str | None:
+    return value.isoformat().replace("+00:00", "Z") if value else None
+
+
+def evaluation_json(evaluation: Evaluation) -> dict:
+    transitions = [
+        {"step": t.step, "status": t.status, "at": _iso(t.at), "duration_ms": t.duration_ms}
+        for t in evaluation.transitions.all()
+    ]
+    test_results = [
+        {
+            "name": r.name,
+            "kind": r.kind,
+            "passed": r.passed,
+            "exit_code": r.exit_code,
+            "timed_out": r.timed_out,
+            "duration_ms": r.duration_ms,
+            "output": r.output,
+        }
+        for r in evaluation.test_results.all()
+    ]
+    return {
+        "eval_id": str(evaluation.id),
+        "status": evaluation.status,
+        "step": evaluation.step,
+        "passed": evaluation.passed,
+        "error": evaluation.error or None,
+        "duration_ms": evaluation.duration_ms,
+        "task_url": evaluation.task_url,
+        "language": evaluation.language,
+        "metadata": evaluation.metadata,
+        "created_at": _iso(evaluation.created_at),
+        "started_at": _iso(evaluation.started_at),
+        "finished_at": _iso(evaluation.finished_at),
+        "test_results": test_results,
+        "agent_output": evaluation.agent_output,
+        "agent_exit_code": evaluation.agent_exit_code,
+        "agent_patch": evaluation.agent_patch,
+        "test_output": evaluation.test_output,
+        "transitions": transitions,
+        "results_sha256": evaluation.results_sha256 or None,
+    }
+
+
+def summary_json(evaluation: Evaluation) -> dict:
+    """One row of GET /evaluations."""
+    return {
+        "eval_id": str(evaluation.id),
+        "task_url": evaluation.task_url,
+        "language": evaluation.language,
+        "status": evaluation.status,
+        "passed": evaluation.passed,
+        "created_at": _iso(evaluation.created_at),
+    }

@@ -1,0 +1,53 @@
+"""Figures read from the database, so every gunicorn worker reports the same ones."""
+
+from __future__ import annotations
+
+from django.db.models import Count, Q, Sum
+from django.utils import timezone
+
+from evaluations.models import Evaluation, Status, Transition, WorkerHeartbeat
+
+# Seconds; the step histogram's upper bounds.
+STEP_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800)
+
+
+def evaluation_counts() -> dict[str, int]:
+    """All the counts /status and /metrics need, in one query."""
+    row = Evaluation.objects.aggregate(
+        total=Count("id"),
+        pending=Count("id", filter=Q(status=Status.PENDING)),
+        running=Count("id", filter=Q(status=Status.RUNNING)),
+        completed=Count("id", filter=Q(status=Status.COMPLETED)),
+        failed=Count("id", filter=Q(status=Status.FAILED)),
+        cancelled=Count("id", filter=Q(status=Status.CANCELLED)),
+        passed=Count("id", filter=Q(passed=True)),
+        duration_ms_sum=Sum("duration_ms"),
+    )
+    row["duration_ms_sum"] = row["duration_ms_sum"] or 0
+    return row
+
+
+def step_histograms() -> dict[str, dict]:
+    """{step: {"count", "sum_seconds", "buckets": [(le, cumulative count), ...]}}."""
+    aggregates = {"count": Count("id"), "sum_ms": Sum("duration_ms")}
+    for index, bound in enumerate(STEP_BUCKETS):
+        aggregates[f"le_{index}"] = Count("id", filter=Q(duration_ms__lte=int(bound * 1000)))
+    rows = (
+        Transition.objects.filter(duration_ms__isnull=False)
+        .values("step")
+        .annotate(**aggregates)
+        .order_by("step")
+    )
+    result = {}
+    for row in rows:
+        result[row["step"]] = {
+            "count": row["count"],
+            "sum_seconds": (row["sum_ms"] or 0) / 1000,
+            "buckets": [(bound, row[f"le_{i}"]) for i, bound in enumerate(STEP_BUCKETS)],
+        }
+    return result
+
+
+def live_workers(stale_secs: int) -> list[WorkerHeartbeat]:
+    cutoff = timezone.now() - timezone.timedelta(seconds=stale_secs)
+    return list(WorkerHeartbeat.objects.filter(last_beat_at__gte=cutoff))
