@@ -1,0 +1,350 @@
+"""File-system helpers that never follow a symbolic link.
+
+The repository and the session folder are written by untrusted agent code
+before the service writes into them again (test support files) or measures
+and deletes them (disk quota, cleanup, reaper). Any path component there may
+be a planted symlink, so every helper here walks with directory file
+descriptors (``openat``-style, ``O_NOFOLLOW``) instead of path strings:
+
+1. a symlink is never followed, whichever component it is;
+2. walks are iterative with one descriptor open at a time, so a tree nested
+   thousands of levels deep (longer than ``PATH_MAX``) cannot make cleanup
+   or the disk check fail or undercount.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import stat
+from collections.abc import Callable
+from pathlib import Path
+
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+class SafeFSError(OSError):
+    """A write or walk refused because a path component is unsafe."""
+
+
+def split_relpath(relpath: str) -> list[str]:
+    """Split a relative path into components; refuse absolute paths and ``..``."""
+    if not isinstance(relpath, str) or not relpath:
+        raise SafeFSError(f"invalid relative path {relpath!r}")
+    if "\0" in relpath:
+        raise SafeFSError(f"path {relpath!r} contains a NUL byte")
+    if relpath.startswith("/"):
+        raise SafeFSError(f"path {relpath!r} is absolute")
+    parts = [p for p in relpath.split("/") if p not in ("", ".")]
+    if ".." in parts:
+        raise SafeFSError(f"path {relpath!r} contains '..'")
+    if not parts:
+        raise SafeFSError(f"path {relpath!r} names no file")
+    return parts
+
+
+def open_root_dir(root: Path | str) -> int:
+    """Open ``root`` as a directory; its last component must not be a symlink."""
+    try:
+        return os.open(root, _DIR_FLAGS)
+    except OSError as exc:
+        raise SafeFSError(f"cannot open folder {root}: {_reason(exc)}") from None
+
+
+def open_subdir(dir_fd: int, parts: list[str], *, create: bool, shown: str = "") -> int:
+    """Walk ``parts`` below ``dir_fd`` one component at a time; return a new fd.
+
+    Each component is opened with ``O_NOFOLLOW|O_DIRECTORY``: a symlink or a
+    non-folder anywhere on the way is refused. Missing folders are created
+    (mode 0o755) when ``create`` is true. The caller closes the returned fd.
+    """
+    fd = os.dup(dir_fd)
+    walked: list[str] = []
+    try:
+        for part in parts:
+            walked.append(part)
+            if create:
+                try:
+                    os.mkdir(part, 0o755, dir_fd=fd)
+                except FileExistsError:
+                    pass
+            try:
+                child = os.open(part, _DIR_FLAGS, dir_fd=fd)
+            except OSError as exc:
+                where = "/".join(walked)
+                if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+                    kind = _kind_at(fd, part)
+                    raise SafeFSError(f"cannot write {shown or '/'.join(parts)}: {where} is {kind}") from None
+                raise SafeFSError(f"cannot open folder {where}: {_reason(exc)}") from None
+            os.close(fd)
+            fd = child
+        return fd
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def write_file_nofollow(root: Path, relpath: str, data: bytes, mode: int = 0o644) -> None:
+    """Write ``data`` to ``root/relpath`` without following any symlink.
+
+    Missing parent folders are created. Any parent component that is a
+    symlink or not a folder is refused. The file is written to a fresh
+    temporary name (``O_EXCL|O_NOFOLLOW``) and renamed over the final name:
+    an existing regular file is replaced atomically, and a symlink planted at
+    the final name is replaced itself, never written through.
+    """
+    parts = split_relpath(relpath)
+    root_fd = open_root_dir(root)
+    try:
+        dir_fd = open_subdir(root_fd, parts[:-1], create=True, shown=relpath)
+    finally:
+        os.close(root_fd)
+    name = parts[-1]
+    try:
+        try:
+            if stat.S_ISDIR(os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mode):
+                raise SafeFSError(f"cannot write {relpath}: it is a folder")
+        except FileNotFoundError:
+            pass
+        tmp = f".{name[:200]}.tmp-{os.getpid()}-{os.urandom(4).hex()}"
+        fd = os.open(
+            tmp,
+            os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+            0o600,
+            dir_fd=dir_fd,
+        )
+        try:
+            try:
+                view = memoryview(data)
+                while view:
+                    written = os.write(fd, view)
+                    view = view[written:]
+                os.fchmod(fd, mode & 0o7777)
+            finally:
+                os.close(fd)
+            os.rename(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+        except BaseException:
+            try:
+                os.unlink(tmp, dir_fd=dir_fd)
+            except OSError:
+                pass
+            raise
+    except SafeFSError:
+        raise
+    except OSError as exc:
+        raise SafeFSError(f"cannot write {relpath}: {_reason(exc)}") from None
+    finally:
+        os.close(dir_fd)
+
+
+def remove_tree_nofollow(path: Path | str) -> None:
+    """Delete ``path`` and everything below it, never following a symlink.
+
+    A symlink at ``path`` itself is unlinked (its target is left alone).
+    Symlinks inside are unlinked as entries. Folders the agent made
+    unreadable or unwritable are given back owner permissions first. The
+    walk does not cross into another file system (a stray mount point is an
+    error, not something to empty). A missing ``path`` is not an error.
+
+    ``shutil.rmtree`` is also symlink-safe on Linux (``avoids_symlink_attacks``)
+    but recurses, so a tree a few thousand folders deep breaks it.
+    """
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return
+    if not stat.S_ISDIR(st.st_mode):
+        os.unlink(path)
+        return
+    top_fd = open_root_dir(path)
+    try:
+        _make_usable(top_fd)
+        _walk(top_fd, on_entry=_unlink_entry, on_leave=_rmdir_entry)
+    finally:
+        os.close(top_fd)
+    try:
+        os.rmdir(path)
+    except FileNotFoundError:
+        pass
+
+
+def tree_size(path: Path | str) -> int:
+    """Bytes of disk used by ``path`` and everything below it (links not followed).
+
+    Counts allocated blocks (``st_blocks * 512``): what a disk quota is about,
+    so sparse files count what they really use. Hard-linked files count once.
+    Entries that vanish or cannot be read during the walk are skipped.
+    """
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return 0
+    total = st.st_blocks * 512
+    if not stat.S_ISDIR(st.st_mode):
+        return total
+    seen: set[tuple[int, int]] = set()
+    sizes = [total]
+
+    def on_entry(dir_fd: int, entry: os.DirEntry) -> None:
+        try:
+            est = entry.stat(follow_symlinks=False)
+        except OSError:
+            return
+        if est.st_nlink > 1 and not stat.S_ISDIR(est.st_mode):
+            key = (est.st_dev, est.st_ino)
+            if key in seen:
+                return
+            seen.add(key)
+        sizes[0] += est.st_blocks * 512
+
+    try:
+        top_fd = open_root_dir(path)
+    except SafeFSError:
+        return total
+    try:
+        _walk(top_fd, on_entry=on_entry, on_dir=on_entry, on_leave=None, tolerant=True)
+    finally:
+        os.close(top_fd)
+    return sizes[0]
+
+
+# -- the walker -------------------------------------------------------------
+
+
+def _walk(
+    top_fd: int,
+    *,
+    on_entry: Callable[[int, os.DirEntry], None],
+    on_leave: Callable[[int, str], None] | None,
+    on_dir: Callable[[int, os.DirEntry], None] | None = None,
+    tolerant: bool = False,
+) -> None:
+    """Post-order walk below ``top_fd`` holding one directory fd at a time.
+
+    1. Each folder is scanned once: ``on_entry(dir_fd, entry)`` for every
+       non-folder, ``on_dir`` for every folder; sub-folders are queued.
+    2. A sub-folder is entered with ``openat(O_NOFOLLOW|O_DIRECTORY)``; the
+       parent's (device, inode) is remembered on a stack of plain data.
+    3. Leaving goes back up through ``..`` and checks the identity, so a
+       folder moved during the walk stops it instead of misdirecting it;
+       then ``on_leave(parent_fd, name)`` runs (rmdir for removal).
+    """
+    top_dev = os.fstat(top_fd).st_dev
+    fd = os.dup(top_fd)
+    stack: list[tuple[list[str], str, tuple[int, int]]] = []
+    name = ""
+    try:
+        pending = _scan(fd, on_entry, on_dir, tolerant)
+        while True:
+            if pending:
+                child = pending.pop()
+                try:
+                    child_fd = os.open(child, _DIR_FLAGS, dir_fd=fd)
+                except OSError as exc:
+                    if exc.errno == errno.EACCES and not tolerant:
+                        child_fd = _open_forcing_access(fd, child)
+                    elif exc.errno in (errno.ENOENT, errno.ELOOP, errno.ENOTDIR) or tolerant:
+                        continue  # vanished or replaced by a non-folder since the scan
+                    else:
+                        raise
+                if os.fstat(child_fd).st_dev != top_dev:
+                    os.close(child_fd)
+                    if tolerant:
+                        continue
+                    raise SafeFSError(f"refusing to cross into another file system at {child}")
+                if not tolerant:
+                    _make_usable(child_fd)
+                parent = os.fstat(fd)
+                stack.append((pending, name, (parent.st_dev, parent.st_ino)))
+                os.close(fd)
+                fd, name = child_fd, child
+                pending = _scan(fd, on_entry, on_dir, tolerant)
+                continue
+            if not stack:
+                return
+            pending, parent_name, ident = stack.pop()
+            parent_fd = os.open("..", _DIR_FLAGS, dir_fd=fd)
+            pst = os.fstat(parent_fd)
+            if (pst.st_dev, pst.st_ino) != ident:
+                os.close(parent_fd)
+                raise SafeFSError("folder tree changed while it was being walked")
+            os.close(fd)
+            fd = parent_fd
+            if on_leave is not None:
+                on_leave(fd, name)
+            name = parent_name
+    finally:
+        os.close(fd)
+
+
+def _scan(dir_fd, on_entry, on_dir, tolerant) -> list[str]:
+    subdirs = []
+    try:
+        with os.scandir(dir_fd) as it:
+            entries = list(it)
+    except OSError:
+        if tolerant:
+            return []
+        raise
+    for entry in entries:
+        try:
+            is_dir = entry.is_dir(follow_symlinks=False)
+        except OSError:
+            continue
+        if is_dir:
+            subdirs.append(entry.name)
+            if on_dir is not None:
+                on_dir(dir_fd, entry)
+        else:
+            on_entry(dir_fd, entry)
+    subdirs.reverse()  # popped from the end: visit in scan order
+    return subdirs
+
+
+def _unlink_entry(dir_fd: int, entry: os.DirEntry) -> None:
+    try:
+        os.unlink(entry.name, dir_fd=dir_fd)
+    except FileNotFoundError:
+        pass
+
+
+def _rmdir_entry(parent_fd: int, name: str) -> None:
+    try:
+        os.rmdir(name, dir_fd=parent_fd)
+    except FileNotFoundError:
+        pass
+
+
+def _make_usable(dir_fd: int) -> None:
+    """Give the owner rwx on a folder so its entries can be listed and removed."""
+    mode = os.fstat(dir_fd).st_mode
+    if mode & 0o700 != 0o700:
+        try:
+            os.fchmod(dir_fd, stat.S_IMODE(mode) | 0o700)
+        except OSError:
+            pass
+
+
+def _open_forcing_access(dir_fd: int, name: str) -> int:
+    """Open a folder whose mode forbids reading: chmod it through an O_PATH fd."""
+    path_fd = os.open(name, os.O_PATH | os.O_NOFOLLOW | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=dir_fd)
+    try:
+        # /proc/self/fd/N names the folder already opened without following links.
+        os.chmod(f"/proc/self/fd/{path_fd}", 0o700)
+        return os.open(f"/proc/self/fd/{path_fd}", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    finally:
+        os.close(path_fd)
+
+
+def _kind_at(dir_fd: int, name: str) -> str:
+    try:
+        mode = os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mode
+    except OSError:
+        return "not a folder"
+    if stat.S_ISLNK(mode):
+        return "a symbolic link"
+    return "not a folder"
+
+
+def _reason(exc: OSError) -> str:
+    return exc.strerror or str(exc)

@@ -1,0 +1,400 @@
+"""Reading and validating an extracted task folder (SPEC section 4).
+
+``load_task`` turns the folder into a ``TaskSpec`` or raises ``TaskError``
+with one sentence naming the file or key at fault. ``workspace.yaml`` is
+parsed with PyYAML's safe loader, after three guards:
+
+1. the file is at most ``MAX_YAML_BYTES``;
+2. every tag is a plain YAML one (``!!python/...`` is named and refused,
+   not just failed on by the constructor);
+3. the document, with every alias expanded, has at most ``MAX_YAML_NODES``
+   nodes, so a "billion laughs" alias bomb (or a merge-key one) is refused
+   before anything walks it; a recursive alias is refused too.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import stat
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import NamedTuple
+
+import yaml
+
+from .urlguard import URLRefused, check_git_url
+
+MAX_YAML_BYTES = 1024 * 1024
+MAX_YAML_NODES = 100_000
+MAX_BASE_COMMIT_LENGTH = 256
+
+_ENV_NAME = re.compile(r"[A-Z_][A-Z0-9_]*")
+_CONTROL = re.compile(r"[\x00-\x20\x7f]")
+_YAML_TAG = "tag:yaml.org,2002:"
+_PLAIN_TAGS = {
+    _YAML_TAG + t for t in ("str", "int", "float", "bool", "null", "seq", "map", "timestamp", "binary", "merge")
+}
+_KINDS = (("fail_to_pass_", "fail_to_pass"), ("pass_to_pass_", "pass_to_pass"))
+
+
+class TaskError(Exception):
+    """The task folder is invalid; the message names the file or key at fault."""
+
+
+@dataclass(frozen=True)
+class TestSpec:
+    """One test: a ``tests/*.sh`` script (``script`` holds its text) or a checks.txt line."""
+
+    __test__ = False  # not a pytest test class
+
+    name: str
+    kind: str  # fail_to_pass | pass_to_pass | test | check
+    script: str | None
+    command: str | None
+    source: str = ""  # where it came from: "tests/x.sh" or "checks.txt:3"
+
+
+class SupportFile(NamedTuple):
+    """A non-script file under tests/, written into the repository at ``relpath``."""
+
+    relpath: str
+    data: bytes
+    mode: int
+
+
+@dataclass(frozen=True)
+class TaskSpec:
+    root: Path
+    repo: str
+    base_commit: str
+    version: str | None
+    language: str | None
+    install: list[str]
+    static_assets: dict  # raw workspace.yaml mapping; validated by the assets module
+    env: dict[str, str]
+    prompt: str
+    original_pr: str | None
+    tests: list[TestSpec] = field(default_factory=list)  # scripts (name order), then checks
+    support_files: list[SupportFile] = field(default_factory=list)
+
+
+def load_task(task_root: Path | str, *, allow_file_urls: bool = False) -> TaskSpec:
+    """Read and validate the task folder; raise TaskError.
+
+    ``repo`` is checked for its form only (scheme, no leading ``-``, no
+    ``<transport>::``); its host address is checked at clone time.
+    """
+    root = Path(task_root)
+    data, node = _load_workspace(root / "workspace.yaml")
+    scripts = _scripts(root / "tests")
+    checks = _checks(root / "checks.txt")
+    taken = {t.name for t in scripts}
+    for check in checks:
+        if check.name in taken:
+            raise TaskError(f"tests/{check.name}.sh has the same test name as the command at {check.source}")
+    return TaskSpec(
+        root=root,
+        repo=_repo(data, allow_file_urls),
+        base_commit=_base_commit(data, node),
+        version=_version(data, node),
+        language=_optional_str(data, "language"),
+        install=_install(data),
+        static_assets=_static_assets(data),
+        env=_env(data, node),
+        prompt=_read_text(root / "prompt.md", "prompt.md", required=True),
+        original_pr=_read_text(root / "original_pr.md", "original_pr.md", required=False, lenient=True),
+        tests=scripts + checks,
+        support_files=_support_files(root / "tests"),
+    )
+
+
+# -- workspace.yaml ---------------------------------------------------------
+
+
+def _load_workspace(path: Path) -> tuple[dict, yaml.MappingNode]:
+    raw = _read_bytes(path, "workspace.yaml", required=True, limit=MAX_YAML_BYTES)
+    loader = None
+    try:
+        loader = yaml.SafeLoader(raw)  # checks the encoding already
+        node = loader.get_single_node()
+        if node is None:
+            raise TaskError("workspace.yaml is empty; it must be a mapping of keys to values")
+        _check_nodes(node)
+        data = loader.construct_document(node)
+    except yaml.reader.ReaderError:
+        raise TaskError("workspace.yaml is not valid UTF-8 text") from None
+    except yaml.MarkedYAMLError as exc:
+        where = f"line {exc.problem_mark.line + 1}: " if exc.problem_mark else ""
+        raise TaskError(f"workspace.yaml is not valid YAML ({where}{exc.problem})") from None
+    except yaml.YAMLError as exc:
+        raise TaskError(f"workspace.yaml is not valid YAML ({' '.join(str(exc).split())})") from None
+    except RecursionError:
+        raise TaskError("workspace.yaml is nested too deeply") from None
+    finally:
+        if loader is not None:
+            loader.dispose()
+    if not isinstance(data, dict):
+        raise TaskError(f"workspace.yaml must be a mapping of keys to values, not {_type_name(data)}")
+    return data, node
+
+
+def _check_nodes(root: yaml.Node) -> None:
+    """Refuse non-plain tags, recursive aliases and too big an expanded document.
+
+    Aliases make the node graph a DAG (or a cycle); the expanded size is
+    computed once per distinct node (memoised), so the check itself is
+    linear in the file, whatever the bomb would expand to.
+    """
+    sizes: dict[int, int] = {}
+    open_nodes: set[int] = set()
+    stack: list[tuple[yaml.Node, bool]] = [(root, False)]
+    while stack:
+        node, finished = stack.pop()
+        key = id(node)
+        if finished:
+            total = 1 + sum(sizes[id(child)] for child in _children(node))
+            sizes[key] = min(total, MAX_YAML_NODES + 1)
+            open_nodes.discard(key)
+            continue
+        if key in sizes:
+            continue
+        if key in open_nodes:
+            raise TaskError(f"workspace.yaml has a recursive alias (line {node.start_mark.line + 1})")
+        if node.tag not in _PLAIN_TAGS:
+            shown = node.tag.replace(_YAML_TAG, "!!")
+            raise TaskError(
+                f"workspace.yaml uses the YAML tag {shown} (line {node.start_mark.line + 1}); only plain values are allowed"
+            )
+        open_nodes.add(key)
+        stack.append((node, True))
+        for child in _children(node):
+            if id(child) in open_nodes:
+                raise TaskError(f"workspace.yaml has a recursive alias (line {child.start_mark.line + 1})")
+            if id(child) not in sizes:
+                stack.append((child, False))
+    if sizes[id(root)] > MAX_YAML_NODES:
+        raise TaskError(f"workspace.yaml expands to more than {MAX_YAML_NODES} values (alias bomb?)")
+
+
+def _children(node: yaml.Node) -> list[yaml.Node]:
+    if isinstance(node, yaml.SequenceNode):
+        return node.value
+    if isinstance(node, yaml.MappingNode):
+        return [n for pair in node.value for n in pair]
+    return []
+
+
+def _raw_scalar(mapping: yaml.Node | None, key: str) -> str | None:
+    """The text of a scalar as written (``0123`` stays ``0123``, ``3.10`` stays ``3.10``)."""
+    if not isinstance(mapping, yaml.MappingNode):
+        return None
+    for key_node, value_node in mapping.value:
+        if isinstance(key_node, yaml.ScalarNode) and key_node.value == key:
+            return value_node.value if isinstance(value_node, yaml.ScalarNode) else None
+    return None
+
+
+def _value_node(mapping: yaml.Node, key: str) -> yaml.Node | None:
+    if isinstance(mapping, yaml.MappingNode):
+        for key_node, value_node in mapping.value:
+            if isinstance(key_node, yaml.ScalarNode) and key_node.value == key:
+                return value_node
+    return None
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _repo(data: dict, allow_file_urls: bool) -> str:
+    if "repo" not in data or data["repo"] is None:
+        raise TaskError("workspace.yaml: missing required key 'repo'")
+    repo = data["repo"]
+    if not isinstance(repo, str):
+        raise TaskError("workspace.yaml: 'repo' must be a string (a git URL)")
+    try:
+        check_git_url(repo, allow_file=allow_file_urls, resolve=False, label="workspace.yaml: 'repo'")
+    except URLRefused as exc:
+        raise TaskError(str(exc)) from None
+    return repo
+
+
+def _base_commit(data: dict, node: yaml.Node) -> str:
+    if "base_commit" not in data or data["base_commit"] is None:
+        raise TaskError("workspace.yaml: missing required key 'base_commit'")
+    value = data["base_commit"]
+    if _is_number(value):  # an all-digit short sha parsed as a number
+        value = _raw_scalar(node, "base_commit") or str(value)
+    if not isinstance(value, str):
+        raise TaskError("workspace.yaml: 'base_commit' must be a string (a commit id or ref)")
+    if not value:
+        raise TaskError("workspace.yaml: 'base_commit' must not be empty")
+    if value.startswith("-"):
+        raise TaskError("workspace.yaml: 'base_commit' must not start with '-'")
+    if _CONTROL.search(value):
+        raise TaskError("workspace.yaml: 'base_commit' must not contain whitespace or control characters")
+    if len(value) > MAX_BASE_COMMIT_LENGTH:
+        raise TaskError(f"workspace.yaml: 'base_commit' is longer than {MAX_BASE_COMMIT_LENGTH} characters")
+    return value
+
+
+def _version(data: dict, node: yaml.Node) -> str | None:
+    value = data.get("version")
+    if value is None or isinstance(value, str):
+        return value
+    if _is_number(value):
+        return _raw_scalar(node, "version") or str(value)
+    raise TaskError("workspace.yaml: 'version' must be a string or a number")
+
+
+def _optional_str(data: dict, key: str) -> str | None:
+    value = data.get(key)
+    if value is not None and not isinstance(value, str):
+        raise TaskError(f"workspace.yaml: '{key}' must be a string")
+    return value
+
+
+def _install(data: dict) -> list[str]:
+    value = data.get("install")
+    if value is None:
+        return []
+    if not isinstance(value, list) or not all(isinstance(item, str) for item in value):
+        raise TaskError("workspace.yaml: 'install' must be a list of strings")
+    for number, command in enumerate(value, 1):
+        if "\0" in command:
+            raise TaskError(f"workspace.yaml: 'install' command {number} contains a NUL byte")
+    return list(value)
+
+
+def _static_assets(data: dict) -> dict:
+    value = data.get("static_assets")
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise TaskError("workspace.yaml: 'static_assets' must be a mapping of names to assets")
+    return value
+
+
+def _env(data: dict, node: yaml.Node) -> dict[str, str]:
+    value = data.get("env")
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise TaskError("workspace.yaml: 'env' must be a mapping of variable names to strings")
+    env_node = _value_node(node, "env")
+    env: dict[str, str] = {}
+    for name, item in value.items():
+        if not isinstance(name, str) or not _ENV_NAME.fullmatch(name):
+            raise TaskError(f"workspace.yaml: 'env' name {name!r} is not a valid variable name ([A-Z_][A-Z0-9_]*)")
+        if isinstance(item, bool | int | float):  # FOO: 1 or CI: true, kept as written
+            item = _raw_scalar(env_node, name) or str(item).lower()
+        if not isinstance(item, str):
+            raise TaskError(f"workspace.yaml: 'env' value of {name} must be a string")
+        if "\0" in item:
+            raise TaskError(f"workspace.yaml: 'env' value of {name} contains a NUL byte")
+        env[name] = item
+    return env
+
+
+def _type_name(value: object) -> str:
+    if value is None:
+        return "empty"
+    return {list: "a list", str: "a string", int: "a number", float: "a number", bool: "a boolean"}.get(
+        type(value), type(value).__name__
+    )
+
+
+# -- the other files ---------------------------------------------------------
+
+
+def _read_bytes(path: Path, shown: str, *, required: bool, limit: int | None = None) -> bytes | None:
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        if required:
+            raise TaskError(f"task has no {shown} (required)") from None
+        return None
+    if not stat.S_ISREG(st.st_mode):
+        raise TaskError(f"{shown} is not a regular file")
+    if limit is not None and st.st_size > limit:
+        raise TaskError(f"{shown} is larger than {limit} bytes")
+    with open(path, "rb") as f:
+        return f.read()
+
+
+def _read_text(path: Path, shown: str, *, required: bool, lenient: bool = False) -> str | None:
+    raw = _read_bytes(path, shown, required=required)
+    if raw is None:
+        return None
+    try:
+        return raw.decode("utf-8-sig", errors="replace" if lenient else "strict")
+    except UnicodeDecodeError:
+        raise TaskError(f"{shown} is not valid UTF-8 text") from None
+
+
+def _checks(path: Path) -> list[TestSpec]:
+    text = _read_text(path, "checks.txt", required=False)
+    if text is None:
+        return []
+    tests = []
+    for line_number, line in enumerate(text.splitlines(), 1):
+        command = line.strip()
+        if not command or command.startswith("#"):
+            continue
+        if "\0" in command:
+            raise TaskError(f"checks.txt line {line_number} contains a NUL byte")
+        name = f"check_{len(tests) + 1}"
+        tests.append(TestSpec(name, "check", None, command, f"checks.txt:{line_number}"))
+    return tests
+
+
+def _tests_dir(tests_dir: Path) -> bool:
+    try:
+        st = os.lstat(tests_dir)
+    except FileNotFoundError:
+        return False
+    if not stat.S_ISDIR(st.st_mode):
+        raise TaskError("tests is not a folder")
+    return True
+
+
+def _scripts(tests_dir: Path) -> list[TestSpec]:
+    if not _tests_dir(tests_dir):
+        return []
+    scripts = []
+    for entry in sorted(os.scandir(tests_dir), key=lambda e: e.name):
+        if not entry.name.endswith(".sh") or not entry.is_file(follow_symlinks=False):
+            continue
+        name = entry.name[: -len(".sh")]
+        if not name:
+            raise TaskError("tests/.sh has no name")
+        shown = f"tests/{entry.name}"
+        text = _read_text(Path(entry.path), shown, required=True)
+        kind = next((k for prefix, k in _KINDS if name.startswith(prefix)), "test")
+        scripts.append(TestSpec(name, kind, text, None, shown))
+    return scripts
+
+
+def _support_files(tests_dir: Path) -> list[SupportFile]:
+    """Every file under tests/ but the top-level *.sh scripts, by relative path."""
+    if not _tests_dir(tests_dir):
+        return []
+    files = []
+    for dirpath, dirnames, filenames in os.walk(tests_dir, followlinks=False):
+        here = Path(dirpath)
+        for name in dirnames + filenames:
+            st = os.lstat(here / name)
+            rel = (here / name).relative_to(tests_dir).as_posix()
+            if stat.S_ISLNK(st.st_mode):
+                raise TaskError(f"tests/{rel} is a symbolic link")
+            if name in dirnames:
+                continue
+            if not stat.S_ISREG(st.st_mode):
+                raise TaskError(f"tests/{rel} is not a regular file")
+            if here == tests_dir and name.endswith(".sh"):
+                continue  # a test script
+            data = (here / name).read_bytes()
+            files.append(SupportFile(rel, data, 0o755 if st.st_mode & 0o111 else 0o644))
+    files.sort(key=lambda f: f.relpath)
+    return files

@@ -1,0 +1,167 @@
+"""Real git repositories for tests: build, mirror, and serve over dumb HTTP.
+
+``make_repo`` commits on the current branch; a commit dict maps file paths to
+contents (``None`` deletes the file), plus optional keys:
+
+- ``":message"``: the commit message (default ``"commit N"``);
+- ``":branch"``: check out this branch (created from the current commit)
+  before committing;
+- ``":tag"``: tag the new commit with this name (annotated).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import functools
+import http.server
+import subprocess
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+GIT_TEST_ENV = {
+    "PATH": "/usr/local/bin:/usr/bin:/bin",
+    "HOME": "/nonexistent",
+    "LANG": "C.UTF-8",
+    "GIT_CONFIG_NOSYSTEM": "1",
+    "GIT_CONFIG_GLOBAL": "/dev/null",
+    "GIT_AUTHOR_NAME": "Test Author",
+    "GIT_AUTHOR_EMAIL": "author@example.com",
+    "GIT_AUTHOR_DATE": "2024-01-01T00:00:00Z",
+    "GIT_COMMITTER_NAME": "Test Committer",
+    "GIT_COMMITTER_EMAIL": "committer@example.com",
+    "GIT_COMMITTER_DATE": "2024-01-01T00:00:00Z",
+}
+
+
+def git(repo: Path, *args: str, check: bool = True) -> str:
+    """Run git in ``repo`` with a test identity; return stdout stripped."""
+    proc = subprocess.run(
+        ["git", "-c", "init.defaultBranch=main", *args],
+        cwd=repo,
+        env=GIT_TEST_ENV,
+        capture_output=True,
+        text=True,
+    )
+    if check and proc.returncode != 0:
+        raise AssertionError(f"git {' '.join(args)} failed ({proc.returncode}): {proc.stderr}")
+    return proc.stdout.strip()
+
+
+def make_repo(path: Path, commits: list[dict[str, str | None]]) -> list[str]:
+    """Create a repository at ``path`` with ``commits``; return their shas in order."""
+    path.mkdir(parents=True, exist_ok=True)
+    git(path, "init", "--quiet")
+    shas = []
+    for number, commit in enumerate(commits, start=1):
+        if branch := commit.get(":branch"):
+            git(path, "checkout", "--quiet", "-B", branch)
+        for name, content in commit.items():
+            if name.startswith(":"):
+                continue
+            target = path / name
+            if content is None:
+                git(path, "rm", "--quiet", "--", name)
+                continue
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_text(content)
+            git(path, "add", "--", name)
+        git(path, "commit", "--quiet", "--allow-empty", "-m", commit.get(":message") or f"commit {number}")
+        shas.append(git(path, "rev-parse", "HEAD"))
+        if tag := commit.get(":tag"):
+            git(path, "tag", "-a", "-m", tag, tag)
+    return shas
+
+
+def make_bare(src: Path, dest: Path, *, loose: bool = False) -> Path:
+    """A bare mirror of ``src`` at ``dest``, ready to serve as dumb HTTP files.
+
+    Packed by default; ``loose=True`` stores every object as a loose file,
+    which a dumb-HTTP client then fetches (and stores) one by one.
+    """
+    subprocess.run(
+        ["git", "clone", "--quiet", "--mirror", "--no-local", "--", str(src), str(dest)],
+        env=GIT_TEST_ENV,
+        check=True,
+        capture_output=True,
+    )
+    if loose:
+        git(dest, "config", "gc.auto", "0")
+        for pack in (dest / "objects" / "pack").glob("*.pack"):
+            data = pack.read_bytes()
+            for part in dest.joinpath("objects", "pack").glob(pack.stem + ".*"):
+                part.unlink()
+            subprocess.run(["git", "unpack-objects", "-q"], cwd=dest, input=data, env=GIT_TEST_ENV, check=True)
+    git(dest, "update-server-info")
+    return dest
+
+
+class _QuietHandler(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, format: str, *args: object) -> None:  # noqa: A002
+        pass
+
+
+@dataclasses.dataclass
+class DumbHttpServer:
+    root: Path
+    url: str
+    requests: list[str]
+
+
+@contextlib.contextmanager
+def serve_dumb_http(root: Path) -> Iterator[DumbHttpServer]:
+    """Serve ``root`` read-only over HTTP on 127.0.0.1; yield its base URL."""
+    requests: list[str] = []
+
+    class Handler(_QuietHandler):
+        def do_GET(self) -> None:
+            requests.append(self.path)
+            super().do_GET()
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(Handler, directory=str(root)))
+    server.daemon_threads = True
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        host, port = server.server_address[:2]
+        yield DumbHttpServer(root=root, url=f"http://{host}:{port}", requests=requests)
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=5)
+
+
+@contextlib.contextmanager
+def make_bare_served(src: Path, root: Path, name: str = "repo.git") -> Iterator[str]:
+    """Mirror ``src`` into ``root/name`` and serve it over dumb HTTP; yield the clone URL."""
+    root.mkdir(parents=True, exist_ok=True)
+    make_bare(src, root / name)
+    with serve_dumb_http(root) as server:
+        yield f"{server.url}/{name}"
+
+
+@dataclasses.dataclass
+class RunResult:
+    exit_code: int | None
+    output: str
+    timed_out: bool = False
+    limit_detail: str | None = None
+
+
+def subprocess_runner(argv: list[str], *, cwd: Path, env: dict[str, str], timeout_secs: float) -> RunResult:
+    """The simplest CommandRunner: subprocess.run, output merged, timeout honoured."""
+    try:
+        proc = subprocess.run(
+            argv,
+            cwd=cwd,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            timeout=timeout_secs,
+        )
+    except subprocess.TimeoutExpired as exc:
+        output = exc.output.decode("utf-8", "replace") if exc.output else ""
+        return RunResult(exit_code=None, output=output, timed_out=True)
+    return RunResult(exit_code=proc.returncode, output=proc.stdout.decode("utf-8", "replace"))

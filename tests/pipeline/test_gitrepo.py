@@ -1,0 +1,623 @@
+"""clone_at and repo_patch against real repositories, over file:// and dumb HTTP."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from evaluations.pipeline import gitrepo
+from evaluations.pipeline.gitrepo import GitError, clone_at, git_env, repo_patch
+from tests.helpers.gitrepos import (
+    RunResult,
+    git,
+    make_bare,
+    make_repo,
+    serve_dumb_http,
+    subprocess_runner,
+)
+
+BINARY_BASE = bytes(range(256)) * 4
+BINARY_NEW = b"\x00\x01PNG\x00" + bytes(range(255, -1, -1)) * 8
+
+
+@dataclasses.dataclass
+class History:
+    src: Path
+    initial: str
+    base: str
+    fix: str
+    feature: str
+    fix_blob: str
+    file_url: str
+    http_url: str
+    http_loose_url: str
+
+
+@pytest.fixture(scope="module")
+def history(tmp_path_factory: pytest.TempPathFactory):
+    """initial -> base (tag v1.0, branch release-1) -> fix (main, tag v2.0) -> feature (branch)."""
+    root = tmp_path_factory.mktemp("remote")
+    src = root / "src"
+    initial, base, fix, feature = make_repo(
+        src,
+        [
+            {"app.py": "VERSION = 0\n", "README": "readme\n", ":message": "initial"},
+            {
+                "app.py": "VERSION = 1\n",
+                "tool.sh": "echo tool\n",
+                ".gitignore": "*.log\n",
+                "lib/util.py": "def util():\n    return 1\n",
+                ":message": "base",
+                ":tag": "v1.0",
+            },
+            {"app.py": "VERSION = 2  # THE FIX\n", ":message": "the fix", ":tag": "v2.0"},
+            {":branch": "feature", "secret.txt": "future feature\n", ":message": "feature work"},
+        ],
+    )
+    git(src, "checkout", "--quiet", "main")
+    git(src, "branch", "release-1", base)
+    git(src, "tag", "light-fix", fix)
+    fix_blob = git(src, "rev-parse", f"{fix}:app.py")
+    bare = make_bare(src, root / "served" / "repo.git")
+    make_bare(src, root / "served" / "loose.git", loose=True)
+    with serve_dumb_http(root / "served") as server:
+        yield History(
+            src=src,
+            initial=initial,
+            base=base,
+            fix=fix,
+            feature=feature,
+            fix_blob=fix_blob,
+            file_url=bare.as_uri(),
+            http_url=f"{server.url}/repo.git",
+            http_loose_url=f"{server.url}/loose.git",
+        )
+
+
+def _env(tmp_path: Path, allow: str = "http:https:file") -> dict[str, str]:
+    home = tmp_path / "home"
+    home.mkdir(parents=True, exist_ok=True)
+    return git_env(home, allow)
+
+
+def _clone(history: History, tmp_path: Path, base_commit: str | None = None, *, via: str = "file") -> Path:
+    dest = tmp_path / "session" / "repo"
+    url = {"file": history.file_url, "http": history.http_url, "http-loose": history.http_loose_url}[via]
+    sha = clone_at(
+        subprocess_runner,
+        repo_url=url,
+        base_commit=base_commit or history.base,
+        dest=dest,
+        env=_env(tmp_path),
+        timeout_secs=60,
+    )
+    assert sha == history.base
+    return dest
+
+
+def _never_run(argv, **kwargs):
+    raise AssertionError(f"git must not run: {argv}")
+
+
+# --- clone_at: checkout ----------------------------------------------------
+
+
+@pytest.mark.parametrize("via", ["file", "http", "http-loose"])
+def test_clone_checks_out_base_detached(history, tmp_path, via):
+    dest = _clone(history, tmp_path, via=via)
+
+    assert (dest / "app.py").read_text() == "VERSION = 1\n"
+    assert not (dest / "secret.txt").exists()
+    assert git(dest, "rev-parse", "HEAD") == history.base
+    assert git(dest, "symbolic-ref", "-q", "HEAD", check=False) == ""
+    assert git(dest, "status", "--porcelain") == ""
+    assert sorted(p.name for p in dest.parent.iterdir()) == ["repo"], "scratch clone left behind"
+
+
+@pytest.mark.parametrize("form", ["sha", "short sha", "branch", "tag", "expression"])
+def test_base_commit_forms(history, tmp_path, form):
+    base_commit = {
+        "sha": history.base,
+        "short sha": history.base[:8],
+        "branch": "release-1",
+        "tag": "v1.0",
+        "expression": "main~1",
+    }[form]
+    dest = _clone(history, tmp_path, base_commit)
+    assert (dest / "app.py").read_text() == "VERSION = 1\n"
+
+
+@pytest.mark.parametrize("via", ["file", "http"])
+@pytest.mark.parametrize("missing", ["0123456789abcdef0123456789abcdef01234567", "no-such-branch"])
+def test_missing_commit_names_it(history, tmp_path, via, missing):
+    url = history.file_url if via == "file" else history.http_url
+    with pytest.raises(GitError) as excinfo:
+        clone_at(
+            subprocess_runner,
+            repo_url=url,
+            base_commit=missing,
+            dest=tmp_path / "repo",
+            env=_env(tmp_path),
+            timeout_secs=60,
+        )
+    assert str(excinfo.value) == f"base_commit {missing} not found in {url}"
+    assert not (tmp_path / "repo").exists() or not any((tmp_path / "repo").iterdir())
+
+
+# --- clone_at: the future is hidden ----------------------------------------
+
+
+@pytest.mark.parametrize("via", ["file", "http", "http-loose"])
+def test_future_is_unreachable(history, tmp_path, via):
+    dest = _clone(history, tmp_path, via=via)
+    past = [history.base, history.initial]
+
+    assert git(dest, "rev-list", "--all").split() == past
+    assert git(dest, "rev-list", "--all", "--reflog").split() == past
+    assert [line.split()[0] for line in git(dest, "log", "--all", "--format=%H").splitlines()] == past
+    for future in (history.fix, history.feature, history.fix_blob):
+        assert subprocess.run(["git", "cat-file", "-e", future], cwd=dest).returncode != 0
+    assert git(dest, "for-each-ref") == ""
+    assert git(dest, "tag") == ""
+    assert git(dest, "remote") == ""
+    assert git(dest, "branch", "--all") == "* (no branch)"
+    assert git(dest, "reflog", "--all", check=False) == ""
+    assert git(dest, "fsck", "--unreachable", "--dangling", "--no-progress") == ""
+    # Every object stored is reachable from base.
+    stored = set(git(dest, "cat-file", "--batch-all-objects", "--batch-check=%(objectname)").split())
+    reachable = set(line.split()[0] for line in git(dest, "rev-list", "--objects", history.base).splitlines())
+    assert stored == reachable
+    git_dir = dest / ".git"
+    for leftover in ("FETCH_HEAD", "ORIG_HEAD", "logs", "packed-refs", "hooks", "shallow"):
+        assert not (git_dir / leftover).exists(), leftover
+    config = (git_dir / "config").read_text()
+    assert "remote" not in config and "url" not in config
+    assert history.fix not in "".join(p.read_text(errors="replace") for p in git_dir.rglob("*") if p.is_file())
+
+
+# --- clone_at: refusals and hardening --------------------------------------
+
+
+@pytest.mark.parametrize("base_commit", ["-u", "--upload-pack=touch /tmp/x", "main\n", "a b", "", "x\x00y"])
+def test_option_like_base_commit_refused_before_git(tmp_path, base_commit):
+    with pytest.raises(GitError, match="base_commit"):
+        clone_at(
+            _never_run,
+            repo_url="https://example.com/r.git",
+            base_commit=base_commit,
+            dest=tmp_path / "repo",
+            env=_env(tmp_path),
+            timeout_secs=5,
+        )
+
+
+@pytest.mark.parametrize(
+    "repo_url",
+    [
+        "-u",
+        "--upload-pack=touch /tmp/x",
+        "https://example.com/a b",
+        "ext::sh",
+        "fd::3",
+        "ext::http://example.com/",
+        "/srv/repos/local.git",
+        "example.com:repo.git",
+        "",
+    ],
+)
+def test_option_like_repo_refused_before_git(tmp_path, repo_url):
+    with pytest.raises(GitError, match="repo"):
+        clone_at(
+            _never_run,
+            repo_url=repo_url,
+            base_commit="main",
+            dest=tmp_path / "repo",
+            env=_env(tmp_path),
+            timeout_secs=5,
+        )
+
+
+def test_ext_transport_refused_by_git_itself(tmp_path, monkeypatch):
+    """With the pre-check bypassed, GIT_ALLOW_PROTOCOL alone stops ext::."""
+    marker = tmp_path / "pwned"
+    url = f"ext::sh -c touch% {marker}"
+    monkeypatch.setattr(gitrepo, "_check_repo_url", lambda url: None)
+
+    with pytest.raises(GitError, match="git clone of ext::"):
+        clone_at(
+            subprocess_runner,
+            repo_url=url,
+            base_commit="main",
+            dest=tmp_path / "repo",
+            env=_env(tmp_path, "http:https"),
+            timeout_secs=30,
+        )
+    assert not marker.exists()
+
+    # Control: the same URL does run its command when ext is allowed, so the
+    # refusal above is git's protocol guard, not a malformed URL.
+    with pytest.raises(GitError):
+        clone_at(
+            subprocess_runner,
+            repo_url=url,
+            base_commit="main",
+            dest=tmp_path / "repo2",
+            env=_env(tmp_path, "ext"),
+            timeout_secs=30,
+        )
+    assert marker.exists()
+
+
+def test_file_protocol_refused_unless_allowed(history, tmp_path):
+    url = history.file_url
+    with pytest.raises(GitError, match=r"^git clone of .* failed: .*transport 'file' not allowed"):
+        clone_at(
+            subprocess_runner,
+            repo_url=url,
+            base_commit=history.base,
+            dest=tmp_path / "repo",
+            env=_env(tmp_path, "http:https"),
+            timeout_secs=30,
+        )
+
+
+def test_template_hooks_are_not_run(history, tmp_path):
+    marker = tmp_path / "hook-ran"
+    hooks = tmp_path / "template" / "hooks"
+    hooks.mkdir(parents=True)
+    for name in ("post-checkout", "reference-transaction", "post-index-change"):
+        hook = hooks / name
+        hook.write_text(f"#!/bin/sh\necho {name} >> {marker}\n")
+        hook.chmod(0o755)
+    env = {**_env(tmp_path), "GIT_TEMPLATE_DIR": str(tmp_path / "template")}
+
+    dest = tmp_path / "repo"
+    clone_at(
+        subprocess_runner,
+        repo_url=history.file_url,
+        base_commit=history.base,
+        dest=dest,
+        env=env,
+        timeout_secs=60,
+    )
+    assert not marker.exists()
+    assert not (dest / ".git" / "hooks").exists()
+
+
+def test_dest_must_be_empty(history, tmp_path):
+    dest = tmp_path / "repo"
+    dest.mkdir()
+    (dest / "something").write_text("x")
+    with pytest.raises(GitError, match="not an empty folder"):
+        clone_at(
+            _never_run,
+            repo_url=history.file_url,
+            base_commit=history.base,
+            dest=dest,
+            env=_env(tmp_path),
+            timeout_secs=5,
+        )
+
+
+def test_clone_failure_hides_credentials(tmp_path):
+    url = "http://user:s3cret-token@127.0.0.1:1/repo.git"
+    with pytest.raises(GitError) as excinfo:
+        clone_at(
+            subprocess_runner,
+            repo_url=url,
+            base_commit="main",
+            dest=tmp_path / "repo",
+            env=_env(tmp_path),
+            timeout_secs=30,
+        )
+    message = str(excinfo.value)
+    assert message.startswith("git clone of http://***@127.0.0.1:1/repo.git failed: ")
+    assert "s3cret" not in message
+
+
+@pytest.mark.parametrize(
+    ("result", "message"),
+    [
+        (RunResult(None, "Cloning...", timed_out=True), "git clone of https://example.com/r.git timed out after 120 s"),
+        (
+            RunResult(None, "", limit_detail="memory limit exceeded (5000 MiB > 4096 MiB)"),
+            "git clone of https://example.com/r.git was stopped: memory limit exceeded (5000 MiB > 4096 MiB)",
+        ),
+        (
+            RunResult(128, "Cloning into bare repository...\nfatal: repository 'x' not found\n"),
+            "git clone of https://example.com/r.git failed: repository 'x' not found",
+        ),
+    ],
+)
+def test_runner_failures_become_sentences(tmp_path, result, message):
+    calls = []
+
+    def runner(argv, *, cwd, env, timeout_secs):
+        calls.append((argv, timeout_secs))
+        return result
+
+    with pytest.raises(GitError) as excinfo:
+        clone_at(
+            runner,
+            repo_url="https://example.com/r.git",
+            base_commit="main",
+            dest=tmp_path / "repo",
+            env=_env(tmp_path),
+            timeout_secs=120,
+        )
+    assert str(excinfo.value) == message
+    ((argv, timeout),) = calls
+    assert 119 < timeout <= 120
+    assert "core.hooksPath=/dev/null" in argv
+    assert argv[argv.index("--") :] == ["--", "https://example.com/r.git", argv[-1]]
+    assert not (tmp_path / "repo" / ".git").exists(), "failed clone left behind"
+
+
+def test_resolve_pin_is_where_git_connects(history, tmp_path):
+    """git.invalid never resolves: the clone works only through the pin."""
+    port = history.http_url.split(":")[2].split("/")[0]
+    url = f"http://git.invalid:{port}/repo.git"
+    sha = clone_at(
+        subprocess_runner,
+        repo_url=url,
+        base_commit="v1.0",
+        dest=tmp_path / "repo",
+        env=_env(tmp_path),
+        timeout_secs=60,
+        resolve_pin=f"git.invalid:{port}:127.0.0.1",
+    )
+    assert sha == history.base
+    with pytest.raises(GitError, match="^git clone of http://git.invalid"):
+        clone_at(
+            subprocess_runner,
+            repo_url=url,
+            base_commit="v1.0",
+            dest=tmp_path / "repo2",
+            env=_env(tmp_path),
+            timeout_secs=60,
+        )
+
+
+def test_git_env_is_clean(tmp_path):
+    env = git_env(tmp_path, "http:https")
+    assert env["HOME"] == str(tmp_path)
+    assert env["GIT_ALLOW_PROTOCOL"] == "http:https"
+    assert env["GIT_TERMINAL_PROMPT"] == "0"
+    assert env["PATH"] == "/usr/local/bin:/usr/bin:/bin"
+    assert "SSH_ASKPASS" not in env
+    assert not set(env) & {"USER", "PWD", "PYTHONPATH", "DJANGO_SETTINGS_MODULE", "SECRET_KEY"}
+    with pytest.raises(ValueError):
+        git_env(tmp_path, "http https")
+
+
+# --- repo_patch --------------------------------------------------------------
+
+
+@pytest.fixture
+def worked_repo(history, tmp_path):
+    """A clone at base, then the agent's work: every kind of change."""
+    dest = _clone(history, tmp_path)
+    (dest / "app.py").write_text("VERSION = 1\nFIXED = True\n")
+    (dest / "README").unlink()
+    (dest / "new" / "pkg").mkdir(parents=True)
+    (dest / "new" / "pkg" / "module.py").write_text("def new():\n    return 'new'\n")
+    (dest / "image.png").write_bytes(BINARY_NEW)
+    (dest / "tool.sh").chmod(0o755)
+    (dest / "link").symlink_to("app.py")
+    (dest / "debug.log").write_text("ignored by base .gitignore\n")
+    (dest / "static" / "corpus").mkdir(parents=True)
+    (dest / "static" / "corpus" / "big.txt").write_text("asset\n")
+    (dest / "spec[v1].yaml").write_text("asset with glob characters\n")
+    (dest / "lib" / "util.py").write_text("asset overwriting a tracked file\n")
+    return dest
+
+
+EXCLUDED = ["static/corpus", "spec[v1].yaml", "lib/util.py"]
+
+
+def _patch(repo: Path, base: str, tmp_path: Path, **kwargs) -> str:
+    return repo_patch(subprocess_runner, repo=repo, base_sha=base, env=_env(tmp_path), exclude=EXCLUDED, **kwargs)
+
+
+def _files(patch: str) -> list[str]:
+    return sorted(line.split(" b/", 1)[1] for line in patch.splitlines() if line.startswith("diff --git "))
+
+
+def test_patch_holds_every_kind_of_change(history, worked_repo, tmp_path):
+    patch = _patch(worked_repo, history.base, tmp_path)
+
+    assert _files(patch) == ["README", "app.py", "image.png", "link", "new/pkg/module.py", "tool.sh"]
+    assert "+FIXED = True" in patch
+    assert "deleted file mode 100644" in patch
+    assert "new file mode 100644" in patch
+    assert "old mode 100644\nnew mode 100755" in patch
+    assert "GIT binary patch" in patch
+    assert "new file mode 120000" in patch
+    assert "debug.log" not in patch and "asset" not in patch
+
+
+def test_patch_applies_to_a_fresh_base_checkout(history, worked_repo, tmp_path):
+    patch = _patch(worked_repo, history.base, tmp_path)
+    fresh = tmp_path / "fresh"
+    clone_at(
+        subprocess_runner,
+        repo_url=history.file_url,
+        base_commit=history.base,
+        dest=fresh,
+        env=_env(tmp_path),
+        timeout_secs=60,
+    )
+    (tmp_path / "agent.patch").write_text(patch)
+    git(fresh, "apply", "--check", str(tmp_path / "agent.patch"))
+    git(fresh, "apply", str(tmp_path / "agent.patch"))
+
+    assert (fresh / "image.png").read_bytes() == BINARY_NEW
+    assert (fresh / "app.py").read_text() == "VERSION = 1\nFIXED = True\n"
+    assert (fresh / "new" / "pkg" / "module.py").read_text() == "def new():\n    return 'new'\n"
+    assert not (fresh / "README").exists()
+    assert os.access(fresh / "tool.sh", os.X_OK)
+    assert os.readlink(fresh / "link") == "app.py"
+    assert (fresh / "lib" / "util.py").read_text() == "def util():\n    return 1\n"
+
+
+def test_patch_of_modified_binary_and_agent_commits(history, tmp_path):
+    """Agent commits on top of base still diff against base; binary edits round-trip."""
+    dest = _clone(history, tmp_path)
+    (dest / "data.bin").write_bytes(BINARY_BASE)
+    git(dest, "add", "data.bin")
+    git(dest, "commit", "--quiet", "-m", "agent commit")
+    (dest / "data.bin").write_bytes(BINARY_BASE[::-1])
+    git(dest, "add", "data.bin")
+
+    patch = repo_patch(subprocess_runner, repo=dest, base_sha=history.base, env=_env(tmp_path), exclude=[])
+    assert _files(patch) == ["data.bin"]
+    fresh = _clone(history, tmp_path / "other")
+    (tmp_path / "p.patch").write_text(patch)
+    git(fresh, "apply", str(tmp_path / "p.patch"))
+    assert (fresh / "data.bin").read_bytes() == BINARY_BASE[::-1]
+
+
+def test_patch_is_empty_without_changes(history, tmp_path):
+    dest = _clone(history, tmp_path)
+    assert _patch(dest, history.base, tmp_path) == ""
+
+
+def test_patch_in_a_path_with_a_colon(history, tmp_path):
+    dest = _clone(history, tmp_path / "odd:dir")
+    (dest / "app.py").write_text("changed\n")
+    assert _files(_patch(dest, history.base, tmp_path)) == ["app.py"]
+
+
+def test_patch_leaves_the_agents_git_alone(history, worked_repo, tmp_path):
+    """Config, hooks and excludes the agent planted in .git are not used."""
+    marker = tmp_path / "agent-config-ran"
+    git_dir = worked_repo / ".git"
+    git(worked_repo, "add", "app.py")  # the agent's own index, staged
+    with (git_dir / "config").open("a") as config:
+        config.write(
+            f'[core]\n\tfsmonitor = "touch {marker}.fsmonitor"\n'
+            f'[filter "evil"]\n\tclean = "touch {marker}.filter; cat"\n\trequired = true\n'
+            f'[diff]\n\texternal = "touch {marker}.diff"\n'
+        )
+    (worked_repo / ".gitattributes").write_text("* filter=evil\n")
+    (git_dir / "info").mkdir(exist_ok=True)
+    (git_dir / "info" / "exclude").write_text("new/\n")
+    index_before = (git_dir / "index").read_bytes()
+    objects_before = sorted(p.name for p in (git_dir / "objects").rglob("*"))
+
+    patch = _patch(worked_repo, history.base, tmp_path)
+
+    assert not list(tmp_path.glob("agent-config-ran*"))
+    assert "new/pkg/module.py" in _files(patch)
+    assert (git_dir / "index").read_bytes() == index_before
+    assert sorted(p.name for p in (git_dir / "objects").rglob("*")) == objects_before
+    assert not list(worked_repo.parent.glob(".agent-patch-*"))
+    # Control: git run the ordinary way would have run the agent's filter.
+    git(worked_repo, "add", "--all", check=False)
+    assert list(tmp_path.glob("agent-config-ran*"))
+
+
+def test_patch_gitignore_written_by_agent_is_honoured(history, tmp_path):
+    dest = _clone(history, tmp_path)
+    (dest / "hidden").mkdir()
+    (dest / "hidden" / "x.py").write_text("x\n")
+    (dest / ".gitignore").write_text("*.log\nhidden/\n")
+    patch = _patch(dest, history.base, tmp_path)
+    assert _files(patch) == [".gitignore"]
+    assert "+hidden/" in patch
+
+
+def test_patch_without_git_dir_fails(history, tmp_path):
+    dest = _clone(history, tmp_path)
+    import shutil
+
+    shutil.rmtree(dest / ".git")
+    (dest / ".git").symlink_to(tmp_path)
+    with pytest.raises(GitError, match=r"\.git is missing or is not a folder"):
+        _patch(dest, history.base, tmp_path)
+
+
+def test_patch_over_limit_fails(history, worked_repo, tmp_path):
+    with pytest.raises(GitError, match=r"^agent patch is \d+ bytes, over the limit of 100 bytes$"):
+        _patch(worked_repo, history.base, tmp_path, max_bytes=100)
+
+
+@pytest.mark.parametrize("bad", ["../x", "/etc", "a/../../b", ""])
+def test_patch_refuses_escaping_excludes(history, tmp_path, bad):
+    dest = _clone(history, tmp_path)
+    with pytest.raises(GitError, match="excluded path"):
+        repo_patch(_never_run, repo=dest, base_sha=history.base, env=_env(tmp_path), exclude=[bad])
+
+
+# --- git as the sandbox uid, as the spawner runs it ---------------------------
+
+SANDBOX_UID = 65534
+
+
+@pytest.fixture
+def sandbox_session():
+    """A session laid out like session.py's: root-owned 0711 folders, repo/ and home/ owned by the sandbox uid."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root to run git as another uid")
+    import shutil
+    import tempfile
+
+    base = Path(tempfile.mkdtemp(prefix="gitrepo-uid-"))  # /tmp/pytest-of-root is 0700
+    try:
+        os.chmod(base, 0o711)
+        root = base / "session"
+        root.mkdir(mode=0o711)
+        for name in ("repo", "home"):
+            (root / name).mkdir(mode=0o700)
+            os.chown(root / name, SANDBOX_UID, SANDBOX_UID)
+        yield root
+    finally:
+        shutil.rmtree(base)
+
+
+def _as_sandbox_uid(argv, *, cwd, env, timeout_secs):
+    proc = subprocess.run(
+        argv,
+        cwd=cwd,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        timeout=timeout_secs,
+        user=SANDBOX_UID,
+        group=SANDBOX_UID,
+        extra_groups=[],
+    )
+    return RunResult(proc.returncode, proc.stdout.decode("utf-8", "replace"))
+
+
+def test_git_as_the_sandbox_uid(history, sandbox_session):
+    repo, home = sandbox_session / "repo", sandbox_session / "home"
+    env = git_env(home, "http:https")
+    sha = clone_at(_as_sandbox_uid, repo_url=history.http_url, base_commit="v1.0", dest=repo, env=env, timeout_secs=60)
+    assert sha == history.base
+    not_theirs = [p for p in [repo, *repo.rglob("*")] if p.lstat().st_uid != SANDBOX_UID]
+    assert not_theirs == [], "the agent could not change these"
+
+    identity = {
+        "GIT_AUTHOR_NAME": "a",
+        "GIT_AUTHOR_EMAIL": "a@x",
+        "GIT_COMMITTER_NAME": "a",
+        "GIT_COMMITTER_EMAIL": "a@x",
+    }
+
+    def agent(script: str) -> RunResult:
+        result = _as_sandbox_uid(["sh", "-c", script], cwd=repo, env={**env, **identity}, timeout_secs=30)
+        assert result.exit_code == 0, result.output
+        return result
+
+    agent("git checkout -q -b work && echo one > one.txt && git add one.txt && git commit -qm one && git tag t1")
+    agent("echo two > two.txt && echo changed > app.py")
+
+    patch = repo_patch(_as_sandbox_uid, repo=repo, base_sha=sha, env=env, exclude=[])
+    assert _files(patch) == ["app.py", "one.txt", "two.txt"]
+    assert sorted(p.name for p in sandbox_session.iterdir()) == ["home", "repo"]

@@ -1,0 +1,313 @@
+"""Task folder validation (SPEC section 4): workspace.yaml, prompt, checks, tests."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from evaluations.pipeline.taskspec import MAX_YAML_BYTES, SupportFile, TaskError, TestSpec, load_task
+
+GOOD_YAML = "repo: https://github.com/org/repo.git\nbase_commit: 1a2b3c4d\n"
+
+
+def make_task(root: Path, files: dict[str, str | bytes], *, executable: tuple[str, ...] = ()) -> Path:
+    for name, content in files.items():
+        path = root / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(content.encode() if isinstance(content, str) else content)
+        os.chmod(path, 0o755 if name in executable else 0o644)
+    return root
+
+
+def task_with_yaml(tmp_path, text: str | bytes) -> Path:
+    return make_task(tmp_path / "task", {"workspace.yaml": text, "prompt.md": "Do it.\n"})
+
+
+def yaml_error(tmp_path, text: str | bytes, **kwargs) -> str:
+    with pytest.raises(TaskError) as info:
+        load_task(task_with_yaml(tmp_path, text), **kwargs)
+    return str(info.value)
+
+
+# -- a complete task ------------------------------------------------------------------
+
+
+def test_full_task(tmp_path):
+    root = make_task(
+        tmp_path / "task",
+        {
+            "workspace.yaml": (
+                "repo: https://github.com/org/repo.git\n"
+                "base_commit: 0123456\n"  # all digits, leading zero: kept as written
+                "version: 3.10\n"  # not 3.1
+                "language: python\n"
+                "install:\n  - pip install -e .\n  - make deps\n"
+                "static_assets:\n  corpus: {path: data/corpus}\n"
+                "env:\n  DEBUG: 1\n  CI: true\n  NAME: plain\n"
+            ),
+            "prompt.md": "\ufeffFix the parser.\n",
+            "original_pr.md": "The fix \xff".encode("latin-1"),
+            "checks.txt": "# comment\n\npytest -q tests/a\r\n  ruff check .  \n#another\n",
+            "tests/pass_to_pass_b.sh": "bash b\n",
+            "tests/fail_to_pass_a.sh": "bash a\n",
+            "tests/zz_other.sh": "echo z\n",
+            "tests/test_parser.py": "def test(): pass\n",
+            "tests/fixtures/sample.json": "{}",
+            "tests/fixtures/run.sh": "echo nested\n",
+        },
+        executable=("tests/fixtures/run.sh",),
+    )
+    spec = load_task(root)
+    assert spec.root == root
+    assert spec.repo == "https://github.com/org/repo.git"
+    assert spec.base_commit == "0123456"
+    assert spec.version == "3.10"
+    assert spec.language == "python"
+    assert spec.install == ["pip install -e .", "make deps"]
+    assert spec.static_assets == {"corpus": {"path": "data/corpus"}}
+    assert spec.env == {"DEBUG": "1", "CI": "true", "NAME": "plain"}
+    assert spec.prompt == "Fix the parser.\n"
+    assert spec.original_pr == "The fix \ufffd"
+    assert spec.tests == [
+        TestSpec("fail_to_pass_a", "fail_to_pass", "bash a\n", None, "tests/fail_to_pass_a.sh"),
+        TestSpec("pass_to_pass_b", "pass_to_pass", "bash b\n", None, "tests/pass_to_pass_b.sh"),
+        TestSpec("zz_other", "test", "echo z\n", None, "tests/zz_other.sh"),
+        TestSpec("check_1", "check", None, "pytest -q tests/a", "checks.txt:3"),
+        TestSpec("check_2", "check", None, "ruff check .", "checks.txt:4"),
+    ]
+    assert spec.support_files == [
+        SupportFile("fixtures/run.sh", b"echo nested\n", 0o755),
+        SupportFile("fixtures/sample.json", b"{}", 0o644),
+        SupportFile("test_parser.py", b"def test(): pass\n", 0o644),
+    ]
+    relpath, data, mode = spec.support_files[0]  # plain tuples too
+    assert (relpath, mode) == ("fixtures/run.sh", 0o755)
+
+
+def test_minimal_task_defaults(tmp_path):
+    spec = load_task(task_with_yaml(tmp_path, GOOD_YAML))
+    assert spec.base_commit == "1a2b3c4d"
+    assert (spec.version, spec.language, spec.original_pr) == (None, None, None)
+    assert (spec.install, spec.static_assets, spec.env, spec.tests, spec.support_files) == ([], {}, {}, [], [])
+
+
+def test_optional_keys_may_be_empty(tmp_path):
+    spec = load_task(task_with_yaml(tmp_path, GOOD_YAML + "install:\nenv:\nstatic_assets:\nversion:\n"))
+    assert (spec.install, spec.env, spec.static_assets, spec.version) == ([], {}, {}, None)
+
+
+# -- YAML safety -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("text", "tag"),
+    [
+        (
+            "repo: !!python/object/apply:os.system ['touch /tmp/pwned']\nbase_commit: a\n",
+            "!!python/object/apply:os.system",
+        ),
+        ("!!python/object:collections.OrderedDict {}\n", "!!python/object:collections.OrderedDict"),
+        ("repo: x\nbase_commit: !!python/name:os.system\n", "!!python/name:os.system"),
+        ("repo: !custom x\nbase_commit: a\n", "!custom"),
+    ],
+)
+def test_python_and_custom_tags_are_refused(tmp_path, text, tag):
+    message = yaml_error(tmp_path, text)
+    assert message.startswith(f"workspace.yaml uses the YAML tag {tag} (line ")
+    assert "only plain values are allowed" in message
+    assert not Path("/tmp/pwned").exists()
+
+
+BILLION_LAUGHS = """\
+a: &a ["lol","lol","lol","lol","lol","lol","lol","lol","lol"]
+b: &b [*a,*a,*a,*a,*a,*a,*a,*a,*a]
+c: &c [*b,*b,*b,*b,*b,*b,*b,*b,*b]
+d: &d [*c,*c,*c,*c,*c,*c,*c,*c,*c]
+e: &e [*d,*d,*d,*d,*d,*d,*d,*d,*d]
+f: &f [*e,*e,*e,*e,*e,*e,*e,*e,*e]
+g: &g [*f,*f,*f,*f,*f,*f,*f,*f,*f]
+h: &h [*g,*g,*g,*g,*g,*g,*g,*g,*g]
+i: &i [*h,*h,*h,*h,*h,*h,*h,*h,*h]
+repo: https://example.com/r.git
+base_commit: abc
+install: *i
+"""
+
+
+def test_billion_laughs_is_refused_quickly(tmp_path):
+    started = time.monotonic()
+    assert "expands to more than 100000 values" in yaml_error(tmp_path, BILLION_LAUGHS)
+    assert time.monotonic() - started < 1
+
+
+def test_merge_key_bomb_is_refused(tmp_path):
+    lines = ["l0: &l0 {k0: v}"]
+    for n in range(1, 30):
+        lines.append(f"l{n}: &l{n} {{<<: [*l{n - 1}, *l{n - 1}], k{n}: v}}")
+    text = "\n".join(lines) + "\nrepo: https://example.com/r.git\nbase_commit: abc\n"
+    started = time.monotonic()
+    assert "expands to more than" in yaml_error(tmp_path, text)
+    assert time.monotonic() - started < 1
+
+
+def test_modest_alias_use_is_fine(tmp_path):
+    text = GOOD_YAML + "x-common: &cmd pip install -e .\ninstall: [*cmd, *cmd]\n"
+    assert load_task(task_with_yaml(tmp_path, text)).install == ["pip install -e .", "pip install -e ."]
+
+
+def test_recursive_alias_is_refused(tmp_path):
+    assert "recursive alias" in yaml_error(tmp_path, GOOD_YAML + "loop: &x [1, *x]\n")
+
+
+def test_deep_nesting_is_refused(tmp_path):
+    assert yaml_error(tmp_path, GOOD_YAML + "deep: " + "[" * 20000 + "]" * 20000 + "\n") == (
+        "workspace.yaml is nested too deeply"
+    )
+
+
+def test_oversized_yaml_is_refused(tmp_path):
+    text = GOOD_YAML + "# " + "x" * MAX_YAML_BYTES + "\n"
+    assert yaml_error(tmp_path, text) == f"workspace.yaml is larger than {MAX_YAML_BYTES} bytes"
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("- a\n- b\n", "workspace.yaml must be a mapping of keys to values, not a list"),
+        ("just text\n", "workspace.yaml must be a mapping of keys to values, not a string"),
+        ("", "workspace.yaml is empty; it must be a mapping of keys to values"),
+        ("# only a comment\n", "workspace.yaml is empty; it must be a mapping of keys to values"),
+    ],
+)
+def test_non_mapping_is_refused(tmp_path, text, message):
+    assert yaml_error(tmp_path, text) == message
+
+
+def test_invalid_yaml_names_the_line(tmp_path):
+    assert yaml_error(tmp_path, "repo: x\nbase_commit: [unclosed\n").startswith(
+        "workspace.yaml is not valid YAML (line "
+    )
+    assert "not valid YAML" in yaml_error(tmp_path, "a: 1\n---\nb: 2\n")  # two documents
+    assert yaml_error(tmp_path, b"repo: \xff\xfe\x00bad") == "workspace.yaml is not valid UTF-8 text"
+
+
+# -- keys ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("base_commit: abc\n", "workspace.yaml: missing required key 'repo'"),
+        ("repo:\nbase_commit: abc\n", "workspace.yaml: missing required key 'repo'"),
+        ("repo: https://example.com/r.git\n", "workspace.yaml: missing required key 'base_commit'"),
+        ("repo: 42\nbase_commit: abc\n", "workspace.yaml: 'repo' must be a string (a git URL)"),
+        ("repo: [a]\nbase_commit: abc\n", "workspace.yaml: 'repo' must be a string (a git URL)"),
+        (GOOD_YAML.replace("1a2b3c4d", "[a]"), "workspace.yaml: 'base_commit' must be a string (a commit id or ref)"),
+        (GOOD_YAML.replace("1a2b3c4d", "''"), "workspace.yaml: 'base_commit' must not be empty"),
+        (GOOD_YAML.replace("1a2b3c4d", "--upload-pack=evil"), "workspace.yaml: 'base_commit' must not start with '-'"),
+        (
+            GOOD_YAML.replace("1a2b3c4d", "'abc def'"),
+            "workspace.yaml: 'base_commit' must not contain whitespace or control characters",
+        ),
+        (
+            GOOD_YAML.replace("1a2b3c4d", '"abc\\x01"'),
+            "workspace.yaml: 'base_commit' must not contain whitespace or control characters",
+        ),
+        (GOOD_YAML + "version: [1]\n", "workspace.yaml: 'version' must be a string or a number"),
+        (GOOD_YAML + "version: true\n", "workspace.yaml: 'version' must be a string or a number"),
+        (GOOD_YAML + "language: 3\n", "workspace.yaml: 'language' must be a string"),
+        (GOOD_YAML + "install: pip install .\n", "workspace.yaml: 'install' must be a list of strings"),
+        (GOOD_YAML + "install: [make, 3]\n", "workspace.yaml: 'install' must be a list of strings"),
+        (GOOD_YAML + "install: {a: b}\n", "workspace.yaml: 'install' must be a list of strings"),
+        (GOOD_YAML + "static_assets: [a]\n", "workspace.yaml: 'static_assets' must be a mapping of names to assets"),
+        (GOOD_YAML + "env: [A]\n", "workspace.yaml: 'env' must be a mapping of variable names to strings"),
+        (
+            GOOD_YAML + "env: {lower: x}\n",
+            "workspace.yaml: 'env' name 'lower' is not a valid variable name ([A-Z_][A-Z0-9_]*)",
+        ),
+        (
+            GOOD_YAML + "env: {1A: x}\n",
+            "workspace.yaml: 'env' name '1A' is not a valid variable name ([A-Z_][A-Z0-9_]*)",
+        ),
+        (GOOD_YAML + "env: {A: [x]}\n", "workspace.yaml: 'env' value of A must be a string"),
+        (GOOD_YAML + "env: {A: }\n", "workspace.yaml: 'env' value of A must be a string"),
+        (GOOD_YAML + 'env: {A: "x\\0y"}\n', "workspace.yaml: 'env' value of A contains a NUL byte"),
+    ],
+)
+def test_missing_and_wrong_typed_keys_are_named(tmp_path, text, message):
+    assert yaml_error(tmp_path, text) == message
+
+
+@pytest.mark.parametrize(
+    ("repo", "fragment"),
+    [
+        ("'ext::sh -c x'", "workspace.yaml: 'repo' uses the git transport helper 'ext::'"),
+        ("-oProxyCommand=evil", "workspace.yaml: 'repo' must not start with '-'"),
+        ("ssh://git@example.com/r.git", "workspace.yaml: 'repo' scheme 'ssh' is not allowed (allowed: http, https)"),
+        ("git@github.com:org/r.git", "workspace.yaml: 'repo' is not an absolute URL (allowed schemes: http, https)"),
+        ("file:///srv/r.git", "workspace.yaml: 'repo' scheme 'file' is not allowed"),
+    ],
+)
+def test_unsafe_repo_urls_are_refused(tmp_path, repo, fragment):
+    assert yaml_error(tmp_path, f"repo: {repo}\nbase_commit: abc\n").startswith(fragment)
+
+
+def test_file_repo_when_allowed(tmp_path):
+    root = task_with_yaml(tmp_path, "repo: file:///srv/r.git\nbase_commit: abc\n")
+    assert load_task(root, allow_file_urls=True).repo == "file:///srv/r.git"
+
+
+def test_repo_host_is_not_resolved_at_load_time(tmp_path):
+    # Address checks happen at clone time; loading works offline.
+    root = task_with_yaml(tmp_path, "repo: https://127.0.0.1/r.git\nbase_commit: abc\n")
+    assert load_task(root).repo == "https://127.0.0.1/r.git"
+
+
+# -- other files ------------------------------------------------------------------------
+
+
+def test_missing_workspace_and_prompt_are_named(tmp_path):
+    with pytest.raises(TaskError, match=r"^task has no workspace.yaml \(required\)$"):
+        load_task(make_task(tmp_path / "a", {"prompt.md": "x"}))
+    with pytest.raises(TaskError, match=r"^task has no prompt.md \(required\)$"):
+        load_task(make_task(tmp_path / "b", {"workspace.yaml": GOOD_YAML}))
+
+
+def test_prompt_must_be_utf8(tmp_path):
+    root = make_task(tmp_path / "t", {"workspace.yaml": GOOD_YAML, "prompt.md": b"caf\xe9"})
+    with pytest.raises(TaskError, match="^prompt.md is not valid UTF-8 text$"):
+        load_task(root)
+
+
+def test_checks_must_be_utf8(tmp_path):
+    root = make_task(tmp_path / "t", {"workspace.yaml": GOOD_YAML, "prompt.md": "p", "checks.txt": b"\xff\n"})
+    with pytest.raises(TaskError, match="^checks.txt is not valid UTF-8 text$"):
+        load_task(root)
+
+
+def test_test_script_must_be_utf8(tmp_path):
+    root = make_task(tmp_path / "t", {"workspace.yaml": GOOD_YAML, "prompt.md": "p", "tests/a.sh": b"\xff"})
+    with pytest.raises(TaskError, match="^tests/a.sh is not valid UTF-8 text$"):
+        load_task(root)
+
+
+def test_script_name_clashing_with_a_check_is_refused(tmp_path):
+    files = {"workspace.yaml": GOOD_YAML, "prompt.md": "p", "tests/check_1.sh": "x", "checks.txt": "true\n"}
+    with pytest.raises(TaskError, match="tests/check_1.sh has the same test name as the command at checks.txt:1"):
+        load_task(make_task(tmp_path / "t", files))
+
+
+def test_symlink_under_tests_is_refused(tmp_path):
+    root = make_task(tmp_path / "t", {"workspace.yaml": GOOD_YAML, "prompt.md": "p", "tests/a.sh": "x"})
+    (root / "tests/leak.txt").symlink_to("/etc/passwd")
+    with pytest.raises(TaskError, match="tests/leak.txt is a symbolic link"):
+        load_task(root)
+
+
+def test_tests_must_be_a_folder(tmp_path):
+    root = make_task(tmp_path / "t", {"workspace.yaml": GOOD_YAML, "prompt.md": "p", "tests": "not a folder"})
+    with pytest.raises(TaskError, match="tests is not a folder"):
+        load_task(root)
