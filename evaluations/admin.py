@@ -54,8 +54,26 @@ class EvaluationAdmin(admin.ModelAdmin):
     inlines = [TransitionInline, TestResultInline]
     fieldsets = (
         (None, {"fields": ("id", "status", "step", "passed", "error", "duration_ms", "results_sha256")}),
-        ("Request", {"fields": ("task_url", "language", "timeout_secs", "env", "static_assets", "callback_url", "metadata", "idempotency_key", "agent_code_pre")}),
-        ("Times", {"fields": ("created_at", "started_at", "finished_at", "worker_id", "cancel_requested", "cancel_reason")}),
+        (
+            "Request",
+            {
+                "fields": (
+                    "task_url",
+                    "language",
+                    "timeout_secs",
+                    "env",
+                    "static_assets",
+                    "callback_url",
+                    "metadata",
+                    "idempotency_key",
+                    "agent_code_pre",
+                )
+            },
+        ),
+        (
+            "Times",
+            {"fields": ("created_at", "started_at", "finished_at", "worker_id", "cancel_requested", "cancel_reason")},
+        ),
         ("Task", {"fields": ("task_prompt_pre", "original_pr_pre")}),
         ("Agent", {"fields": ("agent_exit_code", "agent_output_pre", "agent_patch_pre")}),
         ("Tests", {"fields": ("test_output_pre",)}),
@@ -71,8 +89,11 @@ class EvaluationAdmin(admin.ModelAdmin):
         return False
 
     def has_change_permission(self, request, obj=None):
-        # The change page is the read-only detail view; nothing is saved from it.
-        return request.method in ("GET", "HEAD") and super().has_view_permission(request, obj)
+        # Staff with view permission get Django's read-only detail page: nothing is saved from it.
+        return False
+
+    def has_delete_permission(self, request, obj=None):
+        return False
 
     @admin.display(description="task host")
     def task_host(self, obj):

@@ -24,7 +24,9 @@ class IdempotencyConflict(Exception):
     pass
 
 
-def admit(*, fields: dict, limit: int, scope: str, key: str | None, request_sha256: str, data_dir) -> tuple[Evaluation, bool]:
+def admit(
+    *, fields: dict, limit: int, scope: str, key: str | None, request_sha256: str, data_dir
+) -> tuple[Evaluation, bool]:
     """Return (evaluation, created). Raise AtCapacity or IdempotencyConflict."""
     with transaction.atomic():
         if connection.vendor == "postgresql":

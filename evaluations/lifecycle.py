@@ -55,9 +55,7 @@ def results_sha256(eval_id, passed: bool | None, results: Iterable[dict]) -> str
     canonical = {
         "eval_id": str(eval_id),
         "passed": passed,
-        "test_results": [
-            {"name": r["name"], "passed": r["passed"], "exit_code": r["exit_code"]} for r in results
-        ],
+        "test_results": [{"name": r["name"], "passed": r["passed"], "exit_code": r["exit_code"]} for r in results],
     }
     blob = json.dumps(canonical, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
     return hashlib.sha256(blob.encode()).hexdigest()

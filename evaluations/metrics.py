@@ -28,9 +28,7 @@ class EvaluationCollector:
             ("term_executor_evaluations_cancelled", "cancelled", "Evaluations that ended cancelled."),
         ):
             yield CounterMetricFamily(name, help_text, value=counts[key])
-        yield GaugeMetricFamily(
-            "term_executor_evaluations_active", "Evaluations running now.", value=counts["running"]
-        )
+        yield GaugeMetricFamily("term_executor_evaluations_active", "Evaluations running now.", value=counts["running"])
         yield CounterMetricFamily(
             "term_executor_evaluations_duration_ms_sum",
             "Sum of the durations of ended evaluations, in milliseconds.",

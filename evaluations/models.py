@@ -127,6 +127,8 @@ class Transition(models.Model):
 
 
 class TestResult(models.Model):
+    __test__ = False  # not a pytest test class
+
     evaluation = models.ForeignKey(Evaluation, on_delete=models.CASCADE, related_name="test_results")
     position = models.PositiveIntegerField()
     name = models.CharField(max_length=255)
@@ -139,9 +141,7 @@ class TestResult(models.Model):
 
     class Meta:
         ordering = ("position",)
-        constraints = [
-            models.UniqueConstraint(fields=["evaluation", "position"], name="testresult_position_unique")
-        ]
+        constraints = [models.UniqueConstraint(fields=["evaluation", "position"], name="testresult_position_unique")]
 
     def __str__(self) -> str:
         return f"{self.name}: {'passed' if self.passed else 'failed'}"

@@ -32,12 +32,7 @@ def step_histograms() -> dict[str, dict]:
     aggregates = {"count": Count("id"), "sum_ms": Sum("duration_ms")}
     for index, bound in enumerate(STEP_BUCKETS):
         aggregates[f"le_{index}"] = Count("id", filter=Q(duration_ms__lte=int(bound * 1000)))
-    rows = (
-        Transition.objects.filter(duration_ms__isnull=False)
-        .values("step")
-        .annotate(**aggregates)
-        .order_by("step")
-    )
+    rows = Transition.objects.filter(duration_ms__isnull=False).values("step").annotate(**aggregates).order_by("step")
     result = {}
     for row in rows:
         result[row["step"]] = {

@@ -186,12 +186,8 @@ def load(environ: dict[str, str] | os._Environ | None = None) -> Config:
     if env.get("LOG_FORMAT", "") != "":
         values["log_format"] = _choice("LOG_FORMAT", env["LOG_FORMAT"], ("text", "json"))
     if env.get("LOG_LEVEL", "") != "":
-        values["log_level"] = _choice(
-            "LOG_LEVEL", env["LOG_LEVEL"], ("debug", "info", "warning", "error")
-        ).upper()
-    values["allowed_private_hosts"] = tuple(
-        h.lower() for h in _list(env.get("ALLOWED_PRIVATE_HOSTS", ""))
-    )
+        values["log_level"] = _choice("LOG_LEVEL", env["LOG_LEVEL"], ("debug", "info", "warning", "error")).upper()
+    values["allowed_private_hosts"] = tuple(h.lower() for h in _list(env.get("ALLOWED_PRIVATE_HOSTS", "")))
     values["callback_secret"] = env.get("CALLBACK_SECRET", "")
     config = Config(**values)
     if config.static_assets_config and not config.static_assets_config.is_file():

@@ -14,7 +14,18 @@ from evaluations import languages
 ENV_NAME = re.compile(r"^[A-Z_][A-Z0-9_]*$")
 # Set by the executor for every agent run; a submission may not replace them.
 RESERVED_ENV = frozenset(
-    {"PATH", "HOME", "LANG", "LC_ALL", "TZ", "PYTHONHASHSEED", "TASK_PROMPT", "REPO_DIR", "TASK_ID", "STATIC_ASSETS_DIR"}
+    {
+        "PATH",
+        "HOME",
+        "LANG",
+        "LC_ALL",
+        "TZ",
+        "PYTHONHASHSEED",
+        "TASK_PROMPT",
+        "REPO_DIR",
+        "TASK_ID",
+        "STATIC_ASSETS_DIR",
+    }
 )
 RESERVED_ENV_PREFIXES = ("STATIC_ASSET_", "TERM_EXECUTOR_", "LD_")
 MAX_ENV_NAMES = 64

@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+import os
 import time
 import uuid
 
@@ -32,11 +33,20 @@ class PublicView(APIView):
     permission_classes = [AllowAny]
 
 
+def _check_database() -> None:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT 1")
+    if connection.vendor == "sqlite":
+        # An open connection keeps answering after its file is deleted or replaced.
+        name = connection.settings_dict["NAME"]
+        if not os.path.isfile(name):
+            raise OSError(f"SQLite file {name} is missing")
+
+
 class HealthView(PublicView):
     def get(self, request):
         try:
-            with connection.cursor() as cursor:
-                cursor.execute("SELECT 1")
+            _check_database()
         except Exception as exc:  # any driver error means the database is unreachable
             body = {"status": "unhealthy", "checks": {"database": f"error: {exc.__class__.__name__}"}}
             body.update(envelope("unhealthy", f"database unreachable: {exc}".strip()))
@@ -218,10 +228,10 @@ class EvaluationListView(APIView):
                     Q(created_at__lt=anchor["created_at"]) | Q(created_at=anchor["created_at"], id__lt=anchor["id"])
                 )
         if problems:
-            raise ApiError(400, "invalid_request", "the query is invalid: " + ", ".join(sorted(problems)), fields=problems)
-        rows = list(
-            queryset.only("id", "task_url", "language", "status", "passed", "created_at")[: limit + 1]
-        )
+            raise ApiError(
+                400, "invalid_request", "the query is invalid: " + ", ".join(sorted(problems)), fields=problems
+            )
+        rows = list(queryset.only("id", "task_url", "language", "status", "passed", "created_at")[: limit + 1])
         headers = {}
         if len(rows) > limit:
             rows = rows[:limit]

@@ -10,7 +10,12 @@ from evaluations.models import Evaluation, Status
 pytestmark = pytest.mark.django_db
 
 GOOD = {"agent_code": "print('hi')", "task_url": "https://example.com/task.tar.gz"}
-PRIVATE = [("post", "/evaluate"), ("get", f"/evaluate/{uuid.uuid4()}"), ("delete", f"/evaluate/{uuid.uuid4()}"), ("get", "/evaluations")]
+PRIVATE = [
+    ("post", "/evaluate"),
+    ("get", f"/evaluate/{uuid.uuid4()}"),
+    ("delete", f"/evaluate/{uuid.uuid4()}"),
+    ("get", "/evaluations"),
+]
 
 
 @pytest.fixture
@@ -34,7 +39,9 @@ def test_private_routes_refuse_missing_or_bad_tokens(api, tokens, method, path, 
 
 @pytest.mark.parametrize("token", ["old-token", "new-token"])
 def test_every_listed_token_works(api, tokens, token):
-    response = api.post("/evaluate", data=json.dumps(GOOD), content_type="application/json", HTTP_AUTHORIZATION=f"Bearer {token}")
+    response = api.post(
+        "/evaluate", data=json.dumps(GOOD), content_type="application/json", HTTP_AUTHORIZATION=f"Bearer {token}"
+    )
     assert response.status_code == 202
 
 
@@ -59,8 +66,13 @@ def test_status_says_auth_disabled_without_tokens(api):
 
 def test_idempotency_keys_are_scoped_to_the_token(api, tokens):
     replies = [
-        api.post("/evaluate", data=json.dumps(GOOD), content_type="application/json",
-                 HTTP_AUTHORIZATION=f"Bearer {token}", HTTP_IDEMPOTENCY_KEY="same")  # fmt: skip
+        api.post(
+            "/evaluate",
+            data=json.dumps(GOOD),
+            content_type="application/json",
+            HTTP_AUTHORIZATION=f"Bearer {token}",
+            HTTP_IDEMPOTENCY_KEY="same",
+        )  # fmt: skip
         for token in ("old-token", "new-token")
     ]
     assert [r.status_code for r in replies] == [202, 202]
@@ -100,8 +112,14 @@ def test_list_filters_by_status(api):
 
 @pytest.mark.parametrize(
     ("query", "field"),
-    [("status=bogus", "status"), ("limit=0", "limit"), ("limit=1001", "limit"), ("limit=x", "limit"),
-     (f"before={uuid.uuid4()}", "before"), ("before=nope", "before")],  # fmt: skip
+    [
+        ("status=bogus", "status"),
+        ("limit=0", "limit"),
+        ("limit=1001", "limit"),
+        ("limit=x", "limit"),
+        (f"before={uuid.uuid4()}", "before"),
+        ("before=nope", "before"),
+    ],  # fmt: skip
 )
 def test_list_refuses_bad_queries(api, query, field):
     response = api.get(f"/evaluations?{query}")

@@ -108,7 +108,7 @@ def test_file_urls_only_when_allowed(api, executor_config):
 
 @pytest.mark.parametrize(
     "raw",
-    [b"{not json", b"[1, 2]", b"\"text\"", b"\xff\xfe", b"null"],
+    [b"{not json", b"[1, 2]", b'"text"', b"\xff\xfe", b"null"],
 )
 def test_bodies_that_are_not_a_json_object_get_400(api, raw):
     response = api.post("/evaluate", data=raw, content_type="application/json")

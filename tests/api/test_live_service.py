@@ -62,7 +62,9 @@ def test_metrics_agree_whichever_worker_answers(live_service):
     assert "django_http_requests_total_by_method_total" in last
     assert 'term_executor_step_duration_seconds_bucket{le="+Inf",step="queued"}' in last
     # Request counters are merged across the gunicorn workers: at least the 30 scrapes above.
-    by_view = re.findall(r'^django_http_requests_total_by_view_transport_method_total\{.*view="metrics".*\} ([0-9.]+)$', last, re.M)
+    by_view = re.findall(
+        r'^django_http_requests_total_by_view_transport_method_total\{.*view="metrics".*\} ([0-9.]+)$', last, re.M
+    )
     assert by_view and float(by_view[0]) >= 29
 
 
@@ -86,12 +88,21 @@ def test_health_turns_503_when_the_database_is_gone(live_service, tmp_path):
 
 @pytest.mark.parametrize(
     ("name", "value"),
-    [("MAX_CONCURRENT_EVALS", "abc"), ("MAX_CONCURRENT_EVALS", "-1"), ("SANDBOX", "docker"), ("AGENT_NETWORK", "maybe"),
-     ("PORT", "70000"), ("DATABASE_URL", "mysql://x/y"), ("STATIC_ASSETS_ROOT", "/does/not/exist")],  # fmt: skip
+    [
+        ("MAX_CONCURRENT_EVALS", "abc"),
+        ("MAX_CONCURRENT_EVALS", "-1"),
+        ("SANDBOX", "docker"),
+        ("AGENT_NETWORK", "maybe"),
+        ("PORT", "70000"),
+        ("DATABASE_URL", "mysql://x/y"),
+        ("STATIC_ASSETS_ROOT", "/does/not/exist"),
+    ],  # fmt: skip
 )
 def test_a_bad_setting_stops_start_up_with_one_line_naming_it(tmp_path, name, value):
     env = {"PATH": "/usr/bin:/bin", "DATA_DIR": str(tmp_path), name: value}
-    result = subprocess.run([sys.executable, "manage.py", "check"], cwd=PROJECT, env=env, capture_output=True, text=True)
+    result = subprocess.run(
+        [sys.executable, "manage.py", "check"], cwd=PROJECT, env=env, capture_output=True, text=True
+    )
     assert result.returncode == 2
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and name in lines[0], result.stderr

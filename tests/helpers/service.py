@@ -63,9 +63,7 @@ class LiveService:
         self.port = free_port()
         self.base_url = f"http://127.0.0.1:{self.port}"
         self.env = {
-            key: value
-            for key, value in os.environ.items()
-            if not key.startswith(("DJANGO_", "PYTEST_", "PROMETHEUS_"))
+            key: value for key, value in os.environ.items() if not key.startswith(("DJANGO_", "PYTEST_", "PROMETHEUS_"))
         }
         self.env.update(
             {

@@ -1,0 +1,266 @@
+"""The pipeline's steps, in order; each a function with one job, named as its API `step`."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+from evaluations import languages
+from evaluations.models import Evaluation, TestResult
+from evaluations.pipeline import archive, gitrepo, taskspec, urlguard
+from evaluations.pipeline.context import Cancelled, Context, StepFailed, deadline_in, remaining
+from evaluations.pipeline.safefs import SafeFSError, write_file_nofollow
+from evaluations.runtime.monitor import disk_excess, folder_usage
+from evaluations.runtime.spawner import CommandResult, Mount
+
+# Linux refuses a single argv string over 128 KiB (MAX_ARG_STRLEN).
+MAX_PROMPT_ARG_BYTES = 128 * 1024 - 1
+
+
+def _last_line(output: str) -> str:
+    lines = [line.strip() for line in output.strip().splitlines() if line.strip()]
+    return lines[-1][:300] if lines else "no output"
+
+
+def _policy(config) -> urlguard.URLPolicy:
+    return urlguard.URLPolicy.from_config(config)
+
+
+def downloading_task(ctx: Context) -> None:
+    config = ctx.config
+    archive_path = ctx.session.root / "task.archive"
+    try:
+        urlguard.fetch(
+            ctx.evaluation.task_url,
+            archive_path,
+            max_bytes=config.max_task_archive_bytes,
+            timeout_secs=config.download_timeout_secs,
+            policy=_policy(config),
+        )
+        archive.extract_archive(
+            archive_path,
+            ctx.session.task,
+            max_members=config.max_archive_members,
+            max_bytes=config.max_extracted_bytes,
+        )
+        root = archive.find_task_root(ctx.session.task)
+        ctx.task = taskspec.load_task(root, allow_file_urls=config.allow_file_urls)
+    except (urlguard.FetchError, archive.ArchiveError, taskspec.TaskError) as exc:
+        raise StepFailed(str(exc)) from None
+    finally:
+        archive_path.unlink(missing_ok=True)
+    Evaluation.objects.filter(id=ctx.eval_id).update(
+        task_prompt=ctx.task.prompt, original_pr=ctx.task.original_pr or ""
+    )
+
+
+def git_runner(ctx: Context, network: bool, writable: list):
+    """gitrepo's CommandRunner, through the one spawner."""
+
+    def run(argv, *, cwd, env, timeout_secs):
+        return ctx.spawner.run(
+            argv,
+            cwd=cwd,
+            env=env,
+            limits=ctx.limits(timeout_secs),
+            network=network,
+            writable=writable,
+            mounts=[],
+        )
+
+    return run
+
+
+def cloning_repo(ctx: Context) -> None:
+    config = ctx.config
+    task = ctx.task
+    try:
+        resolved = urlguard.check_git_url(
+            task.repo,
+            allow_file=config.allow_file_urls,
+            allow_private=config.allow_private_urls,
+            allowed_private_hosts=config.allowed_private_hosts,
+        )
+        env = gitrepo.git_env(ctx.session.home, urlguard.git_allow_protocol(config.allow_file_urls))
+        ctx.base_sha = gitrepo.clone_at(
+            git_runner(ctx, network=True, writable=[ctx.session.root]),
+            repo_url=task.repo,
+            base_commit=task.base_commit,
+            dest=ctx.session.repo,
+            env=env,
+            timeout_secs=config.clone_timeout_secs,
+            resolve_pin=urlguard.git_resolve_pin(resolved),  # git connects to the address we checked
+        )
+    except (urlguard.FetchError, gitrepo.GitError) as exc:
+        ctx.check_cancelled()
+        raise StepFailed(str(exc)) from None
+
+
+def _rlimit_detail(result: CommandResult, config) -> str | None:
+    """A command the kernel killed for a limit we set with prlimit (not seen by the monitor)."""
+    if result.limit is None and result.exit_code == 128 + signal.SIGXFSZ:
+        return f"file size limit exceeded (a single file over DISK_QUOTA_MB={config.disk_quota_mb} MiB)"
+    return None
+
+
+def _disk_excess(ctx: Context) -> str | None:
+    """A command that filled the disk and exited between two of the monitor's walks."""
+    return disk_excess(folder_usage(ctx.session.root), ctx.config.disk_quota_bytes)
+
+
+def _limit_failure(result: CommandResult, what: str, budget_name: str, budget: float, config) -> StepFailed | None:
+    if result.limit == "timeout":
+        return StepFailed(f"{what} timed out ({budget_name}={int(budget)} s)")
+    if result.limit:
+        return StepFailed(f"{result.limit_detail} in {what}")
+    detail = _rlimit_detail(result, config)
+    return StepFailed(f"{detail} in {what}") if detail else None
+
+
+def installing_deps(ctx: Context) -> None:
+    config = ctx.config
+    deadline = deadline_in(config.install_timeout_secs)
+    env = {**ctx.base_env(), **ctx.task.env}
+    for command in ctx.task.install:
+        result = ctx.run(["bash", "-c", command], env=env, timeout_secs=remaining(deadline), network=True)
+        failure = _limit_failure(
+            result, f"install command {command!r}", "INSTALL_TIMEOUT_SECS", config.install_timeout_secs, config
+        )
+        if failure:
+            raise failure
+        if result.exit_code != 0:
+            raise StepFailed(
+                f"install command {command!r} exited with code {result.exit_code}: {_last_line(result.output)}"
+            )
+    ctx.spawner.sweep()
+
+
+def running_agent(ctx: Context) -> None:
+    config = ctx.config
+    evaluation = ctx.evaluation
+    language = languages.available().get(evaluation.language)
+    if language is None:
+        raise StepFailed(f"agent language {evaluation.language!r} is not installed on this executor")
+    prompt = ctx.task.prompt
+    if len(prompt.encode()) > MAX_PROMPT_ARG_BYTES:
+        raise StepFailed(f"prompt.md is over {MAX_PROMPT_ARG_BYTES} bytes, too long for --instruction")
+    agent_file = ctx.session.agent / f"agent.{language.extension}"
+    prompt_file = ctx.session.agent / "prompt.md"
+    agent_file.write_text(evaluation.agent_code)
+    prompt_file.write_text(prompt)
+    os.chmod(agent_file, 0o644)
+    os.chmod(prompt_file, 0o644)
+    env = {
+        **ctx.base_env(),
+        **ctx.task.env,
+        **evaluation.env,
+        "TASK_PROMPT": str(prompt_file),
+        "REPO_DIR": str(ctx.session.repo),
+        "TASK_ID": ctx.eval_id,
+    }
+    timeout = evaluation.timeout_secs or config.agent_timeout_secs
+    result = ctx.run(
+        language.argv(str(agent_file), prompt),
+        env=env,
+        timeout_secs=timeout,
+        network=config.agent_network,
+        mounts=[Mount(ctx.session.agent, str(ctx.session.agent), writable=False)],
+    )
+    Evaluation.objects.filter(id=ctx.eval_id).update(agent_output=result.output, agent_exit_code=result.exit_code)
+    ctx.spawner.sweep()  # the agent's daemons die here, before anything is graded
+    if result.limit == "timeout":
+        raise Cancelled(f"agent timed out after {timeout} s")
+    if result.limit:
+        raise StepFailed(f"{result.limit_detail}")
+    if detail := _rlimit_detail(result, config) or _disk_excess(ctx):
+        raise StepFailed(detail)
+    _store_patch(ctx)
+
+
+def _store_patch(ctx: Context) -> None:
+    env = gitrepo.git_env(ctx.session.home, urlguard.git_allow_protocol(False))
+    try:
+        patch = gitrepo.repo_patch(
+            git_runner(ctx, network=False, writable=[ctx.session.root]),
+            repo=ctx.session.repo,
+            base_sha=ctx.base_sha,
+            env=env,
+            exclude=ctx.asset_excludes,
+            max_bytes=ctx.config.max_output_bytes * 8,
+        )
+    except gitrepo.GitError as exc:
+        patch = f"(no patch: {exc})"
+    Evaluation.objects.filter(id=ctx.eval_id).update(agent_patch=patch)
+
+
+def running_tests(ctx: Context) -> None:
+    config = ctx.config
+    session = ctx.session
+    tests = ctx.task.tests
+    if not tests:
+        raise StepFailed("task defines no tests")
+    ctx.spawner.sweep()
+    try:
+        for support in ctx.task.support_files:
+            write_file_nofollow(session.repo, support.relpath, support.data, support.mode)
+            _chown(session, support.relpath)
+    except (SafeFSError, OSError) as exc:
+        raise StepFailed(f"could not write test support files: {exc}") from None
+    session.tests.mkdir(mode=0o755, exist_ok=True)
+    env = {**ctx.base_env(), **ctx.task.env}
+    mounts = [Mount(session.tests, str(session.tests), writable=False)]
+    deadline = deadline_in(config.test_timeout_secs)
+    results = []
+    for position, test in enumerate(tests):
+        results.append(_run_test(ctx, position, test, env, mounts, deadline))
+        ctx.spawner.sweep()
+    TestResult.objects.bulk_create(results)
+    blocks = [
+        f"=== {r.name} (exit {r.exit_code if r.exit_code is not None else 'none'}) ===\n{r.output}" for r in results
+    ]
+    Evaluation.objects.filter(id=ctx.eval_id).update(test_output="\n".join(blocks))
+
+
+def _chown(session, relpath: str) -> None:
+    if session.uid is not None:
+        os.chown(session.repo / relpath, session.uid, session.uid, follow_symlinks=False)
+
+
+def _run_test(ctx: Context, position: int, test: taskspec.TestSpec, env, mounts, deadline) -> TestResult:
+    left = remaining(deadline)
+    row = TestResult(evaluation_id=ctx.eval_id, position=position, name=test.name, kind=test.kind, passed=False)
+    if left <= 0:
+        row.timed_out = True
+        row.output = f"not run: the TEST_TIMEOUT_SECS budget ({ctx.config.test_timeout_secs} s) was spent"
+        return row
+    if test.script is not None:
+        script = ctx.session.tests / f"{position:04d}-{test.name}.sh"
+        write_file_nofollow(ctx.session.tests, script.name, test.script.encode(), 0o644)
+        argv = ["bash", str(script)]
+    else:
+        argv = ["bash", "-c", test.command]
+    started = time.monotonic()
+    result = ctx.run(argv, env=env, timeout_secs=left, network=ctx.config.test_network, mounts=mounts)
+    row.duration_ms = int((time.monotonic() - started) * 1000)
+    row.exit_code = result.exit_code
+    row.timed_out = result.limit == "timeout"
+    row.output = result.output
+    limit_detail = result.limit_detail or _rlimit_detail(result, ctx.config)
+    if limit_detail and not row.timed_out:
+        row.output += f"\n[executor: {limit_detail}]"
+    elif row.timed_out:
+        row.output += (
+            f"\n[executor: killed, the test budget TEST_TIMEOUT_SECS={ctx.config.test_timeout_secs} s ran out]"
+        )
+    row.passed = result.exit_code == 0 and not result.limit
+    return row
+
+
+STEPS = (
+    ("downloading_task", downloading_task),
+    ("cloning_repo", cloning_repo),
+    ("installing_deps", installing_deps),
+    ("running_agent", running_agent),
+    ("running_tests", running_tests),
+)

@@ -1,0 +1,140 @@
+"""Keeping the host and the database clean: what `reap_sessions` and the worker's timer do.
+
+Every function is idempotent and conditional on the state it expects, so it
+is safe beside a running worker and safe to run twice.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+from django.utils import timezone
+
+from evaluations import lifecycle
+from evaluations.models import ACTIVE_STATUSES, Evaluation, Status, WorkerHeartbeat
+
+logger = logging.getLogger("term_executor.reaper")
+
+WORKER_LOST = "executor worker lost"
+TTL_EXPIRED = "session TTL expired"
+
+
+@dataclass
+class ReapSummary:
+    expired: int = 0
+    lost: int = 0
+    folders_removed: int = 0
+    purged: int = 0
+    processes_killed: int = 0
+
+    def line(self, dry_run: bool = False) -> str:
+        prefix = "reap_sessions (dry run):" if dry_run else "reap_sessions:"
+        return (
+            f"{prefix} expired={self.expired} lost={self.lost} folders_removed={self.folders_removed} "
+            f"purged={self.purged} processes_killed={self.processes_killed}"
+        )
+
+
+def live_worker_ids(stale_secs: int) -> set[str]:
+    cutoff = timezone.now() - timezone.timedelta(seconds=stale_secs)
+    return set(WorkerHeartbeat.objects.filter(last_beat_at__gte=cutoff).values_list("worker_id", flat=True))
+
+
+def expire_sessions(ttl_secs: int, *, dry_run: bool = False) -> int:
+    """Pending evaluations past the TTL are cancelled; running ones are asked to stop."""
+    cutoff = timezone.now() - timezone.timedelta(seconds=ttl_secs)
+    count = 0
+    for eval_id in Evaluation.objects.filter(status=Status.PENDING, created_at__lt=cutoff).values_list("id", flat=True):
+        if dry_run or lifecycle.finish(
+            eval_id,
+            Status.CANCELLED,
+            error=f"queued: {TTL_EXPIRED}",
+            expect=[Status.PENDING],
+            cancel_reason=TTL_EXPIRED,
+        ):
+            count += 1
+    running = Evaluation.objects.filter(status=Status.RUNNING, started_at__lt=cutoff, cancel_requested=False)
+    count += running.count() if dry_run else running.update(cancel_requested=True, cancel_reason=TTL_EXPIRED)
+    return count
+
+
+def fail_lost(stale_secs: int, *, dry_run: bool = False) -> list:
+    """Running evaluations whose worker stopped beating are failed; returns their ids."""
+    live = live_worker_ids(stale_secs)
+    lost = []
+    for eval_id, step in (
+        Evaluation.objects.filter(status=Status.RUNNING).exclude(worker_id__in=live).values_list("id", "step")
+    ):
+        if dry_run or lifecycle.finish(eval_id, Status.FAILED, error=f"{step}: {WORKER_LOST}", expect=[Status.RUNNING]):
+            lost.append(eval_id)
+    return lost
+
+
+def _kill_tagged(eval_id) -> int:
+    from evaluations.runtime.killer import kill_all
+
+    return kill_all(str(eval_id))
+
+
+def remove_orphan_folders(workspace_base: Path, *, dry_run: bool = False) -> tuple[int, int]:
+    """Delete session folders of evaluations that are not live; never anything outside the base."""
+    from evaluations.pipeline.safefs import remove_tree_nofollow
+
+    try:
+        entries = list(os.scandir(workspace_base))
+    except FileNotFoundError:
+        return 0, 0
+    names = {}
+    for entry in entries:
+        try:
+            names[entry.name] = uuid.UUID(entry.name)
+        except ValueError:
+            continue  # not ours: the reaper only touches folders named by an eval_id
+    live = set(
+        str(i)
+        for i in Evaluation.objects.filter(id__in=list(names.values()), status__in=ACTIVE_STATUSES).values_list(
+            "id", flat=True
+        )
+    )
+    removed = killed = 0
+    for entry in entries:
+        if entry.name not in names or str(names[entry.name]) in live:
+            continue
+        removed += 1
+        if dry_run:
+            continue
+        killed += _kill_tagged(names[entry.name])
+        if entry.is_symlink() or not entry.is_dir(follow_symlinks=False):
+            os.unlink(entry.path)  # a link is removed as a link; its target is untouched
+        else:
+            remove_tree_nofollow(Path(entry.path))
+    return removed, killed
+
+
+def purge_old(retention_days: int, *, dry_run: bool = False) -> int:
+    if retention_days <= 0:
+        return 0
+    cutoff = timezone.now() - timezone.timedelta(days=retention_days)
+    old = Evaluation.objects.filter(finished_at__lt=cutoff).exclude(status__in=ACTIVE_STATUSES)
+    if dry_run:
+        return old.count()
+    _total, per_model = old.delete()
+    return per_model.get("evaluations.Evaluation", 0)
+
+
+def reap(config, *, dry_run: bool = False) -> ReapSummary:
+    summary = ReapSummary()
+    summary.expired = expire_sessions(config.session_ttl_secs, dry_run=dry_run)
+    lost = fail_lost(config.worker_stale_secs, dry_run=dry_run)
+    summary.lost = len(lost)
+    if not dry_run:
+        for eval_id in lost:
+            summary.processes_killed += _kill_tagged(eval_id)
+    summary.folders_removed, killed = remove_orphan_folders(config.workspace_base, dry_run=dry_run)
+    summary.processes_killed += killed
+    summary.purged = purge_old(config.retention_days, dry_run=dry_run)
+    return summary

@@ -1,0 +1,185 @@
+"""The watcher of one running command: time, memory, processes, disk, cancel.
+
+It samples every ``monitor_interval_ms``; the session folder, which costs a
+walk, about once a second. The first limit crossed wins: it is recorded as a
+``Verdict`` with the figures for the error sentence, and the ``on_verdict``
+callback kills everything.
+
+What is measured, and why:
+
+- Memory and processes: every live descendant of this process. The host is
+  a child subreaper, so escapees that ``setsid`` or double-fork are still in
+  this tree. RSS is summed per process, so pages shared between processes
+  (the same binary, copy-on-write after fork) count once per process: the
+  figure errs towards a kill, never towards a miss.
+- Disk: the blocks actually allocated (``st_blocks * 512``), walked with
+  ``os.scandir`` without following links, each inode once. A sparse 100 GB
+  file counts what it occupies (a few KiB), so it causes no false kill, and
+  every byte really written counts, so real usage is not missed. Apparent
+  sizes are capped separately, per file, by ``RLIMIT_FSIZE`` (= the quota).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import stat
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Protocol
+
+import psutil
+
+from evaluations.runtime import killer
+
+if TYPE_CHECKING:
+    from evaluations.runtime.spawner import Limits
+
+MIB = 1024 * 1024
+log = logging.getLogger(__name__)
+_DISK_EVERY_SECS = 1.0
+
+
+@dataclass(frozen=True)
+class Verdict:
+    limit: str  # "timeout" | "memory" | "disk" | "processes" | "cancelled"
+    detail: str
+
+
+@dataclass
+class Peaks:
+    memory_bytes: int = 0
+    processes: int = 0
+    disk_bytes: int = 0
+
+
+class CancelEvent(Protocol):
+    """The part of threading.Event and multiprocessing.Event the monitor uses."""
+
+    def is_set(self) -> bool: ...
+
+
+class Monitor(threading.Thread):
+    def __init__(
+        self,
+        *,
+        limits: Limits,
+        session_dir: Path,
+        cancel_event: CancelEvent | None,
+        started_at: float,
+        on_verdict: Callable[[Verdict], None],
+    ):
+        super().__init__(name="command-monitor", daemon=True)
+        self.limits = limits
+        self.session_dir = session_dir
+        self.cancel_event = cancel_event
+        self.started_at = started_at
+        self.on_verdict = on_verdict
+        self.verdict: Verdict | None = None
+        self.peaks = Peaks()
+        self._stopped = threading.Event()
+
+    def stop(self) -> None:
+        self._stopped.set()
+        self.join()
+
+    def run(self) -> None:
+        interval = self.limits.monitor_interval_ms / 1000
+        next_disk_walk = 0.0
+        while not self._stopped.wait(interval):
+            verdict = self._check_cancel_and_time()
+            try:
+                verdict = verdict or self._check_tree()
+                if verdict is None and time.monotonic() >= next_disk_walk:
+                    verdict = self._check_disk()
+                    next_disk_walk = time.monotonic() + _DISK_EVERY_SECS
+            except Exception:  # a failed sample must not end the watch: time and cancel still hold
+                log.exception("monitor sample failed; retrying at the next tick")
+            if verdict is not None and not self._stopped.is_set():
+                self.verdict = verdict
+                self.on_verdict(verdict)
+                return
+
+    def _check_cancel_and_time(self) -> Verdict | None:
+        if self.cancel_event is not None and self.cancel_event.is_set():
+            return Verdict("cancelled", "cancelled")
+        timeout = self.limits.timeout_secs
+        if time.monotonic() - self.started_at > timeout:
+            return Verdict("timeout", f"timed out after {timeout:g} s")
+        return None
+
+    def _check_tree(self) -> Verdict | None:
+        rss, count = tree_usage()
+        self.peaks.memory_bytes = max(self.peaks.memory_bytes, rss)
+        self.peaks.processes = max(self.peaks.processes, count)
+        limits = self.limits
+        if count > limits.max_processes:
+            return Verdict("processes", f"process limit exceeded ({count} > {limits.max_processes})")
+        if rss > limits.memory_bytes:
+            return Verdict(
+                "memory",
+                f"memory limit exceeded ({_mib_up(rss)} MiB > {limits.memory_bytes // MIB} MiB)",
+            )
+        return None
+
+    def _check_disk(self) -> Verdict | None:
+        used = folder_usage(self.session_dir)
+        self.peaks.disk_bytes = max(self.peaks.disk_bytes, used)
+        detail = disk_excess(used, self.limits.disk_quota_bytes)
+        return Verdict("disk", detail) if detail else None
+
+
+def disk_excess(used: int, quota: int) -> str | None:
+    """The error sentence when `used` bytes break the quota, else None."""
+    if used > quota:
+        return f"disk quota exceeded ({_mib_up(used)} MiB > {quota // MIB} MiB)"
+    return None
+
+
+def _mib_up(size: int) -> int:
+    """Rounded up, so a figure just over a limit never reads as equal to it."""
+    return -(-size // MIB)
+
+
+def tree_usage() -> tuple[int, int]:
+    """(summed RSS in bytes, number of processes) of every live descendant."""
+    rss = count = 0
+    for proc in killer.descendants():
+        try:
+            rss += proc.memory_info().rss
+        except psutil.Error:
+            continue  # exited between the scan and now
+        count += 1
+    return rss, count
+
+
+def folder_usage(root: Path) -> int:
+    """Bytes allocated under ``root``: st_blocks * 512, links not followed, each inode once."""
+    try:
+        total = os.lstat(root).st_blocks * 512
+    except OSError:
+        return 0
+    seen: set[tuple[int, int]] = set()
+    stack = [os.fspath(root)]
+    while stack:
+        try:
+            entries = os.scandir(stack.pop())
+        except OSError:
+            continue  # removed, or made unreadable, while we walk
+        with entries:
+            for entry in entries:
+                try:
+                    st = entry.stat(follow_symlinks=False)
+                except OSError:
+                    continue
+                if st.st_nlink > 1 and not stat.S_ISDIR(st.st_mode):
+                    if (st.st_dev, st.st_ino) in seen:
+                        continue  # a hard link to a file already counted
+                    seen.add((st.st_dev, st.st_ino))
+                total += st.st_blocks * 512
+                if stat.S_ISDIR(st.st_mode):
+                    stack.append(entry.path)
+    return total

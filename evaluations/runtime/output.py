@@ -1,0 +1,144 @@
+"""A command's output: read as it comes, kept as head + tail, never more.
+
+stdout and stderr share one pipe (``stderr=STDOUT``), so the kernel keeps
+them in the order they were written and one fd is all there is to read. The
+loop below also watches a pidfd, so it notices the command's exit even when
+a background process it left behind still holds the pipe open.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import selectors
+import subprocess
+import time
+from typing import BinaryIO
+
+_CHUNK = 64 * 1024
+# After the command exits, how long to keep draining a pipe that a leftover
+# background process still holds open. Normal commands close it as they exit.
+_DRAIN_AFTER_EXIT_SECS = 0.2
+
+
+class OutputCapture:
+    """Keeps the first half of ``max_bytes``, a ring of the last half, and counts the rest.
+
+    Memory is bounded by ``max_bytes`` plus one read chunk, whatever the
+    command prints. The live log, when given, receives the same bytes as they
+    arrive, up to ``max_bytes``, then one line saying it stopped.
+    """
+
+    def __init__(self, max_bytes: int, live_log: BinaryIO | None = None):
+        self.max_bytes = max_bytes
+        self.total = 0
+        self._head_cap = max_bytes // 2
+        self._tail_cap = max_bytes - self._head_cap
+        self._head = bytearray()
+        self._tail = bytearray()
+        self._log = live_log
+        self._log_room = max_bytes
+
+    def feed(self, data: bytes) -> None:
+        self.total += len(data)
+        self._to_log(data)
+        room = self._head_cap - len(self._head)
+        if room > 0:
+            self._head += data[:room]
+            data = data[room:]
+        if data:
+            self._tail += data
+            excess = len(self._tail) - self._tail_cap
+            if excess > 0:
+                del self._tail[:excess]  # cheap: bytearray drops from the front in place
+
+    def _to_log(self, data: bytes) -> None:
+        if self._log is None or self._log_room < 0:
+            return
+        kept = data[: self._log_room]
+        if kept:
+            self._log.write(kept)
+            self._log_room -= len(kept)
+        if len(kept) < len(data):
+            self._log.write(f"\n[... live log stops after {self.max_bytes} bytes ...]\n".encode())
+            self._log_room = -1  # stopped: one line says so, once
+
+    @property
+    def truncated(self) -> int:
+        return self.total - len(self._head) - len(self._tail)
+
+    def text(self) -> str:
+        """Head + ``[... N bytes truncated ...]`` + tail, invalid UTF-8 replaced."""
+        if not self.truncated:
+            return bytes(self._head + self._tail).decode("utf-8", errors="replace")
+        return (
+            self._head.decode("utf-8", errors="replace")
+            + f"\n[... {self.truncated} bytes truncated ...]\n"
+            + self._tail.decode("utf-8", errors="replace")
+        )
+
+
+def pump(proc: subprocess.Popen, capture: OutputCapture, stdin_data: bytes | None) -> None:
+    """Feed the command's stdin and capture its output until EOF (or exit + a short drain)."""
+    sel = selectors.DefaultSelector()
+    stdout_fd = proc.stdout.fileno()
+    sel.register(stdout_fd, selectors.EVENT_READ)
+    pidfd = _pidfd(proc.pid)
+    if pidfd is not None:
+        sel.register(pidfd, selectors.EVENT_READ)
+    pending = memoryview(stdin_data or b"")
+    if proc.stdin is not None:
+        os.set_blocking(proc.stdin.fileno(), False)
+        if pending:
+            sel.register(proc.stdin.fileno(), selectors.EVENT_WRITE)
+        else:
+            proc.stdin.close()
+    exited_at: float | None = None
+    try:
+        while True:
+            if exited_at is None and pidfd is None and proc.poll() is not None:
+                exited_at = time.monotonic()  # no pidfd on this kernel: poll
+            timeout = 0.05 if pidfd is None else None
+            if exited_at is not None:
+                timeout = exited_at + _DRAIN_AFTER_EXIT_SECS - time.monotonic()
+                if timeout <= 0:
+                    return
+            for key, _ in sel.select(timeout):
+                if key.fd == stdout_fd:
+                    data = os.read(stdout_fd, _CHUNK)
+                    if not data:
+                        return
+                    capture.feed(data)
+                elif key.fd == pidfd:
+                    exited_at = time.monotonic()
+                    sel.unregister(pidfd)
+                else:
+                    pending = _write_some(proc.stdin, pending)
+                    if not pending:
+                        sel.unregister(key.fd)
+                        proc.stdin.close()
+    finally:
+        sel.close()
+        if pidfd is not None:
+            os.close(pidfd)
+        if proc.stdin is not None and not proc.stdin.closed:
+            with contextlib.suppress(OSError):
+                proc.stdin.close()
+        proc.stdout.close()
+
+
+def _write_some(pipe: BinaryIO, pending: memoryview) -> memoryview:
+    try:
+        written = os.write(pipe.fileno(), pending[:_CHUNK])
+    except BlockingIOError:
+        return pending
+    except BrokenPipeError:
+        return pending[:0]  # the command stopped reading; the rest is dropped
+    return pending[written:]
+
+
+def _pidfd(pid: int) -> int | None:
+    try:
+        return os.pidfd_open(pid)
+    except (AttributeError, OSError):
+        return None

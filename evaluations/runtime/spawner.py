@@ -1,0 +1,231 @@
+"""The one place that starts processes.
+
+Every command of every pipeline step goes through ``Spawner.run``, so limits,
+output capture, sandboxing and killing are written once:
+
+1. The runtime (``sandbox.py``) turns the argv into what is really started.
+2. ``prlimit`` sets RLIMIT_FSIZE (= the disk quota), RLIMIT_NPROC and no core
+   files, and ``nice -n 10`` lowers the priority; both exec the next program,
+   so they cost two execs, not two processes, and need no ``preexec_fn``
+   (which is unsafe with threads).
+3. Popen starts it in a new session (its own process group), as the
+   unprivileged uid when we are root, with exactly the caller's environment
+   plus the tag ``TERM_EXECUTOR_EVAL=<eval_id>``.
+4. ``output.pump`` reads the merged output as it comes; a ``Monitor`` thread
+   enforces time, memory, processes, disk and cancel, and kills everything of
+   the evaluation the moment one is crossed.
+
+The host process must be the evaluation's own (one per evaluation): the
+spawner makes it a child subreaper and treats all its children as commands.
+
+RLIMIT_NPROC counts every process of the uid on the machine, and all
+evaluations share the sandbox uid, so it is set to twice ``max_processes``:
+a kernel backstop that stops a fork bomb between two samples, while the
+monitor, which counts this evaluation's tree only, enforces the real limit
+and can name it.
+
+Exit codes: a command killed by signal N reports 128 + N (the shell's and
+bwrap's convention), so both runtimes agree. ``exit_code`` is None when we
+killed the command.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import logging
+import os
+import shutil
+import subprocess
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from evaluations.runtime import killer
+from evaluations.runtime.monitor import CancelEvent, Monitor, Verdict
+from evaluations.runtime.output import OutputCapture, pump
+
+if TYPE_CHECKING:
+    from evaluations.runtime.sandbox import Launch, Runtime
+
+log = logging.getLogger(__name__)
+
+_NPROC_HEADROOM = 2
+_SYSTEM_BIN = "/usr/bin:/bin:/usr/sbin:/sbin"
+
+
+@dataclass(frozen=True)
+class Limits:
+    timeout_secs: float
+    memory_bytes: int  # RSS summed over the whole process tree
+    disk_quota_bytes: int  # blocks allocated under the session folder (see monitor.folder_usage)
+    max_processes: int
+    max_output_bytes: int
+    monitor_interval_ms: int = 100
+
+
+@dataclass(frozen=True)
+class Mount:
+    """An extra bind under the sandbox, e.g. an asset at /static/<save_path>."""
+
+    source: Path
+    target: str
+    writable: bool = False
+
+
+@dataclass
+class CommandResult:
+    exit_code: int | None  # None if we killed it; 128 + N if signal N ended it
+    output: str  # merged stdout+stderr, head + marker + tail, invalid UTF-8 replaced
+    output_bytes: int  # everything the command printed
+    duration_ms: int
+    timed_out: bool
+    limit: str | None  # None | "timeout" | "memory" | "disk" | "processes" | "cancelled"
+    limit_detail: str | None  # e.g. "memory limit exceeded (4213 MiB > 4096 MiB)"
+    peak_memory_bytes: int = 0
+    peak_processes: int = 0
+
+    @property
+    def ok(self) -> bool:
+        return self.exit_code == 0 and self.limit is None
+
+
+class Spawner:
+    def __init__(
+        self,
+        *,
+        eval_id: str,
+        session_dir: Path,
+        runtime: Runtime,
+        uid: int | None,
+        live_log: Path | None = None,
+        cancel_event: CancelEvent | None = None,
+    ):
+        if not eval_id:
+            raise ValueError("eval_id must not be empty: it is the tag every process carries")
+        if os.geteuid() == 0 and not uid:
+            raise ValueError("running as root: commands need an unprivileged uid (SANDBOX_UID)")
+        self.eval_id = eval_id
+        self.session_dir = Path(session_dir)
+        self.runtime = runtime
+        self.uid = uid
+        self.live_log = live_log
+        self.cancel_event = cancel_event
+        killer.become_subreaper()
+        for tool in ("prlimit", "nice"):
+            _tool(tool)  # fail now, not at the first command
+
+    def run(
+        self,
+        argv: Sequence[str],
+        *,
+        cwd: Path,
+        env: dict[str, str],
+        limits: Limits,
+        network: bool = False,
+        writable: Sequence[Path] = (),
+        mounts: Sequence[Mount] = (),
+        stdin_data: bytes | None = None,
+    ) -> CommandResult:
+        """Run one command to its end or its kill; nothing of a killed command outlives this."""
+        if self.cancel_event is not None and self.cancel_event.is_set():
+            return CommandResult(None, "", 0, 0, False, "cancelled", "cancelled")
+        launch = self.runtime.launch(
+            argv,
+            session_dir=self.session_dir,
+            cwd=Path(cwd),
+            env={**env, killer.TAG_VAR: self.eval_id},
+            network=network,
+            writable=writable,
+            mounts=mounts,
+        )
+        with contextlib.ExitStack() as closing:
+            live_log = closing.enter_context(open(self.live_log, "ab", buffering=0)) if self.live_log else None
+            capture = OutputCapture(limits.max_output_bytes, live_log)
+            started = time.monotonic()
+            proc = self._start([*_limit_prefix(limits), *launch.argv], launch, stdin_data is not None)
+            monitor = Monitor(
+                limits=limits,
+                session_dir=self.session_dir,
+                cancel_event=self.cancel_event,
+                started_at=started,
+                on_verdict=lambda verdict: self._kill(proc, verdict),
+            )
+            monitor.start()
+            try:
+                pump(proc, capture, stdin_data)
+                proc.wait()
+            finally:
+                monitor.stop()
+                if monitor.verdict is not None or proc.poll() is None:
+                    killer.kill_all(self.eval_id, proc.pid)  # also after an exception in here
+                    proc.wait()
+                killer.release(proc.pid)
+                killer.reap_orphans()
+        verdict = monitor.verdict
+        code = proc.returncode
+        return CommandResult(
+            exit_code=None if verdict else (128 - code if code < 0 else code),
+            output=capture.text(),
+            output_bytes=capture.total,
+            duration_ms=int((time.monotonic() - started) * 1000),
+            timed_out=verdict is not None and verdict.limit == "timeout",
+            limit=verdict.limit if verdict else None,
+            limit_detail=verdict.detail if verdict else None,
+            peak_memory_bytes=monitor.peaks.memory_bytes,
+            peak_processes=monitor.peaks.processes,
+        )
+
+    def _start(self, argv: list[str], launch: Launch, with_stdin: bool) -> subprocess.Popen:
+        owner = {} if self.uid is None else {"user": self.uid, "group": self.uid, "extra_groups": []}
+        with killer.spawning() as awaiting:
+            proc = subprocess.Popen(
+                argv,
+                stdin=subprocess.PIPE if with_stdin else subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,  # one pipe: the kernel keeps the two streams in order
+                cwd=launch.cwd,
+                env=launch.env,
+                start_new_session=True,
+                close_fds=True,
+                **owner,
+            )
+            awaiting(proc.pid)
+        log.debug("eval %s: pid %s started: %s", self.eval_id, proc.pid, argv)
+        return proc
+
+    def _kill(self, proc: subprocess.Popen, verdict: Verdict) -> None:
+        log.info("eval %s: killing pid %s: %s", self.eval_id, proc.pid, verdict.detail)
+        killer.kill_all(self.eval_id, proc.pid)
+
+    def sweep(self) -> int:
+        """Kill every remaining process of this evaluation; return how many were killed."""
+        count = killer.kill_all(self.eval_id)
+        if count:
+            log.info("eval %s: swept %s leftover process(es)", self.eval_id, count)
+        return count
+
+
+def _limit_prefix(limits: Limits) -> list[str]:
+    nproc = limits.max_processes * _NPROC_HEADROOM
+    return [
+        _tool("prlimit"),
+        f"--fsize={limits.disk_quota_bytes}",  # one file cannot outgrow the whole quota
+        f"--nproc={nproc}",  # kernel backstop against fork bombs (per uid, see above)
+        "--core=0",  # no core dumps filling the session
+        "--",
+        _tool("nice"),
+        "-n",
+        "10",  # below the service and the other evaluations' bookkeeping
+        "--",
+    ]
+
+
+@functools.cache
+def _tool(name: str) -> str:
+    path = shutil.which(name, path=_SYSTEM_BIN)
+    if path is None:
+        raise RuntimeError(f"{name} not found in {_SYSTEM_BIN}: install util-linux and coreutils")
+    return path

@@ -1,0 +1,58 @@
+"""The admin lists, filters, searches and shows evaluations read-only."""
+
+import pytest
+from django.contrib.auth.models import User
+
+from evaluations import lifecycle
+from evaluations.models import Evaluation, Status, Step, TestResult, Transition
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def admin_client(client):
+    User.objects.create_superuser("ops", "ops@example.com", "pw")
+    client.login(username="ops", password="pw")
+    return client
+
+
+@pytest.fixture
+def finished():
+    evaluation = Evaluation.objects.create(
+        task_url="https://tasks.example.com/t.tgz", agent_code="print(1)", status=Status.RUNNING,
+        agent_output="<agent said>\nline two", test_output="=== t (exit 0) ===\nok",
+    )  # fmt: skip
+    Transition.objects.create(evaluation=evaluation, step=Step.QUEUED, status=Status.PENDING)
+    TestResult.objects.create(
+        evaluation=evaluation, position=0, name="t", kind="test", passed=True, exit_code=0, output="ok <b>"
+    )
+    lifecycle.finish(evaluation.id, Status.COMPLETED)
+    return evaluation
+
+
+def test_changelist_shows_columns_filters_and_search(admin_client, finished):
+    page = admin_client.get("/admin/evaluations/evaluation/")
+    assert page.status_code == 200
+    html = page.content.decode()
+    for text in ("tasks.example.com", "completed", "By status", "By step", "By passed", "By language", "By created at"):
+        assert text in html
+    assert str(finished.id) in admin_client.get(f"/admin/evaluations/evaluation/?q={finished.id}").content.decode()
+    assert str(finished.id) in admin_client.get("/admin/evaluations/evaluation/?q=tasks.example").content.decode()
+    assert str(finished.id) not in admin_client.get("/admin/evaluations/evaluation/?q=nothing-like-it").content.decode()
+    assert (
+        str(finished.id) in admin_client.get("/admin/evaluations/evaluation/?status__exact=completed").content.decode()
+    )
+
+
+def test_detail_is_read_only_with_inlines_and_preformatted_outputs(admin_client, finished):
+    page = admin_client.get(f"/admin/evaluations/evaluation/{finished.id}/change/")
+    assert page.status_code == 200
+    html = page.content.decode()
+    assert "<pre" in html and "&lt;agent said&gt;" in html  # escaped, preformatted
+    assert "ok &lt;b&gt;" in html
+    assert "queued" in html and "done" in html  # transitions inline
+    assert 'name="_save"' not in html
+    response = admin_client.post(f"/admin/evaluations/evaluation/{finished.id}/change/", {"status": "failed"})
+    assert response.status_code == 403
+    finished.refresh_from_db()
+    assert finished.status == "completed"

@@ -1,0 +1,248 @@
+"""Whole evaluations through the real pipeline (in this process): real git repositories,
+real archives served on 127.0.0.1, real commands under the configured sandbox."""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+
+import psutil
+import pytest
+from django.conf import settings
+
+from evaluations import lifecycle
+from evaluations.models import Evaluation, Status
+from evaluations.pipeline.run import run_pipeline
+from evaluations.runtime.killer import tagged
+from tests.helpers.tasks import ADD_TEST, NOOP, SOLVER
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
+
+
+def evaluate(task_url, agent_code, *, config, sandbox, language="python", timeout_secs=None, cancel=None, env=None):
+    evaluation = Evaluation.objects.create(
+        task_url=task_url, agent_code=agent_code, language=language, timeout_secs=timeout_secs, env=env or {}
+    )
+    assert lifecycle.record(evaluation.id, status=Status.RUNNING, expect=[Status.PENDING])
+    run_pipeline(str(evaluation.id), config, sandbox=sandbox, cancel_event=cancel or threading.Event())
+    evaluation.refresh_from_db()
+    assert not tagged(str(evaluation.id)), "a process of the evaluation outlived it"
+    assert not (config.workspace_base / str(evaluation.id)).exists()
+    return evaluation
+
+
+def test_solving_agent_passes(tasks, e2e_config, sandbox):
+    url = tasks.task(
+        tests={"fail_to_pass_add.sh": ADD_TEST, "pass_to_pass_true.sh": "true\n"}, checks="# c\n\ntest -f calc.py\n"
+    )
+    evaluation = evaluate(url, SOLVER, config=e2e_config, sandbox=sandbox)
+    assert (evaluation.status, evaluation.passed, evaluation.error) == ("completed", True, ""), evaluation.error
+    results = list(evaluation.test_results.values_list("name", "kind", "passed", "exit_code"))
+    assert results == [
+        ("fail_to_pass_add", "fail_to_pass", True, 0),
+        ("pass_to_pass_true", "pass_to_pass", True, 0),
+        ("check_1", "check", True, 0),
+    ]
+    assert "fixed: Make add() add." in evaluation.agent_output
+    assert evaluation.agent_exit_code == 0
+    assert "-    return a - b" in evaluation.agent_patch and "+    return a + b" in evaluation.agent_patch
+    assert "=== fail_to_pass_add (exit 0) ===\nadd-ok" in evaluation.test_output
+    steps = [t.step for t in evaluation.transitions.all()]
+    assert steps == ["queued", "downloading_task", "cloning_repo", "installing_deps", "running_agent",
+                     "running_tests", "cleanup", "done"]  # fmt: skip
+    assert evaluation.results_sha256 and evaluation.duration_ms is not None
+
+
+def test_non_solving_agent_fails_naming_the_test(tasks, e2e_config, sandbox):
+    evaluation = evaluate(tasks.task(), NOOP, config=e2e_config, sandbox=sandbox)
+    assert (evaluation.status, evaluation.passed) == ("failed", False)
+    assert evaluation.error == "running_tests: 1 of 1 tests failed (fail_to_pass_add)"
+
+
+def test_agent_exiting_non_zero_that_solves_still_passes(tasks, e2e_config, sandbox):
+    evaluation = evaluate(tasks.task(), SOLVER + "raise SystemExit(3)\n", config=e2e_config, sandbox=sandbox)
+    assert (evaluation.status, evaluation.passed, evaluation.agent_exit_code) == ("completed", True, 3)
+
+
+def test_bash_agent(tasks, e2e_config, sandbox):
+    agent = "#!/bin/bash\n[ \"$1\" = --instruction ] || exit 9\nsed -i 's/a - b/a + b/' calc.py\n"
+    evaluation = evaluate(tasks.task(), agent, language="bash", config=e2e_config, sandbox=sandbox)
+    assert evaluation.passed, evaluation.error
+
+
+def test_agent_timeout_cancels_without_running_tests(tasks, e2e_config, sandbox):
+    evaluation = evaluate(
+        tasks.task(), "import time; time.sleep(60)", timeout_secs=1, config=e2e_config, sandbox=sandbox
+    )
+    assert evaluation.status == "cancelled"
+    assert evaluation.error == "running_agent: agent timed out after 1 s"
+    assert evaluation.test_results.count() == 0
+
+
+def test_install_failure_names_the_command(tasks, e2e_config, sandbox):
+    url = tasks.task(install=["echo fine", "echo broken-dep >&2; exit 4"])
+    evaluation = evaluate(url, SOLVER, config=e2e_config, sandbox=sandbox)
+    assert evaluation.status == "failed"
+    assert (
+        evaluation.error
+        == "installing_deps: install command 'echo broken-dep >&2; exit 4' exited with code 4: broken-dep"
+    )
+
+
+def test_missing_base_commit_fails_the_clone(tasks, e2e_config, sandbox):
+    repo_url, _ = tasks.repo([{"a.txt": "a"}])
+    url = tasks.task(workspace=f"repo: {repo_url}\nbase_commit: 1a2b3c4d5e\n")
+    evaluation = evaluate(url, SOLVER, config=e2e_config, sandbox=sandbox)
+    assert evaluation.status == "failed"
+    assert evaluation.error.startswith("cloning_repo: base_commit 1a2b3c4d5e not found in http://127.0.0.1:")
+
+
+def test_the_future_fix_is_unreachable_to_the_agent(tasks, e2e_config, sandbox):
+    url = tasks.task()
+    fix_sha = tasks.last_shas[1]
+    probe = (
+        "import subprocess\n"
+        "def git(*a): return subprocess.run(['git', *a], capture_output=True, text=True)\n"
+        f"print('LOG', git('log', '--all', '--format=%H').stdout.split())\n"
+        f"print('CAT', git('cat-file', '-e', '{fix_sha}').returncode)\n"
+        "print('TAGS', git('tag').stdout.split())\n"
+        "print('REFS', git('for-each-ref').stdout.split())\n"
+    )
+    evaluation = evaluate(url, probe, config=e2e_config, sandbox=sandbox)
+    assert f"LOG ['{tasks.last_shas[0]}']" in evaluation.agent_output, evaluation.agent_output
+    assert "CAT 0" not in evaluation.agent_output and "CAT " in evaluation.agent_output
+    assert "TAGS []" in evaluation.agent_output and "REFS []" in evaluation.agent_output
+
+
+def test_agent_sees_a_clean_environment(tasks, e2e_config, sandbox):
+    probe = "import os, json; print('ENV', json.dumps(dict(os.environ), sort_keys=True))"
+    evaluation = evaluate(tasks.task(), probe, config=e2e_config, sandbox=sandbox, env={"MY_FLAG": "1"})
+    env = __import__("json").loads(evaluation.agent_output.split("ENV ", 1)[1].splitlines()[0])
+    assert env["MY_FLAG"] == "1" and env["LANG"] == "C.UTF-8" and env["TZ"] == "UTC" and env["PYTHONHASHSEED"] == "0"
+    assert env["TASK_ID"] == str(evaluation.id) and env["REPO_DIR"].endswith("/repo")
+    assert env["HOME"].endswith("/home") and env["TASK_PROMPT"].endswith("prompt.md")
+    assert "DATABASE_URL" not in env and "DJANGO_SETTINGS_MODULE" not in env
+
+
+def test_an_empty_test_set_fails(tasks, e2e_config, sandbox):
+    evaluation = evaluate(tasks.task(tests={"README": "no scripts here\n"}), SOLVER, config=e2e_config, sandbox=sandbox)
+    assert (evaluation.status, evaluation.error) == ("failed", "running_tests: task defines no tests")
+
+
+def test_test_budget_is_shared_and_an_overrun_is_timed_out(tasks, e2e_config, sandbox):
+    config = dataclasses.replace(e2e_config, test_timeout_secs=2)
+    url = tasks.task(tests={"a_slow.sh": "sleep 30\n", "b_after.sh": "true\n"})
+    evaluation = evaluate(url, SOLVER, config=config, sandbox=sandbox)
+    slow, after = evaluation.test_results.all()
+    assert slow.timed_out and not slow.passed and slow.exit_code is None
+    assert after.timed_out and "not run" in after.output
+    assert evaluation.status == "failed"
+
+
+FORK_STORM = """
+import os, time
+for _ in range(200):
+    try:
+        if os.fork() == 0:
+            time.sleep(30)
+            os._exit(0)
+    except OSError:
+        break
+time.sleep(30)
+"""
+
+
+@pytest.mark.parametrize(
+    ("agent", "limit", "message"),
+    [
+        (
+            "x = bytearray(400 * 1024 * 1024); import time; time.sleep(30)",
+            {"memory_limit_mb": 200},
+            "memory limit exceeded",
+        ),
+        (
+            "import time\nfor i in range(6):\n    open(f'big{i}', 'wb').write(b'x' * 40 * 1024 * 1024)\ntime.sleep(30)",
+            {"disk_quota_mb": 100},
+            "disk quota exceeded",
+        ),
+        ("open('big', 'wb').write(b'x' * 300 * 1024 * 1024)", {"disk_quota_mb": 100}, "disk quota exceeded"),
+        (FORK_STORM, {"max_processes": 40}, "process limit exceeded"),
+    ],
+)
+def test_limits_fail_the_evaluation_naming_the_cause(tasks, e2e_config, sandbox, agent, limit, message):
+    config = dataclasses.replace(e2e_config, **limit)
+    evaluation = evaluate(tasks.task(), agent, config=config, sandbox=sandbox)
+    assert evaluation.status == "failed"
+    assert evaluation.error.startswith(f"running_agent: {message}"), evaluation.error
+    assert evaluation.test_results.count() == 0
+
+
+def test_output_flood_keeps_head_and_tail_and_the_service_memory_flat(tasks, e2e_config, sandbox):
+    config = dataclasses.replace(e2e_config, max_output_bytes=64 * 1024)
+    agent = "import sys\nsys.stdout.write('HEAD')\nfor _ in range(200):\n    sys.stdout.write('x' * 1024 * 1024)\nsys.stdout.write('TAIL')\n"
+    before = psutil.Process().memory_info().rss
+    evaluation = evaluate(tasks.task(), agent, config=config, sandbox=sandbox)
+    grown = psutil.Process().memory_info().rss - before
+    assert evaluation.agent_output.startswith("HEAD") and evaluation.agent_output.endswith("TAIL")
+    assert "bytes truncated ...]" in evaluation.agent_output
+    assert grown < 50 * 1024 * 1024, f"service grew {grown / 2**20:.0f} MiB during a 200 MB flood"
+
+
+def test_setsid_escapee_and_term_ignorer_are_killed_before_the_tests(tasks, e2e_config, sandbox):
+    agent = (
+        "import subprocess\n"
+        "subprocess.Popen(['setsid', 'bash', '-c', 'trap \"\" TERM; sleep 1.5; while true; do echo tamper > calc.py; sleep 0.05; done'])\n"
+        "subprocess.Popen(['bash', '-c', 'trap \"\" TERM; sleep 300 & disown; sleep 300'], start_new_session=True)\n"
+        "open('calc.py', 'w').write('def add(a, b):\\n    return a + b\\n')\n"
+    )
+    evaluation = evaluate(tasks.task(), agent, config=e2e_config, sandbox=sandbox)
+    assert evaluation.passed, (evaluation.error, evaluation.test_output)
+
+
+def test_cancel_during_the_agent_kills_it_fast(tasks, e2e_config, sandbox):
+    cancel = threading.Event()
+    url = tasks.task()
+    holder = {}
+
+    def cancel_when_running():
+        import time
+
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            row = Evaluation.objects.filter(task_url=url).values("id", "step").first()
+            if row and row["step"] == "running_agent":
+                Evaluation.objects.filter(id=row["id"]).update(
+                    cancel_requested=True, cancel_reason="cancelled by DELETE"
+                )
+                holder["at"] = time.monotonic()
+                cancel.set()
+                return
+            time.sleep(0.05)
+
+    thread = threading.Thread(target=cancel_when_running)
+    thread.start()
+    import time
+
+    evaluation = evaluate(url, "import time; time.sleep(120)", config=e2e_config, sandbox=sandbox, cancel=cancel)
+    thread.join()
+    assert time.monotonic() - holder["at"] < 2
+    assert (evaluation.status, evaluation.error) == ("cancelled", "running_agent: cancelled by DELETE")
+
+
+def test_bad_archive_fails_the_download_step(tasks, e2e_config, sandbox, tmp_path):
+    (tasks.www / "junk.tar.gz").write_bytes(b"this is not an archive")
+    evaluation = evaluate(f"{tasks.base_url}/junk.tar.gz", SOLVER, config=e2e_config, sandbox=sandbox)
+    assert evaluation.status == "failed"
+    assert evaluation.error == "downloading_task: task archive is not a .tar.gz, .tar or .zip file"
+
+
+def test_missing_workspace_key_is_named(tasks, e2e_config, sandbox):
+    url = tasks.task(workspace="repo: https://example.com/x.git\n")
+    evaluation = evaluate(url, SOLVER, config=e2e_config, sandbox=sandbox)
+    assert evaluation.status == "failed" and "base_commit" in evaluation.error
+    assert evaluation.error.startswith("downloading_task: workspace.yaml")
+
+
+def test_settings_are_untouched(settings_snapshot=None):
+    # The e2e config is a copy; the process-wide one keeps its defaults.
+    assert settings.EXECUTOR.max_processes == 512

@@ -1,0 +1,124 @@
+"""Fixtures for the runtime tests: real processes under both runtimes.
+
+``sp`` is a harness around one ``Spawner`` with a fresh eval id and session
+folder, parametrised over NoSandbox and Bubblewrap. Its teardown fails the
+test if any process tagged with that eval id is still alive. Where
+bubblewrap does not work the bwrap half is skipped, or fails when
+``REQUIRE_SANDBOX=1`` (as in CI).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import shutil
+import tempfile
+import uuid
+from pathlib import Path
+
+import pytest
+
+from evaluations.runtime import Bubblewrap, NoSandbox, Spawner, probe_bwrap
+from tests.runtime.support import DEFAULT_LIMITS, UID, give_to_sandbox_uid, tagged_alive
+
+
+@pytest.fixture(scope="session")
+def bwrap_probe():
+    return probe_bwrap()
+
+
+def _bwrap_or_skip(bwrap_probe) -> Bubblewrap:
+    works, detail = bwrap_probe
+    if not works:
+        if os.environ.get("REQUIRE_SANDBOX") == "1":
+            pytest.fail(f"REQUIRE_SANDBOX=1 but bubblewrap does not work here: {detail}")
+        pytest.skip(f"bubblewrap does not work here: {detail}")
+    return Bubblewrap(UID)
+
+
+@pytest.fixture(params=["none", "bwrap"])
+def runtime(request, bwrap_probe):
+    if request.param == "none":
+        return NoSandbox(UID)
+    return _bwrap_or_skip(bwrap_probe)
+
+
+@pytest.fixture
+def bwrap_runtime(bwrap_probe):
+    return _bwrap_or_skip(bwrap_probe)
+
+
+@pytest.fixture
+def session():
+    """A session folder the unprivileged uid owns, under a path it can reach (/tmp)."""
+    path = Path(tempfile.mkdtemp(prefix="te-runtime-", dir="/tmp"))
+    os.chmod(path, 0o755)
+    yield give_to_sandbox_uid(path)
+    shutil.rmtree(path, ignore_errors=True)
+
+
+@dataclasses.dataclass
+class Harness:
+    spawner: Spawner
+    runtime: object
+    session: Path
+
+    @property
+    def eval_id(self) -> str:
+        return self.spawner.eval_id
+
+    @property
+    def sandboxed(self) -> bool:
+        return self.runtime.name == "bwrap"
+
+    def env(self, **extra: str) -> dict[str, str]:
+        return {"PATH": self.runtime.command_path(), "HOME": str(self.session), "LANG": "C.UTF-8", **extra}
+
+    def run(self, command, *, cwd=None, env=None, network=False, mounts=(), stdin_data=None, **limits):
+        argv = ["bash", "-c", command] if isinstance(command, str) else list(command)
+        return self.spawner.run(
+            argv,
+            cwd=cwd or self.session,
+            env=self.env() if env is None else env,
+            limits=dataclasses.replace(DEFAULT_LIMITS, **limits),
+            network=network,
+            writable=[self.session],
+            mounts=mounts,
+            stdin_data=stdin_data,
+        )
+
+
+def make_harness(runtime, session, **spawner_kwargs) -> Harness:
+    eval_id = f"test-{uuid.uuid4().hex[:12]}"
+    spawner = Spawner(eval_id=eval_id, session_dir=session, runtime=runtime, uid=UID, **spawner_kwargs)
+    return Harness(spawner, runtime, session)
+
+
+@pytest.fixture
+def harness_factory(runtime, session):
+    """harness_factory(live_log=..., cancel_event=...) -> Harness; leftovers fail the test."""
+    made: list[Harness] = []
+
+    def make(**spawner_kwargs) -> Harness:
+        made.append(make_harness(runtime, session, **spawner_kwargs))
+        return made[-1]
+
+    yield make
+    leftovers = {h.eval_id: tagged_alive(h.eval_id) for h in made}
+    for harness in made:
+        harness.spawner.sweep()
+    assert not any(leftovers.values()), f"processes still alive after the test: {leftovers}"
+
+
+@pytest.fixture
+def sp(harness_factory) -> Harness:
+    return harness_factory()
+
+
+@pytest.fixture
+def bwrap_sp(bwrap_runtime, session):
+    harness = make_harness(bwrap_runtime, session)
+    yield harness
+    leftovers = tagged_alive(harness.eval_id)
+    harness.spawner.sweep()
+    assert not leftovers, f"processes still alive after the test: {leftovers}"

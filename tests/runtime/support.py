@@ -1,0 +1,53 @@
+"""Helpers for the runtime tests, independent of the code under test where it matters."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import psutil
+
+from evaluations.runtime import TAG_VAR, Limits, sandbox_uid
+
+UID = sandbox_uid()
+MIB = 1024 * 1024
+DEFAULT_LIMITS = Limits(
+    timeout_secs=20,
+    memory_bytes=1024 * MIB,
+    disk_quota_bytes=1024 * MIB,
+    max_processes=200,
+    max_output_bytes=MIB,
+    monitor_interval_ms=20,
+)
+
+
+def tagged_alive(eval_id: str) -> list[psutil.Process]:
+    """Live processes carrying the tag, found independently of the code under test."""
+    alive = []
+    for proc in psutil.process_iter():
+        try:
+            if proc.environ().get(TAG_VAR) == eval_id and proc.status() != psutil.STATUS_ZOMBIE:
+                alive.append(proc)
+        except psutil.Error:
+            continue
+    return alive
+
+
+def alive_with_cmdline(*argv: str) -> list[psutil.Process]:
+    found = []
+    for proc in psutil.process_iter(["cmdline", "status"]):
+        if proc.info["cmdline"] == list(argv) and proc.info["status"] != psutil.STATUS_ZOMBIE:
+            found.append(proc)
+    return found
+
+
+def give_to_sandbox_uid(path: Path) -> Path:
+    if UID is not None:
+        os.chown(path, UID, UID)
+    return path
+
+
+def leftovers(eval_id: str) -> list[psutil.Process]:
+    """Tagged processes, and live descendants of this process (escapees without the tag)."""
+    children = [p for p in psutil.Process().children(recursive=True) if p.status() != psutil.STATUS_ZOMBIE]
+    return tagged_alive(eval_id) + children

@@ -1,0 +1,79 @@
+"""Escapees: setsid, double fork, a cleared environment. Nothing outlives a kill or a sweep."""
+
+from __future__ import annotations
+
+import time
+import uuid
+
+import psutil
+
+from tests.runtime.support import alive_with_cmdline, leftovers, tagged_alive
+
+
+def _escapees(marker: str) -> str:
+    """A script leaving three sleepers that left the process group, each another way."""
+    return (
+        f"setsid sleep 301.{marker} </dev/null >/dev/null 2>&1 &\n"  # own session and group
+        f"( ( exec sleep 302.{marker} </dev/null >/dev/null 2>&1 ) & )\n"  # double fork: parent gone
+        f"env -i setsid /bin/sleep 303.{marker} </dev/null >/dev/null 2>&1 &\n"  # no tag either
+        "sleep 0.3\n"
+    )
+
+
+def _wait_for(predicate, timeout=2.0):
+    deadline = time.monotonic() + timeout
+    while not predicate() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return predicate()
+
+
+def _untagged(marker):
+    return alive_with_cmdline("/bin/sleep", f"303.{marker}")
+
+
+def test_escapees_left_after_a_normal_exit_are_killed_by_sweep(sp):
+    marker = uuid.uuid4().int % 10**6
+    result = sp.run(_escapees(marker) + "echo started")
+    assert (result.exit_code, result.output) == (0, "started\n")
+    if sp.sandboxed:
+        # The command's exit ended the sandbox's pid namespace, and all inside it.
+        assert _wait_for(lambda: not leftovers(sp.eval_id))
+        assert sp.spawner.sweep() == 0
+    else:
+        assert len(tagged_alive(sp.eval_id)) == 2
+        assert len(_untagged(marker)) == 1
+        assert sp.spawner.sweep() == 3
+    assert not tagged_alive(sp.eval_id)
+    assert not _untagged(marker)
+
+
+def test_escapees_of_a_killed_command_die_before_run_returns(sp):
+    marker = uuid.uuid4().int % 10**6
+    result = sp.run(_escapees(marker) + "trap '' TERM; sleep 100", timeout_secs=1)
+    assert result.limit == "timeout"
+    assert not tagged_alive(sp.eval_id)  # checked before any sweep
+    assert not _untagged(marker)
+    assert not leftovers(sp.eval_id)
+
+
+def test_a_background_process_holding_the_pipe_does_not_hold_run(sp):
+    result = sp.run("sleep 60 & echo done")
+    assert (result.exit_code, result.output) == (0, "done\n")
+    assert result.duration_ms < 1500
+    if sp.sandboxed:  # the pid namespace ends with the command, its pid 1 a moment later
+        assert _wait_for(lambda: not leftovers(sp.eval_id))
+    assert sp.spawner.sweep() == (0 if sp.sandboxed else 1)
+
+
+def test_no_zombie_is_left_behind(sp):
+    sp.run("for i in 1 2 3; do (sleep 0.1 &) ; done; setsid sleep 60 & sleep 0.3")
+    sp.spawner.sweep()
+    time.sleep(0.1)
+    zombies = [c for c in psutil.Process().children() if c.status() == psutil.STATUS_ZOMBIE]
+    assert zombies == []
+
+
+def test_sweep_with_nothing_left_kills_nothing(sp):
+    assert sp.run("true").exit_code == 0
+    assert _wait_for(lambda: not leftovers(sp.eval_id))  # bwrap's pid 1 may take a moment
+    assert sp.spawner.sweep() == 0

@@ -1,0 +1,171 @@
+"""What a sandboxed command can and cannot reach, and how the runtime is chosen."""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+from pathlib import Path
+
+import pytest
+
+from evaluations.runtime import Mount, NoSandbox, SandboxUnavailable, select_runtime
+from evaluations.runtime.monitor import folder_usage
+from evaluations.runtime.sandbox import bwrap_argv
+from tests.runtime.support import UID
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to plant a root-owned file")
+def test_a_root_only_file_in_a_writable_folder_is_unreadable(sp):
+    secret = sp.session / "secret"
+    secret.write_text("top secret\n")
+    os.chown(secret, 0, 0)
+    os.chmod(secret, 0o600)
+    result = sp.run("cat secret")
+    assert result.exit_code != 0
+    assert "Permission denied" in result.output
+    assert "top secret" not in result.output
+
+
+def test_uid_is_not_root(sp):
+    assert sp.run("id -u").output.strip() != "0"
+
+
+def test_python_on_the_command_path_starts(sp):
+    result = sp.run(["python3", "-c", "print(6 * 7)"])
+    assert (result.exit_code, result.output) == (0, "42\n")
+
+
+def test_every_offered_language_runtime_is_reachable(sp):
+    for prefix in sp.runtime.language_runtimes:
+        assert sp.run(["ls", f"{prefix}/bin"]).exit_code == 0, prefix
+
+
+def test_host_processes_are_invisible(bwrap_sp):
+    result = bwrap_sp.run("ps -eo pid=,comm=; true")
+    assert sorted(result.output.split()[1::2]) == ["bash", "bwrap", "ps"]  # the sandbox's own only
+    assert sorted(int(pid) for pid in result.output.split()[::2])[0] == 1
+
+
+def test_only_system_folders_are_visible(bwrap_sp):
+    result = bwrap_sp.run("ls /; ls /etc")
+    visible = set(result.output.split())
+    assert {"usr", "etc", "tmp", "proc", "dev"} <= visible
+    assert not visible & {"root", "home", "work", "opt", "shadow", "resolv.conf"}
+    assert bwrap_sp.run("ls /var").output == "tmp\n"
+    assert bwrap_sp.run("touch /usr/x").exit_code != 0
+
+
+def test_nothing_in_ram_is_writable_but_a_capped_dev_shm(bwrap_sp):
+    # The sandbox root and /dev are tmpfs: files there would be memory that no limit sees.
+    assert "Read-only file system" in bwrap_sp.run("touch /x").output
+    assert "Read-only file system" in bwrap_sp.run("touch /dev/x").output
+    fill = bwrap_sp.run("dd if=/dev/zero of=/dev/shm/fill bs=1M count=100 status=none")
+    assert fill.exit_code != 0 and "No space left on device" in fill.output
+    semaphore = bwrap_sp.run(["python3", "-c", "import multiprocessing as m; m.Lock(); print('ok')"])
+    assert semaphore.output == "ok\n"  # POSIX shared memory still works
+
+
+def test_tmp_is_the_session_tmp_folder(bwrap_sp):
+    assert bwrap_sp.run("echo hi > /tmp/probe").exit_code == 0
+    assert (bwrap_sp.session / "tmp" / "probe").read_text() == "hi\n"
+
+
+@pytest.fixture
+def host_listener():
+    """A TCP socket listening on the host's loopback."""
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(8)
+    yield server.getsockname()[1]
+    server.close()
+
+
+def test_no_network_unless_asked(bwrap_sp, host_listener):
+    connect = f"exec 3<>/dev/tcp/127.0.0.1/{host_listener} && echo connected"
+    cut_off = bwrap_sp.run(connect)
+    assert cut_off.exit_code != 0 and "connected" not in cut_off.output
+    assert bwrap_sp.run("cat /proc/net/dev | tail -n +3 | cut -d: -f1").output.split() == ["lo"]
+    assert bwrap_sp.run(connect, network=True).output == "connected\n"
+
+
+def test_mounts_are_bound_as_asked(bwrap_sp):
+    assets = bwrap_sp.session.parent / f"{bwrap_sp.session.name}-assets"
+    assets.mkdir()
+    (assets / "corpus.txt").write_text("words\n")  # root's, world-readable, as operators' assets are
+    try:
+        mounts = [Mount(assets, "/static/corpus")]
+        assert bwrap_sp.run("cat /static/corpus/corpus.txt", mounts=mounts).output == "words\n"
+        assert bwrap_sp.run("touch /static/corpus/new", mounts=mounts).exit_code != 0
+    finally:
+        (assets / "corpus.txt").unlink()
+        assets.rmdir()
+
+
+def test_bwrap_argv_is_built_from_data():
+    common = dict(
+        cwd=Path("/s/repo"),
+        env={"PATH": "/usr/bin", "A": "1"},
+        private_tmp=Path("/s/tmp"),
+        writable=[Path("/s/repo")],
+        mounts=[Mount(Path("/assets/x"), "/static/x")],
+        runtimes=["/opt/python"],
+    )
+    closed = bwrap_argv(network=False, **common)
+    opened = bwrap_argv(network=True, **common)
+    pairs = list(zip(closed, closed[1:], strict=False))
+    assert "--unshare-net" in closed and "--unshare-net" not in opened
+    assert "/etc/resolv.conf" in opened and "/etc/resolv.conf" not in closed
+    for flag in ("--unshare-pid", "--unshare-ipc", "--unshare-uts", "--die-with-parent", "--new-session"):
+        assert flag in closed
+    assert ("--bind", "/s/tmp") in pairs and ("/s/tmp", "/tmp") in pairs
+    assert ("--bind", "/s/repo") in pairs
+    assert ("--ro-bind", "/assets/x") in pairs and ("--ro-bind", "/opt/python") in pairs
+    assert ("--chdir", "/s/repo") in pairs
+    assert closed[closed.index("--clearenv") + 1 :] == ["--setenv", "PATH", "/usr/bin", "--setenv", "A", "1"]
+    assert not any(flag.endswith("bind") and src == "/" for flag, src in pairs)
+    with pytest.raises(ValueError, match="bind / as a whole"):
+        bwrap_argv(network=False, **{**common, "writable": [Path("/")]})
+
+
+def test_select_runtime_none_and_auto_fallback(caplog):
+    assert isinstance(select_runtime("none"), NoSandbox)
+    with caplog.at_level(logging.WARNING, logger="evaluations.runtime.sandbox"):
+        fallback = select_runtime("auto", bwrap="/nonexistent/bwrap")
+    assert isinstance(fallback, NoSandbox)
+    assert "without a sandbox" in fallback.warning
+    assert "without a sandbox" in caplog.text
+
+
+def test_select_runtime_bwrap_fails_loudly_when_it_cannot_work():
+    with pytest.raises(SandboxUnavailable, match="SANDBOX=bwrap but bubblewrap does not work"):
+        select_runtime("bwrap", bwrap="/nonexistent/bwrap")
+
+
+def test_select_runtime_bwrap_works_here(bwrap_runtime):
+    assert select_runtime("bwrap").name == "bwrap"
+    assert select_runtime("auto").name == "bwrap"
+
+
+def test_folder_usage_counts_blocks_once_and_follows_no_link(tmp_path):
+    (tmp_path / "data").write_bytes(os.urandom(4 * 1024 * 1024))
+    os.link(tmp_path / "data", tmp_path / "hardlink")
+    with open(tmp_path / "sparse", "wb") as sparse:
+        sparse.truncate(100 * 1024**3)
+    outside = tmp_path.parent / f"{tmp_path.name}-outside"
+    outside.mkdir()
+    (outside / "big").write_bytes(os.urandom(8 * 1024 * 1024))
+    (tmp_path / "link").symlink_to(outside)
+    try:
+        assert 4 * 1024 * 1024 <= folder_usage(tmp_path) < 5 * 1024 * 1024
+    finally:
+        (outside / "big").unlink()
+        outside.rmdir()
+
+
+def test_root_needs_an_unprivileged_uid():
+    if os.geteuid() != 0:
+        pytest.skip("only root must name a uid")
+    with pytest.raises(ValueError, match="unprivileged uid"):
+        NoSandbox(None)
+    assert UID not in (None, 0)

@@ -1,0 +1,43 @@
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from tests.helpers.httpserver import TestHTTPServer
+from tests.helpers.tasks import TaskFactory
+
+
+@pytest.fixture
+def tasks(tmp_path):
+    www = tmp_path / "www"
+    www.mkdir()
+    with TestHTTPServer(www) as server:
+        yield TaskFactory(www, server.url("/"))
+
+
+@pytest.fixture
+def workspace_base():
+    """Session folders where the sandbox uid can reach them (pytest's tmp_path is 0700)."""
+    base = Path(tempfile.mkdtemp(prefix="te-sessions-", dir="/tmp"))
+    os.chmod(base, 0o711)
+    yield base
+    shutil.rmtree(base, ignore_errors=True)
+
+
+@pytest.fixture
+def worker_service(live_service, workspace_base):
+    """gunicorn + run_worker on a fresh database, allowed to fetch from 127.0.0.1."""
+
+    def start(**env):
+        settings = {
+            "ALLOWED_PRIVATE_HOSTS": "127.0.0.1",
+            "WORKSPACE_BASE": str(workspace_base),
+            "MAX_CONCURRENT_EVALS": "2",
+            "MAX_QUEUED_EVALS": "20",
+        }
+        settings.update({k: str(v) for k, v in env.items()})
+        return live_service(env=settings, web_workers=2, worker=True)
+
+    return start

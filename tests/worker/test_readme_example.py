@@ -1,0 +1,36 @@
+"""The README's curl example, as written: build the calc example, serve it, POST its request body."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from tests.helpers.http import request
+from tests.helpers.httpserver import TestHTTPServer
+from tests.helpers.polling import wait_terminal
+from tests.helpers.service import PROJECT
+
+pytestmark = pytest.mark.slow
+
+
+def test_the_calc_example_passes_end_to_end(worker_service, tmp_path):
+    build = tmp_path / "build"
+    build.mkdir()
+    with TestHTTPServer(build) as server:
+        base_url = server.url("").rstrip("/")
+        subprocess.run([sys.executable, "examples/build.py", base_url, str(build)], cwd=PROJECT, check=True)
+        service = worker_service()
+        body = json.loads((build / "calc-request.json").read_text())
+        reply = request("POST", service.url("/evaluate"), data=json.dumps(body).encode(),
+                        headers={"Content-Type": "application/json"})  # fmt: skip
+        assert reply.status == 202
+        result = wait_terminal(service, reply.json()["eval_id"])
+    assert (result["status"], result["passed"]) == ("completed", True), result["error"]
+    names = [(r["name"], r["kind"], r["passed"]) for r in result["test_results"]]
+    assert names == [
+        ("fail_to_pass_add", "fail_to_pass", True),
+        ("pass_to_pass_sub", "pass_to_pass", True),
+        ("check_1", "check", True),
+    ]
+    assert "+    return a + b" in result["agent_patch"]

@@ -1,0 +1,140 @@
+"""run_worker with gunicorn, through HTTP: what a platform sees."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+
+import psutil
+import pytest
+
+from evaluations.runtime.killer import TAG_VAR
+from tests.helpers.http import request
+from tests.helpers.polling import evaluation, submit, wait_for, wait_terminal
+from tests.helpers.service import PROJECT, LiveService
+from tests.helpers.tasks import NOOP, SOLVER
+
+pytestmark = pytest.mark.slow
+
+
+def tagged_processes(eval_id: str) -> list[psutil.Process]:
+    found = []
+    for proc in psutil.process_iter():
+        try:
+            if proc.environ().get(TAG_VAR) == eval_id:
+                found.append(proc)
+        except (psutil.Error, OSError):
+            pass
+    return found
+
+
+def evaluation_process(eval_id: str) -> psutil.Process:
+    """The worker's per-evaluation process: run_worker -> forkserver -> it -> commands."""
+    for proc in tagged_processes(eval_id):
+        chain = [proc, *proc.parents()]
+        for index, node in enumerate(chain):
+            if "run_worker" in " ".join(node.cmdline()) and index >= 2:
+                return chain[index - 2]
+    raise AssertionError("no evaluation process found")
+
+
+def test_a_solving_agent_passes_and_a_noop_fails(worker_service, tasks):
+    service = worker_service()
+    good = submit(service, tasks.task(), SOLVER)
+    bad = submit(service, tasks.task(), NOOP)
+    passed, failed = wait_terminal(service, good), wait_terminal(service, bad)
+    assert (passed["status"], passed["passed"]) == ("completed", True), passed["error"]
+    assert (failed["status"], failed["passed"]) == ("failed", False)
+    steps = [t["step"] for t in passed["transitions"]]
+    assert steps[:2] == ["queued", "queued"] and steps[-2:] == ["cleanup", "done"]
+    assert "running_agent" in steps and "running_tests" in steps
+    status = request("GET", service.url("/status")).json()
+    assert status["workers"] == 1 and status["total_evals"] == 2 and status["passed"] == 1
+
+
+def test_the_running_step_is_visible_while_the_agent_runs(worker_service, tasks):
+    service = worker_service()
+    eval_id = submit(service, tasks.task(), "import time; time.sleep(3)\n" + SOLVER)
+    seen = wait_for(lambda: evaluation(service, eval_id)["step"] == "running_agent", 30, what="running_agent")
+    assert seen
+    assert evaluation(service, eval_id)["status"] == "running"
+    assert wait_terminal(service, eval_id)["passed"] is True
+
+
+def test_delete_kills_a_running_evaluation_within_two_seconds(worker_service, tasks):
+    service = worker_service()
+    eval_id = submit(
+        service, tasks.task(), "import subprocess, time\nsubprocess.Popen(['sleep', '300'])\ntime.sleep(300)"
+    )
+    wait_for(lambda: evaluation(service, eval_id)["step"] == "running_agent", 30, what="running_agent")
+    wait_for(lambda: tagged_processes(eval_id), 10, what="agent processes")
+    asked = time.monotonic()
+    reply = request("DELETE", service.url(f"/evaluate/{eval_id}"))
+    assert reply.status == 202 and reply.json()["status"] == "running"
+    body = wait_terminal(service, eval_id, timeout=10)
+    assert time.monotonic() - asked < 2.0
+    assert (body["status"], body["error"]) == ("cancelled", "running_agent: cancelled by DELETE")
+    wait_for(lambda: not tagged_processes(eval_id), 5, what="agent processes to die")
+    assert request("DELETE", service.url(f"/evaluate/{eval_id}")).json()["error"] == "already_finished"
+
+
+def test_a_killed_evaluation_process_fails_its_evaluation_and_the_worker_goes_on(worker_service, tasks, workspace_base):
+    service = worker_service()
+    victim = submit(service, tasks.task(), "import time; time.sleep(300)")
+    wait_for(lambda: evaluation(service, victim)["step"] == "running_agent", 30, what="running_agent")
+    wait_for(lambda: tagged_processes(victim), 10, what="agent processes")
+    evaluation_process(victim).send_signal(signal.SIGKILL)
+    body = wait_terminal(service, victim, timeout=15)
+    assert body["status"] == "failed"
+    assert body["error"] == "running_agent: executor process died (killed by SIGKILL)"
+    wait_for(lambda: not tagged_processes(victim), 10, what="the dead evaluation's processes to be swept")
+    assert not (workspace_base / victim).exists()
+    after = submit(service, tasks.task(), SOLVER)
+    assert wait_terminal(service, after)["passed"] is True
+
+
+def test_agent_timeout_from_the_request_cancels(worker_service, tasks):
+    service = worker_service()
+    eval_id = submit(service, tasks.task(), "import time; time.sleep(60)", timeout_secs=1)
+    body = wait_terminal(service, eval_id, timeout=30)
+    assert (body["status"], body["error"], body["test_results"]) == (
+        "cancelled",
+        "running_agent: agent timed out after 1 s",
+        [],
+    )
+
+
+def test_session_ttl_cancels_a_long_evaluation(worker_service, tasks):
+    service = worker_service(SESSION_TTL_SECS=3)
+    eval_id = submit(service, tasks.task(), "import time; time.sleep(60)")
+    body = wait_terminal(service, eval_id, timeout=20)
+    assert (body["status"], body["error"]) == ("cancelled", "running_agent: session TTL expired")
+
+
+def test_evaluations_beyond_capacity_queue_and_all_finish(worker_service, tasks):
+    service = worker_service(MAX_CONCURRENT_EVALS=2)
+    ids = [submit(service, tasks.task(), SOLVER) for _ in range(5)]
+    results = [wait_terminal(service, eval_id) for eval_id in ids]
+    assert all(r["passed"] for r in results), [r["error"] for r in results]
+
+
+def test_serve_runs_both_and_sigterm_stops_both(tmp_path, tasks):
+    service = LiveService(tmp_path / "svc", env={"ALLOWED_PRIVATE_HOSTS": "127.0.0.1"})
+    service.manage("migrate", "--noinput")
+    serve = subprocess.Popen([sys.executable, "manage.py", "serve"], cwd=PROJECT, env=service.env,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    try:
+        service.gunicorn = serve
+        service.wait_healthy()
+        wait_for(lambda: request("GET", service.url("/status")).json()["workers"] == 1, 20, what="the worker")
+        children = psutil.Process(serve.pid).children(recursive=True)
+        serve.send_signal(signal.SIGTERM)
+        assert serve.wait(timeout=60) == 0
+        time.sleep(0.5)
+        assert not [c for c in children if c.is_running() and c.status() != psutil.STATUS_ZOMBIE]
+    finally:
+        if serve.poll() is None:
+            serve.kill()
+        service.database.drop()
