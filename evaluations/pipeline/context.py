@@ -57,6 +57,9 @@ class Context:
             "LANG": "C.UTF-8",
             "TZ": "UTC",
             "PYTHONHASHSEED": "0",
+            # A .pyc written by the install step stays "valid" after a same-size edit within the
+            # same second (mtime resolution), and the tests would run the old code.
+            "PYTHONDONTWRITEBYTECODE": "1",
             "TMPDIR": str(self.session.tmp),
         }
 

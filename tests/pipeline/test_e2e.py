@@ -246,3 +246,10 @@ def test_missing_workspace_key_is_named(tasks, e2e_config, sandbox):
 def test_settings_are_untouched(settings_snapshot=None):
     # The e2e config is a copy; the process-wide one keeps its defaults.
     assert settings.EXECUTOR.max_processes == 512
+
+
+def test_a_same_size_edit_right_after_install_imported_the_module_is_what_the_tests_run(tasks, e2e_config, sandbox):
+    # The install step imports calc (a .pyc would be written); the fix keeps the file's size.
+    url = tasks.task(install=["python3 -c 'import calc'"])
+    evaluation = evaluate(url, SOLVER, config=e2e_config, sandbox=sandbox)
+    assert evaluation.passed, evaluation.test_output

@@ -26,7 +26,7 @@ def test_the_calc_example_passes_end_to_end(worker_service, tmp_path):
                         headers={"Content-Type": "application/json"})  # fmt: skip
         assert reply.status == 202
         result = wait_terminal(service, reply.json()["eval_id"])
-    assert (result["status"], result["passed"]) == ("completed", True), result["error"]
+    assert (result["status"], result["passed"]) == ("completed", True), (result["agent_output"], result["test_output"])
     names = [(r["name"], r["kind"], r["passed"]) for r in result["test_results"]]
     assert names == [
         ("fail_to_pass_add", "fail_to_pass", True),
