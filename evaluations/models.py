@@ -74,6 +74,16 @@ class Evaluation(models.Model):
     test_output = models.TextField(blank=True, default="")
     results_sha256 = models.CharField(max_length=64, blank=True, default="")
 
+    # Delivery of the final JSON to callback_url (see evaluations/callbacks.py).
+    callback_state = models.CharField(
+        max_length=12,
+        blank=True,
+        default="",
+        choices=[("", "none"), ("pending", "pending"), ("delivered", "delivered"), ("failed", "failed")],
+    )
+    callback_next_at = models.DateTimeField(null=True, blank=True)
+    callback_lease_until = models.DateTimeField(null=True, blank=True)
+
     # Who runs it, and whether someone asked it to stop.
     worker_id = models.CharField(max_length=64, blank=True, default="")
     cancel_requested = models.BooleanField(default=False)
@@ -92,6 +102,9 @@ class Evaluation(models.Model):
                 condition=Q(status__in=["pending", "running"]),
             ),
             models.Index(fields=["worker_id", "status"], name="eval_worker_idx"),
+            models.Index(
+                fields=["callback_next_at"], name="eval_callback_due_idx", condition=Q(callback_state="pending")
+            ),
         ]
         constraints = [
             models.UniqueConstraint(
@@ -145,6 +158,25 @@ class TestResult(models.Model):
 
     def __str__(self) -> str:
         return f"{self.name}: {'passed' if self.passed else 'failed'}"
+
+
+class CallbackAttempt(models.Model):
+    """One POST of the final evaluation JSON to its callback_url."""
+
+    evaluation = models.ForeignKey(Evaluation, on_delete=models.CASCADE, related_name="callback_attempts")
+    attempt = models.PositiveIntegerField()
+    at = models.DateTimeField(default=timezone.now)
+    status_code = models.IntegerField(null=True, blank=True)
+    error = models.TextField(blank=True, default="")
+    duration_ms = models.IntegerField(default=0)
+
+    class Meta:
+        ordering = ("evaluation", "attempt")
+        constraints = [models.UniqueConstraint(fields=["evaluation", "attempt"], name="callback_attempt_unique")]
+
+    def __str__(self) -> str:
+        outcome = self.status_code if self.status_code is not None else self.error[:40]
+        return f"attempt {self.attempt}: {outcome}"
 
 
 class WorkerHeartbeat(models.Model):

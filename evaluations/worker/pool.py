@@ -28,7 +28,7 @@ class Pool:
         self.sandbox = sandbox
         self.context = multiprocessing.get_context("forkserver")
         # The forkserver imports Django and the pipeline once; each evaluation forks from it.
-        self.context.set_forkserver_preload(["evaluations.worker.child"])
+        self.context.set_forkserver_preload(["evaluations.worker.forkserver_preload"])
         self.running: dict[str, Running] = {}
 
     @property

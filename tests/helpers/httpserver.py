@@ -113,7 +113,7 @@ class TestHTTPServer:
 
             def do_GET(self) -> None:
                 path = self.path.split("?", 1)[0]
-                owner.requests.append({"method": "GET", "path": self.path, "host": self.headers.get("Host", "")})
+                owner.requests.append({"method": self.command, "path": self.path, "host": self.headers.get("Host", "")})
                 handler = owner.routes.get(path)
                 if handler is not None:
                     try:
@@ -125,6 +125,12 @@ class TestHTTPServer:
                     self.send_error(404)
                     return
                 super().do_GET()
+
+            def do_POST(self) -> None:
+                if self.path.split("?", 1)[0] not in owner.routes:
+                    self.send_error(405)
+                    return
+                self.do_GET()  # routes see self.command and read the body themselves
 
         return partial(RequestHandler, directory=str(self.root or "."))
 

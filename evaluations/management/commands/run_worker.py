@@ -28,6 +28,7 @@ from django.db import close_old_connections, connection
 from django.utils import timezone
 
 from evaluations import lifecycle, reaper, wakeup
+from evaluations.callbacks import Dispatcher
 from evaluations.checks import log_startup_warnings
 from evaluations.models import Evaluation, Status, WorkerHeartbeat
 from evaluations.worker.claim import claim
@@ -80,6 +81,7 @@ class Command(BaseCommand):
         self.worker_id = f"{socket.gethostname()[:40]}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
         self.stop_requested_at: float | None = None
         self.pool = Pool(config.max_concurrent_evals, self.sandbox)
+        self.callbacks = Dispatcher(config)
         self.beat(stopping=False)
         self.wake = wakeup.WakeSocket(config.data_dir, self.worker_id)
         self.listener = PostgresListener() if connection.vendor == "postgresql" else None
@@ -91,6 +93,7 @@ class Command(BaseCommand):
         try:
             self.loop()
         finally:
+            self.callbacks.shutdown()
             self.wake.close()
             if self.listener:
                 self.listener.close()
@@ -130,6 +133,7 @@ class Command(BaseCommand):
                 next_reap = now + config.reap_interval_secs
             self.collect_finished()
             self.forward_cancels()
+            self.callbacks.dispatch()
             if stopping:
                 if now - self.stop_requested_at >= config.shutdown_grace_secs:
                     self.cancel_all(SHUTTING_DOWN)
