@@ -15,7 +15,8 @@ from pathlib import Path
 from django.utils import timezone
 
 from evaluations import lifecycle
-from evaluations.models import ACTIVE_STATUSES, Evaluation, Status, WorkerHeartbeat
+from evaluations.models import ACTIVE_STATUSES, Evaluation, Status
+from evaluations.stats import live_workers
 
 logger = logging.getLogger("term_executor.reaper")
 
@@ -40,8 +41,7 @@ class ReapSummary:
 
 
 def live_worker_ids(stale_secs: int) -> set[str]:
-    cutoff = timezone.now() - timezone.timedelta(seconds=stale_secs)
-    return set(WorkerHeartbeat.objects.filter(last_beat_at__gte=cutoff).values_list("worker_id", flat=True))
+    return {w.worker_id for w in live_workers(stale_secs)}
 
 
 def expire_sessions(ttl_secs: int, *, dry_run: bool = False) -> int:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from django.db.models import Count, Q, Sum
+from django.db.models.functions import Now
 from django.utils import timezone
 
 from evaluations.models import Evaluation, Status, Transition, WorkerHeartbeat
@@ -44,5 +45,6 @@ def step_histograms() -> dict[str, dict]:
 
 
 def live_workers(stale_secs: int) -> list[WorkerHeartbeat]:
-    cutoff = timezone.now() - timezone.timedelta(seconds=stale_secs)
+    """Workers that beat within `stale_secs`, judged by the database's clock (hosts' clocks may differ)."""
+    cutoff = Now() - timezone.timedelta(seconds=stale_secs)
     return list(WorkerHeartbeat.objects.filter(last_beat_at__gte=cutoff))

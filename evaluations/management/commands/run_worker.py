@@ -25,7 +25,7 @@ from multiprocessing.connection import wait
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 from django.db import close_old_connections, connection
-from django.utils import timezone
+from django.db.models.functions import Now
 
 from evaluations import lifecycle, reaper, wakeup
 from evaluations.callbacks import Dispatcher
@@ -105,17 +105,17 @@ class Command(BaseCommand):
             self.stop_requested_at = time.monotonic()
 
     def beat(self, stopping: bool) -> None:
-        WorkerHeartbeat.objects.update_or_create(
-            worker_id=self.worker_id,
-            defaults={
-                "hostname": socket.gethostname(),
-                "pid": os.getpid(),
-                "capacity": self.config.max_concurrent_evals,
-                "sandbox": self.sandbox,
-                "last_beat_at": timezone.now(),
-                "stopping": stopping,
-            },
-        )
+        """Stamped with the database's clock, which every host's reaper also judges by."""
+        fields = {
+            "hostname": socket.gethostname(),
+            "pid": os.getpid(),
+            "capacity": self.config.max_concurrent_evals,
+            "sandbox": self.sandbox,
+            "last_beat_at": Now(),
+            "stopping": stopping,
+        }
+        if not WorkerHeartbeat.objects.filter(worker_id=self.worker_id).update(**fields):
+            WorkerHeartbeat.objects.create(worker_id=self.worker_id, **fields)
 
     def loop(self) -> None:
         config = self.config
