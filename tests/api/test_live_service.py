@@ -111,3 +111,23 @@ def test_a_bad_setting_stops_start_up_with_one_line_naming_it(tmp_path, name, va
         cwd=PROJECT, env=env, capture_output=True, text=True, timeout=30,
     )  # fmt: skip
     assert gunicorn.returncode != 0 and name in gunicorn.stderr
+
+
+def test_concurrent_retries_with_one_idempotency_key_create_one_evaluation(live_service):
+    service = live_service(env={"MAX_CONCURRENT_EVALS": "4", "AUTH_TOKEN": "t1,t2"}, web_workers=3)
+
+    def submit(token):
+        headers = {"Idempotency-Key": "retry-me", "Authorization": f"Bearer {token}"}
+        return request("POST", service.url("/evaluate"), json_body=GOOD, headers=headers)
+
+    with ThreadPoolExecutor(max_workers=12) as pool:
+        replies = list(pool.map(submit, ["t1"] * 10 + ["t2"] * 2))
+    assert [r.status for r in replies] == [202] * 12
+    first = {r.json()["eval_id"] for r in replies[:10]}
+    second = {r.json()["eval_id"] for r in replies[10:]}
+    assert len(first) == 1 and len(second) == 1 and first != second  # keys are scoped to the token
+    listed = request("GET", service.url("/evaluations"), headers={"Authorization": "Bearer t1"}).json()
+    assert len(listed) == 2
+    conflict = request("POST", service.url("/evaluate"), json_body={**GOOD, "agent_code": "other"},
+                       headers={"Idempotency-Key": "retry-me", "Authorization": "Bearer t1"})  # fmt: skip
+    assert (conflict.status, conflict.json()["error"]) == (409, "idempotency_conflict")
