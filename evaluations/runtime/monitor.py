@@ -22,8 +22,6 @@ What is measured, and why:
 from __future__ import annotations
 
 import logging
-import os
-import stat
 import threading
 import time
 from collections.abc import Callable
@@ -157,29 +155,12 @@ def tree_usage() -> tuple[int, int]:
 
 
 def folder_usage(root: Path) -> int:
-    """Bytes allocated under ``root``: st_blocks * 512, links not followed, each inode once."""
-    try:
-        total = os.lstat(root).st_blocks * 512
-    except OSError:
-        return 0
-    seen: set[tuple[int, int]] = set()
-    stack = [os.fspath(root)]
-    while stack:
-        try:
-            entries = os.scandir(stack.pop())
-        except OSError:
-            continue  # removed, or made unreadable, while we walk
-        with entries:
-            for entry in entries:
-                try:
-                    st = entry.stat(follow_symlinks=False)
-                except OSError:
-                    continue
-                if st.st_nlink > 1 and not stat.S_ISDIR(st.st_mode):
-                    if (st.st_dev, st.st_ino) in seen:
-                        continue  # a hard link to a file already counted
-                    seen.add((st.st_dev, st.st_ino))
-                total += st.st_blocks * 512
-                if stat.S_ISDIR(st.st_mode):
-                    stack.append(entry.path)
-    return total
+    """Bytes allocated under ``root``: st_blocks * 512, links not followed, each inode once.
+
+    One walker for the whole project (safefs): it goes through directory fds,
+    so a tree nested deeper than PATH_MAX cannot hide from the quota.
+    """
+    from evaluations.pipeline.safefs import tree_size
+
+    return tree_size(root)
+
