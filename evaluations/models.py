@@ -179,6 +179,24 @@ class CallbackAttempt(models.Model):
         return f"attempt {self.attempt}: {outcome}"
 
 
+class PurgedTotals(models.Model):
+    """What purged evaluations had added to the counters, so /metrics counters never go down."""
+
+    id = models.PositiveSmallIntegerField(primary_key=True, default=1)
+    total = models.BigIntegerField(default=0)
+    completed = models.BigIntegerField(default=0)
+    failed = models.BigIntegerField(default=0)
+    cancelled = models.BigIntegerField(default=0)
+    passed = models.BigIntegerField(default=0)
+    duration_ms_sum = models.BigIntegerField(default=0)
+
+    class Meta:
+        verbose_name_plural = "purged totals"
+
+    def __str__(self) -> str:
+        return f"{self.total} purged evaluations"
+
+
 class WorkerHeartbeat(models.Model):
     """A run_worker process. A worker silent for WORKER_STALE_SECS is lost."""
 

@@ -12,10 +12,12 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
+from django.db import transaction
+from django.db.models import Count, F, Q, Sum
 from django.utils import timezone
 
 from evaluations import lifecycle
-from evaluations.models import ACTIVE_STATUSES, Evaluation, Status
+from evaluations.models import ACTIVE_STATUSES, Evaluation, PurgedTotals, Status
 from evaluations.stats import live_workers
 
 logger = logging.getLogger("term_executor.reaper")
@@ -116,13 +118,29 @@ def remove_orphan_folders(workspace_base: Path, *, dry_run: bool = False) -> tup
 
 
 def purge_old(retention_days: int, *, dry_run: bool = False) -> int:
+    """Delete ended evaluations older than the retention; their counts move to PurgedTotals."""
     if retention_days <= 0:
         return 0
     cutoff = timezone.now() - timezone.timedelta(days=retention_days)
     old = Evaluation.objects.filter(finished_at__lt=cutoff).exclude(status__in=ACTIVE_STATUSES)
     if dry_run:
         return old.count()
-    _total, per_model = old.delete()
+    with transaction.atomic():
+        ids = list(old.values_list("id", flat=True)[:10000])
+        if not ids:
+            return 0
+        batch = Evaluation.objects.filter(id__in=ids)
+        figures = batch.aggregate(
+            total=Count("id"),
+            completed=Count("id", filter=Q(status=Status.COMPLETED)),
+            failed=Count("id", filter=Q(status=Status.FAILED)),
+            cancelled=Count("id", filter=Q(status=Status.CANCELLED)),
+            passed=Count("id", filter=Q(passed=True)),
+            duration_ms_sum=Sum("duration_ms"),
+        )
+        PurgedTotals.objects.get_or_create(id=1)
+        PurgedTotals.objects.filter(id=1).update(**{k: F(k) + (v or 0) for k, v in figures.items()})
+        _total, per_model = batch.delete()
     return per_model.get("evaluations.Evaluation", 0)
 
 

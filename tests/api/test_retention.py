@@ -1,0 +1,48 @@
+"""RETENTION_DAYS purges old rows; the counters /metrics and /status report never go down."""
+
+import dataclasses
+
+import pytest
+from django.utils import timezone
+
+from evaluations import lifecycle, reaper, stats
+from evaluations.models import Evaluation, PurgedTotals, Status
+
+pytestmark = pytest.mark.django_db
+
+
+def ended(status, days_ago):
+    evaluation = Evaluation.objects.create(task_url="https://x/t", agent_code="x", status=Status.RUNNING)
+    lifecycle.finish(evaluation.id, status)
+    Evaluation.objects.filter(id=evaluation.id).update(finished_at=timezone.now() - timezone.timedelta(days=days_ago))
+    return evaluation
+
+
+def test_purge_keeps_the_counters_and_only_removes_old_ended_rows(settings, api):
+    old = [ended(Status.COMPLETED, 10), ended(Status.FAILED, 10), ended(Status.CANCELLED, 9)]
+    recent = ended(Status.COMPLETED, 1)
+    running = Evaluation.objects.create(task_url="https://x/t", agent_code="x", status=Status.RUNNING)
+    before = stats.evaluation_counts()
+    metrics_before = api.get("/metrics").content.decode()
+    config = dataclasses.replace(settings.EXECUTOR, retention_days=7)
+    assert reaper.purge_old(config.retention_days, dry_run=True) == 3
+    assert Evaluation.objects.count() == 5
+    assert reaper.purge_old(config.retention_days) == 3
+    assert set(Evaluation.objects.values_list("id", flat=True)) == {recent.id, running.id}
+    assert not Evaluation.objects.filter(id__in=[e.id for e in old]).exists()
+    assert stats.evaluation_counts() == before
+    assert PurgedTotals.objects.get().total == 3
+    for name in ("term_executor_evaluations_total", "term_executor_evaluations_failed_total",
+                 "term_executor_evaluations_cancelled_total", "term_executor_evaluations_passed_total"):  # fmt: skip
+        line = next(line for line in metrics_before.splitlines() if line.startswith(name + " "))
+        assert line in api.get("/metrics").content.decode()
+    assert reaper.purge_old(config.retention_days) == 0  # idempotent
+    assert reaper.purge_old(0) == 0  # 0 keeps everything
+
+
+def test_reap_summary_counts_purged_rows(settings):
+    ended(Status.COMPLETED, 30)
+    summary = reaper.reap(
+        dataclasses.replace(settings.EXECUTOR, retention_days=1, workspace_base=settings.EXECUTOR.data_dir / "none")
+    )
+    assert summary.purged == 1 and "purged=1" in summary.line()
