@@ -253,3 +253,14 @@ def test_a_same_size_edit_right_after_install_imported_the_module_is_what_the_te
     url = tasks.task(install=["python3 -c 'import calc'"])
     evaluation = evaluate(url, SOLVER, config=e2e_config, sandbox=sandbox)
     assert evaluation.passed, evaluation.test_output
+
+
+@pytest.mark.skipif(not __import__("shutil").which("node"), reason="node is not installed on this host")
+def test_node_agent(tasks, e2e_config, sandbox):
+    agent = (
+        "const fs = require('fs');\n"
+        "if (process.argv[2] !== '--instruction') process.exit(9);\n"
+        "fs.writeFileSync('calc.py', fs.readFileSync('calc.py', 'utf8').replace('a - b', 'a + b'));\n"
+    )
+    evaluation = evaluate(tasks.task(), agent, language="node", config=e2e_config, sandbox=sandbox)
+    assert evaluation.passed, (evaluation.error, evaluation.agent_output)
