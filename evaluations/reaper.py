@@ -110,10 +110,13 @@ def remove_orphan_folders(workspace_base: Path, *, dry_run: bool = False) -> tup
         if dry_run:
             continue
         killed += _kill_tagged(names[entry.name])
-        if entry.is_symlink() or not entry.is_dir(follow_symlinks=False):
-            os.unlink(entry.path)  # a link is removed as a link; its target is untouched
-        else:
-            remove_tree_nofollow(Path(entry.path))
+        try:
+            if entry.is_symlink() or not entry.is_dir(follow_symlinks=False):
+                os.unlink(entry.path)  # a link is removed as a link; its target is untouched
+            else:
+                remove_tree_nofollow(Path(entry.path))
+        except FileNotFoundError:
+            pass  # its own evaluation process removed it meanwhile
     return removed, killed
 
 

@@ -127,3 +127,25 @@ def test_reap_sessions_cleans_only_what_is_dead_and_only_inside_the_base(live_se
     assert (body["status"], body["error"]) == ("cancelled", "queued: session TTL expired")
     again = service.manage("reap_sessions").stdout.strip()
     assert "expired=0" in again and "folders_removed=0" in again  # idempotent
+
+
+@pytest.mark.skipif(
+    not __import__("tests.helpers.service", fromlist=["x"]).using_postgres(),
+    reason="PostgreSQL-only: terminates the worker's backends",
+)
+def test_the_worker_survives_its_database_connections_being_killed(worker_service, tasks):
+    import psycopg
+
+    service = worker_service()
+    assert wait_terminal(service, submit(service, tasks.task(), SOLVER))["passed"]
+    with psycopg.connect(service.database.url, autocommit=True) as admin:
+        killed = admin.execute(
+            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE datname = %s AND pid <> pg_backend_pid()",
+            [service.database.name],
+        ).fetchone()[0]
+    assert killed >= 1
+    after = submit(service, tasks.task(), SOLVER)
+    assert wait_terminal(service, after, timeout=30)["passed"]
+    assert service.worker.poll() is None
+    log = (service.folder / "worker.log").read_text()
+    assert "worker tick failed; retrying in 1 s" in log  # the LISTEN connection broke and came back

@@ -24,7 +24,7 @@ from multiprocessing.connection import wait
 
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
-from django.db import close_old_connections, connection
+from django.db import close_old_connections, connection, connections
 from django.db.models.functions import Now
 
 from evaluations import lifecycle, reaper, wakeup
@@ -84,7 +84,7 @@ class Command(BaseCommand):
         self.callbacks = Dispatcher(config)
         self.beat(stopping=False)
         self.wake = wakeup.WakeSocket(config.data_dir, self.worker_id)
-        self.listener = PostgresListener() if connection.vendor == "postgresql" else None
+        self.listener = None  # PostgreSQL LISTEN connection, opened by the first tick
         signal.signal(signal.SIGTERM, self.request_stop)
         signal.signal(signal.SIGINT, self.request_stop)
         logger.info(
@@ -118,39 +118,56 @@ class Command(BaseCommand):
             WorkerHeartbeat.objects.create(worker_id=self.worker_id, **fields)
 
     def loop(self) -> None:
-        config = self.config
-        beat_every = max(1.0, config.worker_stale_secs / 3)
-        next_beat = next_reap = 0.0
+        """Run ticks until stopped; a failing tick (database restart, a folder gone mid-reap) is
+        logged and retried, because one hiccup must not take the worker and its slots down."""
+        self.next_beat = self.next_reap = 0.0
         while True:
-            close_old_connections()
-            now = time.monotonic()
-            stopping = self.stop_requested_at is not None
-            if now >= next_beat:
-                self.beat(stopping)
-                next_beat = now + beat_every
-            if now >= next_reap and not stopping:
-                self.reap()
-                next_reap = now + config.reap_interval_secs
-            self.collect_finished()
-            self.forward_cancels()
-            self.callbacks.dispatch()
-            if stopping:
-                if now - self.stop_requested_at >= config.shutdown_grace_secs:
-                    self.cancel_all(SHUTTING_DOWN)
-                if not self.pool.running:
+            try:
+                if self.tick():
                     return
-            elif self.pool.free > 0:
-                for eval_id in claim(self.worker_id, self.pool.free):
-                    self.pool.start(eval_id)
-                    logger.info("claimed", extra={"eval_id": eval_id})
-            waitables = [self.wake, *self.pool.sentinels()]
-            if self.listener:
-                waitables.append(self.listener)
-            ready = wait(waitables, timeout=0.5 if stopping else POLL_SECS)
-            if self.wake in ready:
-                self.wake.drain()
-            if self.listener is not None and self.listener in ready:
-                self.listener.drain()
+            except Exception:
+                logger.exception("worker tick failed; retrying in 1 s")
+                connections.close_all()
+                if self.listener is not None:
+                    self.listener.close()
+                    self.listener = None  # reconnected by the next tick
+                time.sleep(1)
+
+    def tick(self) -> bool:
+        """One pass: beat, reap, collect, cancel, call back, claim, then sleep until woken."""
+        config = self.config
+        close_old_connections()
+        if self.listener is None and connection.vendor == "postgresql":
+            self.listener = PostgresListener()
+        now = time.monotonic()
+        stopping = self.stop_requested_at is not None
+        if now >= self.next_beat:
+            self.beat(stopping)
+            self.next_beat = now + max(1.0, config.worker_stale_secs / 3)
+        if now >= self.next_reap and not stopping:
+            self.reap()
+            self.next_reap = now + config.reap_interval_secs
+        self.collect_finished()
+        self.forward_cancels()
+        self.callbacks.dispatch()
+        if stopping:
+            if now - self.stop_requested_at >= config.shutdown_grace_secs:
+                self.cancel_all(SHUTTING_DOWN)
+            if not self.pool.running:
+                return True
+        elif self.pool.free > 0:
+            for eval_id in claim(self.worker_id, self.pool.free):
+                self.pool.start(eval_id)
+                logger.info("claimed", extra={"eval_id": eval_id})
+        waitables = [self.wake, *self.pool.sentinels()]
+        if self.listener is not None:
+            waitables.append(self.listener)
+        ready = wait(waitables, timeout=0.5 if stopping else POLL_SECS)
+        if self.wake in ready:
+            self.wake.drain()
+        if self.listener is not None and self.listener in ready:
+            self.listener.drain()
+        return False
 
     def collect_finished(self) -> None:
         """A child that ended without ending its evaluation died: fail it, clean up after it."""
