@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,6 +19,7 @@ from django.utils import timezone
 
 from evaluations import lifecycle
 from evaluations.models import ACTIVE_STATUSES, Evaluation, PurgedTotals, Status
+from evaluations.pipeline.safefs import remove_tree_nofollow
 from evaluations.stats import live_workers
 
 logger = logging.getLogger("term_executor.reaper")
@@ -84,8 +86,6 @@ def _kill_tagged(eval_id) -> int:
 
 def remove_orphan_folders(workspace_base: Path, *, dry_run: bool = False) -> tuple[int, int]:
     """Delete session folders of evaluations that are not live; never anything outside the base."""
-    from evaluations.pipeline.safefs import remove_tree_nofollow
-
     try:
         entries = list(os.scandir(workspace_base))
     except FileNotFoundError:
@@ -110,14 +110,30 @@ def remove_orphan_folders(workspace_base: Path, *, dry_run: bool = False) -> tup
         if dry_run:
             continue
         killed += _kill_tagged(names[entry.name])
+        if not _remove_entry(entry):
+            removed -= 1  # left for the next pass
+    return removed, killed
+
+
+def _remove_entry(entry: os.DirEntry, tries: int = 3) -> bool:
+    """Remove one session folder (a link as a link). A process of a lost evaluation may still
+    be writing into it for a moment (it stops within a second of its row ending): retry, then
+    leave it to the next pass rather than fail the whole reap."""
+    for attempt in range(tries):
         try:
             if entry.is_symlink() or not entry.is_dir(follow_symlinks=False):
-                os.unlink(entry.path)  # a link is removed as a link; its target is untouched
+                os.unlink(entry.path)  # its target is untouched
             else:
                 remove_tree_nofollow(Path(entry.path))
+            return True
         except FileNotFoundError:
-            pass  # its own evaluation process removed it meanwhile
-    return removed, killed
+            return True  # its own evaluation process removed it meanwhile
+        except OSError as exc:
+            if attempt == tries - 1:
+                logger.warning("could not remove %s yet: %s", entry.path, exc)
+                return False
+            time.sleep(0.5)
+    return False
 
 
 def purge_old(retention_days: int, *, dry_run: bool = False) -> int:

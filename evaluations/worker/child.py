@@ -12,6 +12,7 @@ from __future__ import annotations
 import ctypes
 import os
 import signal
+import threading
 
 import django
 
@@ -26,15 +27,43 @@ from evaluations.pipeline.run import run_pipeline  # noqa: E402
 _PR_SET_PDEATHSIG = 1
 
 
+WATCH_SECS = 1.0
+
+
 class CancelFlag:
-    """Set by the worker (a multiprocessing.Event) or by our own parent's death."""
+    """Set by the worker (a multiprocessing.Event), by our own parent's death, or by our row."""
 
     def __init__(self, event):
         self.event = event
         self.lost = False
+        self.ended_elsewhere = False
 
     def is_set(self) -> bool:
-        return self.lost or self.event.is_set()
+        return self.lost or self.ended_elsewhere or self.event.is_set()
+
+
+def watch_row(eval_id: str, flag: CancelFlag, stop: threading.Event) -> None:
+    """Stop when our row says so, even if our worker cannot tell us.
+
+    A frozen or partitioned worker's evaluations are failed by another host's
+    reaper; without this, their processes would go on into the next step.
+    A DELETE is seen here too, within WATCH_SECS, whatever the worker does.
+    """
+    from evaluations.models import Evaluation, Status
+
+    try:
+        while not stop.wait(WATCH_SECS):
+            try:
+                row = Evaluation.objects.filter(id=eval_id).values_list("status", "cancel_requested").first()
+            except Exception:
+                connections.close_all()
+                continue  # the database is away: the worker's own signals still work
+            if row is None or row[0] != Status.RUNNING:
+                flag.ended_elsewhere = True
+            elif row[1]:
+                flag.event.set()
+    finally:
+        connections.close_all()
 
 
 class LostFlag:
@@ -57,7 +86,10 @@ def main(eval_id: str, sandbox: str, cancel_event) -> None:
     if os.getppid() == 1:  # the parent died before prctl took effect
         flag.lost = True
     connections.close_all()
+    stop = threading.Event()
+    threading.Thread(target=watch_row, args=(eval_id, flag, stop), name="watch-row", daemon=True).start()
     try:
         run_pipeline(eval_id, settings.EXECUTOR, sandbox=sandbox, cancel_event=flag, lost_flag=LostFlag(flag))
     finally:
+        stop.set()
         connections.close_all()

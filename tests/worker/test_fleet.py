@@ -73,6 +73,12 @@ def test_a_worker_lost_without_notice_is_failed_by_the_reaper(worker_service, ta
         assert (body["status"], body["error"]) == ("failed", "running_agent: executor worker lost")
         assert not tagged_processes(eval_id)
         assert not (workspace_base / eval_id).exists()
+        # The evaluation process itself is alive (only its worker is frozen): it must notice its
+        # row ended and stop, not go on into the next step with new commands.
+        time.sleep(2.5)
+        assert not tagged_processes(eval_id)
+        assert not (workspace_base / eval_id).exists()
+        assert evaluation(service, eval_id)["error"] == "running_agent: executor worker lost"
         assert "lost=0" in service.manage("reap_sessions").stdout  # idempotent
     finally:
         for pid in frozen:
