@@ -1,25 +1,31 @@
 # term-executor: the API and the worker in one container, started by the README's command (bin/serve).
 #
 #   docker build -t term-executor .
-#   docker run -p 8080:8080 -v te-data:/data -v te-sessions:/workspaces \
-#     --security-opt seccomp=unconfined --security-opt apparmor=unconfined term-executor
+#   docker run -d --name term-executor -p 8080:8080 \
+#     -v te-data:/data -v te-sessions:/workspaces -e AUTH_TOKEN=change-me \
+#     --security-opt seccomp=unconfined --security-opt apparmor=unconfined \
+#     --security-opt systempaths=unconfined term-executor
 #
-# bubblewrap needs to create user, pid and network namespaces; Docker's default
-# seccomp and AppArmor profiles forbid that, hence the two --security-opt flags
-# (no --privileged needed). Without them SANDBOX=auto falls back to `none` and
-# says so in /status.
+# The sandbox (bubblewrap) creates user, pid, network, ipc and mount namespaces
+# and mounts a fresh /proc. Docker's default seccomp profile forbids the first,
+# its AppArmor profile forbids mounts, and its masked /proc paths make the
+# kernel refuse a new /proc: hence the three --security-opt flags. No
+# --privileged and no capability is needed: bubblewrap runs unprivileged, as
+# the container's user. SANDBOX=bwrap below makes the service refuse to start
+# when the sandbox does not work, rather than run untrusted code without it.
 FROM python:3.11-slim-bookworm
 
 RUN apt-get update \
- && apt-get install -y --no-install-recommends git bubblewrap nodejs tini util-linux procps \
+ && apt-get install -y --no-install-recommends bubblewrap git nodejs tini util-linux procps ca-certificates \
  && rm -rf /var/lib/apt/lists/*
 
-RUN useradd --create-home --uid 10001 executor
+RUN useradd --create-home --uid 10001 --shell /usr/sbin/nologin executor
 WORKDIR /app
 
+# The pinned requirements first: this layer is rebuilt only when they change.
 COPY requirements.txt ./
 COPY bin/ bin/
-RUN bash -c 'source bin/bootstrap requirements.txt' && chown -R executor /app
+RUN bash -c 'source bin/bootstrap requirements.txt'
 
 COPY manage.py ./
 COPY executor_project/ executor_project/
@@ -27,14 +33,17 @@ COPY evaluations/ evaluations/
 COPY assets/ assets/
 COPY examples/ examples/
 
-ENV DATA_DIR=/data WORKSPACE_BASE=/workspaces PORT=8080 PYTHONUNBUFFERED=1
-RUN mkdir -p /data /workspaces && chown executor /data /workspaces
+# The code and the virtualenv stay root's, read-only to the service; its state lives in the volumes.
+ENV DATA_DIR=/data WORKSPACE_BASE=/workspaces PORT=8080 SANDBOX=bwrap \
+    PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
+RUN mkdir -p /data /workspaces && chown executor:executor /data /workspaces
 VOLUME ["/data", "/workspaces"]
 USER executor
 EXPOSE 8080
 
-HEALTHCHECK --interval=30s --timeout=5s --start-period=20s \
-  CMD python3 -c "import urllib.request; urllib.request.urlopen('http://127.0.0.1:8080/health', timeout=4)"
+HEALTHCHECK --interval=30s --timeout=5s --start-period=30s --retries=3 \
+  CMD python3 -c "import urllib.request; urllib.request.urlopen('http://127.0.0.1:${PORT}/health', timeout=4)"
 
+# tini is PID 1: it forwards SIGTERM to bin/serve (which stops gunicorn and the worker gracefully) and reaps zombies.
 ENTRYPOINT ["/usr/bin/tini", "--"]
 CMD ["bin/serve"]

@@ -1,13 +1,49 @@
-"""Django admin: operators see every evaluation, its transitions and test results, read-only."""
+"""Django admin: operators see every evaluation, its steps, log, tests and callbacks, and steer them.
+
+1. The detail page is read-only: nothing of an evaluation is edited by hand.
+2. Two actions change state, and only through the API's own paths: cancel
+   (lifecycle.cancel, as DELETE does) and re-run (admission.admit, as POST
+   does: a new pending evaluation with the same request, refused at capacity).
+   They need the change permission; view-only staff see no actions.
+3. The changelist opens with the last 24 hours' counts by status.
+"""
 
 from __future__ import annotations
 
+from datetime import timedelta
 from urllib.parse import urlsplit
 
-from django.contrib import admin
-from django.utils.html import format_html
+from django.conf import settings
+from django.contrib import admin, messages
+from django.db.models import Avg, Count, Q
+from django.http import HttpResponse
+from django.shortcuts import get_object_or_404
+from django.urls import path, reverse
+from django.utils import timezone
+from django.utils.html import format_html, format_html_join
 
-from evaluations.models import Evaluation, TestResult, Transition, WorkerHeartbeat
+from evaluations import admission, lifecycle, livelog, wakeup
+from evaluations.models import (
+    CallbackAttempt,
+    Evaluation,
+    Status,
+    TestResult,
+    Transition,
+    WorkerHeartbeat,
+)
+
+LOG_TAIL_BYTES = 64 * 1024
+# What POST /evaluate stored; a re-run submits the same.
+REQUEST_FIELDS = (
+    "agent_code",
+    "language",
+    "task_url",
+    "timeout_secs",
+    "env",
+    "static_assets",
+    "callback_url",
+    "metadata",
+)
 
 
 def preformatted(text: str):
@@ -32,6 +68,13 @@ class TransitionInline(ReadOnlyInline):
     readonly_fields = fields
 
 
+class CallbackAttemptInline(ReadOnlyInline):
+    model = CallbackAttempt
+    fields = ("attempt", "at", "status_code", "error", "duration_ms")
+    readonly_fields = fields
+    verbose_name_plural = "callback attempts"
+
+
 class TestResultInline(ReadOnlyInline):
     model = TestResult
     fields = ("position", "name", "kind", "passed", "exit_code", "timed_out", "duration_ms", "output_pre")
@@ -51,9 +94,13 @@ class EvaluationAdmin(admin.ModelAdmin):
     ordering = ("-created_at",)
     list_per_page = 100
     show_full_result_count = False
-    inlines = [TransitionInline, TestResultInline]
+    inlines = [TransitionInline, TestResultInline, CallbackAttemptInline]
+    actions = ["cancel_evaluations", "rerun_evaluations"]
+    change_list_template = "admin/evaluations/evaluation/change_list.html"
     fieldsets = (
         (None, {"fields": ("id", "status", "step", "passed", "error", "duration_ms", "results_sha256")}),
+        ("Steps", {"fields": ("step_durations",)}),
+        ("Log", {"fields": ("live_log",)}),
         (
             "Request",
             {
@@ -94,6 +141,128 @@ class EvaluationAdmin(admin.ModelAdmin):
 
     def has_delete_permission(self, request, obj=None):
         return False
+
+    def has_operate_permission(self, request):
+        """Cancel and re-run: staff who may change evaluations (the detail page stays read-only)."""
+        return request.user.has_perm("evaluations.change_evaluation")
+
+    # -- actions -----------------------------------------------------------
+
+    @admin.action(description="Cancel selected evaluations", permissions=["operate"])
+    def cancel_evaluations(self, request, queryset):
+        reason = f"cancelled by {request.user.get_username()} in the admin"
+        outcomes = [lifecycle.cancel(eval_id, reason) for eval_id in queryset.values_list("id", flat=True)]
+        if Status.RUNNING in outcomes:
+            wakeup.notify(settings.EXECUTOR.data_dir)  # the worker forwards the cancel to the evaluation
+        cancelled, asked = outcomes.count(Status.CANCELLED), outcomes.count(Status.RUNNING)
+        ended = outcomes.count(None)
+        self.message_user(
+            request,
+            f"{cancelled} cancelled, {asked} running asked to stop (within 2 s), {ended} had already ended.",
+            messages.SUCCESS if cancelled or asked else messages.WARNING,
+        )
+
+    @admin.action(description="Re-run selected evaluations (new pending ones, same request)", permissions=["operate"])
+    def rerun_evaluations(self, request, queryset):
+        config = settings.EXECUTOR
+        created = []
+        for evaluation in queryset.order_by("created_at"):
+            try:
+                new, _ = admission.admit(
+                    fields={name: getattr(evaluation, name) for name in REQUEST_FIELDS},
+                    limit=config.admission_limit,
+                    scope="admin",
+                    key=None,
+                    request_sha256=evaluation.request_sha256,
+                    data_dir=config.data_dir,
+                )
+            except admission.AtCapacity:
+                left = queryset.count() - len(created)
+                self.message_user(
+                    request,
+                    f"At capacity ({config.admission_limit} pending or running): {left} not re-run; try again later.",
+                    messages.ERROR,
+                )
+                break
+            created.append(new)
+        if created:
+            links = format_html_join(
+                ", ",
+                '<a href="{}">{}</a>',
+                ((reverse("admin:evaluations_evaluation_change", args=[e.id]), e.id) for e in created),
+            )
+            self.message_user(request, format_html("Re-run as {} new pending evaluation(s): {}", len(created), links))
+
+    # -- dashboard -----------------------------------------------------------
+
+    def changelist_view(self, request, extra_context=None):
+        extra_context = {**(extra_context or {}), "dashboard": dashboard()}
+        return super().changelist_view(request, extra_context=extra_context)
+
+    # -- the raw log -----------------------------------------------------------
+
+    def get_urls(self):
+        log_view = self.admin_site.admin_view(self.log_view)
+        return [path("<uuid:object_id>/log/", log_view, name="evaluations_evaluation_log"), *super().get_urls()]
+
+    def log_view(self, request, object_id):
+        """The whole log as text/plain (live while running), for a browser tab or curl with a session."""
+        evaluation = get_object_or_404(Evaluation, id=object_id)
+        if not self.has_view_permission(request, evaluation):
+            return HttpResponse("forbidden", status=403, content_type="text/plain")
+        chunk = livelog.read_log(evaluation, settings.EXECUTOR.workspace_base, 0, limit=64 * 1024 * 1024)
+        response = HttpResponse(chunk.data, content_type="text/plain; charset=utf-8")
+        response["X-Log-Complete"] = "true" if chunk.complete else "false"
+        return response
+
+    # -- detail page -----------------------------------------------------------
+
+    @admin.display(description="time per step")
+    def step_durations(self, obj):
+        transitions = list(obj.transitions.all())
+        if not transitions:
+            return "-"
+        now = timezone.now()
+        rows = []
+        for transition in transitions:
+            ms = transition.duration_ms
+            ongoing = ms is None and transition.status in (Status.PENDING, Status.RUNNING)
+            if ongoing:
+                ms = int((now - transition.at).total_seconds() * 1000)
+            rows.append((transition, ms, ongoing))
+        longest = max((ms or 0 for _, ms, _ in rows), default=0) or 1
+        body = format_html_join(
+            "",
+            "<tr><td>{}</td><td>{}</td><td style='text-align:right'>{}</td>"
+            "<td><div style='background:#79aec8;height:0.8em;width:{}px'></div></td></tr>",
+            (
+                (
+                    t.step,
+                    t.status,
+                    "" if ms is None else f"{ms / 1000:.2f} s" + (" so far" if ongoing else ""),
+                    int(200 * (ms or 0) / longest),
+                )
+                for t, ms, ongoing in rows
+            ),
+        )
+        return format_html(
+            "<table><thead><tr><th>step</th><th>status</th><th>time</th><th></th></tr></thead><tbody>{}</tbody></table>",
+            body,
+        )
+
+    @admin.display(description="log")
+    def live_log(self, obj):
+        text, skipped = livelog.log_tail(obj, settings.EXECUTOR.workspace_base, LOG_TAIL_BYTES)
+        raw = reverse("admin:evaluations_evaluation_log", args=[obj.id])
+        if obj.is_terminal:
+            note = "Final log, rebuilt from the stored agent and test outputs."
+        elif text:
+            note = "Live: reload the page to follow it."
+        else:
+            note = "No live log here yet (not started, or the worker runs on another host)."
+        if skipped:
+            note += f" The first {skipped} bytes are not shown."
+        return format_html('{} <a href="{}">Open the whole log</a>{}', note, raw, preformatted(text))
 
     @admin.display(description="task host")
     def task_host(self, obj):
@@ -138,3 +307,25 @@ class WorkerHeartbeatAdmin(admin.ModelAdmin):
 
     def has_change_permission(self, request, obj=None):
         return False
+
+
+def dashboard() -> dict:
+    """The changelist header: the last 24 hours by status, and what runs now."""
+    since = timezone.now() - timedelta(hours=24)
+    recent = Evaluation.objects.filter(created_at__gte=since)
+    figures = recent.aggregate(
+        total=Count("id"),
+        passed=Count("id", filter=Q(passed=True)),
+        mean_ms=Avg("duration_ms", filter=Q(duration_ms__isnull=False)),
+        **{status: Count("id", filter=Q(status=status)) for status in Status.values},
+    )
+    ended = figures[Status.COMPLETED] + figures[Status.FAILED] + figures[Status.CANCELLED]
+    return {
+        "since": since,
+        "total": figures["total"],
+        "counts": [(status, figures[status]) for status in Status.values],
+        "pass_rate": f"{100 * figures['passed'] / ended:.0f} %" if ended else "-",
+        "mean_duration": f"{figures['mean_ms'] / 1000:.1f} s" if figures["mean_ms"] else "-",
+        "running_now": Evaluation.objects.filter(status=Status.RUNNING).count(),
+        "pending_now": Evaluation.objects.filter(status=Status.PENDING).count(),
+    }

@@ -18,6 +18,26 @@ def startup_warnings() -> list[str]:
     return warnings
 
 
+def sandbox_warnings(mode: str) -> list[str]:
+    """What the commands are not kept from, given the sandbox the worker runs ("bwrap" or "none")."""
+    import os
+
+    warnings = []
+    if mode == "none":
+        warnings.append(
+            "commands run without bubblewrap: network isolation (TEST_NETWORK=off, AGENT_NETWORK=off) "
+            "cannot be enforced, and commands see the host's world-readable files and process list"
+        )
+    if os.geteuid() != 0:
+        detail = (
+            ": they can read the database, DATA_DIR and the service's environment, and signal its processes"
+            if mode == "none"
+            else ", which the kernel's process limit (RLIMIT_NPROC) shares with the service"
+        )
+        warnings.append(f"the service does not run as root, so every command runs as the service's own uid{detail}")
+    return warnings
+
+
 def log_startup_warnings() -> None:
     for warning in startup_warnings():
         logger.warning(warning)

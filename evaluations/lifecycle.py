@@ -41,11 +41,19 @@ def record(
         changed = Evaluation.objects.filter(id=eval_id, status__in=list(expect)).update(**updates)
         if not changed:
             return False
-        current_step, current_status = Evaluation.objects.filter(id=eval_id).values_list("step", "status").get()
-        previous = Transition.objects.filter(evaluation_id=eval_id).order_by("-at", "-id").first()
-        if previous is not None and previous.duration_ms is None:
-            previous.duration_ms = _elapsed_ms(previous.at, now)
-            previous.save(update_fields=["duration_ms"])
+        # One read for the row's step and status as they are now and the transition to close.
+        previous = (
+            Transition.objects.filter(evaluation_id=eval_id)
+            .order_by("-at", "-id")
+            .values_list("id", "at", "duration_ms", "evaluation__step", "evaluation__status")
+            .first()
+        )
+        if previous is None:
+            current_step, current_status = Evaluation.objects.filter(id=eval_id).values_list("step", "status").get()
+        else:
+            previous_id, previous_at, duration_ms, current_step, current_status = previous
+            if duration_ms is None:
+                Transition.objects.filter(id=previous_id).update(duration_ms=_elapsed_ms(previous_at, now))
         Transition.objects.create(evaluation_id=eval_id, step=current_step, status=current_status, at=now)
     return True
 

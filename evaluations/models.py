@@ -72,6 +72,7 @@ class Evaluation(models.Model):
     agent_exit_code = models.IntegerField(null=True, blank=True)
     agent_patch = models.TextField(blank=True, default="")
     test_output = models.TextField(blank=True, default="")
+    log = models.TextField(blank=True, default="", help_text="the combined live log, kept when the session folder goes")
     results_sha256 = models.CharField(max_length=64, blank=True, default="")
 
     # Delivery of the final JSON to callback_url (see evaluations/callbacks.py).

@@ -1,11 +1,18 @@
 #!/usr/bin/env python3
 """Build the example tasks: a real git repository per task (served over dumb HTTP
-as a bare repo), the task archive, and a ready POST /evaluate body.
+as a bare repo), the task as a folder and as an archive, and a ready POST /evaluate body.
 
     examples/build.py http://127.0.0.1:8000 [OUT_DIR]
 
 then serve OUT_DIR (default examples/build) at that URL, e.g.
     python3 -m http.server 8000 --bind 127.0.0.1 --directory examples/build
+
+Each example is examples/<name>/ with repo/ (the base commit), future/ (the
+fix, committed after the base and tagged, so the executor must hide it),
+task/ (workspace.yaml with {repo_url} and {base_commit} to fill, prompt.md,
+tests/, checks.txt), and solve_agent.* and noop_agent.* (the extension names
+the language). It builds into OUT_DIR as <name>.git, <name>-task/ (the task
+folder, for `manage.py evaluate`), <name>-task.tar.gz and <name>-request.json.
 """
 
 from __future__ import annotations
@@ -40,8 +47,10 @@ def make_repo(source: Path, work: Path, future: dict[str, str]) -> str:
     git("commit", "-q", "-m", "base", cwd=work)
     base = git("rev-parse", "HEAD", cwd=work)
     for name, text in future.items():
+        (work / name).parent.mkdir(parents=True, exist_ok=True)
         (work / name).write_text(text)
-    git("commit", "-q", "-am", "the fix (future)", cwd=work)
+    git("add", "-A", cwd=work)  # the fix may add files (an SWE-style fix adds its tests)
+    git("commit", "-q", "-m", "the fix (future)", cwd=work)
     git("tag", "v-fixed", cwd=work)
     return base
 
@@ -51,15 +60,23 @@ def serve_bare(work: Path, bare: Path) -> None:
     git("update-server-info", cwd=bare)
 
 
-def task_archive(task_dir: Path, substitutions: dict[str, str], out: Path, top: str) -> None:
+def task_folder(task_dir: Path, substitutions: dict[str, str], out: Path) -> None:
+    """The task as its author publishes it: workspace.yaml filled in, scripts executable."""
+    shutil.rmtree(out, ignore_errors=True)
+    shutil.copytree(task_dir, out)
+    workspace = out / "workspace.yaml"
+    workspace.write_text(workspace.read_text().format(**substitutions))
+    for script in out.rglob("*.sh"):
+        script.chmod(0o755)
+
+
+def task_archive(folder: Path, out: Path, top: str) -> None:
     with tarfile.open(out, "w:gz") as tar:
-        for path in sorted(task_dir.rglob("*")):
+        for path in sorted(folder.rglob("*")):
             if path.is_dir():
                 continue
             data = path.read_bytes()
-            if path.name == "workspace.yaml":
-                data = data.decode().format(**substitutions).encode()
-            info = tarfile.TarInfo(f"{top}/{path.relative_to(task_dir)}")
+            info = tarfile.TarInfo(f"{top}/{path.relative_to(folder)}")
             info.size = len(data)
             info.mode = 0o755 if path.suffix == ".sh" else 0o644
             tar.addfile(info, io.BytesIO(data))
@@ -80,21 +97,42 @@ def build(name: str, base_url: str, out_dir: Path) -> dict:
     shutil.rmtree(out_dir / f"{name}.git", ignore_errors=True)
     base = make_repo(example / "repo", work, future_files(example))
     serve_bare(work, out_dir / f"{name}.git")
+    folder = out_dir / f"{name}-task"
+    task_folder(example / "task", {"repo_url": f"{base_url}/{name}.git", "base_commit": base}, folder)
     archive = out_dir / f"{name}-task.tar.gz"
-    task_archive(example / "task", {"repo_url": f"{base_url}/{name}.git", "base_commit": base}, archive, f"{name}-task")
-    request = {"agent_code": (example / "solve_agent.py").read_text(), "task_url": f"{base_url}/{archive.name}"}
+    task_archive(folder, archive, f"{name}-task")
+    solver = agent(example, "solve")
+    request = {
+        "agent_code": solver.read_text(),
+        "agent_language": LANGUAGES[solver.suffix],
+        "task_url": f"{base_url}/{archive.name}",
+    }
     (out_dir / f"{name}-request.json").write_text(json.dumps(request))
-    return {"archive": archive, "request": request, "base_commit": base}
+    return {"archive": archive, "folder": folder, "request": request, "base_commit": base}
+
+
+LANGUAGES = {".py": "python", ".sh": "bash", ".js": "node"}
+
+
+def agent(example: Path, kind: str) -> Path:
+    """examples/<name>/<kind>_agent.<ext>: kind is solve or noop."""
+    (found,) = [p for p in example.glob(f"{kind}_agent.*") if p.suffix in LANGUAGES]
+    return found
+
+
+def examples() -> list[str]:
+    return sorted(p.parent.parent.name for p in HERE.glob("*/task/workspace.yaml"))
 
 
 def main() -> None:
     if len(sys.argv) < 2:
         sys.exit(__doc__)
     out = Path(sys.argv[2]) if len(sys.argv) > 2 else HERE / "build"
-    for example in sorted(p.parent.parent.name for p in HERE.glob("*/task/workspace.yaml")):
+    for example in examples():
         built = build(example, sys.argv[1].rstrip("/"), out)
         print(
-            f"{example}: {built['archive']} (base {built['base_commit'][:12]}), request body {out / (example + '-request.json')}"
+            f"{example}: task {built['folder']} and {built['archive']} (base {built['base_commit'][:12]}), "
+            f"request body {out / (example + '-request.json')}"
         )
 
 

@@ -11,6 +11,9 @@ import dataclasses
 import os
 from pathlib import Path
 
+import assets
+from assets import Asset
+
 PROJECT_DIR = Path(__file__).resolve().parent.parent
 
 _TRUE = {"1", "true", "yes", "on"}
@@ -46,7 +49,8 @@ class Config:
     monitor_interval_ms: int = 100
     workspace_base: Path = Path("/tmp/sessions")
     sandbox: str = "auto"
-    sandbox_uid: int = 65534
+    sandbox_uid: int = 60000  # the first of the per-evaluation uids (runtime/uids.py)
+    sandbox_uid_count: int = 64
     agent_network: bool = True
     test_network: bool = False
     allow_file_urls: bool = False
@@ -54,6 +58,7 @@ class Config:
     allowed_private_hosts: tuple[str, ...] = ()
     static_assets_root: Path | None = None
     static_assets_config: Path | None = None
+    static_assets: tuple[Asset, ...] = ()  # the executor group, read from STATIC_ASSETS_CONFIG at start
     reap_interval_secs: int = 60
     retention_days: int = 0
     shutdown_grace_secs: int = 30
@@ -146,6 +151,7 @@ _INTS = {
     "MAX_ARCHIVE_MEMBERS": (1, None),
     "MONITOR_INTERVAL_MS": (10, 10000),
     "SANDBOX_UID": (1, 2**32 - 2),
+    "SANDBOX_UID_COUNT": (1, 65536),
     "REAP_INTERVAL_SECS": (1, None),
     "RETENTION_DAYS": (0, None),
     "SHUTDOWN_GRACE_SECS": (0, None),
@@ -194,9 +200,32 @@ def load(environ: dict[str, str] | os._Environ | None = None) -> Config:
         raise ConfigError(f"STATIC_ASSETS_CONFIG: no such file {config.static_assets_config}")
     if config.static_assets_root and not config.static_assets_root.is_dir():
         raise ConfigError(f"STATIC_ASSETS_ROOT: no such folder {config.static_assets_root}")
+    if config.sandbox_uid + config.sandbox_uid_count - 1 > 2**32 - 2:
+        raise ConfigError("SANDBOX_UID_COUNT: SANDBOX_UID + SANDBOX_UID_COUNT - 1 must stay below 4294967295")
+    if config.sandbox_uid_count < config.max_concurrent_evals:
+        raise ConfigError(
+            f"SANDBOX_UID_COUNT: must be at least MAX_CONCURRENT_EVALS ({config.max_concurrent_evals}): "
+            f"each running evaluation needs a uid of its own, got {config.sandbox_uid_count}"
+        )
     if config.static_assets_config and not config.static_assets_root:
         raise ConfigError("STATIC_ASSETS_CONFIG: needs STATIC_ASSETS_ROOT, the base of its paths")
+    if config.static_assets_config:
+        try:
+            executor_assets = assets.load_config_file(config.static_assets_config, config.static_assets_root)
+        except assets.AssetError as exc:
+            raise ConfigError(f"STATIC_ASSETS_CONFIG: {exc}") from None
+        config = dataclasses.replace(config, static_assets=executor_assets)
     return config
+
+
+def close_to_others(folder: Path) -> None:
+    """Mode 0700 on the data folder: commands run as other uids and must not read the SQLite
+    file, the secret key or the sockets in it, whatever mode the files themselves got."""
+    try:
+        if folder.stat().st_uid == os.geteuid():
+            os.chmod(folder, 0o700)
+    except OSError:
+        pass  # not ours to change: the start-up checks warn if the sandbox uid can get in
 
 
 def secret_key(config: Config) -> str:

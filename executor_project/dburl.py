@@ -20,7 +20,13 @@ SQLITE_OPTIONS = {
 
 def sqlite_database(path: Path) -> dict:
     # Persistent connections: opening one (and its PRAGMAs) per request costs more than the query.
-    return {"ENGINE": "django.db.backends.sqlite3", "NAME": str(path), "OPTIONS": SQLITE_OPTIONS, "CONN_MAX_AGE": 600}
+    # The engine is Django's, with write transactions queued on a file lock (backends/sqlite3/base.py).
+    return {
+        "ENGINE": "executor_project.backends.sqlite3",
+        "NAME": str(path),
+        "OPTIONS": SQLITE_OPTIONS,
+        "CONN_MAX_AGE": 600,
+    }
 
 
 def parse_database_url(url: str, default_sqlite: Path) -> dict:

@@ -18,6 +18,7 @@ except config_module.ConfigError as exc:
 
 BASE_DIR = config_module.PROJECT_DIR
 EXECUTOR.data_dir.mkdir(parents=True, exist_ok=True)
+config_module.close_to_others(EXECUTOR.data_dir)  # the database, secret key, sockets: ours only
 
 SECRET_KEY = config_module.secret_key(EXECUTOR)
 DEBUG = False
@@ -31,6 +32,8 @@ INSTALLED_APPS = [
     "django.contrib.messages",
     "django.contrib.staticfiles",
     "rest_framework",
+    "drf_spectacular",
+    "drf_spectacular_sidecar",  # Swagger UI's files, served by us: /api/docs works offline
     "django_prometheus",
     "evaluations",
 ]
@@ -85,6 +88,29 @@ REST_FRAMEWORK = {
     "DEFAULT_PERMISSION_CLASSES": ["evaluations.api.auth.TokenRequired"],
     "EXCEPTION_HANDLER": "evaluations.api.errors.exception_handler",
     "UNAUTHENTICATED_USER": None,
+    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+}
+
+# GET /api/schema and /api/docs (evaluations/api/schema.py describes the routes).
+SPECTACULAR_SETTINGS = {
+    "TITLE": "term-executor",
+    "DESCRIPTION": "Remote evaluation executor: submit agent code and a task archive URL, "
+    "follow the evaluation, read which tests passed. Errors are `{error, detail[, fields]}`.",
+    "SERVE_INCLUDE_SCHEMA": False,
+    "SERVE_AUTHENTICATION": [],  # the document is public, like /health
+    "SWAGGER_UI_DIST": "SIDECAR",
+    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
+    "SWAGGER_UI_SETTINGS": {"validatorUrl": None, "persistAuthorization": True},  # no call to a remote validator
+    "REDOC_DIST": "SIDECAR",
+    "ENUM_NAME_OVERRIDES": {
+        "EvaluationStatusEnum": "evaluations.models.Status",
+        "HealthStatusEnum": ["ok"],
+        "UnhealthyStatusEnum": ["unhealthy"],
+    },
+    "POSTPROCESSING_HOOKS": [
+        "drf_spectacular.hooks.postprocess_schema_enums",
+        "evaluations.api.schema.postprocess",
+    ],
 }
 
 LOGGING = logging_config(EXECUTOR)

@@ -9,6 +9,7 @@ from urllib.parse import urlsplit
 from django.conf import settings
 from rest_framework import serializers
 
+import assets
 from evaluations import languages
 
 ENV_NAME = re.compile(r"^[A-Z_][A-Z0-9_]*$")
@@ -131,14 +132,15 @@ class EvaluateRequestSerializer(serializers.Serializer):
         return value
 
     def validate_static_assets(self, value):
-        if value is None:
+        """Checked against STATIC_ASSETS_ROOT and the executor's group now, and again when it runs."""
+        if not value:
             return value
-        problems = []
-        for name, spec in value.items():
-            if not isinstance(spec, dict) or not isinstance(spec.get("path"), str) or not spec.get("path"):
-                problems.append(f"asset {name!r}: must be an object with a non-empty string 'path'")
-            elif "save_path" in spec and not isinstance(spec["save_path"], str):
-                problems.append(f"asset {name!r}: 'save_path' must be a string")
-        if problems:
-            raise serializers.ValidationError(problems)
+        config = settings.EXECUTOR
+        try:
+            submitted = assets.resolve(
+                value, config.static_assets_root, base_label="STATIC_ASSETS_ROOT", origin="submission"
+            )
+            assets.merge({asset.name: asset for asset in config.static_assets}, submitted)
+        except assets.AssetError as exc:
+            raise serializers.ValidationError(str(exc)) from None
         return value

@@ -1,6 +1,8 @@
 from django.urls import path
+from drf_spectacular.views import SpectacularJSONAPIView, SpectacularSwaggerView
 
-from evaluations.api import views
+from evaluations.api import logs, schema, views  # noqa: F401  (schema documents the views as it loads)
+from evaluations.api.assets import AssetListView
 from evaluations.metrics import metrics_view
 
 urlpatterns = [
@@ -9,5 +11,9 @@ urlpatterns = [
     path("metrics", metrics_view, name="metrics"),
     path("evaluate", views.EvaluateView.as_view(), name="evaluate"),
     path("evaluate/<str:eval_id>", views.EvaluationDetailView.as_view(), name="evaluation-detail"),
+    path("evaluate/<str:eval_id>/logs", logs.EvaluationLogView.as_view(), name="evaluation-logs"),
     path("evaluations", views.EvaluationListView.as_view(), name="evaluation-list"),
+    path("assets", AssetListView.as_view(), name="asset-list"),
+    path("api/schema", SpectacularJSONAPIView.as_view(), name="api-schema"),
+    path("api/docs", SpectacularSwaggerView.as_view(url_name="api-schema"), name="api-docs"),
 ]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
+from assets import AssetView
 from evaluations.models import Evaluation
 from evaluations.pipeline.session import Session
 from evaluations.pipeline.taskspec import TaskSpec
@@ -37,6 +38,7 @@ class Context:
     base_sha: str = ""
     step: str = "queued"
     asset_excludes: list[str] = field(default_factory=list)
+    static_assets: AssetView | None = None  # set by downloading_task (pipeline/static.py)
 
     def limits(self, timeout_secs: float) -> Limits:
         config = self.config

@@ -12,23 +12,36 @@
 from __future__ import annotations
 
 import logging
+import os
 
 from django.db import close_old_connections
 
-from evaluations import lifecycle
+from evaluations import lifecycle, livelog
 from evaluations.models import Evaluation, Status, Step, TestResult
 from evaluations.pipeline.context import WORKER_LOST, Cancelled, Context, StepFailed, WorkerLost
 from evaluations.pipeline.session import Session
 from evaluations.pipeline.steps import STEPS
-from evaluations.runtime import Bubblewrap, NoSandbox, Spawner, command_path, sandbox_uid
+from evaluations.runtime import Bubblewrap, NoSandbox, Spawner, command_path, sandbox_uid, uids
+from executor_project.logs import evaluation_context
 
 logger = logging.getLogger("term_executor.pipeline")
 
 
 def run_pipeline(eval_id: str, config, *, sandbox: str, cancel_event, lost_flag=None) -> None:
+    # Every log line written meanwhile, by any logger or thread of this process, carries the eval_id.
+    with evaluation_context(eval_id):
+        _run(eval_id, config, sandbox=sandbox, cancel_event=cancel_event, lost_flag=lost_flag)
+
+
+def _run(eval_id: str, config, *, sandbox: str, cancel_event, lost_flag) -> None:
     log = logging.LoggerAdapter(logger, {"eval_id": eval_id})
     evaluation = Evaluation.objects.get(id=eval_id)
-    uid = sandbox_uid(config.sandbox_uid)
+    try:
+        lease = _lease_uid(config)  # a uid no other evaluation has (runtime/uids.py)
+    except uids.UidPoolExhausted as exc:
+        lifecycle.finish(eval_id, Status.FAILED, error=f"queued: {exc}")
+        return
+    uid = lease.uid if lease else None
     session = Session.create(config.workspace_base, eval_id, uid)
     # The worker probed bubblewrap once at start; `sandbox` is what it chose.
     runtime = Bubblewrap(uid) if sandbox == "bwrap" else NoSandbox(uid)
@@ -39,6 +52,7 @@ def run_pipeline(eval_id: str, config, *, sandbox: str, cancel_event, lost_flag=
         uid=uid,
         live_log=session.log,
         cancel_event=cancel_event,
+        exclusive_uid=lease is not None,
     )
 
     def cancel_reason() -> str:
@@ -63,6 +77,7 @@ def run_pipeline(eval_id: str, config, *, sandbox: str, cancel_event, lost_flag=
             if not lifecycle.record(eval_id, step=name):
                 log.info("ended elsewhere before %s; stopping", name)
                 return
+            livelog.append_step_marker(session.log, name)
             ctx.check_cancelled()
             step(ctx)
         status, error = _verdict(eval_id)
@@ -79,10 +94,39 @@ def run_pipeline(eval_id: str, config, *, sandbox: str, cancel_event, lost_flag=
         spawner.sweep()
         close_old_connections()
         lifecycle.record(eval_id, step=Step.CLEANUP)
-        if not config.keep_workspaces:
-            session.remove()
+        _keep_log(eval_id, session, config)
+        try:
+            if not config.keep_workspaces:
+                session.remove()
+            elif uid is not None:
+                os.chown(session.root, -1, 0)  # kept for debugging: closed to the uid's next holder
+        finally:
+            if lease is not None:
+                uids.scrub(lease.uid)  # its files in the host's /tmp, /dev/shm..., its SysV IPC
+                lease.release()
         lifecycle.finish(eval_id, status, error=error)
         log.info("finished %s%s", status, f": {error}" if error else "")
+
+
+def _lease_uid(config) -> uids.UidLease | None:
+    """As root, a uid of the pool, scrubbed and held until the evaluation ends; else None."""
+    if sandbox_uid(config.sandbox_uid) is None:
+        return None  # not root: commands run as the service's own uid
+    return uids.acquire(config.sandbox_uid, config.sandbox_uid_count, uids.lock_dir(config.data_dir))
+
+
+def _keep_log(eval_id: str, session: Session, config) -> None:
+    """Store the live log before its folder goes, so /logs offsets carry on after the end (any host)."""
+    cap = 4 * config.max_output_bytes
+    try:
+        with open(session.log, "rb") as handle:
+            data = handle.read(cap + 1)
+    except OSError:
+        return
+    text = data[:cap].decode("utf-8", errors="replace")
+    if len(data) > cap:
+        text += f"\n[... log truncated at {cap} bytes ...]\n"
+    Evaluation.objects.filter(id=eval_id).update(log=text)
 
 
 def _verdict(eval_id: str) -> tuple[str, str]:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import errno
 import os
+import shutil
 import stat
 from collections.abc import Callable
 from pathlib import Path
@@ -166,6 +167,33 @@ def remove_tree_nofollow(path: Path | str) -> None:
         os.rmdir(path)
     except FileNotFoundError:
         pass
+
+
+def copy_tree_nofollow(src: Path | str, dst: Path | str, uid: int | None) -> None:
+    """Copy the folder ``src`` to the new folder ``dst``, owned by ``uid`` (when given).
+
+    Links are copied as links, never followed; FIFOs, sockets and devices are
+    skipped. For a tree no process is changing any more (a swept session):
+    it walks by path. A tree too deep to copy raises ``SafeFSError``.
+    """
+
+    def special(folder: str, names: list[str]) -> set[str]:
+        skipped = set()
+        for name in names:
+            mode = os.lstat(os.path.join(folder, name)).st_mode
+            if not (stat.S_ISDIR(mode) or stat.S_ISREG(mode) or stat.S_ISLNK(mode)):
+                skipped.add(name)
+        return skipped
+
+    try:
+        shutil.copytree(src, dst, symlinks=True, ignore=special)
+        if uid is not None:
+            os.chown(dst, uid, uid, follow_symlinks=False)
+            for folder, dirs, files in os.walk(dst):
+                for name in (*dirs, *files):
+                    os.chown(os.path.join(folder, name), uid, uid, follow_symlinks=False)
+    except (RecursionError, shutil.Error) as exc:
+        raise SafeFSError(f"cannot copy {src}: {str(exc)[:200]}") from None
 
 
 def tree_size(path: Path | str) -> int:

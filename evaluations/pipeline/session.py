@@ -6,16 +6,26 @@ agent/    agent.<ext> and prompt.md, read-only to commands
 home/     HOME of every command; owned by the sandbox uid
 tmp/      /tmp (and TMPDIR) of every command, so it counts against the disk quota
 tests/    test scripts, written by the executor after the agent step
+saved/    root only: HOME as the install step left it, given back to the tests
 log.txt   the live combined log (GET /evaluate/{id}/logs)
+
+The session folder is root's, mode 0710, group = the evaluation's own uid
+(see runtime/uids.py): that uid may pass through to its folders, no other
+unprivileged uid may even look inside, so another evaluation's agent cannot
+read this one's code, tests or repository even without the sandbox.
+Everything the agent may write (repo/, home/, tmp/) is below it; the
+entries the service writes later (agent/, tests/, saved/, log.txt) are
+root's, so a planted link cannot stand where the service writes.
 """
 
 from __future__ import annotations
 
 import os
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 
-from evaluations.pipeline.safefs import remove_tree_nofollow
+from evaluations.pipeline.safefs import copy_tree_nofollow, remove_tree_nofollow
 
 
 @dataclass(frozen=True)
@@ -48,17 +58,25 @@ class Session:
         return self.root / "tests"
 
     @property
+    def saved(self) -> Path:
+        return self.root / "saved"
+
+    @property
     def log(self) -> Path:
         return self.root / "log.txt"
 
     @classmethod
     def create(cls, base: Path, eval_id: str, uid: int | None) -> Session:
         base.mkdir(parents=True, exist_ok=True)
+        _check_ours(base)
         os.chmod(base, 0o711)  # commands may traverse to their own session, never list the others
         session = cls(base / str(eval_id), uid)
         if session.root.is_symlink() or session.root.exists():
             remove_tree_nofollow(session.root)
-        session.root.mkdir(mode=0o711)
+        session.root.mkdir(mode=0o700)
+        if uid is not None:
+            os.chown(session.root, os.geteuid(), uid)
+            os.chmod(session.root, 0o710)  # only the evaluation's uid (as group) may pass
         session.task.mkdir(mode=0o700)
         session.agent.mkdir(mode=0o755)
         for owned in (session.repo, session.home, session.tmp):
@@ -68,8 +86,54 @@ class Session:
         session.log.touch(mode=0o600)
         return session
 
+    def keep_install_home(self) -> None:
+        """After the install step: keep HOME for the tests (root only), give the agent a copy.
+
+        HOME is where Python's user site (``usercustomize``, ``.pth`` files),
+        git's global config and many tools' settings live: an agent writing
+        there could change how the tests behave. Call only once no process
+        of the evaluation is left (after the sweep).
+        """
+        self.saved.mkdir(mode=0o700)
+        with os.scandir(self.home) as entries:
+            if next(entries, None) is None:
+                return  # nothing installed there: the tests get a fresh, empty HOME
+        kept = self.saved / "home"
+        os.rename(self.home, kept)
+        copy_tree_nofollow(kept, self.home, self.uid)
+
+    def restore_install_home(self) -> None:
+        """Before the tests: HOME as the install step left it, whatever the agent did to it."""
+        remove_tree_nofollow(self.home)
+        kept = self.saved / "home"
+        if kept.is_dir() and not kept.is_symlink():
+            os.rename(kept, self.home)
+        else:
+            self._own_dir(self.home)
+
+    def reset_tmp(self) -> None:
+        """Before the tests: an empty /tmp, so nothing the agent left there is found by a test."""
+        remove_tree_nofollow(self.tmp)
+        self._own_dir(self.tmp)
+
+    def _own_dir(self, path: Path) -> None:
+        path.mkdir(mode=0o700)
+        if self.uid is not None:
+            os.chown(path, self.uid, self.uid, follow_symlinks=False)
+
     def remove(self) -> None:
         if self.root.is_symlink():
             self.root.unlink()
         elif self.root.exists():
             remove_tree_nofollow(self.root)
+
+
+def _check_ours(base: Path) -> None:
+    """WORKSPACE_BASE (by default under the world-writable /tmp) must be a real folder of ours:
+    whoever owns it could swap a session folder for a link between our mkdir and chown."""
+    st = os.lstat(base)
+    if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid():
+        raise PermissionError(
+            f"WORKSPACE_BASE {base} is not a folder owned by uid {os.geteuid()} (a link, or made by "
+            "another user): refusing to create sessions in it"
+        )

@@ -8,7 +8,7 @@ import time
 
 from evaluations import languages
 from evaluations.models import Evaluation, TestResult
-from evaluations.pipeline import archive, gitrepo, taskspec, urlguard
+from evaluations.pipeline import archive, gitrepo, static, taskspec, urlguard
 from evaluations.pipeline.context import Cancelled, Context, StepFailed, deadline_in, remaining
 from evaluations.pipeline.safefs import SafeFSError, write_file_nofollow
 from evaluations.runtime.monitor import disk_excess, folder_usage
@@ -53,6 +53,7 @@ def downloading_task(ctx: Context) -> None:
     Evaluation.objects.filter(id=ctx.eval_id).update(
         task_prompt=ctx.task.prompt, original_pr=ctx.task.original_pr or ""
     )
+    static.prepare(ctx)  # the three asset groups checked, merged and staged
 
 
 def git_runner(ctx: Context, network: bool, writable: list):
@@ -121,9 +122,10 @@ def _limit_failure(result: CommandResult, what: str, budget_name: str, budget: f
 def installing_deps(ctx: Context) -> None:
     config = ctx.config
     deadline = deadline_in(config.install_timeout_secs)
-    env = {**ctx.base_env(), **ctx.task.env}
-    for command in ctx.task.install:
-        result = ctx.run(["bash", "-c", command], env=env, timeout_secs=remaining(deadline), network=True)
+    env = {**ctx.base_env(), **static.task_env(ctx)}
+    mounts = static.mounts(ctx)
+    for command, filled in zip(ctx.task.install, static.fill(ctx, ctx.task.install), strict=True):
+        result = ctx.run(["bash", "-c", filled], env=env, timeout_secs=remaining(deadline), network=True, mounts=mounts)
         failure = _limit_failure(
             result, f"install command {command!r}", "INSTALL_TIMEOUT_SECS", config.install_timeout_secs, config
         )
@@ -134,6 +136,10 @@ def installing_deps(ctx: Context) -> None:
                 f"install command {command!r} exited with code {result.exit_code}: {_last_line(result.output)}"
             )
     ctx.spawner.sweep()
+    try:
+        ctx.session.keep_install_home()  # the tests get HOME back as it is now, whatever the agent does
+    except OSError as exc:
+        raise StepFailed(f"could not keep the install step's HOME for the tests: {exc}") from None
 
 
 def running_agent(ctx: Context) -> None:
@@ -147,25 +153,25 @@ def running_agent(ctx: Context) -> None:
         raise StepFailed(f"prompt.md is over {MAX_PROMPT_ARG_BYTES} bytes, too long for --instruction")
     agent_file = ctx.session.agent / f"agent.{language.extension}"
     prompt_file = ctx.session.agent / "prompt.md"
-    agent_file.write_text(evaluation.agent_code)
-    prompt_file.write_text(prompt)
-    os.chmod(agent_file, 0o644)
-    os.chmod(prompt_file, 0o644)
+    # agent/ is root's (no command can plant a link there); written without following one anyway.
+    write_file_nofollow(ctx.session.agent, agent_file.name, evaluation.agent_code.encode(), 0o644)
+    write_file_nofollow(ctx.session.agent, prompt_file.name, prompt.encode(), 0o644)
     env = {
         **ctx.base_env(),
-        **ctx.task.env,
+        **static.task_env(ctx),
         **evaluation.env,
         "TASK_PROMPT": str(prompt_file),
         "REPO_DIR": str(ctx.session.repo),
         "TASK_ID": ctx.eval_id,
     }
+    static.materialise(ctx)  # the agent's own copy of each asset, in repo/<save_path>
     timeout = evaluation.timeout_secs or config.agent_timeout_secs
     result = ctx.run(
         language.argv(str(agent_file), prompt),
         env=env,
         timeout_secs=timeout,
         network=config.agent_network,
-        mounts=[Mount(ctx.session.agent, str(ctx.session.agent), writable=False)],
+        mounts=[Mount(ctx.session.agent, str(ctx.session.agent), writable=False), *static.mounts(ctx)],
     )
     Evaluation.objects.filter(id=ctx.eval_id).update(agent_output=result.output, agent_exit_code=result.exit_code)
     ctx.spawner.sweep()  # the agent's daemons die here, before anything is graded
@@ -197,10 +203,16 @@ def _store_patch(ctx: Context) -> None:
 def running_tests(ctx: Context) -> None:
     config = ctx.config
     session = ctx.session
-    tests = ctx.task.tests
+    tests = static.fill_tests(ctx, ctx.task.tests)
     if not tests:
         raise StepFailed("task defines no tests")
     ctx.spawner.sweep()
+    try:
+        ctx.spawner.scrub()  # without the sandbox: what the agent left in the host's /tmp, /dev/shm
+        session.restore_install_home()  # no usercustomize, .pth or .gitconfig the agent planted
+        session.reset_tmp()
+    except OSError as exc:
+        raise StepFailed(f"could not reset HOME and /tmp for the tests: {exc}") from None
     try:
         for support in ctx.task.support_files:
             write_file_nofollow(session.repo, support.relpath, support.data, support.mode)
@@ -208,8 +220,8 @@ def running_tests(ctx: Context) -> None:
     except (SafeFSError, OSError) as exc:
         raise StepFailed(f"could not write test support files: {exc}") from None
     session.tests.mkdir(mode=0o755, exist_ok=True)
-    env = {**ctx.base_env(), **ctx.task.env}
-    mounts = [Mount(session.tests, str(session.tests), writable=False)]
+    env = {**ctx.base_env(), **static.task_env(ctx)}
+    mounts = [Mount(session.tests, str(session.tests), writable=False), *static.mounts(ctx)]
     deadline = deadline_in(config.test_timeout_secs)
     results = []
     for position, test in enumerate(tests):
@@ -234,12 +246,12 @@ def _run_test(ctx: Context, position: int, test: taskspec.TestSpec, env, mounts,
         row.timed_out = True
         row.output = f"not run: the TEST_TIMEOUT_SECS budget ({ctx.config.test_timeout_secs} s) was spent"
         return row
-    if test.script is not None:
-        script = ctx.session.tests / f"{position:04d}-{test.name}.sh"
-        write_file_nofollow(ctx.session.tests, script.name, test.script.encode(), 0o644)
-        argv = ["bash", str(script)]
-    else:
-        argv = ["bash", "-c", test.command]
+    # A checks.txt command goes in a script too: as `bash -c` argv it would be readable in /proc
+    # by every process on the host (without the sandbox), another evaluation's agent included.
+    script = ctx.session.tests / f"{position:04d}-{test.name}.sh"
+    text = test.script if test.script is not None else test.command + "\n"
+    write_file_nofollow(ctx.session.tests, script.name, text.encode(), 0o644)
+    argv = ["bash", str(script)]
     started = time.monotonic()
     result = ctx.run(argv, env=env, timeout_secs=left, network=ctx.config.test_network, mounts=mounts)
     row.duration_ms = int((time.monotonic() - started) * 1000)

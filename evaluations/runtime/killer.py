@@ -9,6 +9,9 @@ An evaluation's processes are found two ways, and a kill uses both:
    environment, which children inherit; a scan of ``/proc/*/environ`` finds
    them wherever they went (a process that clears its environment is still
    caught by 1).
+3. The uid, when the evaluation has one of its own (``uids.py``): every
+   process whose real, effective or saved uid is it belongs to the
+   evaluation, whatever it did to its environment or its parentage.
 
 A process storm may fork while we kill, so the kill loops until a scan finds
 nothing alive. Zombies reparented to us are reaped here, but never the pid of
@@ -104,8 +107,11 @@ def _foreign_pids() -> set[int]:
     return pids
 
 
-def descendants(exclude: set[int] | None = None) -> list[psutil.Process]:
+def descendants(exclude: set[int] | None = None, *, zombies: bool = False) -> list[psutil.Process]:
     """Every live descendant of this process, minus the subtrees rooted at ``exclude``.
+
+    ``zombies``: include the exited-but-not-waited-for ones too (each still
+    holds a pid and counts against RLIMIT_NPROC).
 
     One pass over /proc builds the parent map (psutil's own ``children`` does
     the same scan, but once per call and per recursion root).
@@ -121,8 +127,18 @@ def descendants(exclude: set[int] | None = None) -> list[psutil.Process]:
             if child.pid in exclude:
                 continue
             stack.append(child.pid)
-            if child.info["status"] != psutil.STATUS_ZOMBIE:
+            if zombies or child.info["status"] != psutil.STATUS_ZOMBIE:
                 found.append(child)
+    return found
+
+
+def owned_by(uid: int) -> list[psutil.Process]:
+    """Every live process whose real, effective or saved uid is ``uid``."""
+    found = []
+    for proc in psutil.process_iter(["uids", "status"]):
+        uids = proc.info["uids"]
+        if uids is not None and uid in uids and proc.info["status"] != psutil.STATUS_ZOMBIE:
+            found.append(proc)
     return found
 
 
@@ -141,9 +157,10 @@ def tagged(eval_id: str) -> list[psutil.Process]:
     return found
 
 
-def kill_all(eval_id: str, process_group: int | None = None) -> int:
+def kill_all(eval_id: str, process_group: int | None = None, *, uid: int | None = None) -> int:
     """SIGKILL the group, then every descendant and tagged process until none is left.
 
+    ``uid``: the evaluation's own uid (never a shared one): its processes go too.
     Returns how many distinct processes were signalled.
     """
     if process_group is not None:
@@ -153,7 +170,8 @@ def kill_all(eval_id: str, process_group: int | None = None) -> int:
     killed: set[int] = set()
     deadline = time.monotonic() + _KILL_BUDGET_SECS
     while True:
-        targets = {p.pid: p for p in (*descendants(), *tagged(eval_id)) if p.pid not in protected}
+        found = [*descendants(), *tagged(eval_id), *(owned_by(uid) if uid is not None else ())]
+        targets = {p.pid: p for p in found if p.pid not in protected}
         if not targets:
             break
         for proc in targets.values():

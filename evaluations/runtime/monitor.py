@@ -7,9 +7,11 @@ callback kills everything.
 
 What is measured, and why:
 
-- Memory and processes: every live descendant of this process. The host is
+- Memory and processes: every descendant of this process. The host is
   a child subreaper, so escapees that ``setsid`` or double-fork are still in
-  this tree. RSS is summed per process, so pages shared between processes
+  this tree. Zombies count as processes (each holds a pid and a slot of
+  RLIMIT_NPROC: a zombie hoarder is a fork bomb the kernel sees); orphaned
+  ones, reparented to us, are reaped before each count. RSS is summed per process, so pages shared between processes
   (the same binary, copy-on-write after fork) count once per process: the
   figure errs towards a kill, never towards a miss.
 - Disk: the blocks actually allocated (``st_blocks * 512``), walked with
@@ -17,6 +19,9 @@ What is measured, and why:
   file counts what it occupies (a few KiB), so it causes no false kill, and
   every byte really written counts, so real usage is not missed. Apparent
   sizes are capped separately, per file, by ``RLIMIT_FSIZE`` (= the quota).
+- Outside the tree and the folder: ``extra_memory`` adds SysV shared memory
+  (``sysvipc.py``), ``extra_disk`` (without the sandbox, with a uid of the
+  evaluation's own) the files the uid left in the host's temporary folders.
 """
 
 from __future__ import annotations
@@ -69,6 +74,8 @@ class Monitor(threading.Thread):
         cancel_event: CancelEvent | None,
         started_at: float,
         on_verdict: Callable[[Verdict], None],
+        extra_disk: Callable[[], int] | None = None,
+        extra_memory: Callable[[], int] | None = None,
     ):
         super().__init__(name="command-monitor", daemon=True)
         self.limits = limits
@@ -76,6 +83,8 @@ class Monitor(threading.Thread):
         self.cancel_event = cancel_event
         self.started_at = started_at
         self.on_verdict = on_verdict
+        self.extra_disk = extra_disk
+        self.extra_memory = extra_memory
         self.verdict: Verdict | None = None
         self.peaks = Peaks()
         self._stopped = threading.Event()
@@ -110,7 +119,10 @@ class Monitor(threading.Thread):
         return None
 
     def _check_tree(self) -> Verdict | None:
+        killer.reap_orphans()
         rss, count = tree_usage()
+        if self.extra_memory is not None:
+            rss += self.extra_memory()
         self.peaks.memory_bytes = max(self.peaks.memory_bytes, rss)
         self.peaks.processes = max(self.peaks.processes, count)
         limits = self.limits
@@ -125,6 +137,8 @@ class Monitor(threading.Thread):
 
     def _check_disk(self) -> Verdict | None:
         used = folder_usage(self.session_dir)
+        if self.extra_disk is not None:
+            used += self.extra_disk()
         self.peaks.disk_bytes = max(self.peaks.disk_bytes, used)
         detail = disk_excess(used, self.limits.disk_quota_bytes)
         return Verdict("disk", detail) if detail else None
@@ -143,11 +157,13 @@ def _mib_up(size: int) -> int:
 
 
 def tree_usage() -> tuple[int, int]:
-    """(summed RSS in bytes, number of processes) of every live descendant."""
+    """(summed RSS in bytes, number of processes) of every descendant, zombies counted."""
     rss = count = 0
-    for proc in killer.descendants():
+    for proc in killer.descendants(zombies=True):
         try:
             rss += proc.memory_info().rss
+        except psutil.ZombieProcess:
+            pass  # no memory, but a process all the same
         except psutil.Error:
             continue  # exited between the scan and now
         count += 1
@@ -163,4 +179,3 @@ def folder_usage(root: Path) -> int:
     from evaluations.pipeline.safefs import tree_size
 
     return tree_size(root)
-

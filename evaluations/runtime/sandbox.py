@@ -1,7 +1,10 @@
 """Runtimes: how a command's argv becomes the argv that is really started.
 
 ``NoSandbox`` starts the command as it is; the spawner still puts it in its
-own session, under rlimits, at lowered priority, as the unprivileged uid.
+own session, under rlimits and ``no_new_privs``, at lowered priority, as the
+evaluation's own unprivileged uid (``uids.py``). What that cannot enforce:
+network isolation (commands share the host's network, loopback included),
+and the host's world-readable files and process list stay visible.
 
 ``Bubblewrap`` wraps it in ``bwrap`` with new pid, ipc, uts, user and (unless
 the step allows network) net namespaces, a root made only of read-only system
@@ -61,6 +64,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+# One-off commands outside an evaluation (the start-up probe without a lease, tests):
+# nobody. Evaluations lease a uid of their own from SANDBOX_UID.. (uids.py).
 DEFAULT_SANDBOX_UID = 65534
 SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 # /dev/shm is RAM the memory monitor cannot see unless mapped: capped like Docker's default.
@@ -76,6 +81,12 @@ _ETC_ALWAYS = (
     "/etc/ld.so.cache",
 )
 _ETC_NETWORK = ("/etc/resolv.conf", "/etc/hosts", "/etc/host.conf", "/etc/gai.conf")
+
+
+NO_SANDBOX_LIMITS = (
+    "network isolation (TEST_NETWORK=off, AGENT_NETWORK=off) cannot be enforced, and commands see "
+    "the host's world-readable files and process list"
+)
 
 
 class SandboxUnavailable(RuntimeError):
@@ -355,7 +366,10 @@ def select_runtime(mode: str, *, uid: int | None = None, bwrap: str = "bwrap", w
     if uid is None:
         uid = sandbox_uid()
     if mode == "none":
-        return NoSandbox(uid)
+        runtime = NoSandbox(uid)
+        runtime.warning = f"SANDBOX=none: {NO_SANDBOX_LIMITS}"
+        log.warning("sandbox: %s", runtime.warning)
+        return runtime
     if mode not in ("auto", "bwrap"):
         raise ValueError(f"sandbox mode must be auto, bwrap or none, got {mode!r}")
     works, detail = probe_bwrap(uid, bwrap, workdir)
@@ -368,7 +382,7 @@ def select_runtime(mode: str, *, uid: int | None = None, bwrap: str = "bwrap", w
             "Fix bubblewrap (user namespaces must be allowed) or set SANDBOX=auto or none."
         )
     runtime = NoSandbox(uid)
-    runtime.warning = f"bubblewrap unavailable, commands run without a sandbox: {detail}"
+    runtime.warning = f"bubblewrap unavailable, commands run without a sandbox ({detail}): {NO_SANDBOX_LIMITS}"
     log.warning("sandbox: %s", runtime.warning)
     return runtime
 

@@ -18,11 +18,15 @@ output capture, sandboxing and killing are written once:
 The host process must be the evaluation's own (one per evaluation): the
 spawner makes it a child subreaper and treats all its children as commands.
 
-RLIMIT_NPROC counts every process of the uid on the machine, and all
-evaluations share the sandbox uid, so it is set to twice ``max_processes``:
-a kernel backstop that stops a fork bomb between two samples, while the
-monitor, which counts this evaluation's tree only, enforces the real limit
-and can name it.
+RLIMIT_NPROC counts every process of the uid on the machine. With a uid of
+the evaluation's own (``exclusive_uid``, see ``uids.py``) those are exactly
+the evaluation's processes, so it is ``max_processes`` plus a small margin:
+the kernel stops a fork bomb between two samples, and the margin lets the
+monitor see the excess and name it. A shared uid (the service not running
+as root) gets twice ``max_processes``, a looser backstop. With its own uid,
+a kill also takes every process of that uid, and (without the sandbox) the
+disk quota also counts what the uid left in the host's shared temporary
+folders, the memory limit its SysV shared memory.
 
 Exit codes: a command killed by signal N reports 128 + N (the shell's and
 bwrap's convention), so both runtimes agree. ``exit_code`` is None when we
@@ -43,7 +47,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from evaluations.runtime import killer
+from evaluations.runtime import killer, sysvipc, uids
 from evaluations.runtime.monitor import CancelEvent, Monitor, Verdict
 from evaluations.runtime.output import OutputCapture, pump
 
@@ -52,7 +56,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-_NPROC_HEADROOM = 2
+_NPROC_HEADROOM = 2  # shared uid: twice the limit
+_NPROC_MARGIN = 16  # own uid: the limit plus this
 _SYSTEM_BIN = "/usr/bin:/bin:/usr/sbin:/sbin"
 
 
@@ -102,6 +107,7 @@ class Spawner:
         uid: int | None,
         live_log: Path | None = None,
         cancel_event: CancelEvent | None = None,
+        exclusive_uid: bool = False,
     ):
         if not eval_id:
             raise ValueError("eval_id must not be empty: it is the tag every process carries")
@@ -113,8 +119,10 @@ class Spawner:
         self.uid = uid
         self.live_log = live_log
         self.cancel_event = cancel_event
+        # True only for a uid leased from the pool (uids.py): no other process may run as it.
+        self.exclusive_uid = exclusive_uid and uid is not None
         killer.become_subreaper()
-        for tool in ("prlimit", "nice"):
+        for tool in ("prlimit", "nice", "setpriv"):
             _tool(tool)  # fail now, not at the first command
 
     def run(
@@ -145,13 +153,14 @@ class Spawner:
             live_log = closing.enter_context(open(self.live_log, "ab", buffering=0)) if self.live_log else None
             capture = OutputCapture(limits.max_output_bytes, live_log)
             started = time.monotonic()
-            proc = self._start([*_limit_prefix(limits), *launch.argv], launch, stdin_data is not None)
+            proc = self._start([*self._limit_prefix(limits), *launch.argv], launch, stdin_data is not None)
             monitor = Monitor(
                 limits=limits,
                 session_dir=self.session_dir,
                 cancel_event=self.cancel_event,
                 started_at=started,
                 on_verdict=lambda verdict: self._kill(proc, verdict),
+                **self._outside_usage(),
             )
             monitor.start()
             try:
@@ -160,7 +169,7 @@ class Spawner:
             finally:
                 monitor.stop()
                 if monitor.verdict is not None or proc.poll() is None:
-                    killer.kill_all(self.eval_id, proc.pid)  # also after an exception in here
+                    killer.kill_all(self.eval_id, proc.pid, uid=self._own_uid)  # also after an exception
                     proc.wait()
                 killer.release(proc.pid)
                 killer.reap_orphans()
@@ -198,19 +207,46 @@ class Spawner:
 
     def _kill(self, proc: subprocess.Popen, verdict: Verdict) -> None:
         log.info("eval %s: killing pid %s: %s", self.eval_id, proc.pid, verdict.detail)
-        killer.kill_all(self.eval_id, proc.pid)
+        killer.kill_all(self.eval_id, proc.pid, uid=self._own_uid)
+
+    @property
+    def _own_uid(self) -> int | None:
+        return self.uid if self.exclusive_uid else None
+
+    def _outside_usage(self) -> dict:
+        """What the monitor adds to the tree and the session folder (see the module notes)."""
+        if self.runtime.isolated:
+            # /tmp is <session>/tmp and /dev/shm a capped tmpfs, both of the sandbox; its
+            # SysV shared memory lives in its own IPC namespace, read there.
+            return {"extra_memory": sysvipc.sandbox_shm_bytes}
+        uid = self._own_uid
+        if uid is None:
+            return {}  # a shared uid: what it owns is not this evaluation's alone
+        return {"extra_disk": lambda: uids.owned_usage(uid), "extra_memory": lambda: sysvipc.owned_shm_bytes(uid)}
+
+    def _limit_prefix(self, limits: Limits) -> list[str]:
+        if self.exclusive_uid:
+            nproc = limits.max_processes + _NPROC_MARGIN
+        else:
+            nproc = limits.max_processes * _NPROC_HEADROOM
+        return _limit_prefix(limits, nproc, no_new_privs=not self.runtime.isolated)
+
+    def scrub(self) -> None:
+        """With its own uid: kill the uid's processes, remove its files in the host's shared
+        temporary folders and its SysV IPC (uids.scrub). Nothing to do with a shared uid."""
+        if self.exclusive_uid:
+            uids.scrub(self.uid)
 
     def sweep(self) -> int:
         """Kill every remaining process of this evaluation; return how many were killed."""
-        count = killer.kill_all(self.eval_id)
+        count = killer.kill_all(self.eval_id, uid=self._own_uid)
         if count:
             log.info("eval %s: swept %s leftover process(es)", self.eval_id, count)
         return count
 
 
-def _limit_prefix(limits: Limits) -> list[str]:
-    nproc = limits.max_processes * _NPROC_HEADROOM
-    return [
+def _limit_prefix(limits: Limits, nproc: int, *, no_new_privs: bool = False) -> list[str]:
+    prefix = [
         _tool("prlimit"),
         f"--fsize={limits.disk_quota_bytes}",  # one file cannot outgrow the whole quota
         f"--nproc={nproc}",  # kernel backstop against fork bombs (per uid, see above)
@@ -221,6 +257,12 @@ def _limit_prefix(limits: Limits) -> list[str]:
         "10",  # below the service and the other evaluations' bookkeeping
         "--",
     ]
+    if no_new_privs:
+        # Without the sandbox: setuid/setgid/file-capability programs (su, crontab, at,
+        # ping...) gain nothing, so the command cannot leave its uid or plant a cron job.
+        # (bwrap sets no_new_privs itself, and a setuid bwrap must keep its bit.)
+        prefix += [_tool("setpriv"), "--no-new-privs", "--"]
+    return prefix
 
 
 @functools.cache

@@ -254,7 +254,7 @@ def test_too_many_zip_members_fails_fast(tmp_path):
             zf.writestr(zipfile.ZipInfo(f"f{i}"), b"")
     started = time.monotonic()
     assert refusal(archive, tmp_path / "out", max_members=10_000).startswith("task archive has more than 10000 members")
-    assert time.monotonic() - started < 0.5
+    assert time.monotonic() - started < 10  # refused while counting, not after reading 100 000 members
 
 
 def test_member_count_at_the_cap_is_fine(tmp_path):

@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import dataclasses
 import threading
+import time
 
 import psutil
 import pytest
 from django.conf import settings
+from django.db import OperationalError
 
 from evaluations import lifecycle
 from evaluations.models import Evaluation, Status
@@ -205,24 +207,25 @@ def test_cancel_during_the_agent_kills_it_fast(tasks, e2e_config, sandbox):
     holder = {}
 
     def cancel_when_running():
-        import time
-
+        # The in-memory test database locks whole tables between threads: retry on "locked".
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
-            row = Evaluation.objects.filter(task_url=url).values("id", "step").first()
-            if row and row["step"] == "running_agent":
+            time.sleep(0.05)
+            try:
+                row = Evaluation.objects.filter(task_url=url).values("id", "step").first()
+                if not row or row["step"] != "running_agent":
+                    continue
                 Evaluation.objects.filter(id=row["id"]).update(
                     cancel_requested=True, cancel_reason="cancelled by DELETE"
                 )
-                holder["at"] = time.monotonic()
-                cancel.set()
-                return
-            time.sleep(0.05)
+            except OperationalError:
+                continue
+            holder["at"] = time.monotonic()
+            cancel.set()
+            return
 
     thread = threading.Thread(target=cancel_when_running)
     thread.start()
-    import time
-
     evaluation = evaluate(url, "import time; time.sleep(120)", config=e2e_config, sandbox=sandbox, cancel=cancel)
     thread.join()
     assert time.monotonic() - holder["at"] < 2

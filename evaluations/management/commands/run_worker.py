@@ -63,6 +63,7 @@ class PostgresListener:
 
 class Command(BaseCommand):
     help = "Run evaluations: claim pending ones and execute each in its own process."
+    requires_system_checks = []  # its start-up warnings are logged (one line each, LOG_FORMAT applies)
 
     def handle(self, *args, **options):
         from evaluations.runtime import become_subreaper, sandbox_uid, select_runtime
@@ -71,7 +72,8 @@ class Command(BaseCommand):
         config.workspace_base.mkdir(parents=True, exist_ok=True)
         os.chmod(config.workspace_base, 0o711)
         try:
-            runtime = select_runtime(config.sandbox, uid=sandbox_uid(config.sandbox_uid), workdir=config.workspace_base)
+            # The probe runs as nobody, outside the uid pool: no evaluation holds it (runtime/uids.py).
+            runtime = select_runtime(config.sandbox, uid=sandbox_uid(), workdir=config.workspace_base)
         except Exception as exc:
             raise CommandError(f"SANDBOX={config.sandbox}: {exc}") from exc
         log_startup_warnings()

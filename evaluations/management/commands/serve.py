@@ -23,6 +23,7 @@ from executor_project.config import PROJECT_DIR
 
 class Command(BaseCommand):
     help = "Run the API (gunicorn) and the evaluation worker together."
+    requires_system_checks = []  # its start-up warnings are logged (one line each, LOG_FORMAT applies)
 
     def handle(self, *args, **options):
         python = sys.executable

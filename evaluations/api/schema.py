@@ -1,0 +1,382 @@
+"""The OpenAPI 3 document (drf-spectacular): every route, field, error code and the auth scheme.
+
+1. The views build their JSON by hand (representation.py), so the shapes are
+   described here with documentation-only serializers, and attached to the
+   views from this module: views.py stays about behaviour.
+2. ``ERROR_CODES`` is the one list of the envelope's stable codes; a test
+   checks that every code the source raises is in it.
+3. /metrics is a plain Django view; a postprocessing hook adds it, and sets
+   the document's version to the service's.
+"""
+
+from __future__ import annotations
+
+from drf_spectacular.extensions import OpenApiAuthenticationExtension
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema, extend_schema_view
+from rest_framework import serializers
+
+from evaluations import languages
+from evaluations.api import assets, logs, views
+from evaluations.api.serializers import MAX_ENV_NAMES
+from evaluations.models import Status, Step, TestKind
+
+# What generators (schemathesis) should produce: the API refuses other schemes and host-less URLs.
+HTTP_URL = r"^https?://[A-Za-z0-9][A-Za-z0-9.-]{0,62}(:[0-9]{1,5})?(/[!-~]*)?$"
+
+ERROR_CODES = {
+    "invalid_request": "a field, header or query parameter is invalid (see `fields`)",
+    "invalid_json": "the body is not UTF-8 JSON",
+    "unauthorized": "the bearer token is missing or wrong",
+    "forbidden": "the request is not allowed",
+    "not_found": "no such evaluation or route",
+    "method_not_allowed": "the route does not take this method",
+    "not_acceptable": "the Accept header asks for something the route cannot give",
+    "unsupported_media_type": "the body's media type is not understood",
+    "already_finished": "the evaluation already ended",
+    "idempotency_conflict": "the Idempotency-Key was used with another body",
+    "payload_too_large": "the body is over the size limit",
+    "throttled": "too many requests",
+    "at_capacity": "pending plus running evaluations reached the limit; retry after Retry-After seconds",
+    "internal_error": "the executor failed; see its log",
+    "unhealthy": "the database is unreachable",
+    "bad_request": "the request could not be understood",
+}
+
+TAG_EVALUATIONS = "evaluations"
+TAG_SERVICE = "service"
+
+
+class BearerTokenScheme(OpenApiAuthenticationExtension):
+    target_class = "evaluations.api.auth.BearerTokenAuthentication"
+    name = "bearerAuth"
+
+    def get_security_definition(self, auto_schema):
+        return {
+            "type": "http",
+            "scheme": "bearer",
+            "description": "One of the comma-separated tokens of AUTH_TOKEN. When AUTH_TOKEN is unset, "
+            'auth is disabled (GET /status says `"auth": "disabled"`).',
+        }
+
+
+# -- shapes ------------------------------------------------------------------
+
+
+class ErrorSerializer(serializers.Serializer):
+    error = serializers.ChoiceField(choices=sorted(ERROR_CODES), help_text="A stable code: " + "; ".join(
+        f"`{code}`: {meaning}" for code, meaning in ERROR_CODES.items()
+    ))  # fmt: skip
+    detail = serializers.CharField(help_text="One human sentence.")
+    fields = serializers.DictField(
+        child=serializers.ListField(child=serializers.CharField()),
+        required=False,
+        help_text="Validation errors: field name to messages.",
+    )
+
+
+class HealthSerializer(serializers.Serializer):
+    status = serializers.ChoiceField(choices=["ok"])
+
+
+class UnhealthySerializer(ErrorSerializer):
+    status = serializers.ChoiceField(choices=["unhealthy"])
+    checks = serializers.DictField(child=serializers.CharField())
+
+
+class StatusSerializer(serializers.Serializer):
+    version = serializers.CharField()
+    uptime_secs = serializers.IntegerField(min_value=0)
+    active_evals = serializers.IntegerField(min_value=0)
+    queued_evals = serializers.IntegerField(min_value=0)
+    total_evals = serializers.IntegerField(min_value=0)
+    passed = serializers.IntegerField(min_value=0)
+    failed = serializers.IntegerField(min_value=0)
+    cancelled = serializers.IntegerField(min_value=0)
+    capacity = serializers.IntegerField(min_value=0)
+    available_slots = serializers.IntegerField(min_value=0)
+    workers = serializers.IntegerField(min_value=0)
+    sandbox = serializers.ChoiceField(choices=["bwrap", "none"])
+    warnings = serializers.ListField(
+        child=serializers.CharField(), help_text="What commands are not kept from here (no sandbox, not root)."
+    )
+    auth = serializers.ChoiceField(choices=["enabled", "disabled"])
+    languages = serializers.ListField(child=serializers.CharField())
+    static_assets = serializers.IntegerField(
+        min_value=0, required=False, help_text="How many executor-level assets GET /assets lists."
+    )
+
+
+class AssetSerializer(serializers.Serializer):
+    name = serializers.CharField()
+    save_path = serializers.CharField()
+    kind = serializers.ChoiceField(choices=["file", "dir"])
+    size_bytes = serializers.IntegerField(allow_null=True, min_value=0, help_text="null if it vanished since start.")
+
+
+class AssetSpecSerializer(serializers.Serializer):
+    path = serializers.CharField(help_text="Relative to STATIC_ASSETS_ROOT.")
+    save_path = serializers.CharField(required=False, help_text="Where it appears in the workspace; default `path`.")
+
+
+class EvaluateRequestSerializer(serializers.Serializer):
+    """POST /evaluate's body (validated by evaluations.api.serializers; a test keeps the two in step)."""
+
+    agent_code = serializers.CharField(help_text="The agent's source; at most MAX_AGENT_CODE_BYTES UTF-8 bytes.")
+    agent_language = serializers.ChoiceField(
+        choices=list(languages.available()),
+        required=False,
+        default="python",
+        help_text="One of GET /status `languages`: the interpreters this host has.",
+    )
+    task_url = serializers.RegexField(
+        HTTP_URL, max_length=2048, help_text="http(s) URL of the task archive (file:// only with ALLOW_FILE_URLS)."
+    )
+    timeout_secs = serializers.IntegerField(
+        required=False, allow_null=True, min_value=1, help_text="Agent timeout, 1 to AGENT_TIMEOUT_SECS."
+    )
+    env = serializers.DictField(
+        child=serializers.CharField(allow_blank=True),
+        required=False,
+        help_text="Agent environment: at most 64 names [A-Z_][A-Z0-9_]*, 64 KiB; reserved names are refused.",
+    )
+    static_assets = serializers.DictField(child=AssetSpecSerializer(), required=False, allow_null=True)
+    callback_url = serializers.RegexField(
+        HTTP_URL, max_length=2048, required=False, allow_blank=True, help_text="POSTed the final evaluation."
+    )
+    metadata = serializers.DictField(required=False, allow_null=True, help_text="At most 4 KiB; echoed back.")
+
+
+class AcceptedSerializer(serializers.Serializer):
+    eval_id = serializers.UUIDField()
+    status = serializers.ChoiceField(choices=Status.choices)
+
+
+class TestResultSerializer(serializers.Serializer):
+    __test__ = False  # not a pytest test class
+
+    name = serializers.CharField()
+    kind = serializers.ChoiceField(choices=TestKind.choices)
+    passed = serializers.BooleanField()
+    exit_code = serializers.IntegerField(allow_null=True)
+    timed_out = serializers.BooleanField()
+    duration_ms = serializers.IntegerField()
+    output = serializers.CharField(allow_blank=True)
+
+
+class TransitionSerializer(serializers.Serializer):
+    step = serializers.ChoiceField(choices=Step.choices)
+    status = serializers.ChoiceField(choices=Status.choices)
+    at = serializers.DateTimeField()
+    duration_ms = serializers.IntegerField(allow_null=True, help_text="Time spent there; null for the latest.")
+
+
+class EvaluationSerializer(serializers.Serializer):
+    eval_id = serializers.UUIDField()
+    status = serializers.ChoiceField(choices=Status.choices)
+    step = serializers.ChoiceField(choices=Step.choices)
+    passed = serializers.BooleanField(allow_null=True, help_text="null until the evaluation ends.")
+    error = serializers.CharField(allow_null=True, help_text="One sentence naming the step and the cause.")
+    duration_ms = serializers.IntegerField(allow_null=True)
+    task_url = serializers.CharField()
+    language = serializers.CharField()
+    metadata = serializers.JSONField(allow_null=True)
+    created_at = serializers.DateTimeField()
+    started_at = serializers.DateTimeField(allow_null=True)
+    finished_at = serializers.DateTimeField(allow_null=True)
+    test_results = TestResultSerializer(many=True)
+    agent_output = serializers.CharField(allow_blank=True)
+    agent_exit_code = serializers.IntegerField(allow_null=True)
+    agent_patch = serializers.CharField(allow_blank=True)
+    test_output = serializers.CharField(allow_blank=True)
+    transitions = TransitionSerializer(many=True)
+    results_sha256 = serializers.CharField(allow_null=True)
+
+
+class EvaluationSummarySerializer(serializers.Serializer):
+    eval_id = serializers.UUIDField()
+    task_url = serializers.CharField()
+    language = serializers.CharField()
+    status = serializers.ChoiceField(choices=Status.choices)
+    passed = serializers.BooleanField(allow_null=True)
+    created_at = serializers.DateTimeField()
+
+
+# -- responses and parameters ---------------------------------------------------
+
+
+def error(description: str, *codes: str) -> OpenApiResponse:
+    listed = ", ".join(f"`{code}`" for code in codes)
+    return OpenApiResponse(ErrorSerializer, description=f"{description} ({listed})")
+
+
+UNAUTHORIZED = error("Missing or bad bearer token", "unauthorized")
+NOT_FOUND = error("No such evaluation", "not_found")
+EVAL_ID = OpenApiParameter("eval_id", OpenApiTypes.UUID, OpenApiParameter.PATH, description="The evaluation's id.")
+
+
+def header(name: str, kind, description: str, codes: list[int]) -> OpenApiParameter:
+    return OpenApiParameter(name, kind, OpenApiParameter.HEADER, required=True, description=description, response=codes)
+
+
+def document_views() -> None:
+    """Attach the descriptions above to the API's views."""
+    extend_schema_view(
+        get=extend_schema(
+            tags=[TAG_SERVICE],
+            summary="Liveness and database check",
+            responses={200: HealthSerializer, 503: OpenApiResponse(UnhealthySerializer, "Database unreachable")},
+        )
+    )(views.HealthView)
+    extend_schema_view(
+        get=extend_schema(
+            tags=[TAG_SERVICE], summary="Counts, capacity, sandbox and auth mode", responses=StatusSerializer
+        )
+    )(views.StatusView)
+    extend_schema_view(
+        post=extend_schema(
+            tags=[TAG_EVALUATIONS],
+            summary="Submit an evaluation",
+            request=EvaluateRequestSerializer,
+            parameters=[
+                OpenApiParameter(
+                    "Idempotency-Key",
+                    str,
+                    OpenApiParameter.HEADER,
+                    description="1 to 200 characters: the same key with the same body returns the first 202.",
+                ),
+                header("Location", str, "/evaluate/{eval_id}", [202]),
+                header(
+                    "Retry-After", {"type": "integer", "minimum": 1}, "Seconds before a slot is likely to free.", [503]
+                ),
+            ],
+            responses={
+                202: AcceptedSerializer,
+                400: error("Invalid body or header", "invalid_request", "invalid_json"),
+                401: UNAUTHORIZED,
+                409: error("Idempotency-Key reused with another body", "idempotency_conflict"),
+                413: error("Body too large", "payload_too_large"),
+                503: error("At capacity", "at_capacity"),
+            },
+        )
+    )(views.EvaluateView)
+    extend_schema_view(
+        get=extend_schema(
+            tags=[TAG_EVALUATIONS],
+            summary="One evaluation",
+            parameters=[EVAL_ID],
+            responses={200: EvaluationSerializer, 401: UNAUTHORIZED, 404: NOT_FOUND},
+        ),
+        delete=extend_schema(
+            tags=[TAG_EVALUATIONS],
+            summary="Cancel an evaluation",
+            description="A pending evaluation is cancelled at once (`status: cancelled`); a running one "
+            "answers `status: running` and ends `cancelled` within 2 s.",
+            parameters=[EVAL_ID],
+            responses={
+                202: AcceptedSerializer,
+                401: UNAUTHORIZED,
+                404: NOT_FOUND,
+                409: error("The evaluation already ended", "already_finished"),
+            },
+        ),
+    )(views.EvaluationDetailView)
+    extend_schema_view(
+        get=extend_schema(
+            tags=[TAG_EVALUATIONS],
+            summary="Tail an evaluation's combined log",
+            description="The live log (each step's `=== step ===` line and every command's output) from byte "
+            "`offset`, at most 1 MiB a call. Ask again from `X-Log-Offset` until `X-Log-Complete` is `true`. "
+            "Once the evaluation ended, the log is rebuilt from the stored agent and test outputs: a "
+            "different document, read from offset 0.",
+            parameters=[
+                EVAL_ID,
+                OpenApiParameter(
+                    "offset", {"type": "integer", "minimum": 0, "maximum": logs.MAX_OFFSET}, description="Default 0."
+                ),
+                header("X-Log-Offset", {"type": "integer", "minimum": 0}, "The offset to ask for next.", [200]),
+                header(
+                    "X-Log-Complete",
+                    {"type": "string", "enum": ["true", "false"]},
+                    "`true` once the evaluation ended and this chunk reaches the end of its log.",
+                    [200],
+                ),
+            ],
+            responses={
+                (200, "text/plain"): OpenApiResponse(OpenApiTypes.STR, description="Log bytes"),
+                400: error("Bad offset", "invalid_request"),
+                401: UNAUTHORIZED,
+                404: NOT_FOUND,
+            },
+        )
+    )(logs.EvaluationLogView)
+    extend_schema_view(
+        get=extend_schema(
+            tags=[TAG_EVALUATIONS],
+            summary="List evaluations, newest first",
+            parameters=[
+                OpenApiParameter("status", str, enum=Status.values, description="Only this status."),
+                OpenApiParameter(
+                    "limit", {"type": "integer", "minimum": 1, "maximum": 1000}, description="Default 100."
+                ),
+                OpenApiParameter("before", OpenApiTypes.UUID, description="The page after this eval_id."),
+                OpenApiParameter(
+                    "Link",
+                    str,
+                    OpenApiParameter.HEADER,
+                    description='RFC 8288 `<...>; rel="next"` when there are more.',
+                    response=[200],
+                ),
+            ],
+            responses={
+                200: EvaluationSummarySerializer(many=True),
+                400: error("Bad query", "invalid_request"),
+                401: UNAUTHORIZED,
+            },
+        )
+    )(views.EvaluationListView)
+    extend_schema_view(
+        get=extend_schema(
+            tags=[TAG_SERVICE],
+            summary="The executor-level static assets",
+            responses={200: AssetSerializer(many=True), 401: UNAUTHORIZED},
+        )
+    )(assets.AssetListView)
+
+
+def _links_from_eval_id() -> dict:
+    """OpenAPI links: the eval_id a response returns feeds the per-evaluation routes (stateful tests use them)."""
+    eval_id = {"eval_id": "$response.body#/eval_id"}
+    return {
+        "GetEvaluation": {"operationId": "evaluate_retrieve", "parameters": eval_id},
+        "CancelEvaluation": {"operationId": "evaluate_destroy", "parameters": eval_id},
+        "TailLog": {"operationId": "evaluate_logs_retrieve", "parameters": eval_id},
+    }
+
+
+def postprocess(result, generator, request, public):
+    """What drf-spectacular cannot say from the serializers: /metrics, links, strict request bodies, the version."""
+    result["info"]["version"] = views.VERSION
+    body = result["components"]["schemas"]["EvaluateRequest"]
+    body["additionalProperties"] = False  # unknown fields are refused
+    body["properties"]["env"]["maxProperties"] = MAX_ENV_NAMES  # (OpenAPI 3.0 has no propertyNames for the rule)
+    body["properties"]["agent_code"]["minLength"] = 1
+    result["paths"]["/evaluate"]["post"]["responses"]["202"]["links"] = _links_from_eval_id()
+    result["paths"]["/metrics"] = {
+        "get": {
+            "operationId": "metrics_retrieve",
+            "summary": "Prometheus metrics",
+            "tags": [TAG_SERVICE],
+            "security": [],
+            "responses": {
+                "200": {
+                    "description": "Prometheus text exposition format.",
+                    "content": {"text/plain": {"schema": {"type": "string"}}},
+                }
+            },
+        }
+    }
+    return result
+
+
+document_views()

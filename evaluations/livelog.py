@@ -1,0 +1,141 @@
+"""The combined log of an evaluation, as GET /evaluate/{id}/logs and the admin show it.
+
+1. While the evaluation runs, the log is the session's ``log.txt``: the
+   pipeline writes a ``=== <step> ===`` line as each step starts and the
+   spawner appends every command's output as it comes (capped per command).
+   The web process reads it from ``WORKSPACE_BASE/<eval_id>/log.txt``, so the
+   API and the worker must share that folder (one host, or a shared volume).
+2. The session folder is removed when the evaluation ends. From then on the
+   log is rebuilt from the row: the agent's and the tests' stored outputs,
+   and the error. It is a different document from the live file (the clone
+   and install outputs are not kept), so a client that tailed the live log
+   reads the final one from offset 0 once ``complete`` turns true.
+3. The file is opened without following links: with SANDBOX=none and a
+   non-root service, commands run as the service's user and could replace
+   ``log.txt`` with a link to a secret.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from dataclasses import dataclass
+from pathlib import Path
+
+from evaluations.models import TERMINAL_STATUSES, Evaluation
+
+LOG_NAME = "log.txt"
+MAX_CHUNK_BYTES = 1024 * 1024  # per response; a client asks again from the returned offset
+
+
+@dataclass(frozen=True)
+class LogChunk:
+    data: bytes
+    next_offset: int
+    complete: bool  # the evaluation has ended and this chunk reaches the end of its log
+
+
+def step_marker(step: str) -> bytes:
+    return f"=== {step} ===\n".encode()
+
+
+def append_step_marker(log_path: Path, step: str) -> None:
+    """Called by the pipeline as a step starts; a missing log (a test's bare session) is no error."""
+    try:
+        fd = os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return
+    try:
+        os.write(fd, step_marker(step))
+    finally:
+        os.close(fd)
+
+
+def _open_session_log(workspace_base: Path, eval_id) -> int | None:
+    """A read fd on the live log, or None when there is no such regular file (links not followed)."""
+    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC
+    try:
+        dir_fd = os.open(Path(workspace_base) / str(eval_id), flags | os.O_DIRECTORY)
+    except OSError:
+        return None
+    try:
+        fd = os.open(LOG_NAME, flags | os.O_NONBLOCK, dir_fd=dir_fd)  # O_NONBLOCK: a planted FIFO cannot hang us
+    except OSError:
+        return None
+    finally:
+        os.close(dir_fd)
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        return None
+    return fd
+
+
+def read_session_log(workspace_base: Path, eval_id, offset: int, limit: int) -> bytes | None:
+    """Up to ``limit`` bytes of the live log from ``offset``; None when there is no log file."""
+    fd = _open_session_log(workspace_base, eval_id)
+    if fd is None:
+        return None
+    try:
+        return os.pread(fd, limit, offset)
+    finally:
+        os.close(fd)
+
+
+def session_log_size(workspace_base: Path, eval_id) -> int | None:
+    fd = _open_session_log(workspace_base, eval_id)
+    if fd is None:
+        return None
+    try:
+        return os.fstat(fd).st_size
+    finally:
+        os.close(fd)
+
+
+def final_log(evaluation: Evaluation) -> str:
+    """The log of an ended evaluation: the stored live log, or one rebuilt from its outputs
+    (an evaluation that never ran a step, or ended before the log was kept)."""
+    if evaluation.log:
+        return evaluation.log
+    parts = []
+    if evaluation.agent_output or evaluation.agent_exit_code is not None:
+        exit_code = "none" if evaluation.agent_exit_code is None else evaluation.agent_exit_code
+        parts.append(f"=== running_agent (exit {exit_code}) ===\n{evaluation.agent_output}")
+    if evaluation.test_output:
+        parts.append(f"=== running_tests ===\n{evaluation.test_output}")
+    if evaluation.error:
+        parts.append(f"=== {evaluation.status} ===\n{evaluation.error}")
+    return "".join(part if part.endswith("\n") else part + "\n" for part in parts)
+
+
+def read_log(evaluation: Evaluation, workspace_base: Path, offset: int, limit: int) -> LogChunk:
+    """The log from ``offset``: the live file while the evaluation runs, the final log once it ended.
+
+    An offset past the end returns nothing and the same offset (a live log may still grow to it).
+    """
+    if evaluation.status not in TERMINAL_STATUSES:
+        data = read_session_log(workspace_base, evaluation.id, offset, limit)
+        if data is not None:
+            return LogChunk(data, offset + len(data), complete=False)
+        # No file: not started yet, on another host, or it ended a moment ago.
+        evaluation.refresh_from_db(fields=["status", "agent_output", "agent_exit_code", "test_output", "error", "log"])
+        if evaluation.status not in TERMINAL_STATUSES:
+            return LogChunk(b"", offset, complete=False)
+    blob = final_log(evaluation).encode("utf-8", errors="replace")
+    data = blob[offset : offset + limit]
+    next_offset = offset + len(data)
+    return LogChunk(data, next_offset, complete=next_offset >= len(blob))
+
+
+def log_tail(evaluation: Evaluation, workspace_base: Path, max_bytes: int) -> tuple[str, int]:
+    """The last ``max_bytes`` of the log as text, and how many bytes come before them.
+
+    A running evaluation whose log file is not on this host shows nothing yet.
+    """
+    if evaluation.status not in TERMINAL_STATUSES:
+        size = session_log_size(workspace_base, evaluation.id)
+        skipped = max(0, (size or 0) - max_bytes)
+        data = read_session_log(workspace_base, evaluation.id, skipped, max_bytes) if size is not None else None
+        return (data or b"").decode("utf-8", errors="replace"), skipped
+    blob = final_log(evaluation).encode("utf-8", errors="replace")
+    skipped = max(0, len(blob) - max_bytes)
+    return blob[skipped:].decode("utf-8", errors="replace"), skipped

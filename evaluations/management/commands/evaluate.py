@@ -1,0 +1,247 @@
+"""`manage.py evaluate TASK AGENT_FILE`: run one evaluation here, as the worker would, and show it.
+
+For task authors: check that the reference agent passes and an empty one
+fails before publishing a task. No server is needed; the configured database
+is (run `manage.py migrate` once), and the evaluation is stored there like
+any other.
+
+1. TASK is a task folder, an archive or a URL (evaluations/localrun.py turns
+   it into a task_url; file:// URLs are allowed for this run only).
+2. The request is checked by the API's own serializer, the sandbox chosen as
+   run_worker chooses it, and the pipeline is the worker's.
+3. Each step is shown as it ends with its duration (on a terminal, a live
+   line shows the current one), then a table of the tests.
+4. Exit status: 0 only if the evaluation passed; 1 if it did not; 2 if it
+   could not start. --json prints the evaluation object on stdout instead.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import json
+import logging
+import shutil
+import signal
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from django.conf import settings
+from django.core.management.base import BaseCommand, CommandError
+from django.db import DatabaseError
+
+from evaluations import localrun
+from evaluations.api.serializers import EvaluateRequestSerializer
+from evaluations.models import Step
+from evaluations.representation import evaluation_json
+
+HIDDEN_STEPS = (Step.QUEUED, Step.DONE)
+SPINNER = "|/-\\"
+
+
+class Progress:
+    """One line per finished step; on a terminal, also a live line for the current one."""
+
+    def __init__(self, out, tty: bool):
+        self.out = out
+        self.tty = tty
+        self.shown = 0  # transitions already printed
+        self.started = time.monotonic()
+        self.step_started: tuple[str, float] | None = None
+        self.spinner = itertools.cycle(SPINNER)
+
+    def update(self, times: list[localrun.StepTime], final: bool = False) -> None:
+        finished = times if final else times[:-1]
+        lines = []
+        for entry in finished[self.shown :]:
+            if entry.step not in HIDDEN_STEPS:
+                lines.append(f"  {entry.step:<18} {_seconds(entry.duration_ms):>9}")
+        self.shown = max(self.shown, len(finished))
+        if lines:
+            self._clear()
+            self.out.write("\n".join(lines) + "\n")
+        if self.tty and not final and times and times[-1].step not in HIDDEN_STEPS:
+            current = times[-1].step
+            if self.step_started is None or self.step_started[0] != current:
+                self.step_started = (current, time.monotonic())
+            elapsed = time.monotonic() - self.step_started[1]
+            self.out.write(f"\r\033[K  {current:<18} {elapsed:>7.1f} s {next(self.spinner)}")
+        self.out.flush()
+
+    def _clear(self) -> None:
+        if self.tty:
+            self.out.write("\r\033[K")
+
+
+def _seconds(ms: int | None) -> str:
+    return "-" if ms is None else f"{ms / 1000:.2f} s"
+
+
+def results_table(evaluation) -> str:
+    rows = [("test", "kind", "result", "exit", "time")]
+    for result in evaluation.test_results.all():
+        verdict = "passed" if result.passed else ("timed out" if result.timed_out else "FAILED")
+        exit_code = "-" if result.exit_code is None else str(result.exit_code)
+        rows.append((result.name, result.kind, verdict, exit_code, _seconds(result.duration_ms)))
+    if len(rows) == 1:
+        return "  (no test ran)\n"
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    return "".join(
+        "  " + "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() + "\n" for row in rows
+    )
+
+
+def verdict_line(evaluation) -> str:
+    results = list(evaluation.test_results.all())
+    passed = sum(r.passed for r in results)
+    took = _seconds(evaluation.duration_ms)
+    if evaluation.passed:
+        return f"PASSED: {passed} of {len(results)} tests passed in {took} (evaluation {evaluation.id})\n"
+    return f"{evaluation.status.upper()}: {evaluation.error} (evaluation {evaluation.id})\n"
+
+
+class Command(BaseCommand):
+    help = (
+        "Run one evaluation on this machine through the worker's pipeline and show it: TASK is a task "
+        "folder, an archive or a URL. Exits 0 only if the evaluation passed. Uses the configured database "
+        "(run `manage.py migrate` first)."
+    )
+    requires_system_checks = []  # the service's checks (AUTH_TOKEN...) say nothing about a local run
+
+    def add_arguments(self, parser):
+        parser.add_argument("task", metavar="TASK", help="task folder, task archive, or http(s)/file URL of one")
+        parser.add_argument("agent_file", metavar="AGENT_FILE", help="the agent's source file")
+        parser.add_argument("--language", help="python, bash or node (default: from AGENT_FILE's extension)")
+        parser.add_argument("--json", action="store_true", help="print the evaluation object (JSON) on stdout")
+        parser.add_argument("--timeout", type=int, metavar="SECS", help="agent timeout (default AGENT_TIMEOUT_SECS)")
+        parser.add_argument(
+            "--env", action="append", default=[], metavar="NAME=VALUE", help="agent environment (repeatable)"
+        )
+        parser.add_argument(
+            "--keep", action="store_true", help="keep the session folder (WORKSPACE_BASE/<eval_id>) to look at"
+        )
+
+    def handle(self, *args, **options):
+        report = self.stderr._out if options["json"] else self.stdout._out
+        if options["verbosity"] < 2:
+            for name in ("term_executor", "evaluations"):  # their INFO lines would break the progress line
+                logging.getLogger(name).setLevel(logging.WARNING)
+        self.check_database()
+        config = dataclasses.replace(
+            settings.EXECUTOR,
+            allow_file_urls=True,
+            keep_workspaces=options["keep"] or settings.EXECUTOR.keep_workspaces,
+        )
+        settings.EXECUTOR = config  # this process runs one evaluation: the serializer sees this run's settings
+        scratch = Path(tempfile.mkdtemp(prefix="te-evaluate-"))
+        try:
+            fields = self.request_fields(options, scratch)
+            sandbox = self.select_sandbox(config)
+            owner = localrun.worker_id()
+            evaluation = localrun.create_claimed(fields, owner)
+            report.write(
+                f"evaluation {evaluation.id}: {fields['task_url']} ({fields['language']}, sandbox {sandbox})\n"
+            )
+            run = localrun.LocalRun(str(evaluation.id), config, sandbox, owner)
+            evaluation = self.run(run, Progress(report, report.isatty()))
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
+        if options["keep"]:
+            report.write(f"session folder kept: {config.workspace_base / str(evaluation.id)}\n")
+        if options["verbosity"] >= 2:
+            report.write(f"--- agent output (exit {evaluation.agent_exit_code}) ---\n{evaluation.agent_output}\n")
+            report.write(f"--- test output ---\n{evaluation.test_output}\n")
+        report.write("\n" + results_table(evaluation))
+        report.write(verdict_line(evaluation))
+        report.flush()
+        if options["json"]:
+            self.stdout.write(json.dumps(evaluation_json(evaluation), indent=2))
+        if not evaluation.passed:
+            sys.exit(1)
+
+    def check_database(self) -> None:
+        try:
+            pending = localrun.unapplied_migrations()
+        except DatabaseError as exc:
+            raise CommandError(f"cannot use the database: {exc}", returncode=2) from exc
+        if pending:
+            raise CommandError(
+                f"the database is not migrated ({len(pending)} migration(s) to apply): "
+                "run `python manage.py migrate` first",
+                returncode=2,
+            )
+
+    def request_fields(self, options, scratch: Path) -> dict:
+        agent_file = Path(options["agent_file"])
+        try:
+            agent_code = agent_file.read_text(encoding="utf-8")
+            language = localrun.language_for(agent_file, options["language"])
+            task_url = localrun.task_url_for(options["task"], scratch)
+        except (OSError, UnicodeDecodeError) as exc:
+            raise CommandError(f"AGENT_FILE {agent_file}: {exc}", returncode=2) from exc
+        except localrun.LocalRunError as exc:
+            raise CommandError(str(exc), returncode=2) from exc
+        env = {}
+        for item in options["env"]:
+            name, sep, value = item.partition("=")
+            if not sep:
+                raise CommandError(f"--env {item}: expected NAME=VALUE", returncode=2)
+            env[name] = value
+        body = {"agent_code": agent_code, "agent_language": language, "task_url": task_url, "env": env}
+        if options["timeout"] is not None:
+            body["timeout_secs"] = options["timeout"]
+        serializer = EvaluateRequestSerializer(data=body)
+        if not serializer.is_valid():
+            problems = "; ".join(f"{name}: {' '.join(map(str, errors))}" for name, errors in serializer.errors.items())
+            raise CommandError(f"the request is invalid: {problems}", returncode=2)
+        data = serializer.validated_data
+        return {
+            "agent_code": data["agent_code"],
+            "language": data["agent_language"],
+            "task_url": data["task_url"],
+            "timeout_secs": data.get("timeout_secs"),
+            "env": data.get("env") or {},
+            "metadata": {
+                "submitted_with": "manage.py evaluate",
+                "task": options["task"],
+                "agent_file": str(agent_file),
+            },
+        }
+
+    def select_sandbox(self, config) -> str:
+        from evaluations.runtime import sandbox_uid, select_runtime
+
+        config.workspace_base.mkdir(parents=True, exist_ok=True)
+        try:
+            # Probe as `nobody`, outside the uid pool, as run_worker does: a pool uid may be scrubbed
+            # by a concurrent evaluation's lease at any moment.
+            runtime = select_runtime(config.sandbox, uid=sandbox_uid(), workdir=config.workspace_base)
+        except Exception as exc:
+            raise CommandError(f"SANDBOX={config.sandbox}: {exc}", returncode=2) from exc
+        return runtime.name
+
+    def run(self, run: localrun.LocalRun, progress: Progress):
+        """Start the pipeline, show its steps until it ends; Ctrl-C or SIGTERM cancels it cleanly."""
+
+        def interrupt(signum, frame):
+            raise KeyboardInterrupt
+
+        previous = signal.signal(signal.SIGTERM, interrupt)
+        interval = 0.1 if progress.tty else 0.25
+        run.start()
+        try:
+            while run.alive:
+                try:
+                    run.watch(time.monotonic())
+                    progress.update(localrun.step_times(run.eval_id))
+                    run.wait(interval)
+                except KeyboardInterrupt:
+                    progress.out.write("\ninterrupted: cancelling (the evaluation's processes are being killed)\n")
+                    run.cancel("interrupted on the command line")
+        finally:
+            signal.signal(signal.SIGTERM, previous)
+        evaluation = run.finish()
+        progress.update(localrun.step_times(run.eval_id), final=True)
+        return evaluation

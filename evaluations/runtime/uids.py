@@ -1,0 +1,178 @@
+"""A uid of its own for every running evaluation (when the service runs as root).
+
+Why: without bubblewrap the uid is the only wall between two evaluations.
+
+1. Signals, ``/proc/<pid>/environ``, ptrace and 0700 folders are guarded by
+   the uid: two agents sharing one could read, write and kill each other's
+   repository, home and processes.
+2. RLIMIT_NPROC counts the processes of a uid: with a uid of its own, an
+   evaluation at its limit (or hoarding zombies) cannot stop another from
+   forking, and the kernel can hold the limit tight.
+3. Whatever the uid owns is the evaluation's: a sweep kills every process of
+   the uid and removes every file it left in the host's shared temporary
+   folders (``/tmp``, ``/dev/shm``, ...) without having to know where.
+
+The pool is ``SANDBOX_UID`` .. ``SANDBOX_UID + SANDBOX_UID_COUNT - 1`` (the
+gid is the same number). A uid is taken by ``flock``-ing its lock file in a
+root-only folder shared by every worker of the host; the kernel drops the
+lock when its holder dies, however it dies. Taking a uid first scrubs it, so
+the strays of a holder that died never meet the next evaluation.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import logging
+import os
+import signal
+import stat
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import psutil
+
+from evaluations.runtime import killer
+from evaluations.runtime.sysvipc import remove_sysv_ipc
+
+log = logging.getLogger(__name__)
+
+# Host folders any uid may write into (mode 1777): without the sandbox, a command's
+# files there are outside its session folder, so they are counted and scrubbed by owner.
+SHARED_TMP_DIRS = ("/tmp", "/var/tmp", "/dev/shm", "/run/lock")
+RUN_LOCK_DIR = Path("/run/term-executor/uids")
+_KILL_BUDGET_SECS = 10.0
+
+
+class UidPoolExhausted(RuntimeError):
+    """Every uid of the pool is held by a running evaluation."""
+
+
+@dataclass
+class UidLease:
+    uid: int
+    _fd: int | None
+
+    def release(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)  # closing drops the flock
+            self._fd = None
+
+    def __enter__(self) -> UidLease:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.release()
+
+
+def lock_dir(data_dir: Path) -> Path:
+    """``/run/term-executor/uids`` (one pool per host), else ``<data_dir>/uid-locks``."""
+    for candidate in (RUN_LOCK_DIR, Path(data_dir) / "uid-locks"):
+        try:
+            _root_only_dir(candidate)
+            return candidate
+        except OSError as exc:
+            log.warning("uid lock folder %s unusable (%s)", candidate, exc)
+    raise RuntimeError("no usable folder for the uid lock files")
+
+
+def _root_only_dir(path: Path) -> None:
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    st = os.lstat(path)
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid():
+        raise PermissionError(errno.EPERM, "not a folder of ours (a link, or owned by another uid)")
+    if stat.S_IMODE(st.st_mode) & 0o022:
+        os.chmod(path, 0o700)
+
+
+def acquire(first: int, count: int, folder: Path) -> UidLease:
+    """Take the lowest free uid of ``first .. first+count-1``, scrubbed; raise if none is free."""
+    if first <= 0:
+        raise ValueError("the uid pool must not contain root")
+    for uid in range(first, first + count):
+        fd = os.open(folder / f"{uid}.lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            continue
+        lease = UidLease(uid, fd)
+        try:
+            scrub(uid)
+        except BaseException:
+            lease.release()
+            raise
+        return lease
+    raise UidPoolExhausted(
+        f"all {count} sandbox uids ({first}..{first + count - 1}) are in use; raise SANDBOX_UID_COUNT"
+    )
+
+
+def scrub(uid: int, shared_dirs: tuple[str, ...] = SHARED_TMP_DIRS) -> None:
+    """Kill every process of ``uid``, then remove its files in the shared folders and its SysV IPC."""
+    kill_owned(uid)
+    for folder in shared_dirs:
+        remove_owned(uid, folder)
+    remove_sysv_ipc(uid)
+
+
+def kill_owned(uid: int) -> int:
+    """SIGKILL every process of ``uid`` until none is left (a fork storm forks while we kill)."""
+    if uid <= 0:
+        raise ValueError("refusing to kill by uid 0")
+    killed: set[int] = set()
+    deadline = time.monotonic() + _KILL_BUDGET_SECS
+    while procs := killer.owned_by(uid):
+        for proc in procs:
+            with contextlib.suppress(psutil.Error):
+                proc.send_signal(signal.SIGKILL)
+                killed.add(proc.pid)
+        killer.reap_orphans()
+        if time.monotonic() > deadline:
+            log.error("uid %s: processes still alive after %ss of killing", uid, _KILL_BUDGET_SECS)
+            break
+        time.sleep(0.002)
+    return len(killed)
+
+
+def remove_owned(uid: int, folder: str) -> int:
+    """Remove the entries of ``folder`` (one level) that ``uid`` owns, links never followed."""
+    from evaluations.pipeline.safefs import remove_tree_nofollow
+
+    removed = 0
+    for entry in _owned_entries(uid, folder):
+        try:
+            remove_tree_nofollow(entry.path)
+            removed += 1
+        except OSError as exc:
+            log.warning("could not remove %s left by uid %s: %s", entry.path, uid, exc)
+    return removed
+
+
+def owned_usage(uid: int, folders: tuple[str, ...] = SHARED_TMP_DIRS) -> int:
+    """Bytes allocated by what ``uid`` owns directly under ``folders`` (for the disk quota)."""
+    from evaluations.runtime.monitor import folder_usage
+
+    total = 0
+    for folder in folders:
+        for entry in _owned_entries(uid, folder):
+            total += folder_usage(Path(entry.path))
+    return total
+
+
+def _owned_entries(uid: int, folder: str) -> list[os.DirEntry]:
+    try:
+        with os.scandir(folder) as it:
+            entries = list(it)
+    except OSError:
+        return []
+    owned = []
+    for entry in entries:
+        try:
+            if entry.stat(follow_symlinks=False).st_uid == uid:
+                owned.append(entry)
+        except OSError:
+            continue
+    return owned

@@ -1,0 +1,138 @@
+"""`manage.py evaluate TASK AGENT_FILE`: one evaluation here, through the worker's pipeline."""
+
+from __future__ import annotations
+
+import json
+import os
+import pty
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from evaluations.runtime.killer import tagged
+from tests.helpers.cli import EvaluateCli
+from tests.helpers.service import PROJECT
+
+pytestmark = pytest.mark.slow
+
+CALC = PROJECT / "examples" / "calc"
+STEPS = ["downloading_task", "cloning_repo", "installing_deps", "running_agent", "running_tests", "cleanup"]
+STEP_LINE = re.compile(r"^  ([a-z_]+) +([0-9]+\.[0-9]{2}) s$", re.M)
+
+
+def test_a_task_folder_and_a_solving_agent_pass_with_every_step_timed(cli, built_examples):
+    done = cli.evaluate(str(built_examples["dir"] / "calc-task"), str(CALC / "solve_agent.py"))
+    assert done.returncode == 0, done.stdout + done.stderr
+    out = done.stdout
+    assert re.match(r"^evaluation [0-9a-f-]{36}: file:///.*task\.tar\.gz \(python, sandbox (bwrap|none)\)\n", out)
+    assert [step for step, _ in STEP_LINE.findall(out)] == STEPS
+    table = out[out.index("  test ") :]
+    assert re.search(r"^  fail_to_pass_add +fail_to_pass +passed +0 ", table, re.M)
+    assert re.search(r"^  check_1 +check +passed +0 ", table, re.M)
+    assert re.search(r"^PASSED: 3 of 3 tests passed in [0-9.]+ s \(evaluation [0-9a-f-]{36}\)$", out, re.M)
+    if os.environ.get("REQUIRE_SANDBOX") == "1":
+        assert "sandbox bwrap" in out
+
+
+def test_an_archive_and_a_non_solving_agent_fail_with_exit_1(cli, built_examples):
+    done = cli.evaluate(str(built_examples["dir"] / "calc-task.tar.gz"), str(CALC / "noop_agent.py"))
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert re.search(r"^  fail_to_pass_add +fail_to_pass +FAILED +1 ", done.stdout, re.M)
+    assert "FAILED: running_tests: 1 of 3 tests failed (fail_to_pass_add)" in done.stdout
+
+
+def test_a_url_with_json_prints_the_evaluation_object(cli, built_examples):
+    url = f"{built_examples['url']}/calc-task.tar.gz"
+    done = cli.evaluate(url, str(CALC / "solve_agent.py"), "--json")
+    assert done.returncode == 0, done.stderr
+    body = json.loads(done.stdout)  # nothing but the object on stdout
+    assert (body["status"], body["step"], body["passed"], body["task_url"]) == ("completed", "done", True, url)
+    assert [r["name"] for r in body["test_results"]] == ["fail_to_pass_add", "pass_to_pass_sub", "check_1"]
+    assert body["metadata"]["submitted_with"] == "manage.py evaluate"
+    assert "+    return a + b" in body["agent_patch"]
+    assert [step for step, _ in STEP_LINE.findall(done.stderr)] == STEPS  # the progress went to stderr
+
+
+def test_on_a_terminal_a_live_line_shows_the_current_step(cli, built_examples, tmp_path):
+    agent = tmp_path / "slow.py"
+    agent.write_text("import time\nfor i in range(10):\n    print(i, flush=True)\n    time.sleep(0.1)\n")
+    leader, follower = pty.openpty()
+    process = subprocess.Popen(
+        [sys.executable, "manage.py", "evaluate", str(built_examples["dir"] / "calc-task"), str(agent)],
+        cwd=PROJECT,
+        env=cli.env,
+        stdout=follower,
+        stderr=(tmp_path / "stderr").open("w"),
+    )
+    os.close(follower)
+    output = b""
+    while True:
+        try:
+            data = os.read(leader, 65536)
+        except OSError:  # EIO: the other end closed
+            break
+        if not data:
+            break
+        output += data
+    os.close(leader)
+    text = output.decode()
+    assert process.wait(timeout=120) == 1, text + (tmp_path / "stderr").read_text()  # the agent solves nothing
+    assert re.search(r"\r\x1b\[K  running_agent +[0-9]+\.[0-9] s [|/\\-]", text), text  # the live line
+    assert re.search(r"\r\x1b\[K  running_agent +[0-9]+\.[0-9]{2} s\r\n", text), text  # replaced by the final one
+
+
+def test_ctrl_c_cancels_the_evaluation_and_kills_its_processes(cli, built_examples, tmp_path):
+    agent = tmp_path / "sleeper.py"
+    agent.write_text(
+        "import subprocess, time\nsubprocess.Popen(['sleep', '300'])\nprint('started', flush=True)\ntime.sleep(300)\n"
+    )
+    process = subprocess.Popen(
+        [sys.executable, "manage.py", "evaluate", str(built_examples["dir"] / "calc-task"), str(agent), "--json"],
+        cwd=PROJECT,
+        env=cli.env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    # Steps print as they end: once installing_deps is printed, the agent is running.
+    seen = ""
+    deadline = time.monotonic() + 90
+    while "installing_deps" not in seen and time.monotonic() < deadline:
+        line = process.stderr.readline()
+        assert line, f"the command ended early: {seen}"
+        seen += line
+    time.sleep(0.5)
+    process.send_signal(signal.SIGINT)
+    stdout, stderr = process.communicate(timeout=60)
+    assert process.returncode == 1, seen + stderr
+    body = json.loads(stdout)
+    assert (body["status"], body["error"]) == ("cancelled", "running_agent: interrupted on the command line")
+    assert "interrupted: cancelling" in stderr
+    assert not tagged(body["eval_id"]), "a process of the evaluation outlived it"
+
+
+def test_it_refuses_to_start_with_a_message_and_exit_2(tmp_path, built_examples):
+    unmigrated = EvaluateCli(tmp_path / "unmigrated")
+    try:
+        done = unmigrated.evaluate(str(built_examples["dir"] / "calc-task"), str(CALC / "solve_agent.py"))
+        assert done.returncode == 2
+        assert "the database is not migrated" in done.stderr and "manage.py migrate" in done.stderr
+        unmigrated.migrate()
+        done = unmigrated.evaluate(str(tmp_path / "nowhere"), str(CALC / "solve_agent.py"))
+        assert done.returncode == 2 and "no such folder or archive, and not a URL" in done.stderr
+        done = unmigrated.evaluate(str(CALC / "task"), str(CALC / "solve_agent.py"))  # the unbuilt template
+        assert done.returncode == 1 and "downloading_task: workspace.yaml" in done.stdout
+        notes = tmp_path / "agent.txt"
+        notes.write_text("hi")
+        done = unmigrated.evaluate(str(built_examples["dir"] / "calc-task"), str(notes))
+        assert done.returncode == 2 and "cannot tell the language of agent.txt" in done.stderr
+        done = unmigrated.evaluate(
+            str(built_examples["dir"] / "calc-task"), str(notes), "--language", "bash", "--timeout", "0"
+        )
+        assert done.returncode == 2 and "timeout_secs" in done.stderr
+    finally:
+        unmigrated.close()

@@ -1,0 +1,61 @@
+"""Run `manage.py evaluate` as a task author does: a subprocess on a migrated database of its own."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from tests.helpers.service import PROJECT, FreshDatabase
+
+
+class EvaluateCli:
+    """A data folder, a fresh database (SQLite, or PostgreSQL when the run uses it) and a workspace."""
+
+    def __init__(self, folder: Path, **env: str):
+        folder.mkdir(parents=True, exist_ok=True)
+        self.database = FreshDatabase(folder)
+        # Session folders where the sandbox uid can reach them (pytest's tmp_path is 0700).
+        self.workspace_base = Path(tempfile.mkdtemp(prefix="te-cli-sessions-", dir="/tmp"))
+        os.chmod(self.workspace_base, 0o711)
+        self.env = {
+            key: value for key, value in os.environ.items() if not key.startswith(("DJANGO_", "PYTEST_", "PROMETHEUS_"))
+        }
+        self.env.update(
+            {
+                "DATA_DIR": str(folder / "data"),
+                "DATABASE_URL": self.database.url,
+                "WORKSPACE_BASE": str(self.workspace_base),
+                "ALLOWED_PRIVATE_HOSTS": "127.0.0.1",
+                "DJANGO_SETTINGS_MODULE": "executor_project.settings",
+                # CI requires the sandbox: then a run without it must fail, not fall back.
+                "SANDBOX": "bwrap" if os.environ.get("REQUIRE_SANDBOX") == "1" else "auto",
+            }
+        )
+        self.env.update(env)
+
+    def manage(self, *args: str, timeout: float = 180, **popen) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [sys.executable, "manage.py", *args],
+            cwd=PROJECT,
+            env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            **popen,
+        )
+
+    def migrate(self) -> EvaluateCli:
+        done = self.manage("migrate", "--noinput")
+        assert done.returncode == 0, done.stderr
+        return self
+
+    def evaluate(self, *args: str, timeout: float = 180) -> subprocess.CompletedProcess:
+        return self.manage("evaluate", *args, timeout=timeout)
+
+    def close(self) -> None:
+        self.database.drop()
+        shutil.rmtree(self.workspace_base, ignore_errors=True)

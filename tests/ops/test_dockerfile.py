@@ -1,0 +1,100 @@
+"""The Dockerfile, read as text (no Docker here): what it copies exists, it runs the README's command."""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+
+import pytest
+
+from tests.helpers.service import PROJECT
+
+DOCKERFILE = (PROJECT / "Dockerfile").read_text()
+README = (PROJECT / "README.md").read_text()
+
+
+def instructions(text: str) -> list[tuple[str, str]]:
+    """(INSTRUCTION, arguments) with continuation lines joined and comments dropped."""
+    logical, current = [], ""
+    for line in text.splitlines():
+        if not current and (not line.strip() or line.lstrip().startswith("#")):
+            continue
+        current += line.rstrip()
+        if current.endswith("\\"):
+            current = current[:-1] + " "
+            continue
+        keyword, _, rest = current.strip().partition(" ")
+        logical.append((keyword.upper(), rest.strip()))
+        current = ""
+    return logical
+
+
+STEPS = instructions(DOCKERFILE)
+
+
+def only(keyword: str) -> str:
+    found = [args for kw, args in STEPS if kw == keyword]
+    assert len(found) == 1, f"expected one {keyword}, found {found}"
+    return found[0]
+
+
+def env() -> dict[str, str]:
+    values = {}
+    for kw, args in STEPS:
+        if kw == "ENV":
+            values.update(item.split("=", 1) for item in shlex.split(args))
+    return values
+
+
+def test_every_copied_path_exists():
+    copies = [args for kw, args in STEPS if kw == "COPY"]
+    assert copies
+    for args in copies:
+        words = [w for w in shlex.split(args) if not w.startswith("--")]
+        for source in words[:-1]:
+            assert (PROJECT / source).exists(), f"COPY {source}: not in the repository"
+    for needed in ("manage.py", "requirements.txt", "bin/", "executor_project/", "evaluations/"):
+        assert any(needed in args.split() for args in copies), f"{needed} is not copied"
+
+
+def readme_command() -> str:
+    """The README's way to run the service: the first command of its first shell block."""
+    block = re.search(r"```bash\n(.*?)```", README, re.S).group(1)
+    return block.splitlines()[0].split("#")[0].strip()
+
+
+def test_the_command_is_the_readmes_under_tini():
+    assert readme_command() == "bin/serve"
+    assert " ".join(json.loads(only("CMD"))) == readme_command()
+    assert json.loads(only("ENTRYPOINT")) == ["/usr/bin/tini", "--"]
+
+
+def test_base_packages_user_healthcheck_and_volumes():
+    assert re.match(r"python:3\.\d+-slim", only("FROM"))
+    installs = " ".join(args for kw, args in STEPS if kw == "RUN" and "apt-get install" in args).split()
+    for package in ("git", "bubblewrap", "nodejs", "tini", "util-linux"):
+        assert package in installs
+    user = only("USER")
+    assert user not in ("root", "0") and re.search(rf"useradd .*\b{user}\b", DOCKERFILE)
+    assert "/health" in only("HEALTHCHECK")
+    values = env()
+    volumes = json.loads(only("VOLUME"))
+    assert {values["DATA_DIR"], values["WORKSPACE_BASE"]} <= set(volumes)
+    assert values["SANDBOX"] == "bwrap"  # no silent fallback to running untrusted code unsandboxed
+    assert only("EXPOSE") == values["PORT"]
+
+
+@pytest.mark.parametrize("flag", ["seccomp=unconfined", "apparmor=unconfined", "systempaths=unconfined"])
+def test_the_readme_documents_the_docker_run_line_and_its_privileges(flag):
+    run_lines = re.findall(r"docker run[^\n]*(?:\\\n[^\n]*)*", README)
+    assert run_lines, "the README has no docker run line"
+    assert any(f"--security-opt {flag}" in line for line in run_lines)
+    assert f"--security-opt {flag}" in DOCKERFILE  # the header says the same
+    assert "--privileged" not in " ".join(run_lines)
+
+
+def test_the_build_context_leaves_local_state_out():
+    ignored = (PROJECT / ".dockerignore").read_text().split()
+    for path in (".venv", "data", ".git", "examples/build"):
+        assert path in ignored

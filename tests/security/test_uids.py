@@ -1,0 +1,98 @@
+"""The per-evaluation uid pool (evaluations/runtime/uids.py), on a range of its own."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import uuid
+
+import psutil
+import pytest
+
+from evaluations.runtime import uids
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="uid switching needs root")
+
+FIRST = 61_000  # away from the service's pool (60000..), so concurrent runs do not meet
+
+
+def test_each_lease_is_a_different_uid_until_released(tmp_path):
+    with uids.acquire(FIRST, 2, tmp_path) as one, uids.acquire(FIRST, 2, tmp_path) as two:
+        assert {one.uid, two.uid} == {FIRST, FIRST + 1}
+        with pytest.raises(uids.UidPoolExhausted, match="all 2 sandbox uids"):
+            uids.acquire(FIRST, 2, tmp_path)
+        one.release()
+        with uids.acquire(FIRST, 2, tmp_path) as again:
+            assert again.uid == FIRST
+
+
+def test_a_dead_holder_frees_its_uid(tmp_path):
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            f"from evaluations.runtime import uids; from pathlib import Path; "
+            f"l = uids.acquire({FIRST}, 1, Path({str(tmp_path)!r})); print('held', flush=True); "
+            "import time; time.sleep(60)",
+        ],  # fmt: skip
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert holder.stdout.readline().strip() == "held"
+    with pytest.raises(uids.UidPoolExhausted):
+        uids.acquire(FIRST, 1, tmp_path)
+    holder.kill()
+    holder.wait()
+    with uids.acquire(FIRST, 1, tmp_path) as lease:
+        assert lease.uid == FIRST
+
+
+def test_taking_a_uid_scrubs_what_a_previous_holder_left(tmp_path):
+    uid = FIRST + 5
+    token = uuid.uuid4().hex[:8]
+    stray = subprocess.Popen(["sleep", "60"], user=uid, group=uid, extra_groups=[], start_new_session=True)
+    leftovers = [f"/tmp/te-scrub-{token}", f"/dev/shm/te-scrub-{token}"]
+    for path in leftovers:
+        os.makedirs(f"{path}/deep")
+        open(f"{path}/deep/file", "w").close()
+        for item in (path, f"{path}/deep", f"{path}/deep/file"):
+            os.chown(item, uid, uid)
+    theirs = f"/tmp/te-scrub-{token}-root"  # not the uid's: left alone
+    open(theirs, "w").close()
+    try:
+        with uids.acquire(uid, 1, tmp_path):
+            stray.wait(timeout=5)
+            assert not any(os.path.exists(p) for p in leftovers)
+            assert os.path.exists(theirs)
+            assert not [p for p in psutil.process_iter(["uids"]) if p.info["uids"] and uid in p.info["uids"]]
+    finally:
+        os.unlink(theirs)
+        if stray.poll() is None:
+            stray.kill()
+        stray.wait()
+
+
+def test_the_lock_folder_is_root_only(tmp_path):
+    folder = uids.lock_dir(tmp_path)
+    st = os.stat(folder)
+    assert st.st_uid == 0 and st.st_mode & 0o077 == 0
+
+
+def test_a_link_planted_as_the_lock_folder_is_refused(tmp_path):
+    target = tmp_path / "elsewhere"
+    target.mkdir()
+    planted = tmp_path / "link"
+    planted.symlink_to(target)
+    with pytest.raises(PermissionError):
+        uids._root_only_dir(planted)
+
+
+def test_the_pool_must_hold_a_uid_per_concurrent_evaluation():
+    from executor_project.config import ConfigError, load
+
+    assert load({"SANDBOX_UID_COUNT": "4", "MAX_CONCURRENT_EVALS": "4"}).sandbox_uid_count == 4
+    with pytest.raises(ConfigError, match="SANDBOX_UID_COUNT: must be at least MAX_CONCURRENT_EVALS"):
+        load({"SANDBOX_UID_COUNT": "3", "MAX_CONCURRENT_EVALS": "4"})
+    with pytest.raises(ConfigError, match="SANDBOX_UID_COUNT"):
+        load({"SANDBOX_UID": str(2**32 - 10), "SANDBOX_UID_COUNT": "64"})
