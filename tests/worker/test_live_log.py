@@ -45,7 +45,6 @@ def test_a_client_tails_the_live_log_while_the_agent_prints(worker_service, task
     service = worker_service(LOG_FORMAT="json")
     eval_id = submit(service, tasks.task(tests={"fail_to_pass_add.sh": SLOW_TEST}), SLOW_AGENT)
     replies = tail(service, eval_id)
-    live = "".join(data for data, complete in replies if not complete)
     whole = "".join(data for data, _complete in replies)
     # Each step's marker, then its commands' output, as it came. A step quicker than one poll
     # (the tests here) may only show up in the final chunk, so markers are checked on the whole.
