@@ -1,0 +1,118 @@
+"""End-to-end: one trivial evaluation's latency, and the throughput of many, against the shell baseline.
+
+Latency: POST, then GET every 50 ms until a terminal status, as a platform
+client would; the baseline is one run of ``baseline.sh``. Runs alternate
+(baseline, executor, baseline, ...) so that a change of load on the machine
+hits both sides alike.
+
+Throughput: N evaluations posted at once to a worker with
+MAX_CONCURRENT_EVALS=c, timed from the first POST to the moment the client
+sees the last one end (``/status`` polled every 0.2 s); the baseline is the
+same N runs of ``baseline.sh`` through ``xargs -P c``.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from bench.common import BASELINE, TERMINAL, Task, get_json, live_service, percentile, run_baseline, submit
+
+POLL_SECS = 0.05
+
+
+def wait_terminal(port: int, eval_id: str, started: float, timeout: float = 120) -> dict:
+    """GET the evaluation on a 50 ms grid counted from ``started`` until it has ended."""
+    tick = 1
+    while True:
+        delay = started + tick * POLL_SECS - time.perf_counter()
+        if delay > 0:
+            time.sleep(delay)
+        tick += 1
+        body = get_json(port, f"/evaluate/{eval_id}")[1]
+        if body["status"] in TERMINAL:
+            return body
+        if time.perf_counter() - started > timeout:
+            raise RuntimeError(f"evaluation {eval_id} did not end within {timeout} s: {body['step']}")
+
+
+def one_evaluation(port: int, task: Task) -> tuple[float, dict]:
+    started = time.perf_counter()
+    eval_id = submit(port, task)
+    body = wait_terminal(port, eval_id, started)
+    elapsed = time.perf_counter() - started
+    if body["status"] != "completed":
+        raise RuntimeError(f"bench evaluation {eval_id} ended {body['status']}: {body['error']}")
+    return elapsed, body
+
+
+def step_times(bodies: list[dict]) -> dict[str, float]:
+    """Median milliseconds each step took (from the stored transitions), for the breakdown."""
+    per_step: dict[str, list[int]] = {}
+    for body in bodies:
+        for transition in body["transitions"]:
+            if transition["duration_ms"] is not None:
+                name = f"{transition['step']}/{transition['status']}"
+                per_step.setdefault(name, []).append(transition["duration_ms"])
+    return {name: percentile(values, 0.5) for name, values in per_step.items()}
+
+
+def latency(root: Path, task: Task, runs: int) -> dict:
+    with live_service(root, "latency", worker=True, MAX_CONCURRENT_EVALS=2) as service:
+        one_evaluation(service.port, task)  # warm: forkserver started, pages cached
+        run_baseline(task)
+        executor, baseline, bodies = [], [], []
+        for _ in range(runs):
+            baseline.append(run_baseline(task))
+            elapsed, body = one_evaluation(service.port, task)
+            executor.append(elapsed)
+            bodies.append(body)
+    return {
+        "runs": runs,
+        "executor_p50": percentile(executor, 0.5),
+        "executor_p95": percentile(executor, 0.95),
+        "baseline_p50": percentile(baseline, 0.5),
+        "baseline_p95": percentile(baseline, 0.95),
+        "steps_ms": step_times(bodies),
+    }
+
+
+def executor_throughput(root: Path, task: Task, count: int, concurrency: int) -> float:
+    """Evaluations per second: `count` posted at once, until the client sees the last one end."""
+    with live_service(
+        root, f"throughput{concurrency}", worker=True, MAX_CONCURRENT_EVALS=concurrency, MAX_QUEUED_EVALS=count
+    ) as service:
+        port = service.port
+        started = time.perf_counter()
+        with ThreadPoolExecutor(8) as pool:
+            ids = list(pool.map(lambda _: submit(port, task), range(count)))
+        while True:
+            status = get_json(port, "/status")[1]
+            if status["passed"] + status["failed"] + status["cancelled"] >= count:
+                break
+            time.sleep(0.2)
+        elapsed = time.perf_counter() - started
+        if status["passed"] != count:
+            failed = get_json(port, f"/evaluate/{ids[0]}")[1]
+            raise RuntimeError(f"{count - status['passed']} bench evaluations did not pass: {failed['error']}")
+    return count / elapsed
+
+
+def baseline_throughput(task: Task, count: int, concurrency: int) -> float:
+    started = time.perf_counter()
+    subprocess.run(
+        ["xargs", "-P", str(concurrency), "-I", "{}", "bash", str(BASELINE), task.url, str(task.agent_file)],
+        input="".join(f"{n}\n" for n in range(count)),
+        text=True,
+        check=True,
+        capture_output=True,
+    )
+    return count / (time.perf_counter() - started)
+
+
+def throughput(root: Path, task: Task, count: int, concurrency: int) -> dict:
+    baseline = baseline_throughput(task, count, concurrency)
+    executor = executor_throughput(root, task, count, concurrency)
+    return {"count": count, "concurrency": concurrency, "executor": executor, "baseline": baseline}

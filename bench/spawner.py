@@ -1,0 +1,94 @@
+"""Per-command cost of the process spawner, against a plain ``subprocess.run``.
+
+    .venv/bin/python -m bench.spawner [RUNS]     # prints JSON
+
+Median wall time of RUNS runs of ``/bin/true`` (output captured): plain
+``subprocess.run``, the same as the unprivileged uid, the bare ``bwrap``
+argv the sandbox builds (what bubblewrap itself costs), then
+``Spawner.run`` with no sandbox and with bubblewrap, and one kill sweep
+(``Spawner.sweep``, run several times per evaluation). Run in a process of
+its own: the spawner makes its host a child subreaper and treats every
+child as a command.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "executor_project.settings")
+
+from evaluations.runtime import Bubblewrap, Limits, NoSandbox, Spawner, probe_bwrap, sandbox_uid  # noqa: E402
+from evaluations.runtime.killer import TAG_VAR  # noqa: E402
+
+LIMITS = Limits(timeout_secs=60, memory_bytes=2**30, disk_quota_bytes=2**30, max_processes=512, max_output_bytes=2**20)
+
+
+def median_ms(call, runs: int) -> float:
+    for _ in range(3):
+        call()  # warm up
+    times = []
+    for _ in range(runs):
+        started = time.perf_counter()
+        call()
+        times.append(time.perf_counter() - started)
+    return statistics.median(times) * 1000
+
+
+def give_to(path: Path, uid: int | None) -> Path:
+    os.chmod(path, 0o711)
+    if uid is not None:
+        os.chown(path, uid, uid)
+    return path
+
+
+def measure(runs: int) -> dict[str, float]:
+    uid = sandbox_uid()
+    owner = {} if uid is None else {"user": uid, "group": uid, "extra_groups": []}
+    env = {"PATH": "/usr/bin:/bin"}
+    figures: dict[str, float] = {}
+    with tempfile.TemporaryDirectory(prefix="te-bench-spawner-", dir="/tmp") as tmp:
+        session = give_to(Path(tmp), uid)
+        figures["plain"] = median_ms(lambda: subprocess.run(["/bin/true"], capture_output=True), runs)
+        figures["plain_uid"] = median_ms(lambda: subprocess.run(["/bin/true"], capture_output=True, **owner), runs)
+        runtimes = [NoSandbox(uid)]
+        if probe_bwrap(uid)[0]:
+            bwrap = Bubblewrap(uid)
+            runtimes.append(bwrap)
+            launch = bwrap.launch(
+                ["/bin/true"],
+                session_dir=session,
+                cwd=session,
+                env={**env, TAG_VAR: "bench"},
+                network=False,
+                writable=[session],
+                mounts=[],
+            )
+            figures["bwrap_bare"] = median_ms(
+                lambda: subprocess.run(launch.argv, env=launch.env, cwd=launch.cwd, capture_output=True, **owner), runs
+            )
+        for runtime in runtimes:
+            spawner = Spawner(eval_id="bench", session_dir=session, runtime=runtime, uid=uid)
+
+            def run(spawner=spawner):
+                result = spawner.run(["/bin/true"], cwd=session, env=env, limits=LIMITS, writable=[session])
+                if result.exit_code != 0:
+                    raise RuntimeError(f"spawner bench command failed: {result}")
+
+            figures[f"spawner_{runtime.name}"] = median_ms(run, runs)
+        # What the pipeline adds around commands: a kill sweep with nothing left to kill
+        # (three scans of /proc: descendants, the tag in every environment, the uid).
+        sweeper = Spawner(eval_id="bench", session_dir=session, runtime=runtimes[-1], uid=uid, exclusive_uid=True)
+        figures["sweep"] = median_ms(sweeper.sweep, runs)
+        figures["processes"] = sum(name.isdigit() for name in os.listdir("/proc"))
+    return figures
+
+
+if __name__ == "__main__":
+    print(json.dumps(measure(int(sys.argv[1]) if len(sys.argv) > 1 else 100)))

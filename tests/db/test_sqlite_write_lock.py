@@ -1,0 +1,104 @@
+"""The SQLite backend queues write transactions on a file lock (executor_project/backends/sqlite3)."""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import threading
+import time
+
+import pytest
+from django.db import OperationalError
+from django.db.utils import ConnectionHandler
+
+from executor_project.dburl import parse_database_url
+
+
+@pytest.fixture
+def connections(tmp_path, django_db_blocker):
+    """A fresh file database (not the test run's); each thread gets its own connection, as in Django."""
+    settings = parse_database_url(f"sqlite:///{tmp_path / 'db.sqlite3'}", tmp_path / "unused")
+    settings["OPTIONS"] = {**settings["OPTIONS"], "timeout": 0.5}
+    handler = ConnectionHandler({"default": settings})
+    with django_db_blocker.unblock():
+        with handler["default"].cursor() as cursor:
+            cursor.execute("CREATE TABLE t (x INTEGER)")
+        yield handler
+        handler.close_all()
+
+
+def begin(connection) -> None:
+    """What transaction.atomic does on SQLite: BEGIN IMMEDIATE under autocommit."""
+    connection.set_autocommit(False, force_begin_transaction_with_broken_autocommit=True)
+
+
+def end(connection, commit: bool = True) -> None:
+    connection.commit() if commit else connection.rollback()
+    connection.set_autocommit(True)
+
+
+def lock_is_free(handler) -> bool:
+    """Whether another process could take <database>.writelock now."""
+    fd = os.open(f"{handler['default'].settings_dict['NAME']}.writelock", os.O_RDWR)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return True
+    except BlockingIOError:
+        return False
+    finally:
+        os.close(fd)
+
+
+def writer_in_thread(handler, started: threading.Event, errors: list) -> threading.Thread:
+    def write():
+        connection = handler["default"]
+        try:
+            begin(connection)
+            started.set()
+            with connection.cursor() as cursor:
+                cursor.execute("INSERT INTO t VALUES (2)")
+            end(connection)
+        except Exception as exc:
+            errors.append(exc)
+        finally:
+            connection.close()
+
+    thread = threading.Thread(target=write)
+    thread.start()
+    return thread
+
+
+@pytest.mark.parametrize("how", ["commit", "rollback", "close"])
+def test_a_writer_waits_for_the_holder_then_goes(connections, how):
+    holder = connections["default"]
+    begin(holder)
+    with holder.cursor() as cursor:
+        cursor.execute("INSERT INTO t VALUES (1)")
+    started, errors = threading.Event(), []
+    thread = writer_in_thread(connections, started, errors)
+    assert not started.wait(0.2), "the second writer began while the first held the lock"
+    assert not lock_is_free(connections)
+    if how == "close":
+        holder.close()
+    else:
+        end(holder, commit=how == "commit")
+    assert started.wait(0.3), "the second writer did not begin once the lock was free"
+    thread.join()
+    assert errors == []
+    with connections["default"].cursor() as cursor:
+        cursor.execute("SELECT x FROM t ORDER BY x")
+        rows = [row[0] for row in cursor.fetchall()]
+    assert rows == ([1, 2] if how == "commit" else [2])
+    assert lock_is_free(connections)
+
+
+def test_waiting_is_bounded_by_the_timeout_option(connections):
+    holder = connections["default"]
+    begin(holder)
+    started, errors = threading.Event(), []
+    began = time.monotonic()
+    writer_in_thread(connections, started, errors).join()
+    assert not started.is_set()
+    assert len(errors) == 1 and isinstance(errors[0], OperationalError) and str(errors[0]) == "database is locked"
+    assert 0.4 < time.monotonic() - began < 3
+    end(holder)
