@@ -89,6 +89,14 @@ def report_latency(table: Table, figures: dict) -> None:
         table.add(
             f"e2e latency {key} (n={n})", ms(executor), ms(baseline), f"{executor / baseline:.2f}x", target, verdict
         )
+    table.add(
+        f"  server side p50 (created_at to finished_at, n={n})",
+        ms(figures["server_p50"]),
+        ms(figures["baseline_p50"]),
+        f"{figures['server_p50'] / figures['baseline_p50']:.2f}x",
+        "",
+        f"+{(figures['server_p50'] - figures['baseline_p50']) * 1000:.0f} ms",
+    )
 
 
 def report_throughput(table: Table, figures: dict) -> None:
@@ -179,7 +187,7 @@ def report_memory(table: Table, figures: dict) -> None:
 
 def main() -> int:
     parser = argparse.ArgumentParser(prog="bench/run", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="fewer runs and shorter loads (about 3 minutes)")
+    parser.add_argument("--quick", action="store_true", help="fewer runs and shorter loads (about a minute)")
     parser.add_argument("--only", default=",".join(SECTIONS), help=f"comma-separated sections of {', '.join(SECTIONS)}")
     parser.add_argument("--json", help="also write every raw figure to this file")
     parser.add_argument("--wait-idle", action="store_true", help="before each section, wait until the CPUs are idle")

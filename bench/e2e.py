@@ -3,7 +3,9 @@
 Latency: POST, then GET every 50 ms until a terminal status, as a platform
 client would; the baseline is one run of ``baseline.sh``. Runs alternate
 (baseline, executor, baseline, ...) so that a change of load on the machine
-hits both sides alike.
+hits both sides alike. The client's figure moves in 50 ms steps (it sees the
+end at its next poll); the row's own ``created_at`` to ``finished_at`` is
+reported beside it.
 
 Throughput: N evaluations posted at once to a worker with
 MAX_CONCURRENT_EVALS=c, timed from the first POST to the moment the client
@@ -16,6 +18,7 @@ from __future__ import annotations
 import subprocess
 import time
 from concurrent.futures import ThreadPoolExecutor
+from datetime import datetime
 from pathlib import Path
 
 from bench.common import BASELINE, TERMINAL, Task, get_json, live_service, percentile, run_baseline, submit
@@ -48,6 +51,10 @@ def one_evaluation(port: int, task: Task) -> tuple[float, dict]:
     return elapsed, body
 
 
+def _seconds(start: str, end: str) -> float:
+    return (datetime.fromisoformat(end) - datetime.fromisoformat(start)).total_seconds()
+
+
 def step_times(bodies: list[dict]) -> dict[str, float]:
     """Median milliseconds each step took (from the stored transitions), for the breakdown."""
     per_step: dict[str, list[int]] = {}
@@ -69,8 +76,10 @@ def latency(root: Path, task: Task, runs: int) -> dict:
             elapsed, body = one_evaluation(service.port, task)
             executor.append(elapsed)
             bodies.append(body)
+    server = [_seconds(body["created_at"], body["finished_at"]) for body in bodies]
     return {
         "runs": runs,
+        "server_p50": percentile(server, 0.5),
         "executor_p50": percentile(executor, 0.5),
         "executor_p95": percentile(executor, 0.95),
         "baseline_p50": percentile(baseline, 0.5),
