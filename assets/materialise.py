@@ -31,6 +31,7 @@ import stat
 from pathlib import Path
 
 from assets.model import Asset, AssetError
+from evaluations.pipeline.safefs import replace_at
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _CHUNK = 1024 * 1024
@@ -172,27 +173,15 @@ class _Copier:
     def copy_file(self, src_fd: int, src_stat: os.stat_result, dir_fd: int, name: str, shown: str) -> None:
         if _kind_at(dir_fd, name) == "folder":
             raise self.fail(f"{shown} is a folder")
-        tmp = f".{name[:200]}.asset-{os.getpid()}-{os.urandom(4).hex()}"
-        out = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=dir_fd)
-        try:
-            try:
-                while chunk := os.read(src_fd, _CHUNK):
-                    self._count(len(chunk))
-                    view = memoryview(chunk)
-                    while view:
-                        view = view[os.write(out, view) :]
-                os.fchmod(out, 0o755 if src_stat.st_mode & 0o111 else 0o644)
-                if self.owner is not None:
-                    os.fchown(out, self.owner, self.owner)
-            finally:
-                os.close(out)
-            os.rename(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
-        except BaseException:
-            try:
-                os.unlink(tmp, dir_fd=dir_fd)
-            except OSError:
-                pass
-            raise
+
+        def fill(out: int) -> None:
+            while chunk := os.read(src_fd, _CHUNK):
+                self._count(len(chunk))
+                view = memoryview(chunk)
+                while view:
+                    view = view[os.write(out, view) :]
+
+        replace_at(dir_fd, name, fill, 0o755 if src_stat.st_mode & 0o111 else 0o644, self.owner)
 
     def copy_tree(self, src_top: int, dst_top: int) -> None:
         """Copy the folder open at ``src_top`` into the one open at ``dst_top`` (closed here).

@@ -107,35 +107,41 @@ def write_file_nofollow(root: Path, relpath: str, data: bytes, mode: int = 0o644
                 raise SafeFSError(f"cannot write {relpath}: it is a folder")
         except FileNotFoundError:
             pass
-        tmp = f".{name[:200]}.tmp-{os.getpid()}-{os.urandom(4).hex()}"
-        fd = os.open(
-            tmp,
-            os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
-            0o600,
-            dir_fd=dir_fd,
-        )
-        try:
-            try:
-                view = memoryview(data)
-                while view:
-                    written = os.write(fd, view)
-                    view = view[written:]
-                os.fchmod(fd, mode & 0o7777)
-            finally:
-                os.close(fd)
-            os.rename(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
-        except BaseException:
-            try:
-                os.unlink(tmp, dir_fd=dir_fd)
-            except OSError:
-                pass
-            raise
+
+        def fill(fd: int) -> None:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view) :]
+
+        replace_at(dir_fd, name, fill, mode & 0o7777)
     except SafeFSError:
         raise
     except OSError as exc:
         raise SafeFSError(f"cannot write {relpath}: {_reason(exc)}") from None
     finally:
         os.close(dir_fd)
+
+
+def replace_at(dir_fd: int, name: str, fill, mode: int, owner: int | None = None) -> None:
+    """Create ``name`` in the folder open at ``dir_fd`` as a new file: written by ``fill(fd)`` under a
+    temporary name, then renamed over whatever is there (a planted link is replaced, never followed)."""
+    tmp = f".{name[:200]}.tmp-{os.getpid()}-{os.urandom(4).hex()}"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=dir_fd)
+    try:
+        try:
+            fill(fd)
+            os.fchmod(fd, mode)
+            if owner is not None:
+                os.fchown(fd, owner, owner)
+        finally:
+            os.close(fd)
+        os.rename(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+    except BaseException:
+        try:
+            os.unlink(tmp, dir_fd=dir_fd)
+        except OSError:
+            pass
+        raise
 
 
 def remove_tree_nofollow(path: Path | str) -> None:
