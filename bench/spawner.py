@@ -90,13 +90,12 @@ def measure(runs: int) -> dict[str, float]:
                     raise RuntimeError(f"spawner bench command failed: {result}")
 
             figures[f"spawner_{runtime.name}"] = median_ms(run, runs)
-        # What the pipeline adds around commands: a kill sweep with nothing left to kill, three
-        # scans of /proc (descendants, the tag in every environment, the evaluation's uid). The
-        # uid scan is timed read-only: with a shared uid (nobody, here) a real sweep by uid
-        # would kill other people's processes.
-        sweeper = Spawner(eval_id=f"bench-sweep-{os.getpid()}", session_dir=session, runtime=runtimes[-1], uid=uid)
-        by_uid = median_ms(lambda: killer.owned_by(uid), runs) if uid is not None else 0.0
-        figures["sweep"] = median_ms(sweeper.sweep, runs) + by_uid
+        # What the pipeline adds around commands: a kill sweep with nothing left to kill, one scan
+        # of /proc (the evaluation's descendants and its own uid's processes). Timed read-only:
+        # here the uid is shared (nobody, or the pool's first uid), and a real sweep by uid would
+        # kill other people's processes.
+        eval_id = f"bench-sweep-{os.getpid()}"
+        figures["sweep"] = median_ms(lambda: killer.evaluation_processes(eval_id, uid=uid), runs)
         figures["processes"] = sum(name.isdigit() for name in os.listdir("/proc"))
     return figures
 

@@ -34,8 +34,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
-import psutil
-
 from evaluations.runtime import killer
 
 if TYPE_CHECKING:
@@ -158,16 +156,8 @@ def _mib_up(size: int) -> int:
 
 def tree_usage() -> tuple[int, int]:
     """(summed RSS in bytes, number of processes) of every descendant, zombies counted."""
-    rss = count = 0
-    for proc in killer.descendants(zombies=True):
-        try:
-            rss += proc.memory_info().rss
-        except psutil.ZombieProcess:
-            pass  # no memory, but a process all the same
-        except psutil.Error:
-            continue  # exited between the scan and now
-        count += 1
-    return rss, count
+    tree = killer.descendants(zombies=True)  # a zombie has no memory, but is a process all the same
+    return sum(proc.rss for proc in tree), len(tree)
 
 
 def folder_usage(root: Path) -> int:

@@ -26,13 +26,10 @@ import errno
 import fcntl
 import logging
 import os
-import signal
 import stat
 import time
 from dataclasses import dataclass
 from pathlib import Path
-
-import psutil
 
 from evaluations.runtime import killer
 from evaluations.runtime.sysvipc import remove_sysv_ipc
@@ -126,9 +123,9 @@ def kill_owned(uid: int) -> int:
     deadline = time.monotonic() + _KILL_BUDGET_SECS
     while procs := killer.owned_by(uid):
         for proc in procs:
-            with contextlib.suppress(psutil.Error):
-                proc.send_signal(signal.SIGKILL)
-                killed.add(proc.pid)
+            with contextlib.suppress(PermissionError):
+                if proc.kill():
+                    killed.add(proc.pid)
         killer.reap_orphans()
         if time.monotonic() > deadline:
             log.error("uid %s: processes still alive after %ss of killing", uid, _KILL_BUDGET_SECS)
