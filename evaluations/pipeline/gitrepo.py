@@ -138,7 +138,10 @@ _CHECKOUT_SCRIPT = f"""
 {_sh_git()} config core.bare false || exit 11
 {_sh_git()} config --remove-section remote.origin || exit 12
 {_sh_git("core.logAllRefUpdates=false")} checkout --quiet --detach "$1" -- || exit 13
-{_sh_git()} repack -a -d -n -q || exit 14
+# Repack only when the clone holds more than what $1 reaches ($2 objects stored, see _stored_objects):
+# a dumb-HTTP pack or a ref ahead of the base brings the future along.
+reached=$({_sh_git()} rev-list --objects --no-object-names "$1" -- | wc -l)
+[ "$reached" -eq "$2" ] || {_sh_git()} repack -a -d -n -q || exit 14
 {_sh_git()} rev-parse --verify --quiet HEAD || exit 15
 """
 _CHECKOUT_STAGES = {
@@ -259,7 +262,7 @@ def clone_at(
         _forget_refs(git_dir)  # before the repack, which then keeps only what HEAD reaches
         result = git.script(
             _CHECKOUT_SCRIPT,
-            [sha],
+            [sha, str(_stored_objects(git_dir / "objects"))],
             stages=_CHECKOUT_STAGES,
             cwd=dest,
             extra_env={**in_git_dir, "GIT_WORK_TREE": str(dest)},
@@ -512,6 +515,22 @@ def _lstat(path: Path) -> os.stat_result | None:
 def _last_sha(output: str) -> str | None:
     shas = [line.strip() for line in output.splitlines() if _SHA_RE.match(line.strip())]
     return shas[-1] if shas else None
+
+
+def _stored_objects(objects: Path) -> int:
+    """How many objects the clone's packs hold (header of each .idx, version 2), or -1 (so the
+    checkout script repacks) when that cannot be told: loose objects, another index version."""
+    total = 0
+    for entry in os.scandir(objects):
+        if _LOOSE_DIR_RE.match(entry.name):
+            return -1
+    for idx in (objects / "pack").glob("*.idx"):
+        with open(idx, "rb") as file:
+            header = file.read(8 + 256 * 4)
+        if len(header) < 8 + 256 * 4 or header[:8] != b"\377tOc\0\0\0\2":
+            return -1
+        total += int.from_bytes(header[-4:], "big")  # the fan-out's last entry: objects in the pack
+    return total
 
 
 def _remove_loose_objects(objects: Path) -> None:

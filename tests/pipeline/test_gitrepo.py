@@ -151,6 +151,51 @@ def test_missing_commit_names_it(history, tmp_path, via, missing):
 # --- clone_at: the future is hidden ----------------------------------------
 
 
+@pytest.mark.parametrize("via", ["file", "http"])
+def test_a_base_at_the_tip_with_a_dangling_future_in_the_pack_keeps_no_future(tmp_path, via):
+    """The repack is skipped only when the clone stores exactly what the base reaches: a dumb
+    HTTP server hands over its whole pack, whatever the refs, so a dangling object comes too."""
+    src = tmp_path / "src"
+    (base,) = make_repo(src, [{"app.py": "VERSION = 1\n", ":message": "base"}])
+    (src / "app.py").write_text("VERSION = 2  # THE FIX\n")
+    git(src, "add", "app.py")
+    future_tree = git(src, "write-tree")
+    future = git(src, "commit-tree", future_tree, "-p", base, "-m", "the fix, never referenced")
+    served = tmp_path / "served" / "repo.git"
+    make_bare(src, served)
+    # Put the dangling commit (and its tree and blob) into the served repository's only pack.
+    objects = f"{future}\n{future_tree}\n{git(src, 'rev-parse', future + ':app.py')}\n"
+    pack = subprocess.run(
+        ["git", "pack-objects", "--quiet", str(served / "objects" / "pack" / "pack")],
+        cwd=src,
+        input=objects,
+        text=True,
+        check=True,
+        capture_output=True,
+    )
+    assert pack.stdout.strip()
+    git(served, "repack", "-a", "-d", "--keep-unreachable", "--quiet")
+    assert git(served, "cat-file", "-t", future) == "commit"
+    with serve_dumb_http(tmp_path / "served") as server:
+        url = served.as_uri() if via == "file" else f"{server.url}/repo.git"
+        dest = tmp_path / "session" / "repo"
+        clone_at(subprocess_runner, repo_url=url, base_commit=base, dest=dest, env=_env(tmp_path), timeout_secs=60)
+    stored = set(git(dest, "cat-file", "--batch-all-objects", "--batch-check=%(objectname)").split())
+    reachable = set(line.split()[0] for line in git(dest, "rev-list", "--objects", base).splitlines())
+    assert stored == reachable
+    assert future not in stored
+
+
+def test_stored_objects_reads_the_pack_index_and_gives_up_on_loose_objects(tmp_path):
+    src = tmp_path / "src"
+    (base,) = make_repo(src, [{"a.txt": "a\n", "b.txt": "b\n", ":message": "base"}])
+    bare = make_bare(src, tmp_path / "repo.git")
+    reachable = len(git(bare, "rev-list", "--objects", base).splitlines())
+    assert gitrepo._stored_objects(bare / "objects") == reachable == 4  # commit, tree, two blobs
+    loose = make_bare(src, tmp_path / "loose.git", loose=True)
+    assert gitrepo._stored_objects(loose / "objects") == -1
+
+
 @pytest.mark.parametrize("via", ["file", "http", "http-loose"])
 def test_future_is_unreachable(history, tmp_path, via):
     dest = _clone(history, tmp_path, via=via)
