@@ -29,6 +29,7 @@ import signal
 import threading
 import time
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import psutil
@@ -115,9 +116,15 @@ class Proc:
 
     pid: int
     ppid: int
-    zombie: bool
+    zombie: bool  # exited or exiting: holds a pid, runs nothing
     start: int  # clock ticks after boot
     rss: int  # bytes; 0 for a zombie
+    exited: bool = False  # a zombie: exit() is over, only the status is left
+
+    def finished(self) -> bool:
+        """Whether exit() is over for this process (a zombie, reaped, or its pid reused)."""
+        now = _stat(self.pid)
+        return now is None or now.start != self.start or now.exited
 
     def kill(self) -> bool:
         """SIGKILL this very process (not a later one that reused its pid); False if it is gone."""
@@ -138,6 +145,7 @@ class Proc:
 
 
 _PAGE = os.sysconf("SC_PAGE_SIZE")
+_PF_EXITING = 0x4  # include/linux/sched.h
 
 
 def _read(path: str) -> bytes | None:
@@ -154,8 +162,11 @@ def _stat(pid: int) -> Proc | None:
         return None
     # "pid (comm) state ppid ...": comm may hold spaces and parentheses, so split after the last ")".
     fields = data[data.rindex(b")") + 2 :].split()
-    state = fields[0]
-    return Proc(pid, int(fields[1]), state in (b"Z", b"X"), int(fields[19]), int(fields[21]) * _PAGE)
+    # Dead: a zombie, or a process already inside exit() (PF_EXITING) that can never run user
+    # code again, e.g. a sandbox's pid 1 whose namespaces the kernel is still tearing down.
+    exited = fields[0] in (b"Z", b"X")
+    dead = exited or bool(int(fields[6]) & _PF_EXITING)
+    return Proc(pid, int(fields[1]), dead, int(fields[19]), int(fields[21]) * _PAGE, exited)
 
 
 def processes() -> list[Proc]:
@@ -275,27 +286,37 @@ def kill_all(eval_id: str, process_group: int | None = None, *, uid: int | None 
     if process_group is not None:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(process_group, signal.SIGKILL)
-    killed: set[int] = set()
+    return kill_until_none(lambda: evaluation_processes(eval_id, uid=uid), f"evaluation {eval_id}")
+
+
+def kill_until_none(find: Callable[[], list[Proc]], what: str) -> int:
+    """SIGKILL what ``find`` returns until it returns nothing (a fork storm forks while we
+    kill), then wait until each killed process is through exit(). Returns how many were killed."""
+    killed: dict[int, Proc] = {}
     refused: set[int] = set()
     deadline = time.monotonic() + _KILL_BUDGET_SECS
-    while targets := [p for p in evaluation_processes(eval_id, uid=uid) if p.pid not in refused]:
+    while targets := [p for p in find() if p.pid not in refused]:
         for proc in targets:
             try:
                 if proc.kill():
-                    killed.add(proc.pid)
+                    killed[proc.pid] = proc
             except PermissionError:
-                log.warning("cannot kill pid %s of evaluation %s: access denied", proc.pid, eval_id)
+                log.warning("cannot kill pid %s of %s: access denied", proc.pid, what)
                 refused.add(proc.pid)
         reap_orphans()
         if time.monotonic() > deadline:
             log.error(
-                "evaluation %s: processes still alive after %ss of killing: %s",
-                eval_id,
+                "%s: processes still alive after %ss of killing: %s",
+                what,
                 _KILL_BUDGET_SECS,
                 sorted(p.pid for p in targets),
             )
             break
         time.sleep(0.002)  # let the kernel turn the killed into zombies
+    # A process inside exit() is dead to the scan, but would still look alive to anyone else
+    # for a moment: what we killed is over before we return.
+    while not all(proc.finished() for proc in killed.values()) and time.monotonic() < deadline:
+        time.sleep(0.001)
     reap_orphans()
     return len(killed)
 

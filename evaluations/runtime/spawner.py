@@ -4,13 +4,16 @@ Every command of every pipeline step goes through ``Spawner.run``, so limits,
 output capture, sandboxing and killing are written once:
 
 1. The runtime (``sandbox.py``) turns the argv into what is really started.
-2. ``prlimit`` sets RLIMIT_FSIZE (= the disk quota), RLIMIT_NPROC and no core
-   files, and ``nice -n 10`` lowers the priority; both exec the next program,
-   so they cost two execs, not two processes, and need no ``preexec_fn``
-   (which is unsafe with threads).
-3. Popen starts it in a new session (its own process group), as the
-   unprivileged uid when we are root, with exactly the caller's environment
-   plus the tag ``TERM_EXECUTOR_EVAL=<eval_id>``.
+2. ``setpriv`` becomes the unprivileged uid (real, effective and saved uid
+   and gid, no supplementary groups) when we are root, ``prlimit`` sets
+   RLIMIT_FSIZE (= the disk quota), RLIMIT_NPROC and no core files, and
+   ``nice -n 10`` lowers the priority; each execs the next program, so they
+   cost execs, not processes, and need no ``preexec_fn`` (unsafe with
+   threads). Switching uid in the exec chain rather than with Popen's
+   ``user=`` lets Popen use vfork instead of copying this process's page
+   tables (CPython forks whenever it must change uid itself).
+3. Popen starts it in a new session (its own process group), with exactly
+   the caller's environment plus the tag ``TERM_EXECUTOR_EVAL=<eval_id>``.
 4. ``output.pump`` reads the merged output as it comes; a ``Monitor`` thread
    enforces time, memory, processes, disk and cancel, and kills everything of
    the evaluation the moment one is crossed.
@@ -188,7 +191,6 @@ class Spawner:
         )
 
     def _start(self, argv: list[str], launch: Launch, with_stdin: bool) -> subprocess.Popen:
-        owner = {} if self.uid is None else {"user": self.uid, "group": self.uid, "extra_groups": []}
         with killer.spawning() as awaiting:
             proc = subprocess.Popen(
                 argv,
@@ -199,7 +201,6 @@ class Spawner:
                 env=launch.env,
                 start_new_session=True,
                 close_fds=True,
-                **owner,
             )
             awaiting(proc.pid)
         log.debug("eval %s: pid %s started: %s", self.eval_id, proc.pid, argv)
@@ -229,7 +230,7 @@ class Spawner:
             nproc = limits.max_processes + _NPROC_MARGIN
         else:
             nproc = limits.max_processes * _NPROC_HEADROOM
-        return _limit_prefix(limits, nproc, no_new_privs=not self.runtime.isolated)
+        return _limit_prefix(limits, nproc, uid=self.uid, no_new_privs=not self.runtime.isolated)
 
     def scrub(self) -> None:
         """With its own uid: kill the uid's processes, remove its files in the host's shared
@@ -245,8 +246,19 @@ class Spawner:
         return count
 
 
-def _limit_prefix(limits: Limits, nproc: int, *, no_new_privs: bool = False) -> list[str]:
-    prefix = [
+def _limit_prefix(limits: Limits, nproc: int, *, uid: int | None = None, no_new_privs: bool = False) -> list[str]:
+    prefix = []
+    if uid is not None or no_new_privs:
+        prefix.append(_tool("setpriv"))
+        if uid is not None:
+            prefix += [f"--reuid={uid}", f"--regid={uid}", "--clear-groups"]
+        if no_new_privs:
+            # Without the sandbox: setuid/setgid/file-capability programs (su, crontab, at,
+            # ping...) gain nothing, so the command cannot leave its uid or plant a cron job.
+            # (bwrap sets no_new_privs itself, and a setuid bwrap must keep its bit.)
+            prefix.append("--no-new-privs")
+        prefix.append("--")
+    prefix += [
         _tool("prlimit"),
         f"--fsize={limits.disk_quota_bytes}",  # one file cannot outgrow the whole quota
         f"--nproc={nproc}",  # kernel backstop against fork bombs (per uid, see above)
@@ -257,11 +269,6 @@ def _limit_prefix(limits: Limits, nproc: int, *, no_new_privs: bool = False) -> 
         "10",  # below the service and the other evaluations' bookkeeping
         "--",
     ]
-    if no_new_privs:
-        # Without the sandbox: setuid/setgid/file-capability programs (su, crontab, at,
-        # ping...) gain nothing, so the command cannot leave its uid or plant a cron job.
-        # (bwrap sets no_new_privs itself, and a setuid bwrap must keep its bit.)
-        prefix += [_tool("setpriv"), "--no-new-privs", "--"]
     return prefix
 
 

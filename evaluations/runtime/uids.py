@@ -21,13 +21,11 @@ the strays of a holder that died never meet the next evaluation.
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import fcntl
 import logging
 import os
 import stat
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -40,7 +38,6 @@ log = logging.getLogger(__name__)
 # files there are outside its session folder, so they are counted and scrubbed by owner.
 SHARED_TMP_DIRS = ("/tmp", "/var/tmp", "/dev/shm", "/run/lock")
 RUN_LOCK_DIR = Path("/run/term-executor/uids")
-_KILL_BUDGET_SECS = 10.0
 
 
 class UidPoolExhausted(RuntimeError):
@@ -119,19 +116,7 @@ def kill_owned(uid: int) -> int:
     """SIGKILL every process of ``uid`` until none is left (a fork storm forks while we kill)."""
     if uid <= 0:
         raise ValueError("refusing to kill by uid 0")
-    killed: set[int] = set()
-    deadline = time.monotonic() + _KILL_BUDGET_SECS
-    while procs := killer.owned_by(uid):
-        for proc in procs:
-            with contextlib.suppress(PermissionError):
-                if proc.kill():
-                    killed.add(proc.pid)
-        killer.reap_orphans()
-        if time.monotonic() > deadline:
-            log.error("uid %s: processes still alive after %ss of killing", uid, _KILL_BUDGET_SECS)
-            break
-        time.sleep(0.002)
-    return len(killed)
+    return killer.kill_until_none(lambda: killer.owned_by(uid), f"uid {uid}")
 
 
 def remove_owned(uid: int, folder: str) -> int:

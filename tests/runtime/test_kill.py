@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+import dataclasses
+import os
+import subprocess
+import sys
 import time
 import uuid
+from pathlib import Path
 
 import psutil
 
+from evaluations.runtime import killer
 from tests.runtime.support import alive_with_cmdline, leftovers, tagged_alive
 
 
@@ -66,14 +72,44 @@ def test_a_background_process_holding_the_pipe_does_not_hold_run(sp):
 
 
 def test_no_zombie_is_left_behind(sp):
-    sp.run("for i in 1 2 3; do (sleep 0.1 &) ; done; setsid sleep 60 & sleep 0.3")
-    sp.spawner.sweep()
+    for _ in range(3):
+        sp.run("for i in 1 2 3; do (sleep 0.1 &) ; done; setsid sleep 60 & sleep 0.3")
+        sp.spawner.sweep()
     time.sleep(0.1)
     zombies = [c for c in psutil.Process().children() if c.status() == psutil.STATUS_ZOMBIE]
-    assert zombies == []
+    # The sweep does not wait for a sandbox's pid 1 still inside exit() (the kernel tearing its
+    # namespaces down): at most the last one is left, and the next reap takes it.
+    assert len(zombies) <= (1 if sp.sandboxed else 0)
+    assert all(z.name() == "bwrap" for z in zombies)
+    assert killer.reap_orphans() == len(zombies)
 
 
 def test_sweep_with_nothing_left_kills_nothing(sp):
     assert sp.run("true").exit_code == 0
     assert _wait_for(lambda: not leftovers(sp.eval_id))  # bwrap's pid 1 may take a moment
     assert sp.spawner.sweep() == 0
+
+
+def test_a_kill_never_hits_a_later_process_that_reused_the_pid():
+    me = killer._stat(os.getpid())
+    stale = dataclasses.replace(me, start=me.start - 1)  # "the process that had this pid before"
+    assert stale.kill() is False  # and we are still here to say so
+    gone = subprocess.Popen(["/bin/true"])
+    gone.wait()
+    assert killer.Proc(gone.pid, os.getpid(), False, 0, 0).kill() is False
+
+
+def test_the_scan_reads_a_process_whose_name_has_spaces_and_parentheses():
+    script = (
+        "import ctypes, time; ctypes.CDLL(None).prctl(15, b'a) b (c', 0, 0, 0); print(1, flush=True); time.sleep(30)"
+    )
+    child = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE)
+    try:
+        child.stdout.readline()
+        proc = next(p for p in killer.processes() if p.pid == child.pid)
+        assert (proc.ppid, proc.zombie) == (os.getpid(), False)
+        assert proc.rss > 1024 * 1024
+        assert Path(f"/proc/{child.pid}/comm").read_text() == "a) b (c\n"
+    finally:
+        child.kill()
+        child.wait()
