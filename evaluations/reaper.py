@@ -20,12 +20,14 @@ from django.utils import timezone
 from evaluations import lifecycle
 from evaluations.models import ACTIVE_STATUSES, Evaluation, PurgedTotals, Status
 from evaluations.pipeline.safefs import remove_tree_nofollow
+from evaluations.pipeline.session import RETIRED_PREFIX
 from evaluations.stats import live_workers
 
 logger = logging.getLogger("term_executor.reaper")
 
 WORKER_LOST = "executor worker lost"
 TTL_EXPIRED = "session TTL expired"
+RETIRED_GRACE_SECS = 60.0
 
 
 @dataclass
@@ -91,11 +93,19 @@ def remove_orphan_folders(workspace_base: Path, *, dry_run: bool = False) -> tup
     except FileNotFoundError:
         return 0, 0
     names = {}
+    retired = []
     for entry in entries:
+        name = entry.name
+        if name.startswith(RETIRED_PREFIX):
+            name = name[len(RETIRED_PREFIX) :]
         try:
-            names[entry.name] = uuid.UUID(entry.name)
+            eval_id = uuid.UUID(name)
         except ValueError:
             continue  # not ours: the reaper only touches folders named by an eval_id
+        if name == entry.name:
+            names[entry.name] = eval_id
+        elif _older_than(entry, RETIRED_GRACE_SECS):  # else its own process may be removing it now
+            retired.append(entry)
     live = set(
         str(i)
         for i in Evaluation.objects.filter(id__in=list(names.values()), status__in=ACTIVE_STATUSES).values_list(
@@ -112,7 +122,18 @@ def remove_orphan_folders(workspace_base: Path, *, dry_run: bool = False) -> tup
         killed += _kill_tagged(names[entry.name])
         if not _remove_entry(entry):
             removed -= 1  # left for the next pass
+    for entry in retired:  # moved away at cleanup (Session.retire), its process died before removing it
+        removed += 1
+        if not dry_run and not _remove_entry(entry):
+            removed -= 1
     return removed, killed
+
+
+def _older_than(entry: os.DirEntry, seconds: float) -> bool:
+    try:
+        return time.time() - entry.stat(follow_symlinks=False).st_ctime > seconds  # a rename sets ctime
+    except OSError:
+        return False
 
 
 def _remove_entry(entry: os.DirEntry, tries: int = 3) -> bool:

@@ -19,7 +19,7 @@ from django.db import close_old_connections
 from evaluations import lifecycle, livelog
 from evaluations.models import Evaluation, Status, Step, TestResult
 from evaluations.pipeline.context import WORKER_LOST, Cancelled, Context, StepFailed, WorkerLost
-from evaluations.pipeline.session import Session
+from evaluations.pipeline.session import Session, remove_retired
 from evaluations.pipeline.steps import STEPS
 from evaluations.runtime import Bubblewrap, NoSandbox, Spawner, command_path, sandbox_uid, uids
 from executor_project.logs import evaluation_context
@@ -95,9 +95,10 @@ def _run(eval_id: str, config, *, sandbox: str, cancel_event, lost_flag) -> None
         close_old_connections()
         lifecycle.record(eval_id, step=Step.CLEANUP)
         _keep_log(eval_id, session, config)
+        retired = None
         try:
             if not config.keep_workspaces:
-                session.remove()
+                retired = session.retire()
             elif uid is not None:
                 os.chown(session.root, -1, 0)  # kept for debugging: closed to the uid's next holder
         finally:
@@ -106,6 +107,11 @@ def _run(eval_id: str, config, *, sandbox: str, cancel_event, lost_flag) -> None
                 lease.release()
         lifecycle.finish(eval_id, status, error=error)
         log.info("finished %s%s", status, f": {error}" if error else "")
+        if retired is not None:
+            try:
+                remove_retired(retired)
+            except OSError as exc:
+                log.warning("could not remove %s (the reaper will): %s", retired, exc)
 
 
 def _lease_uid(config) -> uids.UidLease | None:

@@ -27,6 +27,9 @@ from pathlib import Path
 
 from evaluations.pipeline.safefs import copy_tree_nofollow, remove_tree_nofollow
 
+# A session folder on its way out: WORKSPACE_BASE/.retired-<eval_id> (see Session.retire).
+RETIRED_PREFIX = ".retired-"
+
 
 @dataclass(frozen=True)
 class Session:
@@ -126,6 +129,36 @@ class Session:
             self.root.unlink()
         elif self.root.exists():
             remove_tree_nofollow(self.root)
+
+    def retire(self) -> Path | None:
+        """Take the session folder out of its place at once; return where it went.
+
+        One rename instead of a tree walk (thousands of unlinks and rmdirs, slow on a busy
+        disk), so the final state is not held up: the caller removes the returned folder
+        after writing it (``remove_retired``), and the reaper removes what a dead process
+        left (``RETIRED_PREFIX``). Closed first to every uid but ours: the evaluation's
+        uid goes back to the pool before the folder is gone.
+        """
+        if self.root.is_symlink():
+            self.root.unlink()
+            return None
+        if not self.root.exists():
+            return None
+        if self.uid is not None:
+            os.chown(self.root, -1, 0)
+        os.chmod(self.root, 0o700)
+        retired = self.root.with_name(RETIRED_PREFIX + self.root.name)
+        if retired.is_symlink() or retired.exists():
+            remove_tree_nofollow(retired)
+        os.rename(self.root, retired)
+        return retired
+
+
+def remove_retired(folder: Path) -> None:
+    """Remove a folder ``Session.retire`` moved away (its name starts with RETIRED_PREFIX)."""
+    if not folder.name.startswith(RETIRED_PREFIX):
+        raise ValueError(f"{folder} is not a retired session folder")
+    remove_tree_nofollow(folder)
 
 
 def _check_ours(base: Path) -> None:
