@@ -14,13 +14,16 @@ logger = logging.getLogger("term_executor.api")
 class ApiError(exceptions.APIException):
     """An API failure with a stable code: raise it from a view, the handler renders it."""
 
-    def __init__(self, status_code: int, code: str, detail: str, *, fields=None, headers=None):
+    def __init__(self, status_code: int, code: str, detail: str, *, fields=None, headers=None, logged=False):
         super().__init__(detail=detail, code=code)
         self.status_code = status_code
         self.code = code
         self.sentence = detail
         self.fields = fields
         self.headers = headers or {}
+        # True: the raiser logs this failure its own way, so django.request, which writes an
+        # ERROR line for every 4xx/5xx reply, stays quiet about it.
+        self.logged = logged
 
 
 def envelope(code: str, detail: str, fields: dict | None = None) -> dict:
@@ -70,7 +73,10 @@ def exception_handler(exc, context):
         exc = exceptions.PermissionDenied()
 
     if isinstance(exc, ApiError):
-        return Response(envelope(exc.code, exc.sentence, exc.fields), status=exc.status_code, headers=exc.headers)
+        response = Response(envelope(exc.code, exc.sentence, exc.fields), status=exc.status_code, headers=exc.headers)
+        if exc.logged:
+            response._has_been_logged = True  # what django.utils.log.log_response checks
+        return response
     if isinstance(exc, exceptions.ValidationError):
         fields = _flatten(exc.detail)
         names = ", ".join(sorted(fields))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+import logging
 import os
 import time
 import uuid
@@ -19,9 +20,11 @@ from rest_framework.views import APIView
 
 from evaluations import admission, checks, languages, lifecycle, stats, wakeup
 from evaluations.api.errors import ApiError, envelope
-from evaluations.api.serializers import EvaluateRequestSerializer
+from evaluations.api.serializers import validate_evaluate_request
 from evaluations.models import Evaluation, Status, TestResult, Transition
 from evaluations.representation import evaluation_json, summary_json
+
+logger = logging.getLogger("term_executor.api")
 
 VERSION = "0.1.0"
 STARTED_AT = time.time()
@@ -130,6 +133,27 @@ def _mean_wait_secs(capacity: int) -> int:
     return int(min(60, max(1, mean_ms / 1000 / max(1, capacity))))
 
 
+REFUSAL_LOG_SECS = 60.0
+_refusals = {"count": 0, "logged_at": float("-inf")}
+
+
+def _log_refusal(limit: int) -> None:
+    """One WARNING a minute per process while refusals last, with their count.
+
+    Refusals come in floods (a platform retrying at a full executor): a line for each,
+    as django.request writes for every 503, was a thousand lines a second.
+    """
+    _refusals["count"] += 1
+    now = time.monotonic()
+    if now - _refusals["logged_at"] >= REFUSAL_LOG_SECS:
+        logger.warning(
+            "at capacity (%d evaluations pending or running): refused %d POST /evaluate since the last such line",
+            limit,
+            _refusals["count"],
+        )
+        _refusals.update(count=0, logged_at=now)
+
+
 class EvaluateView(APIView):
     def post(self, request):
         config = settings.EXECUTOR
@@ -141,9 +165,7 @@ class EvaluateView(APIView):
                 f"Idempotency-Key must be 1 to {MAX_IDEMPOTENCY_KEY} characters",
                 fields={"Idempotency-Key": [f"must be 1 to {MAX_IDEMPOTENCY_KEY} characters"]},
             )
-        serializer = EvaluateRequestSerializer(data=request.data)
-        serializer.is_valid(raise_exception=True)
-        data = serializer.validated_data
+        data = validate_evaluate_request(request.data)
         fields = {
             "agent_code": data["agent_code"],
             "language": data["agent_language"],
@@ -164,11 +186,13 @@ class EvaluateView(APIView):
                 data_dir=config.data_dir,
             )
         except admission.AtCapacity:
+            _log_refusal(config.admission_limit)
             raise ApiError(
                 503,
                 "at_capacity",
                 f"the executor is at capacity ({config.admission_limit} evaluations pending or running); retry later",
                 headers={"Retry-After": str(_retry_after_secs(config.max_concurrent_evals))},
+                logged=True,
             ) from None
         except admission.IdempotencyConflict:
             raise ApiError(

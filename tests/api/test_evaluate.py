@@ -143,6 +143,25 @@ def test_admission_refuses_at_capacity_with_retry_after(api, executor_config):
     assert post(api, GOOD).status_code == 202
 
 
+def test_at_capacity_a_replay_still_answers_and_a_slot_freed_is_taken(api, executor_config):
+    """Once full, a process answers from a read without the write lock (admission.py); same answers."""
+    executor_config(max_concurrent_evals=1, max_queued_evals=0)
+    first = post(api, GOOD, HTTP_IDEMPOTENCY_KEY="k-full")
+    assert first.status_code == 202
+    for _ in range(2):  # the second refusal comes from the read without the lock
+        assert_refused(post(api, {**GOOD, "agent_code": "print(2)"}), 503, "at_capacity")
+    again = post(api, GOOD, HTTP_IDEMPOTENCY_KEY="k-full")
+    assert again.status_code == 202 and again.json()["eval_id"] == first.json()["eval_id"]
+    assert_refused(
+        post(api, {**GOOD, "agent_code": "other"}, HTTP_IDEMPOTENCY_KEY="k-full"), 409, "idempotency_conflict"
+    )
+    assert_refused(post(api, GOOD, HTTP_IDEMPOTENCY_KEY="k-new"), 503, "at_capacity")
+    Evaluation.objects.filter(id=first.json()["eval_id"]).update(status=Status.COMPLETED)
+    assert post(api, GOOD, HTTP_IDEMPOTENCY_KEY="k-new").status_code == 202
+    assert_refused(post(api, GOOD), 503, "at_capacity")
+    assert Evaluation.objects.count() == 2
+
+
 def test_unknown_and_malformed_ids_are_404(api):
     assert_refused(api.get(f"/evaluate/{uuid.uuid4()}"), 404, "not_found")
     assert_refused(api.get("/evaluate/not-a-uuid"), 404, "not_found")
