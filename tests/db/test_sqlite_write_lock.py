@@ -102,3 +102,30 @@ def test_waiting_is_bounded_by_the_timeout_option(connections):
     assert len(errors) == 1 and isinstance(errors[0], OperationalError) and str(errors[0]) == "database is locked"
     assert 0.4 < time.monotonic() - began < 3
     end(holder)
+
+
+def test_checkpoints_run_after_the_lock_is_let_go(connections, monkeypatch):
+    """SQLite's own checkpoint (inside the commit, so inside the lock) is only a safety net:
+    the connection copies the log into the database every CHECKPOINT_EVERY commits, once
+    the next writer may already go."""
+    from executor_project.backends.sqlite3 import base
+
+    connection = connections["default"]
+    lock_free_at_checkpoint = []
+    real_checkpoint = base.DatabaseWrapper._checkpoint
+
+    def watched(self):
+        lock_free_at_checkpoint.append(lock_is_free(connections))
+        real_checkpoint(self)
+
+    monkeypatch.setattr(base.DatabaseWrapper, "_checkpoint", watched)
+    for n in range(2 * base.CHECKPOINT_EVERY):
+        begin(connection)
+        with connection.cursor() as cursor:
+            cursor.execute("INSERT INTO t VALUES (%s)", [n])
+        end(connection)
+    assert lock_free_at_checkpoint == [True, True]
+    with connection.cursor() as cursor:
+        cursor.execute("PRAGMA wal_checkpoint(PASSIVE)")
+        busy, log_frames, checkpointed = cursor.fetchone()
+    assert busy == 0 and log_frames == checkpointed
