@@ -65,7 +65,7 @@ class Config:
     worker_stale_secs: int = 30
     callback_secret: str = ""
     keep_workspaces: bool = False
-    web_workers: int = 4
+    web_workers: int = 2
     log_format: str = "text"
     log_level: str = "INFO"
 

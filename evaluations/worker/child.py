@@ -1,7 +1,8 @@
 """The process an evaluation runs in.
 
-The worker's forkserver preloads this module, so Django is set up once and
-every evaluation process is a cheap fork of a ready interpreter. The child
+The worker imports this module before it forks its forkserver (pool.py), so
+Django is set up once and every evaluation process is a cheap fork of a ready
+interpreter, sharing the worker's pages. The child
 opens its own database connection (none is inherited) and runs the pipeline.
 If the worker dies, the kernel tells the child (PR_SET_PDEATHSIG through the
 forkserver), which kills its commands and fails the evaluation as lost.

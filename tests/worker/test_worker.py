@@ -34,9 +34,11 @@ def evaluation_process(eval_id: str) -> psutil.Process:
     """The worker's per-evaluation process: run_worker -> forkserver -> it -> commands."""
     for proc in tagged_processes(eval_id):
         chain = [proc, *proc.parents()]
-        for index, node in enumerate(chain):
-            if "run_worker" in " ".join(node.cmdline()) and index >= 2:
-                return chain[index - 2]
+        # The forkserver and the evaluation processes are forks of run_worker: the same command
+        # line. The worker is the outermost of them.
+        workers = [index for index, node in enumerate(chain) if "run_worker" in " ".join(node.cmdline())]
+        if workers and workers[-1] >= 2:
+            return chain[workers[-1] - 2]
     raise AssertionError("no evaluation process found")
 
 
@@ -90,7 +92,8 @@ def test_a_killed_evaluation_process_fails_its_evaluation_and_the_worker_goes_on
     assert body["status"] == "failed"
     assert body["error"] == "running_agent: executor process died (killed by SIGKILL)"
     wait_for(lambda: not tagged_processes(victim), 10, what="the dead evaluation's processes to be swept")
-    assert not (workspace_base / victim).exists()
+    # The worker kills them, then removes the folder: the folder can outlive them by a moment.
+    wait_for(lambda: not (workspace_base / victim).exists(), 10, what="the dead evaluation's folder to be removed")
     after = submit(service, tasks.task(), SOLVER)
     assert wait_terminal(service, after)["passed"] is True
 

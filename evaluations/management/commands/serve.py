@@ -6,19 +6,34 @@
    its requests, the worker its evaluations within SHUTDOWN_GRACE_SECS).
 3. If one child dies, the other is stopped and serve exits non-zero, so a
    supervisor (Docker, systemd) restarts the pair.
+4. One interpreter's worth of memory: serve imports Django, the API (every
+   view) and the pipeline once, freezes that heap (``gc.freeze``) and forks
+   the gunicorn master and the worker from it; gunicorn forks its web workers
+   and the worker its forkserver from those, so every process of the service
+   shares these pages instead of importing its own copy (bench/RESULTS.md).
+   The processes are named (``ps -o comm``): te-serve, te-gunicorn, te-worker,
+   te-forkserver.
 """
 
 from __future__ import annotations
 
+import gc
+import os
+import shutil
 import signal
-import subprocess
 import sys
 import time
+import traceback
 
 from django.conf import settings
 from django.core.management.base import BaseCommand
 
 from executor_project.config import PROJECT_DIR
+from executor_project.process import name_process
+
+# prometheus_client picks its multi-process mode when it is imported (by django.setup(), before
+# any command runs), so serve sets the folder and starts itself again (same pid) with it set.
+_METRICS_VAR = "PROMETHEUS_MULTIPROC_DIR"
 
 
 class Command(BaseCommand):
@@ -26,37 +41,129 @@ class Command(BaseCommand):
     requires_system_checks = []  # its start-up warnings are logged (one line each, LOG_FORMAT applies)
 
     def handle(self, *args, **options):
-        python = sys.executable
-        children = {
-            "gunicorn": subprocess.Popen(
-                [python, "-m", "gunicorn", "-c", "executor_project/gunicorn.conf.py"], cwd=PROJECT_DIR
-            ),
-            "worker": subprocess.Popen([python, "manage.py", "run_worker"], cwd=PROJECT_DIR),
-        }
+        config = settings.EXECUTOR
+        metrics_dir = config.data_dir / "prometheus" / f"serve-{os.getpid()}"
+        if os.environ.get(_METRICS_VAR) != str(metrics_dir):
+            shutil.rmtree(metrics_dir, ignore_errors=True)
+            metrics_dir.mkdir(parents=True, exist_ok=True)
+            os.environ[_METRICS_VAR] = str(metrics_dir)
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os.execv(sys.executable, [sys.executable, str(PROJECT_DIR / "manage.py"), "serve"])
+        try:
+            self.serve(config)
+        finally:
+            shutil.rmtree(metrics_dir, ignore_errors=True)
+
+    def serve(self, config) -> None:
+        name_process("te-serve")
+        os.chdir(PROJECT_DIR)
+        preload()
         stopping = {"signal": None}
 
         def forward(signum, frame):
             stopping["signal"] = signum
 
+        children = {
+            "gunicorn": fork("te-gunicorn", run_gunicorn),
+            "worker": fork("te-worker", run_worker),
+        }
         signal.signal(signal.SIGTERM, forward)
         signal.signal(signal.SIGINT, forward)
+        codes: dict[str, int] = {}
         exited = None
         while stopping["signal"] is None and exited is None:
-            for name, child in children.items():
-                if child.poll() is not None:
-                    exited = name
+            exited = next(iter(collect(children, codes)), None)
             time.sleep(0.2)
-        for child in children.values():
-            if child.poll() is None:
-                child.send_signal(signal.SIGTERM)
-        grace = settings.EXECUTOR.shutdown_grace_secs + 15
-        for child in children.values():
-            try:
-                child.wait(timeout=grace)
-            except subprocess.TimeoutExpired:
-                child.kill()
-                child.wait()
+        for name, pid in children.items():
+            if name not in codes:
+                _kill(pid, signal.SIGTERM)
+        deadline = time.monotonic() + config.shutdown_grace_secs + 15
+        while len(codes) < len(children) and time.monotonic() < deadline:
+            collect(children, codes)
+            time.sleep(0.1)
+        for name, pid in children.items():
+            if name not in codes:
+                _kill(pid, signal.SIGKILL)
+                codes[name] = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
         if exited is not None:
-            code = children[exited].returncode
-            self.stderr.write(f"serve: {exited} exited with code {code}; stopped the rest")
+            self.stderr.write(f"serve: {exited} exited with code {codes[exited]}; stopped the rest")
             sys.exit(1)
+
+
+def preload() -> None:
+    """Import what gunicorn and the worker will run, once, here; freeze it for the forks to share."""
+    import gunicorn.app.wsgiapp  # noqa: F401
+    import gunicorn.arbiter  # noqa: F401
+    import gunicorn.workers.sync  # noqa: F401
+    from django.db import connections
+    from django.urls import get_resolver
+
+    import executor_project.wsgi  # noqa: F401  (the app gunicorn preloads: found imported)
+    from evaluations.management.commands import run_worker as _run_worker  # noqa: F401
+    from evaluations.worker import child  # noqa: F401  (Django's models and the whole pipeline)
+
+    get_resolver().resolve("/health")  # the URLconf: every view, serializer and their imports
+    connections.close_all()  # no child may inherit a database connection
+    gc.collect()
+    # A collection in a child writes to every object it visits, which would copy each shared page.
+    gc.freeze()
+
+
+def fork(name: str, target) -> int:
+    """Run ``target`` in a child process that shares this one's pages; return its pid."""
+    pid = os.fork()
+    if pid:
+        return pid
+    code = 1
+    try:
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(signum, signal.SIG_DFL)
+        name_process(name)
+        target()
+        code = 0
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    except BaseException:
+        traceback.print_exc()
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+
+
+def run_gunicorn() -> None:
+    """gunicorn as ``python -m gunicorn -c executor_project/gunicorn.conf.py`` would run it."""
+    from gunicorn.app.wsgiapp import WSGIApplication
+
+    sys.argv = ["gunicorn", "-c", str(PROJECT_DIR / "executor_project" / "gunicorn.conf.py")]
+    WSGIApplication("%(prog)s [OPTIONS] [APP_MODULE]", prog="gunicorn").run()
+
+
+def run_worker() -> None:
+    from django.core.management import call_command
+
+    call_command("run_worker")
+
+
+def collect(children: dict[str, int], codes: dict[str, int]) -> list[str]:
+    """Record the exit codes of children that ended; return their names."""
+    ended = []
+    for name, pid in children.items():
+        if name in codes:
+            continue
+        try:
+            done, status = os.waitpid(pid, os.WNOHANG)
+        except ChildProcessError:
+            done, status = pid, 0
+        if done:
+            codes[name] = os.waitstatus_to_exitcode(status)
+            ended.append(name)
+    return ended
+
+
+def _kill(pid: int, signum: int) -> None:
+    try:
+        os.kill(pid, signum)
+    except ProcessLookupError:
+        pass
