@@ -176,6 +176,7 @@ def report_memory(table: Table, figures: dict) -> None:
             "< 150 MB",
             ok(peak < 150 * MB),
         )
+    print(memory.breakdown_table(figures["idle_breakdown"], figures["peak_breakdown"]), file=sys.stderr, flush=True)
     for key, name in (("monitor_cpu_sleeper", "agent sleeping"), ("monitor_cpu_flood", "agent writing 1 GB")):
         table.add(
             f"monitor CPU per evaluation-second ({name})",

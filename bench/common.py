@@ -16,6 +16,7 @@ import platform
 import shutil
 import statistics
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Iterator
@@ -69,17 +70,38 @@ def trivial_task(root: Path) -> Iterator[Task]:
         yield Task(url=url, agent_code=SOLVER, agent_file=agent_file)
 
 
+class ServedService(LiveService):
+    """The service as the README starts it: one ``manage.py serve`` (gunicorn and the worker below it)."""
+
+    def start(self) -> ServedService:
+        self.manage("migrate", "--noinput")
+        log = open(self.folder / "serve.log", "ab")
+        self.serve = subprocess.Popen(
+            [sys.executable, "manage.py", "serve"], cwd=PROJECT, env=self.env, stdout=log, stderr=subprocess.STDOUT
+        )
+        self.processes.append(self.serve)
+        self.gunicorn = self.worker = self.serve  # wait_healthy polls it; the roles are found below it
+        try:
+            self.wait_healthy()
+        except RuntimeError:
+            raise RuntimeError(f"serve did not start: {(self.folder / 'serve.log').read_text()[-3000:]}") from None
+        return self
+
+
 @contextlib.contextmanager
-def live_service(root: Path, name: str, *, worker: bool, **env) -> Iterator[LiveService]:
-    """gunicorn (README_WEB_WORKERS sync workers) and optionally run_worker, on a fresh database."""
+def live_service(root: Path, name: str, *, worker: bool, serve: bool = False, **env) -> Iterator[LiveService]:
+    """gunicorn (README_WEB_WORKERS sync workers) and optionally run_worker, on a fresh database.
+
+    ``serve``: start both through ``manage.py serve`` instead, exactly as bin/serve does."""
     sessions = root / f"{name}-sessions"
     sessions.mkdir(mode=0o711)
     settings = {"ALLOWED_PRIVATE_HOSTS": "127.0.0.1", "WORKSPACE_BASE": str(sessions)}
     settings.update({key: str(value) for key, value in env.items()})
-    service = LiveService(root / name, env=settings, web_workers=README_WEB_WORKERS, worker=worker)
+    kind = ServedService if serve else LiveService
+    service = kind(root / name, env=settings, web_workers=README_WEB_WORKERS, worker=worker or serve)
     try:
         service.start()
-        if worker:
+        if worker or serve:
             wait_worker(service)
         yield service
     finally:

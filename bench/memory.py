@@ -1,11 +1,14 @@
 """The service's memory while an agent writes 1 GB of output, and what the psutil monitor costs.
 
-The service is every process of ours that is not a command: the gunicorn
-master and its workers, ``run_worker``, its forkserver (and multiprocessing's
-resource tracker) and the evaluation processes the forkserver forks. They are
-sampled every 50 ms; the figure is the peak of their sum, as RSS (pages
-shared between forked processes counted once per process) and as PSS (each
-shared page split among its sharers: the memory the service really holds).
+The service is every process ``bin/serve`` starts, its commands left out:
+``manage.py serve`` itself (started here exactly so), the gunicorn master and
+its workers, the worker, its forkserver and multiprocessing's resource tracker,
+and the evaluation processes the forkserver forks. They are sampled every
+50 ms from /proc/PID/smaps_rollup; the figure is the peak of their sum, as RSS
+(pages shared between forked processes counted once per process) and as PSS
+(each shared page split among its sharers: the memory the service really
+holds). The table printed on stderr gives each process's RSS, PSS and private
+memory (USS) idle and at the sample of the peak PSS.
 
 The monitor is the thread the spawner runs beside every command. An
 evaluation process has two other threads, its main one, which waits on the
@@ -60,6 +63,63 @@ def _monitor_ticks(pid: int) -> int:
     return total - sum(_cpu_ticks(f"/proc/{pid}/task/{tid}/stat") for tid in [pid, *others])
 
 
+def _rollup(pid: int) -> dict[str, int]:
+    """RSS, PSS and private memory (USS) of a process, in bytes, from /proc/PID/smaps_rollup."""
+    fields = {}
+    with open(f"/proc/{pid}/smaps_rollup") as rollup:
+        for line in rollup:
+            name, _, rest = line.partition(":")
+            if rest.strip().endswith("kB"):
+                fields[name] = int(rest.split()[0]) * 1024
+    return {
+        "rss": fields["Rss"],
+        "pss": fields["Pss"],
+        "uss": fields["Private_Clean"] + fields["Private_Dirty"],
+    }
+
+
+def _role(proc: psutil.Process, parent_role: str | None) -> str:
+    """What a process of the service is, from its parent's role, its name and its command line."""
+    if parent_role == "forkserver":
+        return "evaluation"
+    if parent_role == "gunicorn master":
+        return "web worker"
+    comm = proc.name()
+    named = {
+        "te-serve": "serve",
+        "te-gunicorn": "gunicorn master",
+        "te-worker": "worker",
+        "te-forkserver": "forkserver",
+        "te-restracker": "resource tracker",
+    }
+    if comm in named:
+        return named[comm]
+    cmdline = " ".join(proc.cmdline())
+    for needle, role in (
+        ("resource_tracker", "resource tracker"),
+        ("forkserver", "forkserver"),
+        ("gunicorn", "gunicorn master"),
+        ("run_worker", "worker"),
+        ("manage.py serve", "serve"),
+    ):
+        if needle in cmdline:
+            return role
+    return comm
+
+
+def service_processes(roots: list[int]) -> list[tuple[str, psutil.Process]]:
+    """(role, process) for every process of the service below and including ``roots``; commands left out."""
+    found: list[tuple[str, psutil.Process]] = []
+    todo: list[tuple[psutil.Process, str | None]] = [(psutil.Process(pid), None) for pid in roots]
+    while todo:
+        proc, parent_role = todo.pop(0)
+        role = _role(proc, parent_role)
+        found.append((role, proc))
+        if role != "evaluation":  # an evaluation process's children are its commands: not the service
+            todo.extend((child, role) for child in proc.children())
+    return found
+
+
 @dataclass
 class Sampler:
     """Samples the service's processes every 50 ms in a thread."""
@@ -69,40 +129,37 @@ class Sampler:
     peak_pss: int = 0
     first_rss: int = 0
     first_pss: int = 0
+    # [(role, pid, rss, pss, uss)] at the first sample and at the sample of the peak PSS
+    first_breakdown: list[tuple[str, int, int, int, int]] = field(default_factory=list)
+    peak_breakdown: list[tuple[str, int, int, int, int]] = field(default_factory=list)
     # evaluation pid -> (first seen, last seen, monitor CPU seconds at the last sample)
     evaluations: dict[int, tuple[float, float, float]] = field(default_factory=dict)
     _stop: threading.Event = field(default_factory=threading.Event)
 
-    def processes(self) -> tuple[list[psutil.Process], list[psutil.Process]]:
-        """(service processes, evaluation processes among them)."""
-        gunicorn, worker = (psutil.Process(pid) for pid in self.roots)
-        service = [gunicorn, *gunicorn.children(), worker]
-        evaluations = []
-        for helper in worker.children():  # the forkserver and the resource tracker
-            service.append(helper)
-            for child in helper.children():  # evaluation processes; their children are commands
-                service.append(child)
-                evaluations.append(child)
-        return service, evaluations
-
     def sample(self) -> None:
         try:
-            service, evaluations = self.processes()
+            service = service_processes(self.roots)
         except psutil.NoSuchProcess:
             return
         rss = pss = 0
-        for proc in service:
+        breakdown = []
+        for role, proc in service:
             try:
-                memory = proc.memory_full_info()
-            except psutil.Error:
+                memory = _rollup(proc.pid)
+            except (OSError, KeyError):
                 continue
-            rss += memory.rss
-            pss += memory.pss
+            rss += memory["rss"]
+            pss += memory["pss"]
+            breakdown.append((role, proc.pid, memory["rss"], memory["pss"], memory["uss"]))
         if not self.first_rss:
-            self.first_rss, self.first_pss = rss, pss
-        self.peak_rss, self.peak_pss = max(self.peak_rss, rss), max(self.peak_pss, pss)
+            self.first_rss, self.first_pss, self.first_breakdown = rss, pss, breakdown
+        self.peak_rss = max(self.peak_rss, rss)
+        if pss > self.peak_pss:
+            self.peak_pss, self.peak_breakdown = pss, breakdown
         now = time.perf_counter()
-        for proc in evaluations:
+        for role, proc in service:
+            if role != "evaluation":
+                continue
             try:
                 monitor = _monitor_ticks(proc.pid)
             except OSError:
@@ -141,10 +198,11 @@ def _evaluate(port: int, task: Task, agent_code: str) -> dict:
 
 
 def memory_and_monitor(root: Path, task: Task) -> dict:
-    with live_service(root, "memory", worker=True, MAX_CONCURRENT_EVALS=2) as service:
+    """The service as bin/serve starts it (``manage.py serve`` and everything below it, its commands left out)."""
+    with live_service(root, "memory", worker=True, serve=True, MAX_CONCURRENT_EVALS=2) as service:
         _evaluate(service.port, task, task.agent_code)  # warm: the forkserver is up, a first evaluation ran
         time.sleep(0.5)
-        roots = [service.gunicorn.pid, service.worker.pid]
+        roots = [service.serve.pid]
         with Sampler(roots) as flood:
             body = _evaluate(service.port, task, FLOOD_AGENT)
         if "bytes truncated" not in body["agent_output"]:
@@ -156,6 +214,34 @@ def memory_and_monitor(root: Path, task: Task) -> dict:
         "idle_pss": flood.first_pss,
         "peak_rss": flood.peak_rss,
         "peak_pss": flood.peak_pss,
+        "idle_breakdown": flood.first_breakdown,
+        "peak_breakdown": flood.peak_breakdown,
         "monitor_cpu_sleeper": sleeper.monitor_cpu_per_second(),
         "monitor_cpu_flood": flood.monitor_cpu_per_second(),
     }
+
+
+def breakdown_table(idle: list, peak: list) -> str:
+    """Per process: RSS, PSS and private memory (USS) idle and at the peak, in MB."""
+    mb = 1024 * 1024
+    lines = [
+        f"{'process':<18} {'pid':>7} | {'idle RSS':>8} {'PSS':>6} {'USS':>6} | {'peak RSS':>8} {'PSS':>6} {'USS':>6}"
+    ]
+    idle_by_pid = {pid: (rss, pss, uss) for _role, pid, rss, pss, uss in idle}
+    pids = [pid for _role, pid, *_ in peak] + [pid for _role, pid, *_ in idle if pid not in {p[1] for p in peak}]
+    roles = {pid: role for role, pid, *_ in idle + peak}
+    peak_by_pid = {pid: (rss, pss, uss) for _role, pid, rss, pss, uss in peak}
+
+    def cells(values):
+        return (
+            f"{values[0] / mb:8.1f} {values[1] / mb:6.1f} {values[2] / mb:6.1f}"
+            if values
+            else f"{'-':>8} {'-':>6} {'-':>6}"
+        )
+
+    for pid in pids:
+        lines.append(f"{roles[pid]:<18} {pid:>7} | {cells(idle_by_pid.get(pid))} | {cells(peak_by_pid.get(pid))}")
+    total_idle = [sum(row[i] for row in idle) for i in (2, 3, 4)]
+    total_peak = [sum(row[i] for row in peak) for i in (2, 3, 4)]
+    lines.append(f"{'sum':<18} {'':>7} | {cells(total_idle)} | {cells(total_peak)}")
+    return "\n".join(lines)
