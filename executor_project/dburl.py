@@ -26,6 +26,9 @@ def sqlite_database(path: Path) -> dict:
         "NAME": str(path),
         "OPTIONS": SQLITE_OPTIONS,
         "CONN_MAX_AGE": 600,
+        # Django's default for SQLite, spelled out: pytest-django recognises only Django's own
+        # engine name, and under xdist would otherwise name a per-worker test file "test_/abs/path_gw0".
+        "TEST": {"NAME": ":memory:"},
     }
 
 
