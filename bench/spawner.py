@@ -78,8 +78,11 @@ def measure(runs: int) -> dict[str, float]:
                 writable=[session],
                 mounts=[],
             )
+            launch.close()  # bwrap alone: without the report on its pid 1 the spawner reads
+            at = launch.argv.index("--info-fd")
+            bare = launch.argv[:at] + launch.argv[at + 2 :]
             figures["bwrap_bare"] = median_ms(
-                lambda: subprocess.run(launch.argv, env=launch.env, cwd=launch.cwd, capture_output=True, **owner), runs
+                lambda: subprocess.run(bare, env=launch.env, cwd=launch.cwd, capture_output=True, **owner), runs
             )
         for runtime in runtimes:
             spawner = Spawner(eval_id=f"bench-{os.getpid()}", session_dir=session, runtime=runtime, uid=uid)

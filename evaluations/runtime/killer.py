@@ -25,6 +25,7 @@ import ctypes
 import logging
 import multiprocessing
 import os
+import select
 import signal
 import threading
 import time
@@ -87,6 +88,35 @@ def release(pid: int) -> None:
     """The command's Popen has collected its status; its pid is no longer ours to guard."""
     with _spawn_lock:
         _awaited_pids.discard(pid)
+
+
+def adopt(pid: int) -> None:
+    """``pid`` is (or is about to be reparented as) our child and ``await_exit`` will reap it:
+    ``reap_orphans`` leaves it alone, so its pid cannot be reused while we wait on it."""
+    with _spawn_lock:
+        _awaited_pids.add(pid)
+
+
+def await_exit(pid: int, timeout: float = _KILL_BUDGET_SECS) -> bool:
+    """Wait until the adopted ``pid`` has exited, reap it if it is our child, and release it.
+
+    False if it still runs after ``timeout`` (it is released all the same: a later
+    ``reap_orphans`` takes its zombie).
+    """
+    try:
+        try:
+            fd = os.pidfd_open(pid)
+        except ProcessLookupError:
+            return True  # gone and reaped (by the parent it had before us)
+        try:
+            if not select.select([fd], [], [], timeout)[0]:
+                return False
+        finally:
+            os.close(fd)
+        _reap(pid)
+        return True
+    finally:
+        release(pid)
 
 
 def _foreign_pids() -> set[int]:
@@ -322,32 +352,38 @@ def kill_until_none(find: Callable[[], list[Proc]], what: str) -> int:
 
 
 def reap_orphans() -> int:
-    """waitpid every zombie child that no Popen is waiting for; return how many."""
+    """waitpid every zombie child that no Popen is waiting for; return how many.
+
+    ``waitid(WNOWAIT)`` names a zombie child without consuming it: in the common
+    case (none, or an orphan such as a sandbox's pid 1 reparented to us) that is
+    one syscall per zombie and no scan. Only when the zombie it names is one we
+    must leave alone (a command's own pid, a helper's) are the others found by a
+    scan of /proc.
+    """
     reaped = 0
     with _spawn_lock:
-        if not _any_zombie_child():
-            return 0  # the common case, for the price of one syscall instead of a /proc scan
-        keep = _awaited_pids | _foreign_pids()
-        try:
-            children = psutil.Process().children()
-        except psutil.Error:
-            return 0
-        for child in children:
-            if child.pid in keep:
-                continue
+        keep: set[int] | None = None
+        while True:
             try:
-                if child.status() != psutil.STATUS_ZOMBIE:
-                    continue
-                pid, _ = os.waitpid(child.pid, os.WNOHANG)
-                reaped += pid != 0
-            except (psutil.Error, ChildProcessError):
-                continue
+                info = os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+            except ChildProcessError:
+                return reaped  # no children at all
+            if info is None:
+                return reaped
+            if keep is None:
+                keep = _awaited_pids | _foreign_pids()
+            if info.si_pid in keep:
+                break
+            reaped += _reap(info.si_pid)
+        me = os.getpid()
+        for proc in processes():
+            if proc.ppid == me and proc.exited and proc.pid not in keep:
+                reaped += _reap(proc.pid)
     return reaped
 
 
-def _any_zombie_child() -> bool:
-    """Whether some child has exited and is not reaped yet (WNOWAIT: nothing is consumed)."""
+def _reap(pid: int) -> int:
     try:
-        return os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
+        return int(os.waitpid(pid, os.WNOHANG)[0] != 0)
     except ChildProcessError:
-        return False  # no children at all
+        return 0

@@ -44,7 +44,9 @@ variable of its own: ``PWD``, the folder it started the command in.
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import json
 import logging
 import os
 import shutil
@@ -100,16 +102,58 @@ def sandbox_uid(configured: int = DEFAULT_SANDBOX_UID) -> int | None:
 
 @dataclass(frozen=True)
 class Launch:
-    """What the spawner hands to Popen (before its rlimit/nice prefix)."""
+    """What the spawner hands to Popen (before its rlimit/nice prefix).
+
+    ``info_pipe``: (read end, write end) of the pipe bwrap reports its sandbox's
+    pid 1 on (``--info-fd``); the write end goes to the command, the spawner
+    closes both. None for a runtime without a pid namespace.
+    """
 
     argv: list[str]
     env: dict[str, str]
     cwd: Path
+    info_pipe: tuple[int, int] | None = None
+
+    @property
+    def pass_fds(self) -> tuple[int, ...]:
+        return () if self.info_pipe is None else (self.info_pipe[1],)
+
+    def close(self) -> None:
+        if self.info_pipe is not None:
+            for fd in self.info_pipe:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+
+    def close_write_end(self) -> None:
+        """Once the command has started: bwrap holds its own copy."""
+        if self.info_pipe is not None:
+            with contextlib.suppress(OSError):
+                os.close(self.info_pipe[1])
+
+    def sandbox_init(self) -> int | None:
+        """The host pid of the sandbox's pid 1, once bwrap has told it (None if it never did).
+
+        Blocks until bwrap closes its end: after it wrote the report, or when it exits.
+        When that process is gone, so is every process of the sandbox: the kernel kills
+        the rest of a pid namespace when its pid 1 exits, and nothing can leave one.
+        """
+        if self.info_pipe is None:
+            return None
+        report = b""
+        while chunk := os.read(self.info_pipe[0], 4096):
+            report += chunk
+        try:
+            pid = json.loads(report)["child-pid"]
+        except (ValueError, KeyError, TypeError):
+            return None
+        return pid if isinstance(pid, int) and pid > 1 else None
 
 
 class Runtime:
     name = "runtime"
     isolated = False  # True when commands see /static/<save_path> instead of host paths
+    # True when each command runs in a pid namespace whose pid 1 Launch.sandbox_init reports.
+    contains_processes = False
 
     def __init__(self, uid: int | None):
         if os.geteuid() == 0 and not uid:
@@ -148,6 +192,7 @@ class NoSandbox(Runtime):
 class Bubblewrap(Runtime):
     name = "bwrap"
     isolated = True
+    contains_processes = True
 
     def __init__(self, uid: int | None, bwrap: str = "bwrap"):
         super().__init__(uid)
@@ -168,7 +213,10 @@ class Bubblewrap(Runtime):
         )
         # bwrap's own environment: nothing the caller chose, plus the tag for the sweep.
         outer_env = {"PATH": SYSTEM_PATH, TAG_VAR: env[TAG_VAR]}
-        return Launch([self.bwrap, *flags, "--", *argv], outer_env, Path("/"))
+        info_pipe = os.pipe()
+        # Its report names the sandbox's pid 1: the spawner waits for it to end (Launch.sandbox_init).
+        report = ["--info-fd", str(info_pipe[1])]
+        return Launch([self.bwrap, *report, *flags, "--", *argv], outer_env, Path("/"), info_pipe)
 
 
 def bwrap_argv(
@@ -349,10 +397,13 @@ def probe_bwrap(uid: int | None = None, bwrap: str = "bwrap", workdir: Path | No
                 text=True,
                 timeout=30,
                 start_new_session=True,
+                pass_fds=launch.pass_fds,
                 **owner,
             )
         except (OSError, subprocess.TimeoutExpired) as exc:
             return False, f"{exe}: {exc}"
+        finally:
+            launch.close()
     if done.returncode != 0:
         return False, f"{exe} exited {done.returncode}: {done.stderr.strip()[-500:]}"
     return True, f"{version or 'bubblewrap'} works (uid {uid if uid is not None else os.getuid()})"

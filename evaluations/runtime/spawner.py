@@ -124,6 +124,8 @@ class Spawner:
         self.cancel_event = cancel_event
         # True only for a uid leased from the pool (uids.py): no other process may run as it.
         self.exclusive_uid = exclusive_uid and uid is not None
+        # True while every command has run in a sandbox seen to end with all its processes.
+        self._all_confirmed_gone = runtime.contains_processes
         killer.become_subreaper()
         for tool in ("prlimit", "nice", "setpriv"):
             _tool(tool)  # fail now, not at the first command
@@ -153,10 +155,12 @@ class Spawner:
             mounts=mounts,
         )
         with contextlib.ExitStack() as closing:
+            closing.callback(launch.close)
             live_log = closing.enter_context(open(self.live_log, "ab", buffering=0)) if self.live_log else None
             capture = OutputCapture(limits.max_output_bytes, live_log)
             started = time.monotonic()
             proc = self._start([*self._limit_prefix(limits), *launch.argv], launch, stdin_data is not None)
+            launch.close_write_end()
             monitor = Monitor(
                 limits=limits,
                 session_dir=self.session_dir,
@@ -166,7 +170,9 @@ class Spawner:
                 **self._outside_usage(),
             )
             monitor.start()
+            sandbox_init = None
             try:
+                sandbox_init = self._adopt_sandbox_init(launch)
                 pump(proc, capture, stdin_data)
                 proc.wait()
             finally:
@@ -175,6 +181,7 @@ class Spawner:
                     killer.kill_all(self.eval_id, proc.pid, uid=self._own_uid)  # also after an exception
                     proc.wait()
                 killer.release(proc.pid)
+                self._confirm_gone(sandbox_init)
                 killer.reap_orphans()
         verdict = monitor.verdict
         code = proc.returncode
@@ -201,10 +208,27 @@ class Spawner:
                 env=launch.env,
                 start_new_session=True,
                 close_fds=True,
+                pass_fds=launch.pass_fds,
             )
             awaiting(proc.pid)
         log.debug("eval %s: pid %s started: %s", self.eval_id, proc.pid, argv)
         return proc
+
+    def _adopt_sandbox_init(self, launch: Launch) -> int | None:
+        """The sandbox's pid 1 (None without one), kept from any reap until ``_confirm_gone``."""
+        pid = launch.sandbox_init() if self.runtime.contains_processes else None
+        if pid is None:
+            self._all_confirmed_gone = False  # nothing proves this command left nothing behind
+        else:
+            killer.adopt(pid)
+        return pid
+
+    def _confirm_gone(self, sandbox_init: int | None) -> None:
+        """Wait for the command's sandbox to be empty: its pid 1 ends only after the kernel has
+        killed and reaped every other process of its pid namespace."""
+        if sandbox_init is not None and not killer.await_exit(sandbox_init):
+            log.warning("eval %s: sandbox pid %s still running; the next sweep scans", self.eval_id, sandbox_init)
+            self._all_confirmed_gone = False
 
     def _kill(self, proc: subprocess.Popen, verdict: Verdict) -> None:
         log.info("eval %s: killing pid %s: %s", self.eval_id, proc.pid, verdict.detail)
@@ -234,12 +258,22 @@ class Spawner:
 
     def scrub(self) -> None:
         """With its own uid: kill the uid's processes, remove its files in the host's shared
-        temporary folders and its SysV IPC (uids.scrub). Nothing to do with a shared uid."""
-        if self.exclusive_uid:
+        temporary folders and its SysV IPC (uids.scrub). Nothing to do with a shared uid, nor
+        when every command ran in a sandbox now confirmed empty: a sandboxed command cannot
+        reach the host's temporary folders, and its IPC lives in the sandbox's namespace."""
+        if self.exclusive_uid and not self._all_confirmed_gone:
             uids.scrub(self.uid)
 
     def sweep(self) -> int:
-        """Kill every remaining process of this evaluation; return how many were killed."""
+        """Kill every remaining process of this evaluation; return how many were killed.
+
+        Without a scan when every command so far ran in a sandbox that was seen to end
+        (``_confirm_gone``): none of their processes can remain, and every process of the
+        evaluation is one of theirs. Any doubt (no sandbox, a sandbox that did not report
+        its pid 1, or did not end in time) makes every later sweep scan /proc.
+        """
+        if self._all_confirmed_gone:
+            return 0
         count = killer.kill_all(self.eval_id, uid=self._own_uid)
         if count:
             log.info("eval %s: swept %s leftover process(es)", self.eval_id, count)

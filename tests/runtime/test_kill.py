@@ -13,6 +13,7 @@ from pathlib import Path
 import psutil
 
 from evaluations.runtime import killer
+from evaluations.runtime.sandbox import Launch
 from tests.runtime.support import alive_with_cmdline, leftovers, tagged_alive
 
 
@@ -42,8 +43,9 @@ def test_escapees_left_after_a_normal_exit_are_killed_by_sweep(sp):
     result = sp.run(_escapees(marker) + "echo started")
     assert (result.exit_code, result.output) == (0, "started\n")
     if sp.sandboxed:
-        # The command's exit ended the sandbox's pid namespace, and all inside it.
-        assert _wait_for(lambda: not leftovers(sp.eval_id))
+        # The command's exit ended the sandbox's pid namespace, and all inside it: run() waited
+        # for its pid 1, which ends after the kernel has killed the rest. No sweep needed.
+        assert not leftovers(sp.eval_id)
         assert sp.spawner.sweep() == 0
     else:
         assert len(tagged_alive(sp.eval_id)) == 2
@@ -66,8 +68,8 @@ def test_a_background_process_holding_the_pipe_does_not_hold_run(sp):
     result = sp.run("sleep 60 & echo done")
     assert (result.exit_code, result.output) == (0, "done\n")
     assert result.duration_ms < 1500
-    if sp.sandboxed:  # the pid namespace ends with the command, its pid 1 a moment later
-        assert _wait_for(lambda: not leftovers(sp.eval_id))
+    if sp.sandboxed:  # the pid namespace ended with the command, before run() returned
+        assert not leftovers(sp.eval_id)
     assert sp.spawner.sweep() == (0 if sp.sandboxed else 1)
 
 
@@ -75,19 +77,32 @@ def test_no_zombie_is_left_behind(sp):
     for _ in range(3):
         sp.run("for i in 1 2 3; do (sleep 0.1 &) ; done; setsid sleep 60 & sleep 0.3")
         sp.spawner.sweep()
-    time.sleep(0.1)
+    # A sandbox's pid 1 is reparented to us when bwrap exits: run() reaps it once it has ended.
     zombies = [c for c in psutil.Process().children() if c.status() == psutil.STATUS_ZOMBIE]
-    # The sweep does not wait for a sandbox's pid 1 still inside exit() (the kernel tearing its
-    # namespaces down): at most the last one is left, and the next reap takes it.
-    assert len(zombies) <= (1 if sp.sandboxed else 0)
-    assert all(z.name() == "bwrap" for z in zombies)
-    assert killer.reap_orphans() == len(zombies)
+    assert zombies == []
+    assert killer.reap_orphans() == 0
 
 
 def test_sweep_with_nothing_left_kills_nothing(sp):
     assert sp.run("true").exit_code == 0
-    assert _wait_for(lambda: not leftovers(sp.eval_id))  # bwrap's pid 1 may take a moment
+    assert not leftovers(sp.eval_id)
     assert sp.spawner.sweep() == 0
+
+
+def test_sandboxed_sweeps_scan_only_once_a_sandbox_was_not_seen_to_end(bwrap_sp, monkeypatch):
+    """Each sandbox seen to end proves its processes gone, so a sweep need not scan /proc;
+    a sandbox that did not report its pid 1 leaves a doubt, and every later sweep scans."""
+    scans = []
+    real_scan = killer.evaluation_processes
+    monkeypatch.setattr(killer, "evaluation_processes", lambda *a, **k: scans.append(1) or real_scan(*a, **k))
+    marker = uuid.uuid4().int % 10**6
+    assert bwrap_sp.run(_escapees(marker)).exit_code == 0
+    assert bwrap_sp.spawner.sweep() == 0 and scans == []
+    monkeypatch.setattr(Launch, "sandbox_init", lambda self: None)  # as if bwrap died before reporting
+    assert bwrap_sp.run("true").exit_code == 0
+    assert bwrap_sp.spawner.sweep() == 0 and len(scans) == 1
+    assert bwrap_sp.spawner.sweep() == 0 and len(scans) == 2
+    assert not leftovers(bwrap_sp.eval_id) and not _untagged(marker)
 
 
 def test_a_kill_never_hits_a_later_process_that_reused_the_pid():
