@@ -103,7 +103,7 @@ def _run(eval_id: str, config, *, sandbox: str, cancel_event, lost_flag) -> None
                 os.chown(session.root, -1, 0)  # kept for debugging: closed to the uid's next holder
         finally:
             if lease is not None:
-                uids.scrub(lease.uid)  # its files in the host's /tmp, /dev/shm..., its SysV IPC
+                spawner.scrub()  # its files in the host's /tmp, /dev/shm..., its SysV IPC
                 lease.release()
         lifecycle.finish(eval_id, status, error=error)
         log.info("finished %s%s", status, f": {error}" if error else "")

@@ -150,6 +150,7 @@ class Proc:
     start: int  # clock ticks after boot
     rss: int  # bytes; 0 for a zombie
     exited: bool = False  # a zombie: exit() is over, only the status is left
+    kernel_thread: bool = False  # runs no user code, belongs to no uid of ours
 
     def finished(self) -> bool:
         """Whether exit() is over for this process (a zombie, reaped, or its pid reused)."""
@@ -176,6 +177,7 @@ class Proc:
 
 _PAGE = os.sysconf("SC_PAGE_SIZE")
 _PF_EXITING = 0x4  # include/linux/sched.h
+_PF_KTHREAD = 0x00200000
 
 
 def _read(path: str) -> bytes | None:
@@ -195,8 +197,9 @@ def _stat(pid: int) -> Proc | None:
     # Dead: a zombie, or a process already inside exit() (PF_EXITING) that can never run user
     # code again, e.g. a sandbox's pid 1 whose namespaces the kernel is still tearing down.
     exited = fields[0] in (b"Z", b"X")
-    dead = exited or bool(int(fields[6]) & _PF_EXITING)
-    return Proc(pid, int(fields[1]), dead, int(fields[19]), int(fields[21]) * _PAGE, exited)
+    flags = int(fields[6])
+    dead = exited or bool(flags & _PF_EXITING)
+    return Proc(pid, int(fields[1]), dead, int(fields[19]), int(fields[21]) * _PAGE, exited, bool(flags & _PF_KTHREAD))
 
 
 def processes() -> list[Proc]:
@@ -263,8 +266,12 @@ def descendants(
 
 
 def owned_by(uid: int, table: list[Proc] | None = None) -> list[Proc]:
-    """Every live process whose real, effective, saved or filesystem uid is ``uid``."""
-    return [p for p in (processes() if table is None else table) if not p.zombie and uid in _uids(p.pid)]
+    """Every live process whose real, effective, saved or filesystem uid is ``uid``.
+
+    Kernel threads (most of a quiet host's processes) are passed over without reading their status.
+    """
+    table = processes() if table is None else table
+    return [p for p in table if not p.zombie and not p.kernel_thread and uid in _uids(p.pid)]
 
 
 def tagged(eval_id: str, table: list[Proc] | None = None) -> list[Proc]:
@@ -273,7 +280,7 @@ def tagged(eval_id: str, table: list[Proc] | None = None) -> list[Proc]:
     return [
         p
         for p in (processes() if table is None else table)
-        if p.pid != me and not p.zombie and _carries_tag(p.pid, tag)
+        if p.pid != me and not p.zombie and not p.kernel_thread and _carries_tag(p.pid, tag)
     ]
 
 

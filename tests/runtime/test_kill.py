@@ -122,9 +122,18 @@ def test_the_scan_reads_a_process_whose_name_has_spaces_and_parentheses():
     try:
         child.stdout.readline()
         proc = next(p for p in killer.processes() if p.pid == child.pid)
-        assert (proc.ppid, proc.zombie) == (os.getpid(), False)
+        assert (proc.ppid, proc.zombie, proc.kernel_thread) == (os.getpid(), False, False)
         assert proc.rss > 1024 * 1024
         assert Path(f"/proc/{child.pid}/comm").read_text() == "a) b (c\n"
     finally:
         child.kill()
         child.wait()
+
+
+def test_kernel_threads_are_told_apart_and_never_targets():
+    kthreadd = killer._stat(2)  # the kernel's thread spawner, parent of every kernel thread
+    assert kthreadd is not None and kthreadd.kernel_thread
+    table = killer.processes()
+    threads = [p for p in table if p.kernel_thread]
+    assert threads and all(p.pid == 2 or p.ppid == 2 for p in threads)
+    assert not any(p.kernel_thread for p in killer.owned_by(0, table))  # root's, yet no kernel thread
