@@ -4,28 +4,25 @@ from __future__ import annotations
 
 from evaluations.models import Evaluation
 
+# The columns the evaluation object shows, for readers that fetch only those (evaluations/api/rows.py).
+EVALUATION_COLUMNS = (
+    "id", "status", "step", "passed", "error", "duration_ms", "task_url", "language", "metadata", "created_at",
+    "started_at", "finished_at", "agent_output", "agent_exit_code", "agent_patch", "test_output", "results_sha256",
+)  # fmt: skip
+TRANSITION_COLUMNS = ("step", "status", "at", "duration_ms")
+TEST_RESULT_COLUMNS = ("name", "kind", "passed", "exit_code", "timed_out", "duration_ms", "output")
+
 
 def _iso(value) -> str | None:
     return value.isoformat().replace("+00:00", "Z") if value else None
 
 
 def evaluation_json(evaluation: Evaluation) -> dict:
-    transitions = [
-        {"step": t.step, "status": t.status, "at": _iso(t.at), "duration_ms": t.duration_ms}
-        for t in evaluation.transitions.all()
-    ]
-    test_results = [
-        {
-            "name": r.name,
-            "kind": r.kind,
-            "passed": r.passed,
-            "exit_code": r.exit_code,
-            "timed_out": r.timed_out,
-            "duration_ms": r.duration_ms,
-            "output": r.output,
-        }
-        for r in evaluation.test_results.all()
-    ]
+    return document(evaluation, evaluation.transitions.all(), evaluation.test_results.all())
+
+
+def document(evaluation, transitions, test_results) -> dict:
+    """The evaluation object from anything with the *_COLUMNS attributes: model instances or rows."""
     return {
         "eval_id": str(evaluation.id),
         "status": evaluation.status,
@@ -39,12 +36,25 @@ def evaluation_json(evaluation: Evaluation) -> dict:
         "created_at": _iso(evaluation.created_at),
         "started_at": _iso(evaluation.started_at),
         "finished_at": _iso(evaluation.finished_at),
-        "test_results": test_results,
+        "test_results": [
+            {
+                "name": r.name,
+                "kind": r.kind,
+                "passed": r.passed,
+                "exit_code": r.exit_code,
+                "timed_out": r.timed_out,
+                "duration_ms": r.duration_ms,
+                "output": r.output,
+            }
+            for r in test_results
+        ],
         "agent_output": evaluation.agent_output,
         "agent_exit_code": evaluation.agent_exit_code,
         "agent_patch": evaluation.agent_patch,
         "test_output": evaluation.test_output,
-        "transitions": transitions,
+        "transitions": [
+            {"step": t.step, "status": t.status, "at": _iso(t.at), "duration_ms": t.duration_ms} for t in transitions
+        ],
         "results_sha256": evaluation.results_sha256 or None,
     }
 
