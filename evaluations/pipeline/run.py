@@ -103,8 +103,12 @@ def _run(eval_id: str, config, *, sandbox: str, cancel_event, lost_flag) -> None
                 os.chown(session.root, -1, 0)  # kept for debugging: closed to the uid's next holder
         finally:
             if lease is not None:
-                spawner.scrub()  # its files in the host's /tmp, /dev/shm..., its SysV IPC
-                lease.release()
+                clean = False
+                try:
+                    spawner.scrub()  # its files in the host's /tmp, /dev/shm..., its SysV IPC
+                    clean = True
+                finally:
+                    lease.release(clean=clean)  # clean: the next evaluation need not scrub it
         lifecycle.finish(eval_id, status, error=error)
         log.info("finished %s%s", status, f": {error}" if error else "")
         if retired is not None:

@@ -17,6 +17,12 @@ gid is the same number). A uid is taken by ``flock``-ing its lock file in a
 root-only folder shared by every worker of the host; the kernel drops the
 lock when its holder dies, however it dies. Taking a uid first scrubs it, so
 the strays of a holder that died never meet the next evaluation.
+
+The scrub (a scan of every process on the host) is skipped when the lock file
+says ``clean``: a holder writes that only as it lets go of a uid it knows holds
+nothing (``release(clean=True)``: scrubbed, or every command was seen to end
+with all its processes, see ``Spawner.scrub``), and every taker erases it
+first. A holder that dies leaves the mark erased, so its strays are scrubbed.
 """
 
 from __future__ import annotations
@@ -44,13 +50,20 @@ class UidPoolExhausted(RuntimeError):
     """Every uid of the pool is held by a running evaluation."""
 
 
+_CLEAN = b"clean\n"
+
+
 @dataclass
 class UidLease:
     uid: int
     _fd: int | None
 
-    def release(self) -> None:
+    def release(self, *, clean: bool = False) -> None:
+        """Let go of the uid; ``clean``: it holds no process, file or IPC of ours (the next
+        holder need not scrub it)."""
         if self._fd is not None:
+            if clean:
+                _mark(self._fd, _CLEAN)
             os.close(self._fd)  # closing drops the flock
             self._fd = None
 
@@ -94,7 +107,9 @@ def acquire(first: int, count: int, folder: Path) -> UidLease:
             continue
         lease = UidLease(uid, fd)
         try:
-            scrub(uid)
+            if os.pread(fd, len(_CLEAN) + 1, 0) != _CLEAN:
+                scrub(uid)
+            _mark(fd, b"")  # in use: if we die holding it, the next holder scrubs
         except BaseException:
             lease.release()
             raise
@@ -102,6 +117,12 @@ def acquire(first: int, count: int, folder: Path) -> UidLease:
     raise UidPoolExhausted(
         f"all {count} sandbox uids ({first}..{first + count - 1}) are in use; raise SANDBOX_UID_COUNT"
     )
+
+
+def _mark(fd: int, state: bytes) -> None:
+    os.ftruncate(fd, 0)
+    if state:
+        os.pwrite(fd, state, 0)
 
 
 def scrub(uid: int, shared_dirs: tuple[str, ...] = SHARED_TMP_DIRS) -> None:

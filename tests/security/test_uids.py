@@ -73,6 +73,49 @@ def test_taking_a_uid_scrubs_what_a_previous_holder_left(tmp_path):
         stray.wait()
 
 
+def _stray(uid: int) -> subprocess.Popen:
+    return subprocess.Popen(["sleep", "60"], user=uid, group=uid, extra_groups=[], start_new_session=True)
+
+
+def test_only_a_uid_released_clean_is_taken_without_a_scrub(tmp_path):
+    """The scrub scans every process on the host: it is skipped only for a uid whose last holder
+    let go of it saying it holds nothing. A plain release, or a holder that dies, leaves it dirty."""
+    uid = FIRST + 6
+    strays = []
+    try:
+        with uids.acquire(uid, 1, tmp_path) as lease:
+            lease.release(clean=True)
+        strays.append(_stray(uid))  # as if something of the uid had outlived a clean release
+        with uids.acquire(uid, 1, tmp_path):
+            assert strays[-1].poll() is None  # no scrub: the release said clean
+        strays.append(_stray(uid))
+        with uids.acquire(uid, 1, tmp_path):  # the last release was not clean: scrubbed
+            strays[-1].wait(timeout=5)  # a 60 s sleep that ends within 5 s was killed
+            strays[0].wait(timeout=5)
+        holder = subprocess.Popen(
+            [
+                sys.executable,
+                "-c",
+                f"from evaluations.runtime import uids; from pathlib import Path; "
+                f"l = uids.acquire({uid}, 1, Path({str(tmp_path)!r})); print('held', flush=True); "
+                "import time; time.sleep(60)",
+            ],  # fmt: skip
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        assert holder.stdout.readline().strip() == "held"  # taken after a clean release...
+        holder.kill()  # ...and its holder dies: the mark it erased stays erased
+        holder.wait()
+        strays.append(_stray(uid))
+        with uids.acquire(uid, 1, tmp_path):
+            strays[-1].wait(timeout=5)
+    finally:
+        for stray in strays:
+            if stray.poll() is None:
+                stray.kill()
+            stray.wait()
+
+
 def test_the_lock_folder_is_root_only(tmp_path):
     folder = uids.lock_dir(tmp_path)
     st = os.stat(folder)
