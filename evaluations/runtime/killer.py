@@ -182,10 +182,15 @@ _PF_KTHREAD = 0x00200000
 
 def _read(path: str) -> bytes | None:
     try:
-        with open(path, "rb", buffering=0) as file:
-            return file.read(65536)
-    except OSError:  # gone, a kernel thread, or not ours to read
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:  # gone, or not ours to read
         return None
+    try:
+        return os.read(fd, 65536)
+    except OSError:  # a kernel thread's environ, a process gone meanwhile
+        return None
+    finally:
+        os.close(fd)
 
 
 def _stat(pid: int) -> Proc | None:
@@ -193,7 +198,7 @@ def _stat(pid: int) -> Proc | None:
     if not data:
         return None
     # "pid (comm) state ppid ...": comm may hold spaces and parentheses, so split after the last ")".
-    fields = data[data.rindex(b")") + 2 :].split()
+    fields = data[data.rindex(b")") + 2 :].split(None, 22)  # up to rss; the other 30 fields stay one
     # Dead: a zombie, or a process already inside exit() (PF_EXITING) that can never run user
     # code again, e.g. a sandbox's pid 1 whose namespaces the kernel is still tearing down.
     exited = fields[0] in (b"Z", b"X")
@@ -203,14 +208,16 @@ def _stat(pid: int) -> Proc | None:
 
 
 def processes() -> list[Proc]:
-    """Every process on the host: one read of ``/proc/<pid>/stat`` each, no more.
+    """Every process on the host that runs user code: one read of ``/proc/<pid>/stat`` each.
 
-    (psutil builds an object per process and reads several files; the sweeps and
-    the monitor's samples ran three such passes, ~5 ms each on a quiet host.)
+    Kernel threads (most of a quiet host's processes) are left out: none is ever a
+    descendant, of a uid of ours or tagged. (psutil builds an object per process and
+    reads several files; the sweeps and the monitor's samples ran three such passes,
+    ~5 ms each on a quiet host.)
     """
     found = []
     for name in os.listdir("/proc"):
-        if name.isdigit() and (proc := _stat(int(name))) is not None:
+        if name.isdigit() and (proc := _stat(int(name))) is not None and not proc.kernel_thread:
             found.append(proc)
     return found
 
@@ -266,12 +273,8 @@ def descendants(
 
 
 def owned_by(uid: int, table: list[Proc] | None = None) -> list[Proc]:
-    """Every live process whose real, effective, saved or filesystem uid is ``uid``.
-
-    Kernel threads (most of a quiet host's processes) are passed over without reading their status.
-    """
-    table = processes() if table is None else table
-    return [p for p in table if not p.zombie and not p.kernel_thread and uid in _uids(p.pid)]
+    """Every live process whose real, effective, saved or filesystem uid is ``uid``."""
+    return [p for p in (processes() if table is None else table) if not p.zombie and uid in _uids(p.pid)]
 
 
 def tagged(eval_id: str, table: list[Proc] | None = None) -> list[Proc]:
@@ -280,7 +283,7 @@ def tagged(eval_id: str, table: list[Proc] | None = None) -> list[Proc]:
     return [
         p
         for p in (processes() if table is None else table)
-        if p.pid != me and not p.zombie and not p.kernel_thread and _carries_tag(p.pid, tag)
+        if p.pid != me and not p.zombie and _carries_tag(p.pid, tag)
     ]
 
 

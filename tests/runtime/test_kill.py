@@ -130,10 +130,9 @@ def test_the_scan_reads_a_process_whose_name_has_spaces_and_parentheses():
         child.wait()
 
 
-def test_kernel_threads_are_told_apart_and_never_targets():
+def test_the_scan_leaves_kernel_threads_out():
     kthreadd = killer._stat(2)  # the kernel's thread spawner, parent of every kernel thread
     assert kthreadd is not None and kthreadd.kernel_thread
     table = killer.processes()
-    threads = [p for p in table if p.kernel_thread]
-    assert threads and all(p.pid == 2 or p.ppid == 2 for p in threads)
-    assert not any(p.kernel_thread for p in killer.owned_by(0, table))  # root's, yet no kernel thread
+    assert not any(p.kernel_thread or p.pid == 2 or p.ppid == 2 for p in table)
+    assert os.getpid() in {p.pid for p in table} and 1 in {p.pid for p in table}
