@@ -6,6 +6,8 @@ import os
 import signal
 import time
 
+from django.db import transaction
+
 from evaluations import languages
 from evaluations.models import Evaluation, TestResult
 from evaluations.pipeline import archive, gitrepo, static, taskspec, urlguard
@@ -173,18 +175,25 @@ def running_agent(ctx: Context) -> None:
         network=config.agent_network,
         mounts=[Mount(ctx.session.agent, str(ctx.session.agent), writable=False), *static.mounts(ctx)],
     )
-    Evaluation.objects.filter(id=ctx.eval_id).update(agent_output=result.output, agent_exit_code=result.exit_code)
-    ctx.spawner.sweep()  # the agent's daemons die here, before anything is graded
-    if result.limit == "timeout":
-        raise Cancelled(f"agent timed out after {timeout} s")
-    if result.limit:
-        raise StepFailed(f"{result.limit_detail}")
-    if detail := _rlimit_detail(result, config) or _disk_excess(ctx):
-        raise StepFailed(detail)
-    _store_patch(ctx)
+    outcome = {"agent_output": result.output, "agent_exit_code": result.exit_code}
+    failure = None
+    try:
+        ctx.spawner.sweep()  # the agent's daemons die here, before anything is graded
+        if result.limit == "timeout":
+            failure = Cancelled(f"agent timed out after {timeout} s")
+        elif result.limit:
+            failure = StepFailed(f"{result.limit_detail}")
+        elif detail := _rlimit_detail(result, config) or _disk_excess(ctx):
+            failure = StepFailed(detail)
+        else:
+            outcome["agent_patch"] = _agent_patch(ctx)
+    finally:  # one write: the output whatever happened, and the patch when there is one
+        Evaluation.objects.filter(id=ctx.eval_id).update(**outcome)
+    if failure is not None:
+        raise failure
 
 
-def _store_patch(ctx: Context) -> None:
+def _agent_patch(ctx: Context) -> str:
     env = gitrepo.git_env(ctx.session.home, urlguard.git_allow_protocol(False))
     try:
         patch = gitrepo.repo_patch(
@@ -197,7 +206,7 @@ def _store_patch(ctx: Context) -> None:
         )
     except gitrepo.GitError as exc:
         patch = f"(no patch: {exc})"
-    Evaluation.objects.filter(id=ctx.eval_id).update(agent_patch=patch)
+    return patch
 
 
 def running_tests(ctx: Context) -> None:
@@ -227,11 +236,12 @@ def running_tests(ctx: Context) -> None:
     for position, test in enumerate(tests):
         results.append(_run_test(ctx, position, test, env, mounts, deadline))
         ctx.spawner.sweep()
-    TestResult.objects.bulk_create(results)
     blocks = [
         f"=== {r.name} (exit {r.exit_code if r.exit_code is not None else 'none'}) ===\n{r.output}" for r in results
     ]
-    Evaluation.objects.filter(id=ctx.eval_id).update(test_output="\n".join(blocks))
+    with transaction.atomic():  # one commit: the results and their output appear together
+        TestResult.objects.bulk_create(results)
+        Evaluation.objects.filter(id=ctx.eval_id).update(test_output="\n".join(blocks))
 
 
 def _chown(session, relpath: str) -> None:
