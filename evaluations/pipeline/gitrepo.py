@@ -14,24 +14,23 @@ remote, ``FETCH_HEAD`` or object that is not an ancestor of ``base_commit``.
    a bare clone writes no reflogs and no ``branch.*`` config, and nothing is
    checked out yet;
 2. resolve ``base_commit`` (short sha, branch, tag, expression) to a full
-   sha with ``rev-parse``; a full sha needs no resolving, so that command
-   runs only for the other forms;
-3. delete every ref file (``packed-refs``, ``refs/``, ``logs/``) in Python:
-   one ``update-ref -d`` per tag is slow, and the runner takes no stdin for
-   ``update-ref --stdin``;
-4. one ``sh`` script (one command through the spawner, one sandbox) checks
-   that the sha names a commit, turns the repository non-bare, drops
-   ``remote.origin``, ``checkout --detach``-es without a reflog and runs
+   sha with ``rev-parse`` (a full sha needs no resolving) and check that it
+   names a commit;
+3. delete every ref file (``packed-refs``, ``refs/``, ``logs/``) and
+   ``.keep`` file with ``rm``: one ``update-ref -d`` per tag is slow;
+4. turn the repository non-bare, drop ``remote.origin``, ``checkout
+   --detach`` without a reflog and, unless the packs already hold exactly
+   what the base reaches (``count-objects`` against ``rev-list``), run
    ``git repack -a -d``, which writes one pack of what HEAD and the index
-   reach, deletes the clone's packs and the loose objects now packed;
+   reach and deletes the clone's packs and the loose objects now packed;
 5. the loose objects left (dumb HTTP stores objects loose) are exactly the
-   unreachable ones: Python deletes them, as ``git prune`` would. The tests
+   unreachable ones: they are deleted, as ``git prune`` would. The tests
    check that the stored objects are exactly those reachable from
    ``base_commit``.
 
-Every command costs a sandbox (~10 ms of bubblewrap alone on a 2-CPU host),
-so the steps after the clone share one: 2 commands for a full sha, 3 for
-another form, where this took 7.
+All of it is one ``sh`` script, so one command through the spawner: every
+command costs a sandbox (~10 ms of bubblewrap alone on a 2-CPU host), and
+this took 7, then 2 or 3.
 
 Measured on a 2000-commit repository (500 small files, base 5 commits
 behind the tip; medians of 7 runs on a shared 2-CPU host, +-0.05 s noise):
@@ -97,7 +96,6 @@ from urllib.parse import urlsplit
 
 _SHA_RE = re.compile(r"^(?:[0-9a-f]{40}|[0-9a-f]{64})$")
 _HEX_RE = re.compile(r"^[0-9a-f]{4,64}$")
-_LOOSE_DIR_RE = re.compile(r"^[0-9a-f]{2}$")
 _URL_RE = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
 _PROTOCOL_LIST_RE = re.compile(r"^[a-z0-9+.-]+(?::[a-z0-9+.-]+)*$")
 _MAX_REF_CHARS = 255
@@ -130,27 +128,62 @@ def _sh_git(*settings: str) -> str:
     return " ".join(shlex.quote(word) for word in _git_argv(*settings))
 
 
-# After the clone, in dest with GIT_DIR and GIT_WORK_TREE set; $1 is the full sha.
-# A failing stage exits with its own code: _CHECKOUT_STAGES names it for the message.
+# The whole clone, in dest with GIT_DIR (dest/.git) and GIT_WORK_TREE (dest) set. $1 the URL,
+# $2 base_commit, $3 "resolve" when it is not a full sha, $4 the address pin or "". A failing
+# stage exits with its own code: _CLONE_STAGES names it for the message. It prints HEAD's sha last.
 _NOT_A_COMMIT = 10
-_CHECKOUT_SCRIPT = f"""
-{_sh_git()} cat-file -e "$1^{{commit}}" 2>/dev/null || exit {_NOT_A_COMMIT}
+_BORROWS_OBJECTS = 21
+_CLONE_FAILED = 20
+_CLONE_SCRIPT = f"""
+if [ -n "$4" ]; then
+  {_sh_git()} -c "http.curloptResolve=$4" clone --bare --quiet --template= -- "$1" "$GIT_DIR" || exit {_CLONE_FAILED}
+else
+  {_sh_git()} clone --bare --quiet --template= -- "$1" "$GIT_DIR" || exit {_CLONE_FAILED}
+fi
+[ -e "$GIT_DIR/objects/info/alternates" ] && exit {_BORROWS_OBJECTS}
+sha=$2
+if [ "$3" = resolve ]; then
+  sha=$({_sh_git()} rev-parse --verify --quiet --end-of-options "$2^{{commit}}") || exit {_NOT_A_COMMIT}
+fi
+{_sh_git()} cat-file -e "$sha^{{commit}}" 2>/dev/null || exit {_NOT_A_COMMIT}
+# Every ref, reflog and fetch record goes (HEAD stays); refs/heads and refs/tags stay, emptied, for
+# the agent's own branches. A kept pack would survive the repack with the future in it.
+cd "$GIT_DIR" || exit 22
+rm -rf -- packed-refs FETCH_HEAD ORIG_HEAD logs objects/pack/*.keep || exit 22
+for entry in refs/* refs/.[!.]* refs/..?*; do
+  case $entry in
+    refs/heads|refs/tags) rm -rf -- "$entry"/* "$entry"/.[!.]* "$entry"/..?* || exit 22 ;;
+    *) rm -rf -- "$entry" || exit 22 ;;
+  esac
+done
+cd "$GIT_WORK_TREE" || exit 22
+counts=$({_sh_git()} count-objects -v) || exit 16
+loose=$(printf '%s\n' "$counts" | sed -n 's/^count: //p')
+packed=$(printf '%s\n' "$counts" | sed -n 's/^in-pack: //p')
 {_sh_git()} config core.bare false || exit 11
 {_sh_git()} config --remove-section remote.origin || exit 12
-{_sh_git("core.logAllRefUpdates=false")} checkout --quiet --detach "$1" -- || exit 13
-# Repack only when the clone holds more than what $1 reaches ($2 objects stored, see _stored_objects):
-# a dumb-HTTP pack or a ref ahead of the base brings the future along.
-reached=$({_sh_git()} rev-list --objects --no-object-names "$1" -- | wc -l)
-[ "$reached" -eq "$2" ] || {_sh_git()} repack -a -d -n -q || exit 14
+{_sh_git("core.logAllRefUpdates=false")} checkout --quiet --detach "$sha" -- || exit 13
+# Repack unless the packs hold exactly what the base reaches and nothing is loose: a dumb-HTTP
+# pack or a ref ahead of the base brings the future along. Then only unreachable objects are
+# left loose: deleted, as git prune would.
+reached=$({_sh_git()} rev-list --objects --no-object-names "$sha" -- | wc -l)
+if [ "$loose" != 0 ] || [ "$reached" -ne "$packed" ]; then
+  {_sh_git()} repack -a -d -n -q || exit 14
+  rm -rf -- "$GIT_DIR"/objects/[0-9a-f][0-9a-f] || exit 14
+fi
 {_sh_git()} rev-parse --verify --quiet HEAD || exit 15
 """
-_CHECKOUT_STAGES = {
+_CLONE_STAGES = {
     _NOT_A_COMMIT: "",
+    _BORROWS_OBJECTS: "",
+    _CLONE_FAILED: "",  # named with the URL by clone_at
     11: "git config",
     12: "git config",
     13: "git checkout",
     14: "git repack",
     15: "git rev-parse of HEAD",
+    16: "git count-objects",
+    22: "removing the clone's refs",
 }
 
 # The agent patch, in the repository; $1 private git dir, $2 the agent's objects, $3 base sha,
@@ -242,67 +275,32 @@ def clone_at(
         raise GitError(f"clone destination {dest} is not an empty folder")
     if resolve_pin is not None and (_has_space_or_control(resolve_pin) or resolve_pin.startswith("-")):
         raise GitError(f"bad address pin {resolve_pin!r}")
-    pin = ["-c", f"http.curloptResolve={resolve_pin}"] if resolve_pin else []
     shown_url = _display_url(repo_url)
     git = _Git(run, env, time.monotonic() + timeout_secs, timeout_secs)
     git_dir = dest / ".git"
-    in_git_dir = {"GIT_DIR": str(git_dir)}
 
     dest.mkdir(parents=True, exist_ok=True)
     try:
-        git.run(
-            f"git clone of {shown_url}",
-            [*pin, "clone", "--bare", "--quiet", "--template=", "--", repo_url, str(git_dir)],
-            cwd=dest,
-            secret=_userinfo(repo_url),
-        )
-        sha = base_commit if _SHA_RE.match(base_commit) else git.resolve(git_dir, base_commit)
-        if sha is None:
-            raise GitError(f"base_commit {base_commit} not found in {shown_url}")
-        _forget_refs(git_dir)  # before the repack, which then keeps only what HEAD reaches
         result = git.script(
-            _CHECKOUT_SCRIPT,
-            [sha, str(_stored_objects(git_dir / "objects"))],
-            stages=_CHECKOUT_STAGES,
+            _CLONE_SCRIPT,
+            [repo_url, base_commit, "sha" if _SHA_RE.match(base_commit) else "resolve", resolve_pin or ""],
+            stages={**_CLONE_STAGES, _CLONE_FAILED: f"git clone of {shown_url}"},
             cwd=dest,
-            extra_env={**in_git_dir, "GIT_WORK_TREE": str(dest)},
+            extra_env={"GIT_DIR": str(git_dir), "GIT_WORK_TREE": str(dest)},
+            what=f"git clone of {shown_url}",
+            secret=_userinfo(repo_url),
         )
         if result.exit_code == _NOT_A_COMMIT:
             raise GitError(f"base_commit {base_commit} not found in {shown_url}")
+        if result.exit_code == _BORROWS_OBJECTS:
+            raise GitError("the clone borrows objects from another repository (alternates)")
         sha = _last_sha(result.output)
         if sha is None:
             raise GitError(f"git rev-parse of HEAD failed: {_last_line(result.output) or 'no sha printed'}")
-        _remove_loose_objects(git_dir / "objects")
     except BaseException:
         shutil.rmtree(git_dir, ignore_errors=True)
         raise
     return sha
-
-
-def _forget_refs(git_dir: Path) -> None:
-    """Delete every ref, reflog and fetch record; HEAD (detached) stays.
-
-    Plain file removal: the repository was created a moment ago by us, and
-    deleting thousands of tags one ``update-ref`` at a time is slow. The
-    folders git made (``refs/heads``, ``refs/tags``) are emptied, not
-    recreated: git may run as another uid than we do, and the agent must
-    still be able to create branches in them.
-    """
-    for name in ("packed-refs", "FETCH_HEAD", "ORIG_HEAD"):
-        (git_dir / name).unlink(missing_ok=True)
-    shutil.rmtree(git_dir / "logs", ignore_errors=True)
-    refs = git_dir / "refs"
-    for entry in list(refs.iterdir()):
-        if entry.name in ("heads", "tags") and entry.is_dir() and not entry.is_symlink():
-            for ref in list(entry.iterdir()):
-                _remove(ref)
-        else:
-            _remove(entry)
-    # A kept pack would survive `repack -a -d` with the future in it.
-    for keep in (git_dir / "objects" / "pack").glob("*.keep"):
-        keep.unlink()
-    if (git_dir / "objects" / "info" / "alternates").exists():
-        raise GitError("the clone borrows objects from another repository (alternates)")
 
 
 def repo_patch(
@@ -399,35 +397,30 @@ class _Git:
         stages: dict[int, str],
         cwd: Path,
         extra_env: dict[str, str] | None = None,
+        what: str = "git",
+        secret: str = "",
     ) -> RunResult:
         """Run several git commands as one ``sh`` script (one command for the runner).
 
         The script exits with the code of the stage that failed (``stages``
         names it for the message); a code ``stages`` maps to ``""`` is the
-        caller's to interpret, and the result is returned.
+        caller's to interpret, and the result is returned. ``what`` names the
+        whole script in timeout and limit messages; ``secret`` is masked in them.
         """
         result = self.run(
-            "git", ["sh", "-c", script, "sh", *args], cwd=cwd, extra_env=extra_env, ok_codes=(0, *stages), bare=True
+            what,
+            ["sh", "-c", script, "sh", *args],
+            cwd=cwd,
+            extra_env=extra_env,
+            secret=secret,
+            ok_codes=(0, *stages),
+            bare=True,
         )
-        what = stages.get(result.exit_code) if result.exit_code else None
-        if what:
-            detail = _last_line(result.output) or "no message"
-            raise GitError(f"{what} failed: {detail}")
+        stage = stages.get(result.exit_code) if result.exit_code else None
+        if stage:
+            detail = _last_line(result.output, secret) or "no message"
+            raise GitError(f"{stage} failed: {detail}")
         return result
-
-    def resolve(self, git_dir: Path, rev: str) -> str | None:
-        """The full sha of commit ``rev`` in ``git_dir``, or None when there is none."""
-        result = self.run(
-            "git rev-parse",
-            ["rev-parse", "--verify", "--quiet", "--end-of-options", f"{rev}^{{commit}}"],
-            cwd=git_dir,
-            extra_env={"GIT_DIR": str(git_dir)},
-            ok_codes=(0, 1, 128),
-        )
-        if result.exit_code != 0:
-            return None
-        shas = [line for line in result.output.split() if _SHA_RE.match(line)]
-        return shas[-1] if shas else None
 
 
 def _check_repo_url(repo_url: str) -> None:
@@ -492,13 +485,6 @@ def _last_line(output: str, secret: str = "") -> str:
     return ""
 
 
-def _remove(path: Path) -> None:
-    if path.is_dir() and not path.is_symlink():
-        shutil.rmtree(path)
-    else:
-        path.unlink()
-
-
 def _chown_like(path: Path, owner: os.stat_result) -> None:
     """Give ``path`` to ``owner``'s uid when we are root and it is another uid."""
     if os.geteuid() == 0 and owner.st_uid != 0:
@@ -515,29 +501,3 @@ def _lstat(path: Path) -> os.stat_result | None:
 def _last_sha(output: str) -> str | None:
     shas = [line.strip() for line in output.splitlines() if _SHA_RE.match(line.strip())]
     return shas[-1] if shas else None
-
-
-def _stored_objects(objects: Path) -> int:
-    """How many objects the clone's packs hold (header of each .idx, version 2), or -1 (so the
-    checkout script repacks) when that cannot be told: loose objects, another index version."""
-    total = 0
-    for entry in os.scandir(objects):
-        if _LOOSE_DIR_RE.match(entry.name):
-            return -1
-    for idx in (objects / "pack").glob("*.idx"):
-        with open(idx, "rb") as file:
-            header = file.read(8 + 256 * 4)
-        if len(header) < 8 + 256 * 4 or header[:8] != b"\377tOc\0\0\0\2":
-            return -1
-        total += int.from_bytes(header[-4:], "big")  # the fan-out's last entry: objects in the pack
-    return total
-
-
-def _remove_loose_objects(objects: Path) -> None:
-    """Delete every loose object: after ``repack -a -d`` only unreachable ones are left.
-
-    The folders are the clone's, written a moment ago by git alone; links are not followed.
-    """
-    for entry in os.scandir(objects):
-        if _LOOSE_DIR_RE.match(entry.name) and entry.is_dir(follow_symlinks=False):
-            shutil.rmtree(entry.path)
