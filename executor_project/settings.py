@@ -85,6 +85,7 @@ STATIC_ROOT = EXECUTOR.data_dir / "staticfiles"
 REST_FRAMEWORK = {
     "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
     "DEFAULT_PARSER_CLASSES": ["evaluations.api.parsers.BoundedJSONParser"],
+    "DEFAULT_CONTENT_NEGOTIATION_CLASS": "evaluations.api.negotiation.ContentNegotiation",
     "DEFAULT_AUTHENTICATION_CLASSES": ["evaluations.api.auth.BearerTokenAuthentication"],
     "DEFAULT_PERMISSION_CLASSES": ["evaluations.api.auth.TokenRequired"],
     "EXCEPTION_HANDLER": "evaluations.api.errors.exception_handler",
