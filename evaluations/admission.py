@@ -29,7 +29,7 @@ from __future__ import annotations
 import functools
 import uuid
 
-from django.db import connection, transaction
+from django.db import DEFAULT_DB_ALIAS, connection, connections, transaction
 from django.utils import timezone
 
 from evaluations import wakeup
@@ -66,14 +66,14 @@ class _Row:
             else:
                 self.template.append(field.get_db_prep_save(field.get_default(), connection))
 
-    def values(self, given: dict) -> list:
+    def values(self, given: dict, db) -> list:
         row = list(self.template)
         for field in self.computed:
             if field.attname not in given:
-                row[self.position[field.attname]] = field.get_db_prep_save(field.get_default(), connection)
+                row[self.position[field.attname]] = field.get_db_prep_save(field.get_default(), db)
         for name, value in given.items():
             i = self.position[name]
-            row[i] = self.fields[i].get_db_prep_save(value, connection)
+            row[i] = self.fields[i].get_db_prep_save(value, db)
         return row
 
 
@@ -125,9 +125,9 @@ def _statements(vendor: str) -> _Statements:
 _met_full = False  # this process's last admission found the executor full: peek before queueing
 
 
-def _peek(sql: _Statements, *, limit: int, scope: str, key: str | None, request_sha256: str):
+def _peek(db, sql: _Statements, *, limit: int, scope: str, key: str | None, request_sha256: str):
     """Without the lock: the key's evaluation (a replay), or raise, or None when there may be room."""
-    with connection.cursor() as cursor:
+    with db.cursor() as cursor:
         if key is None:
             cursor.execute(sql.peek, [limit] * sql.room_params)
         else:
@@ -147,13 +147,16 @@ def admit(
 ) -> tuple[Evaluation, bool]:
     """Return (evaluation, created). Raise AtCapacity or IdempotencyConflict."""
     global _met_full
-    sql = _statements(connection.vendor)
+    # The connection itself, not django.db.connection: every attribute read through that proxy
+    # looks the connection up again, and preparing a row's values reads dozens.
+    db = connections[DEFAULT_DB_ALIAS]
+    sql = _statements(db.vendor)
     if _met_full:
-        existing = _peek(sql, limit=limit, scope=scope, key=key, request_sha256=request_sha256)
+        existing = _peek(db, sql, limit=limit, scope=scope, key=key, request_sha256=request_sha256)
         if existing is not None:
             return existing, False
     try:
-        return _admit_locked(sql, fields=fields, limit=limit, scope=scope, key=key,
+        return _admit_locked(db, sql, fields=fields, limit=limit, scope=scope, key=key,
                              request_sha256=request_sha256, data_dir=data_dir)  # fmt: skip
     except AtCapacity:
         _met_full = True
@@ -161,7 +164,7 @@ def admit(
 
 
 def _admit_locked(
-    sql: _Statements, *, fields: dict, limit: int, scope: str, key: str | None, request_sha256: str, data_dir
+    db, sql: _Statements, *, fields: dict, limit: int, scope: str, key: str | None, request_sha256: str, data_dir
 ) -> tuple[Evaluation, bool]:
     global _met_full
     given = {
@@ -174,13 +177,13 @@ def _admit_locked(
         "request_sha256": request_sha256,
         **fields,
     }
-    row = sql.evaluation.values(given)
+    row = sql.evaluation.values(given, db)
     transition_row = sql.transition.values(
-        {"evaluation_id": given["id"], "step": Step.QUEUED, "status": Status.PENDING, "at": given["created_at"]}
+        {"evaluation_id": given["id"], "step": Step.QUEUED, "status": Status.PENDING, "at": given["created_at"]}, db
     )
     existing_id = None
-    with transaction.atomic(), connection.cursor() as cursor:
-        if connection.vendor == "postgresql":
+    with transaction.atomic(using=db.alias), db.cursor() as cursor:
+        if db.vendor == "postgresql":
             cursor.execute("SELECT pg_advisory_xact_lock(%s)", [ADMISSION_LOCK])
         if key is not None:
             cursor.execute(sql.find_key, [scope, key])
@@ -194,11 +197,11 @@ def _admit_locked(
             if cursor.rowcount != 1:
                 raise AtCapacity()
             cursor.execute(sql.insert_transition, transition_row)
-            transaction.on_commit(lambda: wakeup.notify(data_dir))
+            transaction.on_commit(lambda: wakeup.notify(data_dir), using=db.alias)
     if existing_id is not None:
         return Evaluation.objects.get(pk=existing_id), False
     _met_full = False
     evaluation = Evaluation(**given)
     evaluation._state.adding = False  # as create() leaves it: the row exists
-    evaluation._state.db = connection.alias
+    evaluation._state.db = db.alias
     return evaluation, True
