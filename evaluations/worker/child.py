@@ -32,15 +32,28 @@ WATCH_SECS = 1.0
 
 
 class CancelFlag:
-    """Set by the worker (a multiprocessing.Event), by our own parent's death, or by our row."""
+    """Set by the worker (a byte on our cancel pipe), by our own parent's death, or by our row.
 
-    def __init__(self, event):
-        self.event = event
+    The pipe is read without blocking, from whichever thread asks first (the pipeline's or a
+    monitor's); once a cancel is seen it stays seen. End of file is not a cancel: it means the
+    worker is gone, which PR_SET_PDEATHSIG reports as ``lost``.
+    """
+
+    def __init__(self, channel):
+        self.fd = channel.fileno()
+        os.set_blocking(self.fd, False)
+        self._channel = channel  # keeps the fd open
+        self.requested = False
         self.lost = False
         self.ended_elsewhere = False
 
     def is_set(self) -> bool:
-        return self.lost or self.ended_elsewhere or self.event.is_set()
+        if not self.requested:
+            try:
+                self.requested = bool(os.read(self.fd, 1))
+            except (BlockingIOError, OSError):
+                pass
+        return self.lost or self.ended_elsewhere or self.requested
 
 
 def watch_row(eval_id: str, flag: CancelFlag, stop: threading.Event) -> None:
@@ -62,7 +75,7 @@ def watch_row(eval_id: str, flag: CancelFlag, stop: threading.Event) -> None:
             if row is None or row[0] != Status.RUNNING:
                 flag.ended_elsewhere = True
             elif row[1]:
-                flag.event.set()
+                flag.requested = True
     finally:
         connections.close_all()
 
@@ -75,8 +88,8 @@ class LostFlag:
         return self.flag.lost
 
 
-def main(eval_id: str, sandbox: str, cancel_event) -> None:
-    flag = CancelFlag(cancel_event)
+def main(eval_id: str, sandbox: str, cancel_channel) -> None:
+    flag = CancelFlag(cancel_channel)
 
     def parent_died(signum, frame):
         flag.lost = True  # a plain attribute: safe to set from a signal handler

@@ -10,6 +10,12 @@ multiprocessing would start and import Django into a second time: the worker
 imports the pipeline once, freezes its heap (``gc.freeze``) and forks, so the
 worker, its forkserver and every evaluation process share those pages
 (bench/RESULTS.md: the forkserver's private memory 38 -> ~2 MB).
+
+A cancel reaches an evaluation process as one byte on a pipe of its own, not
+as a ``multiprocessing.Event``: an Event is five named semaphores, and named
+semaphores need multiprocessing's resource tracker, one more process, to
+unlink them after a crash. A pipe needs nothing and vanishes with its
+holders, so the pool runs without a resource tracker.
 """
 
 from __future__ import annotations
@@ -23,27 +29,33 @@ import socket
 import threading
 import time
 from dataclasses import dataclass, field
+from multiprocessing.connection import Connection
 
 from executor_project.process import name_process
 
 _PR_SET_PDEATHSIG = 1
+CANCEL_BYTE = b"c"  # written once on an evaluation's cancel pipe (child.py reads it)
 
 
 @dataclass
 class Running:
     eval_id: str
     process: multiprocessing.Process
-    cancel_event: object
+    cancel: Connection  # the write end of the evaluation process's cancel pipe
     started: float = field(default_factory=time.monotonic)
     cancel_sent: bool = False
 
 
 class Pool:
-    def __init__(self, capacity: int, sandbox: str):
+    def __init__(self, capacity: int, sandbox: str, target=None):
+        """``target(eval_id, sandbox, cancel_channel)`` runs in each process: child.main unless a test says."""
         self.capacity = capacity
         self.sandbox = sandbox
         self.context = multiprocessing.get_context("forkserver")
         start_forkserver()
+        if target is None:
+            from evaluations.worker.child import main as target
+        self.target = target
         self.running: dict[str, Running] = {}
 
     @property
@@ -51,21 +63,28 @@ class Pool:
         return self.capacity - len(self.running)
 
     def start(self, eval_id) -> None:
-        from evaluations.worker.child import main
-
         eval_id = str(eval_id)
-        cancel_event = self.context.Event()
-        process = self.context.Process(
-            target=main, args=(eval_id, self.sandbox, cancel_event), name=f"eval-{eval_id}", daemon=False
-        )
-        process.start()
-        self.running[eval_id] = Running(eval_id, process, cancel_event)
+        cancel_r, cancel_w = self.context.Pipe(duplex=False)
+        try:
+            process = self.context.Process(
+                target=self.target, args=(eval_id, self.sandbox, cancel_r), name=f"eval-{eval_id}", daemon=False
+            )
+            process.start()  # the forkserver hands the child its own copy of the read end
+        except BaseException:
+            cancel_w.close()
+            raise
+        finally:
+            cancel_r.close()
+        self.running[eval_id] = Running(eval_id, process, cancel_w)
 
     def cancel(self, eval_id: str) -> None:
         entry = self.running.get(eval_id)
         if entry is not None and not entry.cancel_sent:
-            entry.cancel_event.set()
             entry.cancel_sent = True
+            try:
+                os.write(entry.cancel.fileno(), CANCEL_BYTE)
+            except OSError:
+                pass  # it has exited (EPIPE): reap() reports it
 
     def sentinels(self) -> list[int]:
         return [entry.process.sentinel for entry in self.running.values()]
@@ -76,6 +95,7 @@ class Pool:
         for eval_id, entry in list(self.running.items()):
             if not entry.process.is_alive():
                 entry.process.join()
+                entry.cancel.close()
                 finished.append((eval_id, entry.process.exitcode))
                 del self.running[eval_id]
         return finished
@@ -114,7 +134,7 @@ def start_forkserver() -> None:
             return
         if threading.active_count() != 1:
             raise RuntimeError(f"start_forkserver: {threading.active_count()} threads; it must fork a lone thread")
-        _fork_resource_tracker(resource_tracker._resource_tracker)  # first: the forkserver's children share it
+        _without_resource_tracker(resource_tracker._resource_tracker)
         connections.close_all()  # no connection may be shared: each evaluation process opens its own
         gc.collect()
         gc.freeze()  # a later collection in any of the forks would write to, and so copy, every page it visits
@@ -155,25 +175,15 @@ def _become_forkserver(worker: int) -> None:
     name_process("te-forkserver")
 
 
-def _fork_resource_tracker(tracker) -> None:
-    """multiprocessing's resource tracker (it unlinks the semaphores of evaluation processes that
-    died), forked like the forkserver rather than started as one more interpreter (6 MB)."""
-    with tracker._lock:
-        if tracker._fd is not None:
-            return
-        read_end, write_end = os.pipe()
-        pid = os.fork()
-        if pid == 0:
-            code = 1
-            try:
-                os.close(write_end)
-                name_process("te-restracker")
-                from multiprocessing import resource_tracker
+def _without_resource_tracker(tracker) -> None:
+    """Let multiprocessing believe its resource tracker runs, without one.
 
-                resource_tracker.main(read_end)  # until every holder of write_end has closed it
-                code = 0
-            finally:
-                os._exit(code)
-        os.close(read_end)
-        tracker._fd = write_end
-        tracker._pid = pid
+    The tracker unlinks named semaphores and shared memory a crashed process left; the pool
+    makes neither (cancels are pipes). But the forkserver protocol hands every new process the
+    tracker's pipe, and asking for it starts the tracker (a whole interpreter) unless one
+    answers: /dev/null answers every write, so nothing starts and nothing is tracked.
+    """
+    with tracker._lock:
+        if tracker._fd is None:
+            tracker._fd = os.open(os.devnull, os.O_WRONLY | os.O_CLOEXEC)
+            tracker._pid = None

@@ -1,0 +1,62 @@
+"""Code that test_memory.py runs in a process of its own (``python -c``), printing one JSON line.
+
+Each probe starts from a fresh interpreter, as ``manage.py serve`` does, so what it
+reports about imports and helper processes is not muddled by the test runner's own.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import sys
+import time
+
+import django
+
+
+def _setup() -> None:
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "executor_project.settings")
+    django.setup()
+
+
+def wait_for_cancel(eval_id: str, sandbox: str, channel) -> None:
+    """A Pool target: exit 0 once the worker's cancel arrives (3 if it never does)."""
+    from evaluations.worker.child import CancelFlag
+
+    flag = CancelFlag(channel)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if flag.is_set():
+            sys.exit(0)
+        select.select([flag.fd], [], [], 1)  # readable once the byte (or end of file) is there
+    sys.exit(3)
+
+
+def pool_cancel() -> None:
+    """A real Pool (forkserver and all): start an evaluation process, cancel it, report what ran."""
+    _setup()
+    import multiprocessing.resource_tracker
+    from multiprocessing.connection import wait
+
+    import psutil
+
+    from evaluations.worker.pool import Pool
+
+    pool = Pool(1, "none", target=wait_for_cancel)
+    pool.start("probe")
+    helpers = [child.name() for child in psutil.Process().children()]
+    pool.cancel("probe")
+    wait(pool.sentinels(), timeout=60)
+    finished = pool.reap()
+    tracker = multiprocessing.resource_tracker._resource_tracker
+    print(
+        json.dumps(
+            {
+                "finished": finished,
+                "children": helpers,
+                "tracker_pid": tracker._pid,
+                "descendants": [" ".join(p.cmdline()) for p in psutil.Process().children(recursive=True)],
+            }
+        )
+    )
