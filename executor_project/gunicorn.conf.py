@@ -33,6 +33,9 @@ access_log_format = '%(h)s "%(r)s" %(s)s %(b)s %(M)sms'
 logconfig_dict = logging_config(_config)
 wsgi_app = "executor_project.wsgi:application"
 preload_app = True
+# gunicorn's control socket (gunicornc) is a thread with an asyncio loop in the master, and one
+# path ($HOME/.gunicorn/gunicorn.ctl) for every gunicorn of the user: not used here.
+control_socket_disable = True
 
 # Request metrics are per process; prometheus_client merges them through this folder.
 # It must exist before the app (preloaded by the master) imports prometheus_client, hence here.
@@ -50,8 +53,10 @@ def when_ready(server):
     from django.urls import get_resolver
 
     from evaluations.checks import log_startup_warnings
+    from executor_project.memory import limit_sqlite_page_cache
 
     log_startup_warnings()
+    limit_sqlite_page_cache()  # a GET of a row with large outputs would fill 2 MB per worker
     # The URLconf (every view, serializer and their imports) loads at the first request:
     # load it here, once, for all the workers to share.
     get_resolver().resolve("/health")
@@ -74,3 +79,10 @@ def child_exit(server, worker):
 
 def on_exit(server):
     shutil.rmtree(_metrics_dir, ignore_errors=True)
+
+
+def post_worker_init(worker):
+    from executor_project.memory import release_after_large_responses
+
+    # A large response (an evaluation with 1 MiB outputs) is freed once sent, not several requests later.
+    worker.wsgi = release_after_large_responses(worker.wsgi)

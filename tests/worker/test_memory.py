@@ -1,20 +1,31 @@
 """What keeps the service's memory down (issue 7): the figures are in bench/, the behaviour here.
 
-* an evaluation's cancel is a byte on a pipe, so no resource tracker process runs.
+* an evaluation's cancel is a byte on a pipe, so no resource tracker process runs;
+* a large response is freed once sent; SQLite connections keep a small page cache.
 """
 
 from __future__ import annotations
 
+import gc
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
+import weakref
 from multiprocessing.connection import Connection
 
+import psutil
 import pytest
+from django.db import connections
 
 from evaluations.worker.child import CancelFlag
-from tests.helpers.service import PROJECT, FreshDatabase
+from executor_project.memory import LARGE_RESPONSE_BYTES, limit_sqlite_page_cache, release_after_large_responses
+from tests.helpers.http import request
+from tests.helpers.polling import submit, wait_for, wait_terminal
+from tests.helpers.service import PROJECT, FreshDatabase, LiveService
+from tests.helpers.tasks import SOLVER
 
 
 def run_probe(call: str, env: dict) -> dict:
@@ -68,3 +79,115 @@ def test_the_cancel_byte_sets_the_flag_for_good_and_end_of_file_does_not():
     assert not flag.is_set()
     flag.lost = True
     assert flag.is_set()
+
+
+class CyclicResponse:
+    """What a DRF response is to the garbage collector: an object that refers to itself."""
+
+    def __init__(self, size: int):
+        self.body = b"x" * size
+        self.cycle = self
+        self.closed = False
+
+    def __iter__(self):
+        yield self.body
+
+    def close(self):
+        self.closed = True
+
+
+def serve_once(size: int) -> tuple[weakref.ref, bytes]:
+    made = []
+
+    def app(environ, start_response):
+        response = CyclicResponse(size)
+        made.append(weakref.ref(response))
+        return response
+
+    iterable = release_after_large_responses(app)({}, None)
+    body = b"".join(iterable)
+    iterable.close()
+    return made[0], body
+
+
+def test_a_large_response_is_freed_once_sent_and_a_small_one_left_to_the_collector():
+    gc.disable()  # only the wrapper's own collection may free the cycles
+    try:
+        large, body = serve_once(LARGE_RESPONSE_BYTES)
+        assert len(body) == LARGE_RESPONSE_BYTES
+        assert large() is None
+        small, body = serve_once(100)
+        assert body == b"x" * 100
+        assert small() is not None and small().closed  # closed, as the server asked; no collection
+    finally:
+        gc.enable()
+        gc.collect()
+
+
+def test_a_file_response_is_passed_through_for_sendfile():
+    class FileWrapper:
+        pass
+
+    sent = FileWrapper()
+    assert release_after_large_responses(lambda environ, start: sent)({"wsgi.file_wrapper": FileWrapper}, None) is sent
+
+
+def cache_size_of_a_new_connection() -> int:
+    fresh = connections.create_connection("default")
+    try:
+        with fresh.cursor() as cursor:
+            return cursor.execute("PRAGMA cache_size").fetchone()[0]
+    finally:
+        fresh.close()
+        if fresh.connection is not None:  # Django leaves in-memory databases open
+            fresh.connection.close()
+
+
+@pytest.mark.django_db
+def test_new_sqlite_connections_keep_a_small_page_cache():
+    if connections["default"].vendor != "sqlite":
+        pytest.skip("an SQLite setting")
+    from django.db.backends.signals import connection_created
+
+    default = cache_size_of_a_new_connection()
+    limit_sqlite_page_cache()
+    try:
+        limited = cache_size_of_a_new_connection()
+    finally:
+        connection_created.disconnect(dispatch_uid="executor_project.memory.page_cache")
+    assert (default, limited) == (-2000, -256)
+
+
+@pytest.mark.slow
+def test_serve_runs_each_process_once_and_no_resource_tracker(tmp_path, tasks, workspace_base):
+    env = {"ALLOWED_PRIVATE_HOSTS": "127.0.0.1", "WORKSPACE_BASE": str(workspace_base)}
+    service = LiveService(tmp_path / "svc", env=env)
+    service.manage("migrate", "--noinput")
+    serve = subprocess.Popen([sys.executable, "manage.py", "serve"], cwd=PROJECT, env=service.env,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    try:
+        service.gunicorn = serve
+        service.wait_healthy()
+        wait_for(lambda: request("GET", service.url("/status")).json()["workers"] == 1, 20, what="the worker")
+        eval_id = submit(service, tasks.task(), SOLVER)
+        body = wait_terminal(service, eval_id)
+        assert body["passed"] is True, body["error"]  # the pool has started a process
+        root = psutil.Process(serve.pid)
+        tree = {proc.name(): sorted(child.name() for child in proc.children()) for proc in [root, *root.children()]}
+        assert tree == {
+            "te-serve": ["te-gunicorn", "te-worker"],
+            "te-gunicorn": ["te-gunicorn", "te-gunicorn"],  # the master and its WEB_WORKERS=2 workers
+            "te-worker": ["te-forkserver"],
+        }
+        master = next(proc for proc in root.children() if proc.name() == "te-gunicorn")
+        assert master.num_threads() == 1  # no control-socket thread
+        everything = root.children(recursive=True)
+        assert not [proc for proc in everything if "resource_tracker" in " ".join(proc.cmdline())]
+        serve.send_signal(signal.SIGTERM)
+        assert serve.wait(timeout=60) == 0
+        time.sleep(0.5)
+        assert not [proc for proc in everything if proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE]
+    finally:
+        if serve.poll() is None:
+            serve.kill()
+        service.database.drop()

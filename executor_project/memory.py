@@ -1,0 +1,82 @@
+"""Memory the service's processes hold on to after large outputs, and what lets them give it back.
+
+Measured with ``python -m bench --only memory`` (bench/RESULTS.md): an agent
+writing 1 GB leaves a 1 MiB ``agent_output`` and a 1 MiB log in its row.
+
+1. A gunicorn worker rendering such a row for ``GET /evaluate/{id}`` kept
+   the row, the data and the rendered body (~3 MB) until its next full
+   garbage collection, several large responses later: a DRF response is a
+   reference cycle (response -> renderer context -> view -> response). After
+   a large response the worker collects at once, then hands the freed
+   memory back to the kernel (``malloc_trim``): glibc's mmap threshold
+   rises to the size of the first large block freed, so later megabyte
+   blocks come from the heap, and freed heap memory stays in the process
+   (~5 MB more per worker in the bench without it).
+2. SQLite's page cache is 2 MB per connection by default, and a connection
+   that wrote or read a multi-megabyte row keeps it full of that row's
+   overflow pages. The service reads and writes rows by primary key, for
+   which a few dozen pages suffice.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import gc
+
+_libc = ctypes.CDLL(None)
+LARGE_RESPONSE_BYTES = 256 * 1024
+SQLITE_CACHE_KIB = 256
+
+
+def release_after_large_responses(app):
+    """``app`` as a WSGI application that frees what a large response left behind once it is sent."""
+
+    def application(environ, start_response):
+        response = app(environ, start_response)
+        file_wrapper = environ.get("wsgi.file_wrapper")
+        if file_wrapper is not None and isinstance(response, file_wrapper):
+            return response  # gunicorn sends these with sendfile: leave them as they are
+        return _Releasing(response)
+
+    return application
+
+
+class _Releasing:
+    """The response's chunks, counted; ``close`` drops the response and collects if it was large.
+
+    The server calls ``close`` after sending the last chunk; until then it holds this object, so
+    the response itself is only reachable through the cycle that ``gc.collect`` then frees.
+    """
+
+    def __init__(self, response):
+        self.response = response
+        self.sent = 0
+
+    def __iter__(self):
+        for chunk in self.response:
+            self.sent += len(chunk)
+            yield chunk
+
+    def close(self) -> None:
+        response, self.response = self.response, None
+        try:
+            if hasattr(response, "close"):
+                response.close()
+        finally:
+            del response  # the last reference outside the cycle (a bound method would be one more)
+            if self.sent >= LARGE_RESPONSE_BYTES:
+                gc.collect()
+                _libc.malloc_trim(0)
+
+
+def limit_sqlite_page_cache() -> None:
+    """From now on, each SQLite connection this process (or a fork of it) opens caches at most
+    SQLITE_CACHE_KIB of database pages instead of SQLite's 2 MB."""
+    from django.db.backends.signals import connection_created
+
+    connection_created.connect(_small_page_cache, dispatch_uid="executor_project.memory.page_cache")
+
+
+def _small_page_cache(sender, connection, **kwargs) -> None:
+    if connection.vendor == "sqlite":
+        connection.connection.execute(f"PRAGMA cache_size=-{SQLITE_CACHE_KIB}").close()
