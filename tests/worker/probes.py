@@ -6,6 +6,7 @@ reports about imports and helper processes is not muddled by the test runner's o
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import select
@@ -18,6 +19,44 @@ import django
 def _setup() -> None:
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "executor_project.settings")
     django.setup()
+
+
+def _get(app, path: str) -> str:
+    statuses = []
+    environ = {
+        "REQUEST_METHOD": "GET",
+        "PATH_INFO": path,
+        "QUERY_STRING": "",
+        "SERVER_NAME": "probe",
+        "SERVER_PORT": "80",
+        "wsgi.input": io.BytesIO(),
+        "wsgi.errors": sys.stderr,
+        "wsgi.url_scheme": "http",
+    }
+    b"".join(app(environ, lambda status, headers, exc_info=None: statuses.append(status)))
+    return statuses[0]
+
+
+def first_use(task_file: str) -> None:
+    """After serve's preload: the modules a first query, the API's reads and a task file import."""
+    _setup()
+    from evaluations.management.commands.serve import preload
+
+    preload()
+    before = set(sys.modules)
+    from django.core.handlers.wsgi import WSGIHandler
+
+    from evaluations.models import Evaluation, Status, Step
+
+    row = Evaluation.objects.create(
+        task_url="http://127.0.0.1/task.tar.gz", agent_code="print(1)", status=Status.PENDING, step=Step.QUEUED
+    )
+    Evaluation.objects.filter(id=row.id).update(agent_output="done")
+    app = WSGIHandler()
+    statuses = [_get(app, path) for path in ("/health", "/status", f"/evaluate/{row.id}", "/evaluations", "/metrics")]
+    with open(task_file, encoding="utf-8-sig") as handle:
+        handle.read()
+    print(json.dumps({"statuses": statuses, "imported": sorted(set(sys.modules) - before)}))
 
 
 def wait_for_cancel(eval_id: str, sandbox: str, channel) -> None:

@@ -1,5 +1,6 @@
 """What keeps the service's memory down (issue 7): the figures are in bench/, the behaviour here.
 
+* serve's preload leaves nothing for a first query or request to import privately;
 * an evaluation's cancel is a byte on a pipe, so no resource tracker process runs;
 * a large response is freed once sent; SQLite connections keep a small page cache.
 """
@@ -45,6 +46,22 @@ def probe_env(tmp_path, database_url: str) -> dict:
     env = {key: value for key, value in os.environ.items() if not key.startswith(("DJANGO_", "PYTEST_", "PROMETHEUS_"))}
     env.update({"DATA_DIR": str(tmp_path / "data"), "DATABASE_URL": database_url, "WORKSPACE_BASE": str(tmp_path)})
     return env
+
+
+@pytest.mark.slow
+def test_after_the_preload_a_first_query_and_the_api_reads_import_nothing(tmp_path):
+    service = LiveService(tmp_path / "svc")  # for its fresh database (SQLite, or PostgreSQL when the run uses it)
+    try:
+        service.manage("migrate", "--noinput")
+        task_file = tmp_path / "checks.txt"
+        task_file.write_text("\ufefftest -f calc.py\n", encoding="utf-8")
+        report = run_probe(f"first_use({str(task_file)!r})", probe_env(tmp_path, service.database.url))
+    finally:
+        service.database.drop()
+    assert report["statuses"] == ["200 OK"] * 5
+    # Anything listed here is imported by every process that runs it, each into its own memory:
+    # import it in serve.first_use() instead.
+    assert report["imported"] == []
 
 
 @pytest.mark.slow

@@ -7,7 +7,8 @@
 3. If one child dies, the other is stopped and serve exits non-zero, so a
    supervisor (Docker, systemd) restarts the pair.
 4. One interpreter's worth of memory: serve imports Django, the API (every
-   view) and the pipeline once, freezes that heap (``gc.freeze``) and forks
+   view), the pipeline and what a first query or request would import
+   (``first_use``) once, freezes that heap (``gc.freeze``) and forks
    the gunicorn master and the worker from it; gunicorn forks its web workers
    and the worker its forkserver from those, so every process of the service
    shares these pages instead of importing its own copy (bench/RESULTS.md).
@@ -105,11 +106,36 @@ def preload() -> None:
     from evaluations.worker import child  # noqa: F401  (Django's models and the whole pipeline)
 
     get_resolver().resolve("/health")  # the URLconf: every view, serializer and their imports
+    first_use()
     limit_sqlite_page_cache()  # in every process forked from here
     connections.close_all()  # no child may inherit a database connection
     gc.collect()
     # A collection in a child writes to every object it visits, which would copy each shared page.
     gc.freeze()
+
+
+def first_use() -> None:
+    """Import and build here what each process would otherwise import or build, in its own private
+    memory, at its first query or request (found by comparing ``sys.modules`` before and after)."""
+    import codecs
+    import multiprocessing.forkserver  # noqa: F401  (the worker's pool)
+    import multiprocessing.popen_forkserver  # noqa: F401
+    import multiprocessing.spawn  # noqa: F401
+    import runpy  # noqa: F401
+
+    import django.contrib.sessions.serializers  # noqa: F401  (every request's session middleware)
+    import gunicorn.glogging  # noqa: F401
+    from django.apps import apps
+    from django.db import connections
+    from django.utils.module_loading import import_string
+
+    import_string(settings.MESSAGE_STORAGE)  # every request's message middleware
+    codecs.lookup("utf-8-sig")  # task files are read with it
+    for connection in connections.all():
+        connection.ops.compiler("SQLCompiler")  # imports the SQL compiler module; connects to nothing
+    for model in apps.get_models():  # the models' field caches, filled by a first query
+        for field in model._meta.concrete_fields:
+            field.cached_col  # noqa: B018
 
 
 def fork(name: str, target) -> int:
