@@ -2,8 +2,9 @@
 
 The service is every process ``bin/serve`` starts, its commands left out:
 ``manage.py serve`` itself (started here exactly so), the gunicorn master and
-its workers, the worker, its forkserver and multiprocessing's resource tracker,
-and the evaluation processes the forkserver forks. They are sampled every
+its workers, the worker, its forkserver (and multiprocessing's resource tracker,
+were one to start: the pool runs without), and the evaluation processes the
+forkserver forks. They are sampled every
 50 ms from /proc/PID/smaps_rollup; the figure is the peak of their sum, as RSS
 (pages shared between forked processes counted once per process) and as PSS
 (each shared page split among its sharers: the memory the service really
@@ -90,7 +91,6 @@ def _role(proc: psutil.Process, parent_role: str | None) -> str:
         "te-gunicorn": "gunicorn master",
         "te-worker": "worker",
         "te-forkserver": "forkserver",
-        "te-restracker": "resource tracker",
     }
     if comm in named:
         return named[comm]
