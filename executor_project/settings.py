@@ -48,7 +48,7 @@ MIDDLEWARE = [
     "executor_project.middleware.AdminAuthenticationMiddleware",
     "executor_project.middleware.AdminMessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
-    "django_prometheus.middleware.PrometheusAfterMiddleware",
+    "executor_project.prometheus.PrometheusAfterMiddleware",
 ]
 
 ROOT_URLCONF = "executor_project.urls"
