@@ -30,6 +30,7 @@ import functools
 import uuid
 
 from django.db import DEFAULT_DB_ALIAS, connection, connections, transaction
+from django.db.models import CharField, Field, TextField
 from django.utils import timezone
 
 from evaluations import wakeup
@@ -51,12 +52,14 @@ class _Row:
 
     Columns the caller does not give hold their field's default, converted for the
     database once per process when it is a constant ("", None, False), at each row
-    when it is computed (a callable default).
+    when it is computed (a callable default). A text column (Django's own CharField or
+    TextField) takes a str or None as it is: the ORM's five calls per value return it unchanged.
     """
 
     def __init__(self, model, *, skip=()):
         self.fields = [field for field in model._meta.concrete_fields if field.attname not in skip]
         self.position = {field.attname: i for i, field in enumerate(self.fields)}
+        self.text = [_keeps_str(field) for field in self.fields]
         self.template = []
         self.computed = []  # fields whose default is made anew for every row
         for field in self.fields:
@@ -73,8 +76,25 @@ class _Row:
                 row[self.position[field.attname]] = field.get_db_prep_save(field.get_default(), db)
         for name, value in given.items():
             i = self.position[name]
-            row[i] = self.fields[i].get_db_prep_save(value, db)
+            if self.text[i] and (value is None or isinstance(value, str)):
+                row[i] = value
+            else:
+                row[i] = self.fields[i].get_db_prep_save(value, db)
         return row
+
+
+def _keeps_str(field) -> bool:
+    """True when the field's get_db_prep_save returns any str, and None, unchanged: Django's CharField
+    and TextField, whose to_python keeps both, with none of the preparing methods overridden."""
+    cls = type(field)
+    return (
+        cls.get_db_prep_save is Field.get_db_prep_save
+        and cls.get_db_prep_value is Field.get_db_prep_value
+        and (cls.get_prep_value, cls.to_python) in _TEXT_METHODS
+    )
+
+
+_TEXT_METHODS = {(cls.get_prep_value, cls.to_python) for cls in (CharField, TextField)}
 
 
 class _Statements:
@@ -126,7 +146,7 @@ _met_full = False  # this process's last admission found the executor full: peek
 
 
 def _peek(db, sql: _Statements, *, limit: int, scope: str, key: str | None, request_sha256: str):
-    """Without the lock: the key's evaluation (a replay), or raise, or None when there may be room."""
+    """Without the lock: the key's evaluation id (a replay), or raise, or None when there may be room."""
     with db.cursor() as cursor:
         if key is None:
             cursor.execute(sql.peek, [limit] * sql.room_params)
@@ -136,16 +156,16 @@ def _peek(db, sql: _Statements, *, limit: int, scope: str, key: str | None, requ
     if found_id is not None:
         if found_sha != request_sha256:
             raise IdempotencyConflict(key)
-        return Evaluation.objects.get(pk=found_id)
+        return Evaluation._meta.pk.to_python(found_id)
     if not has_room:
         raise AtCapacity()
     return None
 
 
-def admit(
+def admit_id(
     *, fields: dict, limit: int, scope: str, key: str | None, request_sha256: str, data_dir
-) -> tuple[Evaluation, bool]:
-    """Return (evaluation, created). Raise AtCapacity or IdempotencyConflict."""
+) -> tuple[uuid.UUID, bool]:
+    """Return (the evaluation's id, created). Raise AtCapacity or IdempotencyConflict."""
     global _met_full
     # The connection itself, not django.db.connection: every attribute read through that proxy
     # looks the connection up again, and preparing a row's values reads dozens.
@@ -163,9 +183,15 @@ def admit(
         raise
 
 
+def admit(**request) -> tuple[Evaluation, bool]:
+    """As admit_id, with the evaluation loaded (the admin links to it); POST /evaluate needs only the id."""
+    eval_id, created = admit_id(**request)
+    return Evaluation.objects.get(pk=eval_id), created
+
+
 def _admit_locked(
     db, sql: _Statements, *, fields: dict, limit: int, scope: str, key: str | None, request_sha256: str, data_dir
-) -> tuple[Evaluation, bool]:
+) -> tuple[uuid.UUID, bool]:
     global _met_full
     given = {
         "id": uuid.uuid4(),
@@ -181,7 +207,6 @@ def _admit_locked(
     transition_row = sql.transition.values(
         {"evaluation_id": given["id"], "step": Step.QUEUED, "status": Status.PENDING, "at": given["created_at"]}, db
     )
-    existing_id = None
     with transaction.atomic(using=db.alias), db.cursor() as cursor:
         if db.vendor == "postgresql":
             cursor.execute("SELECT pg_advisory_xact_lock(%s)", [ADMISSION_LOCK])
@@ -191,17 +216,11 @@ def _admit_locked(
             if found is not None:
                 if found[1] != request_sha256:
                     raise IdempotencyConflict(key)
-                existing_id = found[0]
-        if existing_id is None:
-            cursor.execute(sql.insert_if_room, [*row, *[limit] * sql.room_params])
-            if cursor.rowcount != 1:
-                raise AtCapacity()
-            cursor.execute(sql.insert_transition, transition_row)
-            transaction.on_commit(lambda: wakeup.notify(data_dir), using=db.alias)
-    if existing_id is not None:
-        return Evaluation.objects.get(pk=existing_id), False
+                return Evaluation._meta.pk.to_python(found[0]), False
+        cursor.execute(sql.insert_if_room, [*row, *[limit] * sql.room_params])
+        if cursor.rowcount != 1:
+            raise AtCapacity()
+        cursor.execute(sql.insert_transition, transition_row)
+        transaction.on_commit(lambda: wakeup.notify(data_dir), using=db.alias)
     _met_full = False
-    evaluation = Evaluation(**given)
-    evaluation._state.adding = False  # as create() leaves it: the row exists
-    evaluation._state.db = db.alias
-    return evaluation, True
+    return given["id"], True

@@ -184,7 +184,7 @@ class EvaluateView(APIView):
             "metadata": data.get("metadata"),
         }
         try:
-            evaluation, _created = admission.admit(
+            eval_id, _created = admission.admit_id(
                 fields=fields,
                 limit=config.admission_limit,
                 scope=request.user.scope,
@@ -207,9 +207,9 @@ class EvaluateView(APIView):
                 "idempotency_conflict",
                 "this Idempotency-Key was used with a different request body",
             ) from None
-        location = f"/evaluate/{evaluation.id}"
+        location = f"/evaluate/{eval_id}"
         return Response(
-            {"eval_id": str(evaluation.id), "status": Status.PENDING},
+            {"eval_id": str(eval_id), "status": Status.PENDING},
             status=http.HTTP_202_ACCEPTED,
             headers={"Location": location},
         )
