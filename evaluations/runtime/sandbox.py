@@ -44,7 +44,6 @@ variable of its own: ``PWD``, the folder it started the command in.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import json
 import logging
@@ -100,47 +99,34 @@ def sandbox_uid(configured: int = DEFAULT_SANDBOX_UID) -> int | None:
     return configured if os.geteuid() == 0 else None
 
 
-@dataclass(frozen=True)
-class Launch:
-    """What the spawner hands to Popen (before its rlimit/nice prefix).
+class InfoPipe:
+    """The pipe bwrap reports its sandbox's pid 1 on (``--info-fd``). Each end is closed once:
+    a second ``close`` of a reused fd number would close another thread's file."""
 
-    ``info_pipe``: (read end, write end) of the pipe bwrap reports its sandbox's
-    pid 1 on (``--info-fd``); the write end goes to the command, the spawner
-    closes both. None for a runtime without a pid namespace.
-    """
-
-    argv: list[str]
-    env: dict[str, str]
-    cwd: Path
-    info_pipe: tuple[int, int] | None = None
-
-    @property
-    def pass_fds(self) -> tuple[int, ...]:
-        return () if self.info_pipe is None else (self.info_pipe[1],)
-
-    def close(self) -> None:
-        if self.info_pipe is not None:
-            for fd in self.info_pipe:
-                with contextlib.suppress(OSError):
-                    os.close(fd)
+    def __init__(self):
+        self.read_fd, self.write_fd = os.pipe()
 
     def close_write_end(self) -> None:
-        """Once the command has started: bwrap holds its own copy."""
-        if self.info_pipe is not None:
-            with contextlib.suppress(OSError):
-                os.close(self.info_pipe[1])
+        if self.write_fd >= 0:
+            os.close(self.write_fd)
+            self.write_fd = -1
+
+    def close(self) -> None:
+        self.close_write_end()
+        if self.read_fd >= 0:
+            os.close(self.read_fd)
+            self.read_fd = -1
 
     def sandbox_init(self) -> int | None:
         """The host pid of the sandbox's pid 1, once bwrap has told it (None if it never did).
 
-        Blocks until bwrap closes its end: after it wrote the report, or when it exits.
-        When that process is gone, so is every process of the sandbox: the kernel kills
-        the rest of a pid namespace when its pid 1 exits, and nothing can leave one.
+        Blocks until bwrap closes its end (the caller has closed its own): after it wrote
+        the report, or when it exits. When that process is gone, so is every process of the
+        sandbox: the kernel kills the rest of a pid namespace when its pid 1 exits, and
+        nothing can leave one.
         """
-        if self.info_pipe is None:
-            return None
         report = b""
-        while chunk := os.read(self.info_pipe[0], 4096):
+        while chunk := os.read(self.read_fd, 4096):
             report += chunk
         try:
             pid = json.loads(report)["child-pid"]
@@ -149,10 +135,33 @@ class Launch:
         return pid if isinstance(pid, int) and pid > 1 else None
 
 
+@dataclass(frozen=True)
+class Launch:
+    """What the spawner hands to Popen (before its rlimit/nice prefix).
+
+    ``info``: where bwrap reports its sandbox's pid 1; its write end goes to the
+    command (``pass_fds``), the spawner closes both. None for a runtime without
+    a pid namespace.
+    """
+
+    argv: list[str]
+    env: dict[str, str]
+    cwd: Path
+    info: InfoPipe | None = None
+
+    @property
+    def pass_fds(self) -> tuple[int, ...]:
+        return () if self.info is None else (self.info.write_fd,)
+
+    def close(self) -> None:
+        if self.info is not None:
+            self.info.close()
+
+
 class Runtime:
     name = "runtime"
     isolated = False  # True when commands see /static/<save_path> instead of host paths
-    # True when each command runs in a pid namespace whose pid 1 Launch.sandbox_init reports.
+    # True when each command runs in a pid namespace whose pid 1 its Launch.info reports.
     contains_processes = False
 
     def __init__(self, uid: int | None):
@@ -213,10 +222,10 @@ class Bubblewrap(Runtime):
         )
         # bwrap's own environment: nothing the caller chose, plus the tag for the sweep.
         outer_env = {"PATH": SYSTEM_PATH, TAG_VAR: env[TAG_VAR]}
-        info_pipe = os.pipe()
-        # Its report names the sandbox's pid 1: the spawner waits for it to end (Launch.sandbox_init).
-        report = ["--info-fd", str(info_pipe[1])]
-        return Launch([self.bwrap, *report, *flags, "--", *argv], outer_env, Path("/"), info_pipe)
+        info = InfoPipe()
+        # Its report names the sandbox's pid 1: the spawner waits for it to end (InfoPipe.sandbox_init).
+        report = ["--info-fd", str(info.write_fd)]
+        return Launch([self.bwrap, *report, *flags, "--", *argv], outer_env, Path("/"), info)
 
 
 def bwrap_argv(

@@ -61,6 +61,7 @@ log = logging.getLogger(__name__)
 
 _NPROC_HEADROOM = 2  # shared uid: twice the limit
 _NPROC_MARGIN = 16  # own uid: the limit plus this
+_UNREPORTED = object()  # a sandbox that did not report its pid 1
 _SYSTEM_BIN = "/usr/bin:/bin:/usr/sbin:/sbin"
 
 
@@ -126,6 +127,7 @@ class Spawner:
         self.exclusive_uid = exclusive_uid and uid is not None
         # True while every command has run in a sandbox seen to end with all its processes.
         self._all_confirmed_gone = runtime.contains_processes
+        self._sandbox_init: int | object | None = None  # the running command's sandbox pid 1
         killer.become_subreaper()
         for tool in ("prlimit", "nice", "setpriv"):
             _tool(tool)  # fail now, not at the first command
@@ -160,7 +162,8 @@ class Spawner:
             capture = OutputCapture(limits.max_output_bytes, live_log)
             started = time.monotonic()
             proc = self._start([*self._limit_prefix(limits), *launch.argv], launch, stdin_data is not None)
-            launch.close_write_end()
+            if launch.info is not None:
+                launch.info.close_write_end()  # bwrap holds its own copy
             monitor = Monitor(
                 limits=limits,
                 session_dir=self.session_dir,
@@ -169,6 +172,7 @@ class Spawner:
                 on_verdict=lambda verdict: self._kill(proc, verdict),
                 **self._outside_usage(),
             )
+            self._sandbox_init = None
             monitor.start()
             sandbox_init = None
             try:
@@ -216,12 +220,23 @@ class Spawner:
 
     def _adopt_sandbox_init(self, launch: Launch) -> int | None:
         """The sandbox's pid 1 (None without one), kept from any reap until ``_confirm_gone``."""
-        pid = launch.sandbox_init() if self.runtime.contains_processes else None
+        pid = launch.info.sandbox_init() if launch.info is not None and self.runtime.contains_processes else None
         if pid is None:
             self._all_confirmed_gone = False  # nothing proves this command left nothing behind
+            self._sandbox_init = _UNREPORTED
         else:
             killer.adopt(pid)
+            self._sandbox_init = pid
         return pid
+
+    def _sandbox_shm_bytes(self) -> int:
+        """The monitor's look at the running command's SysV shared memory (see sysvipc)."""
+        init = self._sandbox_init
+        if init is None:
+            return 0  # bwrap has not made the namespace yet
+        if init is _UNREPORTED:
+            return sysvipc.sandbox_shm_bytes()  # every sandbox of ours, found by a scan
+        return sysvipc.namespace_shm_bytes(init)
 
     def _confirm_gone(self, sandbox_init: int | None) -> None:
         """Wait for the command's sandbox to be empty: its pid 1 ends only after the kernel has
@@ -243,7 +258,7 @@ class Spawner:
         if self.runtime.isolated:
             # /tmp is <session>/tmp and /dev/shm a capped tmpfs, both of the sandbox; its
             # SysV shared memory lives in its own IPC namespace, read there.
-            return {"extra_memory": sysvipc.sandbox_shm_bytes}
+            return {"extra_memory": self._sandbox_shm_bytes}
         uid = self._own_uid
         if uid is None:
             return {}  # a shared uid: what it owns is not this evaluation's alone

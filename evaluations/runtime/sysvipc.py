@@ -17,6 +17,7 @@ it. So the monitor adds the segments' resident bytes to the memory figure:
 from __future__ import annotations
 
 import ctypes
+import functools
 import logging
 import os
 from pathlib import Path
@@ -52,7 +53,7 @@ def owned_shm_bytes(uid: int) -> int:
 
 def remove_sysv_ipc(uid: int) -> int:
     """IPC_RMID every segment, queue and semaphore set ``uid`` owns or created."""
-    libc = ctypes.CDLL(None, use_errno=True)
+    libc = _libc()
     removed = 0
     for kind, column in _ID_COLUMN.items():
         for row in _rows(kind):
@@ -67,11 +68,10 @@ def remove_sysv_ipc(uid: int) -> int:
 
 
 def sandbox_shm_bytes() -> int:
-    """Resident bytes of every segment in the IPC namespaces of our sandboxed commands.
-
-    Our children are the bwrap processes (in our namespace); their children
-    are the sandboxes' first processes, in the new ones.
-    """
+    """Resident bytes of every segment in the IPC namespaces of our sandboxed commands,
+    found by a scan: our children are the bwrap processes (in our namespace); their
+    children are the sandboxes' first processes, in the new ones. The spawner asks
+    ``namespace_shm_bytes`` of the pid 1 bwrap reported instead, when it did."""
     own = os.readlink("/proc/thread-self/ns/ipc")
     sandboxes: dict[str, int] = {}
     for child in psutil.Process().children():
@@ -86,24 +86,31 @@ def sandbox_shm_bytes() -> int:
                 continue
             if namespace != own:
                 sandboxes.setdefault(namespace, proc.pid)
-    if not sandboxes:
-        return 0
-    libc = ctypes.CDLL(None, use_errno=True)
-    home = os.open("/proc/thread-self/ns/ipc", os.O_RDONLY | os.O_CLOEXEC)
-    total = 0
+    return sum(namespace_shm_bytes(pid) for pid in sandboxes.values())
+
+
+def namespace_shm_bytes(pid: int) -> int:
+    """Resident bytes of every segment in ``pid``'s IPC namespace (0 if it has ended), read
+    by entering it from this thread for a moment."""
     try:
-        for pid in sandboxes.values():
-            try:
-                fd = os.open(f"/proc/{pid}/ns/ipc", os.O_RDONLY | os.O_CLOEXEC)
-            except OSError:
-                continue  # it ended meanwhile
-            try:
-                if libc.setns(fd, _CLONE_NEWIPC) == 0:
-                    total += sum(int(row.get("rss", 0)) for row in _rows("shm"))
-            finally:
-                os.close(fd)
-                if libc.setns(home, _CLONE_NEWIPC) != 0:
-                    log.error("could not return to our own IPC namespace (errno %s)", ctypes.get_errno())
+        fd = os.open(f"/proc/{pid}/ns/ipc", os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return 0  # it ended meanwhile
+    libc = _libc()
+    home = os.open("/proc/thread-self/ns/ipc", os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        if libc.setns(fd, _CLONE_NEWIPC) != 0:
+            return 0
+        try:
+            return sum(int(row.get("rss", 0)) for row in _rows("shm"))
+        finally:
+            if libc.setns(home, _CLONE_NEWIPC) != 0:
+                log.error("could not return to our own IPC namespace (errno %s)", ctypes.get_errno())
     finally:
+        os.close(fd)
         os.close(home)
-    return total
+
+
+@functools.cache
+def _libc() -> ctypes.CDLL:
+    return ctypes.CDLL(None, use_errno=True)

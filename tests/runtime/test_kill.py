@@ -13,7 +13,7 @@ from pathlib import Path
 import psutil
 
 from evaluations.runtime import killer
-from evaluations.runtime.sandbox import Launch
+from evaluations.runtime.sandbox import InfoPipe
 from tests.runtime.support import alive_with_cmdline, leftovers, tagged_alive
 
 
@@ -98,7 +98,7 @@ def test_sandboxed_sweeps_scan_only_once_a_sandbox_was_not_seen_to_end(bwrap_sp,
     marker = uuid.uuid4().int % 10**6
     assert bwrap_sp.run(_escapees(marker)).exit_code == 0
     assert bwrap_sp.spawner.sweep() == 0 and scans == []
-    monkeypatch.setattr(Launch, "sandbox_init", lambda self: None)  # as if bwrap died before reporting
+    monkeypatch.setattr(InfoPipe, "sandbox_init", lambda self: None)  # as if bwrap died before reporting
     assert bwrap_sp.run("true").exit_code == 0
     assert bwrap_sp.spawner.sweep() == 0 and len(scans) == 1
     assert bwrap_sp.spawner.sweep() == 0 and len(scans) == 2
@@ -136,3 +136,16 @@ def test_the_scan_leaves_kernel_threads_out():
     table = killer.processes()
     assert not any(p.kernel_thread or p.pid == 2 or p.ppid == 2 for p in table)
     assert os.getpid() in {p.pid for p in table} and 1 in {p.pid for p in table}
+
+
+def test_the_report_pipe_closes_each_end_once(tmp_path):
+    """Closing twice would close whatever file took the number meanwhile (another thread's)."""
+    info = InfoPipe()
+    info.close_write_end()
+    with open(tmp_path / "other", "wb") as other:  # the lowest free number: the write end's
+        info.close_write_end()
+        info.close()
+        info.close()
+        other.write(b"still open")  # would raise EBADF had a close hit it
+        other.flush()
+    assert (tmp_path / "other").read_bytes() == b"still open"
