@@ -8,8 +8,11 @@ from urllib.parse import parse_qsl, unquote, urlsplit
 from executor_project.config import ConfigError
 
 SQLITE_OPTIONS = {
-    # WAL lets readers (gunicorn) and the writer (the worker) work at once.
-    "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
+    # WAL lets readers (gunicorn) and the writer (the worker) work at once. The page cache is
+    # 256 KiB, not SQLite's 2 MB: rows are read and written by primary key, which a few dozen
+    # pages serve, and a connection that touched a row with 1 MiB outputs kept 2 MB of its
+    # overflow pages in every process (bench/RESULTS.md, memory).
+    "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL; PRAGMA cache_size=-256;",
     # Seconds a writer waits for the lock instead of failing with "database is locked".
     "timeout": 30,
     # Take the write lock at BEGIN so a read-then-write transaction never deadlocks

@@ -53,10 +53,8 @@ def when_ready(server):
     from django.urls import get_resolver
 
     from evaluations.checks import log_startup_warnings
-    from executor_project.memory import limit_sqlite_page_cache
 
     log_startup_warnings()
-    limit_sqlite_page_cache()  # a GET of a row with large outputs would fill 2 MB per worker
     # The URLconf (every view, serializer and their imports) loads at the first request:
     # load it here, once, for all the workers to share.
     get_resolver().resolve("/health")

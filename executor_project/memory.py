@@ -12,10 +12,8 @@ writing 1 GB leaves a 1 MiB ``agent_output`` and a 1 MiB log in its row.
    rises to the size of the first large block freed, so later megabyte
    blocks come from the heap, and freed heap memory stays in the process
    (~5 MB more per worker in the bench without it).
-2. SQLite's page cache is 2 MB per connection by default, and a connection
-   that wrote or read a multi-megabyte row keeps it full of that row's
-   overflow pages. The service reads and writes rows by primary key, for
-   which a few dozen pages suffice.
+(SQLite's page cache, the other thing a large row filled, is capped where the
+connection is configured: ``dburl.SQLITE_OPTIONS``.)
 """
 
 from __future__ import annotations
@@ -25,7 +23,6 @@ import gc
 
 _libc = ctypes.CDLL(None)
 LARGE_RESPONSE_BYTES = 256 * 1024
-SQLITE_CACHE_KIB = 256
 
 
 def release_after_large_responses(app):
@@ -67,16 +64,3 @@ class _Releasing:
             if self.sent >= LARGE_RESPONSE_BYTES:
                 gc.collect()
                 _libc.malloc_trim(0)
-
-
-def limit_sqlite_page_cache() -> None:
-    """From now on, each SQLite connection this process (or a fork of it) opens caches at most
-    SQLITE_CACHE_KIB of database pages instead of SQLite's 2 MB."""
-    from django.db.backends.signals import connection_created
-
-    connection_created.connect(_small_page_cache, dispatch_uid="executor_project.memory.page_cache")
-
-
-def _small_page_cache(sender, connection, **kwargs) -> None:
-    if connection.vendor == "sqlite":
-        connection.connection.execute(f"PRAGMA cache_size=-{SQLITE_CACHE_KIB}").close()

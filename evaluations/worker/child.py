@@ -24,7 +24,6 @@ from django.conf import settings  # noqa: E402
 from django.db import connections  # noqa: E402
 
 from evaluations.pipeline.run import run_pipeline  # noqa: E402
-from executor_project.memory import limit_sqlite_page_cache  # noqa: E402
 
 _PR_SET_PDEATHSIG = 1
 
@@ -101,7 +100,6 @@ def main(eval_id: str, sandbox: str, cancel_channel) -> None:
     if os.getppid() == 1:  # the parent died before prctl took effect
         flag.lost = True
     connections.close_all()
-    limit_sqlite_page_cache()  # its row's outputs would otherwise fill 2 MB of SQLite cache
     stop = threading.Event()
     threading.Thread(target=watch_row, args=(eval_id, flag, stop), name="watch-row", daemon=True).start()
     try:

@@ -30,7 +30,6 @@ from django.conf import settings
 from django.core.management.base import BaseCommand
 
 from executor_project.config import PROJECT_DIR
-from executor_project.memory import limit_sqlite_page_cache
 from executor_project.process import name_process
 
 # prometheus_client picks its multi-process mode when it is imported (by django.setup(), before
@@ -107,7 +106,6 @@ def preload() -> None:
 
     get_resolver().resolve("/health")  # the URLconf: every view, serializer and their imports
     first_use()
-    limit_sqlite_page_cache()  # in every process forked from here
     connections.close_all()  # no child may inherit a database connection
     gc.collect()
     # A collection in a child writes to every object it visits, which would copy each shared page.
