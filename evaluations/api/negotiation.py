@@ -19,7 +19,7 @@ class ContentNegotiation(DefaultContentNegotiation):
 
     def select_renderer(self, request, renderers, format_suffix=None):
         accept = request.META.get("HTTP_ACCEPT")
-        if accept not in USUAL_ACCEPT or format_suffix or request.query_params.get(self.settings.URL_FORMAT_OVERRIDE):
+        if accept not in USUAL_ACCEPT or format_suffix or self._format_param(request):
             return super().select_renderer(request, renderers, format_suffix)
         key = (tuple(type(renderer) for renderer in renderers), accept)
         answer = self._answers.get(key)
@@ -28,3 +28,9 @@ class ContentNegotiation(DefaultContentNegotiation):
             answer = self._answers[key] = (renderers.index(renderer), media_type)
         index, media_type = answer
         return renderers[index], media_type
+
+    def _format_param(self, request):
+        """The ?format= value DRF would read; without a query string there is none (and no QueryDict to build)."""
+        if not request.META.get("QUERY_STRING"):
+            return None
+        return request.query_params.get(self.settings.URL_FORMAT_OVERRIDE)

@@ -45,16 +45,17 @@ class Select:
                 converters.append((position, found, expression))
         return sql, converters
 
-    def rows(self, connection, key) -> list:
-        """Every row whose ``where`` column equals ``key`` (a Python value of that field)."""
+    def rows(self, cursor, key) -> list:
+        """Every row whose ``where`` column equals ``key`` (a Python value of that field), read with ``cursor``."""
+        connection = cursor.db
         prepared = self._prepared.get(connection)
         if prepared is None:
             prepared = self._prepared[connection] = self._prepare(connection)
         sql, converters = prepared
-        with connection.cursor() as cursor:
-            cursor.execute(sql, [self.where.get_db_prep_value(key, connection)])
-            fetched = cursor.fetchall()
-        make = self.row._make
+        cursor.execute(sql, [self.where.get_db_prep_value(key, connection)])
+        fetched = cursor.fetchall()
+        if not converters:
+            return [self.row._make(values) for values in fetched]
         result = []
         for values in fetched:
             values = list(values)
@@ -63,5 +64,5 @@ class Select:
                 for converter in found:
                     value = converter(value, expression, connection)
                 values[position] = value
-            result.append(make(values))
+            result.append(self.row._make(values))
         return result

@@ -237,11 +237,11 @@ _TEST_RESULTS = rows.Select(TestResult, TEST_RESULT_COLUMNS, where="evaluation",
 def evaluation_document(eval_id: str) -> dict:
     """GET /evaluate/{id}'s body: three SELECTs of the shown columns (rows.py says why not the ORM)."""
     pk = _eval_pk(eval_id)
-    db = connections[DEFAULT_DB_ALIAS]
-    found = _EVALUATION.rows(db, pk)
-    if not found:
-        raise ApiError(404, "not_found", f"no evaluation {eval_id}")
-    return document(found[0], _TRANSITIONS.rows(db, pk), _TEST_RESULTS.rows(db, pk))
+    with connections[DEFAULT_DB_ALIAS].cursor() as cursor:
+        found = _EVALUATION.rows(cursor, pk)
+        if not found:
+            raise ApiError(404, "not_found", f"no evaluation {eval_id}")
+        return document(found[0], _TRANSITIONS.rows(cursor, pk), _TEST_RESULTS.rows(cursor, pk))
 
 
 class EvaluationDetailView(APIView):

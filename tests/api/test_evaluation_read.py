@@ -92,8 +92,9 @@ def test_select_converts_each_column_as_the_orm_does():
     from django.db import connections
 
     select = Select(Evaluation, ("id", "passed", "metadata", "started_at", "finished_at", "env"), where="id")
-    (row,) = select.rows(connections["default"], evaluation.id)
+    with connections["default"].cursor() as cursor:
+        (row,) = select.rows(cursor, evaluation.id)
+        assert select.rows(cursor, uuid.uuid4()) == []
     loaded = Evaluation.objects.get(id=evaluation.id)
     for name in row._fields:
         assert getattr(row, name) == getattr(loaded, name) and type(getattr(row, name)) is type(getattr(loaded, name))
-    assert select.rows(connections["default"], uuid.uuid4()) == []
