@@ -1,6 +1,6 @@
 """Where a request's CPU goes: the API's hot routes called through the WSGI app, in this process.
 
-    .venv/bin/python -m bench.profile_http [--route get|post|refused|all] [-n 3000] [--profile] [--auth]
+    .venv/bin/python -m bench.profile_http [--route get|post|refused|all] [-n 3000] [--profile] [--bytecodes] [--auth]
 
 No sockets and no gunicorn: each request is one call of the WSGI application
 (every middleware, DRF, the database on a fresh SQLite file, django-prometheus
@@ -8,13 +8,17 @@ in multi-process mode as under gunicorn), so CPU per request is deterministic
 enough to compare two versions of the code. It prints the CPU time per request
 (``time.process_time``) of the quickest of ``--rounds`` rounds (others' work on a
 shared machine only ever adds to it) and, with ``--profile``, the top of a cProfile of the
-same loop. What gunicorn adds per request (accept, parse, access log) is
-bench/hello_wsgi.py's figure in ``bench/run``.
+same loop. ``--bytecodes`` counts the Python bytecodes a request executes
+(``sys.settrace`` opcode events), by package: slow to take, but the same on every
+run whatever else the machine does, so a change's effect shows even when the
+CPU figures are buried in others' load. What gunicorn adds per request (accept,
+parse, access log) is bench/hello_wsgi.py's figure in ``bench/run``.
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
 import cProfile
 import dataclasses
 import io
@@ -69,6 +73,32 @@ def _call(app, template: dict) -> int:
     return int(status[0].split()[0])
 
 
+PACKAGES = ("django_prometheus", "prometheus_client", "rest_framework", "django", "asgiref", "evaluations",
+            "executor_project")  # fmt: skip
+
+
+def count_bytecodes(app, template: dict, requests: int = 20) -> tuple[float, collections.Counter]:
+    """Bytecodes executed per request, and per package (the first of PACKAGES in the code's path)."""
+    by_package: collections.Counter = collections.Counter()
+
+    def package(filename: str) -> str:
+        return next((name for name in PACKAGES if f"/{name}/" in filename), "other")
+
+    def tracer(frame, event, arg):
+        frame.f_trace_opcodes = True
+        if event == "opcode":
+            by_package[package(frame.f_code.co_filename)] += 1
+        return tracer
+
+    sys.settrace(tracer)
+    try:
+        for _ in range(requests):
+            _call(app, template)
+    finally:
+        sys.settrace(None)
+    return sum(by_package.values()) / requests, by_package
+
+
 def _seed_completed() -> str:
     """An evaluation shaped like the bench's: ended, 2 test results, 9 transitions."""
     from datetime import timedelta
@@ -120,6 +150,7 @@ def main() -> None:
     parser.add_argument("--route", default="all", choices=["get", "post", "refused", "health", "all"])
     parser.add_argument("-n", type=int, default=3000, help="requests per route (after 200 to warm up)")
     parser.add_argument("--profile", action="store_true", help="print the top of a cProfile of each route")
+    parser.add_argument("--bytecodes", action="store_true", help="count the bytecodes a request runs, by package")
     parser.add_argument("--auth", action="store_true", help="AUTH_TOKEN set, requests carry it")
     parser.add_argument("--rounds", type=int, default=10, help="the figure is the quickest round's")
     parser.add_argument("--sort", default="tottime")
@@ -193,6 +224,16 @@ def main() -> None:
         if profiler:
             stats = pstats.Stats(profiler)
             stats.sort_stats(args.sort).print_stats(args.lines)
+        if args.bytecodes:
+            from evaluations.api import views
+
+            # Retry-After's mean duration is read at most once a second: out of the count, which would
+            # otherwise depend on how fast the traced requests run.
+            mean_wait, views._mean_wait_secs = views._mean_wait_secs, lambda capacity: 5
+            per_request, by_package = count_bytecodes(app, template)
+            views._mean_wait_secs = mean_wait
+            shares = ", ".join(f"{package} {count / 20:.0f}" for package, count in by_package.most_common())
+            print(f"{name:8} {per_request:.0f} bytecodes/request: {shares}")
 
 
 if __name__ == "__main__":
