@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import logging
 
-from django.http import JsonResponse
+from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
+from django.http import Http404, JsonResponse
 from rest_framework import exceptions, status
 from rest_framework.response import Response
 
@@ -64,9 +65,6 @@ _BY_CLASS = [
 
 def exception_handler(exc, context):
     """DRF's EXCEPTION_HANDLER: every API failure leaves through here."""
-    from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
-    from django.http import Http404
-
     if isinstance(exc, Http404):
         exc = exceptions.NotFound()
     elif isinstance(exc, DjangoPermissionDenied):
