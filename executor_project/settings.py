@@ -48,7 +48,7 @@ MIDDLEWARE = [
     "executor_project.middleware.AdminAuthenticationMiddleware",
     "executor_project.middleware.AdminMessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
-    "executor_project.prometheus.PrometheusAfterMiddleware",
+    "executor_project.prometheus.PrometheusAfterMiddleware",  # django-prometheus', its series kept
 ]
 
 ROOT_URLCONF = "executor_project.urls"
