@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import threading
 
 from tests.runtime.support import UID, give_to_sandbox_uid
 
@@ -45,9 +46,12 @@ def test_runs_as_the_unprivileged_uid(sp):
 
 
 def test_runs_at_lowered_priority_under_rlimits(sp):
+    thread = threading.get_native_id()
+    before = os.getpriority(os.PRIO_PROCESS, thread)
     result = sp.run("nice; ulimit -f; ulimit -u; ulimit -c", disk_quota_bytes=10 * 1024 * 1024, max_processes=50)
     nice, fsize_blocks, nproc, core = result.output.split()
     assert int(nice) >= 10
+    assert os.getpriority(os.PRIO_PROCESS, thread) == before  # the bookkeeping keeps its priority
     assert int(fsize_blocks) * 1024 == 10 * 1024 * 1024  # bash counts 1024-byte blocks
     assert (nproc, core) == ("100", "0")  # twice max_processes: see spawner's docstring
 
