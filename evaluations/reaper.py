@@ -28,6 +28,9 @@ logger = logging.getLogger("term_executor.reaper")
 WORKER_LOST = "executor worker lost"
 TTL_EXPIRED = "session TTL expired"
 RETIRED_GRACE_SECS = 60.0
+# How long the reaper keeps trying to remove a folder a lost evaluation's process still writes
+# into: its watch (worker/child.py, every 1 s) plus the kill of its command and its cleanup.
+REMOVE_PATIENCE_SECS = 3.0
 
 
 @dataclass
@@ -136,11 +139,13 @@ def _older_than(entry: os.DirEntry, seconds: float) -> bool:
         return False
 
 
-def _remove_entry(entry: os.DirEntry, tries: int = 3) -> bool:
+def _remove_entry(entry: os.DirEntry, patience_secs: float = REMOVE_PATIENCE_SECS) -> bool:
     """Remove one session folder (a link as a link). A process of a lost evaluation may still
-    be writing into it for a moment (it stops within a second of its row ending): retry, then
-    leave it to the next pass rather than fail the whole reap."""
-    for attempt in range(tries):
+    be writing into it for a moment (it sees its row ended within WATCH_SECS, 1 s, then kills its
+    command and cleans up): retry for ``patience_secs``, then leave it to the next pass rather
+    than fail the whole reap."""
+    deadline = time.monotonic() + patience_secs
+    while True:
         try:
             if entry.is_symlink() or not entry.is_dir(follow_symlinks=False):
                 os.unlink(entry.path)  # its target is untouched
@@ -150,11 +155,10 @@ def _remove_entry(entry: os.DirEntry, tries: int = 3) -> bool:
         except FileNotFoundError:
             return True  # its own evaluation process removed it meanwhile
         except OSError as exc:
-            if attempt == tries - 1:
+            if time.monotonic() >= deadline:
                 logger.warning("could not remove %s yet: %s", entry.path, exc)
                 return False
-            time.sleep(0.5)
-    return False
+            time.sleep(0.25)
 
 
 def purge_old(retention_days: int, *, dry_run: bool = False) -> int:
