@@ -33,8 +33,6 @@ from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass
 
-import psutil
-
 TAG_VAR = "TERM_EXECUTOR_EVAL"
 
 _PR_SET_CHILD_SUBREAPER = 36
@@ -47,8 +45,8 @@ _spawn_lock = threading.Lock()
 _awaited_pids: set[int] = set()
 
 # Children of the host that are not commands (see become_subreaper, protect).
-# Kept as psutil objects, so a pid reused by a later command is not protected.
-_protected: list[psutil.Process] = []
+# Kept with their start time, so a pid reused by a later command is not protected.
+_protected: list[Proc] = []
 
 _KILL_BUDGET_SECS = 10.0
 
@@ -69,12 +67,15 @@ def become_subreaper() -> None:
         code = ctypes.get_errno()
         raise OSError(code, f"prctl(PR_SET_CHILD_SUBREAPER): {os.strerror(code)}")
     _subreaper_pid = os.getpid()
-    _protected[:] = psutil.Process().children()
+    _protected[:] = [proc for proc in processes() if proc.ppid == _subreaper_pid]
 
 
 def protect(pid: int) -> None:
     """Never count or kill ``pid`` and its subtree: a child of the host that is not a command."""
-    _protected.append(psutil.Process(pid))
+    proc = _stat(pid)
+    if proc is None:
+        raise ProcessLookupError(pid)
+    _protected.append(proc)
 
 
 @contextlib.contextmanager
@@ -126,7 +127,7 @@ def _foreign_pids() -> set[int]:
     ``protect``, and the helpers multiprocessing starts behind our back
     (its children, the resource tracker, the forkserver).
     """
-    pids = {proc.pid for proc in _protected if proc.is_running()}
+    pids = {proc.pid for proc in _protected if proc.same_process()}
     pids.update(child.pid for child in multiprocessing.active_children())
     helpers = (
         getattr(getattr(multiprocessing, "resource_tracker", None), "_resource_tracker", None),
@@ -151,6 +152,11 @@ class Proc:
     rss: int  # bytes; 0 for a zombie
     exited: bool = False  # a zombie: exit() is over, only the status is left
     kernel_thread: bool = False  # runs no user code, belongs to no uid of ours
+
+    def same_process(self) -> bool:
+        """Whether this pid still names this process (alive, or a zombie not yet reaped)."""
+        now = _stat(self.pid)
+        return now is not None and now.start == self.start
 
     def finished(self) -> bool:
         """Whether exit() is over for this process (a zombie, reaped, or its pid reused)."""

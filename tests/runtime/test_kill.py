@@ -149,3 +149,18 @@ def test_the_report_pipe_closes_each_end_once(tmp_path):
         other.write(b"still open")  # would raise EBADF had a close hit it
         other.flush()
     assert (tmp_path / "other").read_bytes() == b"still open"
+
+
+def test_a_protected_child_is_never_counted_killed_or_reaped():
+    helper = subprocess.Popen(["sleep", "30"])
+    try:
+        killer.protect(helper.pid)
+        assert helper.pid not in {p.pid for p in killer.descendants()}
+        helper.kill()
+        assert _wait_for(lambda: killer._stat(helper.pid).exited)
+        assert killer.reap_orphans() == 0  # its zombie is its Popen's to collect
+        assert helper.wait(timeout=5) == -9
+    finally:
+        if helper.poll() is None:
+            helper.kill()
+            helper.wait()
