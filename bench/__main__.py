@@ -131,7 +131,7 @@ def report_spawner(table: Table, figures: dict) -> None:
             "0 (none)",
             "",
             "",
-            "6 per evaluation",
+            "6 per evaluation without the sandbox, none with it",
         )
     if "bwrap_bare" in figures:
         table.add(

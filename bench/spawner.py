@@ -6,7 +6,7 @@ Median wall time of RUNS runs of ``/bin/true`` (output captured): plain
 ``subprocess.run``, the same as the unprivileged uid, the bare ``bwrap``
 argv the sandbox builds (what bubblewrap itself costs), then
 ``Spawner.run`` with no sandbox and with bubblewrap, and one kill sweep
-(``Spawner.sweep``, run several times per evaluation). Run in a process of
+(``Spawner.sweep``, six per evaluation without the sandbox). Run in a process of
 its own: the spawner makes its host a child subreaper and treats every
 child as a command.
 """
