@@ -1,7 +1,8 @@
 """What keeps the service's memory down (issue 7): the figures are in bench/, the behaviour here.
 
 * serve's preload leaves nothing for a first query or request to import privately;
-* an evaluation's cancel is a byte on a pipe, so no resource tracker process runs;
+* an evaluation's cancel is a byte on a pipe, so no resource tracker process runs (serve's whole
+  process tree: test_worker.py);
 * a large response is freed once sent; SQLite connections keep a small page cache.
 """
 
@@ -10,23 +11,17 @@ from __future__ import annotations
 import gc
 import json
 import os
-import signal
 import subprocess
 import sys
-import time
 import weakref
 from multiprocessing.connection import Connection
 
-import psutil
 import pytest
 from django.db import connections
 
 from evaluations.worker.child import CancelFlag
 from executor_project.memory import LARGE_RESPONSE_BYTES, release_after_large_responses
-from tests.helpers.http import request
-from tests.helpers.polling import submit, wait_for, wait_terminal
 from tests.helpers.service import PROJECT, FreshDatabase, LiveService
-from tests.helpers.tasks import SOLVER
 
 
 def run_probe(call: str, env: dict) -> dict:
@@ -165,38 +160,3 @@ def test_new_sqlite_connections_keep_a_small_page_cache():
     if connections["default"].vendor != "sqlite":
         pytest.skip("an SQLite setting")
     assert cache_size_of_a_new_connection() == -256  # KiB; SQLite's own default is -2000
-
-
-@pytest.mark.slow
-def test_serve_runs_each_process_once_and_no_resource_tracker(tmp_path, tasks, workspace_base):
-    env = {"ALLOWED_PRIVATE_HOSTS": "127.0.0.1", "WORKSPACE_BASE": str(workspace_base)}
-    service = LiveService(tmp_path / "svc", env=env)
-    service.manage("migrate", "--noinput")
-    serve = subprocess.Popen([sys.executable, "manage.py", "serve"], cwd=PROJECT, env=service.env,
-                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
-    try:
-        service.gunicorn = serve
-        service.wait_healthy()
-        wait_for(lambda: request("GET", service.url("/status")).json()["workers"] == 1, 20, what="the worker")
-        eval_id = submit(service, tasks.task(), SOLVER)
-        body = wait_terminal(service, eval_id)
-        assert body["passed"] is True, body["error"]  # the pool has started a process
-        root = psutil.Process(serve.pid)
-        tree = {proc.name(): sorted(child.name() for child in proc.children()) for proc in [root, *root.children()]}
-        assert tree == {
-            "te-serve": ["te-gunicorn", "te-worker"],
-            "te-gunicorn": ["te-gunicorn", "te-gunicorn"],  # the master and its WEB_WORKERS=2 workers
-            "te-worker": ["te-forkserver"],
-        }
-        master = next(proc for proc in root.children() if proc.name() == "te-gunicorn")
-        assert master.num_threads() == 1  # no control-socket thread
-        everything = root.children(recursive=True)
-        assert not [proc for proc in everything if "resource_tracker" in " ".join(proc.cmdline())]
-        serve.send_signal(signal.SIGTERM)
-        assert serve.wait(timeout=60) == 0
-        time.sleep(0.5)
-        assert not [proc for proc in everything if proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE]
-    finally:
-        if serve.poll() is None:
-            serve.kill()
-        service.database.drop()

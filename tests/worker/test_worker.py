@@ -123,8 +123,9 @@ def test_evaluations_beyond_capacity_queue_and_all_finish(worker_service, tasks)
     assert all(r["passed"] for r in results), [r["error"] for r in results]
 
 
-def test_serve_runs_both_and_sigterm_stops_both(tmp_path, tasks):
-    service = LiveService(tmp_path / "svc", env={"ALLOWED_PRIVATE_HOSTS": "127.0.0.1"})
+def test_serve_runs_each_process_once_and_sigterm_stops_them_all(tmp_path, tasks, workspace_base):
+    env = {"ALLOWED_PRIVATE_HOSTS": "127.0.0.1", "WORKSPACE_BASE": str(workspace_base)}
+    service = LiveService(tmp_path / "svc", env=env)
     service.manage("migrate", "--noinput")
     serve = subprocess.Popen([sys.executable, "manage.py", "serve"], cwd=PROJECT, env=service.env,
                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
@@ -132,11 +133,24 @@ def test_serve_runs_both_and_sigterm_stops_both(tmp_path, tasks):
         service.gunicorn = serve
         service.wait_healthy()
         wait_for(lambda: request("GET", service.url("/status")).json()["workers"] == 1, 20, what="the worker")
-        children = psutil.Process(serve.pid).children(recursive=True)
+        eval_id = submit(service, tasks.task(), SOLVER)
+        body = wait_terminal(service, eval_id)
+        assert body["passed"] is True, body["error"]  # the pool has started a process
+        root = psutil.Process(serve.pid)
+        tree = {proc.name(): sorted(child.name() for child in proc.children()) for proc in [root, *root.children()]}
+        assert tree == {
+            "te-serve": ["te-gunicorn", "te-worker"],
+            "te-gunicorn": ["te-gunicorn", "te-gunicorn"],  # the master and its WEB_WORKERS=2 workers
+            "te-worker": ["te-forkserver"],
+        }
+        master = next(proc for proc in root.children() if proc.name() == "te-gunicorn")
+        assert master.num_threads() == 1  # no control-socket thread
+        everything = root.children(recursive=True)
+        assert not [proc for proc in everything if "resource_tracker" in " ".join(proc.cmdline())]
         serve.send_signal(signal.SIGTERM)
         assert serve.wait(timeout=60) == 0
         time.sleep(0.5)
-        assert not [c for c in children if c.is_running() and c.status() != psutil.STATUS_ZOMBIE]
+        assert not [proc for proc in everything if proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE]
     finally:
         if serve.poll() is None:
             serve.kill()
