@@ -227,7 +227,9 @@ class Spawner:
 
     def _adopt_sandbox_init(self, launch: Launch) -> int | None:
         """The sandbox's pid 1 (None without one), kept from any reap until ``_confirm_gone``."""
-        pid = launch.info.sandbox_init() if launch.info is not None and self.runtime.contains_processes else None
+        pid = (
+            launch.info.sandbox_init() if launch.info is not None else None
+        )  # only a runtime that contains processes has one
         if pid is None:
             self._all_confirmed_gone = False  # nothing proves this command left nothing behind
             self._sandbox_init = _UNREPORTED
