@@ -31,7 +31,7 @@ import stat
 from pathlib import Path
 
 from assets.model import Asset, AssetError
-from evaluations.pipeline.safefs import replace_at
+from evaluations.safefs import replace_at
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _CHUNK = 1024 * 1024

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
-from .safefs import SafeFSError, open_root_dir, open_subdir
+from evaluations.safefs import SafeFSError, open_root_dir, open_subdir
 
 _CHUNK = 1 << 16
 _MAX_TAR_PADDING = 1 << 20  # tar pads to its record size (10 KiB by default)

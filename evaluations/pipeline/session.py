@@ -25,7 +25,7 @@ import stat
 from dataclasses import dataclass
 from pathlib import Path
 
-from evaluations.pipeline.safefs import copy_tree_nofollow, remove_tree_nofollow
+from evaluations.safefs import copy_tree_nofollow, remove_tree_nofollow
 
 # A session folder on its way out: WORKSPACE_BASE/.retired-<eval_id> (see Session.retire).
 RETIRED_PREFIX = ".retired-"

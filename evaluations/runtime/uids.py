@@ -37,6 +37,7 @@ from pathlib import Path
 
 from evaluations.runtime import killer
 from evaluations.runtime.sysvipc import remove_sysv_ipc
+from evaluations.safefs import remove_tree_nofollow
 
 log = logging.getLogger(__name__)
 
@@ -142,8 +143,6 @@ def kill_owned(uid: int) -> int:
 
 def remove_owned(uid: int, folder: str) -> int:
     """Remove the entries of ``folder`` (one level) that ``uid`` owns, links never followed."""
-    from evaluations.pipeline.safefs import remove_tree_nofollow
-
     removed = 0
     for entry in _owned_entries(uid, folder):
         try:

@@ -2,8 +2,8 @@
 
 import os
 
-from evaluations.pipeline.safefs import remove_tree_nofollow
 from evaluations.runtime.monitor import folder_usage
+from evaluations.safefs import remove_tree_nofollow
 
 
 def test_bytes_below_path_max_depth_are_counted(tmp_path):

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from evaluations.pipeline.safefs import remove_tree_nofollow
 from evaluations.pipeline.session import Session
 from evaluations.runtime import uids
+from evaluations.safefs import remove_tree_nofollow
 from tests.helpers.tasks import ADD_TEST, NOOP, SOLVER
 from tests.security.support import assert_executor_entries_intact, evaluate, kept_session, still_works
 

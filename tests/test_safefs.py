@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from evaluations.pipeline.safefs import SafeFSError, remove_tree_nofollow, tree_size, write_file_nofollow
+from evaluations.safefs import SafeFSError, remove_tree_nofollow, tree_size, write_file_nofollow
 
 
 @pytest.fixture
@@ -205,7 +205,7 @@ def test_remove_folders_made_unreadable_by_their_unprivileged_owner():
         os.chmod(top, 0o777)
         script = (
             "import os, sys\n"
-            "from evaluations.pipeline.safefs import remove_tree_nofollow, tree_size\n"
+            "from evaluations.safefs import remove_tree_nofollow, tree_size\n"
             "t = sys.argv[1] + '/tree'\n"
             "os.makedirs(t + '/locked/inner/x')\n"
             "open(t + '/locked/inner/x/f', 'w').write('x')\n"
@@ -217,7 +217,7 @@ def test_remove_folders_made_unreadable_by_their_unprivileged_owner():
         )
         result = subprocess.run(
             ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", sys.executable, "-c", script, str(top)],
-            cwd=Path(__file__).resolve().parents[2],
+            cwd=Path(__file__).resolve().parents[1],
             capture_output=True,
             text=True,
             timeout=60,
