@@ -28,12 +28,14 @@ from evaluations.runtime import (  # noqa: E402
     Bubblewrap,
     Limits,
     NoSandbox,
+    SandboxPolicy,
     Spawner,
     killer,  # noqa: E402
     probe_bwrap,
     sandbox_uid,
 )
 from evaluations.runtime.killer import TAG_VAR  # noqa: E402
+from evaluations.runtime.sandbox import usable_language_runtimes  # noqa: E402
 
 LIMITS = Limits(timeout_secs=60, memory_bytes=2**30, disk_quota_bytes=2**30, max_processes=512, max_output_bytes=2**20)
 
@@ -65,19 +67,13 @@ def measure(runs: int) -> dict[str, float]:
         session = give_to(Path(tmp), uid)
         figures["plain"] = median_ms(lambda: subprocess.run(["/bin/true"], capture_output=True), runs)
         figures["plain_uid"] = median_ms(lambda: subprocess.run(["/bin/true"], capture_output=True, **owner), runs)
-        runtimes = [NoSandbox(uid)]
+        reachable = usable_language_runtimes(uid)
+        runtimes = [NoSandbox(reachable)]
         if probe_bwrap(uid)[0]:
-            bwrap = Bubblewrap(uid)
+            bwrap = Bubblewrap(reachable)
             runtimes.append(bwrap)
-            launch = bwrap.launch(
-                ["/bin/true"],
-                session_dir=session,
-                cwd=session,
-                env={**env, TAG_VAR: f"bench-{os.getpid()}"},
-                network=False,
-                writable=[session],
-                mounts=[],
-            )
+            policy = SandboxPolicy(namespaces=True, writable=(session,), runtimes=reachable)
+            launch = bwrap.launch(["/bin/true"], policy, cwd=session, env={**env, TAG_VAR: f"bench-{os.getpid()}"})
             launch.close()  # bwrap alone: without the report on its pid 1 the spawner reads
             at = launch.argv.index("--info-fd")
             bare = launch.argv[:at] + launch.argv[at + 2 :]
@@ -88,7 +84,8 @@ def measure(runs: int) -> dict[str, float]:
             spawner = Spawner(eval_id=f"bench-{os.getpid()}", session_dir=session, runtime=runtime, uid=uid)
 
             def run(spawner=spawner):
-                result = spawner.run(["/bin/true"], cwd=session, env=env, limits=LIMITS, writable=[session])
+                policy = SandboxPolicy(writable=(session,))
+                result = spawner.run(["/bin/true"], cwd=session, env=env, limits=LIMITS, policy=policy)
                 if result.exit_code != 0:
                     raise RuntimeError(f"spawner bench command failed: {result}")
 

@@ -22,7 +22,7 @@ import assets
 from assets.model import resolve_source
 from evaluations.pipeline.context import Context, StepFailed
 from evaluations.pipeline.taskspec import TestSpec
-from evaluations.runtime.spawner import Mount
+from evaluations.runtime.types import Mount
 
 STAGING = "static"  # <session>/static
 

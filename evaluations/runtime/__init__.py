@@ -1,36 +1,41 @@
 """Starting, watching and killing every process of an evaluation (no Django here).
 
-The pipeline builds one ``Spawner`` per evaluation, in the evaluation's own
-process, with the runtime chosen at start by ``select_runtime``; every
-command of every step goes through ``Spawner.run``, and ``Spawner.sweep``
-after each step kills what a step left behind.
+The worker resolves the runtime once at start (``select_runtime``) and hands
+the object to each evaluation process, which builds one ``Spawner``; every
+command of every step goes through ``Spawner.run`` with the ``SandboxPolicy``
+the step chose, and ``Spawner.sweep`` after each step kills what a step left
+behind.
 """
 
 from evaluations.runtime.killer import TAG_VAR, become_subreaper, protect
+from evaluations.runtime.policy import SandboxPolicy
 from evaluations.runtime.sandbox import (
     Bubblewrap,
     NoSandbox,
     Runtime,
     SandboxUnavailable,
-    command_path,
     probe_bwrap,
     sandbox_uid,
     select_runtime,
 )
-from evaluations.runtime.spawner import CommandResult, Limits, Mount, Spawner
+from evaluations.runtime.spawner import Spawner
+from evaluations.runtime.types import CancelEvent, CommandResult, Limit, Limits, Mount, Verdict
 
 __all__ = [
     "TAG_VAR",
     "Bubblewrap",
+    "CancelEvent",
     "CommandResult",
+    "Limit",
     "Limits",
     "Mount",
     "NoSandbox",
     "Runtime",
+    "SandboxPolicy",
     "SandboxUnavailable",
     "Spawner",
+    "Verdict",
     "become_subreaper",
-    "command_path",
     "probe_bwrap",
     "protect",
     "sandbox_uid",

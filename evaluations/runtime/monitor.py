@@ -32,22 +32,13 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
 
 from evaluations.runtime import killer
+from evaluations.runtime.types import MIB, CancelEvent, Limit, Limits, Verdict, mib_up
+from evaluations.safefs import tree_size
 
-if TYPE_CHECKING:
-    from evaluations.runtime.spawner import Limits
-
-MIB = 1024 * 1024
 log = logging.getLogger(__name__)
 _DISK_EVERY_SECS = 1.0
-
-
-@dataclass(frozen=True)
-class Verdict:
-    limit: str  # "timeout" | "memory" | "disk" | "processes" | "cancelled"
-    detail: str
 
 
 @dataclass
@@ -55,12 +46,6 @@ class Peaks:
     memory_bytes: int = 0
     processes: int = 0
     disk_bytes: int = 0
-
-
-class CancelEvent(Protocol):
-    """The part of threading.Event and multiprocessing.Event the monitor uses."""
-
-    def is_set(self) -> bool: ...
 
 
 class Monitor(threading.Thread):
@@ -110,10 +95,10 @@ class Monitor(threading.Thread):
 
     def _check_cancel_and_time(self) -> Verdict | None:
         if self.cancel_event is not None and self.cancel_event.is_set():
-            return Verdict("cancelled", "cancelled")
+            return Verdict(Limit.CANCELLED, "cancelled")
         timeout = self.limits.timeout_secs
         if time.monotonic() - self.started_at > timeout:
-            return Verdict("timeout", f"timed out after {timeout:g} s")
+            return Verdict(Limit.TIMEOUT, f"timed out after {timeout:g} s")
         return None
 
     def _check_tree(self) -> Verdict | None:
@@ -125,13 +110,17 @@ class Monitor(threading.Thread):
         self.peaks.processes = max(self.peaks.processes, count)
         limits = self.limits
         if count > limits.max_processes:
-            return Verdict("processes", f"process limit exceeded ({count} > {limits.max_processes})")
+            return Verdict(Limit.PROCESSES, f"process limit exceeded ({count} > {limits.max_processes})")
         if rss > limits.memory_bytes:
             return Verdict(
-                "memory",
-                f"memory limit exceeded ({_mib_up(rss)} MiB > {limits.memory_bytes // MIB} MiB)",
+                Limit.MEMORY,
+                f"memory limit exceeded ({mib_up(rss)} MiB > {limits.memory_bytes // MIB} MiB)",
             )
         return None
+
+    def final_disk_check(self) -> Verdict | None:
+        """After the command: one that filled the disk and exited between two walks is still caught."""
+        return self._check_disk()
 
     def _check_disk(self) -> Verdict | None:
         used = folder_usage(self.session_dir)
@@ -139,19 +128,14 @@ class Monitor(threading.Thread):
             used += self.extra_disk()
         self.peaks.disk_bytes = max(self.peaks.disk_bytes, used)
         detail = disk_excess(used, self.limits.disk_quota_bytes)
-        return Verdict("disk", detail) if detail else None
+        return Verdict(Limit.DISK, detail) if detail else None
 
 
 def disk_excess(used: int, quota: int) -> str | None:
     """The error sentence when `used` bytes break the quota, else None."""
     if used > quota:
-        return f"disk quota exceeded ({_mib_up(used)} MiB > {quota // MIB} MiB)"
+        return f"disk quota exceeded ({mib_up(used)} MiB > {quota // MIB} MiB)"
     return None
-
-
-def _mib_up(size: int) -> int:
-    """Rounded up, so a figure just over a limit never reads as equal to it."""
-    return -(-size // MIB)
 
 
 def tree_usage() -> tuple[int, int]:
@@ -166,6 +150,4 @@ def folder_usage(root: Path) -> int:
     One walker for the whole project (safefs): it goes through directory fds,
     so a tree nested deeper than PATH_MAX cannot hide from the quota.
     """
-    from evaluations.pipeline.safefs import tree_size
-
     return tree_size(root)

@@ -53,15 +53,12 @@ import stat
 import subprocess
 import sys
 import tempfile
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from evaluations.runtime.killer import TAG_VAR
-
-if TYPE_CHECKING:
-    from evaluations.runtime.spawner import Mount
+from evaluations.runtime.policy import HOST_SYSTEM_ROOTS, NICE_BY_THREAD, SandboxPolicy, Tools, render
 
 log = logging.getLogger(__name__)
 
@@ -69,19 +66,7 @@ log = logging.getLogger(__name__)
 # nobody. Evaluations lease a uid of their own from SANDBOX_UID.. (uids.py).
 DEFAULT_SANDBOX_UID = 65534
 SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-# /dev/shm is RAM the memory monitor cannot see unless mapped: capped like Docker's default.
-SHM_BYTES = 64 * 1024 * 1024
-_SYSTEM_ROOTS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
-# /etc files every command may read; the network ones only when it has network.
-_ETC_ALWAYS = (
-    "/etc/alternatives",
-    "/etc/ssl",
-    "/etc/passwd",
-    "/etc/group",
-    "/etc/nsswitch.conf",
-    "/etc/ld.so.cache",
-)
-_ETC_NETWORK = ("/etc/resolv.conf", "/etc/hosts", "/etc/host.conf", "/etc/gai.conf")
+_TOOLS_PATH = "/usr/bin:/bin:/usr/sbin:/sbin"
 
 
 NO_SANDBOX_LIMITS = (
@@ -159,43 +144,53 @@ class Launch:
 
 
 class Runtime:
+    """How commands are contained on this host, resolved once at start (``select_runtime``).
+
+    It holds no uid: each evaluation leases its own (uids.py) and the spawner puts it in the
+    command's ``SandboxPolicy``.
+    """
+
     name = "runtime"
     isolated = False  # True when commands see /static/<save_path> instead of host paths
     # True when each command runs in a pid namespace whose pid 1 its Launch.info reports.
     contains_processes = False
 
-    def __init__(self, uid: int | None):
-        if os.geteuid() == 0 and not uid:
-            raise ValueError("running as root: commands need an unprivileged uid (SANDBOX_UID)")
-        self.uid = uid
+    def __init__(self, language_runtimes: Sequence[str] = ()):
         self.warning: str | None = None
-        self.language_runtimes = usable_language_runtimes(uid)
+        self.language_runtimes = tuple(language_runtimes)
+        self.bwrap: str | None = None
 
     def command_path(self) -> str:
         """The PATH to give commands: reachable language runtimes first, then the system's."""
         return ":".join([*(f"{prefix}/bin" for prefix in self.language_runtimes), SYSTEM_PATH])
 
-    def launch(
-        self,
-        argv: Sequence[str],
-        *,
-        session_dir: Path,
-        cwd: Path,
-        env: dict[str, str],
-        network: bool,
-        writable: Iterable[Path],
-        mounts: Iterable[Mount],
-    ) -> Launch:
-        raise NotImplementedError
+    def launch(self, argv: Sequence[str], policy: SandboxPolicy, *, cwd: Path, env: dict[str, str]) -> Launch:
+        """``argv`` under ``policy`` (complete: the spawner has filled in the evaluation's part)."""
+        tools = Tools(
+            setpriv=system_tool("setpriv"),
+            prlimit=system_tool("prlimit"),
+            nice=None if NICE_BY_THREAD else system_tool("nice"),
+            bwrap=self.bwrap,
+        )
+        info = InfoPipe() if self.contains_processes else None
+        # bwrap's own environment: the tag alone, for the sweep (killer.py).
+        outer_env = {"PATH": SYSTEM_PATH, TAG_VAR: env[TAG_VAR]} if TAG_VAR in env else {"PATH": SYSTEM_PATH}
+        rendered = render(
+            policy,
+            argv,
+            cwd=cwd,
+            env=env,
+            tools=tools,
+            outer_env=outer_env,
+            info_fd=None if info is None else info.write_fd,
+        )
+        return Launch(rendered.argv, rendered.env, rendered.cwd, info)
 
 
 class NoSandbox(Runtime):
-    """The command as given; network, writable and mounts cannot be enforced here."""
+    """The command as given, under the policy's uid and rlimits; namespaces and binds cannot apply."""
 
     name = "none"
-
-    def launch(self, argv, *, session_dir, cwd, env, network, writable, mounts) -> Launch:
-        return Launch(list(argv), dict(env), cwd)
 
 
 class Bubblewrap(Runtime):
@@ -203,96 +198,12 @@ class Bubblewrap(Runtime):
     isolated = True
     contains_processes = True
 
-    def __init__(self, uid: int | None, bwrap: str = "bwrap"):
-        super().__init__(uid)
+    def __init__(self, language_runtimes: Sequence[str] = (), bwrap: str = "bwrap"):
+        super().__init__(language_runtimes)
         found = shutil.which(bwrap)
         if found is None:
             raise SandboxUnavailable(f"{bwrap}: not found")
         self.bwrap = found
-
-    def launch(self, argv, *, session_dir, cwd, env, network, writable, mounts) -> Launch:
-        flags = bwrap_argv(
-            cwd=cwd,
-            env=env,
-            network=network,
-            private_tmp=private_tmp(session_dir, self.uid),
-            writable=writable,
-            mounts=mounts,
-            runtimes=self.language_runtimes,
-        )
-        # bwrap's own environment: nothing the caller chose, plus the tag for the sweep.
-        outer_env = {"PATH": SYSTEM_PATH, TAG_VAR: env[TAG_VAR]}
-        info = InfoPipe()
-        # Its report names the sandbox's pid 1: the spawner waits for it to end (InfoPipe.sandbox_init).
-        report = ["--info-fd", str(info.write_fd)]
-        return Launch([self.bwrap, *report, *flags, "--", *argv], outer_env, Path("/"), info)
-
-
-def bwrap_argv(
-    *,
-    cwd: Path,
-    env: dict[str, str],
-    network: bool,
-    private_tmp: Path,
-    writable: Iterable[Path],
-    mounts: Iterable[Mount],
-    runtimes: Iterable[str],
-) -> list[str]:
-    """The bwrap options, one flag per line, each with its reason."""
-    a: list[str] = []
-    a += ["--unshare-user"]  # own user namespace: the uid inside is the host uid bwrap runs as
-    a += ["--disable-userns"]  # no nested user namespaces: less kernel surface to attack
-    a += ["--unshare-pid"]  # host processes invisible; killing its pid 1 ends every process inside
-    a += ["--unshare-ipc"]  # no SysV IPC or POSIX queues shared with the host
-    a += ["--unshare-uts"]  # own hostname
-    a += ["--unshare-cgroup-try"]  # host cgroup paths not shown
-    if not network:
-        a += ["--unshare-net"]  # only a loopback of its own
-    a += ["--die-with-parent"]  # the sandbox dies if the spawner does
-    a += ["--new-session"]  # setsid: cannot push keystrokes into a terminal (TIOCSTI)
-    a += ["--proc", "/proc"]  # a /proc of the new pid namespace only
-    a += ["--dev", "/dev"]  # null, zero, random, urandom, tty, pts: no host devices
-    a += ["--perms", "1777", "--size", str(SHM_BYTES), "--tmpfs", "/dev/shm"]  # POSIX shm works, RAM capped
-    a += ["--ro-bind", "/usr", "/usr"]  # programs and libraries, read-only
-    for top in ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32"):
-        if os.path.islink(top):
-            a += ["--symlink", os.readlink(top), top]  # merged-/usr link, as on the host
-        elif os.path.isdir(top):
-            a += ["--ro-bind", top, top]  # a real folder on a non-merged host
-    for path in _ETC_ALWAYS:
-        a += ["--ro-bind-try", path, path]  # alternatives, certificates, users, linker cache
-    if network:
-        for path in _ETC_NETWORK:
-            a += ["--ro-bind-try", path, path]  # name resolution, only for steps with network
-    for prefix in runtimes:
-        a += ["--ro-bind", prefix, prefix]  # a language runtime living outside /usr
-    a += ["--bind", str(private_tmp), "/tmp"]  # /tmp on disk, in the session, under its quota
-    a += ["--symlink", "/tmp", "/var/tmp"]  # the other temp folder tools expect, same place
-    for path in writable:
-        a += ["--bind", _host_path(path), _host_path(path)]  # session folders, same path inside
-    for mount in mounts:
-        target = _sandbox_target(mount.target)
-        a += ["--bind" if mount.writable else "--ro-bind", str(mount.source), target]  # assets
-    a += ["--remount-ro", "/dev"]  # /dev is a tmpfs: files there would be RAM no limit sees
-    a += ["--remount-ro", "/"]  # so is the root: writable only through the binds above
-    a += ["--chdir", str(cwd)]  # start where the caller asked
-    a += ["--clearenv"]  # nothing of bwrap's own environment leaks in
-    for key, value in env.items():
-        a += ["--setenv", key, value]  # exactly the caller's environment (+ the tag)
-    return a
-
-
-def _host_path(path: Path | str) -> str:
-    path = os.path.abspath(path)
-    if path == "/":
-        raise ValueError("refusing to bind / as a whole")
-    return path
-
-
-def _sandbox_target(target: str) -> str:
-    if not target.startswith("/") or ".." in target.split("/") or target.rstrip("/") == "":
-        raise ValueError(f"mount target must be an absolute path other than /: {target!r}")
-    return target
 
 
 def private_tmp(session_dir: Path, uid: int | None) -> Path:
@@ -314,7 +225,7 @@ def private_tmp(session_dir: Path, uid: int | None) -> Path:
 
 
 def _is_system(path: str) -> bool:
-    return any(path == root or path.startswith(root + "/") for root in _SYSTEM_ROOTS)
+    return any(path == root or path.startswith(root + "/") for root in HOST_SYSTEM_ROOTS)
 
 
 def language_runtimes() -> list[str]:
@@ -374,6 +285,15 @@ def _can_traverse(path: str, uid: int | None) -> bool:
     return True
 
 
+@functools.cache
+def system_tool(name: str) -> str:
+    """A program of the system folders (setpriv, prlimit, nice), never one a PATH could substitute."""
+    path = shutil.which(name, path=_TOOLS_PATH)
+    if path is None:
+        raise RuntimeError(f"{name} not found in {_TOOLS_PATH}: install util-linux and coreutils")
+    return path
+
+
 def probe_bwrap(uid: int | None = None, bwrap: str = "bwrap", workdir: Path | None = None) -> tuple[bool, str]:
     """Run ``bwrap ... true`` once with the real flags; (works, human detail).
 
@@ -391,11 +311,10 @@ def probe_bwrap(uid: int | None = None, bwrap: str = "bwrap", workdir: Path | No
         session = Path(tmp)
         if uid is not None:
             os.chown(session, uid, uid)
-        runtime = Bubblewrap(uid, bwrap=exe)
+        runtime = Bubblewrap(usable_language_runtimes(uid), bwrap=exe)
+        policy = SandboxPolicy(namespaces=True, writable=(session,), runtimes=runtime.language_runtimes)
         env = {"PATH": SYSTEM_PATH, TAG_VAR: "bwrap-probe"}
-        launch = runtime.launch(
-            ["true"], session_dir=session, cwd=session, env=env, network=False, writable=[session], mounts=[]
-        )
+        launch = runtime.launch(["true"], policy, cwd=session, env=env)
         owner = {} if uid is None else {"user": uid, "group": uid, "extra_groups": []}
         try:
             done = subprocess.run(
@@ -421,12 +340,14 @@ def probe_bwrap(uid: int | None = None, bwrap: str = "bwrap", workdir: Path | No
 def select_runtime(mode: str, *, uid: int | None = None, bwrap: str = "bwrap", workdir: Path | None = None) -> Runtime:
     """auto: bwrap when the probe passes, else none with a warning; bwrap: or raise; none.
 
-    ``uid`` and ``workdir`` as for ``probe_bwrap``.
+    ``uid`` and ``workdir`` as for ``probe_bwrap``; ``uid`` also decides which language
+    runtimes are offered (those it can reach).
     """
     if uid is None:
         uid = sandbox_uid()
+    runtimes = usable_language_runtimes(uid)
     if mode == "none":
-        runtime = NoSandbox(uid)
+        runtime = NoSandbox(runtimes)
         runtime.warning = f"SANDBOX=none: {NO_SANDBOX_LIMITS}"
         log.warning("sandbox: %s", runtime.warning)
         return runtime
@@ -435,18 +356,13 @@ def select_runtime(mode: str, *, uid: int | None = None, bwrap: str = "bwrap", w
     works, detail = probe_bwrap(uid, bwrap, workdir)
     if works:
         log.info("sandbox: %s", detail)
-        return Bubblewrap(uid, bwrap)
+        return Bubblewrap(runtimes, bwrap)
     if mode == "bwrap":
         raise SandboxUnavailable(
             f"SANDBOX=bwrap but bubblewrap does not work here: {detail}. "
             "Fix bubblewrap (user namespaces must be allowed) or set SANDBOX=auto or none."
         )
-    runtime = NoSandbox(uid)
+    runtime = NoSandbox(runtimes)
     runtime.warning = f"bubblewrap unavailable, commands run without a sandbox ({detail}): {NO_SANDBOX_LIMITS}"
     log.warning("sandbox: %s", runtime.warning)
     return runtime
-
-
-def command_path(runtime: Runtime) -> str:
-    """The fixed PATH the pipeline gives every command under ``runtime``."""
-    return runtime.command_path()

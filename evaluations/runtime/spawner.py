@@ -3,24 +3,18 @@
 Every command of every pipeline step goes through ``Spawner.run``, so limits,
 output capture, sandboxing and killing are written once:
 
-1. The runtime (``sandbox.py``) turns the argv into what is really started.
-2. ``setpriv`` becomes the unprivileged uid (real, effective and saved uid
-   and gid, no supplementary groups) when we are root, ``prlimit`` sets
-   RLIMIT_FSIZE (= the disk quota), RLIMIT_NPROC and no core files; each
-   execs the next program, so they cost execs, not processes, and need no
-   ``preexec_fn`` (unsafe with threads). Switching uid in the exec chain
-   rather than with Popen's ``user=`` lets Popen use vfork instead of copying
-   this process's page tables (CPython forks whenever it must change uid
-   itself). Commands run at nice 10: a child inherits the niceness of the
-   thread that starts it, so as root the starting thread lowers itself for
-   the moment of the Popen (``_niced``) instead of paying one more exec
-   (``nice``, ~1 ms) per command; without root, which could not raise it
-   back, ``nice -n 10`` stays in the chain.
-3. Popen starts it in a new session (its own process group), with exactly
+1. The step says what the command needs in a ``SandboxPolicy`` (policy.py);
+   the spawner adds what the evaluation fixes (uid, rlimits, niceness, the
+   runtime's namespaces) and the runtime renders it into the real argv.
+2. Popen starts it in a new session (its own process group), with exactly
    the caller's environment plus the tag ``TERM_EXECUTOR_EVAL=<eval_id>``.
-4. ``output.pump`` reads the merged output as it comes; a ``Monitor`` thread
+3. ``output.pump`` reads the merged output as it comes; a ``Monitor`` thread
    enforces time, memory, processes, disk and cancel, and kills everything of
    the evaluation the moment one is crossed.
+4. Every limit the spawner sets comes back as a ``Limit`` in the result: the
+   kernel's RLIMIT_FSIZE kill (SIGXFSZ) is the disk limit, and a command that
+   filled the disk and exited between two of the monitor's walks is caught
+   by one last walk.
 
 The host process must be the evaluation's own (one per evaluation): the
 spawner makes it a child subreaper and treats all its children as commands.
@@ -43,21 +37,23 @@ killed the command.
 from __future__ import annotations
 
 import contextlib
-import functools
+import dataclasses
 import logging
 import os
-import shutil
+import signal
 import subprocess
 import threading
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from evaluations.runtime import killer, sysvipc, uids
-from evaluations.runtime.monitor import CancelEvent, Monitor, Verdict
+from evaluations.runtime.monitor import Monitor
 from evaluations.runtime.output import OutputCapture, pump
+from evaluations.runtime.policy import NICE_BY_THREAD, RLimits, SandboxPolicy
+from evaluations.runtime.sandbox import private_tmp, system_tool
+from evaluations.runtime.types import MIB, CancelEvent, CommandResult, Limit, Limits, Verdict
 
 if TYPE_CHECKING:
     from evaluations.runtime.sandbox import Launch, Runtime
@@ -67,45 +63,7 @@ log = logging.getLogger(__name__)
 _NPROC_HEADROOM = 2  # shared uid: twice the limit
 _NPROC_MARGIN = 16  # own uid: the limit plus this
 _UNREPORTED = object()  # a sandbox that did not report its pid 1
-COMMAND_NICENESS = 10  # below the service and the other evaluations' bookkeeping
-_NICE_BY_THREAD = os.geteuid() == 0
-_SYSTEM_BIN = "/usr/bin:/bin:/usr/sbin:/sbin"
-
-
-@dataclass(frozen=True)
-class Limits:
-    timeout_secs: float
-    memory_bytes: int  # RSS summed over the whole process tree
-    disk_quota_bytes: int  # blocks allocated under the session folder (see monitor.folder_usage)
-    max_processes: int
-    max_output_bytes: int
-    monitor_interval_ms: int = 100
-
-
-@dataclass(frozen=True)
-class Mount:
-    """An extra bind under the sandbox, e.g. an asset at /static/<save_path>."""
-
-    source: Path
-    target: str
-    writable: bool = False
-
-
-@dataclass
-class CommandResult:
-    exit_code: int | None  # None if we killed it; 128 + N if signal N ended it
-    output: str  # merged stdout+stderr, head + marker + tail, invalid UTF-8 replaced
-    output_bytes: int  # everything the command printed
-    duration_ms: int
-    timed_out: bool
-    limit: str | None  # None | "timeout" | "memory" | "disk" | "processes" | "cancelled"
-    limit_detail: str | None  # e.g. "memory limit exceeded (4213 MiB > 4096 MiB)"
-    peak_memory_bytes: int = 0
-    peak_processes: int = 0
-
-    @property
-    def ok(self) -> bool:
-        return self.exit_code == 0 and self.limit is None
+_FILE_TOO_LARGE = 128 + signal.SIGXFSZ  # the kernel's answer to a write past RLIMIT_FSIZE
 
 
 class Spawner:
@@ -136,8 +94,8 @@ class Spawner:
         self._all_confirmed_gone = runtime.contains_processes
         self._sandbox_init: int | object | None = None  # the running command's sandbox pid 1
         killer.become_subreaper()
-        for tool in ("prlimit", "setpriv", *(() if _NICE_BY_THREAD else ("nice",))):
-            _tool(tool)  # fail now, not at the first command
+        for tool in ("prlimit", "setpriv", *(() if NICE_BY_THREAD else ("nice",))):
+            system_tool(tool)  # fail now, not at the first command
 
     def run(
         self,
@@ -146,29 +104,25 @@ class Spawner:
         cwd: Path,
         env: dict[str, str],
         limits: Limits,
-        network: bool = False,
-        writable: Sequence[Path] = (),
-        mounts: Sequence[Mount] = (),
+        policy: SandboxPolicy | None = None,
         stdin_data: bytes | None = None,
     ) -> CommandResult:
         """Run one command to its end or its kill; nothing of a killed command outlives this."""
         if self.cancel_event is not None and self.cancel_event.is_set():
-            return CommandResult(None, "", 0, 0, False, "cancelled", "cancelled")
+            return CommandResult(None, "", 0, 0, Limit.CANCELLED, "cancelled")
+        policy = self._complete(policy or SandboxPolicy(), limits)
         launch = self.runtime.launch(
             argv,
-            session_dir=self.session_dir,
+            policy,
             cwd=Path(cwd),
             env={**env, killer.TAG_VAR: self.eval_id},
-            network=network,
-            writable=writable,
-            mounts=mounts,
         )
         with contextlib.ExitStack() as closing:
             closing.callback(launch.close)
             live_log = closing.enter_context(open(self.live_log, "ab", buffering=0)) if self.live_log else None
             capture = OutputCapture(limits.max_output_bytes, live_log)
             started = time.monotonic()
-            proc = self._start([*self._limit_prefix(limits), *launch.argv], launch, stdin_data is not None)
+            proc = self._start(launch, stdin_data is not None, policy.niceness)
             if launch.info is not None:
                 launch.info.close_write_end()  # bwrap holds its own copy
             monitor = Monitor(
@@ -194,24 +148,42 @@ class Spawner:
                 killer.release(proc.pid)
                 self._confirm_gone(sandbox_init)
                 killer.reap_orphans()
-        verdict = monitor.verdict
         code = proc.returncode
+        code = 128 - code if code < 0 else code
+        verdict = monitor.verdict
+        exit_code = None if verdict else code
+        verdict = verdict or _file_size_verdict(code, limits) or monitor.final_disk_check()
         return CommandResult(
-            exit_code=None if verdict else (128 - code if code < 0 else code),
+            exit_code=exit_code,
             output=capture.text(),
             output_bytes=capture.total,
             duration_ms=int((time.monotonic() - started) * 1000),
-            timed_out=verdict is not None and verdict.limit == "timeout",
             limit=verdict.limit if verdict else None,
             limit_detail=verdict.detail if verdict else None,
             peak_memory_bytes=monitor.peaks.memory_bytes,
             peak_processes=monitor.peaks.processes,
         )
 
-    def _start(self, argv: list[str], launch: Launch, with_stdin: bool) -> subprocess.Popen:
-        with killer.spawning() as awaiting, _niced():
+    def _complete(self, policy: SandboxPolicy, limits: Limits) -> SandboxPolicy:
+        """The step's policy plus what this evaluation fixes for every command."""
+        if self.exclusive_uid:
+            nproc = limits.max_processes + _NPROC_MARGIN
+        else:
+            nproc = limits.max_processes * _NPROC_HEADROOM
+        isolated = self.runtime.isolated
+        return dataclasses.replace(
+            policy,
+            namespaces=isolated,
+            uid=self.uid,
+            rlimits=RLimits(fsize_bytes=limits.disk_quota_bytes, nproc=nproc),
+            private_tmp=private_tmp(self.session_dir, self.uid) if isolated else None,
+            runtimes=self.runtime.language_runtimes if policy.root is None else (),
+        )
+
+    def _start(self, launch: Launch, with_stdin: bool, niceness: int) -> subprocess.Popen:
+        with killer.spawning() as awaiting, _niced(niceness):
             proc = subprocess.Popen(
-                argv,
+                launch.argv,
                 stdin=subprocess.PIPE if with_stdin else subprocess.DEVNULL,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT,  # one pipe: the kernel keeps the two streams in order
@@ -222,7 +194,7 @@ class Spawner:
                 pass_fds=launch.pass_fds,
             )
             awaiting(proc.pid)
-        log.debug("eval %s: pid %s started: %s", self.eval_id, proc.pid, argv)
+        log.debug("eval %s: pid %s started: %s", self.eval_id, proc.pid, launch.argv)
         return proc
 
     def _adopt_sandbox_init(self, launch: Launch) -> int | None:
@@ -273,13 +245,6 @@ class Spawner:
             return {}  # a shared uid: what it owns is not this evaluation's alone
         return {"extra_disk": lambda: uids.owned_usage(uid), "extra_memory": lambda: sysvipc.owned_shm_bytes(uid)}
 
-    def _limit_prefix(self, limits: Limits) -> list[str]:
-        if self.exclusive_uid:
-            nproc = limits.max_processes + _NPROC_MARGIN
-        else:
-            nproc = limits.max_processes * _NPROC_HEADROOM
-        return _limit_prefix(limits, nproc, uid=self.uid, no_new_privs=not self.runtime.isolated)
-
     def scrub(self) -> None:
         """With its own uid: kill the uid's processes, remove its files in the host's shared
         temporary folders and its SysV IPC (uids.scrub). Nothing to do with a shared uid, nor
@@ -304,48 +269,23 @@ class Spawner:
         return count
 
 
-def _limit_prefix(limits: Limits, nproc: int, *, uid: int | None = None, no_new_privs: bool = False) -> list[str]:
-    prefix = []
-    if uid is not None or no_new_privs:
-        prefix.append(_tool("setpriv"))
-        if uid is not None:
-            prefix += [f"--reuid={uid}", f"--regid={uid}", "--clear-groups"]
-        if no_new_privs:
-            # Without the sandbox: setuid/setgid/file-capability programs (su, crontab, at,
-            # ping...) gain nothing, so the command cannot leave its uid or plant a cron job.
-            # (bwrap sets no_new_privs itself, and a setuid bwrap must keep its bit.)
-            prefix.append("--no-new-privs")
-        prefix.append("--")
-    prefix += [
-        _tool("prlimit"),
-        f"--fsize={limits.disk_quota_bytes}",  # one file cannot outgrow the whole quota
-        f"--nproc={nproc}",  # kernel backstop against fork bombs (per uid, see above)
-        "--core=0",  # no core dumps filling the session
-        "--",
-    ]
-    if not _NICE_BY_THREAD:
-        prefix += [_tool("nice"), "-n", str(COMMAND_NICENESS), "--"]
-    return prefix
+def _file_size_verdict(exit_code: int, limits: Limits) -> Verdict | None:
+    """A command the kernel stopped at RLIMIT_FSIZE (set from the disk quota): the disk limit."""
+    if exit_code != _FILE_TOO_LARGE:
+        return None
+    return Verdict(Limit.DISK, f"file size limit exceeded (a single file over {limits.disk_quota_bytes // MIB} MiB)")
 
 
 @contextlib.contextmanager
-def _niced():
-    """As root: this thread at COMMAND_NICENESS while it starts a command, which inherits it."""
-    if not _NICE_BY_THREAD:
+def _niced(niceness: int):
+    """As root: this thread at ``niceness`` while it starts a command, which inherits it."""
+    if not NICE_BY_THREAD:
         yield
         return
     thread = threading.get_native_id()  # on Linux, niceness is per thread
     before = os.getpriority(os.PRIO_PROCESS, thread)
-    os.setpriority(os.PRIO_PROCESS, thread, max(before, COMMAND_NICENESS))
+    os.setpriority(os.PRIO_PROCESS, thread, max(before, niceness))
     try:
         yield
     finally:
         os.setpriority(os.PRIO_PROCESS, thread, before)  # lowering it again takes CAP_SYS_NICE
-
-
-@functools.cache
-def _tool(name: str) -> str:
-    path = shutil.which(name, path=_SYSTEM_BIN)
-    if path is None:
-        raise RuntimeError(f"{name} not found in {_SYSTEM_BIN}: install util-linux and coreutils")
-    return path

@@ -18,7 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from evaluations.runtime import Bubblewrap, NoSandbox, Spawner, probe_bwrap
+from evaluations.runtime import Bubblewrap, NoSandbox, SandboxPolicy, Spawner, probe_bwrap
+from evaluations.runtime.sandbox import usable_language_runtimes
 from tests.runtime.support import DEFAULT_LIMITS, UID, give_to_sandbox_uid, tagged_alive
 
 
@@ -33,13 +34,13 @@ def _bwrap_or_skip(bwrap_probe) -> Bubblewrap:
         if os.environ.get("REQUIRE_SANDBOX") == "1":
             pytest.fail(f"REQUIRE_SANDBOX=1 but bubblewrap does not work here: {detail}")
         pytest.skip(f"bubblewrap does not work here: {detail}")
-    return Bubblewrap(UID)
+    return Bubblewrap(usable_language_runtimes(UID))
 
 
 @pytest.fixture(params=["none", "bwrap"])
 def runtime(request, bwrap_probe):
     if request.param == "none":
-        return NoSandbox(UID)
+        return NoSandbox(usable_language_runtimes(UID))
     return _bwrap_or_skip(bwrap_probe)
 
 
@@ -81,9 +82,7 @@ class Harness:
             cwd=cwd or self.session,
             env=self.env() if env is None else env,
             limits=dataclasses.replace(DEFAULT_LIMITS, **limits),
-            network=network,
-            writable=[self.session],
-            mounts=mounts,
+            policy=SandboxPolicy(network=network, writable=(self.session,), mounts=tuple(mounts)),
             stdin_data=stdin_data,
         )
 

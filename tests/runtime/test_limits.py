@@ -52,8 +52,22 @@ def test_one_file_cannot_outgrow_the_quota(sp):
     result = sp.run(
         "dd if=/dev/zero of=big bs=1M count=50 status=none", disk_quota_bytes=20 * MIB, monitor_interval_ms=5000
     )
-    assert (result.exit_code, result.limit) == (128 + 25, None)  # SIGXFSZ
+    # The kernel's SIGXFSZ comes back as the disk limit, with the command's own exit code.
+    assert (result.exit_code, result.limit) == (128 + 25, "disk")
+    assert result.limit_detail == "file size limit exceeded (a single file over 20 MiB)"
     assert (sp.session / "big").stat().st_size == 20 * MIB
+
+
+def test_a_disk_filled_between_two_walks_is_caught_after_the_command(sp):
+    # The monitor's first walk would be after 5 s; the command is over long before.
+    result = sp.run(
+        "for i in 1 2 3; do dd if=/dev/zero of=f$i bs=1M count=10 status=none; done",
+        disk_quota_bytes=20 * MIB,
+        monitor_interval_ms=5000,
+    )
+    assert (result.exit_code, result.limit) == (0, "disk"), result
+    assert re.fullmatch(r"disk quota exceeded \(\d+ MiB > 20 MiB\)", result.limit_detail)
+    assert not result.ok
 
 
 def test_a_sparse_file_counts_what_it_occupies(sp):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import socket
@@ -9,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from evaluations.runtime import Mount, NoSandbox, SandboxUnavailable, select_runtime
+from evaluations.runtime import Mount, NoSandbox, SandboxUnavailable, Spawner, select_runtime
 from evaluations.runtime.monitor import folder_usage
-from evaluations.runtime.sandbox import bwrap_argv
+from evaluations.runtime.policy import SandboxPolicy, bwrap_flags
 from tests.runtime.support import UID
 
 
@@ -103,16 +104,16 @@ def test_mounts_are_bound_as_asked(bwrap_sp):
 
 
 def test_bwrap_argv_is_built_from_data():
-    common = dict(
-        cwd=Path("/s/repo"),
-        env={"PATH": "/usr/bin", "A": "1"},
+    where = dict(cwd=Path("/s/repo"), env={"PATH": "/usr/bin", "A": "1"})
+    policy = SandboxPolicy(
+        namespaces=True,
         private_tmp=Path("/s/tmp"),
-        writable=[Path("/s/repo")],
-        mounts=[Mount(Path("/assets/x"), "/static/x")],
-        runtimes=["/opt/python"],
+        writable=(Path("/s/repo"),),
+        mounts=(Mount(Path("/assets/x"), "/static/x"),),
+        runtimes=("/opt/python",),
     )
-    closed = bwrap_argv(network=False, **common)
-    opened = bwrap_argv(network=True, **common)
+    closed = bwrap_flags(policy, **where)
+    opened = bwrap_flags(dataclasses.replace(policy, network=True), **where)
     pairs = list(zip(closed, closed[1:], strict=False))
     assert "--unshare-net" in closed and "--unshare-net" not in opened
     assert "/etc/resolv.conf" in opened and "/etc/resolv.conf" not in closed
@@ -125,7 +126,7 @@ def test_bwrap_argv_is_built_from_data():
     assert closed[closed.index("--clearenv") + 1 :] == ["--setenv", "PATH", "/usr/bin", "--setenv", "A", "1"]
     assert not any(flag.endswith("bind") and src == "/" for flag, src in pairs)
     with pytest.raises(ValueError, match="bind / as a whole"):
-        bwrap_argv(network=False, **{**common, "writable": [Path("/")]})
+        bwrap_flags(dataclasses.replace(policy, writable=(Path("/"),)), **where)
 
 
 def test_select_runtime_none_and_auto_fallback(caplog):
@@ -167,5 +168,5 @@ def test_root_needs_an_unprivileged_uid():
     if os.geteuid() != 0:
         pytest.skip("only root must name a uid")
     with pytest.raises(ValueError, match="unprivileged uid"):
-        NoSandbox(None)
+        Spawner(eval_id="no-uid", session_dir=Path("/tmp"), runtime=NoSandbox(), uid=None)
     assert UID not in (None, 0)

@@ -1,0 +1,240 @@
+"""What one command may see and do, written down as data, and the one place it becomes an argv.
+
+A ``SandboxPolicy`` is to a command what nsjail's config is to a jail: the
+step chooses what the command needs (network, writable folders, extra
+binds, a root filesystem), the spawner adds what the evaluation fixes (the
+uid, rlimits, niceness, namespaces), and ``render`` turns the whole into
+``setpriv ... prlimit ... [nice ...] [bwrap ...] -- argv``. A new capability
+is a field here and a few lines in ``render``, never a second code path.
+
+Why the exec chain and not Popen options: ``setpriv`` switching the uid lets
+Popen use vfork (CPython forks whenever it must change uid itself), and no
+``preexec_fn`` is needed (unsafe with threads). As root the spawner lowers
+the niceness of its own thread for the moment of the Popen instead of one
+more exec of ``nice`` (children inherit a thread's niceness).
+
+How bwrap itself is run, and why as the unprivileged uid, is in sandbox.py.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from evaluations.runtime.types import Mount
+
+COMMAND_NICENESS = 10  # below the service and the other evaluations' bookkeeping
+NICE_BY_THREAD = os.geteuid() == 0  # only root can raise its thread's priority back afterwards
+# /dev/shm is RAM the memory monitor cannot see unless mapped: capped like Docker's default.
+SHM_BYTES = 64 * 1024 * 1024
+HOST_SYSTEM_ROOTS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
+# /etc files every command may read on the host's root; the network ones only with network.
+ETC_ALWAYS = (
+    "/etc/alternatives",
+    "/etc/ssl",
+    "/etc/passwd",
+    "/etc/group",
+    "/etc/nsswitch.conf",
+    "/etc/ld.so.cache",
+)
+ETC_NETWORK = ("/etc/resolv.conf", "/etc/hosts", "/etc/host.conf", "/etc/gai.conf")
+# An environment's top folders that are not its files: the sandbox makes its own.
+ROOT_SKIPPED = frozenset({"proc", "dev", "sys", "tmp", "run", "mnt", "media", "lost+found"})
+# Where the host's CA bundle is inside every sandbox: commands trust what the host trusts,
+# whatever root filesystem they see (the pipeline points SSL_CERT_FILE and the like here).
+SANDBOX_CA_BUNDLE = "/run/term-executor/ca-certificates.crt"
+DISTRIBUTION_CA_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"
+
+
+@dataclass(frozen=True)
+class RLimits:
+    fsize_bytes: int  # one file cannot outgrow the whole disk quota
+    nproc: int  # kernel backstop against fork bombs (per uid: see spawner.py)
+    core_bytes: int = 0  # no core dumps filling the session
+
+
+@dataclass(frozen=True)
+class Tools:
+    """Absolute paths of the programs ``render`` puts in front of a command."""
+
+    setpriv: str
+    prlimit: str
+    nice: str | None = None  # only where the niceness is not set by the starting thread
+    bwrap: str | None = None  # only for a runtime with namespaces
+
+
+@dataclass(frozen=True)
+class SandboxPolicy:
+    # Chosen by the step, for this command.
+    network: bool = False
+    writable: tuple[Path, ...] = ()  # bound read-write at the same path
+    mounts: tuple[Mount, ...] = ()  # extra binds (assets at /static, the agent's folder)
+    root: Path | None = None  # a root filesystem (an environment); None: the host's system folders
+    # Fixed by the evaluation; the spawner fills these in.
+    namespaces: bool = False  # bubblewrap: user, pid, ipc, uts, cgroup and (without network) net
+    uid: int | None = None  # None: no switch (the service does not run as root)
+    rlimits: RLimits | None = None
+    niceness: int = COMMAND_NICENESS
+    no_new_privs: bool = True
+    private_tmp: Path | None = None  # the session's own /tmp (namespaces only)
+    runtimes: tuple[str, ...] = ()  # language runtimes outside /usr, bound read-only (host root only)
+    ca_bundle: Path | None = None  # the host's trusted certificates, bound at SANDBOX_CA_BUNDLE
+
+
+@dataclass(frozen=True)
+class Rendered:
+    argv: list[str]
+    env: dict[str, str]  # what Popen starts the chain with
+    cwd: Path
+
+
+def render(
+    policy: SandboxPolicy,
+    argv: Sequence[str],
+    *,
+    cwd: Path,
+    env: Mapping[str, str],
+    tools: Tools,
+    outer_env: Mapping[str, str] | None = None,
+    info_fd: int | None = None,
+) -> Rendered:
+    """The whole argv of one command under ``policy``; the only place a policy becomes flags."""
+    chain = _privilege_prefix(policy, tools) + _rlimit_prefix(policy, tools)
+    if not policy.namespaces:
+        return Rendered([*chain, *argv], dict(env), Path(cwd))
+    if tools.bwrap is None:
+        raise ValueError("a policy with namespaces needs bwrap")
+    report = [] if info_fd is None else ["--info-fd", str(info_fd)]  # bwrap names the sandbox's pid 1
+    flags = bwrap_flags(policy, cwd=Path(cwd), env=env)
+    # bwrap's own environment: nothing the caller chose (no LD_PRELOAD before the namespaces exist).
+    return Rendered([*chain, tools.bwrap, *report, *flags, "--", *argv], dict(outer_env or {}), Path("/"))
+
+
+def _privilege_prefix(policy: SandboxPolicy, tools: Tools) -> list[str]:
+    # bwrap sets no_new_privs itself (and a setuid bwrap must keep its bit): only without it here.
+    no_new_privs = policy.no_new_privs and not policy.namespaces
+    if policy.uid is None and not no_new_privs:
+        return []
+    prefix = [tools.setpriv]
+    if policy.uid is not None:
+        prefix += [f"--reuid={policy.uid}", f"--regid={policy.uid}", "--clear-groups"]
+    if no_new_privs:
+        # setuid/setgid/file-capability programs (su, crontab, ping...) gain nothing.
+        prefix.append("--no-new-privs")
+    return [*prefix, "--"]
+
+
+def _rlimit_prefix(policy: SandboxPolicy, tools: Tools) -> list[str]:
+    prefix = []
+    if policy.rlimits is not None:
+        limits = policy.rlimits
+        prefix += [
+            tools.prlimit,
+            f"--fsize={limits.fsize_bytes}",
+            f"--nproc={limits.nproc}",
+            f"--core={limits.core_bytes}",
+            "--",
+        ]
+    if tools.nice is not None:
+        prefix += [tools.nice, "-n", str(policy.niceness), "--"]
+    return prefix
+
+
+def bwrap_flags(policy: SandboxPolicy, *, cwd: Path, env: Mapping[str, str]) -> list[str]:
+    """The bwrap options, one flag per line, each with its reason."""
+    a: list[str] = []
+    a += ["--unshare-user"]  # own user namespace: the uid inside is the host uid bwrap runs as
+    a += ["--disable-userns"]  # no nested user namespaces: less kernel surface to attack
+    a += ["--unshare-pid"]  # host processes invisible; killing its pid 1 ends every process inside
+    a += ["--unshare-ipc"]  # no SysV IPC or POSIX queues shared with the host
+    a += ["--unshare-uts"]  # own hostname
+    a += ["--unshare-cgroup-try"]  # host cgroup paths not shown
+    if not policy.network:
+        a += ["--unshare-net"]  # only a loopback of its own
+    a += ["--die-with-parent"]  # the sandbox dies if the spawner does
+    a += ["--new-session"]  # setsid: cannot push keystrokes into a terminal (TIOCSTI)
+    a += ["--proc", "/proc"]  # a /proc of the new pid namespace only
+    a += ["--dev", "/dev"]  # null, zero, random, urandom, tty, pts: no host devices
+    a += ["--perms", "1777", "--size", str(SHM_BYTES), "--tmpfs", "/dev/shm"]  # POSIX shm works, RAM capped
+    a += _host_root_flags(policy) if policy.root is None else _environment_root_flags(policy, policy.root)
+    if policy.ca_bundle is not None:
+        a += ["--ro-bind", str(policy.ca_bundle), SANDBOX_CA_BUNDLE]  # the host's trust, at a fixed path
+    if policy.private_tmp is not None:
+        a += ["--bind", str(policy.private_tmp), "/tmp"]  # /tmp on disk, in the session, under its quota
+        if policy.root is None:
+            a += ["--symlink", "/tmp", "/var/tmp"]  # the other temp folder tools expect, same place
+        elif os.path.isdir(policy.root / "var/tmp") and not os.path.islink(policy.root / "var/tmp"):
+            a += ["--bind", str(policy.private_tmp), "/var/tmp"]  # the environment's own is read-only
+    for path in policy.writable:
+        a += ["--bind", _host_path(path), _host_path(path)]  # session folders, same path inside
+    for mount in policy.mounts:
+        a += ["--bind" if mount.writable else "--ro-bind", str(mount.source), _sandbox_target(mount.target)]
+    a += ["--remount-ro", "/dev"]  # /dev is a tmpfs: files there would be RAM no limit sees
+    a += ["--remount-ro", "/"]  # so is the root: writable only through the binds above
+    a += ["--chdir", str(cwd)]  # start where the caller asked
+    a += ["--clearenv"]  # nothing of bwrap's own environment leaks in
+    for key, value in env.items():
+        a += ["--setenv", key, value]  # exactly the caller's environment
+    return a
+
+
+def _host_root_flags(policy: SandboxPolicy) -> list[str]:
+    """The read-only system: the host's system folders, never / as a whole."""
+    a: list[str] = []
+    a += ["--ro-bind", "/usr", "/usr"]  # programs and libraries, read-only
+    for top in HOST_SYSTEM_ROOTS[1:]:
+        if os.path.islink(top):
+            a += ["--symlink", os.readlink(top), top]  # merged-/usr link, as on the host
+        elif os.path.isdir(top):
+            a += ["--ro-bind", top, top]  # a real folder on a non-merged host
+    for path in ETC_ALWAYS:
+        a += ["--ro-bind-try", path, path]  # alternatives, certificates, users, linker cache
+    if policy.network:
+        for path in ETC_NETWORK:
+            a += ["--ro-bind-try", path, path]  # name resolution, only for steps with network
+    for prefix in policy.runtimes:
+        a += ["--ro-bind", prefix, prefix]  # a language runtime living outside /usr
+    return a
+
+
+def _environment_root_flags(policy: SandboxPolicy, root: Path) -> list[str]:
+    """An environment as the read-only system: each of its top folders, links as links.
+
+    Bound folder by folder onto bwrap's own root rather than as /, so that the
+    mount points of the session, /tmp and /static can still be made.
+    """
+    a: list[str] = []
+    with os.scandir(root) as entries:
+        for entry in sorted(entries, key=lambda e: e.name):
+            if entry.name in ROOT_SKIPPED:
+                continue
+            if entry.is_symlink():
+                a += ["--symlink", os.readlink(entry.path), f"/{entry.name}"]  # bin -> usr/bin, as it has it
+            elif entry.is_dir():
+                a += ["--ro-bind", entry.path, f"/{entry.name}"]  # usr, etc, lib, var, opt...
+    if policy.ca_bundle is not None and _is_plain_file(root / DISTRIBUTION_CA_BUNDLE.lstrip("/")):
+        a += ["--ro-bind", str(policy.ca_bundle), DISTRIBUTION_CA_BUNDLE]  # tools reading the usual path
+    if policy.network:
+        for path in ETC_NETWORK:
+            if _is_plain_file(root / path.lstrip("/")):
+                a += ["--ro-bind-try", path, path]  # the host's name resolution, over the environment's
+    return a
+
+
+def _is_plain_file(path: Path) -> bool:
+    return os.path.isfile(path) and not os.path.islink(path)
+
+
+def _host_path(path: Path | str) -> str:
+    path = os.path.abspath(path)
+    if path == "/":
+        raise ValueError("refusing to bind / as a whole")
+    return path
+
+
+def _sandbox_target(target: str) -> str:
+    if not target.startswith("/") or ".." in target.split("/") or target.rstrip("/") == "":
+        raise ValueError(f"mount target must be an absolute path other than /: {target!r}")
+    return target
