@@ -46,12 +46,14 @@ def main() -> None:
         from django.utils import timezone
 
         from evaluations.models import Evaluation, Status, Step
+        from evaluations.pipeline.cancel import CancelState
         from evaluations.pipeline.run import run_pipeline
         from evaluations.runtime import sandbox_uid, select_runtime
 
         call_command("migrate", verbosity=0)
         config = settings.EXECUTOR
-        sandbox = select_runtime(config.sandbox, uid=sandbox_uid(), workdir=sessions).name
+        runtime = select_runtime(config.sandbox, uid=sandbox_uid(), workdir=sessions)
+        sandbox = runtime.name
         with trivial_task(root) as task:
             for run in range(args.runs):
                 evaluation = Evaluation.objects.create(
@@ -68,7 +70,7 @@ def main() -> None:
                 before = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
                 if profiler:
                     profiler.start()
-                run_pipeline(str(evaluation.id), config, sandbox=sandbox, cancel_event=None)
+                run_pipeline(str(evaluation.id), config, runtime=runtime, cancel=CancelState())
                 if profiler:
                     profiler.stop()
                 evaluation.refresh_from_db()

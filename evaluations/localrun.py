@@ -9,8 +9,9 @@
    so the reaper of a worker sharing the database does not fail it as lost.
 4. The pipeline runs in a thread of this process: the spawner makes the
    process a child subreaper and treats its children as commands, and this
-   process starts no other child. The main thread watches the row and turns
-   DELETE, the TTL and Ctrl-C into the pipeline's cancel event.
+   process starts no other child. DELETE, the TTL and Ctrl-C reach it as
+   every cancel does: written to the row, which the evaluation watches
+   (pipeline/cancel.py).
 """
 
 from __future__ import annotations
@@ -32,7 +33,9 @@ from django.utils import timezone
 
 from evaluations import languages, lifecycle
 from evaluations.models import ACTIVE_STATUSES, Evaluation, Status, Step, Transition, WorkerHeartbeat
+from evaluations.pipeline.cancel import CancelState, start_watching
 from evaluations.pipeline.run import run_pipeline
+from evaluations.runtime import Runtime
 
 _URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
 
@@ -124,9 +127,9 @@ class LocalRun:
 
     eval_id: str
     config: object
-    sandbox: str
+    runtime: Runtime
     owner: str
-    cancel_event: threading.Event = field(default_factory=threading.Event)
+    cancel: CancelState = field(default_factory=CancelState)
     # Set by the thread as it ends. Not Thread.join/is_alive: a Ctrl-C landing inside join() can
     # leave is_alive() saying False while the thread still runs.
     done: threading.Event = field(default_factory=threading.Event)
@@ -139,19 +142,21 @@ class LocalRun:
             hostname=socket.gethostname(),
             pid=os.getpid(),
             capacity=0,  # it takes nothing from the queue
-            sandbox=self.sandbox,
+            sandbox=self.runtime.name,
             last_beat_at=Now(),  # the database's clock, as run_worker and the reaper use
         )
+        self.watching = start_watching(self.eval_id, self.cancel)
         self.thread = threading.Thread(target=self._run, name=f"eval-{self.eval_id}", daemon=True)
         self.thread.start()
 
     def _run(self) -> None:
         try:
-            run_pipeline(self.eval_id, self.config, sandbox=self.sandbox, cancel_event=self.cancel_event)
+            run_pipeline(self.eval_id, self.config, runtime=self.runtime, cancel=self.cancel)
         except BaseException as exc:  # reported by finish(); the thread must not die silently
             self.crash = exc
         finally:
             connections.close_all()  # this thread's own connection
+            self.watching.set()
             self.done.set()
 
     @property
@@ -161,20 +166,17 @@ class LocalRun:
     def wait(self, timeout: float) -> None:
         self.done.wait(timeout)
 
-    def watch(self, now: float) -> None:
-        """Beat the heartbeat; pass a cancel asked for elsewhere (DELETE, the reaper's TTL) to the pipeline."""
+    def beat(self, now: float) -> None:
+        """Beat the heartbeat, so no reaper takes this run for a lost worker."""
         if now >= self.next_beat:
             WorkerHeartbeat.objects.filter(worker_id=self.owner).update(last_beat_at=Now())
             self.next_beat = now + max(1.0, self.config.worker_stale_secs / 3)
-        if not self.cancel_event.is_set():
-            if Evaluation.objects.filter(id=self.eval_id, status=Status.RUNNING, cancel_requested=True).exists():
-                self.cancel_event.set()
 
-    def cancel(self, reason: str) -> None:
+    def request_cancel(self, reason: str) -> None:
+        """Ask for a stop the way every cancel is asked: on the row (the watcher passes it on)."""
         Evaluation.objects.filter(id=self.eval_id, status=Status.RUNNING, cancel_requested=False).update(
             cancel_requested=True, cancel_reason=reason
         )
-        self.cancel_event.set()
 
     def finish(self) -> Evaluation:
         """After the thread ended: make sure the evaluation ended too, drop the heartbeat, return the row."""

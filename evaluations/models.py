@@ -20,6 +20,11 @@ class Status(models.TextChoices):
 ACTIVE_STATUSES = (Status.PENDING, Status.RUNNING)
 TERMINAL_STATUSES = (Status.COMPLETED, Status.FAILED, Status.CANCELLED)
 
+# What the executor itself writes as a cancel_reason or in an error sentence.
+WORKER_LOST = "executor worker lost"
+TTL_EXPIRED = "session TTL expired"
+SHUTTING_DOWN = "executor shutting down"
+
 
 class Step(models.TextChoices):
     QUEUED = "queued"

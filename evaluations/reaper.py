@@ -18,18 +18,16 @@ from django.db.models import Count, F, Q, Sum
 from django.utils import timezone
 
 from evaluations import lifecycle
-from evaluations.models import ACTIVE_STATUSES, Evaluation, PurgedTotals, Status
-from evaluations.pipeline.safefs import remove_tree_nofollow
+from evaluations.models import ACTIVE_STATUSES, TTL_EXPIRED, WORKER_LOST, Evaluation, PurgedTotals, Status
 from evaluations.pipeline.session import RETIRED_PREFIX
+from evaluations.safefs import remove_tree_nofollow
 from evaluations.stats import live_workers
 
 logger = logging.getLogger("term_executor.reaper")
 
-WORKER_LOST = "executor worker lost"
-TTL_EXPIRED = "session TTL expired"
 RETIRED_GRACE_SECS = 60.0
 # How long the reaper keeps trying to remove a folder a lost evaluation's process still writes
-# into: its watch (worker/child.py, every 1 s) plus the kill of its command and its cleanup.
+# into: its watch (pipeline/cancel.py, every 1 s) plus the kill of its command and its cleanup.
 REMOVE_PATIENCE_SECS = 3.0
 
 

@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from assets import AssetView
 from evaluations.models import Evaluation
+from evaluations.pipeline.cancel import CancelState, Stop
 from evaluations.pipeline.session import Session
 from evaluations.pipeline.taskspec import TaskSpec
-from evaluations.runtime.spawner import CommandResult, Limits, Mount, Spawner
+from evaluations.runtime import CommandResult, Limit, Limits, Mount, Runtime, SandboxPolicy, Spawner
 from executor_project.config import Config
 
 
@@ -31,9 +34,9 @@ class Context:
     config: Config
     evaluation: Evaluation
     session: Session
+    runtime: Runtime
     spawner: Spawner
-    command_path: str
-    cancel_reason: callable
+    cancel: CancelState
     task: TaskSpec | None = None
     base_sha: str = ""
     step: str = "queued"
@@ -54,7 +57,7 @@ class Context:
     def base_env(self) -> dict[str, str]:
         """The clean environment every command starts from: nothing of the service's."""
         return {
-            "PATH": self.command_path,
+            "PATH": self.runtime.command_path(),
             "HOME": str(self.session.home),
             "LANG": "C.UTF-8",
             "TZ": "UTC",
@@ -65,47 +68,49 @@ class Context:
             "TMPDIR": str(self.session.tmp),
         }
 
-    def run(
-        self,
-        argv: list[str],
-        *,
-        env: dict[str, str],
-        timeout_secs: float,
-        network: bool,
-        mounts: list[Mount] = (),
-        writable: list | None = None,
-    ) -> CommandResult:
-        """Run one command of this evaluation through the spawner; a cancel raises Cancelled."""
+    def policy(
+        self, *, network: bool, mounts: Sequence[Mount] = (), writable: Sequence[Path] | None = None
+    ) -> SandboxPolicy:
+        """What a task's command may reach: by default the session's repo, home and tmp."""
         session = self.session
-        result = self.spawner.run(
-            argv,
-            cwd=session.repo,
-            env=env,
-            limits=self.limits(timeout_secs),
+        return SandboxPolicy(
             network=network,
-            writable=writable if writable is not None else [session.repo, session.home, session.tmp],
-            mounts=list(mounts),
+            writable=tuple(writable if writable is not None else (session.repo, session.home, session.tmp)),
+            mounts=tuple(mounts),
         )
-        if result.limit == "cancelled":
+
+    def run(self, argv: list[str], *, env: dict[str, str], timeout_secs: float, policy: SandboxPolicy) -> CommandResult:
+        """Run one command of this evaluation through the spawner; a cancel raises Cancelled."""
+        result = self.spawner.run(argv, cwd=self.session.repo, env=env, limits=self.limits(timeout_secs), policy=policy)
+        if result.limit is Limit.CANCELLED:
             self.raise_cancelled()
         return result
 
+    def command_runner(self, policy: SandboxPolicy) -> Callable[..., CommandResult]:
+        """gitrepo's CommandRunner: the executor's own commands, through the same spawner."""
+
+        def run(argv, *, cwd, env, timeout_secs):
+            return self.spawner.run(argv, cwd=cwd, env=env, limits=self.limits(timeout_secs), policy=policy)
+
+        return run
+
     def raise_cancelled(self):
-        reason = self.cancel_reason()
-        if reason == WORKER_LOST:
-            raise WorkerLost(reason)
-        raise Cancelled(reason)
+        if self.cancel.stop is Stop.WORKER_LOST:
+            raise WorkerLost(self.cancel.reason)
+        raise Cancelled(self.cancel.reason or "cancelled")
 
     def check_cancelled(self) -> None:
-        if self.spawner_cancelled():
+        if self.cancel.is_set():
             self.raise_cancelled()
 
-    def spawner_cancelled(self) -> bool:
-        event = self.spawner.cancel_event
-        return event is not None and event.is_set()
 
-
-WORKER_LOST = "executor worker lost"
+def limit_failure(result: CommandResult, what: str, budget_name: str, budget: float) -> StepFailed | None:
+    """The step's failure when the runtime ended ``what`` for a limit (None if it did not)."""
+    if result.limit is Limit.TIMEOUT:
+        return StepFailed(f"{what} timed out ({budget_name}={int(budget)} s)")
+    if result.limit is not None:
+        return StepFailed(f"{result.limit_detail} in {what}")
+    return None
 
 
 def deadline_in(seconds: float) -> float:

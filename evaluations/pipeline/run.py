@@ -1,12 +1,15 @@
-"""Run one evaluation: the steps in order, then cleanup and the final state.
+"""Run one evaluation: prepare, the steps in order, then cleanup and the final state.
 
-1. Each step is recorded as it starts (lifecycle.record is conditional: if
-   the evaluation was ended elsewhere, by DELETE or the reaper, we stop).
-2. A step raises StepFailed, Cancelled or WorkerLost; anything else is an
+1. ``_prepare`` leases a uid, makes the session folder and the spawner. If
+   any of it fails, what was made is undone and the evaluation fails with
+   that cause (not as a process that died).
+2. Each step is recorded as it starts (lifecycle.record is conditional: if
+   the evaluation was ended elsewhere, by DELETE or the reaper, we stop). A
+   step raises StepFailed, Cancelled or WorkerLost; anything else is an
    internal error. The error sentence always names the step.
-3. Whatever happened, every process of the evaluation is killed and the
-   session folder removed before the final state is written, so nothing of
-   an evaluation outlives it.
+3. ``_cleanup``: whatever happened, every process of the evaluation is killed
+   and the session folder removed before the final state is written, so
+   nothing of an evaluation outlives it.
 """
 
 from __future__ import annotations
@@ -18,114 +21,133 @@ from django.db import close_old_connections
 
 from evaluations import lifecycle, livelog
 from evaluations.models import Evaluation, Status, Step, TestResult
-from evaluations.pipeline.context import WORKER_LOST, Cancelled, Context, StepFailed, WorkerLost
+from evaluations.pipeline.cancel import CancelState
+from evaluations.pipeline.context import Cancelled, Context, StepFailed, WorkerLost
 from evaluations.pipeline.session import Session, remove_retired
 from evaluations.pipeline.steps import STEPS
-from evaluations.runtime import Bubblewrap, NoSandbox, Spawner, command_path, sandbox_uid, uids
+from evaluations.runtime import Runtime, Spawner, sandbox_uid, uids
+from executor_project.config import Config
 from executor_project.logs import evaluation_context
 
 logger = logging.getLogger("term_executor.pipeline")
 
 
-def run_pipeline(eval_id: str, config, *, sandbox: str, cancel_event, lost_flag=None) -> None:
+def run_pipeline(eval_id: str, config: Config, *, runtime: Runtime, cancel: CancelState) -> None:
+    """``runtime``: what the worker resolved at start; ``cancel``: set by the evaluation's watchers."""
     # Every log line written meanwhile, by any logger or thread of this process, carries the eval_id.
     with evaluation_context(eval_id):
-        _run(eval_id, config, sandbox=sandbox, cancel_event=cancel_event, lost_flag=lost_flag)
+        log = logging.LoggerAdapter(logger, {"eval_id": eval_id})
+        try:
+            ctx, lease = _prepare(eval_id, config, runtime, cancel)
+        except Exception as exc:
+            log.exception("could not prepare the evaluation")
+            lifecycle.finish(eval_id, Status.FAILED, error=f"queued: {_prepare_failure(exc)}")
+            return
+        status, error = _steps(ctx, log)
+        _cleanup(ctx, lease, status, error, log)
 
 
-def _run(eval_id: str, config, *, sandbox: str, cancel_event, lost_flag) -> None:
-    log = logging.LoggerAdapter(logger, {"eval_id": eval_id})
+def _prepare(
+    eval_id: str, config: Config, runtime: Runtime, cancel: CancelState
+) -> tuple[Context, uids.UidLease | None]:
     evaluation = Evaluation.objects.get(id=eval_id)
+    lease = _lease_uid(config)  # a uid no other evaluation has (runtime/uids.py)
+    session = None
     try:
-        lease = _lease_uid(config)  # a uid no other evaluation has (runtime/uids.py)
-    except uids.UidPoolExhausted as exc:
-        lifecycle.finish(eval_id, Status.FAILED, error=f"queued: {exc}")
-        return
-    uid = lease.uid if lease else None
-    session = Session.create(config.workspace_base, eval_id, uid)
-    # The worker probed bubblewrap once at start; `sandbox` is what it chose.
-    runtime = Bubblewrap(uid) if sandbox == "bwrap" else NoSandbox(uid)
-    spawner = Spawner(
-        eval_id=eval_id,
-        session_dir=session.root,
-        runtime=runtime,
-        uid=uid,
-        live_log=session.log,
-        cancel_event=cancel_event,
-        exclusive_uid=lease is not None,
-    )
-
-    def cancel_reason() -> str:
-        if lost_flag is not None and lost_flag.is_set():
-            return WORKER_LOST
-        reason = Evaluation.objects.filter(id=eval_id).values_list("cancel_reason", flat=True).first()
-        return reason or "cancelled"
-
+        uid = lease.uid if lease else None
+        session = Session.create(config.workspace_base, eval_id, uid)
+        spawner = Spawner(
+            eval_id=eval_id,
+            session_dir=session.root,
+            runtime=runtime,
+            uid=uid,
+            live_log=session.log,
+            cancel_event=cancel,
+            exclusive_uid=lease is not None,
+        )
+    except BaseException:
+        if session is not None:
+            session.remove()
+        if lease is not None:
+            lease.release()  # not marked clean: the next holder scrubs it
+        raise
     ctx = Context(
         eval_id=eval_id,
         config=config,
         evaluation=evaluation,
         session=session,
+        runtime=runtime,
         spawner=spawner,
-        command_path=command_path(runtime),
-        cancel_reason=cancel_reason,
+        cancel=cancel,
     )
-    status, error = Status.FAILED, ""
+    return ctx, lease
+
+
+def _prepare_failure(exc: Exception) -> str:
+    if isinstance(exc, uids.UidPoolExhausted):
+        return str(exc)
+    return f"could not prepare the session: {exc.__class__.__name__}: {exc}"
+
+
+def _steps(ctx: Context, log) -> tuple[str, str]:
+    """Run the steps; return the final (status, error). None as status: ended elsewhere."""
+    eval_id = ctx.eval_id
     try:
         for name, step in STEPS:
             ctx.step = name
             if not lifecycle.record(eval_id, step=name):
                 log.info("ended elsewhere before %s; stopping", name)
-                return
-            livelog.append_step_marker(session.log, name)
+                return Status.CANCELLED, f"{name}: ended elsewhere"  # the conditional finish writes nothing
+            livelog.append_step_marker(ctx.session.log, name)
             ctx.check_cancelled()
             step(ctx)
-        status, error = _verdict(eval_id)
-    except StepFailed as exc:
-        status, error = Status.FAILED, f"{ctx.step}: {exc}"
+        return _verdict(eval_id)
+    except (StepFailed, WorkerLost) as exc:
+        return Status.FAILED, f"{ctx.step}: {exc}"
     except Cancelled as exc:
-        status, error = Status.CANCELLED, f"{ctx.step}: {exc}"
-    except WorkerLost as exc:
-        status, error = Status.FAILED, f"{ctx.step}: {exc}"
+        return Status.CANCELLED, f"{ctx.step}: {exc}"
     except Exception as exc:
         log.exception("internal error in %s", ctx.step)
-        status, error = Status.FAILED, f"{ctx.step}: internal error: {exc.__class__.__name__}: {exc}"
+        return Status.FAILED, f"{ctx.step}: internal error: {exc.__class__.__name__}: {exc}"
+
+
+def _cleanup(ctx: Context, lease: uids.UidLease | None, status: str, error: str, log) -> None:
+    eval_id, session, spawner, config = ctx.eval_id, ctx.session, ctx.spawner, ctx.config
+    spawner.sweep()
+    close_old_connections()
+    lifecycle.record(eval_id, step=Step.CLEANUP)
+    _keep_log(eval_id, session, config)
+    retired = None
+    try:
+        if not config.keep_workspaces:
+            retired = session.retire()
+        elif session.uid is not None:
+            os.chown(session.root, -1, 0)  # kept for debugging: closed to the uid's next holder
     finally:
-        spawner.sweep()
-        close_old_connections()
-        lifecycle.record(eval_id, step=Step.CLEANUP)
-        _keep_log(eval_id, session, config)
-        retired = None
-        try:
-            if not config.keep_workspaces:
-                retired = session.retire()
-            elif uid is not None:
-                os.chown(session.root, -1, 0)  # kept for debugging: closed to the uid's next holder
-        finally:
-            if lease is not None:
-                clean = False
-                try:
-                    spawner.scrub()  # its files in the host's /tmp, /dev/shm..., its SysV IPC
-                    clean = True
-                finally:
-                    lease.release(clean=clean)  # clean: the next evaluation need not scrub it
-        lifecycle.finish(eval_id, status, error=error)
-        log.info("finished %s%s", status, f": {error}" if error else "")
-        if retired is not None:
+        if lease is not None:
+            clean = False
             try:
-                remove_retired(retired)
-            except OSError as exc:
-                log.warning("could not remove %s (the reaper will): %s", retired, exc)
+                spawner.scrub()  # its files in the host's /tmp, /dev/shm..., its SysV IPC
+                clean = True
+            finally:
+                lease.release(clean=clean)  # clean: the next evaluation need not scrub it
+    lifecycle.finish(eval_id, status, error=error)
+    log.info("finished %s%s", status, f": {error}" if error else "")
+    if retired is not None:
+        try:
+            remove_retired(retired)
+        except OSError as exc:
+            log.warning("could not remove %s (the reaper will): %s", retired, exc)
 
 
-def _lease_uid(config) -> uids.UidLease | None:
+def _lease_uid(config: Config) -> uids.UidLease | None:
     """As root, a uid of the pool, scrubbed and held until the evaluation ends; else None."""
     if sandbox_uid(config.sandbox_uid) is None:
         return None  # not root: commands run as the service's own uid
     return uids.acquire(config.sandbox_uid, config.sandbox_uid_count, uids.lock_dir(config.data_dir))
 
 
-def _keep_log(eval_id: str, session: Session, config) -> None:
+def _keep_log(eval_id: str, session: Session, config: Config) -> None:
     """Store the live log before its folder goes, so /logs offsets carry on after the end (any host)."""
     cap = 4 * config.max_output_bytes
     try:

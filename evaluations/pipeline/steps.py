@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import signal
 import time
 
 from django.db import transaction
@@ -11,10 +10,9 @@ from django.db import transaction
 from evaluations import languages
 from evaluations.models import Evaluation, TestResult
 from evaluations.pipeline import archive, gitrepo, static, taskspec, urlguard
-from evaluations.pipeline.context import Cancelled, Context, StepFailed, deadline_in, remaining
-from evaluations.pipeline.safefs import SafeFSError, write_file_nofollow
-from evaluations.runtime.monitor import disk_excess, folder_usage
-from evaluations.runtime.spawner import CommandResult, Mount
+from evaluations.pipeline.context import Cancelled, Context, StepFailed, deadline_in, limit_failure, remaining
+from evaluations.runtime import Limit, Mount
+from evaluations.safefs import SafeFSError, write_file_nofollow
 
 # Linux refuses a single argv string over 128 KiB (MAX_ARG_STRLEN).
 MAX_PROMPT_ARG_BYTES = 128 * 1024 - 1
@@ -58,23 +56,6 @@ def downloading_task(ctx: Context) -> None:
     static.prepare(ctx)  # the three asset groups checked, merged and staged
 
 
-def git_runner(ctx: Context, network: bool, writable: list):
-    """gitrepo's CommandRunner, through the one spawner."""
-
-    def run(argv, *, cwd, env, timeout_secs):
-        return ctx.spawner.run(
-            argv,
-            cwd=cwd,
-            env=env,
-            limits=ctx.limits(timeout_secs),
-            network=network,
-            writable=writable,
-            mounts=[],
-        )
-
-    return run
-
-
 def cloning_repo(ctx: Context) -> None:
     config = ctx.config
     task = ctx.task
@@ -87,7 +68,7 @@ def cloning_repo(ctx: Context) -> None:
         )
         env = gitrepo.git_env(ctx.session.home, urlguard.git_allow_protocol(config.allow_file_urls))
         ctx.base_sha = gitrepo.clone_at(
-            git_runner(ctx, network=True, writable=[ctx.session.root]),
+            ctx.command_runner(ctx.policy(network=True, writable=[ctx.session.root])),
             repo_url=task.repo,
             base_commit=task.base_commit,
             dest=ctx.session.repo,
@@ -100,36 +81,15 @@ def cloning_repo(ctx: Context) -> None:
         raise StepFailed(str(exc)) from None
 
 
-def _rlimit_detail(result: CommandResult, config) -> str | None:
-    """A command the kernel killed for a limit we set with prlimit (not seen by the monitor)."""
-    if result.limit is None and result.exit_code == 128 + signal.SIGXFSZ:
-        return f"file size limit exceeded (a single file over DISK_QUOTA_MB={config.disk_quota_mb} MiB)"
-    return None
-
-
-def _disk_excess(ctx: Context) -> str | None:
-    """A command that filled the disk and exited between two of the monitor's walks."""
-    return disk_excess(folder_usage(ctx.session.root), ctx.config.disk_quota_bytes)
-
-
-def _limit_failure(result: CommandResult, what: str, budget_name: str, budget: float, config) -> StepFailed | None:
-    if result.limit == "timeout":
-        return StepFailed(f"{what} timed out ({budget_name}={int(budget)} s)")
-    if result.limit:
-        return StepFailed(f"{result.limit_detail} in {what}")
-    detail = _rlimit_detail(result, config)
-    return StepFailed(f"{detail} in {what}") if detail else None
-
-
 def installing_deps(ctx: Context) -> None:
     config = ctx.config
     deadline = deadline_in(config.install_timeout_secs)
     env = {**ctx.base_env(), **static.task_env(ctx)}
-    mounts = static.mounts(ctx)
+    policy = ctx.policy(network=True, mounts=static.mounts(ctx))
     for command, filled in zip(ctx.task.install, static.fill(ctx, ctx.task.install), strict=True):
-        result = ctx.run(["bash", "-c", filled], env=env, timeout_secs=remaining(deadline), network=True, mounts=mounts)
-        failure = _limit_failure(
-            result, f"install command {command!r}", "INSTALL_TIMEOUT_SECS", config.install_timeout_secs, config
+        result = ctx.run(["bash", "-c", filled], env=env, timeout_secs=remaining(deadline), policy=policy)
+        failure = limit_failure(
+            result, f"install command {command!r}", "INSTALL_TIMEOUT_SECS", config.install_timeout_secs
         )
         if failure:
             raise failure
@@ -168,23 +128,17 @@ def running_agent(ctx: Context) -> None:
     }
     static.materialise(ctx)  # the agent's own copy of each asset, in repo/<save_path>
     timeout = evaluation.timeout_secs or config.agent_timeout_secs
-    result = ctx.run(
-        language.argv(str(agent_file), prompt),
-        env=env,
-        timeout_secs=timeout,
-        network=config.agent_network,
-        mounts=[Mount(ctx.session.agent, str(ctx.session.agent), writable=False), *static.mounts(ctx)],
-    )
+    agent_folder = Mount(ctx.session.agent, str(ctx.session.agent), writable=False)
+    policy = ctx.policy(network=config.agent_network, mounts=[agent_folder, *static.mounts(ctx)])
+    result = ctx.run(language.argv(str(agent_file), prompt), env=env, timeout_secs=timeout, policy=policy)
     outcome = {"agent_output": result.output, "agent_exit_code": result.exit_code}
     failure = None
     try:
         ctx.spawner.sweep()  # the agent's daemons die here, before anything is graded
-        if result.limit == "timeout":
+        if result.limit is Limit.TIMEOUT:
             failure = Cancelled(f"agent timed out after {timeout} s")
-        elif result.limit:
-            failure = StepFailed(f"{result.limit_detail}")
-        elif detail := _rlimit_detail(result, config) or _disk_excess(ctx):
-            failure = StepFailed(detail)
+        elif result.limit is not None:
+            failure = StepFailed(result.limit_detail)
         else:
             outcome["agent_patch"] = _agent_patch(ctx)
     finally:  # one write: the output whatever happened, and the patch when there is one
@@ -197,7 +151,7 @@ def _agent_patch(ctx: Context) -> str:
     env = gitrepo.git_env(ctx.session.home, urlguard.git_allow_protocol(False))
     try:
         patch = gitrepo.repo_patch(
-            git_runner(ctx, network=False, writable=[ctx.session.root]),
+            ctx.command_runner(ctx.policy(network=False, writable=[ctx.session.root])),
             repo=ctx.session.repo,
             base_sha=ctx.base_sha,
             env=env,
@@ -230,11 +184,12 @@ def running_tests(ctx: Context) -> None:
         raise StepFailed(f"could not write test support files: {exc}") from None
     session.tests.mkdir(mode=0o755, exist_ok=True)
     env = {**ctx.base_env(), **static.task_env(ctx)}
-    mounts = [Mount(session.tests, str(session.tests), writable=False), *static.mounts(ctx)]
+    scripts = Mount(session.tests, str(session.tests), writable=False)
+    policy = ctx.policy(network=config.test_network, mounts=[scripts, *static.mounts(ctx)])
     deadline = deadline_in(config.test_timeout_secs)
     results = []
     for position, test in enumerate(tests):
-        results.append(_run_test(ctx, position, test, env, mounts, deadline))
+        results.append(_run_test(ctx, position, test, env, policy, deadline))
         ctx.spawner.sweep()
     blocks = [
         f"=== {r.name} (exit {r.exit_code if r.exit_code is not None else 'none'}) ===\n{r.output}" for r in results
@@ -249,7 +204,7 @@ def _chown(session, relpath: str) -> None:
         os.chown(session.repo / relpath, session.uid, session.uid, follow_symlinks=False)
 
 
-def _run_test(ctx: Context, position: int, test: taskspec.TestSpec, env, mounts, deadline) -> TestResult:
+def _run_test(ctx: Context, position: int, test: taskspec.TestSpec, env, policy, deadline) -> TestResult:
     left = remaining(deadline)
     row = TestResult(evaluation_id=ctx.eval_id, position=position, name=test.name, kind=test.kind, passed=False)
     if left <= 0:
@@ -263,19 +218,18 @@ def _run_test(ctx: Context, position: int, test: taskspec.TestSpec, env, mounts,
     write_file_nofollow(ctx.session.tests, script.name, text.encode(), 0o644)
     argv = ["bash", str(script)]
     started = time.monotonic()
-    result = ctx.run(argv, env=env, timeout_secs=left, network=ctx.config.test_network, mounts=mounts)
+    result = ctx.run(argv, env=env, timeout_secs=left, policy=policy)
     row.duration_ms = int((time.monotonic() - started) * 1000)
     row.exit_code = result.exit_code
-    row.timed_out = result.limit == "timeout"
+    row.timed_out = result.timed_out
     row.output = result.output
-    limit_detail = result.limit_detail or _rlimit_detail(result, ctx.config)
-    if limit_detail and not row.timed_out:
-        row.output += f"\n[executor: {limit_detail}]"
+    if result.limit_detail and not row.timed_out:
+        row.output += f"\n[executor: {result.limit_detail}]"
     elif row.timed_out:
         row.output += (
             f"\n[executor: killed, the test budget TEST_TIMEOUT_SECS={ctx.config.test_timeout_secs} s ran out]"
         )
-    row.passed = result.exit_code == 0 and not result.limit
+    row.passed = result.ok
     return row
 
 

@@ -11,11 +11,13 @@ imports the pipeline once, freezes its heap (``gc.freeze``) and forks, so the
 worker, its forkserver and every evaluation process share those pages
 (bench/RESULTS.md: the forkserver's private memory 38 -> ~2 MB).
 
-A cancel reaches an evaluation process as one byte on a pipe of its own, not
-as a ``multiprocessing.Event``: an Event is five named semaphores, and named
-semaphores need multiprocessing's resource tracker, one more process, to
-unlink them after a crash. A pipe needs nothing and vanishes with its
-holders, so the pool runs without a resource tracker.
+Each evaluation process gets the read end of a pipe whose write end only the
+worker holds: its end of file tells the evaluation that the worker died
+(child.py). Cancels do not travel here: they are written to the evaluation's
+row, which the evaluation process watches (pipeline/cancel.py). No
+``multiprocessing.Event`` either: named semaphores need multiprocessing's
+resource tracker, one more process; a pipe needs nothing and vanishes with
+its holders, so the pool runs without a resource tracker.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import ctypes
 import gc
 import multiprocessing
 import os
+import select
 import signal
 import socket
 import threading
@@ -34,23 +37,25 @@ from multiprocessing.connection import Connection
 from executor_project.process import name_process
 
 _PR_SET_PDEATHSIG = 1
-CANCEL_BYTE = b"c"  # written once on an evaluation's cancel pipe (child.py reads it)
 
 
 @dataclass
 class Running:
     eval_id: str
     process: multiprocessing.Process
-    cancel: Connection  # the write end of the evaluation process's cancel pipe
+    alive: Connection  # the write end of the evaluation process's liveness pipe: held, never written
+    pidfd: int = -1  # readable once the process has exited, whoever its parent is by then
     started: float = field(default_factory=time.monotonic)
-    cancel_sent: bool = False
 
 
 class Pool:
-    def __init__(self, capacity: int, sandbox: str, target=None):
-        """``target(eval_id, sandbox, cancel_channel)`` runs in each process: child.main unless a test says."""
+    def __init__(self, capacity: int, runtime, target=None):
+        """``target(eval_id, runtime, alive_channel)`` runs in each process: child.main unless a test says.
+
+        ``runtime``: the resolved ``evaluations.runtime.Runtime``, handed to every evaluation.
+        """
         self.capacity = capacity
-        self.sandbox = sandbox
+        self.runtime = runtime
         self.context = multiprocessing.get_context("forkserver")
         start_forkserver()
         if target is None:
@@ -64,39 +69,33 @@ class Pool:
 
     def start(self, eval_id) -> None:
         eval_id = str(eval_id)
-        cancel_r, cancel_w = self.context.Pipe(duplex=False)
+        alive_r, alive_w = self.context.Pipe(duplex=False)
         try:
             process = self.context.Process(
-                target=self.target, args=(eval_id, self.sandbox, cancel_r), name=f"eval-{eval_id}", daemon=False
+                target=self.target, args=(eval_id, self.runtime, alive_r), name=f"eval-{eval_id}", daemon=False
             )
             process.start()  # the forkserver hands the child its own copy of the read end
         except BaseException:
-            cancel_w.close()
+            alive_w.close()
             raise
         finally:
-            cancel_r.close()
-        self.running[eval_id] = Running(eval_id, process, cancel_w)
-
-    def cancel(self, eval_id: str) -> None:
-        entry = self.running.get(eval_id)
-        if entry is not None and not entry.cancel_sent:
-            entry.cancel_sent = True
-            try:
-                os.write(entry.cancel.fileno(), CANCEL_BYTE)
-            except OSError:
-                pass  # it has exited (EPIPE): reap() reports it
+            alive_r.close()
+        self.running[eval_id] = Running(eval_id, process, alive_w, os.pidfd_open(process.pid))
 
     def sentinels(self) -> list[int]:
-        return [entry.process.sentinel for entry in self.running.values()]
+        """What to wait on: each process's pidfd. Not multiprocessing's sentinel, which is the
+        forkserver's report and ends (as "exit code 255") when the forkserver dies, though the
+        evaluation process, adopted by us (a subreaper), runs on."""
+        return [entry.pidfd for entry in self.running.values()]
 
     def reap(self) -> list[tuple[str, int]]:
         """Remove finished children; return [(eval_id, exitcode)]."""
         finished = []
         for eval_id, entry in list(self.running.items()):
-            if not entry.process.is_alive():
-                entry.process.join()
-                entry.cancel.close()
-                finished.append((eval_id, entry.process.exitcode))
+            if select.select([entry.pidfd], [], [], 0)[0]:
+                finished.append((eval_id, _exit_code(entry.process)))
+                os.close(entry.pidfd)
+                entry.alive.close()
                 del self.running[eval_id]
         return finished
 
@@ -104,6 +103,19 @@ class Pool:
         for entry in self.running.values():
             if entry.process.is_alive():
                 entry.process.kill()
+
+
+def _exit_code(process: multiprocessing.Process) -> int | None:
+    """The status of an exited evaluation process: ours to collect if we adopted it (its forkserver
+    died first), else the forkserver's report."""
+    try:
+        pid, status = os.waitpid(process.pid, os.WNOHANG)
+    except ChildProcessError:
+        pid = 0
+    if pid:
+        return os.waitstatus_to_exitcode(status)
+    process.join()
+    return process.exitcode
 
 
 def describe_exit(exitcode: int | None) -> str:
@@ -164,9 +176,9 @@ def start_forkserver() -> None:
 
 
 def _become_forkserver(worker: int) -> None:
-    """The forkserver outlives a worker killed with SIGKILL (it is reparented to init), and with it
-    every evaluation process. So it asks the kernel to kill it when the worker dies; each evaluation
-    process in turn learns of the forkserver's death through its own PR_SET_PDEATHSIG (child.py)."""
+    """The forkserver would outlive a worker killed with SIGKILL (reparented to init), so it asks
+    the kernel to kill it when the worker dies. Evaluation processes learn of the worker's death
+    from their liveness pipe (child.py), not from the forkserver's."""
     ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
     if os.getppid() != worker:  # the worker died before the prctl took effect
         os._exit(1)

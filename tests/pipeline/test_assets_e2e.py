@@ -8,7 +8,6 @@ import importlib.util
 import os
 import shutil
 import tempfile
-import threading
 import uuid
 from pathlib import Path
 
@@ -17,9 +16,9 @@ import pytest
 from assets import resolve
 from evaluations import lifecycle
 from evaluations.models import Evaluation, Status
-from evaluations.pipeline.run import run_pipeline
 from evaluations.runtime.killer import tagged
 from tests.helpers.archives import Exec, write_archive
+from tests.helpers.runtimes import run_evaluation
 from tests.helpers.service import PROJECT
 from tests.helpers.tasks import ADD_TEST, BUGGY, FIXED, SOLVER
 
@@ -74,7 +73,7 @@ def evaluate(task_url, agent_code, *, config, sandbox, static_assets=None):
         task_url=task_url, agent_code=agent_code, language="python", static_assets=static_assets
     )
     assert lifecycle.record(evaluation.id, status=Status.RUNNING, expect=[Status.PENDING])
-    run_pipeline(str(evaluation.id), config, sandbox=sandbox, cancel_event=threading.Event())
+    run_evaluation(str(evaluation.id), config, sandbox)
     evaluation.refresh_from_db()
     assert not tagged(str(evaluation.id)), "a process of the evaluation outlived it"
     assert not (config.workspace_base / str(evaluation.id)).exists()

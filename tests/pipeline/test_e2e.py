@@ -14,8 +14,9 @@ from django.db import OperationalError
 
 from evaluations import lifecycle
 from evaluations.models import Evaluation, Status
-from evaluations.pipeline.run import run_pipeline
+from evaluations.pipeline.cancel import CancelState, Stop
 from evaluations.runtime.killer import tagged
+from tests.helpers.runtimes import run_evaluation
 from tests.helpers.tasks import ADD_TEST, NOOP, SOLVER
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
@@ -26,7 +27,7 @@ def evaluate(task_url, agent_code, *, config, sandbox, language="python", timeou
         task_url=task_url, agent_code=agent_code, language=language, timeout_secs=timeout_secs, env=env or {}
     )
     assert lifecycle.record(evaluation.id, status=Status.RUNNING, expect=[Status.PENDING])
-    run_pipeline(str(evaluation.id), config, sandbox=sandbox, cancel_event=cancel or threading.Event())
+    run_evaluation(str(evaluation.id), config, sandbox, cancel)
     evaluation.refresh_from_db()
     assert not tagged(str(evaluation.id)), "a process of the evaluation outlived it"
     assert not (config.workspace_base / str(evaluation.id)).exists()
@@ -202,7 +203,7 @@ def test_setsid_escapee_and_term_ignorer_are_killed_before_the_tests(tasks, e2e_
 
 
 def test_cancel_during_the_agent_kills_it_fast(tasks, e2e_config, sandbox):
-    cancel = threading.Event()
+    cancel = CancelState()
     url = tasks.task()
     holder = {}
 
@@ -221,7 +222,7 @@ def test_cancel_during_the_agent_kills_it_fast(tasks, e2e_config, sandbox):
             except OperationalError:
                 continue
             holder["at"] = time.monotonic()
-            cancel.set()
+            cancel.set(Stop.CANCELLED, "cancelled by DELETE")  # what the row watcher does with it
             return
 
     thread = threading.Thread(target=cancel_when_running)

@@ -3,15 +3,14 @@
 from __future__ import annotations
 
 import stat
-import threading
 from pathlib import Path
 
 from evaluations import lifecycle
 from evaluations.models import Evaluation, Status
-from evaluations.pipeline.run import run_pipeline
 from evaluations.runtime.killer import tagged
 from tests.helpers.http import request
 from tests.helpers.polling import submit, wait_terminal
+from tests.helpers.runtimes import run_evaluation
 from tests.helpers.tasks import SOLVER
 
 
@@ -21,7 +20,7 @@ def evaluate(task_url, agent_code, *, config, sandbox, language="python", env=No
         task_url=task_url, agent_code=agent_code, language=language, env=env or {}, timeout_secs=timeout_secs
     )
     assert lifecycle.record(evaluation.id, status=Status.RUNNING, expect=[Status.PENDING])
-    run_pipeline(str(evaluation.id), config, sandbox=sandbox, cancel_event=threading.Event())
+    run_evaluation(str(evaluation.id), config, sandbox)
     evaluation.refresh_from_db()
     assert not tagged(str(evaluation.id)), "a process of the evaluation outlived it"
     if not config.keep_workspaces:

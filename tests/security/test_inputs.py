@@ -10,7 +10,6 @@ import dataclasses
 import json
 import os
 import tarfile
-import threading
 import uuid
 import zipfile
 from pathlib import Path
@@ -19,10 +18,10 @@ import pytest
 
 from evaluations import lifecycle
 from evaluations.models import Evaluation, Status
-from evaluations.pipeline.run import run_pipeline
 from evaluations.runtime import probe_bwrap
 from tests.helpers.archives import tar_member, write_lying_zip_bomb, write_tar, write_zip, zip_member
 from tests.helpers.httpserver import TestHTTPServer
+from tests.helpers.runtimes import run_evaluation
 from tests.helpers.tasks import SOLVER
 from tests.security.support import evaluate, still_works
 
@@ -252,5 +251,5 @@ def test_agent_code_of_the_maximum_size_plus_one(tasks, e2e_config, runtime_name
     assert at_limit.status_code == 202
     eval_id = at_limit.json()["eval_id"]  # the service still works: the admitted one passes
     assert lifecycle.record(eval_id, status=Status.RUNNING, expect=[Status.PENDING])
-    run_pipeline(eval_id, e2e_config, sandbox=runtime_name, cancel_event=threading.Event())
+    run_evaluation(eval_id, e2e_config, runtime_name)
     assert Evaluation.objects.get(id=eval_id).passed is True

@@ -9,7 +9,6 @@ from __future__ import annotations
 import io
 import json
 import os
-import select
 import sys
 import time
 
@@ -59,21 +58,24 @@ def first_use(task_file: str) -> None:
     print(json.dumps({"statuses": statuses, "imported": sorted(set(sys.modules) - before)}))
 
 
-def wait_for_cancel(eval_id: str, sandbox: str, channel) -> None:
-    """A Pool target: exit 0 once the worker's cancel arrives (3 if it never does)."""
-    from evaluations.worker.child import CancelFlag
+def wait_for_worker_loss(eval_id: str, runtime, channel) -> None:
+    """A Pool target: exit 0 once its liveness pipe says the worker is gone (3 if it never does)."""
+    from evaluations.pipeline.cancel import CancelState, Stop
+    from evaluations.worker.child import start_watching_worker
 
-    flag = CancelFlag(channel)
+    state = CancelState()
+    start_watching_worker(channel, state)
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
-        if flag.is_set():
+        if state.stop is Stop.WORKER_LOST:
             sys.exit(0)
-        select.select([flag.fd], [], [], 1)  # readable once the byte (or end of file) is there
+        time.sleep(0.05)
     sys.exit(3)
 
 
-def pool_cancel() -> None:
-    """A real Pool (forkserver and all): start an evaluation process, cancel it, report what ran."""
+def pool_worker_loss() -> None:
+    """A real Pool (forkserver and all): start an evaluation process, drop the worker's end of its
+    liveness pipe (as the worker's death would), report what ran."""
     _setup()
     import multiprocessing.resource_tracker
     from multiprocessing.connection import wait
@@ -82,10 +84,10 @@ def pool_cancel() -> None:
 
     from evaluations.worker.pool import Pool
 
-    pool = Pool(1, "none", target=wait_for_cancel)
+    pool = Pool(1, None, target=wait_for_worker_loss)
     pool.start("probe")
     helpers = [child.name() for child in psutil.Process().children()]
-    pool.cancel("probe")
+    pool.running["probe"].alive.close()
     wait(pool.sentinels(), timeout=60)
     finished = pool.reap()
     tracker = multiprocessing.resource_tracker._resource_tracker

@@ -13,13 +13,16 @@ import json
 import os
 import subprocess
 import sys
+import time
 import weakref
 from multiprocessing.connection import Connection
 
 import pytest
 from django.db import connections
 
-from evaluations.worker.child import CancelFlag
+from evaluations.models import WORKER_LOST
+from evaluations.pipeline.cancel import CancelState, Stop
+from evaluations.worker.child import start_watching_worker
 from executor_project.memory import LARGE_RESPONSE_BYTES, release_after_large_responses
 from tests.helpers.service import PROJECT, FreshDatabase, LiveService
 
@@ -60,13 +63,13 @@ def test_after_the_preload_a_first_query_and_the_api_reads_import_nothing(tmp_pa
 
 
 @pytest.mark.slow
-def test_a_cancel_reaches_the_evaluation_process_and_no_resource_tracker_runs(tmp_path):
+def test_the_worker_loss_reaches_the_evaluation_process_and_no_resource_tracker_runs(tmp_path):
     database = FreshDatabase(tmp_path)
     try:
-        report = run_probe("pool_cancel()", probe_env(tmp_path, database.url))
+        report = run_probe("pool_worker_loss()", probe_env(tmp_path, database.url))
     finally:
         database.drop()
-    assert report["finished"] == [["probe", 0]]  # exit 0: the target saw the cancel byte
+    assert report["finished"] == [["probe", 0]]  # exit 0: the target saw the end of its pipe
     assert report["children"] == ["te-forkserver"]  # the evaluation process is the forkserver's child
     assert report["tracker_pid"] is None
     assert not [cmdline for cmdline in report["descendants"] if "resource_tracker" in cmdline]
@@ -77,20 +80,20 @@ def reader_and_writer() -> tuple[Connection, int]:
     return Connection(read_fd, writable=False), write_fd
 
 
-def test_the_cancel_byte_sets_the_flag_for_good_and_end_of_file_does_not():
+def test_only_the_end_of_the_liveness_pipe_says_the_worker_is_lost():
     channel, write_fd = reader_and_writer()
-    flag = CancelFlag(channel)
-    assert not flag.is_set()
-    os.write(write_fd, b"c")
-    assert flag.is_set() and flag.is_set()  # read once, seen from then on
+    state = CancelState()
+    start_watching_worker(channel, state)
+    os.write(write_fd, b"x")  # a stray byte is not a loss
+    time.sleep(0.2)
+    assert not state.is_set()
     os.close(write_fd)
-
-    channel, write_fd = reader_and_writer()
-    flag = CancelFlag(channel)
-    os.close(write_fd)  # the worker died: PR_SET_PDEATHSIG says so (flag.lost), not the pipe
-    assert not flag.is_set()
-    flag.lost = True
-    assert flag.is_set()
+    deadline = time.monotonic() + 5
+    while not state.is_set() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert (state.stop, state.reason) == (Stop.WORKER_LOST, WORKER_LOST)
+    state.set(Stop.CANCELLED, "by user")  # a lost worker is not overridden by a later cancel
+    assert state.stop is Stop.WORKER_LOST
 
 
 class CyclicResponse:

@@ -36,6 +36,7 @@ from evaluations import localrun
 from evaluations.api.serializers import EvaluateRequestSerializer
 from evaluations.models import Step
 from evaluations.representation import evaluation_json
+from evaluations.startup import StartupError, prepare_to_run
 
 HIDDEN_STEPS = (Step.QUEUED, Step.DONE)
 SPINNER = "|/-\\"
@@ -138,13 +139,16 @@ class Command(BaseCommand):
         scratch = Path(tempfile.mkdtemp(prefix="te-evaluate-"))
         try:
             fields = self.request_fields(options, scratch)
-            sandbox = self.select_sandbox(config)
+            try:
+                runtime = prepare_to_run(config)
+            except StartupError as exc:
+                raise CommandError(str(exc), returncode=2) from exc
             owner = localrun.worker_id()
             evaluation = localrun.create_claimed(fields, owner)
             report.write(
-                f"evaluation {evaluation.id}: {fields['task_url']} ({fields['language']}, sandbox {sandbox})\n"
+                f"evaluation {evaluation.id}: {fields['task_url']} ({fields['language']}, sandbox {runtime.name})\n"
             )
-            run = localrun.LocalRun(str(evaluation.id), config, sandbox, owner)
+            run = localrun.LocalRun(str(evaluation.id), config, runtime, owner)
             evaluation = self.run(run, Progress(report, report.isatty()))
         finally:
             shutil.rmtree(scratch, ignore_errors=True)
@@ -210,18 +214,6 @@ class Command(BaseCommand):
             },
         }
 
-    def select_sandbox(self, config) -> str:
-        from evaluations.runtime import sandbox_uid, select_runtime
-
-        config.workspace_base.mkdir(parents=True, exist_ok=True)
-        try:
-            # Probe as `nobody`, outside the uid pool, as run_worker does: a pool uid may be scrubbed
-            # by a concurrent evaluation's lease at any moment.
-            runtime = select_runtime(config.sandbox, uid=sandbox_uid(), workdir=config.workspace_base)
-        except Exception as exc:
-            raise CommandError(f"SANDBOX={config.sandbox}: {exc}", returncode=2) from exc
-        return runtime.name
-
     def run(self, run: localrun.LocalRun, progress: Progress):
         """Start the pipeline, show its steps until it ends; Ctrl-C or SIGTERM cancels it cleanly."""
 
@@ -234,12 +226,12 @@ class Command(BaseCommand):
         try:
             while run.alive:
                 try:
-                    run.watch(time.monotonic())
+                    run.beat(time.monotonic())
                     progress.update(localrun.step_times(run.eval_id))
                     run.wait(interval)
                 except KeyboardInterrupt:
                     progress.out.write("\ninterrupted: cancelling (the evaluation's processes are being killed)\n")
-                    run.cancel("interrupted on the command line")
+                    run.request_cancel("interrupted on the command line")
         finally:
             signal.signal(signal.SIGTERM, previous)
         evaluation = run.finish()

@@ -7,9 +7,13 @@
    wrote a row (wake socket / NOTIFY), or the slow safety-net poll.
 4. A child that died leaves its evaluation failed with the reason, and the
    worker goes on serving.
-5. Running evaluations asked to stop (DELETE, TTL) get their cancel event set.
+5. Running evaluations past SESSION_TTL_SECS are asked to stop through their
+   row, like every cancel: each evaluation process watches its own row
+   (pipeline/cancel.py).
 6. SIGTERM: stop claiming, let running evaluations finish for
    SHUTDOWN_GRACE_SECS, then cancel them with "executor shutting down".
+7. An evaluation whose process cannot be started is failed at once with the
+   cause, never left running under this live worker.
 """
 
 from __future__ import annotations
@@ -29,15 +33,14 @@ from django.db.models.functions import Now
 
 from evaluations import lifecycle, reaper, wakeup
 from evaluations.callbacks import Dispatcher
-from evaluations.checks import log_startup_warnings
-from evaluations.models import Evaluation, Status, WorkerHeartbeat
+from evaluations.models import SHUTTING_DOWN, TTL_EXPIRED, Evaluation, Status, WorkerHeartbeat
+from evaluations.startup import StartupError, prepare_to_run
 from evaluations.worker.claim import claim
 from evaluations.worker.pool import Pool, describe_exit
 
 logger = logging.getLogger("term_executor.worker")
 
 POLL_SECS = 2.0  # safety net when no wake-up arrives
-SHUTTING_DOWN = "executor shutting down"
 
 
 class PostgresListener:
@@ -66,23 +69,16 @@ class Command(BaseCommand):
     requires_system_checks = []  # its start-up warnings are logged (one line each, LOG_FORMAT applies)
 
     def handle(self, *args, **options):
-        from evaluations.runtime import become_subreaper, sandbox_uid, select_runtime
-
         config = settings.EXECUTOR
-        config.workspace_base.mkdir(parents=True, exist_ok=True)
-        os.chmod(config.workspace_base, 0o711)
         try:
-            # The probe runs as nobody, outside the uid pool: no evaluation holds it (runtime/uids.py).
-            runtime = select_runtime(config.sandbox, uid=sandbox_uid(), workdir=config.workspace_base)
-        except Exception as exc:
-            raise CommandError(f"SANDBOX={config.sandbox}: {exc}") from exc
-        log_startup_warnings()
-        become_subreaper()  # orphans of a dead evaluation process come to us, not to init
+            runtime = prepare_to_run(config)
+        except StartupError as exc:
+            raise CommandError(str(exc)) from exc
         self.config = config
         self.sandbox = runtime.name
         self.worker_id = f"{socket.gethostname()[:40]}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
         self.stop_requested_at: float | None = None
-        self.pool = Pool(config.max_concurrent_evals, self.sandbox)
+        self.pool = Pool(config.max_concurrent_evals, runtime)
         self.callbacks = Dispatcher(config)
         self.beat(stopping=False)
         self.wake = wakeup.WakeSocket(config.data_dir, self.worker_id)
@@ -150,7 +146,7 @@ class Command(BaseCommand):
             self.reap()
             self.next_reap = now + config.reap_interval_secs
         self.collect_finished()
-        self.forward_cancels()
+        self.expire_sessions()
         self.callbacks.dispatch()
         if stopping:
             if now - self.stop_requested_at >= config.shutdown_grace_secs:
@@ -158,9 +154,7 @@ class Command(BaseCommand):
             if not self.pool.running:
                 return True
         elif self.pool.free > 0:
-            for eval_id in claim(self.worker_id, self.pool.free):
-                self.pool.start(eval_id)
-                logger.info("claimed", extra={"eval_id": eval_id})
+            self.start_claimed(claim(self.worker_id, self.pool.free))
         waitables = [self.wake, *self.pool.sentinels()]
         if self.listener is not None:
             waitables.append(self.listener)
@@ -182,29 +176,34 @@ class Command(BaseCommand):
             logger.error(reason, extra={"eval_id": eval_id})
             reaper.remove_orphan_folders(self.config.workspace_base)
 
-    def forward_cancels(self) -> None:
-        if not self.pool.running:
-            return
+    def start_claimed(self, eval_ids) -> None:
+        """Start a process for each claimed evaluation; one that cannot start fails with the cause
+        (it is ours and running: nothing else would ever end it while we beat)."""
+        for eval_id in eval_ids:
+            try:
+                self.pool.start(eval_id)
+            except Exception as exc:
+                reason = f"queued: could not start the evaluation process: {exc.__class__.__name__}: {exc}"
+                logger.exception(reason, extra={"eval_id": eval_id})
+                lifecycle.finish(eval_id, Status.FAILED, error=reason, expect=[Status.RUNNING])
+            else:
+                logger.info("claimed", extra={"eval_id": eval_id})
+
+    def expire_sessions(self) -> None:
+        """Ask evaluations past SESSION_TTL_SECS to stop, unless a stop was already asked for
+        (its reason stays): the evaluation process sees its row and ends itself."""
         ttl = self.config.session_ttl_secs
-        for eval_id, entry in self.pool.running.items():
-            if not entry.cancel_sent and time.monotonic() - entry.started > ttl:
-                Evaluation.objects.filter(id=eval_id, status=Status.RUNNING).update(
-                    cancel_requested=True, cancel_reason=reaper.TTL_EXPIRED
-                )
-        asked = Evaluation.objects.filter(
-            id__in=list(self.pool.running), status=Status.RUNNING, cancel_requested=True
-        ).values_list("id", flat=True)
-        for eval_id in asked:
-            self.pool.cancel(str(eval_id))
+        expired = [eval_id for eval_id, entry in self.pool.running.items() if time.monotonic() - entry.started > ttl]
+        if expired:
+            Evaluation.objects.filter(id__in=expired, status=Status.RUNNING, cancel_requested=False).update(
+                cancel_requested=True, cancel_reason=TTL_EXPIRED
+            )
 
     def cancel_all(self, reason: str) -> None:
-        ids = [eval_id for eval_id, entry in self.pool.running.items() if not entry.cancel_sent]
-        if ids:
-            Evaluation.objects.filter(id__in=ids, status=Status.RUNNING, cancel_requested=False).update(
-                cancel_requested=True, cancel_reason=reason
-            )
-            for eval_id in ids:
-                self.pool.cancel(eval_id)
+        if self.pool.running:
+            Evaluation.objects.filter(
+                id__in=list(self.pool.running), status=Status.RUNNING, cancel_requested=False
+            ).update(cancel_requested=True, cancel_reason=reason)
 
     def reap(self) -> None:
         summary = reaper.reap(self.config)
