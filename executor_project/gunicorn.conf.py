@@ -21,7 +21,7 @@ except config_module.ConfigError as exc:
     sys.stderr.write(f"term-executor: configuration error: {exc}\n")
     sys.exit(2)
 
-bind = os.environ.get("GUNICORN_BIND", f"0.0.0.0:{_config.port}")
+bind = _config.bind
 workers = _config.web_workers
 worker_class = "sync"
 timeout = 60
