@@ -11,8 +11,8 @@ rows are built and every value converted for the database, with SQL written
 once per process. Under the lock run at most three statements: the idempotency
 lookup (only with a key), the evaluation's INSERT, which carries the capacity
 check in its WHERE (counting and inserting are one statement), and the first
-transition's INSERT. Through the ORM the same work held the lock for about
-1.2 ms of Python (two ``create()``, a ``count()``, a ``filter()``).
+transition's INSERT. Through the ORM the same work ran much more Python, most
+of it under the lock (bench/RESULTS.md has the figures).
 
 Refusals need no lock. Once a process has met a full executor, its next
 requests first read, in one statement and without the lock, the idempotency

@@ -3,12 +3,18 @@
 Every setting of the executor is read here, once, from the environment,
 validated, and handed around as a frozen ``Config``. Nothing else in the
 project reads ``os.environ`` for a setting.
+
+Each setting is one field of ``Config``, declared with its variable, parser,
+bounds and default on one line (``integer``, ``boolean``, ``choice``,
+``strings``, ``text``, ``path``, ``optional_path``); ``load()`` walks the
+fields. Adding a setting is adding a line.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import os
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import assets
@@ -24,50 +30,143 @@ class ConfigError(ValueError):
     """A bad environment value; the message names the variable."""
 
 
+# -- how a variable is read ----------------------------------------------------------------------
+# Each function below declares one setting: a dataclass field whose metadata holds the variable's
+# name and its parser, parse(name, raw) -> value. An unset or empty variable keeps the default,
+# except for a required path (``path``), where an empty value is a mistake worth stopping for.
+
+
+def _field(env: str, default, parse: Callable[[str, str], object], *, empty_is_default=True, secret=False):
+    metadata = {"env": env, "parse": parse, "empty_is_default": empty_is_default}
+    return dataclasses.field(default=default, metadata=metadata, repr=not secret)
+
+
+def integer(env: str, default: int, *, minimum: int, maximum: int | None = None):
+    def parse(name: str, raw: str) -> int:
+        try:
+            value = int(raw.strip())
+        except ValueError:
+            raise ConfigError(f"{name}: expected an integer, got {raw!r}") from None
+        if value < minimum or (maximum is not None and value > maximum):
+            upper = f" and at most {maximum}" if maximum is not None else ""
+            raise ConfigError(f"{name}: must be at least {minimum}{upper}, got {value}")
+        return value
+
+    return _field(env, default, parse)
+
+
+def boolean(env: str, default: bool):
+    def parse(name: str, raw: str) -> bool:
+        lowered = raw.strip().lower()
+        if lowered in _TRUE:
+            return True
+        if lowered in _FALSE:
+            return False
+        raise ConfigError(f"{name}: expected on/off, true/false, yes/no or 1/0, got {raw!r}")
+
+    return _field(env, default, parse)
+
+
+def choice(env: str, default: str, choices: tuple[str, ...]):
+    """One of ``choices``, in any case; the value is the choice as written here."""
+    by_lower = {option.lower(): option for option in choices}
+
+    def parse(name: str, raw: str) -> str:
+        value = raw.strip().lower()
+        if value not in by_lower:
+            raise ConfigError(f"{name}: expected one of {', '.join(by_lower)}, got {raw!r}")
+        return by_lower[value]
+
+    return _field(env, default, parse)
+
+
+def strings(env: str, default: tuple[str, ...] = (), *, lower: bool = False, secret: bool = False):
+    """A comma-separated list; blanks between commas are dropped (a value of only blanks is the empty list)."""
+
+    def parse(name: str, raw: str) -> tuple[str, ...]:
+        items = tuple(item.strip() for item in raw.split(",") if item.strip())
+        return tuple(item.lower() for item in items) if lower else items
+
+    return _field(env, default, parse, secret=secret)
+
+
+def text(env: str, default: str = "", *, strip: bool = True, secret: bool = False):
+    def parse(name: str, raw: str) -> str:
+        value = raw.strip() if strip else raw
+        return value or default
+
+    return _field(env, default, parse, secret=secret)
+
+
+def _absolute(name: str, raw: str) -> Path:
+    if not raw.strip():
+        raise ConfigError(f"{name}: must not be empty")
+    return Path(raw.strip()).expanduser().absolute()
+
+
+def path(env: str, default: Path):
+    """A folder or file the executor needs: set to an empty value, it stops start-up."""
+    return _field(env, default, _absolute, empty_is_default=False)
+
+
+def optional_path(env: str):
+    """A path that may be left out: unset or blank is None."""
+    return _field(env, None, lambda name, raw: _absolute(name, raw) if raw.strip() else None)
+
+
 @dataclasses.dataclass(frozen=True)
 class Config:
-    port: int = 8080
-    auth_tokens: tuple[str, ...] = ()
-    database_url: str = ""
-    data_dir: Path = PROJECT_DIR / "data"
-    session_ttl_secs: int = 1800
-    max_concurrent_evals: int = 4
-    max_queued_evals: int = 0
-    disk_quota_mb: int = 2048
-    memory_limit_mb: int = 4096
-    max_processes: int = 512
-    clone_timeout_secs: int = 120
-    install_timeout_secs: int = 600
-    agent_timeout_secs: int = 600
-    test_timeout_secs: int = 300
-    download_timeout_secs: int = 60
-    max_agent_code_bytes: int = 5242880
-    max_output_bytes: int = 1048576
-    max_task_archive_bytes: int = 104857600
-    max_extracted_bytes: int = 524288000
-    max_archive_members: int = 10000
-    monitor_interval_ms: int = 100
-    workspace_base: Path = Path("/tmp/sessions")
-    sandbox: str = "auto"
-    sandbox_uid: int = 60000  # the first of the per-evaluation uids (runtime/uids.py)
-    sandbox_uid_count: int = 64
-    agent_network: bool = True
-    test_network: bool = False
-    allow_file_urls: bool = False
-    allow_private_urls: bool = False
-    allowed_private_hosts: tuple[str, ...] = ()
-    static_assets_root: Path | None = None
-    static_assets_config: Path | None = None
-    static_assets: tuple[Asset, ...] = ()  # the executor group, read from STATIC_ASSETS_CONFIG at start
-    reap_interval_secs: int = 60
-    retention_days: int = 0
-    shutdown_grace_secs: int = 30
-    worker_stale_secs: int = 30
-    callback_secret: str = ""
-    keep_workspaces: bool = False
-    web_workers: int = 2
-    log_format: str = "text"
-    log_level: str = "INFO"
+    port: int = integer("PORT", 8080, minimum=1, maximum=65535)
+    gunicorn_bind: str = text("GUNICORN_BIND")  # empty: 0.0.0.0:PORT (see bind)
+    web_workers: int = integer("WEB_WORKERS", 2, minimum=1, maximum=64)
+    auth_tokens: tuple[str, ...] = strings("AUTH_TOKEN", secret=True)
+    secret_key: str = text("SECRET_KEY", strip=False, secret=True)  # empty: one kept in DATA_DIR (django_secret_key)
+    database_url: str = text("DATABASE_URL", secret=True)
+    data_dir: Path = path("DATA_DIR", PROJECT_DIR / "data")
+    session_ttl_secs: int = integer("SESSION_TTL_SECS", 1800, minimum=1)
+    max_concurrent_evals: int = integer("MAX_CONCURRENT_EVALS", 4, minimum=1, maximum=1024)
+    max_queued_evals: int = integer("MAX_QUEUED_EVALS", 0, minimum=0)
+    disk_quota_mb: int = integer("DISK_QUOTA_MB", 2048, minimum=1)
+    memory_limit_mb: int = integer("MEMORY_LIMIT_MB", 4096, minimum=16)
+    max_processes: int = integer("MAX_PROCESSES", 512, minimum=1)
+    clone_timeout_secs: int = integer("CLONE_TIMEOUT_SECS", 120, minimum=1)
+    install_timeout_secs: int = integer("INSTALL_TIMEOUT_SECS", 600, minimum=1)
+    agent_timeout_secs: int = integer("AGENT_TIMEOUT_SECS", 600, minimum=1)
+    test_timeout_secs: int = integer("TEST_TIMEOUT_SECS", 300, minimum=1)
+    download_timeout_secs: int = integer("DOWNLOAD_TIMEOUT_SECS", 60, minimum=1)
+    max_agent_code_bytes: int = integer("MAX_AGENT_CODE_BYTES", 5242880, minimum=1)
+    max_output_bytes: int = integer("MAX_OUTPUT_BYTES", 1048576, minimum=1024)
+    max_task_archive_bytes: int = integer("MAX_TASK_ARCHIVE_BYTES", 104857600, minimum=1)
+    max_extracted_bytes: int = integer("MAX_EXTRACTED_BYTES", 524288000, minimum=1)
+    max_archive_members: int = integer("MAX_ARCHIVE_MEMBERS", 10000, minimum=1)
+    monitor_interval_ms: int = integer("MONITOR_INTERVAL_MS", 100, minimum=10, maximum=10000)
+    workspace_base: Path = path("WORKSPACE_BASE", Path("/tmp/sessions"))
+    sandbox: str = choice("SANDBOX", "auto", ("auto", "bwrap", "none"))
+    # The first of the per-evaluation uids (runtime/uids.py), and how many there are.
+    sandbox_uid: int = integer("SANDBOX_UID", 60000, minimum=1, maximum=2**32 - 2)
+    sandbox_uid_count: int = integer("SANDBOX_UID_COUNT", 64, minimum=1, maximum=65536)
+    agent_network: bool = boolean("AGENT_NETWORK", True)
+    test_network: bool = boolean("TEST_NETWORK", False)
+    allow_file_urls: bool = boolean("ALLOW_FILE_URLS", False)
+    allow_private_urls: bool = boolean("ALLOW_PRIVATE_URLS", False)
+    allowed_private_hosts: tuple[str, ...] = strings("ALLOWED_PRIVATE_HOSTS", lower=True)
+    static_assets_root: Path | None = optional_path("STATIC_ASSETS_ROOT")
+    static_assets_config: Path | None = optional_path("STATIC_ASSETS_CONFIG")
+    reap_interval_secs: int = integer("REAP_INTERVAL_SECS", 60, minimum=1)
+    retention_days: int = integer("RETENTION_DAYS", 0, minimum=0)
+    shutdown_grace_secs: int = integer("SHUTDOWN_GRACE_SECS", 30, minimum=0)
+    worker_stale_secs: int = integer("WORKER_STALE_SECS", 30, minimum=2)
+    callback_secret: str = text("CALLBACK_SECRET", strip=False, secret=True)
+    keep_workspaces: bool = boolean("KEEP_WORKSPACES", False)
+    log_format: str = choice("LOG_FORMAT", "text", ("text", "json"))
+    log_level: str = choice("LOG_LEVEL", "INFO", ("DEBUG", "INFO", "WARNING", "ERROR"))
+    # Not a variable: the executor's group of assets, read from STATIC_ASSETS_CONFIG by load().
+    static_assets: tuple[Asset, ...] = ()
+
+    @property
+    def bind(self) -> str:
+        """Where gunicorn listens."""
+        return self.gunicorn_bind or f"0.0.0.0:{self.port}"
 
     @property
     def auth_enabled(self) -> bool:
@@ -92,110 +191,32 @@ class Config:
         return self.data_dir / "worker.sock"
 
 
-def _int(name: str, raw: str, minimum: int, maximum: int | None = None) -> int:
-    try:
-        value = int(raw.strip())
-    except ValueError:
-        raise ConfigError(f"{name}: expected an integer, got {raw!r}") from None
-    if value < minimum or (maximum is not None and value > maximum):
-        upper = f" and at most {maximum}" if maximum is not None else ""
-        raise ConfigError(f"{name}: must be at least {minimum}{upper}, got {value}")
-    return value
+SETTINGS = tuple(field for field in dataclasses.fields(Config) if "env" in field.metadata)
 
 
-def _bool(name: str, raw: str) -> bool:
-    lowered = raw.strip().lower()
-    if lowered in _TRUE:
-        return True
-    if lowered in _FALSE:
-        return False
-    raise ConfigError(f"{name}: expected on/off, true/false, yes/no or 1/0, got {raw!r}")
-
-
-def _choice(name: str, raw: str, choices: tuple[str, ...]) -> str:
-    value = raw.strip().lower()
-    if value not in choices:
-        raise ConfigError(f"{name}: expected one of {', '.join(choices)}, got {raw!r}")
-    return value
-
-
-def _list(raw: str) -> tuple[str, ...]:
-    return tuple(item.strip() for item in raw.split(",") if item.strip())
-
-
-def _path(name: str, raw: str) -> Path:
-    if not raw.strip():
-        raise ConfigError(f"{name}: must not be empty")
-    return Path(raw.strip()).expanduser().absolute()
-
-
-# name -> (field, parser). Parsers take (name, raw) and return the typed value.
-_INTS = {
-    # variable: (minimum, maximum)
-    "PORT": (1, 65535),
-    "SESSION_TTL_SECS": (1, None),
-    "MAX_CONCURRENT_EVALS": (1, 1024),
-    "MAX_QUEUED_EVALS": (0, None),
-    "DISK_QUOTA_MB": (1, None),
-    "MEMORY_LIMIT_MB": (16, None),
-    "MAX_PROCESSES": (1, None),
-    "CLONE_TIMEOUT_SECS": (1, None),
-    "INSTALL_TIMEOUT_SECS": (1, None),
-    "AGENT_TIMEOUT_SECS": (1, None),
-    "TEST_TIMEOUT_SECS": (1, None),
-    "DOWNLOAD_TIMEOUT_SECS": (1, None),
-    "MAX_AGENT_CODE_BYTES": (1, None),
-    "MAX_OUTPUT_BYTES": (1024, None),
-    "MAX_TASK_ARCHIVE_BYTES": (1, None),
-    "MAX_EXTRACTED_BYTES": (1, None),
-    "MAX_ARCHIVE_MEMBERS": (1, None),
-    "MONITOR_INTERVAL_MS": (10, 10000),
-    "SANDBOX_UID": (1, 2**32 - 2),
-    "SANDBOX_UID_COUNT": (1, 65536),
-    "REAP_INTERVAL_SECS": (1, None),
-    "RETENTION_DAYS": (0, None),
-    "SHUTDOWN_GRACE_SECS": (0, None),
-    "WORKER_STALE_SECS": (2, None),
-    "WEB_WORKERS": (1, 64),
-}
-_BOOLS = (
-    "AGENT_NETWORK",
-    "TEST_NETWORK",
-    "ALLOW_FILE_URLS",
-    "ALLOW_PRIVATE_URLS",
-    "KEEP_WORKSPACES",
-)
-
-
-def load(environ: dict[str, str] | os._Environ | None = None) -> Config:
+def load(environ: Mapping[str, str] | None = None) -> Config:
     """Read and validate every setting; raise ConfigError naming the first bad variable."""
     env = os.environ if environ is None else environ
     values: dict[str, object] = {}
-    for name, (minimum, maximum) in _INTS.items():
-        if env.get(name, "") != "":
-            values[name.lower()] = _int(name, env[name], minimum, maximum)
-    for name in _BOOLS:
-        if env.get(name, "") != "":
-            values[name.lower()] = _bool(name, env[name])
-    if env.get("AUTH_TOKEN", "").strip():
-        values["auth_tokens"] = _list(env["AUTH_TOKEN"])
-    if env.get("DATABASE_URL", "").strip():
-        values["database_url"] = env["DATABASE_URL"].strip()
-    for name in ("DATA_DIR", "WORKSPACE_BASE"):
-        if name in env:
-            values[name.lower()] = _path(name, env[name])
-    for name in ("STATIC_ASSETS_ROOT", "STATIC_ASSETS_CONFIG"):
-        if env.get(name, "").strip():
-            values[name.lower()] = _path(name, env[name])
-    if env.get("SANDBOX", "") != "":
-        values["sandbox"] = _choice("SANDBOX", env["SANDBOX"], ("auto", "bwrap", "none"))
-    if env.get("LOG_FORMAT", "") != "":
-        values["log_format"] = _choice("LOG_FORMAT", env["LOG_FORMAT"], ("text", "json"))
-    if env.get("LOG_LEVEL", "") != "":
-        values["log_level"] = _choice("LOG_LEVEL", env["LOG_LEVEL"], ("debug", "info", "warning", "error")).upper()
-    values["allowed_private_hosts"] = tuple(h.lower() for h in _list(env.get("ALLOWED_PRIVATE_HOSTS", "")))
-    values["callback_secret"] = env.get("CALLBACK_SECRET", "")
+    for field in SETTINGS:
+        name = field.metadata["env"]
+        raw = env.get(name)
+        if raw is None or (raw == "" and field.metadata["empty_is_default"]):
+            continue
+        values[field.name] = field.metadata["parse"](name, raw)
     config = Config(**values)
+    _check_together(config)
+    if config.static_assets_config:
+        try:
+            executor_assets = assets.load_config_file(config.static_assets_config, config.static_assets_root)
+        except assets.AssetError as exc:
+            raise ConfigError(f"STATIC_ASSETS_CONFIG: {exc}") from None
+        config = dataclasses.replace(config, static_assets=executor_assets)
+    return config
+
+
+def _check_together(config: Config) -> None:
+    """The rules that involve more than one variable, or the file system."""
     if config.static_assets_config and not config.static_assets_config.is_file():
         raise ConfigError(f"STATIC_ASSETS_CONFIG: no such file {config.static_assets_config}")
     if config.static_assets_root and not config.static_assets_root.is_dir():
@@ -209,13 +230,6 @@ def load(environ: dict[str, str] | os._Environ | None = None) -> Config:
         )
     if config.static_assets_config and not config.static_assets_root:
         raise ConfigError("STATIC_ASSETS_CONFIG: needs STATIC_ASSETS_ROOT, the base of its paths")
-    if config.static_assets_config:
-        try:
-            executor_assets = assets.load_config_file(config.static_assets_config, config.static_assets_root)
-        except assets.AssetError as exc:
-            raise ConfigError(f"STATIC_ASSETS_CONFIG: {exc}") from None
-        config = dataclasses.replace(config, static_assets=executor_assets)
-    return config
 
 
 def close_to_others(folder: Path) -> None:
@@ -228,11 +242,10 @@ def close_to_others(folder: Path) -> None:
         pass  # not ours to change: the start-up checks warn if the sandbox uid can get in
 
 
-def secret_key(config: Config) -> str:
-    """Django's signing key: $SECRET_KEY, else one generated once and kept in the data folder."""
-    explicit = os.environ.get("SECRET_KEY", "")
-    if explicit:
-        return explicit
+def django_secret_key(config: Config) -> str:
+    """Django's signing key: SECRET_KEY, else one generated once and kept in the data folder."""
+    if config.secret_key:
+        return config.secret_key
     path = config.data_dir / "secret_key"
     try:
         return path.read_text().strip()

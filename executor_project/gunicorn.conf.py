@@ -2,7 +2,7 @@
 
 The master imports Django and the app once (``preload_app``) and freezes that heap
 before forking (``gc.freeze``), so the workers share those pages instead of each
-importing its own copy: about 25 MB less per worker (bench/RESULTS.md). Under
+importing its own copy (bench/RESULTS.md has the saving). Under
 ``manage.py serve`` the master is itself a fork of serve, which imported the app
 already: the preload finds it imported and shares serve's pages.
 """
@@ -21,7 +21,7 @@ except config_module.ConfigError as exc:
     sys.stderr.write(f"term-executor: configuration error: {exc}\n")
     sys.exit(2)
 
-bind = os.environ.get("GUNICORN_BIND", f"0.0.0.0:{_config.port}")
+bind = _config.bind
 workers = _config.web_workers
 worker_class = "sync"
 timeout = 60

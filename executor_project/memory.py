@@ -4,14 +4,13 @@ Measured with ``python -m bench --only memory`` (bench/RESULTS.md): an agent
 writing 1 GB leaves a 1 MiB ``agent_output`` and a 1 MiB log in its row.
 
 1. A gunicorn worker rendering such a row for ``GET /evaluate/{id}`` kept
-   the row, the data and the rendered body (~3 MB) until its next full
+   the row, the data and the rendered body until its next full
    garbage collection, several large responses later: a DRF response is a
    reference cycle (response -> renderer context -> view -> response). After
    a large response the worker collects at once, then hands the freed
    memory back to the kernel (``malloc_trim``): glibc's mmap threshold
    rises to the size of the first large block freed, so later megabyte
-   blocks come from the heap, and freed heap memory stays in the process
-   (~5 MB more per worker in the bench without it).
+   blocks come from the heap, and freed heap memory stays in the process.
 (SQLite's page cache, the other thing a large row filled, is capped where the
 connection is configured: ``dburl.SQLITE_OPTIONS``.)
 """

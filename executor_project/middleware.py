@@ -3,12 +3,12 @@
 The routes behind the bearer token are DRF views: CSRF-exempt, and none reads a
 session, a user from a cookie or a message. Yet these four middleware ran for
 each of their requests, building a session store, a lazy user and a message
-store that nothing used: ~0.1 ms of CPU a request, a tenth of a GET
-/evaluate/{id}. A request passes them by only when they could not change its
-reply: its path is one of those routes and it carries no cookie. With a cookie
-they run as always (a stale session cookie is deleted in the reply, a malformed
-CSRF cookie replaced), and so they do for every other path: /admin/, /api/docs,
-/metrics (a plain Django view: CSRF refuses its POSTs), a path no route matches.
+store that nothing used: a visible share of each request's CPU (bench/RESULTS.md).
+A request passes them by only when they could not change its reply: its path is
+one of those routes and it carries no cookie. With a cookie they run as always (a
+stale session cookie is deleted in the reply, a malformed CSRF cookie replaced),
+and so they do for every other path: /admin/, /api/docs, /metrics (a plain Django
+view: CSRF refuses its POSTs), a path no route matches.
 """
 
 from __future__ import annotations

@@ -20,7 +20,7 @@ BASE_DIR = config_module.PROJECT_DIR
 EXECUTOR.data_dir.mkdir(parents=True, exist_ok=True)
 config_module.close_to_others(EXECUTOR.data_dir)  # the database, secret key, sockets: ours only
 
-SECRET_KEY = config_module.secret_key(EXECUTOR)
+SECRET_KEY = config_module.django_secret_key(EXECUTOR)
 DEBUG = False
 ALLOWED_HOSTS = ["*"]
 

@@ -1,13 +1,12 @@
 """Plain SELECTs of chosen columns, converted exactly as the ORM converts them, for the hot reads.
 
-GET /evaluate/{id} is what platforms poll. Through ``Model.objects.raw`` its three
-SELECTs cost ~1 ms of CPU per request, ten times what the database takes: for every
-query the ORM finds each column's converters again, works out how to build the
-model, then builds one model instance per row (with its pre_init/post_init
-signals). Here each column's converters are found once per connection, and a row
-becomes a named tuple of the converted values: the same Python values the model's
-attributes would hold (the converters are the ORM's own: ``connection.ops`` and
-the field's ``from_db_value``), so the JSON built from them is the same.
+GET /evaluate/{id} is what platforms poll. Through the ORM (querysets or ``raw``) its
+three SELECTs cost more CPU than the rest of the request, and the route missed its
+bench/run target (bench/RESULTS.md): for every query the ORM compiles the SQL and
+finds each column's converters again. Here both are found once per connection, and a
+row becomes a named tuple of the converted values: the same Python values the model's
+attributes would hold (the converters are the ORM's own: ``connection.ops`` and the
+field's ``from_db_value``), so the JSON built from them is the same.
 """
 
 from __future__ import annotations

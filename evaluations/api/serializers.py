@@ -1,4 +1,8 @@
-"""Validation of POST /evaluate: serializers own the rules, views stay thin."""
+"""Validation of POST /evaluate: serializers own the rules, views stay thin.
+
+The limits come from the executor's Config in the serializer's context (``{"config": ...}``),
+which the caller passes: the API view its settings, ``manage.py evaluate`` its own run's.
+"""
 
 from __future__ import annotations
 
@@ -6,11 +10,11 @@ import json
 import re
 from urllib.parse import urlsplit
 
-from django.conf import settings
 from rest_framework import serializers
 
 import assets
 from evaluations import languages
+from executor_project.config import Config
 
 ENV_NAME = re.compile(r"^[A-Z_][A-Z0-9_]*$")
 # Set by the executor for every agent run; a submission may not replace them.
@@ -72,6 +76,10 @@ class EvaluateRequestSerializer(serializers.Serializer):
     callback_url = StrictCharField(required=False, allow_blank=True, default="", trim_whitespace=False)
     metadata = serializers.DictField(required=False, allow_null=True)
 
+    @property
+    def config(self) -> Config:
+        return self.context["config"]
+
     def to_internal_value(self, data):
         if not isinstance(data, dict):
             raise serializers.ValidationError({"non_field_errors": ["the body must be a JSON object"]})
@@ -81,7 +89,7 @@ class EvaluateRequestSerializer(serializers.Serializer):
         return super().to_internal_value(data)
 
     def validate_agent_code(self, value: str) -> str:
-        limit = settings.EXECUTOR.max_agent_code_bytes
+        limit = self.config.max_agent_code_bytes
         size = len(value.encode("utf-8", errors="surrogatepass"))
         if size > limit:
             raise serializers.ValidationError(f"is {size} bytes; at most {limit} UTF-8 bytes are allowed")
@@ -96,14 +104,14 @@ class EvaluateRequestSerializer(serializers.Serializer):
         return value
 
     def validate_task_url(self, value: str) -> str:
-        schemes = ("http", "https", "file") if settings.EXECUTOR.allow_file_urls else ("http", "https")
+        schemes = ("http", "https", "file") if self.config.allow_file_urls else ("http", "https")
         return _check_url(value, schemes)
 
     def validate_callback_url(self, value: str) -> str:
         return _check_url(value, ("http", "https")) if value else value
 
     def validate_timeout_secs(self, value):
-        maximum = settings.EXECUTOR.agent_timeout_secs
+        maximum = self.config.agent_timeout_secs
         if value is not None and not 1 <= value <= maximum:
             raise serializers.ValidationError(f"must be between 1 and {maximum}")
         return value
@@ -135,7 +143,7 @@ class EvaluateRequestSerializer(serializers.Serializer):
         """Checked against STATIC_ASSETS_ROOT and the executor's group now, and again when it runs."""
         if not value:
             return value
-        config = settings.EXECUTOR
+        config = self.config
         try:
             submitted = assets.resolve(
                 value, config.static_assets_root, base_label="STATIC_ASSETS_ROOT", origin="submission"
@@ -147,14 +155,14 @@ class EvaluateRequestSerializer(serializers.Serializer):
 
 
 # -- the fast path -----------------------------------------------------------------------------
-# DRF builds a serializer's fields anew for every instance (a deepcopy of each declared field):
-# ~0.17 ms of CPU per POST, more than the admission's whole critical section. A plain request
+# DRF builds a serializer's fields anew for every instance (a deepcopy of each declared field),
+# and runs each through its validators: more CPU than the rest of a refused POST, enough to
+# miss bench/run's target for refusals (bench/RESULTS.md, issue 13). A plain request
 # (every value of the type its field expects, nothing DRF would reject or change) is checked
 # here against the same rules, the serializer's validate_<field> methods; anything else,
 # and any rule that fails, goes through the serializer, which decides and words the error.
 
 _FIELD_NAMES = frozenset(EvaluateRequestSerializer._declared_fields)
-_RULES = EvaluateRequestSerializer()  # only its validate_<field> methods are called; it never holds data
 
 
 def _is_text(value) -> bool:
@@ -169,7 +177,7 @@ def _is_text(value) -> bool:
     return True
 
 
-def _plain_request(data) -> dict | None:
+def _plain_request(data, config: Config) -> dict | None:
     """The serializer's validated_data for a plain, valid request; None for any other."""
     if type(data) is not dict or not _FIELD_NAMES.issuperset(data):
         return None
@@ -188,30 +196,31 @@ def _plain_request(data) -> dict | None:
     for name in ("static_assets", "metadata"):
         if data.get(name) is not None and type(data[name]) is not dict:
             return None
+    rules = EvaluateRequestSerializer(context={"config": config})  # only its validate_<field> methods run
     try:
         validated = {
-            "agent_code": _RULES.validate_agent_code(agent_code),
-            "agent_language": _RULES.validate_agent_language(language),
-            "task_url": _RULES.validate_task_url(task_url),
-            "timeout_secs": _RULES.validate_timeout_secs(timeout_secs),
-            "callback_url": _RULES.validate_callback_url(callback_url),
+            "agent_code": rules.validate_agent_code(agent_code),
+            "agent_language": rules.validate_agent_language(language),
+            "task_url": rules.validate_task_url(task_url),
+            "timeout_secs": rules.validate_timeout_secs(timeout_secs),
+            "callback_url": rules.validate_callback_url(callback_url),
         }
         if "env" in data:
-            validated["env"] = _RULES.validate_env(dict(env))
+            validated["env"] = rules.validate_env(dict(env))
         for name in ("static_assets", "metadata"):
             if name in data:
                 value = data[name]
-                validated[name] = getattr(_RULES, f"validate_{name}")(None if value is None else dict(value))
+                validated[name] = getattr(rules, f"validate_{name}")(None if value is None else dict(value))
     except serializers.ValidationError:
         return None
     return validated
 
 
-def validate_evaluate_request(data) -> dict:
+def validate_evaluate_request(data, config: Config) -> dict:
     """POST /evaluate's body, validated: EvaluateRequestSerializer's validated_data, or its ValidationError."""
-    validated = _plain_request(data)
+    validated = _plain_request(data, config)
     if validated is None:
-        serializer = EvaluateRequestSerializer(data=data)
+        serializer = EvaluateRequestSerializer(data=data, context={"config": config})
         serializer.is_valid(raise_exception=True)
         validated = serializer.validated_data
     return validated

@@ -172,7 +172,7 @@ class EvaluateView(APIView):
                 f"Idempotency-Key must be 1 to {MAX_IDEMPOTENCY_KEY} characters",
                 fields={"Idempotency-Key": [f"must be 1 to {MAX_IDEMPOTENCY_KEY} characters"]},
             )
-        data = validate_evaluate_request(request.data)
+        data = validate_evaluate_request(request.data, config)
         fields = {
             "agent_code": data["agent_code"],
             "language": data["agent_language"],

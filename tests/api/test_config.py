@@ -1,8 +1,9 @@
+import dataclasses
 from pathlib import Path
 
 import pytest
 
-from executor_project.config import Config, ConfigError, load
+from executor_project.config import SETTINGS, Config, ConfigError, django_secret_key, load
 from executor_project.dburl import parse_database_url
 
 
@@ -81,3 +82,63 @@ def test_database_urls(tmp_path):
     assert pg["OPTIONS"] == {"sslmode": "require"}
     with pytest.raises(ConfigError, match="DATABASE_URL"):
         parse_database_url("mysql://x/y", tmp_path / "x.db")
+
+
+def test_every_setting_is_one_field_with_its_own_variable():
+    variables = [field.metadata["env"] for field in SETTINGS]
+    assert len(variables) == len(set(variables))
+    # Every field but the assets read from STATIC_ASSETS_CONFIG is a variable.
+    assert {field.name for field in dataclasses.fields(Config)} - {field.name for field in SETTINGS} == {
+        "static_assets"
+    }
+    for field in SETTINGS:  # a value written as its default reads back as the default
+        default = field.default
+        raw = ",".join(default) if isinstance(default, tuple) else "" if default is None else str(default)
+        if raw:
+            assert getattr(load({field.metadata["env"]: raw}), field.name) == default, field.name
+
+
+@pytest.mark.parametrize(
+    ("env", "message"),
+    [
+        ({"MONITOR_INTERVAL_MS": "5"}, "MONITOR_INTERVAL_MS: must be at least 10 and at most 10000, got 5"),
+        ({"MAX_PROCESSES": "0"}, "MAX_PROCESSES: must be at least 1, got 0"),
+        ({"PORT": " 80x"}, "PORT: expected an integer, got ' 80x'"),
+        ({"KEEP_WORKSPACES": "maybe"}, "KEEP_WORKSPACES: expected on/off, true/false, yes/no or 1/0, got 'maybe'"),
+        ({"LOG_LEVEL": "verbose"}, "LOG_LEVEL: expected one of debug, info, warning, error, got 'verbose'"),
+        ({"LOG_FORMAT": "xml"}, "LOG_FORMAT: expected one of text, json, got 'xml'"),
+        ({"DATA_DIR": ""}, "DATA_DIR: must not be empty"),
+        ({"STATIC_ASSETS_ROOT": "/nonexistent-root"}, "STATIC_ASSETS_ROOT: no such folder /nonexistent-root"),
+    ],
+)
+def test_each_kind_of_mistake_is_worded_for_the_operator(env, message):
+    with pytest.raises(ConfigError) as caught:
+        load(env)
+    assert str(caught.value) == message
+
+
+def test_empty_values_keep_the_default_and_blanks_parse_as_empty():
+    config = load({"MAX_PROCESSES": "", "AGENT_NETWORK": "", "SANDBOX": "", "LOG_LEVEL": "", "DATABASE_URL": " ",
+                   "STATIC_ASSETS_ROOT": "  ", "AUTH_TOKEN": " , ", "ALLOWED_PRIVATE_HOSTS": ""})  # fmt: skip
+    assert config == Config()
+    assert load({"LOG_LEVEL": " Debug "}).log_level == "DEBUG" and load({"SANDBOX": "BWRAP"}).sandbox == "bwrap"
+    assert load({"DATA_DIR": "rel/dir"}).data_dir == Path.cwd() / "rel/dir"
+
+
+def test_gunicorn_bind_and_secret_key_are_read_by_load(tmp_path):
+    assert load({}).bind == "0.0.0.0:8080" and load({"PORT": "9000"}).bind == "0.0.0.0:9000"
+    assert load({"GUNICORN_BIND": " 127.0.0.1:9001 ", "PORT": "9000"}).bind == "127.0.0.1:9001"
+    assert django_secret_key(load({"SECRET_KEY": " given ", "DATA_DIR": str(tmp_path)})) == " given "
+    assert not (tmp_path / "secret_key").exists()
+    generated = django_secret_key(load({"DATA_DIR": str(tmp_path)}))
+    assert len(generated) > 50 and (tmp_path / "secret_key").read_text() == generated
+    assert django_secret_key(load({"DATA_DIR": str(tmp_path), "SECRET_KEY": ""})) == generated
+
+
+def test_secrets_stay_out_of_the_configs_repr():
+    config = load({"AUTH_TOKEN": "tok-1", "SECRET_KEY": "sk-2", "CALLBACK_SECRET": "cb-3",
+                   "DATABASE_URL": "postgres://u:pw-4@h/db"})  # fmt: skip
+    assert config.auth_tokens == ("tok-1",) and config.secret_key == "sk-2" and config.callback_secret == "cb-3"
+    shown = repr(config)
+    assert "max_processes=512" in shown
+    assert not any(secret in shown for secret in ("tok-1", "sk-2", "cb-3", "pw-4"))

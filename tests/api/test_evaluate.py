@@ -5,7 +5,9 @@ import uuid
 
 import pytest
 
+from evaluations.api.serializers import EvaluateRequestSerializer
 from evaluations.models import Evaluation, Status, Step, Transition
+from executor_project.config import Config
 
 pytestmark = pytest.mark.django_db
 
@@ -98,6 +100,17 @@ def test_agent_code_at_the_limit_is_admitted_and_one_byte_over_is_refused(api, e
     body = assert_refused(post(api, {**GOOD, "agent_code": "é" * 500 + "x"}), 400, "invalid_request", "agent_code")
     assert "1001 bytes" in body["fields"]["agent_code"][0]
     assert Evaluation.objects.count() == 1
+
+
+def test_the_serializer_takes_its_limits_from_the_config_in_its_context(settings):
+    body = {**GOOD, "task_url": "file:///tmp/t.tgz", "timeout_secs": 700, "agent_code": "x" * 2000}
+    # The global would refuse the URL and the timeout and take the code: each context decides otherwise.
+    assert not settings.EXECUTOR.allow_file_urls and settings.EXECUTOR.agent_timeout_secs < 700
+    assert settings.EXECUTOR.max_agent_code_bytes > 2000
+    strict = EvaluateRequestSerializer(data=body, context={"config": Config(max_agent_code_bytes=1000)})
+    assert not strict.is_valid() and set(strict.errors) == {"task_url", "timeout_secs", "agent_code"}
+    lenient = Config(allow_file_urls=True, agent_timeout_secs=900, max_agent_code_bytes=2000)
+    assert EvaluateRequestSerializer(data=body, context={"config": lenient}).is_valid()
 
 
 def test_file_urls_only_when_allowed(api, executor_config):

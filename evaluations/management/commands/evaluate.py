@@ -135,10 +135,9 @@ class Command(BaseCommand):
             allow_file_urls=True,
             keep_workspaces=options["keep"] or settings.EXECUTOR.keep_workspaces,
         )
-        settings.EXECUTOR = config  # this process runs one evaluation: the serializer sees this run's settings
         scratch = Path(tempfile.mkdtemp(prefix="te-evaluate-"))
         try:
-            fields = self.request_fields(options, scratch)
+            fields = self.request_fields(options, scratch, config)
             try:
                 runtime = prepare_to_run(config)
             except StartupError as exc:
@@ -177,7 +176,7 @@ class Command(BaseCommand):
                 returncode=2,
             )
 
-    def request_fields(self, options, scratch: Path) -> dict:
+    def request_fields(self, options, scratch: Path, config) -> dict:
         agent_file = Path(options["agent_file"])
         try:
             agent_code = agent_file.read_text(encoding="utf-8")
@@ -196,7 +195,7 @@ class Command(BaseCommand):
         body = {"agent_code": agent_code, "agent_language": language, "task_url": task_url, "env": env}
         if options["timeout"] is not None:
             body["timeout_secs"] = options["timeout"]
-        serializer = EvaluateRequestSerializer(data=body)
+        serializer = EvaluateRequestSerializer(data=body, context={"config": config})  # file:// URLs allowed
         if not serializer.is_valid():
             problems = "; ".join(f"{name}: {' '.join(map(str, errors))}" for name, errors in serializer.errors.items())
             raise CommandError(f"the request is invalid: {problems}", returncode=2)

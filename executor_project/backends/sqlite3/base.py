@@ -18,11 +18,11 @@ Statements outside ``atomic`` (autocommit) still rely on SQLite's handler.
 Checkpoints run after the lock is let go. SQLite's own (``wal_autocheckpoint``,
 once the log holds 1000 pages) runs inside the commit that crosses the
 threshold, so inside the file lock: it copies the log into the database and
-fsyncs both (~8 ms on this host) while every writer queued behind it waits,
+fsyncs both while every writer queued behind it waits,
 and those stalls were much of POST /evaluate's p99. Here each connection
 checkpoints (PASSIVE: it never waits, and writers go on meanwhile) every
 ``CHECKPOINT_EVERY`` of its write transactions once it has let go of the lock:
-an admission writes ~13 pages, so under a flood of writes the log is copied
+an admission writes a few pages, so under a flood of writes the log is copied
 before SQLite's own threshold, which stays as the safety net (for writers that
 write only outside ``atomic``, and for processes that commit a few times only).
 """
