@@ -16,6 +16,15 @@ from assets import Asset
 
 PROJECT_DIR = Path(__file__).resolve().parent.parent
 
+# Where distributions keep the CAs the host trusts, as one file: Debian, Ubuntu and Alpine;
+# Fedora and RHEL; openSUSE; the BSDs and Alpine's other name.
+CA_BUNDLE_PATHS = (
+    "/etc/ssl/certs/ca-certificates.crt",
+    "/etc/pki/tls/certs/ca-bundle.crt",
+    "/etc/ssl/ca-bundle.pem",
+    "/etc/ssl/cert.pem",
+)
+
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off"}
 
@@ -68,6 +77,8 @@ class Config:
     web_workers: int = 2
     log_format: str = "text"
     log_level: str = "INFO"
+    # The CAs commands trust: SSL_CERT_FILE, else the distribution's bundle.
+    ca_bundle: Path | None = dataclasses.field(default_factory=lambda: distribution_ca_bundle())
 
     @property
     def auth_enabled(self) -> bool:
@@ -195,7 +206,11 @@ def load(environ: dict[str, str] | os._Environ | None = None) -> Config:
         values["log_level"] = _choice("LOG_LEVEL", env["LOG_LEVEL"], ("debug", "info", "warning", "error")).upper()
     values["allowed_private_hosts"] = tuple(h.lower() for h in _list(env.get("ALLOWED_PRIVATE_HOSTS", "")))
     values["callback_secret"] = env.get("CALLBACK_SECRET", "")
+    if env.get("SSL_CERT_FILE", "").strip():
+        values["ca_bundle"] = _path("SSL_CERT_FILE", env["SSL_CERT_FILE"])
     config = Config(**values)
+    if config.ca_bundle and not config.ca_bundle.is_file():
+        raise ConfigError(f"SSL_CERT_FILE: no such file {config.ca_bundle} (the CA bundle commands are told to trust)")
     if config.static_assets_config and not config.static_assets_config.is_file():
         raise ConfigError(f"STATIC_ASSETS_CONFIG: no such file {config.static_assets_config}")
     if config.static_assets_root and not config.static_assets_root.is_dir():
@@ -216,6 +231,10 @@ def load(environ: dict[str, str] | os._Environ | None = None) -> Config:
             raise ConfigError(f"STATIC_ASSETS_CONFIG: {exc}") from None
         config = dataclasses.replace(config, static_assets=executor_assets)
     return config
+
+
+def distribution_ca_bundle() -> Path | None:
+    return next((Path(path) for path in CA_BUNDLE_PATHS if os.path.isfile(path)), None)
 
 
 def close_to_others(folder: Path) -> None:

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 from assets import AssetView
 from evaluations.models import Evaluation
+from evaluations.pipeline import toolchains
 from evaluations.pipeline.session import Session
 from evaluations.pipeline.taskspec import TaskSpec
 from evaluations.runtime.spawner import CommandResult, Limits, Mount, Spawner
@@ -63,6 +64,8 @@ class Context:
             # same second (mtime resolution), and the tests would run the old code.
             "PYTHONDONTWRITEBYTECODE": "1",
             "TMPDIR": str(self.session.tmp),
+            # SPEC §11: PATH with the venv first, caches and prefixes in HOME, the host's CAs.
+            **toolchains.command_env(self.session, self.command_path, toolchains.host_ca(self.config)),
         }
 
     def run(
@@ -83,7 +86,7 @@ class Context:
             env=env,
             limits=self.limits(timeout_secs),
             network=network,
-            writable=writable if writable is not None else [session.repo, session.home, session.tmp],
+            writable=writable if writable is not None else [session.repo, session.home, session.tmp, session.venv],
             mounts=list(mounts),
         )
         if result.limit == "cancelled":

@@ -10,7 +10,7 @@ from django.db import transaction
 
 from evaluations import languages
 from evaluations.models import Evaluation, TestResult
-from evaluations.pipeline import archive, gitrepo, static, taskspec, urlguard
+from evaluations.pipeline import archive, gitrepo, static, taskspec, toolchains, urlguard
 from evaluations.pipeline.context import Cancelled, Context, StepFailed, deadline_in, remaining
 from evaluations.pipeline.safefs import SafeFSError, write_file_nofollow
 from evaluations.runtime.monitor import disk_excess, folder_usage
@@ -124,6 +124,7 @@ def _limit_failure(result: CommandResult, what: str, budget_name: str, budget: f
 def installing_deps(ctx: Context) -> None:
     config = ctx.config
     deadline = deadline_in(config.install_timeout_secs)
+    toolchains.make_session_venv(ctx.session, toolchains.find_python(ctx.command_path))  # SPEC §11
     env = {**ctx.base_env(), **static.task_env(ctx)}
     mounts = static.mounts(ctx)
     for command, filled in zip(ctx.task.install, static.fill(ctx, ctx.task.install), strict=True):
