@@ -17,7 +17,6 @@ text = text.replace(
     "    from_file = tomli.loads(text)\n"
     "    settings = dict(from_file)\n"
     "    settings.update(DEFAULTS if defaults is None else defaults)\n",
-    "    settings = dict(DEFAULTS if defaults is None else defaults)\n"
-    "    settings.update(tomli.loads(text))\n",
+    "    settings = dict(DEFAULTS if defaults is None else defaults)\n    settings.update(tomli.loads(text))\n",
 )
 source.write_text(text)

@@ -1,7 +1,6 @@
 import pytest
-import tomli
-
 import settingsfile
+import tomli
 
 
 def test_an_empty_file_gives_the_defaults():
