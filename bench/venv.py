@@ -4,7 +4,8 @@
 
 Median wall time of RUNS runs of each way to give an evaluation its venv:
 
-- ``make_venv``: the files written directly (what the pipeline does), then given to the uid;
+- ``make_venv``: the files written directly (what the pipeline does), then given to the uid,
+  in a session folder as the pipeline makes it, and on tmpfs (the CPU part alone);
 - ``python3 -m venv --without-pip --system-site-packages`` through ``Spawner.run``, with no
   sandbox and with bubblewrap (a process per evaluation, as the pipeline would have to run it);
 - ``python3 -m venv`` with ``ensurepip`` (a few runs only: seconds each), for scale;
@@ -39,7 +40,7 @@ from evaluations.runtime.sandbox import SYSTEM_PATH  # noqa: E402
 
 LIMITS = Limits(timeout_secs=60, memory_bytes=2**30, disk_quota_bytes=2**30, max_processes=512, max_output_bytes=2**20)
 # pytest as `pip install pytest` leaves it: the packages and their metadata.
-PYTEST_PARTS = ("pytest", "_pytest", "pluggy", "iniconfig", "packaging", "py.py")
+PYTEST_PARTS = ("pytest", "_pytest", "pluggy", "iniconfig", "packaging", "pygments", "py.py")
 
 
 def median_ms(call, runs: int, warm: int = 2) -> float:
@@ -86,6 +87,15 @@ def measure(runs: int) -> dict[str, float]:
             return elapsed
 
         figures["make_venv"] = statistics.median(written() for _ in range(runs)) * 1000
+
+        def in_memory():
+            with tempfile.TemporaryDirectory(dir="/dev/shm") as tmp:
+                started = time.perf_counter()
+                toolchains.make_venv(Path(tmp), python, uid)
+                return time.perf_counter() - started
+
+        if os.path.isdir("/dev/shm"):  # the same without the disk: what the files cost in CPU
+            figures["make_venv_tmpfs"] = statistics.median(in_memory() for _ in range(runs)) * 1000
 
         work = base / "spawned"
         work.mkdir(mode=0o711)
@@ -139,6 +149,7 @@ def report(figures: dict) -> str:
     rows = [
         ("find_python (the python3 commands see, no process)", figures["find_python"]),
         ("make_venv (files written, given to the uid): what the pipeline does", figures["make_venv"]),
+        ("  the same on tmpfs (/dev/shm): without the disk", figures.get("make_venv_tmpfs")),
         ("python3 -m venv --without-pip --system-site-packages, spawner, no sandbox", figures.get("m_venv_none")),
         ("python3 -m venv --without-pip --system-site-packages, spawner, bubblewrap", figures.get("m_venv_bwrap")),
         ("python3 -m venv (with ensurepip), for scale", figures["ensurepip"]),
