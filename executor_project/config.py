@@ -22,6 +22,15 @@ from assets import Asset
 
 PROJECT_DIR = Path(__file__).resolve().parent.parent
 
+# Where distributions keep the CAs the host trusts, as one file: Debian, Ubuntu and Alpine;
+# Fedora and RHEL; openSUSE; the BSDs and Alpine's other name.
+CA_BUNDLE_PATHS = (
+    "/etc/ssl/certs/ca-certificates.crt",
+    "/etc/pki/tls/certs/ca-bundle.crt",
+    "/etc/ssl/ca-bundle.pem",
+    "/etc/ssl/cert.pem",
+)
+
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off"}
 
@@ -160,6 +169,8 @@ class Config:
     keep_workspaces: bool = boolean("KEEP_WORKSPACES", False)
     log_format: str = choice("LOG_FORMAT", "text", ("text", "json"))
     log_level: str = choice("LOG_LEVEL", "INFO", ("DEBUG", "INFO", "WARNING", "ERROR"))
+    # The CAs commands trust: unset, the distribution's bundle (load() finds it).
+    ca_bundle: Path | None = optional_path("SSL_CERT_FILE")
     # Not a variable: the executor's group of assets, read from STATIC_ASSETS_CONFIG by load().
     static_assets: tuple[Asset, ...] = ()
 
@@ -205,6 +216,8 @@ def load(environ: Mapping[str, str] | None = None) -> Config:
             continue
         values[field.name] = field.metadata["parse"](name, raw)
     config = Config(**values)
+    if config.ca_bundle is None:
+        config = dataclasses.replace(config, ca_bundle=distribution_ca_bundle())
     _check_together(config)
     if config.static_assets_config:
         try:
@@ -217,6 +230,8 @@ def load(environ: Mapping[str, str] | None = None) -> Config:
 
 def _check_together(config: Config) -> None:
     """The rules that involve more than one variable, or the file system."""
+    if config.ca_bundle and not config.ca_bundle.is_file():
+        raise ConfigError(f"SSL_CERT_FILE: no such file {config.ca_bundle} (the CA bundle commands are told to trust)")
     if config.static_assets_config and not config.static_assets_config.is_file():
         raise ConfigError(f"STATIC_ASSETS_CONFIG: no such file {config.static_assets_config}")
     if config.static_assets_root and not config.static_assets_root.is_dir():
@@ -230,6 +245,10 @@ def _check_together(config: Config) -> None:
         )
     if config.static_assets_config and not config.static_assets_root:
         raise ConfigError("STATIC_ASSETS_CONFIG: needs STATIC_ASSETS_ROOT, the base of its paths")
+
+
+def distribution_ca_bundle() -> Path | None:
+    return next((Path(path) for path in CA_BUNDLE_PATHS if os.path.isfile(path)), None)
 
 
 def close_to_others(folder: Path) -> None:

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from assets import AssetView
 from evaluations.models import Evaluation
+from evaluations.pipeline import toolchains
 from evaluations.pipeline.cancel import CancelState, Stop
 from evaluations.pipeline.session import Session
 from evaluations.pipeline.taskspec import TaskSpec
@@ -66,16 +67,20 @@ class Context:
             # same second (mtime resolution), and the tests would run the old code.
             "PYTHONDONTWRITEBYTECODE": "1",
             "TMPDIR": str(self.session.tmp),
+            # SPEC §11: PATH with the venv first, caches and prefixes in HOME, the host's CAs.
+            **toolchains.command_env(self.session, self.runtime.command_path(), toolchains.host_ca(self.config)),
         }
 
     def policy(
         self, *, network: bool, mounts: Sequence[Mount] = (), writable: Sequence[Path] | None = None
     ) -> SandboxPolicy:
-        """What a task's command may reach: by default the session's repo, home and tmp."""
+        """What a task's command may reach: by default the session's repo, home, tmp and venv."""
         session = self.session
         return SandboxPolicy(
             network=network,
-            writable=tuple(writable if writable is not None else (session.repo, session.home, session.tmp)),
+            writable=tuple(
+                writable if writable is not None else (session.repo, session.home, session.tmp, session.venv)
+            ),
             mounts=tuple(mounts),
         )
 

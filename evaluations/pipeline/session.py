@@ -4,9 +4,10 @@ task/     the extracted archive (root only: hidden tests, original_pr.md)
 repo/     the repository; owned by the sandbox uid
 agent/    agent.<ext> and prompt.md, read-only to commands
 home/     HOME of every command; owned by the sandbox uid
+venv/     the task's Python venv (pipeline/toolchains.py); the sandbox uid's once written
 tmp/      /tmp (and TMPDIR) of every command, so it counts against the disk quota
 tests/    test scripts, written by the executor after the agent step
-saved/    root only: HOME as the install step left it, given back to the tests
+saved/    root only: HOME and venv/ as the install step left them, given back to the tests
 log.txt   the live combined log (GET /evaluate/{id}/logs)
 
 The session folder is root's, mode 0710, group = the evaluation's own uid
@@ -53,6 +54,10 @@ class Session:
         return self.root / "home"
 
     @property
+    def venv(self) -> Path:
+        return self.root / "venv"
+
+    @property
     def tmp(self) -> Path:
         return self.root / "tmp"
 
@@ -82,6 +87,7 @@ class Session:
             os.chmod(session.root, 0o710)  # only the evaluation's uid (as group) may pass
         session.task.mkdir(mode=0o700)
         session.agent.mkdir(mode=0o755)
+        session.venv.mkdir(mode=0o755)  # root's and empty until toolchains.make_venv fills it
         for owned in (session.repo, session.home, session.tmp):
             owned.mkdir(mode=0o700)
             if uid is not None:
@@ -90,29 +96,34 @@ class Session:
         return session
 
     def keep_install_home(self) -> None:
-        """After the install step: keep HOME for the tests (root only), give the agent a copy.
+        """After the install step: keep HOME and the venv for the tests (root only), give the agent copies.
 
         HOME is where Python's user site (``usercustomize``, ``.pth`` files),
-        git's global config and many tools' settings live: an agent writing
-        there could change how the tests behave. Call only once no process
-        of the evaluation is left (after the sweep).
+        git's global config and many tools' settings live, the venv where
+        pytest and the task's packages are: an agent writing there could
+        change how the tests behave. Call only once no process of the
+        evaluation is left (after the sweep).
         """
         self.saved.mkdir(mode=0o700)
-        with os.scandir(self.home) as entries:
-            if next(entries, None) is None:
-                return  # nothing installed there: the tests get a fresh, empty HOME
-        kept = self.saved / "home"
-        os.rename(self.home, kept)
-        copy_tree_nofollow(kept, self.home, self.uid)
+        for folder in (self.home, self.venv):
+            with os.scandir(folder) as entries:
+                if next(entries, None) is None:
+                    continue  # nothing there: the tests get a fresh, empty one
+            kept = self.saved / folder.name
+            os.rename(folder, kept)
+            copy_tree_nofollow(kept, folder, self.uid)
 
     def restore_install_home(self) -> None:
-        """Before the tests: HOME as the install step left it, whatever the agent did to it."""
-        remove_tree_nofollow(self.home)
-        kept = self.saved / "home"
-        if kept.is_dir() and not kept.is_symlink():
-            os.rename(kept, self.home)
-        else:
-            self._own_dir(self.home)
+        """Before the tests: HOME and the venv as the install step left them, whatever the agent did."""
+        for folder in (self.home, self.venv):
+            kept = self.saved / folder.name
+            if folder == self.venv and not kept.exists():
+                continue  # no venv was written: the folder is root's and empty, nothing to undo
+            remove_tree_nofollow(folder)
+            if kept.is_dir() and not kept.is_symlink():
+                os.rename(kept, folder)
+            else:
+                self._own_dir(folder)
 
     def reset_tmp(self) -> None:
         """Before the tests: an empty /tmp, so nothing the agent left there is found by a test."""

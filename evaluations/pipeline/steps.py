@@ -9,7 +9,7 @@ from django.db import transaction
 
 from evaluations import languages
 from evaluations.models import Evaluation, TestResult
-from evaluations.pipeline import archive, gitrepo, static, taskspec, urlguard
+from evaluations.pipeline import archive, gitrepo, static, taskspec, toolchains, urlguard
 from evaluations.pipeline.context import Cancelled, Context, StepFailed, deadline_in, limit_failure, remaining
 from evaluations.runtime import Limit, Mount
 from evaluations.safefs import SafeFSError, write_file_nofollow
@@ -84,6 +84,7 @@ def cloning_repo(ctx: Context) -> None:
 def installing_deps(ctx: Context) -> None:
     config = ctx.config
     deadline = deadline_in(config.install_timeout_secs)
+    toolchains.make_session_venv(ctx.session, toolchains.find_python(ctx.runtime.command_path()))  # SPEC §11
     env = {**ctx.base_env(), **static.task_env(ctx)}
     policy = ctx.policy(network=True, mounts=static.mounts(ctx))
     for command, filled in zip(ctx.task.install, static.fill(ctx, ctx.task.install), strict=True):

@@ -18,7 +18,7 @@ def agent(name: str, kind: str):
 
 
 def test_there_are_examples_of_each_kind():
-    assert {"calc", "textkit"} <= set(EXAMPLES)
+    assert {"calc", "textkit", "settingsfile"} <= set(EXAMPLES)
     swe_tests = [p.name for p in (PROJECT / "examples" / "textkit" / "task" / "tests").glob("*.sh")]
     assert len([n for n in swe_tests if n.startswith("fail_to_pass_")]) >= 2
     assert len([n for n in swe_tests if n.startswith("pass_to_pass_")]) >= 2
