@@ -59,6 +59,8 @@ class Config:
     static_assets_root: Path | None = None
     static_assets_config: Path | None = None
     static_assets: tuple[Asset, ...] = ()  # the executor group, read from STATIC_ASSETS_CONFIG at start
+    environments_root: Path | None = None  # root filesystems a task may run in (evaluations/environments.py)
+    default_environment: str | None = None
     reap_interval_secs: int = 60
     retention_days: int = 0
     shutdown_grace_secs: int = 30
@@ -195,7 +197,12 @@ def load(environ: dict[str, str] | os._Environ | None = None) -> Config:
         values["log_level"] = _choice("LOG_LEVEL", env["LOG_LEVEL"], ("debug", "info", "warning", "error")).upper()
     values["allowed_private_hosts"] = tuple(h.lower() for h in _list(env.get("ALLOWED_PRIVATE_HOSTS", "")))
     values["callback_secret"] = env.get("CALLBACK_SECRET", "")
+    if env.get("ENVIRONMENTS_ROOT", "").strip():
+        values["environments_root"] = _path("ENVIRONMENTS_ROOT", env["ENVIRONMENTS_ROOT"])
+    if env.get("DEFAULT_ENVIRONMENT", "").strip():
+        values["default_environment"] = env["DEFAULT_ENVIRONMENT"].strip()
     config = Config(**values)
+    _check_environments(config)
     if config.static_assets_config and not config.static_assets_config.is_file():
         raise ConfigError(f"STATIC_ASSETS_CONFIG: no such file {config.static_assets_config}")
     if config.static_assets_root and not config.static_assets_root.is_dir():
@@ -216,6 +223,20 @@ def load(environ: dict[str, str] | os._Environ | None = None) -> Config:
             raise ConfigError(f"STATIC_ASSETS_CONFIG: {exc}") from None
         config = dataclasses.replace(config, static_assets=executor_assets)
     return config
+
+
+def _check_environments(config: Config) -> None:
+    from evaluations import environments  # plain Python, below Django like assets
+
+    if config.environments_root and not config.environments_root.is_dir():
+        raise ConfigError(f"ENVIRONMENTS_ROOT: no such folder {config.environments_root}")
+    if config.default_environment and not config.environments_root:
+        raise ConfigError("DEFAULT_ENVIRONMENT: needs ENVIRONMENTS_ROOT, the folder environments are in")
+    if config.default_environment:
+        try:
+            environments.resolve(config.environments_root, config.default_environment)
+        except environments.BadEnvironment as exc:
+            raise ConfigError(f"DEFAULT_ENVIRONMENT: {exc}") from None
 
 
 def close_to_others(folder: Path) -> None:
