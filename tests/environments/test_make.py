@@ -48,6 +48,8 @@ def test_the_built_environment_has_the_tool_the_host_lacks(debian_build, debian_
     assert envs.find_interpreter(debian_environment, "node") is None
     assert re.fullmatch(r"3\.11\.[0-9]+", debian_environment.python) and debian_environment.node is None
     assert leftovers(root) == [NAME]  # no .building-* left
+    apt = debian_environment.root / "var"
+    assert not list(apt.glob("cache/apt/archives/*.deb")) and not list(apt.glob("lib/apt/lists/*_Packages"))
     # Progress was shown as debootstrap went, then one summary line.
     assert "I: Base system installed successfully." in built.stdout
     assert built.stdout.strip().splitlines()[-1].startswith(f"environment {NAME}: {root / NAME} (python 3.11.")
@@ -59,7 +61,13 @@ def test_the_tree_is_usable_by_the_sandbox_uids(debian_environment):
     assert (st.st_uid, stat.S_IMODE(st.st_mode)) == (0, 0o755)
     assert envs.list_environments(debian_environment.root.parent) == [debian_environment]
     run = subprocess.run(
-        ["chroot", "--userspec=60000:60000", str(debian_environment.root), HOST_LACKS, "--version"],
+        [
+            shutil.which("chroot", path="/usr/sbin:/usr/bin"),
+            "--userspec=60000:60000",
+            str(debian_environment.root),
+            HOST_LACKS,
+            "--version",
+        ],
         capture_output=True,
         text=True,
         env={"PATH": "/usr/bin:/bin"},
@@ -71,18 +79,20 @@ def test_an_existing_name_is_refused_without_replace(debian_environment):
     root = debian_environment.root.parent
     done = make_environment(root, NAME, "--packages", PACKAGES, "--from-tarball", str(cached_tarball()))
     assert done.returncode == 1
-    assert done.stderr.strip() == f"CommandError: environment {NAME} already exists in {root}; --replace builds it again"
+    assert (
+        done.stderr.strip() == f"CommandError: environment {NAME} already exists in {root}; --replace builds it again"
+    )
     assert envs.resolve(root, NAME) == debian_environment  # the same identity: untouched
 
 
 def test_an_interrupted_replace_leaves_the_old_tree_and_no_partial_one(debian_environment):
-    """SIGTERM while dpkg configures packages in the chroot (its /proc mounted): unmounted, removed."""
+    """SIGTERM once the second stage began (dpkg in the chroot, /proc mounted in the tree): unmounted, removed."""
     root = debian_environment.root.parent
     args = (NAME, "--replace", "--packages", PACKAGES, "--from-tarball", str(cached_tarball()))
     process = make_environment(root, *args, background=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     mounted = []
     for line in process.stdout:
-        if line.startswith("I: Configuring"):
+        if line.startswith("I: Installing core packages"):
             mounted = command._mounts_beneath(next(root.glob(".building-*")))
             process.send_signal(signal.SIGTERM)
             break
