@@ -48,6 +48,7 @@ def test_the_built_environment_has_the_tool_the_host_lacks(debian_build, debian_
     assert envs.find_interpreter(debian_environment, "node") is None
     assert re.fullmatch(r"3\.11\.[0-9]+", debian_environment.python) and debian_environment.node is None
     assert leftovers(root) == [NAME]  # no .building-* left
+    assert "localhost" in (debian_environment.root / "etc" / "hosts").read_text()
     apt = debian_environment.root / "var"
     assert not list(apt.glob("cache/apt/archives/*.deb")) and not list(apt.glob("lib/apt/lists/*_Packages"))
     # Progress was shown as debootstrap went, then one summary line.

@@ -104,6 +104,7 @@ class Command(BaseCommand):
                     from_tarball = self._download(building, suite, wanted, mirror, Path(save_tarball).absolute())
                 self._build(building, suite, wanted, mirror, from_tarball)
                 _slim(building)
+                _hosts_file(building)
                 _stamp(building, suite, wanted, mirror)
                 _check_usable(root, building, name)
                 retired = _put_in_place(building, final)
@@ -250,6 +251,14 @@ def _slim(tree: Path) -> None:
         for path in (tree / folder).glob(pattern):
             if path.is_file() and not path.is_symlink():
                 path.unlink()
+
+
+def _hosts_file(tree: Path) -> None:
+    """debootstrap writes no /etc/hosts (docker mounts one): without it `localhost` goes to DNS."""
+    hosts = tree / "etc" / "hosts"
+    if not os.path.lexists(hosts):
+        hosts.write_text("127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n")
+        os.chmod(hosts, 0o644)
 
 
 def _stamp(building: Path, suite: str, wanted: list[str], mirror: str) -> None:
