@@ -161,6 +161,9 @@ class Config:
     allowed_private_hosts: tuple[str, ...] = strings("ALLOWED_PRIVATE_HOSTS", lower=True)
     static_assets_root: Path | None = optional_path("STATIC_ASSETS_ROOT")
     static_assets_config: Path | None = optional_path("STATIC_ASSETS_CONFIG")
+    # Root filesystems a task may run in (evaluations/environments.py), and the one used by default.
+    environments_root: Path | None = optional_path("ENVIRONMENTS_ROOT")
+    default_environment: str | None = text("DEFAULT_ENVIRONMENT", None)
     reap_interval_secs: int = integer("REAP_INTERVAL_SECS", 60, minimum=1)
     retention_days: int = integer("RETENTION_DAYS", 0, minimum=0)
     shutdown_grace_secs: int = integer("SHUTDOWN_GRACE_SECS", 30, minimum=0)
@@ -230,6 +233,7 @@ def load(environ: Mapping[str, str] | None = None) -> Config:
 
 def _check_together(config: Config) -> None:
     """The rules that involve more than one variable, or the file system."""
+    _check_environments(config)
     if config.ca_bundle and not config.ca_bundle.is_file():
         raise ConfigError(f"SSL_CERT_FILE: no such file {config.ca_bundle} (the CA bundle commands are told to trust)")
     if config.static_assets_config and not config.static_assets_config.is_file():
@@ -245,6 +249,20 @@ def _check_together(config: Config) -> None:
         )
     if config.static_assets_config and not config.static_assets_root:
         raise ConfigError("STATIC_ASSETS_CONFIG: needs STATIC_ASSETS_ROOT, the base of its paths")
+
+
+def _check_environments(config: Config) -> None:
+    from evaluations import environments  # plain Python, below Django like assets
+
+    if config.environments_root and not config.environments_root.is_dir():
+        raise ConfigError(f"ENVIRONMENTS_ROOT: no such folder {config.environments_root}")
+    if config.default_environment and not config.environments_root:
+        raise ConfigError("DEFAULT_ENVIRONMENT: needs ENVIRONMENTS_ROOT, the folder environments are in")
+    if config.default_environment:
+        try:
+            environments.resolve(config.environments_root, config.default_environment)
+        except environments.BadEnvironment as exc:
+            raise ConfigError(f"DEFAULT_ENVIRONMENT: {exc}") from None
 
 
 def distribution_ca_bundle() -> Path | None:

@@ -1,8 +1,11 @@
 import dataclasses
+import os
+import shutil
 
 import pytest
 from rest_framework.test import APIClient
 
+from tests.helpers import environments as environment_helpers
 from tests.helpers.service import LiveService
 
 
@@ -35,3 +38,33 @@ def live_service(tmp_path):
     yield start
     for service in started:
         service.stop()
+
+
+@pytest.fixture(scope="session")
+def debian_build():
+    """`manage.py make_environment tools` run once per test run: (ENVIRONMENTS_ROOT, its CompletedProcess)."""
+    if os.geteuid() != 0 or shutil.which("debootstrap") is None:
+        reason = "make_environment needs root and debootstrap"
+        if os.environ.get("REQUIRE_SANDBOX") == "1":
+            pytest.fail(f"REQUIRE_SANDBOX=1 but {reason}")
+        pytest.skip(reason)
+    root = environment_helpers.environments_root()
+    try:
+        yield root, environment_helpers.build_real(root)
+    finally:
+        environment_helpers.remove_root(root)
+
+
+@pytest.fixture(scope="session")
+def debian_environment(debian_build):
+    """A real environment built by make_environment: an ``Environment``, ENVIRONMENTS_ROOT its ``root.parent``.
+
+    Debian bookworm minbase with python3, venv, pip, git, bash and `tree`, which the host
+    lacks. The download is cached in data/cache/debootstrap between runs
+    (tests/helpers/environments.py).
+    """
+    from evaluations.environments import resolve
+
+    root, built = debian_build
+    assert built.returncode == 0, built.stdout[-4000:] + built.stderr
+    return resolve(root, environment_helpers.NAME)

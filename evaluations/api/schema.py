@@ -17,7 +17,7 @@ from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_sche
 from rest_framework import serializers
 
 from evaluations import languages
-from evaluations.api import assets, logs, views
+from evaluations.api import assets, environments, logs, views
 from evaluations.api.serializers import MAX_ENV_NAMES
 from evaluations.models import Status, Step, TestKind
 
@@ -84,6 +84,15 @@ class UnhealthySerializer(ErrorSerializer):
     checks = serializers.DictField(child=serializers.CharField())
 
 
+class RuntimesSerializer(serializers.Serializer):
+    python = serializers.CharField(allow_null=True, help_text="python3's version, e.g. `3.11.2`; null if absent.")
+    node = serializers.CharField(allow_null=True, help_text="node's version, e.g. `20.20.2`; null if absent.")
+
+
+class EnvironmentSerializer(RuntimesSerializer):
+    name = serializers.CharField(help_text="What workspace.yaml `environment:` names.")
+
+
 class StatusSerializer(serializers.Serializer):
     version = serializers.CharField()
     uptime_secs = serializers.IntegerField(min_value=0)
@@ -105,6 +114,8 @@ class StatusSerializer(serializers.Serializer):
     static_assets = serializers.IntegerField(
         min_value=0, required=False, help_text="How many executor-level assets GET /assets lists."
     )
+    environments = serializers.IntegerField(min_value=0, help_text="How many environments GET /environments lists.")
+    runtimes = RuntimesSerializer(help_text="What the host itself offers to tasks that name no environment.")
 
 
 class AssetSerializer(serializers.Serializer):
@@ -342,6 +353,15 @@ def document_views() -> None:
             responses={200: AssetSerializer(many=True), 401: UNAUTHORIZED},
         )
     )(assets.AssetListView)
+    extend_schema_view(
+        get=extend_schema(
+            tags=[TAG_SERVICE],
+            summary="The environments (root filesystems) a task may name",
+            description="The folders of ENVIRONMENTS_ROOT that are valid environments, by name, with the "
+            "versions of python3 and node found in their files (null when absent). Empty without ENVIRONMENTS_ROOT.",
+            responses={200: EnvironmentSerializer(many=True), 401: UNAUTHORIZED},
+        )
+    )(environments.EnvironmentListView)
 
 
 def _links_from_eval_id() -> dict:

@@ -3,6 +3,7 @@ from drf_spectacular.views import SpectacularJSONAPIView, SpectacularSwaggerView
 
 from evaluations.api import logs, schema, views  # noqa: F401  (schema documents the views as it loads)
 from evaluations.api.assets import AssetListView
+from evaluations.api.environments import EnvironmentListView
 from evaluations.metrics import metrics_view
 
 urlpatterns = [
@@ -14,6 +15,7 @@ urlpatterns = [
     path("evaluate/<str:eval_id>/logs", logs.EvaluationLogView.as_view(), name="evaluation-logs"),
     path("evaluations", views.EvaluationListView.as_view(), name="evaluation-list"),
     path("assets", AssetListView.as_view(), name="asset-list"),
+    path("environments", EnvironmentListView.as_view(), name="environment-list"),
     path("api/schema", SpectacularJSONAPIView.as_view(), name="api-schema"),
     path("api/docs", SpectacularSwaggerView.as_view(url_name="api-schema"), name="api-docs"),
 ]

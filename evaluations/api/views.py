@@ -18,7 +18,7 @@ from rest_framework.permissions import AllowAny
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from evaluations import admission, checks, languages, lifecycle, stats, wakeup
+from evaluations import admission, checks, environments, languages, lifecycle, stats, wakeup
 from evaluations.api import rows
 from evaluations.api.errors import ApiError, envelope
 from evaluations.api.serializers import validate_evaluate_request
@@ -107,6 +107,8 @@ class StatusView(PublicView):
                 "auth": "enabled" if config.auth_enabled else "disabled",
                 "languages": list(languages.available()),
                 "static_assets": len(config.static_assets),
+                "environments": len(environments.list_environments(config.environments_root)),
+                "runtimes": environments.runtimes(),
             }
         )
 

@@ -23,6 +23,8 @@ from typing import NamedTuple
 
 import yaml
 
+from evaluations.environments import BadEnvironment, check_name
+
 from .urlguard import URLRefused, check_git_url
 
 MAX_YAML_BYTES = 1024 * 1024
@@ -77,6 +79,7 @@ class TaskSpec:
     original_pr: str | None
     tests: list[TestSpec] = field(default_factory=list)  # scripts (name order), then checks
     support_files: list[SupportFile] = field(default_factory=list)
+    environment: str | None = None  # a name under ENVIRONMENTS_ROOT; whether it exists is checked at downloading_task
 
 
 def load_task(task_root: Path | str, *, allow_file_urls: bool = False) -> TaskSpec:
@@ -106,6 +109,7 @@ def load_task(task_root: Path | str, *, allow_file_urls: bool = False) -> TaskSp
         original_pr=_read_text(root / "original_pr.md", "original_pr.md", required=False, lenient=True),
         tests=scripts + checks,
         support_files=_support_files(root / "tests"),
+        environment=_environment(data),
     )
 
 
@@ -253,6 +257,18 @@ def _optional_str(data: dict, key: str) -> str | None:
     if value is not None and not isinstance(value, str):
         raise TaskError(f"workspace.yaml: '{key}' must be a string")
     return value
+
+
+def _environment(data: dict) -> str | None:
+    value = data.get("environment")
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise TaskError("workspace.yaml: 'environment' must be a string (an environment name)")
+    try:
+        return check_name(value)
+    except BadEnvironment as exc:
+        raise TaskError(f"workspace.yaml: 'environment': {exc}") from None
 
 
 def _install(data: dict) -> list[str]:

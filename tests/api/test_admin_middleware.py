@@ -72,6 +72,7 @@ def requests(eval_id: str, token: str | None) -> list[tuple]:
         ("get", "/evaluations", auth),
         ("get", "/evaluations?limit=0", auth),
         ("get", "/assets", auth),
+        ("get", "/environments", auth),
         # With cookies the middleware runs: a stale session cookie is deleted, a malformed CSRF one replaced.
         ("get", "/health", stale_cookies),
         ("get", f"/evaluate/{eval_id}", {**auth, **stale_cookies}),

@@ -99,6 +99,13 @@ def test_optional_keys_may_be_empty(tmp_path):
     assert (spec.install, spec.env, spec.static_assets, spec.version) == ([], {}, {}, None)
 
 
+def test_environment_names_a_root_filesystem(tmp_path):
+    assert load_task(task_with_yaml(tmp_path, GOOD_YAML)).environment is None
+    assert load_task(task_with_yaml(tmp_path / "2", GOOD_YAML + "environment:\n")).environment is None
+    spec = load_task(task_with_yaml(tmp_path / "3", GOOD_YAML + "environment: debian-12.slim_py\n"))
+    assert spec.environment == "debian-12.slim_py"  # existence is checked at downloading_task, not here
+
+
 # -- YAML safety -------------------------------------------------------------------
 
 
@@ -235,6 +242,19 @@ def test_invalid_yaml_names_the_line(tmp_path):
         (GOOD_YAML + "env: {A: [x]}\n", "workspace.yaml: 'env' value of A must be a string"),
         (GOOD_YAML + "env: {A: }\n", "workspace.yaml: 'env' value of A must be a string"),
         (GOOD_YAML + 'env: {A: "x\\0y"}\n', "workspace.yaml: 'env' value of A contains a NUL byte"),
+        (GOOD_YAML + "environment: 12\n", "workspace.yaml: 'environment' must be a string (an environment name)"),
+        (GOOD_YAML + "environment: [a]\n", "workspace.yaml: 'environment' must be a string (an environment name)"),
+        (GOOD_YAML + "environment: ''\n", "workspace.yaml: 'environment': an environment name must not be empty"),
+        (
+            GOOD_YAML + "environment: a/b\n",
+            "workspace.yaml: 'environment': environment name 'a/b' must not contain '/'",
+        ),
+        (GOOD_YAML + "environment: ..\n", "workspace.yaml: 'environment': environment name '..' must not contain '..'"),
+        (
+            GOOD_YAML + "environment: Debian\n",
+            "workspace.yaml: 'environment': environment name 'Debian' is not valid: lowercase letters, digits, "
+            "'.', '_' and '-', starting with a letter or a digit",
+        ),
     ],
 )
 def test_missing_and_wrong_typed_keys_are_named(tmp_path, text, message):
