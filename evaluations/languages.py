@@ -17,14 +17,17 @@ class Language:
         return [self.interpreter, agent_file, "--instruction", prompt]
 
 
-_ALL = (
-    Language("python", "py", "python3"),
-    Language("bash", "sh", "bash"),
-    Language("node", "js", "node"),
-)
+ALL = {
+    lang.name: lang
+    for lang in (
+        Language("python", "py", "python3"),
+        Language("bash", "sh", "bash"),
+        Language("node", "js", "node"),
+    )
+}
 
 
 @functools.cache
 def available() -> dict[str, Language]:
     """The languages whose interpreter this host has, in a fixed order."""
-    return {lang.name: lang for lang in _ALL if shutil.which(lang.interpreter)}
+    return {name: lang for name, lang in ALL.items() if shutil.which(lang.interpreter)}

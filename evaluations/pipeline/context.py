@@ -5,15 +5,16 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from assets import AssetView
+from evaluations.environments import Environment
 from evaluations.models import Evaluation
 from evaluations.pipeline import toolchains
 from evaluations.pipeline.cancel import CancelState, Stop
 from evaluations.pipeline.session import Session
 from evaluations.pipeline.taskspec import TaskSpec
 from evaluations.runtime import CommandResult, Limit, Limits, Mount, Runtime, SandboxPolicy, Spawner
+from evaluations.runtime.sandbox import SYSTEM_PATH
 from executor_project.config import Config
 
 
@@ -43,6 +44,7 @@ class Context:
     step: str = "queued"
     asset_excludes: list[str] = field(default_factory=list)
     static_assets: AssetView | None = None  # set by downloading_task (pipeline/static.py)
+    environment: Environment | None = None  # the root filesystem of the task's commands (downloading_task)
 
     def limits(self, timeout_secs: float) -> Limits:
         config = self.config
@@ -58,7 +60,7 @@ class Context:
     def base_env(self) -> dict[str, str]:
         """The clean environment every command starts from: nothing of the service's."""
         return {
-            "PATH": self.runtime.command_path(),
+            "PATH": self.command_path,
             "HOME": str(self.session.home),
             "LANG": "C.UTF-8",
             "TZ": "UTC",
@@ -68,21 +70,34 @@ class Context:
             "PYTHONDONTWRITEBYTECODE": "1",
             "TMPDIR": str(self.session.tmp),
             # SPEC §11: PATH with the venv first, caches and prefixes in HOME, the host's CAs.
-            **toolchains.command_env(self.session, self.runtime.command_path(), toolchains.host_ca(self.config)),
+            **toolchains.command_env(self.session, self.command_path, self.trusted_ca),
         }
 
-    def policy(
-        self, *, network: bool, mounts: Sequence[Mount] = (), writable: Sequence[Path] | None = None
-    ) -> SandboxPolicy:
-        """What a task's command may reach: by default the session's repo, home, tmp and venv."""
+    @property
+    def command_path(self) -> str:
+        """The system PATH of the task's commands: the environment's own, or the host's runtimes'."""
+        return SYSTEM_PATH if self.environment else self.runtime.command_path()
+
+    @property
+    def trusted_ca(self) -> toolchains.CaBundle | None:
+        return toolchains.host_ca(self.config, sandboxed=self.runtime.isolated)
+
+    def task_policy(self, *, network: bool, mounts: Sequence[Mount] = ()) -> SandboxPolicy:
+        """What a task's command may reach: the session's repo, home, tmp and venv, in its environment."""
         session = self.session
+        environment = self.environment
+        ca = self.trusted_ca
         return SandboxPolicy(
             network=network,
-            writable=tuple(
-                writable if writable is not None else (session.repo, session.home, session.tmp, session.venv)
-            ),
+            writable=(session.repo, session.home, session.tmp, session.venv),
             mounts=tuple(mounts),
+            root=environment.root if environment else None,
+            ca_bundle=ca.host if ca is not None and self.runtime.isolated else None,
         )
+
+    def executor_policy(self, *, network: bool) -> SandboxPolicy:
+        """The executor's own commands (clone, patch): the host's tools, the whole session writable."""
+        return SandboxPolicy(network=network, writable=(self.session.root,))
 
     def run(self, argv: list[str], *, env: dict[str, str], timeout_secs: float, policy: SandboxPolicy) -> CommandResult:
         """Run one command of this evaluation through the spawner; a cancel raises Cancelled."""

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import os
 import time
+from pathlib import Path
 
 from django.db import transaction
 
-from evaluations import languages
+from evaluations import environments, languages
 from evaluations.models import Evaluation, TestResult
 from evaluations.pipeline import archive, gitrepo, static, taskspec, toolchains, urlguard
 from evaluations.pipeline.context import Cancelled, Context, StepFailed, deadline_in, limit_failure, remaining
@@ -53,7 +54,28 @@ def downloading_task(ctx: Context) -> None:
     Evaluation.objects.filter(id=ctx.eval_id).update(
         task_prompt=ctx.task.prompt, original_pr=ctx.task.original_pr or ""
     )
+    ctx.environment = _environment(ctx)
     static.prepare(ctx)  # the three asset groups checked, merged and staged
+
+
+def _environment(ctx: Context) -> environments.Environment | None:
+    """The task's root filesystem, checked now for what its commands will need (SPEC §11)."""
+    try:
+        environment = environments.choose_environment(ctx.config, ctx.task)
+    except environments.BadEnvironment as exc:
+        raise StepFailed(str(exc)) from None
+    if environment is None:
+        return None
+    if not ctx.runtime.isolated:
+        raise StepFailed(f"environment {environment.name} needs the sandbox, and this executor runs without one")
+    language = languages.ALL.get(ctx.evaluation.language)
+    needed = {"bash": "the shell of install commands and tests"}
+    if language is not None:
+        needed.setdefault(language.interpreter, f"the {language.name} agent's interpreter")
+    for program, role in needed.items():
+        if environments.find_interpreter(environment, program) is None:
+            raise StepFailed(f"environment {environment.name} has no {program} ({role})")
+    return environment
 
 
 def cloning_repo(ctx: Context) -> None:
@@ -68,7 +90,7 @@ def cloning_repo(ctx: Context) -> None:
         )
         env = gitrepo.git_env(ctx.session.home, urlguard.git_allow_protocol(config.allow_file_urls))
         ctx.base_sha = gitrepo.clone_at(
-            ctx.command_runner(ctx.policy(network=True, writable=[ctx.session.root])),
+            ctx.command_runner(ctx.executor_policy(network=True)),
             repo_url=task.repo,
             base_commit=task.base_commit,
             dest=ctx.session.repo,
@@ -84,9 +106,10 @@ def cloning_repo(ctx: Context) -> None:
 def installing_deps(ctx: Context) -> None:
     config = ctx.config
     deadline = deadline_in(config.install_timeout_secs)
-    toolchains.make_session_venv(ctx.session, toolchains.find_python(ctx.runtime.command_path()))  # SPEC §11
+    root = ctx.environment.root if ctx.environment else Path("/")
+    toolchains.make_session_venv(ctx.session, toolchains.find_python(ctx.command_path, root))  # SPEC §11
     env = {**ctx.base_env(), **static.task_env(ctx)}
-    policy = ctx.policy(network=True, mounts=static.mounts(ctx))
+    policy = ctx.task_policy(network=True, mounts=static.mounts(ctx))
     for command, filled in zip(ctx.task.install, static.fill(ctx, ctx.task.install), strict=True):
         result = ctx.run(["bash", "-c", filled], env=env, timeout_secs=remaining(deadline), policy=policy)
         failure = limit_failure(
@@ -108,7 +131,7 @@ def installing_deps(ctx: Context) -> None:
 def running_agent(ctx: Context) -> None:
     config = ctx.config
     evaluation = ctx.evaluation
-    language = languages.available().get(evaluation.language)
+    language = (languages.ALL if ctx.environment else languages.available()).get(evaluation.language)
     if language is None:
         raise StepFailed(f"agent language {evaluation.language!r} is not installed on this executor")
     prompt = ctx.task.prompt
@@ -130,7 +153,7 @@ def running_agent(ctx: Context) -> None:
     static.materialise(ctx)  # the agent's own copy of each asset, in repo/<save_path>
     timeout = evaluation.timeout_secs or config.agent_timeout_secs
     agent_folder = Mount(ctx.session.agent, str(ctx.session.agent), writable=False)
-    policy = ctx.policy(network=config.agent_network, mounts=[agent_folder, *static.mounts(ctx)])
+    policy = ctx.task_policy(network=config.agent_network, mounts=[agent_folder, *static.mounts(ctx)])
     result = ctx.run(language.argv(str(agent_file), prompt), env=env, timeout_secs=timeout, policy=policy)
     outcome = {"agent_output": result.output, "agent_exit_code": result.exit_code}
     failure = None
@@ -152,7 +175,7 @@ def _agent_patch(ctx: Context) -> str:
     env = gitrepo.git_env(ctx.session.home, urlguard.git_allow_protocol(False))
     try:
         patch = gitrepo.repo_patch(
-            ctx.command_runner(ctx.policy(network=False, writable=[ctx.session.root])),
+            ctx.command_runner(ctx.executor_policy(network=False)),
             repo=ctx.session.repo,
             base_sha=ctx.base_sha,
             env=env,
@@ -186,7 +209,7 @@ def running_tests(ctx: Context) -> None:
     session.tests.mkdir(mode=0o755, exist_ok=True)
     env = {**ctx.base_env(), **static.task_env(ctx)}
     scripts = Mount(session.tests, str(session.tests), writable=False)
-    policy = ctx.policy(network=config.test_network, mounts=[scripts, *static.mounts(ctx)])
+    policy = ctx.task_policy(network=config.test_network, mounts=[scripts, *static.mounts(ctx)])
     deadline = deadline_in(config.test_timeout_secs)
     results = []
     for position, test in enumerate(tests):

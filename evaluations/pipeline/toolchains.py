@@ -31,7 +31,9 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from evaluations.environments import inside
 from evaluations.pipeline.session import Session
+from evaluations.runtime.policy import SANDBOX_CA_BUNDLE
 
 log = logging.getLogger(__name__)
 
@@ -68,9 +70,12 @@ class CaBundle:
     sandbox: str
 
 
-def host_ca(config) -> CaBundle | None:
-    """The host's bundle, read where the host has it (commands see the host's /etc and /usr)."""
-    return None if config.ca_bundle is None else CaBundle(config.ca_bundle, str(config.ca_bundle))
+def host_ca(config, *, sandboxed: bool) -> CaBundle | None:
+    """The host's bundle: in a sandbox, bound at SANDBOX_CA_BUNDLE whatever the root filesystem
+    and wherever the host keeps it; without one, where the host has it."""
+    if config.ca_bundle is None:
+        return None
+    return CaBundle(config.ca_bundle, SANDBOX_CA_BUNDLE if sandboxed else str(config.ca_bundle))
 
 
 def find_python(command_path: str, root: Path = Path("/")) -> Python | None:
@@ -84,7 +89,7 @@ def find_python(command_path: str, root: Path = Path("/")) -> Python | None:
         if not folder.startswith("/"):
             continue  # an empty or relative entry would depend on the command's cwd
         path = f"{folder.rstrip('/')}/python3"
-        real = _resolve_in(root, path)
+        real = inside(root, path)
         if real is None:
             continue
         on_host = _on_host(root, real)
@@ -195,35 +200,6 @@ def _pip_launcher(python: Path) -> str:
 
 def _on_host(root: Path, path: str) -> str:
     return os.path.join(root, path.lstrip("/"))
-
-
-def _resolve_in(root: Path, path: str) -> str | None:
-    """``path`` with every link followed as a process whose / is ``root`` sees it; None if missing."""
-    pending = [part for part in path.split("/") if part]
-    resolved = ""
-    hops = 40  # the kernel's own limit on links in one lookup
-    while pending:
-        part = pending.pop(0)
-        if part == ".":
-            continue
-        if part == "..":
-            resolved = resolved.rsplit("/", 1)[0]
-            continue
-        candidate = f"{resolved}/{part}"
-        try:
-            target = os.readlink(_on_host(root, candidate))
-        except OSError as exc:
-            if exc.errno != errno.EINVAL:
-                return None  # missing, or not readable
-            resolved = candidate  # not a link
-            continue
-        hops -= 1
-        if hops < 0:
-            return None
-        if target.startswith("/"):
-            resolved = ""
-        pending[:0] = [p for p in target.split("/") if p]
-    return resolved or "/"
 
 
 def _version(root: Path, real: str) -> str | None:

@@ -15,9 +15,6 @@ ENVIRONMENTS = {  # example -> the environment its workspace.yaml names (the deb
     name: yaml.safe_load((PROJECT / "examples" / name / "task" / "workspace.yaml").read_text()).get("environment")
     for name in EXAMPLES
 }
-UNTIL_ENVIRONMENTS_RUN = pytest.mark.xfail(
-    strict=True, reason="the pipeline does not run commands in the named environment yet (issue 14, the lead's part)"
-)
 
 
 def agent(name: str, kind: str):
@@ -33,9 +30,7 @@ def test_there_are_examples_of_each_kind():
     assert len([n for n in swe_tests if n.startswith("pass_to_pass_")]) >= 2
 
 
-@pytest.mark.parametrize(
-    "name", [pytest.param(n, marks=UNTIL_ENVIRONMENTS_RUN) if ENVIRONMENTS[n] else n for n in EXAMPLES]
-)
+@pytest.mark.parametrize("name", EXAMPLES)
 def test_the_solving_agent_passes_and_the_non_solving_one_fails(name, cli, built_examples, request):
     if ENVIRONMENTS[name]:
         environment = request.getfixturevalue("debian_environment")

@@ -47,12 +47,15 @@ class TaskFactory:
         base_files: dict | None = None,
         future: dict | None = None,
         workspace: str | None = None,
+        environment: str | None = None,
         fmt: str = "tar.gz",
     ) -> str:
         """The URL of a task whose repository's base holds the bug and whose next commit the fix."""
         commits = [base_files or {"calc.py": BUGGY}, {**(future or {"calc.py": FIXED}), ":tag": "v-fixed"}]
         repo_url, shas = self.repo(commits)
         yaml = workspace or f"repo: {repo_url}\nbase_commit: {shas[0]}\n"
+        if environment:
+            yaml += f"environment: {environment}\n"
         if install:
             yaml += "install:\n" + "".join(f"  - {command!r}\n" for command in install)
         files = {"workspace.yaml": yaml, "prompt.md": "Make add() add.\n"}

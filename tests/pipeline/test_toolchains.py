@@ -18,8 +18,9 @@ from evaluations.pipeline import toolchains
 from evaluations.pipeline.session import Session
 from evaluations.pipeline.toolchains import CA_VARIABLES, CaBundle, Python
 from evaluations.runtime import sandbox_uid
+from evaluations.runtime.policy import SANDBOX_CA_BUNDLE
 from evaluations.runtime.sandbox import SYSTEM_PATH
-from executor_project.config import Config, ConfigError, load
+from executor_project.config import Config, ConfigError, distribution_ca_bundle, load
 
 UID = sandbox_uid()
 HOST_PYTHON = toolchains.find_python(SYSTEM_PATH)
@@ -214,11 +215,14 @@ def test_the_ca_bundle_is_ssl_cert_file_else_the_distributions(tmp_path):
     bundle = tmp_path / "corp.pem"
     bundle.write_text("-----BEGIN CERTIFICATE-----\n")
     assert load({"SSL_CERT_FILE": str(bundle)}).ca_bundle == bundle
-    assert toolchains.host_ca(load({"SSL_CERT_FILE": str(bundle)})) == CaBundle(bundle, str(bundle))
-    assert load({}).ca_bundle == Config().ca_bundle
+    given = load({"SSL_CERT_FILE": str(bundle)})
+    assert toolchains.host_ca(given, sandboxed=False) == CaBundle(bundle, str(bundle))
+    # In a sandbox the bundle is bound at one fixed path, whatever the root and wherever the host keeps it.
+    assert toolchains.host_ca(given, sandboxed=True) == CaBundle(bundle, SANDBOX_CA_BUNDLE)
+    assert load({}).ca_bundle == distribution_ca_bundle()
     if os.path.isfile("/etc/ssl/certs/ca-certificates.crt"):
         assert load({}).ca_bundle == Path("/etc/ssl/certs/ca-certificates.crt")
-    assert toolchains.host_ca(dataclasses.replace(Config(), ca_bundle=None)) is None
+    assert toolchains.host_ca(dataclasses.replace(Config(), ca_bundle=None), sandboxed=True) is None
 
 
 @pytest.mark.parametrize("value", ["/nonexistent/ca.pem", "/etc/ssl/certs"])

@@ -14,6 +14,7 @@ import subprocess
 
 import pytest
 
+from evaluations.runtime.policy import SANDBOX_CA_BUNDLE
 from tests.helpers.archives import Exec
 from tests.helpers.tasks import BUGGY, FIXED, SOLVER
 from tests.pipeline.test_e2e import evaluate
@@ -135,7 +136,8 @@ def test_the_agent_sees_the_venv_and_the_tests_get_it_back_as_install_left_it(ta
     caches = ("PIP_CACHE_DIR", "npm_config_cache", "npm_config_prefix", "GOPATH", "GOCACHE", "CARGO_HOME")
     assert all(env[name].startswith(home + "/") for name in caches), env
     assert f"{env['npm_config_prefix']}/bin" in env["PATH"].split(":")
-    bundle = str(config.ca_bundle)
+    # Under bubblewrap the host's bundle is bound at one fixed path (policy.SANDBOX_CA_BUNDLE).
+    bundle = SANDBOX_CA_BUNDLE if sandbox == "bwrap" else str(config.ca_bundle)
     assert {env[name] for name in env if name not in caches + ("VIRTUAL_ENV", "PATH", "HOME")} == {bundle}
     assert probe["ca"] == "-----BEGIN CERTIFICATE-----"  # readable where the command runs
     # What the agent removed and planted is gone: the tests run in the venv the install step left.
