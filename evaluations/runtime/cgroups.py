@@ -27,6 +27,7 @@ isolate's and nsjail's:
    every member, thaw, until empty); ``remove()`` kills what is left and
    removes the folders; ``remove_stale`` does it for a crashed worker's.
 
+``pids.max`` counts threads as well as processes, as RLIMIT_NPROC does.
 Memory figures are the kernel's charge: anonymous memory plus page cache,
 which the kernel reclaims before it OOM-kills, so an I/O-heavy command can
 show a peak near the limit without having been in danger.

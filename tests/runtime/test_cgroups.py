@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from evaluations.runtime import cgroups
+from evaluations.runtime import cgroups, killer
 from evaluations.runtime.cgroupfs import Mounts, probe, read_mounts
 from tests.runtime.support import MIB, UID
 
@@ -41,6 +41,7 @@ def support():
     left = cgroups.remove_stale([], support=found)
     for folder in found.parents.values():
         folder.rmdir()
+    killer.reap_orphans()  # escapees reparented to this process if an earlier test made it a subreaper
     assert not left, f"cgroups left by the test: {left}"
 
 
@@ -216,7 +217,7 @@ def test_cpu_seconds_count_processes_that_already_exited(support):
 
 HOLDER = """
 import subprocess, sys, time
-from evaluations.runtime import cgroups
+from evaluations.runtime import cgroups, killer
 from evaluations.runtime.cgroupfs import probe, read_mounts
 support = probe(read_mounts(), sys.argv[1])
 cgroup = cgroups.EvalCgroup.create(sys.argv[2], 128 * 2**20, 20, support=support)
