@@ -11,10 +11,18 @@ it dies with the sandbox (its pid namespace ends with the command).
 
 from __future__ import annotations
 
+import os
+import re
 import shlex
+import shutil
+import subprocess
+import tempfile
 from collections.abc import Sequence
+from pathlib import Path
 
 SOCAT = "/usr/bin/socat"
+# Where a socat bundle (``make_socat_bundle``) is bound in a root that has no socat of its own.
+BUNDLE_TARGET = "/run/egress-relay"
 RELAY_PORT = 3128
 SANDBOX_SOCKET = "/run/egress.sock"
 NO_PROXY = "localhost,127.0.0.1,::1"
@@ -92,3 +100,32 @@ def relay_wrapper(socket_in_sandbox: str = SANDBOX_SOCKET, port: int = RELAY_POR
         failed=RELAY_FAILED_EXIT,
     )
     return ["/bin/sh", "-c", script, "egress-relay"]
+
+
+def make_socat_bundle(folder: Path | str, socat: str = SOCAT) -> list[str]:
+    """Copy the host's socat, its libraries and its loader into ``folder``; return the socat prefix.
+
+    For a sandbox whose root is another system (a debootstrap environment)
+    without socat, or with other libraries: bind ``folder`` read-only at
+    ``BUNDLE_TARGET`` and pass the returned list as ``relay_wrapper(socat=...)``.
+    The host's own loader runs it with ``--library-path``, so nothing of the
+    sandbox's ``/usr`` is used (about 10 MB; made once, e.g. at start-up).
+    """
+    folder = Path(folder)
+    listed = subprocess.run(["ldd", socat], capture_output=True, text=True, check=True).stdout
+    libraries = re.findall(r"=> (/\S+)", listed)
+    loaders = re.findall(r"^\s*(/\S*ld-linux\S*)", listed, re.MULTILINE)
+    if len(loaders) != 1:
+        raise RuntimeError(f"cannot find the loader of {socat} in ldd's answer: {listed[:300]!r}")
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{folder.name}-", dir=folder.parent))
+    (staging / "lib").mkdir()
+    for source in [*libraries, loaders[0]]:
+        shutil.copy(source, staging / "lib" / os.path.basename(source))  # follows the .so links
+    shutil.copy(socat, staging / "socat")
+    for path in (staging, staging / "lib"):
+        os.chmod(path, 0o755)
+    shutil.rmtree(folder, ignore_errors=True)
+    os.rename(staging, folder)
+    loader = f"{BUNDLE_TARGET}/lib/{os.path.basename(loaders[0])}"
+    return [loader, "--library-path", f"{BUNDLE_TARGET}/lib", f"{BUNDLE_TARGET}/socat"]

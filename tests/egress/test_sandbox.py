@@ -24,6 +24,7 @@ import psutil
 import pytest
 
 from evaluations.egress import SANDBOX_SOCKET, EgressPolicy, EgressProxy, proxy_env, relay_wrapper
+from evaluations.egress.relay import BUNDLE_TARGET, make_socat_bundle
 from evaluations.runtime import Mount
 from tests.helpers.gitrepos import make_bare_served, make_repo
 from tests.helpers.httpserver import TestHTTPServer
@@ -159,6 +160,20 @@ def test_the_relay_says_so_when_socat_is_missing(bwrap_sp, egress):
     mounts = [Mount(Path(proxy.socket_path), SANDBOX_SOCKET, writable=True)]
     result = bwrap_sp.run(argv, env=bwrap_sp.env(), mounts=mounts)
     assert result.exit_code == 125 and "egress relay: /nonexistent/socat is missing" in result.output
+
+
+def test_a_root_without_socat_uses_the_hosts_socat_bundle(bwrap_sp, egress, www, socket_folder):
+    proxy = egress(f"127.0.0.1:{www.port}")
+    socat = make_socat_bundle(socket_folder / "socat-bundle")
+    mounts = [
+        Mount(Path(proxy.socket_path), SANDBOX_SOCKET, writable=True),
+        Mount(Path("/dev/null"), "/usr/bin/socat"),  # this root's own socat: gone
+        Mount(socket_folder / "socat-bundle", BUNDLE_TARGET),
+    ]
+    script = f"test -s /usr/bin/socat || echo no-socat-here; curl -sS {www.url('/file.txt')}"
+    environment = bwrap_sp.env(**{**proxy_env(), "NO_PROXY": "", "no_proxy": ""})
+    result = bwrap_sp.run([*relay_wrapper(socat=socat), "bash", "-c", script], env=environment, mounts=mounts)
+    assert result.output == "no-socat-here\nthrough the proxy\n", result.output
 
 
 def test_the_command_keeps_its_exit_status_and_arguments(bwrap_sp, egress):
