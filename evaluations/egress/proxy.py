@@ -39,9 +39,9 @@ import threading
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from urllib.parse import urlsplit
 
 from evaluations.egress.policy import BAD_HOST, EgressPolicy
+from evaluations.egress.request import BAD_REQUEST, Refusal, Request, answer, authority, parse_request
 
 log = logging.getLogger(__name__)
 
@@ -49,12 +49,8 @@ MAX_RECORDS = 1000
 OTHER_HOST = "(other)"
 CHUNK = 256 * 1024
 _F_SETPIPE_SZ = getattr(fcntl, "F_SETPIPE_SZ", 1031)
-_HOP_BY_HOP = {"connection", "keep-alive", "proxy-connection", "proxy-authorization", "proxy-authenticate", "te",
-               "trailer", "upgrade"}  # fmt: skip
-_STATUS = {400: "Bad Request", 403: "Forbidden", 502: "Bad Gateway", 503: "Service Unavailable"}
 
-# Reasons the proxy adds to the policy's (policy.py has the rest).
-BAD_REQUEST = "bad request"
+# Reasons the proxy adds to the policy's (policy.py has the rest; request.py: BAD_REQUEST).
 CONNECT_FAILED = "connect failed"
 TOO_MANY = "too many connections"
 PEER_REFUSED = "peer uid not allowed"
@@ -73,21 +69,6 @@ class EgressRecord:
 
     def as_dict(self) -> dict:
         return asdict(self)
-
-
-class _Refusal(Exception):
-    def __init__(self, status: int, reason: str, host: str = "", port: int = 0, detail: str = ""):
-        super().__init__(reason)
-        self.status, self.reason, self.host, self.port, self.detail = status, reason, host, port, detail
-
-
-@dataclass
-class _Request:
-    host: str
-    port: int
-    connect: bool  # CONNECT (a tunnel) rather than a forwarded plain HTTP request
-    head: bytes  # for plain HTTP: the head to send upstream
-    rest: bytes  # bytes the client sent after its head
 
 
 class EgressProxy:
@@ -230,7 +211,7 @@ class EgressProxy:
             self._record(step, "", 0, False, TOO_MANY)
             client.setblocking(False)
             try:  # a few hundred bytes into an empty socket buffer: never blocks the accept loop
-                client.send(_answer(503, TOO_MANY, f"more than {self.max_connections} connections at once"))
+                client.send(answer(503, TOO_MANY, f"more than {self.max_connections} connections at once"))
             except OSError:
                 pass
             _close_gently(client)
@@ -297,12 +278,12 @@ class _Connection:
                 decision = proxy.policy.decide(request.host, request.port)
                 if not decision.allowed:
                     status = 400 if decision.reason == BAD_HOST else 403
-                    raise _Refusal(status, decision.reason, request.host, request.port)
+                    raise Refusal(status, decision.reason, request.host, request.port)
                 self.upstream = self._connect(request, decision.addresses)
-            except _Refusal as refusal:
+            except Refusal as refusal:
                 proxy._record(self.step, refusal.host, refusal.port, False, refusal.reason)
                 detail = (
-                    refusal.detail or f"egress to {_authority(refusal.host, refusal.port)} refused: {refusal.reason}"
+                    refusal.detail or f"egress to {authority(refusal.host, refusal.port)} refused: {refusal.reason}"
                 )
                 self._answer_client(refusal.status, refusal.reason, detail)
                 return
@@ -332,29 +313,29 @@ class _Connection:
 
     # -- the request -----------------------------------------------------
 
-    def _read_request(self) -> _Request:
+    def _read_request(self) -> Request:
         proxy = self.proxy
         deadline = time.monotonic() + proxy.head_timeout
         data = b""
         while (end := data.find(b"\r\n\r\n")) < 0:
             if len(data) > proxy.max_head_bytes:
-                raise _Refusal(400, BAD_REQUEST, detail=f"request head longer than {proxy.max_head_bytes} bytes")
+                raise Refusal(400, BAD_REQUEST, detail=f"request head longer than {proxy.max_head_bytes} bytes")
             remaining = deadline - time.monotonic()
             if remaining <= 0:
-                raise _Refusal(400, BAD_REQUEST, detail=f"no complete request head within {proxy.head_timeout} s")
+                raise Refusal(400, BAD_REQUEST, detail=f"no complete request head within {proxy.head_timeout} s")
             self.client.settimeout(remaining)
             try:
                 chunk = self.client.recv(65536)
             except TimeoutError:
                 continue
             if not chunk:
-                raise _Refusal(400, BAD_REQUEST, detail="connection closed before a complete request head")
+                raise Refusal(400, BAD_REQUEST, detail="connection closed before a complete request head")
             data += chunk
         if end + 4 > proxy.max_head_bytes:
-            raise _Refusal(400, BAD_REQUEST, detail=f"request head longer than {proxy.max_head_bytes} bytes")
+            raise Refusal(400, BAD_REQUEST, detail=f"request head longer than {proxy.max_head_bytes} bytes")
         return parse_request(data[:end].decode("latin-1"), data[end + 4 :])
 
-    def _connect(self, request: _Request, addresses: tuple[str, ...]) -> socket.socket:
+    def _connect(self, request: Request, addresses: tuple[str, ...]) -> socket.socket:
         """A connection to the first checked address that answers; no name is resolved here."""
         last: OSError | None = None
         for address in addresses:
@@ -369,13 +350,13 @@ class _Connection:
                 sock.close()
                 last = exc
         why = (last.strerror if last and last.strerror else str(last)) or "no address"
-        raise _Refusal(502, CONNECT_FAILED, request.host, request.port,
-                       f"could not connect to {_authority(request.host, request.port)}: {why}")  # fmt: skip
+        raise Refusal(502, CONNECT_FAILED, request.host, request.port,
+                       f"could not connect to {authority(request.host, request.port)}: {why}")  # fmt: skip
 
     def _answer_client(self, status: int, reason: str, detail: str) -> None:
         try:
             self.client.settimeout(5)
-            self.client.sendall(_answer(status, reason, detail))
+            self.client.sendall(answer(status, reason, detail))
         except OSError:
             pass
 
@@ -489,72 +470,3 @@ def _close_gently(sock: socket.socket) -> None:
     except OSError:
         pass
     sock.close()
-
-
-def parse_request(head: str, rest: bytes) -> _Request:
-    """The proxy request in ``head`` (without its blank line); raise _Refusal(400) for anything else."""
-    lines = head.split("\r\n")
-    parts = lines[0].split(" ")
-    if len(parts) != 3 or not parts[2].startswith("HTTP/1."):
-        raise _Refusal(400, BAD_REQUEST, detail="the request line is not 'METHOD target HTTP/1.x'")
-    method, target, version = parts
-    headers = []
-    for line in lines[1:]:
-        name, colon, value = line.partition(":")
-        if not colon or not name or name != name.strip() or line[0] in " \t":
-            raise _Refusal(400, BAD_REQUEST, detail="a malformed header line")
-        headers.append((name, value.strip()))
-    if method == "CONNECT":
-        host, port = _split_authority(target)
-        return _Request(host.lower(), port, True, b"", rest)
-    if target.startswith("/"):
-        raise _Refusal(400, BAD_REQUEST, detail="this is a proxy: send absolute URLs (http://host/...) or CONNECT")
-    try:
-        url = urlsplit(target)
-        port = url.port or 80
-    except ValueError:
-        raise _Refusal(400, BAD_REQUEST, detail="the request target is not a valid URL") from None
-    if url.scheme.lower() != "http":
-        raise _Refusal(
-            400,
-            BAD_REQUEST,
-            detail=f"only http:// URLs are forwarded ('{url.scheme}:' asked); https goes through CONNECT",
-        )
-    if not url.hostname or "@" in url.netloc:
-        raise _Refusal(400, BAD_REQUEST, detail="the URL has no host, or has a user name")
-    host = url.hostname
-    path = url.path or "/"
-    if url.query:
-        path += "?" + url.query
-    named = {
-        value.strip().lower() for name, value in headers if name.lower() == "connection" for value in value.split(",")
-    }
-    kept = [(n, v) for n, v in headers if n.lower() not in _HOP_BY_HOP | named and n.lower() != "host"]
-    authority = _authority(host, port) if port != 80 else _authority(host, None)
-    out = [f"{method} {path} {version}", f"Host: {authority}", *(f"{n}: {v}" for n, v in kept), "Connection: close"]
-    return _Request(host, port, False, ("\r\n".join(out) + "\r\n\r\n").encode("latin-1"), rest)
-
-
-def _split_authority(target: str) -> tuple[str, int]:
-    """``host:port`` or ``[v6]:port`` of a CONNECT; the port is required."""
-    if target.startswith("["):
-        host, bracket, rest = target[1:].partition("]")
-        port_text = rest[1:] if bracket and rest.startswith(":") else ""
-    else:
-        host, _, port_text = target.rpartition(":")
-    if not host or not port_text.isdigit() or not 1 <= int(port_text) <= 65535:
-        raise _Refusal(400, BAD_REQUEST, detail="CONNECT needs host:port with a port from 1 to 65535")
-    return host, int(port_text)
-
-
-def _authority(host: str, port: int | None) -> str:
-    shown = f"[{host}]" if ":" in host else host
-    return shown if port is None else f"{shown}:{port}"
-
-
-def _answer(status: int, reason: str, detail: str) -> bytes:
-    body = (" ".join(detail.split())[:300] + "\n").encode("utf-8", "replace")
-    return (
-        f"HTTP/1.1 {status} {_STATUS[status]}\r\nContent-Type: text/plain; charset=utf-8\r\n"
-        f"X-Egress-Reason: {reason}\r\nContent-Length: {len(body)}\r\nConnection: close\r\n\r\n"
-    ).encode("latin-1") + body
