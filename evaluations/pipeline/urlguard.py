@@ -26,14 +26,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import quote, unquote, urljoin, urlsplit
 
+from evaluations.netrules import forbidden_reason
+
 MAX_URL_LENGTH = 2048
 USER_AGENT = "term-executor"
 _REDIRECTS = {301, 302, 303, 307, 308}
 _CHUNK = 1 << 16
 _TRANSPORT_HELPER = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)::")
-_NAT64 = ipaddress.ip_network("64:ff9b::/96")
-
-IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 
 
 class FetchError(Exception):
@@ -170,34 +169,6 @@ def git_resolve_pin(resolved: ResolvedURL) -> str | None:
         return None
     addrs = ",".join(f"[{a}]" if ":" in a else a for a in resolved.addresses)
     return f"{resolved.host}:{resolved.port}:{addrs}"
-
-
-def forbidden_reason(ip: IPAddress) -> str | None:
-    """Why connecting to ``ip`` is refused by default, or None for a public address."""
-    if isinstance(ip, ipaddress.IPv6Address):
-        embedded = [ip.ipv4_mapped, ip.sixtofour]
-        if ip.teredo:
-            embedded.append(ip.teredo[1])
-        if ip in _NAT64:
-            embedded.append(ipaddress.IPv4Address(int(ip) & 0xFFFFFFFF))
-        for inner in embedded:
-            if inner is not None and (reason := forbidden_reason(inner)):
-                return reason
-    if ip.is_loopback:
-        return "a loopback address"
-    if ip.is_unspecified:
-        return "an unspecified address"
-    if ip.is_link_local:
-        return "a link-local address"
-    if ip.is_multicast:
-        return "a multicast address"
-    if ip.is_reserved:
-        return "a reserved address"
-    if ip.is_private:
-        return "a private address"
-    if not ip.is_global:
-        return "a non-public address"
-    return None
 
 
 def _parse(url: str, schemes: tuple[str, ...], label: str) -> ResolvedURL:
