@@ -118,9 +118,13 @@ def path(env: str, default: Path):
     return _field(env, default, _absolute, empty_is_default=False)
 
 
-def optional_path(env: str):
-    """A path that may be left out: unset or blank is None."""
-    return _field(env, None, lambda name, raw: _absolute(name, raw) if raw.strip() else None)
+def optional_path(env: str, default: Path | None = None):
+    """A path that may be left out: unset or blank is ``default``."""
+    return _field(env, default, lambda name, raw: _absolute(name, raw) if raw.strip() else default)
+
+
+def distribution_ca_bundle() -> Path | None:
+    return next((Path(path) for path in CA_BUNDLE_PATHS if os.path.isfile(path)), None)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -172,8 +176,8 @@ class Config:
     keep_workspaces: bool = boolean("KEEP_WORKSPACES", False)
     log_format: str = choice("LOG_FORMAT", "text", ("text", "json"))
     log_level: str = choice("LOG_LEVEL", "INFO", ("DEBUG", "INFO", "WARNING", "ERROR"))
-    # The CAs commands trust: unset, the distribution's bundle (load() finds it).
-    ca_bundle: Path | None = optional_path("SSL_CERT_FILE")
+    # The CAs commands trust: unset, the distribution's bundle, found once at import.
+    ca_bundle: Path | None = optional_path("SSL_CERT_FILE", distribution_ca_bundle())
     # Not a variable: the executor's group of assets, read from STATIC_ASSETS_CONFIG by load().
     static_assets: tuple[Asset, ...] = ()
 
@@ -219,8 +223,6 @@ def load(environ: Mapping[str, str] | None = None) -> Config:
             continue
         values[field.name] = field.metadata["parse"](name, raw)
     config = Config(**values)
-    if config.ca_bundle is None:
-        config = dataclasses.replace(config, ca_bundle=distribution_ca_bundle())
     _check_together(config)
     if config.static_assets_config:
         try:
@@ -263,10 +265,6 @@ def _check_environments(config: Config) -> None:
             environments.resolve(config.environments_root, config.default_environment)
         except environments.BadEnvironment as exc:
             raise ConfigError(f"DEFAULT_ENVIRONMENT: {exc}") from None
-
-
-def distribution_ca_bundle() -> Path | None:
-    return next((Path(path) for path in CA_BUNDLE_PATHS if os.path.isfile(path)), None)
 
 
 def close_to_others(folder: Path) -> None:
