@@ -100,6 +100,7 @@ class EvaluationAdmin(admin.ModelAdmin):
     fieldsets = (
         (None, {"fields": ("id", "status", "step", "passed", "error", "duration_ms", "results_sha256")}),
         ("Steps", {"fields": ("step_durations",)}),
+        ("Network and resources", {"fields": ("egress_table", "resources_summary")}),
         ("Log", {"fields": ("live_log",)}),
         (
             "Request",
@@ -216,6 +217,45 @@ class EvaluationAdmin(admin.ModelAdmin):
         return response
 
     # -- detail page -----------------------------------------------------------
+
+    @admin.display(description="egress")
+    def egress_table(self, obj):
+        """Every connection the evaluation's commands made through the proxy, refused ones too."""
+        if not obj.egress:
+            return "none"
+        body = format_html_join(
+            "",
+            "<tr><td>{}</td><td>{}:{}</td><td>{}</td><td>{}</td><td style='text-align:right'>{}</td>"
+            "<td style='text-align:right'>{}</td><td style='text-align:right'>{}</td></tr>",
+            (
+                (
+                    e["step"],
+                    e["host"],
+                    e["port"],
+                    "allowed" if e["allowed"] else "refused",
+                    e["reason"],
+                    e["count"],
+                    e["bytes_out"],
+                    e["bytes_in"],
+                )
+                for e in obj.egress
+            ),
+        )
+        return format_html(
+            "<table><tr><th>step</th><th>destination</th><th></th><th>reason</th><th>connections</th>"
+            "<th>bytes out</th><th>bytes in</th></tr>{}</table>",
+            body,
+        )
+
+    @admin.display(description="resources")
+    def resources_summary(self, obj):
+        figures = obj.resources
+        if not figures:
+            return "-"
+        return (
+            f"peak memory {figures['peak_memory_bytes'] / 2**20:.1f} MiB, CPU {figures['cpu_seconds']:.2f} s, "
+            f"peak processes {figures['peak_processes']}, peak disk {figures['peak_disk_bytes'] / 2**20:.1f} MiB"
+        )
 
     @admin.display(description="time per step")
     def step_durations(self, obj):

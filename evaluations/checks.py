@@ -18,15 +18,22 @@ def startup_warnings() -> list[str]:
     return warnings
 
 
-def sandbox_warnings(mode: str) -> list[str]:
-    """What the commands are not kept from, given the sandbox the worker runs ("bwrap" or "none")."""
+def sandbox_warnings(mode: str, limits: str = "monitor") -> list[str]:
+    """What is not enforced, given the sandbox the worker runs ("bwrap" or "none") and its limits
+    ("cgroup v2", "cgroup v1" or "monitor")."""
     import os
 
     warnings = []
     if mode == "none":
         warnings.append(
-            "commands run without bubblewrap: network isolation (TEST_NETWORK=off, AGENT_NETWORK=off) "
-            "cannot be enforced, and commands see the host's world-readable files and process list"
+            "commands run without bubblewrap: network isolation cannot be enforced (they share the host's "
+            "network, with no egress proxy: EGRESS_ALLOW, EGRESS_DENY, TEST_NETWORK=off and AGENT_NETWORK=off "
+            "do nothing), and they see the host's world-readable files and process list"
+        )
+    if limits == "monitor":
+        warnings.append(
+            "no cgroup: memory and process limits are only sampled by the monitor every MONITOR_INTERVAL_MS, "
+            "so a burst allocation can run past MEMORY_LIMIT_MB before it is killed"
         )
     if os.geteuid() != 0:
         detail = (

@@ -79,6 +79,10 @@ class Evaluation(models.Model):
     test_output = models.TextField(blank=True, default="")
     log = models.TextField(blank=True, default="", help_text="the combined live log, kept when the session folder goes")
     results_sha256 = models.CharField(max_length=64, blank=True, default="")
+    # SPEC §12: every proxied connection, aggregated per (step, host, port, allowed); what the
+    # evaluation used ({peak_memory_bytes, cpu_seconds, peak_processes, peak_disk_bytes}).
+    egress = models.JSONField(default=list, blank=True)
+    resources = models.JSONField(null=True, blank=True)
 
     # Delivery of the final JSON to callback_url (see evaluations/callbacks.py).
     callback_state = models.CharField(
@@ -211,6 +215,7 @@ class WorkerHeartbeat(models.Model):
     pid = models.IntegerField()
     capacity = models.PositiveIntegerField()
     sandbox = models.CharField(max_length=16)
+    limits = models.CharField(max_length=16, blank=True, default="")  # "cgroup v2", "cgroup v1" or "monitor"
     started_at = models.DateTimeField(default=timezone.now)
     last_beat_at = models.DateTimeField(default=timezone.now)
     stopping = models.BooleanField(default=False)

@@ -38,12 +38,13 @@ class ReapSummary:
     folders_removed: int = 0
     purged: int = 0
     processes_killed: int = 0
+    cgroups_removed: int = 0
 
     def line(self, dry_run: bool = False) -> str:
         prefix = "reap_sessions (dry run):" if dry_run else "reap_sessions:"
         return (
             f"{prefix} expired={self.expired} lost={self.lost} folders_removed={self.folders_removed} "
-            f"purged={self.purged} processes_killed={self.processes_killed}"
+            f"purged={self.purged} processes_killed={self.processes_killed} cgroups_removed={self.cgroups_removed}"
         )
 
 
@@ -197,4 +198,18 @@ def reap(config, *, dry_run: bool = False) -> ReapSummary:
     summary.folders_removed, killed = remove_orphan_folders(config.workspace_base, dry_run=dry_run)
     summary.processes_killed += killed
     summary.purged = purge_old(config.retention_days, dry_run=dry_run)
+    summary.cgroups_removed = remove_stale_cgroups(config, dry_run=dry_run)
     return summary
+
+
+def remove_stale_cgroups(config, *, dry_run: bool = False) -> int:
+    """The cgroups of evaluations that are not live (their worker was killed): processes and all."""
+    if os.geteuid() != 0:
+        return 0
+    from evaluations.runtime import cgroups
+
+    support = cgroups.detect(config.cgroup_parent)
+    live = [str(i) for i in Evaluation.objects.filter(status__in=ACTIVE_STATUSES).values_list("id", flat=True)]
+    if dry_run:
+        return len(cgroups.stale_cgroups(live, support=support))
+    return len(cgroups.remove_stale(live, support=support))

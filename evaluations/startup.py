@@ -1,34 +1,101 @@
 """What a process that runs evaluations does once, before the first: `run_worker` and `evaluate`.
 
-1. WORKSPACE_BASE exists, mode 0711: commands may pass through to their own
+1. The folders the sandbox uids must use are checked (``check_folders``): a
+   path the operator can fix stops start-up with one line naming the
+   variable, instead of a quiet fall back to no sandbox, or evaluations
+   failing one by one.
+2. WORKSPACE_BASE exists, mode 0711: commands may pass through to their own
    session folder and never list the others.
-2. The runtime is chosen by probing bubblewrap as the sandbox uid would run
+3. The runtime is chosen by probing bubblewrap as the sandbox uid would run
    it (as `nobody`, outside the uid pool: a pool uid may be scrubbed by a
-   concurrent evaluation's lease at any moment). The resolved object is what
-   every evaluation process gets; nothing downstream probes again.
-3. The start-up warnings are logged.
+   concurrent evaluation's lease at any moment), with what the kernel can
+   enforce per evaluation (cgroups). The resolved object is what every
+   evaluation process gets; nothing downstream probes again.
+4. The start-up warnings are logged.
 """
 
 from __future__ import annotations
 
 import os
+import stat
+import sys
+from pathlib import Path
 
 from evaluations.checks import log_startup_warnings
-from evaluations.runtime import Runtime, become_subreaper, sandbox_uid, select_runtime
+from evaluations.runtime import Runtime, become_subreaper, cgroups, sandbox_uid, select_runtime
+from evaluations.runtime.sandbox import can_traverse
 from executor_project.config import Config
 
 
 class StartupError(Exception):
     """The process cannot run evaluations; the message says what to fix."""
 
+    def exit(self):
+        """Stop the process as a bad setting does: one line naming the variable, exit status 2."""
+        sys.stderr.write(f"term-executor: configuration error: {self}\n")
+        sys.exit(2)
+
 
 def prepare_to_run(config: Config) -> Runtime:
+    check_folders(config)
     config.workspace_base.mkdir(parents=True, exist_ok=True)
     os.chmod(config.workspace_base, 0o711)
     try:
         runtime = select_runtime(config.sandbox, uid=sandbox_uid(), workdir=config.workspace_base)
     except Exception as exc:
         raise StartupError(f"SANDBOX={config.sandbox}: {exc}") from exc
+    if os.geteuid() == 0:
+        runtime.cgroups = cgroups.detect(config.cgroup_parent)
     log_startup_warnings()
     become_subreaper()  # orphans of a dead evaluation process come to us, not to init
     return runtime
+
+
+def check_folders(config: Config) -> None:
+    """Refuse folders the sandbox uids cannot use as they must (only as root: else no uid switches)."""
+    if os.geteuid() != 0:
+        return
+    uid = config.sandbox_uid  # the pool's uids are alike: none owns a folder outside the sessions
+    reachable = {
+        # Each command passes through to its session; the folder itself is made 0711 here.
+        "WORKSPACE_BASE": config.workspace_base.parent,
+        "STATIC_ASSETS_ROOT": config.static_assets_root,  # bound read-only at /static
+        "ENVIRONMENTS_ROOT": config.environments_root,  # bound as / of the task's commands
+    }
+    for variable, folder in reachable.items():
+        if folder is None:
+            continue
+        blocker = _first_closed(folder, uid)
+        if blocker is not None:
+            named = getattr(config, variable.lower())
+            raise StartupError(
+                f"{variable}: {named} cannot be reached by the sandbox uids ({blocker} is mode "
+                f"{stat.S_IMODE(os.stat(blocker).st_mode):04o}): use a folder every user may traverse, "
+                f"or `chmod o+x {blocker}`"
+            )
+    _check_closed("DATA_DIR", config.data_dir)
+
+
+def _first_closed(folder: Path, uid: int) -> Path | None:
+    """The first existing folder on the way to ``folder`` that ``uid`` cannot traverse, if any."""
+    path = Path("/")
+    for part in folder.resolve().parts[1:]:
+        path = path / part
+        if not path.exists():
+            return None  # made by us later, 0711
+        if not can_traverse(str(path), uid):
+            return path
+    return None
+
+
+def _check_closed(variable: str, folder: Path) -> None:
+    """DATA_DIR holds the database, the secret key and the sockets: no sandbox uid may look in."""
+    try:
+        st = os.stat(folder)
+    except FileNotFoundError:
+        return
+    if st.st_mode & 0o007:
+        raise StartupError(
+            f"{variable}: {folder} is open to other users (mode {stat.S_IMODE(st.st_mode):04o}, owner uid "
+            f"{st.st_uid}): the sandbox uids could read the database and the secret key; `chmod 0700 {folder}`"
+        )

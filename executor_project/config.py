@@ -13,6 +13,7 @@ fields. Adding a setting is adding a line.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import os
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -163,6 +164,9 @@ class Config:
     allow_file_urls: bool = boolean("ALLOW_FILE_URLS", False)
     allow_private_urls: bool = boolean("ALLOW_PRIVATE_URLS", False)
     allowed_private_hosts: tuple[str, ...] = strings("ALLOWED_PRIVATE_HOSTS", lower=True)
+    # What commands with network may reach through the egress proxy (evaluations/egress/policy.py).
+    egress_allow: tuple[str, ...] = strings("EGRESS_ALLOW")
+    egress_deny: tuple[str, ...] = strings("EGRESS_DENY")
     static_assets_root: Path | None = optional_path("STATIC_ASSETS_ROOT")
     static_assets_config: Path | None = optional_path("STATIC_ASSETS_CONFIG")
     # Root filesystems a task may run in (evaluations/environments.py), and the one used by default.
@@ -185,6 +189,12 @@ class Config:
     def bind(self) -> str:
         """Where gunicorn listens."""
         return self.gunicorn_bind or f"0.0.0.0:{self.port}"
+
+    @property
+    def cgroup_parent(self) -> str:
+        """Our cgroup folder: one per service (its DATA_DIR), so services sharing a host never reap
+        each other's evaluations."""
+        return "term-executor-" + hashlib.sha256(str(self.data_dir).encode()).hexdigest()[:8]
 
     @property
     def auth_enabled(self) -> bool:
@@ -235,6 +245,10 @@ def load(environ: Mapping[str, str] | None = None) -> Config:
 
 def _check_together(config: Config) -> None:
     """The rules that involve more than one variable, or the file system."""
+    try:
+        egress_policy(config)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
     _check_environments(config)
     if config.ca_bundle and not config.ca_bundle.is_file():
         raise ConfigError(f"SSL_CERT_FILE: no such file {config.ca_bundle} (the CA bundle commands are told to trust)")
@@ -265,6 +279,13 @@ def _check_environments(config: Config) -> None:
             environments.resolve(config.environments_root, config.default_environment)
         except environments.BadEnvironment as exc:
             raise ConfigError(f"DEFAULT_ENVIRONMENT: {exc}") from None
+
+
+def egress_policy(config: Config):
+    """The EgressPolicy of EGRESS_ALLOW and EGRESS_DENY (ValueError names the variable and entry)."""
+    from evaluations.egress import EgressPolicy  # plain Python, below Django like assets
+
+    return EgressPolicy.from_strings(",".join(config.egress_allow), ",".join(config.egress_deny))
 
 
 def close_to_others(folder: Path) -> None:

@@ -182,6 +182,26 @@ class TransitionSerializer(serializers.Serializer):
     duration_ms = serializers.IntegerField(allow_null=True, help_text="Time spent there; null for the latest.")
 
 
+class EgressSerializer(serializers.Serializer):
+    step = serializers.ChoiceField(choices=Step.choices)
+    host = serializers.CharField()
+    port = serializers.IntegerField()
+    allowed = serializers.BooleanField(help_text="Whether the connection was made.")
+    reason = serializers.CharField(
+        help_text="e.g. allowed, allowed by EGRESS_ALLOW, private address, denied by EGRESS_DENY"
+    )
+    bytes_out = serializers.IntegerField()
+    bytes_in = serializers.IntegerField()
+    count = serializers.IntegerField(help_text="Connections aggregated in this entry.")
+
+
+class ResourcesSerializer(serializers.Serializer):
+    peak_memory_bytes = serializers.IntegerField()
+    cpu_seconds = serializers.FloatField()
+    peak_processes = serializers.IntegerField()
+    peak_disk_bytes = serializers.IntegerField()
+
+
 class EvaluationSerializer(serializers.Serializer):
     eval_id = serializers.UUIDField()
     status = serializers.ChoiceField(choices=Status.choices)
@@ -202,6 +222,12 @@ class EvaluationSerializer(serializers.Serializer):
     test_output = serializers.CharField(allow_blank=True)
     transitions = TransitionSerializer(many=True)
     results_sha256 = serializers.CharField(allow_null=True)
+    egress = EgressSerializer(
+        many=True, help_text="Every proxied connection, refused ones too, per (step, host, port, allowed)."
+    )
+    resources = ResourcesSerializer(
+        allow_null=True, help_text="What the evaluation used (from its cgroup where there is one); null until it ends."
+    )
 
 
 class EvaluationSummarySerializer(serializers.Serializer):

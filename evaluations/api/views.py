@@ -75,6 +75,15 @@ def _local_sandbox(mode: str) -> str:
     return "bwrap" if works else "none"
 
 
+def limits_mode(workers) -> str:
+    """How the live workers enforce memory and process limits; this host's guess when no worker is up."""
+    if workers and workers[0].limits:
+        return workers[0].limits
+    from evaluations.runtime.cgroupfs import guess_mode
+
+    return guess_mode().value
+
+
 def sandbox_mode(workers) -> str:
     """What the live workers run commands in; this host's probe when no worker is up."""
     if workers:
@@ -89,6 +98,7 @@ class StatusView(PublicView):
         workers = stats.live_workers(config.worker_stale_secs)
         capacity = sum(w.capacity for w in workers) if workers else config.max_concurrent_evals
         sandbox = sandbox_mode(workers)
+        limits = limits_mode(workers)
         return Response(
             {
                 "version": VERSION,
@@ -103,7 +113,8 @@ class StatusView(PublicView):
                 "available_slots": max(0, capacity - counts["running"]),
                 "workers": len(workers),
                 "sandbox": sandbox,
-                "warnings": checks.sandbox_warnings(sandbox),
+                "limits": {"memory": limits, "processes": limits},
+                "warnings": checks.sandbox_warnings(sandbox, limits),
                 "auth": "enabled" if config.auth_enabled else "disabled",
                 "languages": list(languages.available()),
                 "static_assets": len(config.static_assets),

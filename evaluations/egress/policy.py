@@ -193,6 +193,12 @@ class EgressPolicy:
         """From the variables' values; ValueError names the variable and the entry."""
         return cls(parse_rules(allow, "EGRESS_ALLOW"), parse_rules(deny, "EGRESS_DENY"), **kwargs)
 
+    def allowing(self, addresses: Iterable[str], port: int, label: str = "checked address") -> EgressPolicy:
+        """This policy, plus ``addresses`` at ``port`` allowed (an address the executor checked itself)."""
+        entries = ",".join(f"[{a}]:{port}" if ":" in a else f"{a}:{port}" for a in addresses)
+        extra = parse_rules(entries, label) if entries else ()
+        return EgressPolicy((*self.allow, *extra), self.deny, resolver=self.resolver, own_addresses=self.own_addresses)
+
     def decide(self, host: str, port: int) -> Decision:
         """Whether a connection to ``host:port`` may be made, and to which addresses."""
         try:

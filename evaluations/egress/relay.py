@@ -102,7 +102,26 @@ def relay_wrapper(socket_in_sandbox: str = SANDBOX_SOCKET, port: int = RELAY_POR
     return ["/bin/sh", "-c", script, "egress-relay"]
 
 
-def make_socat_bundle(folder: Path | str, socat: str = SOCAT) -> list[str]:
+def bundle_prefix(folder: Path | str) -> list[str]:
+    """The socat prefix of a bundle ``make_socat_bundle`` made in ``folder`` (bound at BUNDLE_TARGET)."""
+    loaders = [name for name in os.listdir(Path(folder) / "lib") if name.startswith("ld-linux")]
+    if len(loaders) != 1:
+        raise RuntimeError(f"{folder}: not a socat bundle (no single loader in lib/)")
+    return [f"{BUNDLE_TARGET}/lib/{loaders[0]}", "--library-path", f"{BUNDLE_TARGET}/lib", f"{BUNDLE_TARGET}/socat"]
+
+
+def ensure_socat_bundle(folder: Path | str, socat: str = SOCAT) -> Path:
+    """``folder`` holding a socat bundle: made once per host, reused by every later process."""
+    folder = Path(folder)
+    if not (folder / "socat").is_file():
+        try:
+            make_socat_bundle(folder, socat, replace=False)
+        except FileExistsError:
+            pass  # another process made it meanwhile
+    return folder
+
+
+def make_socat_bundle(folder: Path | str, socat: str = SOCAT, *, replace: bool = True) -> list[str]:
     """Copy the host's socat, its libraries and its loader into ``folder``; return the socat prefix.
 
     For a sandbox whose root is another system (a debootstrap environment)
@@ -125,7 +144,14 @@ def make_socat_bundle(folder: Path | str, socat: str = SOCAT) -> list[str]:
     shutil.copy(socat, staging / "socat")
     for path in (staging, staging / "lib"):
         os.chmod(path, 0o755)
-    shutil.rmtree(folder, ignore_errors=True)
-    os.rename(staging, folder)
+    if replace:
+        shutil.rmtree(folder, ignore_errors=True)
+    try:
+        os.rename(staging, folder)  # a complete bundle appears at once
+    except OSError as exc:
+        shutil.rmtree(staging, ignore_errors=True)
+        if not replace and folder.is_dir():
+            raise FileExistsError(folder) from exc
+        raise
     loader = f"{BUNDLE_TARGET}/lib/{os.path.basename(loaders[0])}"
     return [loader, "--library-path", f"{BUNDLE_TARGET}/lib", f"{BUNDLE_TARGET}/socat"]

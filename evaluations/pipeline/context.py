@@ -5,8 +5,11 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from assets import AssetView
+from evaluations.egress import EgressProxy
+from evaluations.egress.relay import ensure_socat_bundle
 from evaluations.environments import Environment
 from evaluations.models import Evaluation
 from evaluations.pipeline import toolchains
@@ -45,6 +48,7 @@ class Context:
     asset_excludes: list[str] = field(default_factory=list)
     static_assets: AssetView | None = None  # set by downloading_task (pipeline/static.py)
     environment: Environment | None = None  # the root filesystem of the task's commands (downloading_task)
+    egress: EgressProxy | None = None  # the evaluation's proxy: its commands' only way out (sandbox only)
 
     def limits(self, timeout_secs: float) -> Limits:
         config = self.config
@@ -93,11 +97,20 @@ class Context:
             mounts=tuple(mounts),
             root=environment.root if environment else None,
             ca_bundle=ca.host if ca is not None and self.runtime.isolated else None,
+            **self._egress_fields(network, environment is not None),
         )
 
     def executor_policy(self, *, network: bool) -> SandboxPolicy:
         """The executor's own commands (clone, patch): the host's tools, the whole session writable."""
-        return SandboxPolicy(network=network, writable=(self.session.root,))
+        return SandboxPolicy(network=network, writable=(self.session.root,), **self._egress_fields(network, False))
+
+    def _egress_fields(self, network: bool, own_root: bool) -> dict:
+        if not (network and self.egress is not None):
+            return {}
+        fields = {"egress_socket": Path(self.egress.socket_path)}
+        if own_root:  # its root has no socat of ours: the host's, with its libraries, made once per host
+            fields["relay_bundle"] = ensure_socat_bundle(self.config.workspace_base / RELAY_BUNDLE)
+        return fields
 
     def run(self, argv: list[str], *, env: dict[str, str], timeout_secs: float, policy: SandboxPolicy) -> CommandResult:
         """Run one command of this evaluation through the spawner; a cancel raises Cancelled."""
@@ -122,6 +135,10 @@ class Context:
     def check_cancelled(self) -> None:
         if self.cancel.is_set():
             self.raise_cancelled()
+
+
+# Under WORKSPACE_BASE, which every sandbox uid may traverse; not an eval_id, so no reaper touches it.
+RELAY_BUNDLE = ".egress-relay"
 
 
 def limit_failure(result: CommandResult, what: str, budget_name: str, budget: float) -> StepFailed | None:

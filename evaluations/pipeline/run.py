@@ -20,16 +20,18 @@ import os
 from django.db import close_old_connections
 
 from evaluations import lifecycle, livelog
+from evaluations.egress import EgressProxy
 from evaluations.models import Evaluation, Status, Step, TestResult
 from evaluations.pipeline.cancel import CancelState
 from evaluations.pipeline.context import Cancelled, Context, StepFailed, WorkerLost
 from evaluations.pipeline.session import Session, remove_retired
 from evaluations.pipeline.steps import STEPS
 from evaluations.runtime import Runtime, Spawner, sandbox_uid, uids
-from executor_project.config import Config
+from executor_project.config import Config, egress_policy
 from executor_project.logs import evaluation_context
 
 logger = logging.getLogger("term_executor.pipeline")
+EGRESS_SOCKET = "egress.sock"  # in the session folder: root's, passable only by the evaluation's uid
 
 
 def run_pipeline(eval_id: str, config: Config, *, runtime: Runtime, cancel: CancelState) -> None:
@@ -52,7 +54,7 @@ def _prepare(
 ) -> tuple[Context, uids.UidLease | None]:
     evaluation = Evaluation.objects.get(id=eval_id)
     lease = _lease_uid(config)  # a uid no other evaluation has (runtime/uids.py)
-    session = None
+    session = egress = None
     try:
         uid = lease.uid if lease else None
         session = Session.create(config.workspace_base, eval_id, uid)
@@ -65,6 +67,8 @@ def _prepare(
             cancel_event=cancel,
             exclusive_uid=lease is not None,
         )
+        if runtime.isolated:  # a sandbox's only way out (without one, commands have the host's network)
+            egress = EgressProxy(session.root / EGRESS_SOCKET, egress_policy(config), allowed_uid=uid).start()
     except BaseException:
         if session is not None:
             session.remove()
@@ -79,6 +83,7 @@ def _prepare(
         runtime=runtime,
         spawner=spawner,
         cancel=cancel,
+        egress=egress,
     )
     return ctx, lease
 
@@ -95,6 +100,8 @@ def _steps(ctx: Context, log) -> tuple[str, str]:
     try:
         for name, step in STEPS:
             ctx.step = name
+            if ctx.egress is not None:
+                ctx.egress.set_step(name)  # each connection is recorded under the step that made it
             if not lifecycle.record(eval_id, step=name):
                 log.info("ended elsewhere before %s; stopping", name)
                 return Status.CANCELLED, f"{name}: ended elsewhere"  # the conditional finish writes nothing
@@ -117,6 +124,7 @@ def _cleanup(ctx: Context, lease: uids.UidLease | None, status: str, error: str,
     close_old_connections()
     lifecycle.record(eval_id, step=Step.CLEANUP)
     _keep_log(eval_id, session, config)
+    _keep_usage(ctx, log)
     retired = None
     try:
         if not config.keep_workspaces:
@@ -138,6 +146,23 @@ def _cleanup(ctx: Context, lease: uids.UidLease | None, status: str, error: str,
             remove_retired(retired)
         except OSError as exc:
             log.warning("could not remove %s (the reaper will): %s", retired, exc)
+
+
+def _keep_usage(ctx: Context, log) -> None:
+    """Store what the evaluation reached and used (``egress``, ``resources``); end its proxy and cgroup."""
+    fields = {}
+    if ctx.egress is not None:
+        ctx.egress.close()
+        fields["egress"] = [record.as_dict() for record in ctx.egress.records()]
+    try:
+        fields["resources"] = ctx.spawner.resources()
+    except OSError as exc:
+        log.warning("could not read the evaluation's resources: %s", exc)
+    try:
+        ctx.spawner.close()
+    except OSError as exc:
+        log.warning("could not remove the evaluation's cgroup (the reaper will): %s", exc)
+    Evaluation.objects.filter(id=ctx.eval_id).update(**fields)
 
 
 def _lease_uid(config: Config) -> uids.UidLease | None:

@@ -79,6 +79,15 @@ def _environment(ctx: Context) -> environments.Environment | None:
 
 
 def cloning_repo(ctx: Context) -> None:
+    policy = ctx.egress.policy if ctx.egress is not None else None
+    try:
+        _clone(ctx)
+    finally:
+        if ctx.egress is not None:
+            ctx.egress.policy = policy  # what the clone was let reach, the task's commands are not
+
+
+def _clone(ctx: Context) -> None:
     config = ctx.config
     task = ctx.task
     try:
@@ -89,6 +98,9 @@ def cloning_repo(ctx: Context) -> None:
             allowed_private_hosts=config.allowed_private_hosts,
         )
         env = gitrepo.git_env(ctx.session.home, urlguard.git_allow_protocol(config.allow_file_urls))
+        env.update(NO_PROXY="", no_proxy="")  # the repository's address was checked above, loopback included
+        if ctx.egress is not None:  # the proxy lets git reach exactly what the URL guard allowed
+            ctx.egress.policy = ctx.egress.policy.allowing(resolved.addresses, resolved.port, "the task's repository")
         ctx.base_sha = gitrepo.clone_at(
             ctx.command_runner(ctx.executor_policy(network=True)),
             repo_url=task.repo,

@@ -7,6 +7,7 @@ the step chose, and ``Spawner.sweep`` after each step kills what a step left
 behind.
 """
 
+from evaluations.runtime import cgroups
 from evaluations.runtime.killer import TAG_VAR, become_subreaper, protect
 from evaluations.runtime.policy import SandboxPolicy
 from evaluations.runtime.sandbox import (
@@ -36,6 +37,7 @@ __all__ = [
     "Spawner",
     "Verdict",
     "become_subreaper",
+    "cgroups",
     "probe_bwrap",
     "protect",
     "sandbox_uid",

@@ -118,6 +118,21 @@ def detect(parent: str = DEFAULT_PARENT) -> CgroupSupport:
     return probe(read_mounts(), parent)
 
 
+def guess_mode() -> CgroupMode:
+    """What ``detect`` would find, without making or moving anything (for a process that runs no
+    evaluation, e.g. the web side's /status while no worker has said)."""
+    if os.geteuid() != 0:
+        return CgroupMode.MONITOR
+    mounts = read_mounts()
+    root = mounts.v2_root
+    if root is not None and set(_V2_CONTROLLERS) <= set(read_text(root / "cgroup.controllers", "").split()):
+        if os.access(root, os.W_OK):
+            return CgroupMode.V2
+    if all(c in mounts.v1 and os.access(mounts.v1[c], os.W_OK) for c in ("memory", "pids")):
+        return CgroupMode.V1
+    return CgroupMode.MONITOR
+
+
 def probe(mounts: Mounts, parent: str) -> CgroupSupport:
     """``detect`` without the cache, on a given mount table (tests give a folder laid out like v2)."""
     check_name(parent)

@@ -167,7 +167,7 @@ class EvalCgroup:
 
         Must run as root and come first, before setpriv drops the uid.
         """
-        return ["/bin/sh", "-c", _JOIN_SCRIPT, "te-cgroup-join", *map(str, self.procs_files()), "--"]
+        return join_prefix(self.procs_files())
 
     def pids(self) -> list[int]:
         """Every process in the cgroup (any hierarchy), as seen from this pid namespace."""
@@ -298,6 +298,11 @@ class EvalCgroup:
         if self._v2:
             return self.dirs["unified"] / name
         return self.dirs[name.split(".", 1)[0]] / name  # v1: "memory.x" lives in the memory hierarchy
+
+
+def join_prefix(procs_files: Iterable[Path]) -> list[str]:
+    """argv prefix that writes its own pid into each ``cgroup.procs`` file, then execs the rest."""
+    return ["/bin/sh", "-c", _JOIN_SCRIPT, "te-cgroup-join", *map(str, procs_files), "--"]
 
 
 def memory_exceeded_detail(peak_bytes: int, limit_bytes: int) -> str:

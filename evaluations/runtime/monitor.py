@@ -22,6 +22,11 @@ What is measured, and why:
 - Outside the tree and the folder: ``extra_memory`` adds SysV shared memory
   (``sysvipc.py``), ``extra_disk`` (without the sandbox, with a uid of the
   evaluation's own) the files the uid left in the host's temporary folders.
+- With the evaluation's cgroup (``cgroups.py``), memory and processes are the
+  kernel's own figures for it, read in two files instead of a /proc scan;
+  the kernel enforces both limits, and the monitor names what it did: an OOM
+  kill is the memory limit (with the peak), forks refused at ``pids.max``
+  the process limit.
 """
 
 from __future__ import annotations
@@ -34,6 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from evaluations.runtime import killer
+from evaluations.runtime.cgroups import EvalCgroup
 from evaluations.runtime.types import MIB, CancelEvent, Limit, Limits, Verdict, mib_up
 from evaluations.safefs import tree_size
 
@@ -59,6 +65,7 @@ class Monitor(threading.Thread):
         on_verdict: Callable[[Verdict], None],
         extra_disk: Callable[[], int] | None = None,
         extra_memory: Callable[[], int] | None = None,
+        cgroup: EvalCgroup | None = None,
     ):
         super().__init__(name="command-monitor", daemon=True)
         self.limits = limits
@@ -68,6 +75,10 @@ class Monitor(threading.Thread):
         self.on_verdict = on_verdict
         self.extra_disk = extra_disk
         self.extra_memory = extra_memory
+        self.cgroup = cgroup
+        # What the cgroup counted before this command: only what it does now is its verdict.
+        self._oom_kills = cgroup.oom_kills() if cgroup else 0
+        self._fork_refusals = cgroup.process_limit_hits() if cgroup else 0
         self.verdict: Verdict | None = None
         self.peaks = Peaks()
         self._stopped = threading.Event()
@@ -103,9 +114,15 @@ class Monitor(threading.Thread):
 
     def _check_tree(self) -> Verdict | None:
         killer.reap_orphans()
-        rss, count = tree_usage()
-        if self.extra_memory is not None:
-            rss += self.extra_memory()
+        if self.cgroup is not None:
+            verdict = self.kernel_verdict()
+            if verdict is not None:
+                return verdict
+            rss, count = self.cgroup.usage()  # SysV shared memory is charged to it too
+        else:
+            rss, count = tree_usage()
+            if self.extra_memory is not None:
+                rss += self.extra_memory()
         self.peaks.memory_bytes = max(self.peaks.memory_bytes, rss)
         self.peaks.processes = max(self.peaks.processes, count)
         limits = self.limits
@@ -115,6 +132,19 @@ class Monitor(threading.Thread):
             return Verdict(
                 Limit.MEMORY,
                 f"memory limit exceeded ({mib_up(rss)} MiB > {limits.memory_bytes // MIB} MiB)",
+            )
+        return None
+
+    def kernel_verdict(self) -> Verdict | None:
+        """What the kernel did to the command for the cgroup's limits since it started."""
+        cgroup = self.cgroup
+        if cgroup is None:
+            return None
+        if cgroup.oom_kills() > self._oom_kills:
+            return Verdict(Limit.MEMORY, cgroup.oom_message())
+        if cgroup.process_limit_hits() > self._fork_refusals:
+            return Verdict(
+                Limit.PROCESSES, f"process limit exceeded (a fork refused at {self.limits.max_processes} processes)"
             )
         return None
 

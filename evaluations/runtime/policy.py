@@ -23,6 +23,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from evaluations.egress.relay import BUNDLE_TARGET, SANDBOX_SOCKET, SOCAT, bundle_prefix, proxy_env, relay_wrapper
+from evaluations.runtime.cgroups import join_prefix
 from evaluations.runtime.types import Mount
 
 COMMAND_NICENESS = 10  # below the service and the other evaluations' bookkeeping
@@ -39,7 +41,6 @@ ETC_ALWAYS = (
     "/etc/nsswitch.conf",
     "/etc/ld.so.cache",
 )
-ETC_NETWORK = ("/etc/resolv.conf", "/etc/hosts", "/etc/host.conf", "/etc/gai.conf")
 # An environment's top folders that are not its files: the sandbox makes its own.
 ROOT_SKIPPED = frozenset({"proc", "dev", "sys", "tmp", "run", "mnt", "media", "lost+found"})
 # Where the host's CA bundle is inside every sandbox: commands trust what the host trusts,
@@ -68,7 +69,7 @@ class Tools:
 @dataclass(frozen=True)
 class SandboxPolicy:
     # Chosen by the step, for this command.
-    network: bool = False
+    network: bool = False  # egress through the evaluation's proxy (egress_socket); never the host's network
     writable: tuple[Path, ...] = ()  # bound read-write at the same path
     mounts: tuple[Mount, ...] = ()  # extra binds (assets at /static, the agent's folder)
     root: Path | None = None  # a root filesystem (an environment); None: the host's system folders
@@ -81,6 +82,9 @@ class SandboxPolicy:
     private_tmp: Path | None = None  # the session's own /tmp (namespaces only)
     runtimes: tuple[str, ...] = ()  # language runtimes outside /usr, bound read-only (host root only)
     ca_bundle: Path | None = None  # the host's trusted certificates, bound at SANDBOX_CA_BUNDLE
+    egress_socket: Path | None = None  # the evaluation's egress proxy (evaluations/egress), bound at SANDBOX_SOCKET
+    relay_bundle: Path | None = None  # the host's socat and its libraries, for a root without its own
+    cgroup_procs: tuple[Path, ...] = ()  # the evaluation's cgroup: the command joins it before anything else
 
 
 @dataclass(frozen=True)
@@ -101,12 +105,18 @@ def render(
     info_fd: int | None = None,
 ) -> Rendered:
     """The whole argv of one command under ``policy``; the only place a policy becomes flags."""
-    chain = _privilege_prefix(policy, tools) + _rlimit_prefix(policy, tools)
+    chain = join_prefix(policy.cgroup_procs) if policy.cgroup_procs else []  # as root, before the uid switch
+    chain += _privilege_prefix(policy, tools) + _rlimit_prefix(policy, tools)
     if not policy.namespaces:
         return Rendered([*chain, *argv], dict(env), Path(cwd))
     if tools.bwrap is None:
         raise ValueError("a policy with namespaces needs bwrap")
     report = [] if info_fd is None else ["--info-fd", str(info_fd)]  # bwrap names the sandbox's pid 1
+    if _egress(policy):
+        # Network "on": a relay on the sandbox's own loopback to the proxy's socket, and the
+        # variables that send clients to it. Without a socket the command has no network at all.
+        argv = [*relay_wrapper(SANDBOX_SOCKET, socat=_socat(policy)), *argv]
+        env = {**proxy_env(), **env}  # the caller may say NO_PROXY (the executor's own fetch of 127.0.0.1)
     flags = bwrap_flags(policy, cwd=Path(cwd), env=env)
     # bwrap's own environment: nothing the caller chose (no LD_PRELOAD before the namespaces exist).
     return Rendered([*chain, tools.bwrap, *report, *flags, "--", *argv], dict(outer_env or {}), Path("/"))
@@ -151,8 +161,7 @@ def bwrap_flags(policy: SandboxPolicy, *, cwd: Path, env: Mapping[str, str]) -> 
     a += ["--unshare-ipc"]  # no SysV IPC or POSIX queues shared with the host
     a += ["--unshare-uts"]  # own hostname
     a += ["--unshare-cgroup-try"]  # host cgroup paths not shown
-    if not policy.network:
-        a += ["--unshare-net"]  # only a loopback of its own
+    a += ["--unshare-net"]  # only a loopback of its own, whatever the step: egress goes through the proxy
     a += ["--die-with-parent"]  # the sandbox dies if the spawner does
     a += ["--new-session"]  # setsid: cannot push keystrokes into a terminal (TIOCSTI)
     a += ["--proc", "/proc"]  # a /proc of the new pid namespace only
@@ -171,6 +180,10 @@ def bwrap_flags(policy: SandboxPolicy, *, cwd: Path, env: Mapping[str, str]) -> 
         a += ["--bind", _host_path(path), _host_path(path)]  # session folders, same path inside
     for mount in policy.mounts:
         a += ["--bind" if mount.writable else "--ro-bind", str(mount.source), _sandbox_target(mount.target)]
+    if _egress(policy):
+        a += ["--bind", str(policy.egress_socket), SANDBOX_SOCKET]  # the proxy; connecting needs write
+        if policy.root is not None:
+            a += ["--ro-bind", str(policy.relay_bundle), BUNDLE_TARGET]  # socat for a root without it
     a += ["--remount-ro", "/dev"]  # /dev is a tmpfs: files there would be RAM no limit sees
     a += ["--remount-ro", "/"]  # so is the root: writable only through the binds above
     a += ["--chdir", str(cwd)]  # start where the caller asked
@@ -191,12 +204,22 @@ def _host_root_flags(policy: SandboxPolicy) -> list[str]:
             a += ["--ro-bind", top, top]  # a real folder on a non-merged host
     for path in ETC_ALWAYS:
         a += ["--ro-bind-try", path, path]  # alternatives, certificates, users, linker cache
-    if policy.network:
-        for path in ETC_NETWORK:
-            a += ["--ro-bind-try", path, path]  # name resolution, only for steps with network
+    # No resolv.conf: a sandbox resolves nothing itself; the proxy resolves what it checks.
     for prefix in policy.runtimes:
         a += ["--ro-bind", prefix, prefix]  # a language runtime living outside /usr
     return a
+
+
+def _egress(policy: SandboxPolicy) -> bool:
+    if not (policy.network and policy.egress_socket is not None):
+        return False
+    if policy.root is not None and policy.relay_bundle is None:
+        raise ValueError("a policy with network under another root needs relay_bundle (the relay's socat)")
+    return True
+
+
+def _socat(policy: SandboxPolicy) -> list[str]:
+    return bundle_prefix(policy.relay_bundle) if policy.root is not None else [SOCAT]
 
 
 def _environment_root_flags(policy: SandboxPolicy, root: Path) -> list[str]:
@@ -216,10 +239,6 @@ def _environment_root_flags(policy: SandboxPolicy, root: Path) -> list[str]:
                 a += ["--ro-bind", entry.path, f"/{entry.name}"]  # usr, etc, lib, var, opt...
     if policy.ca_bundle is not None and _is_plain_file(root / DISTRIBUTION_CA_BUNDLE.lstrip("/")):
         a += ["--ro-bind", str(policy.ca_bundle), DISTRIBUTION_CA_BUNDLE]  # tools reading the usual path
-    if policy.network:
-        for path in ETC_NETWORK:
-            if _is_plain_file(root / path.lstrip("/")):
-                a += ["--ro-bind-try", path, path]  # the host's name resolution, over the environment's
     return a
 
 

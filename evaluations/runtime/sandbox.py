@@ -57,6 +57,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from evaluations.runtime.cgroupfs import CgroupSupport
 from evaluations.runtime.killer import TAG_VAR
 from evaluations.runtime.policy import HOST_SYSTEM_ROOTS, NICE_BY_THREAD, SandboxPolicy, Tools, render
 
@@ -155,10 +156,12 @@ class Runtime:
     # True when each command runs in a pid namespace whose pid 1 its Launch.info reports.
     contains_processes = False
 
-    def __init__(self, language_runtimes: Sequence[str] = ()):
+    def __init__(self, language_runtimes: Sequence[str] = (), cgroups: CgroupSupport | None = None):
         self.warning: str | None = None
         self.language_runtimes = tuple(language_runtimes)
         self.bwrap: str | None = None
+        # What the kernel enforces for each evaluation (cgroups.detect()); None: the monitor alone.
+        self.cgroups = cgroups
 
     def command_path(self) -> str:
         """The PATH to give commands: reachable language runtimes first, then the system's."""
@@ -198,8 +201,10 @@ class Bubblewrap(Runtime):
     isolated = True
     contains_processes = True
 
-    def __init__(self, language_runtimes: Sequence[str] = (), bwrap: str = "bwrap"):
-        super().__init__(language_runtimes)
+    def __init__(
+        self, language_runtimes: Sequence[str] = (), bwrap: str = "bwrap", cgroups: CgroupSupport | None = None
+    ):
+        super().__init__(language_runtimes, cgroups)
         found = shutil.which(bwrap)
         if found is None:
             raise SandboxUnavailable(f"{bwrap}: not found")
@@ -251,7 +256,7 @@ def usable_language_runtimes(uid: int | None) -> tuple[str, ...]:
     """The language runtimes commands running as ``uid`` can execute; warn (once) about the rest."""
     usable = []
     for prefix in language_runtimes():
-        if _can_traverse(f"{prefix}/bin", uid):
+        if can_traverse(f"{prefix}/bin", uid):
             usable.append(prefix)
         else:
             log.warning(
@@ -263,7 +268,7 @@ def usable_language_runtimes(uid: int | None) -> tuple[str, ...]:
     return tuple(usable)
 
 
-def _can_traverse(path: str, uid: int | None) -> bool:
+def can_traverse(path: str, uid: int | None) -> bool:
     """Whether ``uid`` (group = uid, no other groups) may search every folder down to ``path``."""
     if uid is None:
         return os.access(path, os.X_OK)

@@ -12,9 +12,14 @@ output capture, sandboxing and killing are written once:
    enforces time, memory, processes, disk and cancel, and kills everything of
    the evaluation the moment one is crossed.
 4. Every limit the spawner sets comes back as a ``Limit`` in the result: the
-   kernel's RLIMIT_FSIZE kill (SIGXFSZ) is the disk limit, and a command that
-   filled the disk and exited between two of the monitor's walks is caught
-   by one last walk.
+   kernel's RLIMIT_FSIZE kill (SIGXFSZ) is the disk limit, a kernel OOM kill
+   in the evaluation's cgroup the memory limit, and a command that filled the
+   disk and exited between two of the monitor's walks is caught by one last
+   walk.
+5. Where the host offers cgroups (the runtime says), every command of the
+   evaluation runs in one cgroup of its own: memory (swap 0) and processes
+   are enforced by the kernel, kills go through it, and its figures are the
+   evaluation's ``resources``. ``close`` removes it.
 
 The host process must be the evaluation's own (one per evaluation): the
 spawner makes it a child subreaper and treats all its children as commands.
@@ -40,6 +45,7 @@ import contextlib
 import dataclasses
 import logging
 import os
+import resource
 import signal
 import subprocess
 import threading
@@ -48,8 +54,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from evaluations.runtime import killer, sysvipc, uids
-from evaluations.runtime.monitor import Monitor
+from evaluations.runtime import cgroups, killer, sysvipc, uids
+from evaluations.runtime.monitor import Monitor, Peaks
 from evaluations.runtime.output import OutputCapture, pump
 from evaluations.runtime.policy import NICE_BY_THREAD, RLimits, SandboxPolicy
 from evaluations.runtime.sandbox import private_tmp, system_tool
@@ -93,6 +99,9 @@ class Spawner:
         # True while every command has run in a sandbox seen to end with all its processes.
         self._all_confirmed_gone = runtime.contains_processes
         self._sandbox_init: int | object | None = None  # the running command's sandbox pid 1
+        self.cgroup: cgroups.EvalCgroup | None = None  # made by the first command (its limits)
+        self.peaks = Peaks()  # over every command: the evaluation's resources without a cgroup
+        self._cpu_before = _children_cpu_seconds()
         killer.become_subreaper()
         for tool in ("prlimit", "setpriv", *(() if NICE_BY_THREAD else ("nice",))):
             system_tool(tool)  # fail now, not at the first command
@@ -110,6 +119,7 @@ class Spawner:
         """Run one command to its end or its kill; nothing of a killed command outlives this."""
         if self.cancel_event is not None and self.cancel_event.is_set():
             return CommandResult(None, "", 0, 0, Limit.CANCELLED, "cancelled")
+        self._ensure_cgroup(limits)
         policy = self._complete(policy or SandboxPolicy(), limits)
         launch = self.runtime.launch(
             argv,
@@ -131,6 +141,7 @@ class Spawner:
                 cancel_event=self.cancel_event,
                 started_at=started,
                 on_verdict=lambda verdict: self._kill(proc, verdict),
+                cgroup=self.cgroup,
                 **self._outside_usage(),
             )
             self._sandbox_init = None
@@ -152,7 +163,8 @@ class Spawner:
         code = 128 - code if code < 0 else code
         verdict = monitor.verdict
         exit_code = None if verdict else code
-        verdict = verdict or _file_size_verdict(code, limits) or monitor.final_disk_check()
+        verdict = verdict or monitor.kernel_verdict() or _file_size_verdict(code, limits) or monitor.final_disk_check()
+        self._add_peaks(monitor.peaks)
         return CommandResult(
             exit_code=exit_code,
             output=capture.text(),
@@ -163,6 +175,44 @@ class Spawner:
             peak_memory_bytes=monitor.peaks.memory_bytes,
             peak_processes=monitor.peaks.processes,
         )
+
+    def _ensure_cgroup(self, limits: Limits) -> None:
+        support = self.runtime.cgroups
+        if support is None or not support.enforced:
+            return
+        if self.cgroup is None:
+            self.cgroup = cgroups.EvalCgroup.create(
+                self.eval_id, limits.memory_bytes, limits.max_processes, support=support
+            )
+        else:
+            self.cgroup.set_limits(limits.memory_bytes, limits.max_processes)
+
+    def _add_peaks(self, peaks: Peaks) -> None:
+        self.peaks.memory_bytes = max(self.peaks.memory_bytes, peaks.memory_bytes)
+        self.peaks.processes = max(self.peaks.processes, peaks.processes)
+        self.peaks.disk_bytes = max(self.peaks.disk_bytes, peaks.disk_bytes)
+
+    def resources(self) -> dict:
+        """SPEC §12's ``resources`` so far: the cgroup's figures where there is one, else the monitor's."""
+        peaks = self.peaks
+        figures = {
+            "peak_memory_bytes": peaks.memory_bytes,
+            "cpu_seconds": round(max(0.0, _children_cpu_seconds() - self._cpu_before), 3),
+            "peak_processes": peaks.processes,
+            "peak_disk_bytes": peaks.disk_bytes,
+        }
+        if self.cgroup is not None:
+            cpu = self.cgroup.cpu_seconds()
+            figures["peak_memory_bytes"] = self.cgroup.peak_memory_bytes()
+            figures["peak_processes"] = max(peaks.processes, self.cgroup.peak_processes())
+            if cpu is not None:
+                figures["cpu_seconds"] = round(cpu, 3)
+        return figures
+
+    def close(self) -> None:
+        """After the last command: remove the evaluation's cgroup (killing anything left in it)."""
+        if self.cgroup is not None and self.cgroup.remove():
+            self.cgroup = None
 
     def _complete(self, policy: SandboxPolicy, limits: Limits) -> SandboxPolicy:
         """The step's policy plus what this evaluation fixes for every command."""
@@ -178,6 +228,7 @@ class Spawner:
             rlimits=RLimits(fsize_bytes=limits.disk_quota_bytes, nproc=nproc),
             private_tmp=private_tmp(self.session_dir, self.uid) if isolated else None,
             runtimes=self.runtime.language_runtimes if policy.root is None else (),
+            cgroup_procs=tuple(self.cgroup.procs_files()) if self.cgroup is not None else (),
         )
 
     def _start(self, launch: Launch, with_stdin: bool, niceness: int) -> subprocess.Popen:
@@ -228,6 +279,8 @@ class Spawner:
 
     def _kill(self, proc: subprocess.Popen, verdict: Verdict) -> None:
         log.info("eval %s: killing pid %s: %s", self.eval_id, proc.pid, verdict.detail)
+        if self.cgroup is not None:
+            self.cgroup.kill()  # every process the kernel counts in it, frozen first on v1
         killer.kill_all(self.eval_id, proc.pid, uid=self._own_uid)
 
     @property
@@ -267,6 +320,11 @@ class Spawner:
         if count:
             log.info("eval %s: swept %s leftover process(es)", self.eval_id, count)
         return count
+
+
+def _children_cpu_seconds() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
 
 
 def _file_size_verdict(exit_code: int, limits: Limits) -> Verdict | None:

@@ -11,6 +11,7 @@ import shutil
 
 import pytest
 
+from tests.helpers.runtimes import REGISTRIES
 from tests.helpers.tasks import ADD_TEST, SOLVER
 from tests.pipeline.test_e2e import evaluate
 
@@ -33,7 +34,12 @@ PY
 
 @pytest.fixture
 def config(e2e_config, debian_environment):
-    return dataclasses.replace(e2e_config, environments_root=debian_environment.root.parent, install_timeout_secs=300)
+    return dataclasses.replace(
+        e2e_config,
+        environments_root=debian_environment.root.parent,
+        install_timeout_secs=300,
+        egress_allow=REGISTRIES,  # PyPI, through the proxy: the relay is the host's socat, bound in
+    )
 
 
 def test_the_tasks_commands_run_in_the_environment_it_names(tasks, config, debian_environment):

@@ -16,6 +16,7 @@ import pytest
 
 from evaluations.runtime.policy import SANDBOX_CA_BUNDLE
 from tests.helpers.archives import Exec
+from tests.helpers.runtimes import REGISTRIES
 from tests.helpers.tasks import BUGGY, FIXED, SOLVER
 from tests.pipeline.test_e2e import evaluate
 
@@ -24,8 +25,9 @@ pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
 @pytest.fixture
 def config(e2e_config):
-    """Registry downloads on a shared machine: a longer install budget than the e2e default."""
-    return dataclasses.replace(e2e_config, install_timeout_secs=300)
+    """Registry downloads on a shared machine: a longer install budget than the e2e default, and the
+    registries allowed through the egress proxy (the default rules refuse their address here)."""
+    return dataclasses.replace(e2e_config, install_timeout_secs=300, egress_allow=REGISTRIES)
 
 
 # -- Python ----------------------------------------------------------------------

@@ -10,9 +10,10 @@ from pathlib import Path
 
 import pytest
 
+from evaluations.egress import SANDBOX_SOCKET
 from evaluations.runtime import Mount, NoSandbox, SandboxUnavailable, Spawner, select_runtime
 from evaluations.runtime.monitor import folder_usage
-from evaluations.runtime.policy import SandboxPolicy, bwrap_flags
+from evaluations.runtime.policy import RLimits, SandboxPolicy, Tools, bwrap_flags, render
 from tests.runtime.support import UID
 
 
@@ -82,12 +83,13 @@ def host_listener():
     server.close()
 
 
-def test_no_network_unless_asked(bwrap_sp, host_listener):
+def test_no_command_shares_the_hosts_network(bwrap_sp, host_listener):
     connect = f"exec 3<>/dev/tcp/127.0.0.1/{host_listener} && echo connected"
-    cut_off = bwrap_sp.run(connect)
-    assert cut_off.exit_code != 0 and "connected" not in cut_off.output
-    assert bwrap_sp.run("cat /proc/net/dev | tail -n +3 | cut -d: -f1").output.split() == ["lo"]
-    assert bwrap_sp.run(connect, network=True).output == "connected\n"
+    interfaces = "cat /proc/net/dev | tail -n +3 | cut -d: -f1"
+    for network in (False, True):  # "on" without the evaluation's proxy is no network at all: closed
+        cut_off = bwrap_sp.run(connect, network=network)
+        assert cut_off.exit_code != 0 and "connected" not in cut_off.output
+        assert bwrap_sp.run(interfaces, network=network).output.split() == ["lo"]
 
 
 def test_mounts_are_bound_as_asked(bwrap_sp):
@@ -115,8 +117,8 @@ def test_bwrap_argv_is_built_from_data():
     closed = bwrap_flags(policy, **where)
     opened = bwrap_flags(dataclasses.replace(policy, network=True), **where)
     pairs = list(zip(closed, closed[1:], strict=False))
-    assert "--unshare-net" in closed and "--unshare-net" not in opened
-    assert "/etc/resolv.conf" in opened and "/etc/resolv.conf" not in closed
+    assert "--unshare-net" in closed and "--unshare-net" in opened  # egress goes through the proxy only
+    assert "/etc/resolv.conf" not in opened  # nothing resolves names inside: the proxy does
     for flag in ("--unshare-pid", "--unshare-ipc", "--unshare-uts", "--die-with-parent", "--new-session"):
         assert flag in closed
     assert ("--bind", "/s/tmp") in pairs and ("/s/tmp", "/tmp") in pairs
@@ -127,6 +129,35 @@ def test_bwrap_argv_is_built_from_data():
     assert not any(flag.endswith("bind") and src == "/" for flag, src in pairs)
     with pytest.raises(ValueError, match="bind / as a whole"):
         bwrap_flags(dataclasses.replace(policy, writable=(Path("/"),)), **where)
+
+
+def test_render_puts_the_cgroup_first_and_the_relay_before_the_command():
+    tools = Tools(setpriv="/usr/bin/setpriv", prlimit="/usr/bin/prlimit", bwrap="/usr/bin/bwrap")
+    policy = SandboxPolicy(
+        namespaces=True,
+        network=True,
+        uid=60001,
+        rlimits=RLimits(fsize_bytes=1024, nproc=10),
+        egress_socket=Path("/s/egress.sock"),
+        cgroup_procs=(Path("/sys/fs/cgroup/memory/x/e/cgroup.procs"),),
+    )
+    rendered = render(policy, ["python3", "agent.py"], cwd=Path("/s/repo"), env={"PATH": "/usr/bin"}, tools=tools)
+    argv = rendered.argv
+    assert argv[:3] == ["/bin/sh", "-c", argv[2]] and "/sys/fs/cgroup/memory/x/e/cgroup.procs" in argv[:6]
+    assert argv.index("/usr/bin/setpriv") < argv.index("/usr/bin/prlimit") < argv.index("/usr/bin/bwrap")
+    assert argv.index("/sys/fs/cgroup/memory/x/e/cgroup.procs") < argv.index("/usr/bin/setpriv")
+    command = argv[argv.index("--", argv.index("/usr/bin/bwrap")) + 1 :]
+    assert command[-2:] == ["python3", "agent.py"] and "egress-relay" in command  # the relay execs the command
+    pairs = list(zip(argv, argv[1:], strict=False))
+    assert ("/s/egress.sock", SANDBOX_SOCKET) in pairs
+    assert ("HTTPS_PROXY", "http://127.0.0.1:3128") in pairs and ("NO_PROXY", "localhost,127.0.0.1,::1") in pairs
+    assert ("--setenv", "PATH") in pairs  # the caller's environment stays
+    without_socket = render(
+        dataclasses.replace(policy, egress_socket=None), ["true"], cwd=Path("/"), env={}, tools=tools
+    )
+    assert "egress-relay" not in without_socket.argv and "HTTPS_PROXY" not in without_socket.argv
+    with pytest.raises(ValueError, match="relay_bundle"):
+        render(dataclasses.replace(policy, root=Path("/srv/env")), ["true"], cwd=Path("/"), env={}, tools=tools)
 
 
 def test_select_runtime_none_and_auto_fallback(caplog):

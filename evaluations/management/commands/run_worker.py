@@ -27,7 +27,7 @@ import uuid
 from multiprocessing.connection import wait
 
 from django.conf import settings
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import BaseCommand
 from django.db import close_old_connections, connection, connections
 from django.db.models.functions import Now
 
@@ -73,9 +73,10 @@ class Command(BaseCommand):
         try:
             runtime = prepare_to_run(config)
         except StartupError as exc:
-            raise CommandError(str(exc)) from exc
+            exc.exit()
         self.config = config
         self.sandbox = runtime.name
+        self.limits = runtime.cgroups.mode.value if runtime.cgroups else "monitor"
         self.worker_id = f"{socket.gethostname()[:40]}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
         self.stop_requested_at: float | None = None
         self.pool = Pool(config.max_concurrent_evals, runtime)
@@ -109,6 +110,7 @@ class Command(BaseCommand):
             "pid": os.getpid(),
             "capacity": self.config.max_concurrent_evals,
             "sandbox": self.sandbox,
+            "limits": self.limits,
             "last_beat_at": Now(),
             "stopping": stopping,
         }

@@ -29,6 +29,7 @@ import traceback
 from django.conf import settings
 from django.core.management.base import BaseCommand
 
+from evaluations.startup import StartupError, check_folders
 from executor_project.config import PROJECT_DIR
 from executor_project.process import name_process
 
@@ -43,6 +44,10 @@ class Command(BaseCommand):
 
     def handle(self, *args, **options):
         config = settings.EXECUTOR
+        try:
+            check_folders(config)  # before anything starts: one line, exit 2
+        except StartupError as exc:
+            exc.exit()
         metrics_dir = config.data_dir / "prometheus" / f"serve-{os.getpid()}"
         if os.environ.get(_METRICS_VAR) != str(metrics_dir):
             shutil.rmtree(metrics_dir, ignore_errors=True)
