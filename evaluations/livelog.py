@@ -39,14 +39,37 @@ def step_marker(step: str) -> bytes:
     return f"=== {step} ===\n".encode()
 
 
+def test_marker(name: str) -> str:
+    return f"=== {name} ===\n"
+
+
+def test_verdict(name: str, passed: bool, exit_code: int | None, timed_out: bool) -> str:
+    how = "timed out" if timed_out else f"exit {'none' if exit_code is None else exit_code}"
+    return f"\n--- {name}: {'passed' if passed else 'failed'} ({how}) ---\n"
+
+
+def kill_line(detail: str) -> str:
+    return f"\n[killed: {detail}]\n"
+
+
+def end_block(status: str, error: str) -> str:
+    """The last lines of every log: the final status and the error sentence (a cancel names who asked)."""
+    return f"=== {status} ===\n" + (f"{error}\n" if error else "")
+
+
 def append_step_marker(log_path: Path, step: str) -> None:
     """Called by the pipeline as a step starts; a missing log (a test's bare session) is no error."""
+    append_text(log_path, step_marker(step).decode())
+
+
+def append_text(log_path: Path, text: str) -> None:
+    """A line of the pipeline's own (a test's name, a kill, the end) between the commands' outputs."""
     try:
         fd = os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError:
         return
     try:
-        os.write(fd, step_marker(step))
+        os.write(fd, text.encode("utf-8", errors="replace"))
     finally:
         os.close(fd)
 
@@ -102,8 +125,7 @@ def final_log(evaluation: Evaluation) -> str:
         parts.append(f"=== running_agent (exit {exit_code}) ===\n{evaluation.agent_output}")
     if evaluation.test_output:
         parts.append(f"=== running_tests ===\n{evaluation.test_output}")
-    if evaluation.error:
-        parts.append(f"=== {evaluation.status} ===\n{evaluation.error}")
+    parts.append(end_block(evaluation.status, evaluation.error))
     return "".join(part if part.endswith("\n") else part + "\n" for part in parts)
 
 
@@ -126,16 +148,33 @@ def read_log(evaluation: Evaluation, workspace_base: Path, offset: int, limit: i
     return LogChunk(data, next_offset, complete=next_offset >= len(blob))
 
 
-def log_tail(evaluation: Evaluation, workspace_base: Path, max_bytes: int) -> tuple[str, int]:
-    """The last ``max_bytes`` of the log as text, and how many bytes come before them.
+LIVE, STORED, REBUILT, NONE = "live", "stored", "rebuilt", "none"
 
-    A running evaluation whose log file is not on this host shows nothing yet.
+
+def log_tail(evaluation: Evaluation, workspace_base: Path, max_bytes: int) -> tuple[str, int, str]:
+    """The last ``max_bytes`` of the log as text, how many bytes come before them, and where it came from:
+    LIVE (the session's file), STORED (the live log kept at the end), REBUILT (from the stored outputs)
+    or NONE (a running evaluation whose log file is not on this host, or not made yet).
     """
     if evaluation.status not in TERMINAL_STATUSES:
         size = session_log_size(workspace_base, evaluation.id)
-        skipped = max(0, (size or 0) - max_bytes)
-        data = read_session_log(workspace_base, evaluation.id, skipped, max_bytes) if size is not None else None
-        return (data or b"").decode("utf-8", errors="replace"), skipped
+        if size is None:
+            return "", 0, NONE
+        skipped = max(0, size - max_bytes)
+        data = read_session_log(workspace_base, evaluation.id, skipped, max_bytes) or b""
+        return _from_char_start(data).decode("utf-8", errors="replace"), skipped, LIVE
     blob = final_log(evaluation).encode("utf-8", errors="replace")
     skipped = max(0, len(blob) - max_bytes)
-    return blob[skipped:].decode("utf-8", errors="replace"), skipped
+    return (
+        _from_char_start(blob[skipped:]).decode("utf-8", errors="replace"),
+        skipped,
+        (STORED if evaluation.log else REBUILT),
+    )
+
+
+def _from_char_start(data: bytes) -> bytes:
+    """Without the continuation bytes a cut in the middle of a character left at the start."""
+    start = 0
+    while start < min(3, len(data)) and data[start] & 0xC0 == 0x80:
+        start += 1
+    return data[start:]

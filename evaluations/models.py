@@ -99,6 +99,9 @@ class Evaluation(models.Model):
     cancel_requested = models.BooleanField(default=False)
     cancel_reason = models.CharField(max_length=200, blank=True, default="")
 
+    # A re-run (admin, POST /evaluate/{id}/retry) points at the evaluation it repeats.
+    retry_of = models.ForeignKey("self", null=True, blank=True, on_delete=models.SET_NULL, related_name="retries")
+
     class Meta:
         ordering = ("-created_at", "-id")
         indexes = [

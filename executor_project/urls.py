@@ -2,6 +2,7 @@ from django.contrib import admin
 from django.urls import path, re_path
 
 from evaluations.api import urls as api
+from executor_project.home import favicon, home
 from executor_project.static import static_file
 
 urlpatterns = [
@@ -10,6 +11,8 @@ urlpatterns = [
     *api.urlpatterns,
     path("admin/", admin.site.urls),
     re_path(r"^static/(?P<path>.+)$", static_file, name="static"),  # the admin's and /api/docs' files
+    path("", home, name="home"),
+    path("favicon.ico", favicon, name="favicon"),  # browsers ask for it on every page
 ]
 
 handler400 = "evaluations.api.errors.handler400"

@@ -13,7 +13,13 @@ from __future__ import annotations
 
 from drf_spectacular.extensions import OpenApiAuthenticationExtension
 from drf_spectacular.types import OpenApiTypes
-from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema, extend_schema_view
+from drf_spectacular.utils import (
+    OpenApiExample,
+    OpenApiParameter,
+    OpenApiResponse,
+    extend_schema,
+    extend_schema_view,
+)
 from rest_framework import serializers
 
 from evaluations import languages
@@ -242,9 +248,41 @@ class EvaluationSummarySerializer(serializers.Serializer):
 # -- responses and parameters ---------------------------------------------------
 
 
+# One example body per code, so each response shows its own code (an enum's first value otherwise).
+ERROR_EXAMPLES = {
+    "invalid_request": {
+        "error": "invalid_request",
+        "detail": "the request is invalid: task_url",
+        "fields": {"task_url": ["must be an http(s) URL"]},
+    },
+    "invalid_json": {
+        "error": "invalid_json",
+        "detail": "the request body is not valid JSON: Expecting value: line 1 column 1 (char 0)",
+    },
+    "unauthorized": {"error": "unauthorized", "detail": "a valid 'Authorization: Bearer <token>' header is required"},
+    "not_found": {"error": "not_found", "detail": "no evaluation 5b0c2f3e-8d1e-4a7b-9c55-0e1f2a3b4c5d"},
+    "already_finished": {
+        "error": "already_finished",
+        "detail": "evaluation 5b0c2f3e-8d1e-4a7b-9c55-0e1f2a3b4c5d already ended completed",
+    },
+    "idempotency_conflict": {
+        "error": "idempotency_conflict",
+        "detail": "this Idempotency-Key was used with a different request body",
+    },
+    "payload_too_large": {"error": "payload_too_large", "detail": "the request body is over 2097152 bytes"},
+    "at_capacity": {
+        "error": "at_capacity",
+        "detail": "the executor is at capacity (20 evaluations pending or running); retry later",
+    },
+}
+
+
 def error(description: str, *codes: str) -> OpenApiResponse:
     listed = ", ".join(f"`{code}`" for code in codes)
-    return OpenApiResponse(ErrorSerializer, description=f"{description} ({listed})")
+    examples = [
+        OpenApiExample(code, value=ERROR_EXAMPLES[code], response_only=True) for code in codes if code in ERROR_EXAMPLES
+    ]
+    return OpenApiResponse(ErrorSerializer, description=f"{description} ({listed})", examples=examples)
 
 
 UNAUTHORIZED = error("Missing or bad bearer token", "unauthorized")

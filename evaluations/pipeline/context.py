@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from assets import AssetView
+from evaluations import livelog
 from evaluations.egress import EgressProxy
 from evaluations.egress.relay import ensure_socat_bundle
 from evaluations.environments import Environment
@@ -115,15 +116,25 @@ class Context:
     def run(self, argv: list[str], *, env: dict[str, str], timeout_secs: float, policy: SandboxPolicy) -> CommandResult:
         """Run one command of this evaluation through the spawner; a cancel raises Cancelled."""
         result = self.spawner.run(argv, cwd=self.session.repo, env=env, limits=self.limits(timeout_secs), policy=policy)
+        self._log_kill(result)
         if result.limit is Limit.CANCELLED:
             self.raise_cancelled()
         return result
+
+    def _log_kill(self, result: CommandResult) -> None:
+        """A command ended for a limit or a cancel says so in the log, right after its output."""
+        if result.limit is Limit.CANCELLED:
+            livelog.append_text(self.session.log, livelog.kill_line(f"cancelled: {self.cancel.reason or 'cancelled'}"))
+        elif result.limit is not None:
+            livelog.append_text(self.session.log, livelog.kill_line(result.limit_detail or result.limit.value))
 
     def command_runner(self, policy: SandboxPolicy) -> Callable[..., CommandResult]:
         """gitrepo's CommandRunner: the executor's own commands, through the same spawner."""
 
         def run(argv, *, cwd, env, timeout_secs):
-            return self.spawner.run(argv, cwd=cwd, env=env, limits=self.limits(timeout_secs), policy=policy)
+            result = self.spawner.run(argv, cwd=cwd, env=env, limits=self.limits(timeout_secs), policy=policy)
+            self._log_kill(result)
+            return result
 
         return run
 

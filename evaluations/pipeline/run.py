@@ -123,6 +123,7 @@ def _cleanup(ctx: Context, lease: uids.UidLease | None, status: str, error: str,
     spawner.sweep()
     close_old_connections()
     lifecycle.record(eval_id, step=Step.CLEANUP)
+    livelog.append_text(session.log, livelog.end_block(status, error))
     _keep_log(eval_id, session, config)
     _keep_usage(ctx, log)
     retired = None
@@ -173,16 +174,25 @@ def _lease_uid(config: Config) -> uids.UidLease | None:
 
 
 def _keep_log(eval_id: str, session: Session, config: Config) -> None:
-    """Store the live log before its folder goes, so /logs offsets carry on after the end (any host)."""
+    """Store the live log before its folder goes, so /logs offsets carry on after the end (any host).
+
+    Over its cap, the head and the tail are kept around a marker, as for each command's
+    output: the end of a log (the tests, the final status) matters as much as its start.
+    """
     cap = 4 * config.max_output_bytes
     try:
         with open(session.log, "rb") as handle:
-            data = handle.read(cap + 1)
+            size = os.fstat(handle.fileno()).st_size
+            head = handle.read(cap if size <= cap else cap // 2)
+            tail = b""
+            if size > cap:
+                handle.seek(size - (cap - len(head)))
+                tail = handle.read()
     except OSError:
         return
-    text = data[:cap].decode("utf-8", errors="replace")
-    if len(data) > cap:
-        text += f"\n[... log truncated at {cap} bytes ...]\n"
+    text = head.decode("utf-8", errors="replace")
+    if tail:
+        text += f"\n[... {size - len(head) - len(tail)} bytes truncated ...]\n" + tail.decode("utf-8", errors="replace")
     Evaluation.objects.filter(id=eval_id).update(log=text)
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from django.db import transaction
 
-from evaluations import environments, languages
+from evaluations import environments, languages, livelog
 from evaluations.models import Evaluation, TestResult
 from evaluations.pipeline import archive, gitrepo, static, taskspec, toolchains, urlguard
 from evaluations.pipeline.context import Cancelled, Context, StepFailed, deadline_in, limit_failure, remaining
@@ -225,7 +225,10 @@ def running_tests(ctx: Context) -> None:
     deadline = deadline_in(config.test_timeout_secs)
     results = []
     for position, test in enumerate(tests):
-        results.append(_run_test(ctx, position, test, env, policy, deadline))
+        livelog.append_text(session.log, livelog.test_marker(test.name))  # each test's output under its name
+        row = _run_test(ctx, position, test, env, policy, deadline)
+        livelog.append_text(session.log, livelog.test_verdict(row.name, row.passed, row.exit_code, row.timed_out))
+        results.append(row)
         ctx.spawner.sweep()
     blocks = [
         f"=== {r.name} (exit {r.exit_code if r.exit_code is not None else 'none'}) ===\n{r.output}" for r in results

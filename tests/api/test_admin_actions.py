@@ -95,16 +95,29 @@ def test_view_only_staff_get_no_actions(client):
     assert pending.status == "pending"
 
 
-def test_the_changelist_opens_with_the_last_24_hours_by_status(admin_client):
+def test_the_changelist_opens_with_the_last_24_hours_and_what_runs_now(admin_client):
     make(Status.COMPLETED), make(Status.COMPLETED), make(Status.FAILED), make(Status.RUNNING), make()
+    make(Status.CANCELLED), make(Status.CANCELLED)
     old = make(Status.CANCELLED)
     Evaluation.objects.filter(id=old.id).update(created_at=timezone.now() - timedelta(hours=25))
+    old_running = make(Status.RUNNING)
+    Evaluation.objects.filter(id=old_running.id).update(created_at=timezone.now() - timedelta(hours=25))
+    # Durations: the cancelled ones' must not move the mean.
+    Evaluation.objects.filter(status__in=["completed", "failed"]).update(duration_ms=2000)
+    Evaluation.objects.filter(status="cancelled").update(duration_ms=60000)
     html = admin_client.get(CHANGELIST).content.decode()
-    assert 'id="evaluation-dashboard"' in html and "Last 24 hours: 5 evaluations" in html
-    for status, count in (("pending", 1), ("running", 1), ("completed", 2), ("failed", 1), ("cancelled", 0)):
-        assert f'<td class="dashboard-{status}"><a href="?status__exact={status}&amp;created_at__gte=' in html
-        assert f">{count}</a></td>" in html.split(f'dashboard-{status}"', 1)[1][:200]
-    assert "67 %" in html  # 2 of the 3 ended ones passed
+    assert 'id="evaluation-dashboard"' in html and "Last 24 hours: 7 evaluations" in html
+    board = html.split('id="evaluation-dashboard"', 1)[1].split("</div>", 1)[0]
+    for status, count in (("completed", 2), ("failed", 1), ("cancelled", 2)):
+        assert f'<td class="dashboard-{status}"><a href="?status__exact={status}&amp;created_at__gte=' in board
+        assert f">{count}</a></td>" in board.split(f'dashboard-{status}"', 1)[1][:200]
+    # Passed over passed + failed: 2 of 3, the two cancelled ones shown apart and left out.
+    assert '<td class="dashboard-pass-rate">67 % <span class="te-note">(2 of 3)</span></td>' in board
+    assert '<td class="dashboard-mean">2.00 s</td>' in board
+    # Running and pending once each, now, whenever created (the running one of yesterday too).
+    assert '<td class="dashboard-running te-now"><a href="?status__exact=running">2</a></td>' in board
+    assert '<td class="dashboard-pending"><a href="?status__exact=pending">1</a></td>' in board
+    assert board.count(">running<") == 0 and board.count("running now") == 1
 
 
 def test_the_detail_page_shows_step_times_the_live_log_and_callbacks(admin_client, executor_config, tmp_path):
@@ -116,14 +129,16 @@ def test_the_detail_page_shows_step_times_the_live_log_and_callbacks(admin_clien
     CallbackAttempt.objects.create(evaluation=running, attempt=1, status_code=502, duration_ms=12)
     html = admin_client.get(f"{CHANGELIST}{running.id}/change/").content.decode()
     assert "Time per step" in html and "1.50 s" in html and "so far" in html
-    assert "Live: reload the page to follow it." in html and "&lt;tick&gt; 1" in html
+    assert "Live, from the session&#x27;s log file: reload the page to follow it." in html
+    assert 'data-source="live"' in html and "&lt;tick&gt; 1" in html
     assert "callback attempts" in html.lower() and "502" in html
     raw = admin_client.get(f"{CHANGELIST}{running.id}/log/")
     assert raw["Content-Type"].startswith("text/plain") and raw.content == b"=== running_agent ===\n<tick> 1\n"
     Evaluation.objects.filter(id=running.id).update(agent_output="done it")
     lifecycle.finish(running.id, Status.COMPLETED)
     html = admin_client.get(f"{CHANGELIST}{running.id}/change/").content.decode()
-    assert "Final log" in html and "done it" in html
+    assert 'data-source="rebuilt"' in html and "Rebuilt from the stored agent and test outputs" in html
+    assert "done it" in html
 
 
 def test_the_raw_log_needs_a_staff_login(client):

@@ -88,6 +88,23 @@ def test_every_error_code_is_documented(document):
     assert set(document["components"]["schemas"]["ErrorEnum"]["enum"]) == set(api_schema.ERROR_CODES)
 
 
+def test_each_error_response_shows_its_own_code(document):
+    post = document["paths"]["/evaluate"]["post"]["responses"]
+    expected = {"400": "invalid_request", "401": "unauthorized", "409": "idempotency_conflict",
+                "413": "payload_too_large", "503": "at_capacity"}  # fmt: skip
+    for status, code in expected.items():
+        examples = post[status]["content"]["application/json"]["examples"]
+        assert code in {example["value"]["error"] for example in examples.values()}, status
+    for path, operations in document["paths"].items():
+        for method, operation in operations.items():
+            for _status, response in operation.get("responses", {}).items():
+                for name, example in (
+                    response.get("content", {}).get("application/json", {}).get("examples", {}).items()
+                ):
+                    code = example["value"]["error"]
+                    assert example["summary"] == code and f"`{code}`" in response["description"], (path, method, name)
+
+
 def test_the_document_is_public_even_with_auth_on(api, executor_config):
     executor_config(auth_tokens=("s3cret",))
     assert api.get("/api/schema").status_code == 200

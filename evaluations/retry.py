@@ -1,0 +1,38 @@
+"""A re-run: a new pending evaluation with an ended one's request, linked to it by ``retry_of``.
+
+The one path for the admin's re-run action and ``POST /evaluate/{id}/retry``:
+it is admitted like a POST (refused at capacity with admission.AtCapacity), and
+it carries no idempotency key (each re-run is a new evaluation).
+"""
+
+from __future__ import annotations
+
+from evaluations import admission
+from evaluations.models import Evaluation
+from executor_project.config import Config
+
+# What POST /evaluate stored; a re-run submits the same.
+REQUEST_FIELDS = (
+    "agent_code",
+    "language",
+    "task_url",
+    "timeout_secs",
+    "env",
+    "static_assets",
+    "callback_url",
+    "metadata",
+)
+
+
+def retry(evaluation: Evaluation, *, config: Config, scope: str) -> Evaluation:
+    """The new pending evaluation; raises admission.AtCapacity. ``scope``: who asks (the API token's, "admin")."""
+    fields = {name: getattr(evaluation, name) for name in REQUEST_FIELDS}
+    new, _created = admission.admit(
+        fields={**fields, "retry_of_id": evaluation.id},
+        limit=config.admission_limit,
+        scope=scope,
+        key=None,
+        request_sha256=evaluation.request_sha256,
+        data_dir=config.data_dir,
+    )
+    return new
