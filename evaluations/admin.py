@@ -65,7 +65,7 @@ class EvaluationAdmin(DetailFields, admin.ModelAdmin):
     search_fields = ("id", "task_url")
     date_hierarchy = "created_at"
     ordering = ("-created_at",)
-    list_per_page = 50  # a page renders in about 40 ms of CPU with 1 MiB outputs; 100 rows took 70 (bench/admin.py)
+    list_per_page = 50  # pages of 1 MiB outputs stay fast (bench/admin.py, bench/RESULTS.md)
     show_full_result_count = False
     inlines = [TransitionInline, TestResultInline, CallbackAttemptInline]
     actions = ["cancel_evaluations", "rerun_evaluations"]

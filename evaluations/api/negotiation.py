@@ -1,7 +1,7 @@
 """DRF's content negotiation, with its answer for the usual Accept headers kept per renderer list.
 
 Every API request is negotiated, and DRF parses the Accept header and each renderer's
-media type into objects each time: 20 to 40 us of CPU, as much as a SELECT. Clients send
+media type into objects each time, as much CPU as a SELECT (bench/RESULTS.md). Clients send
 no Accept, ``*/*`` or ``application/json``, so for those exact headers (and no format
 override) the answer DRF gave the first time is given again: the same renderer class,
 the same media type. Anything else, and every refusal (406), goes through DRF.

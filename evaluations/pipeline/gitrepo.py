@@ -29,7 +29,7 @@ remote, ``FETCH_HEAD`` or object that is not an ancestor of ``base_commit``.
    ``base_commit``.
 
 All of it is one ``sh`` script, so one command through the spawner: every
-command costs a sandbox (~10 ms of bubblewrap alone on a 2-CPU host), and
+command costs a sandbox (bubblewrap's start: bench/RESULTS.md), and
 this took 7, then 2 or 3.
 
 Measured on a 2000-commit repository (500 small files, base 5 commits
@@ -131,7 +131,7 @@ def _sh_git(*settings: str) -> str:
 # The whole clone, in dest with GIT_DIR (dest/.git) and GIT_WORK_TREE (dest) set. $1 the URL,
 # $2 base_commit, $3 "resolve" when it is not a full sha, $4 the address pin or "". A failing
 # stage exits with its own code: _CLONE_STAGES names it for the message. It prints HEAD's sha last.
-# Every process is an exec (~1 ms here): one rm, and shell builtins where sed and wc were.
+# Every process is an exec: one rm, and shell builtins where sed and wc were.
 _NOT_A_COMMIT = 10
 _BORROWS_OBJECTS = 21
 _CLONE_FAILED = 20

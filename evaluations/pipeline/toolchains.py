@@ -9,9 +9,8 @@
    pip is copied in.
 2. Its few files are written here, not by ``python3 -m venv --without-pip
    --system-site-packages``: the same tree (a test compares them), no
-   process to sandbox or kill, 0.3 ms of CPU and a few ms of disk, where
-   that command through the spawner cost 60-200 ms on the loaded dev host
-   and ``ensurepip`` 5 s (``python -m bench.venv``, bench/RESULTS.md).
+   process to sandbox or kill, a small fraction of that command through the
+   spawner, let alone ``ensurepip`` (``python -m bench.venv``, bench/RESULTS.md).
 3. Caches and global prefixes (pip, npm, Go, Cargo) live in the session's
    HOME, so ``npm install -g`` needs no root and nothing is shared between
    evaluations.

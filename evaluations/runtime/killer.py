@@ -218,8 +218,8 @@ def processes() -> list[Proc]:
 
     Kernel threads (most of a quiet host's processes) are left out: none is ever a
     descendant, of a uid of ours or tagged. (psutil builds an object per process and
-    reads several files; the sweeps and the monitor's samples ran three such passes,
-    ~5 ms each on a quiet host.)
+    reads several files; the sweeps and the monitor's samples ran three such passes:
+    bench/RESULTS.md.)
     """
     found = []
     for name in os.listdir("/proc"):

@@ -14,7 +14,7 @@ see, so both are remounted read-only; ``/dev/shm`` is a 64 MiB tmpfs.
 A folder bound under ``/tmp`` (sessions live in ``/tmp/sessions`` by default)
 gets its empty mount-point folders created inside ``<session>/tmp``.
 
-Who runs bwrap, and why (measured on the dev host, root, kernel 6.18, bwrap 0.8):
+Who runs bwrap, and why (the checks behind it: bench/RESULTS.md, "Issue 13"):
 
 1. bwrap runs *as the unprivileged uid* (``Popen(user=65534)``), so it makes
    an unprivileged user namespace where that uid maps to itself: files are

@@ -9,7 +9,7 @@ a fork of the worker (``start_forkserver``), not the fresh interpreter
 multiprocessing would start and import Django into a second time: the worker
 imports the pipeline once, freezes its heap (``gc.freeze``) and forks, so the
 worker, its forkserver and every evaluation process share those pages
-(bench/RESULTS.md: the forkserver's private memory 38 -> ~2 MB).
+(the figures: bench/RESULTS.md).
 
 Each evaluation process gets the read end of a pipe whose write end only the
 worker holds: its end of file tells the evaluation that the worker died
