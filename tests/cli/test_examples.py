@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import yaml
 
+from tests.helpers.runtimes import REGISTRIES
 from tests.helpers.service import PROJECT
 
 pytestmark = pytest.mark.slow
@@ -36,6 +37,9 @@ def test_the_solving_agent_passes_and_the_non_solving_one_fails(name, cli, built
         environment = request.getfixturevalue("debian_environment")
         assert ENVIRONMENTS[name] == environment.name
         cli.env["ENVIRONMENTS_ROOT"] = str(environment.root.parent)
+    # Examples that install from PyPI reach it through the egress proxy: allowed by name, as the
+    # registries resolve to a TEST-NET address here that the default rules refuse.
+    cli.env["EGRESS_ALLOW"] = ",".join(REGISTRIES)
     folder, archive = built_examples["dir"] / f"{name}-task", built_examples["dir"] / f"{name}-task.tar.gz"
     solved = cli.evaluate(str(folder), str(agent(name, "solve")))
     assert solved.returncode == 0, solved.stdout + solved.stderr
