@@ -8,6 +8,7 @@ from evaluations.models import Evaluation
 EVALUATION_COLUMNS = (
     "id", "status", "step", "passed", "error", "duration_ms", "task_url", "language", "metadata", "created_at",
     "started_at", "finished_at", "agent_output", "agent_exit_code", "agent_patch", "test_output", "results_sha256",
+    "cache",
 )  # fmt: skip
 TRANSITION_COLUMNS = ("step", "status", "at", "duration_ms")
 TEST_RESULT_COLUMNS = ("name", "kind", "passed", "exit_code", "timed_out", "duration_ms", "output")
@@ -56,6 +57,7 @@ def document(evaluation, transitions, test_results) -> dict:
             {"step": t.step, "status": t.status, "at": _iso(t.at), "duration_ms": t.duration_ms} for t in transitions
         ],
         "results_sha256": evaluation.results_sha256 or None,
+        "cache": evaluation.cache or None,
     }
 
 

@@ -45,6 +45,7 @@ class Context:
     asset_excludes: list[str] = field(default_factory=list)
     static_assets: AssetView | None = None  # set by downloading_task (pipeline/static.py)
     environment: Environment | None = None  # the root filesystem of the task's commands (downloading_task)
+    cache: object | None = None  # the workspace cache's state (pipeline/warm.py), from cloning_repo
 
     def limits(self, timeout_secs: float) -> Limits:
         config = self.config
