@@ -408,7 +408,7 @@ def _write_json(path: Path, value) -> None:
 
 
 def move_in(source: Path, target: Path) -> None:
-    """Move a session folder into a build: a rename, or a copy when the cache is on another disk."""
+    """Move a session folder into a build (or back): a rename, or a copy when the cache is on another disk."""
     try:
         os.rename(source, target)
     except OSError as exc:

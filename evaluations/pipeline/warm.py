@@ -33,6 +33,7 @@ base from, writable (under the mirror's exclusive lock) to fetch into.
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import hashlib
 import logging
@@ -64,6 +65,10 @@ LAYERS = ".layers"  # <session>/.layers/<folder>/{lower,upper,work}, root's
 WAIT_POLL_SECS = 0.2
 
 
+class MirrorFailed(OSError):
+    """The mirror could not give the base commit (a full disk, a fetch that failed): clone without it."""
+
+
 @dataclass
 class WarmState:
     use: str
@@ -84,11 +89,11 @@ def clone(ctx: Context, resolve_pin: str | None) -> bool:
     """Place the repository from the cache; False when the caller should clone as without one."""
     state = ctx.cache = _decide(ctx)
     Evaluation.objects.filter(id=ctx.eval_id).update(cache=state.use)
-    if state.use == CacheUse.OFF:
+    if state.store is None:  # off, or the cache folder unusable (a warning said why)
         return False
     try:
         return _clone(ctx, state, resolve_pin)
-    except OSError as exc:  # MountError included
+    except OSError as exc:  # MountError and MirrorFailed included
         log.warning("workspace cache unusable, cloning without it: %s", exc)
         _go_cold(ctx, state)
         _empty(ctx.session.repo)
@@ -254,11 +259,9 @@ def _with_mirror(ctx: Context, store: Store, resolve_pin, use):
             _write_size(store, name, path)
         with store.lock_file(lock, fcntl.LOCK_SH), _bound(ctx, path, point, writable=False):
             return use(point, ctx.command_runner(ctx.executor_policy(network=False)), read_env)
-    except mirror.NotInMirror:
-        raise StepFailed(f"base_commit {task.base_commit} not found in {gitrepo._display_url(task.repo)}") from None
-    except gitrepo.GitError as exc:
+    except gitrepo.GitError as exc:  # NotInMirror included: clone_at says why, in its own words
         ctx.check_cancelled()
-        raise StepFailed(str(exc)) from None
+        raise MirrorFailed(errno.EIO, f"the mirror of {gitrepo._display_url(task.repo)}: {exc}") from None
 
 
 @contextmanager
@@ -351,7 +354,7 @@ def _give_back(ctx: Context, build: Path | None, moved: list[str]) -> None:
     """Undo a failed store: the session's folders back in place, the evaluation's again."""
     session = ctx.session
     for name in moved:
-        os.rename(build / name, session.root / name)
+        move_in(build / name, session.root / name)
         _chown_tree(session.root / name, session.uid)
     if build is not None:
         ctx.cache.store.abandon(build)
