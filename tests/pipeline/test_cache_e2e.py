@@ -286,3 +286,55 @@ def test_a_full_cache_disk_means_cold_evaluations_not_failed_ones(tasks, e2e_con
         assert store.all_entries() == [] and store.builds() == []
     finally:
         subprocess.run(["umount", str(e2e_config.cache_root)], check=True)
+
+
+PYPROJECT = """\
+[build-system]
+requires = ["setuptools>=61"]
+build-backend = "setuptools.build_meta"
+
+[project]
+name = "tcpkg"
+version = "0.1.0"
+dependencies = ["tomli>=2"]
+
+[tool.setuptools]
+packages = ["tcpkg"]
+"""
+PACKAGE_TEST = """\
+import os, sys, tcpkg, tomli
+
+def test_add():
+    assert tcpkg.add(2, 3) == 5
+
+def test_paths_are_this_sessions():
+    venv = os.environ['VIRTUAL_ENV']
+    assert sys.prefix == venv and tomli.__file__.startswith(venv + '/lib/')
+    assert tcpkg.__file__.startswith(os.path.dirname(venv) + '/repo/'), tcpkg.__file__
+"""
+PACKAGE_SOLVER = """\
+import pathlib
+f = pathlib.Path('tcpkg/__init__.py')
+f.write_text(f.read_text().replace('a - b', 'a + b'))
+"""
+
+
+@pytest.mark.slow
+def test_a_real_editable_install_from_pypi_runs_from_the_snapshot_in_another_session(tasks, e2e_config, sandbox):
+    """`pip install -e .` writes the session's path into the venv (launchers, the editable finder):
+    on a hit they name the new session's repository and venv, where the agent's fix is."""
+    config = dataclasses.replace(e2e_config, install_timeout_secs=300)
+    url = tasks.task(
+        base_files={"pyproject.toml": PYPROJECT, "tcpkg/__init__.py": BUGGY},
+        future={"tcpkg/__init__.py": FIXED},
+        install=["pip install -e .", "pip install pytest"],
+        tests={"fail_to_pass_add.sh": "pytest -q -p no:cacheprovider test_tcpkg.py\n", "test_tcpkg.py": PACKAGE_TEST},
+    )
+    uses = [evaluate(url, PACKAGE_SOLVER, config=config, sandbox=sandbox) for _ in range(2)]
+    for evaluation in uses:
+        _passed(evaluation)
+        assert "2 passed" in evaluation.test_output
+    assert [e.cache for e in uses] == ["miss", "hit"]
+    (entry,) = _store(config).all_entries()
+    rewritten = _store(config).manifest(entry)["rewrite"]
+    assert "venv/bin/pytest" in rewritten and any("__editable__" in p for p in rewritten), rewritten
