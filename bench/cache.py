@@ -105,7 +105,8 @@ def realistic_task(root: Path) -> Iterator[Task]:
         url = server.url("/ledger.git")
         yaml = f"repo: {url}\nbase_commit: {base}\ninstall:\n" + "".join(f"  - {c}\n" for c in INSTALL)
         tests = {"tests/fail_to_pass_total.sh": "pytest -q -p no:cacheprovider test_ledger.py\n"}
-        write_archive(www / "task.tar.gz", {"workspace.yaml": yaml, "prompt.md": "Fix total().\n", **tests}, "tar.gz")
+        files = {"workspace.yaml": yaml, "prompt.md": "Fix total().\n", **tests}
+        write_archive(www / "task.tar.gz", files, "tar.gz", top="task")
         yield Task(url=server.url("/task.tar.gz"), agent_code=SOLVER, agent_file=agent_file)
 
 
@@ -158,10 +159,12 @@ def _prepare_copy(root: Path, task: Task) -> Path:
         'set -e; export PATH=/usr/local/bin:/usr/bin:/bin; cd "$1"; curl -sSf "$2" | tar -xzf -\n'
         "repo=$(sed -n 's/^repo: *//p' task/workspace.yaml); base=$(sed -n 's/^base_commit: *//p' task/workspace.yaml)\n"
         'git clone --quiet --no-checkout -- "$repo" repo; git -C repo -c advice.detachedHead=false checkout -q --detach "$base"\n'
-        "python3 -m venv --system-site-packages venv; mkdir home; export HOME=$PWD/home VIRTUAL_ENV=$PWD/venv\n"
-        "cd repo; ../venv/bin/pip install -q -e .; ../venv/bin/pip install -q pytest\n"
+        "python3 -m venv --without-pip --system-site-packages venv; mkdir home; export HOME=$PWD/home\n"
+        "cd repo; ../venv/bin/python3 -m pip install -q -e .; ../venv/bin/python3 -m pip install -q pytest\n"
     )
-    subprocess.run(["bash", "-c", script, "prepare", str(prepared), task.url], check=True, capture_output=True)
+    done = subprocess.run(["bash", "-c", script, "prepare", str(prepared), task.url], capture_output=True, text=True)
+    if done.returncode != 0:
+        raise RuntimeError(f"preparing the baseline's copy failed: {done.stderr[-1000:]}")
     return prepared
 
 

@@ -80,6 +80,7 @@ class WarmState:
     build_lock: int | None = None  # held by the evaluation building the key
     in_use: int | None = None
     mounted: list[str] = field(default_factory=list)
+    manifest: dict | None = None  # the entry's, read once
 
 
 # -- cloning_repo -------------------------------------------------------------------------
@@ -454,7 +455,10 @@ def _rewrite_session_paths(ctx: Context, entry: Entry, name: str) -> None:
     if old == new:
         return
     old_b, new_b = os.fsencode(old), os.fsencode(new)
-    manifest = ctx.cache.store.manifest(entry)
+    state = ctx.cache
+    if state.manifest is None:
+        state.manifest = state.store.manifest(entry)
+    manifest = state.manifest
     root = ctx.session.root
     for relpath in manifest.get("rewrite", []):
         if relpath.split("/", 1)[0] == name:
