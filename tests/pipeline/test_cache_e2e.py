@@ -9,11 +9,16 @@ import os
 import shutil
 import subprocess
 import tempfile
+import threading
+import time
 from pathlib import Path
 
 import pytest
+from django.db import OperationalError
 
 from evaluations.cache.store import Store
+from evaluations.models import Evaluation
+from evaluations.pipeline.cancel import CancelState, Stop
 from tests.helpers.archives import Exec
 from tests.helpers.tasks import ADD_TEST, BUGGY, FIXED, SOLVER
 from tests.pipeline.test_e2e import evaluate
@@ -338,3 +343,45 @@ def test_a_real_editable_install_from_pypi_runs_from_the_snapshot_in_another_ses
     (entry,) = _store(config).all_entries()
     rewritten = _store(config).manifest(entry)["rewrite"]
     assert "venv/bin/pytest" in rewritten and any("__editable__" in p for p in rewritten), rewritten
+
+
+def _nothing_stored(config) -> None:
+    store = _store(config)
+    assert store.all_entries() == [] and store.builds() == []
+    for lock in store.locks.iterdir():  # every build lock free again
+        fd = store.try_build_lock(lock.stem)
+        assert fd is not None, lock
+        os.close(fd)
+
+
+def test_a_failed_install_stores_nothing(tasks, e2e_config):
+    url = tasks.task(base_files=BASE, install=["bash install.sh", "test -f no-such-file"], tests=_tests())
+    evaluation = evaluate(url, SOLVER, config=e2e_config, sandbox="bwrap")
+    assert evaluation.status == "failed" and evaluation.error.startswith("installing_deps: install command")
+    assert evaluation.cache == "miss"
+    _nothing_stored(e2e_config)
+
+
+def test_a_cancelled_install_stores_nothing(tasks, e2e_config):
+    cancel = CancelState()
+    url = tasks.task(base_files=BASE, install=["bash install.sh", "sleep 60"], tests=_tests())
+
+    def cancel_when_installing():
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            time.sleep(0.05)
+            try:
+                row = Evaluation.objects.filter(task_url=url).values("step").first()
+            except OperationalError:
+                continue  # the in-memory test database locks whole tables between threads
+            if row and row["step"] == "installing_deps":
+                time.sleep(0.5)  # into the sleep
+                cancel.set(Stop.CANCELLED, "cancelled by DELETE")
+                return
+
+    thread = threading.Thread(target=cancel_when_installing)
+    thread.start()
+    evaluation = evaluate(url, SOLVER, config=e2e_config, sandbox="bwrap", cancel=cancel)
+    thread.join()
+    assert (evaluation.status, evaluation.error) == ("cancelled", "installing_deps: cancelled by DELETE")
+    _nothing_stored(e2e_config)
