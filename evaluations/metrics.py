@@ -16,6 +16,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, CollectorRegistry, 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
 from evaluations import stats
+from evaluations.cache.store import Store
 
 
 class EvaluationCollector:
@@ -39,6 +40,17 @@ class EvaluationCollector:
             "term_executor_capacity",
             "Evaluations a worker runs at once (MAX_CONCURRENT_EVALS).",
             value=settings.EXECUTOR.max_concurrent_evals,
+        )
+        yield CounterMetricFamily(
+            "term_executor_cache_hits", "Evaluations started from a workspace snapshot.", value=counts["cache_hits"]
+        )
+        yield CounterMetricFamily(
+            "term_executor_cache_misses", "Evaluations that cloned and installed.", value=counts["cache_misses"]
+        )
+        yield GaugeMetricFamily(
+            "term_executor_cache_bytes",
+            "Bytes the workspace cache holds on this host (snapshots and mirrors), read from its folder.",
+            value=Store(settings.EXECUTOR.cache_root).size_bytes(),
         )
         histogram = HistogramMetricFamily(
             "term_executor_step_duration_seconds", "Time spent in each pipeline step.", labels=["step"]

@@ -44,6 +44,12 @@ class TestKind(models.TextChoices):
     CHECK = "check"
 
 
+class CacheUse(models.TextChoices):
+    HIT = "hit"  # started from a snapshot: no clone, no install
+    MISS = "miss"  # cloned and installed (and stored, when it could be)
+    OFF = "off"  # WORKSPACE_CACHE=off, `cache: false`, or no root for the cache's mounts
+
+
 class Evaluation(models.Model):
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False, verbose_name="eval id")
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.PENDING)
@@ -83,6 +89,9 @@ class Evaluation(models.Model):
     # evaluation used ({peak_memory_bytes, cpu_seconds, peak_processes, peak_disk_bytes}).
     egress = models.JSONField(default=list, blank=True)
     resources = models.JSONField(null=True, blank=True)
+
+    # SPEC §13: whether the install step's state came from the workspace cache; "" until cloning_repo.
+    cache = models.CharField(max_length=4, blank=True, default="", choices=CacheUse.choices)
 
     # Delivery of the final JSON to callback_url (see evaluations/callbacks.py).
     callback_state = models.CharField(
@@ -202,6 +211,8 @@ class PurgedTotals(models.Model):
     cancelled = models.BigIntegerField(default=0)
     passed = models.BigIntegerField(default=0)
     duration_ms_sum = models.BigIntegerField(default=0)
+    cache_hits = models.BigIntegerField(default=0)
+    cache_misses = models.BigIntegerField(default=0)
 
     class Meta:
         verbose_name_plural = "purged totals"

@@ -18,7 +18,9 @@ from django.db.models import Count, F, Q, Sum
 from django.utils import timezone
 
 from evaluations import lifecycle
-from evaluations.models import ACTIVE_STATUSES, TTL_EXPIRED, WORKER_LOST, Evaluation, PurgedTotals, Status
+from evaluations.cache import mounts
+from evaluations.cache.store import Store
+from evaluations.models import ACTIVE_STATUSES, TTL_EXPIRED, WORKER_LOST, CacheUse, Evaluation, PurgedTotals, Status
 from evaluations.pipeline.session import RETIRED_PREFIX
 from evaluations.safefs import remove_tree_nofollow
 from evaluations.stats import live_workers
@@ -149,6 +151,8 @@ def _remove_entry(entry: os.DirEntry, patience_secs: float = REMOVE_PATIENCE_SEC
             if entry.is_symlink() or not entry.is_dir(follow_symlinks=False):
                 os.unlink(entry.path)  # its target is untouched
             else:
+                if os.geteuid() == 0:
+                    mounts.unmount_below(Path(entry.path))  # the workspace cache's overlays, before the walk
                 remove_tree_nofollow(Path(entry.path))
             return True
         except FileNotFoundError:
@@ -180,6 +184,8 @@ def purge_old(retention_days: int, *, dry_run: bool = False) -> int:
             cancelled=Count("id", filter=Q(status=Status.CANCELLED)),
             passed=Count("id", filter=Q(passed=True)),
             duration_ms_sum=Sum("duration_ms"),
+            cache_hits=Count("id", filter=Q(cache=CacheUse.HIT)),
+            cache_misses=Count("id", filter=Q(cache=CacheUse.MISS)),
         )
         PurgedTotals.objects.get_or_create(id=1)
         PurgedTotals.objects.filter(id=1).update(**{k: F(k) + (v or 0) for k, v in figures.items()})
@@ -199,6 +205,8 @@ def reap(config, *, dry_run: bool = False) -> ReapSummary:
     summary.processes_killed += killed
     summary.purged = purge_old(config.retention_days, dry_run=dry_run)
     summary.cgroups_removed = remove_stale_cgroups(config, dry_run=dry_run)
+    if not dry_run:
+        tend_cache(config)
     return summary
 
 
@@ -213,3 +221,39 @@ def remove_stale_cgroups(config, *, dry_run: bool = False) -> int:
     if dry_run:
         return len(cgroups.stale_cgroups(live, support=support))
     return len(cgroups.remove_stale(live, support=support))
+
+
+def tend_cache(config) -> int:
+    """Unfinished snapshot builds of evaluations that ended (a killed worker's), then eviction (SPEC §13).
+
+    A build folder is never an entry (only its rename is), so removing one loses nothing; an
+    evaluation still running keeps its own. Returns how many builds were removed.
+    """
+    store = Store(config.cache_root)
+    builds = store.builds()
+    if not builds:
+        removed = 0
+    else:
+        ids = [eval_id for _, eval_id in builds if _is_uuid(eval_id)]
+        live = {
+            str(i)
+            for i in Evaluation.objects.filter(id__in=ids, status__in=ACTIVE_STATUSES).values_list("id", flat=True)
+        }
+        removed = 0
+        for folder, eval_id in builds:
+            if eval_id not in live:
+                store.abandon(folder)
+                removed += 1
+    try:
+        store.evict(max_bytes=config.cache_max_bytes, max_age_secs=config.cache_max_age_secs)
+    except OSError as exc:
+        logger.warning("workspace cache eviction failed: %s", exc)
+    return removed
+
+
+def _is_uuid(text: str) -> bool:
+    try:
+        uuid.UUID(text)
+    except ValueError:
+        return False
+    return True

@@ -9,6 +9,8 @@ EVALUATION_COLUMNS = (
     "id", "status", "step", "passed", "error", "duration_ms", "task_url", "language", "metadata", "created_at",
     "started_at", "finished_at", "agent_output", "agent_exit_code", "agent_patch", "test_output", "results_sha256",
     "egress", "resources",
+
+    "cache",
 )  # fmt: skip
 TRANSITION_COLUMNS = ("step", "status", "at", "duration_ms")
 TEST_RESULT_COLUMNS = ("name", "kind", "passed", "exit_code", "timed_out", "duration_ms", "output")
@@ -59,6 +61,7 @@ def document(evaluation, transitions, test_results) -> dict:
         "results_sha256": evaluation.results_sha256 or None,
         "egress": evaluation.egress or [],
         "resources": evaluation.resources,
+        "cache": evaluation.cache or None,
     }
 
 

@@ -6,13 +6,13 @@ from django.db.models import Count, Q, Sum
 from django.db.models.functions import Now
 from django.utils import timezone
 
-from evaluations.models import Evaluation, PurgedTotals, Status, Transition, WorkerHeartbeat
+from evaluations.models import CacheUse, Evaluation, PurgedTotals, Status, Transition, WorkerHeartbeat
 
 # Seconds; the step histogram's upper bounds.
 STEP_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800)
 
 
-COUNTED = ("total", "completed", "failed", "cancelled", "passed", "duration_ms_sum")
+COUNTED = ("total", "completed", "failed", "cancelled", "passed", "duration_ms_sum", "cache_hits", "cache_misses")
 
 
 def evaluation_counts(include_purged: bool = True) -> dict[str, int]:
@@ -26,6 +26,8 @@ def evaluation_counts(include_purged: bool = True) -> dict[str, int]:
         cancelled=Count("id", filter=Q(status=Status.CANCELLED)),
         passed=Count("id", filter=Q(passed=True)),
         duration_ms_sum=Sum("duration_ms"),
+        cache_hits=Count("id", filter=Q(cache=CacheUse.HIT)),
+        cache_misses=Count("id", filter=Q(cache=CacheUse.MISS)),
     )
     row["duration_ms_sum"] = row["duration_ms_sum"] or 0
     if include_purged:

@@ -180,6 +180,11 @@ class Config:
     keep_workspaces: bool = boolean("KEEP_WORKSPACES", False)
     log_format: str = choice("LOG_FORMAT", "text", ("text", "json"))
     log_level: str = choice("LOG_LEVEL", "INFO", ("DEBUG", "INFO", "WARNING", "ERROR"))
+    # Warm evaluations (SPEC §13): install snapshots and repository mirrors, on this host's disk.
+    workspace_cache: str = choice("WORKSPACE_CACHE", "on", ("on", "off"))
+    cache_dir: Path | None = optional_path("CACHE_DIR")  # unset: DATA_DIR/cache (see cache_root)
+    cache_max_bytes: int = integer("CACHE_MAX_BYTES", 20 * 1024**3, minimum=0)
+    cache_max_age_secs: int = integer("CACHE_MAX_AGE_SECS", 604800, minimum=1)
     # The CAs commands trust: unset, the distribution's bundle, found once at import.
     ca_bundle: Path | None = optional_path("SSL_CERT_FILE", distribution_ca_bundle())
     # Not a variable: the executor's group of assets, read from STATIC_ASSETS_CONFIG by load().
@@ -212,6 +217,10 @@ class Config:
     @property
     def disk_quota_bytes(self) -> int:
         return self.disk_quota_mb * 1024 * 1024
+
+    @property
+    def cache_root(self) -> Path:
+        return self.cache_dir or self.data_dir / "cache"
 
     @property
     def wake_socket(self) -> Path:

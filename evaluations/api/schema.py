@@ -25,7 +25,7 @@ from rest_framework import serializers
 from evaluations import languages
 from evaluations.api import assets, environments, logs, views
 from evaluations.api.serializers import MAX_ENV_NAMES
-from evaluations.models import Status, Step, TestKind
+from evaluations.models import CacheUse, Status, Step, TestKind
 
 # What generators (schemathesis) should produce: the API refuses other schemes and host-less URLs.
 HTTP_URL = r"^https?://[A-Za-z0-9][A-Za-z0-9.-]{0,62}(:[0-9]{1,5})?(/[!-~]*)?$"
@@ -233,6 +233,12 @@ class EvaluationSerializer(serializers.Serializer):
     )
     resources = ResourcesSerializer(
         allow_null=True, help_text="What the evaluation used (from its cgroup where there is one); null until it ends."
+    )
+    cache = serializers.ChoiceField(
+        choices=CacheUse.choices,
+        allow_null=True,
+        help_text="hit: started from a workspace snapshot (no clone, no install); miss: cloned and installed; "
+        "off: the cache was not used (WORKSPACE_CACHE=off, workspace.yaml `cache: false`). null before cloning_repo.",
     )
 
 

@@ -13,7 +13,7 @@ from evaluations.egress import EgressProxy
 from evaluations.egress.relay import ensure_socat_bundle
 from evaluations.environments import Environment
 from evaluations.models import Evaluation
-from evaluations.pipeline import toolchains
+from evaluations.pipeline import gitrepo, toolchains, urlguard
 from evaluations.pipeline.cancel import CancelState, Stop
 from evaluations.pipeline.session import Session
 from evaluations.pipeline.taskspec import TaskSpec
@@ -50,6 +50,8 @@ class Context:
     static_assets: AssetView | None = None  # set by downloading_task (pipeline/static.py)
     environment: Environment | None = None  # the root filesystem of the task's commands (downloading_task)
     egress: EgressProxy | None = None  # the evaluation's proxy: its commands' only way out (sandbox only)
+
+    cache: object | None = None  # the workspace cache's state (pipeline/warm.py), from cloning_repo
 
     def limits(self, timeout_secs: float) -> Limits:
         config = self.config
@@ -100,6 +102,15 @@ class Context:
             ca_bundle=ca.host if ca is not None and self.runtime.isolated else None,
             **self._egress_fields(network, environment is not None),
         )
+
+    def repository_env(self) -> dict[str, str]:
+        """git's environment for fetching the task's repository (clone, or into the cache's mirror).
+
+        NO_PROXY empty: the repository's address was checked by the URL guard (a loopback
+        test server included), and the proxy lets git reach exactly that (steps.cloning_repo).
+        """
+        allow = urlguard.git_allow_protocol(self.config.allow_file_urls)
+        return {**gitrepo.git_env(self.session.home, allow), "NO_PROXY": "", "no_proxy": ""}
 
     def executor_policy(self, *, network: bool) -> SandboxPolicy:
         """The executor's own commands (clone, patch): the host's tools, the whole session writable."""

@@ -22,6 +22,7 @@ from django.db import close_old_connections
 from evaluations import lifecycle, livelog
 from evaluations.egress import EgressProxy
 from evaluations.models import Evaluation, Status, Step, TestResult
+from evaluations.pipeline import warm
 from evaluations.pipeline.cancel import CancelState
 from evaluations.pipeline.context import Cancelled, Context, StepFailed, WorkerLost
 from evaluations.pipeline.session import Session, remove_retired
@@ -121,6 +122,10 @@ def _steps(ctx: Context, log) -> tuple[str, str]:
 def _cleanup(ctx: Context, lease: uids.UidLease | None, status: str, error: str, log) -> None:
     eval_id, session, spawner, config = ctx.eval_id, ctx.session, ctx.spawner, ctx.config
     spawner.sweep()
+    try:
+        warm.release(ctx)  # the session's overlays unmounted, the cache's locks dropped
+    except OSError as exc:
+        log.warning("could not release the workspace cache (the reaper will): %s", exc)
     close_old_connections()
     lifecycle.record(eval_id, step=Step.CLEANUP)
     livelog.append_text(session.log, livelog.end_block(status, error))

@@ -26,6 +26,7 @@ import stat
 from dataclasses import dataclass
 from pathlib import Path
 
+from evaluations.cache import mounts
 from evaluations.safefs import copy_tree_nofollow, remove_tree_nofollow
 
 # A session folder on its way out: WORKSPACE_BASE/.retired-<eval_id> (see Session.retire).
@@ -80,6 +81,7 @@ class Session:
         os.chmod(base, 0o711)  # commands may traverse to their own session, never list the others
         session = cls(base / str(eval_id), uid)
         if session.root.is_symlink() or session.root.exists():
+            _unmount_below(session.root)
             remove_tree_nofollow(session.root)
         session.root.mkdir(mode=0o700)
         if uid is not None:
@@ -139,6 +141,7 @@ class Session:
         if self.root.is_symlink():
             self.root.unlink()
         elif self.root.exists():
+            _unmount_below(self.root)
             remove_tree_nofollow(self.root)
 
     def retire(self) -> Path | None:
@@ -155,6 +158,7 @@ class Session:
             return None
         if not self.root.exists():
             return None
+        _unmount_below(self.root)  # the workspace cache's overlays (pipeline/warm.py)
         if self.uid is not None:
             os.chown(self.root, -1, 0)
         os.chmod(self.root, 0o700)
@@ -170,6 +174,11 @@ def remove_retired(folder: Path) -> None:
     if not folder.name.startswith(RETIRED_PREFIX):
         raise ValueError(f"{folder} is not a retired session folder")
     remove_tree_nofollow(folder)
+
+
+def _unmount_below(folder: Path) -> None:
+    if os.geteuid() == 0:
+        mounts.unmount_below(folder)
 
 
 def _check_ours(base: Path) -> None:

@@ -10,7 +10,7 @@ from django.db import transaction
 
 from evaluations import environments, languages, livelog
 from evaluations.models import Evaluation, TestResult
-from evaluations.pipeline import archive, gitrepo, static, taskspec, toolchains, urlguard
+from evaluations.pipeline import archive, gitrepo, static, taskspec, toolchains, urlguard, warm
 from evaluations.pipeline.context import Cancelled, Context, StepFailed, deadline_in, limit_failure, remaining
 from evaluations.runtime import Limit, Mount
 from evaluations.safefs import SafeFSError, write_file_nofollow
@@ -97,18 +97,19 @@ def _clone(ctx: Context) -> None:
             allow_private=config.allow_private_urls,
             allowed_private_hosts=config.allowed_private_hosts,
         )
-        env = gitrepo.git_env(ctx.session.home, urlguard.git_allow_protocol(config.allow_file_urls))
-        env.update(NO_PROXY="", no_proxy="")  # the repository's address was checked above, loopback included
+        pin = urlguard.git_resolve_pin(resolved)  # git connects to the address we checked
         if ctx.egress is not None:  # the proxy lets git reach exactly what the URL guard allowed
             ctx.egress.policy = ctx.egress.policy.allowing(resolved.addresses, resolved.port, "the task's repository")
+        if warm.clone(ctx, pin):  # SPEC §13: from a snapshot, or fetched from the mirror
+            return
         ctx.base_sha = gitrepo.clone_at(
             ctx.command_runner(ctx.executor_policy(network=True)),
             repo_url=task.repo,
             base_commit=task.base_commit,
             dest=ctx.session.repo,
-            env=env,
+            env=ctx.repository_env(),
             timeout_secs=config.clone_timeout_secs,
-            resolve_pin=urlguard.git_resolve_pin(resolved),  # git connects to the address we checked
+            resolve_pin=pin,
         )
     except (urlguard.FetchError, gitrepo.GitError) as exc:
         ctx.check_cancelled()
@@ -117,6 +118,8 @@ def _clone(ctx: Context) -> None:
 
 def installing_deps(ctx: Context) -> None:
     config = ctx.config
+    if warm.restored(ctx):  # a hit: the venv and HOME the install step left, from the snapshot
+        return
     deadline = deadline_in(config.install_timeout_secs)
     root = ctx.environment.root if ctx.environment else Path("/")
     toolchains.make_session_venv(ctx.session, toolchains.find_python(ctx.command_path, root))  # SPEC §11
@@ -135,7 +138,7 @@ def installing_deps(ctx: Context) -> None:
             )
     ctx.spawner.sweep()
     try:
-        ctx.session.keep_install_home()  # the tests get HOME back as it is now, whatever the agent does
+        warm.keep(ctx)  # stored when this evaluation builds the snapshot; the tests get HOME back as it is now
     except OSError as exc:
         raise StepFailed(f"could not keep the install step's HOME for the tests: {exc}") from None
 
@@ -208,7 +211,7 @@ def running_tests(ctx: Context) -> None:
     ctx.spawner.sweep()
     try:
         ctx.spawner.scrub()  # without the sandbox: what the agent left in the host's /tmp, /dev/shm
-        session.restore_install_home()  # no usercustomize, .pth or .gitconfig the agent planted
+        warm.restore_install_state(ctx)  # no usercustomize, .pth or .gitconfig the agent planted
         session.reset_tmp()
     except OSError as exc:
         raise StepFailed(f"could not reset HOME and /tmp for the tests: {exc}") from None

@@ -80,6 +80,7 @@ class TaskSpec:
     tests: list[TestSpec] = field(default_factory=list)  # scripts (name order), then checks
     support_files: list[SupportFile] = field(default_factory=list)
     environment: str | None = None  # a name under ENVIRONMENTS_ROOT; whether it exists is checked at downloading_task
+    cache: bool = True  # workspace.yaml `cache: false`: never served from nor stored in the workspace cache
 
 
 def load_task(task_root: Path | str, *, allow_file_urls: bool = False) -> TaskSpec:
@@ -110,6 +111,7 @@ def load_task(task_root: Path | str, *, allow_file_urls: bool = False) -> TaskSp
         tests=scripts + checks,
         support_files=_support_files(root / "tests"),
         environment=_environment(data),
+        cache=_cache(data),
     )
 
 
@@ -269,6 +271,13 @@ def _environment(data: dict) -> str | None:
         return check_name(value)
     except BadEnvironment as exc:
         raise TaskError(f"workspace.yaml: 'environment': {exc}") from None
+
+
+def _cache(data: dict) -> bool:
+    value = data.get("cache", True)
+    if not isinstance(value, bool):
+        raise TaskError(f"workspace.yaml: 'cache' must be true or false, got {_type_name(value)}")
+    return value
 
 
 def _install(data: dict) -> list[str]:

@@ -49,8 +49,9 @@ def test_get_returns_every_field_of_the_evaluation_object(api):
     assert set(body) == {
         "eval_id", "status", "step", "passed", "error", "duration_ms", "task_url", "language", "metadata",
         "created_at", "started_at", "finished_at", "test_results", "agent_output", "agent_exit_code",
-        "agent_patch", "test_output", "transitions", "results_sha256", "egress", "resources",
+        "agent_patch", "test_output", "transitions", "results_sha256", "egress", "resources", "cache",
     }  # fmt: skip
+    assert body["cache"] is None  # decided at cloning_repo (SPEC §13)
     assert body["metadata"] == {"a": 1}
     assert body["transitions"][0]["step"] == "queued"
     assert body["passed"] is None

@@ -62,7 +62,7 @@ def test_the_documented_fields_are_the_api_fields(document):
     assert set(schemas["Evaluation"]["properties"]) == {
         "eval_id", "status", "step", "passed", "error", "duration_ms", "task_url", "language", "metadata",
         "created_at", "started_at", "finished_at", "test_results", "agent_output", "agent_exit_code",
-        "agent_patch", "test_output", "transitions", "results_sha256", "egress", "resources",
+        "agent_patch", "test_output", "transitions", "results_sha256", "egress", "resources", "cache",
     }  # fmt: skip
     assert set(schemas["TestResult"]["properties"]) == {
         "name", "kind", "passed", "exit_code", "timed_out", "duration_ms", "output"

@@ -72,6 +72,12 @@ def e2e_config(settings):
         test_timeout_secs=60,
         clone_timeout_secs=60,
         install_timeout_secs=60,
+        cache_dir=base.with_name(base.name + "-cache"),  # the workspace cache (SPEC §13) of this test only
     )
     yield config
+    from evaluations.cache.mounts import unmount_below
+
+    if os.geteuid() == 0:
+        unmount_below(base)
     shutil.rmtree(base, ignore_errors=True)
+    shutil.rmtree(config.cache_dir, ignore_errors=True)
