@@ -20,6 +20,7 @@ from evaluations.cache.store import Store
 from evaluations.models import Evaluation
 from evaluations.pipeline.cancel import CancelState, Stop
 from tests.helpers.archives import Exec
+from tests.helpers.runtimes import REGISTRIES
 from tests.helpers.tasks import ADD_TEST, BUGGY, FIXED, SOLVER
 from tests.pipeline.test_e2e import evaluate
 
@@ -328,7 +329,7 @@ f.write_text(f.read_text().replace('a - b', 'a + b'))
 def test_a_real_editable_install_from_pypi_runs_from_the_snapshot_in_another_session(tasks, e2e_config, sandbox):
     """`pip install -e .` writes the session's path into the venv (launchers, the editable finder):
     on a hit they name the new session's repository and venv, where the agent's fix is."""
-    config = dataclasses.replace(e2e_config, install_timeout_secs=300)
+    config = dataclasses.replace(e2e_config, install_timeout_secs=300, egress_allow=REGISTRIES)  # PyPI, by name
     url = tasks.task(
         base_files={"pyproject.toml": PYPROJECT, "tcpkg/__init__.py": BUGGY},
         future={"tcpkg/__init__.py": FIXED},
