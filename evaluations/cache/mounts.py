@@ -152,7 +152,8 @@ def mount_overlay(lower: Path, upper: Path, work: Path, target: Path) -> None:
     for path in (lower, upper, work):
         if _OPTION_SPECIALS & set(str(path)):
             raise MountError(errno.EINVAL, f"{path}: a character overlayfs options cannot hold")
-    options = f"lowerdir={lower},upperdir={upper},workdir={work}".encode()
+    # redirect_dir: renaming a folder of the entry works (without it overlayfs answers EXDEV).
+    options = f"lowerdir={lower},upperdir={upper},workdir={work},redirect_dir=on".encode()
     _check(
         _libc.mount(b"overlay", os.fsencode(target), b"overlay", ctypes.c_ulong(_MS_NOSUID | _MS_NODEV), options),
         f"overlay at {target}",
