@@ -39,9 +39,12 @@ def test_a_killed_workers_cgroups_are_removed_by_the_reaper(worker_service, task
     wait_for(lambda: evaluation(service, eval_id)["step"] == "running_agent", 30, what="running_agent")
     wait_for(lambda: cgroup_folders(eval_id), 10, what="the evaluation's cgroup")
     # The worker, its forkserver and the evaluation process die at once: nobody cleans up.
-    tree = [psutil.Process(service.worker.pid), *psutil.Process(service.worker.pid).children(recursive=True)]
-    for proc in tree:
-        proc.kill()
+    worker = psutil.Process(service.worker.pid)
+    for proc in [worker, *worker.children(recursive=True)]:
+        try:
+            proc.kill()
+        except psutil.NoSuchProcess:
+            pass  # a command of the evaluation that ended meanwhile
     service.worker.wait()
     assert cgroup_folders(eval_id), "the crash left its cgroup (this test would prove nothing otherwise)"
     wait_for(lambda: "lost=1" in service.manage("reap_sessions").stdout, 20, what="the reaper to fail it as lost")
