@@ -53,6 +53,8 @@ _F_SETPIPE_SZ = getattr(fcntl, "F_SETPIPE_SZ", 1031)
 # Reasons the proxy adds to the policy's (policy.py has the rest; request.py: BAD_REQUEST).
 CONNECT_FAILED = "connect failed"
 TOO_MANY = "too many connections"
+REFUSAL_LINGER_SECS = 2.0
+MAX_LINGERING_REFUSALS = 16
 PEER_REFUSED = "peer uid not allowed"
 
 
@@ -105,6 +107,7 @@ class EgressProxy:
         self.max_head_bytes = max_head_bytes
         self.use_splice = use_splice and hasattr(os, "splice")
         self._lock = threading.Lock()
+        self._refusers = threading.BoundedSemaphore(MAX_LINGERING_REFUSALS)
         self._records: dict[tuple[str, str, int, bool], EgressRecord] = {}
         self._live: set[_Connection] = set()
         self._listener: socket.socket | None = None
@@ -209,14 +212,33 @@ class EgressProxy:
                 self._live.add(conn)
         if crowded:
             self._record(step, "", 0, False, TOO_MANY)
-            client.setblocking(False)
-            try:  # a few hundred bytes into an empty socket buffer: never blocks the accept loop
-                client.send(answer(503, TOO_MANY, f"more than {self.max_connections} connections at once"))
-            except OSError:
-                pass
-            _close_gently(client)
+            refusal = answer(503, TOO_MANY, f"more than {self.max_connections} connections at once")
+            if self._refusers.acquire(blocking=False):  # a bounded few linger for their client's request
+                threading.Thread(target=self._refuse, args=(client, refusal), daemon=True).start()
+            else:
+                client.setblocking(False)
+                try:  # a few hundred bytes into an empty socket buffer: never blocks the accept loop
+                    client.send(refusal)
+                except OSError:
+                    pass
+                _close_gently(client)
             return
         conn.start()
+
+    def _refuse(self, client: socket.socket, refusal: bytes) -> None:
+        """Answer 503, then wait (briefly) for the client's request and its close: closed before the
+        request arrives, the socket would make the client's read fail (ECONNRESET) and lose the 503."""
+        try:
+            client.settimeout(REFUSAL_LINGER_SECS)
+            client.sendall(refusal)
+            client.shutdown(socket.SHUT_WR)
+            while client.recv(65536):
+                pass
+        except OSError:
+            pass
+        finally:
+            client.close()
+            self._refusers.release()
 
     # -- records ---------------------------------------------------------
 
