@@ -250,6 +250,12 @@ def git_env(home: Path, allow_protocol: str) -> dict[str, str]:
     }
 
 
+def check_resolve_pin(resolve_pin: str | None) -> None:
+    """A ``host:port:addr`` pin (``urlguard.git_resolve_pin``) that git's ``-c`` cannot misread."""
+    if resolve_pin is not None and (_has_space_or_control(resolve_pin) or resolve_pin.startswith("-")):
+        raise GitError(f"bad address pin {resolve_pin!r}")
+
+
 def clone_at(
     run: CommandRunner,
     *,
@@ -274,8 +280,7 @@ def clone_at(
     dest = Path(dest)
     if dest.exists() and (not dest.is_dir() or any(dest.iterdir())):
         raise GitError(f"clone destination {dest} is not an empty folder")
-    if resolve_pin is not None and (_has_space_or_control(resolve_pin) or resolve_pin.startswith("-")):
-        raise GitError(f"bad address pin {resolve_pin!r}")
+    check_resolve_pin(resolve_pin)
     shown_url = _display_url(repo_url)
     git = _Git(run, env, time.monotonic() + timeout_secs, timeout_secs)
     git_dir = dest / ".git"

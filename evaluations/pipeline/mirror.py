@@ -33,6 +33,7 @@ from evaluations.pipeline.gitrepo import (
     _last_sha,
     _sh_git,
     _userinfo,
+    check_resolve_pin,
 )
 from evaluations.safefs import remove_tree_nofollow
 
@@ -94,8 +95,7 @@ def update_mirror(
 ) -> None:
     """Create the bare mirror at ``mirror`` if needed and fetch every branch and tag of ``repo_url``."""
     _check_repo_url(repo_url)
-    if resolve_pin is not None and (_has_space_or_control(resolve_pin) or resolve_pin.startswith("-")):
-        raise GitError(f"bad address pin {resolve_pin!r}")
+    check_resolve_pin(resolve_pin)
     shown = _display_url(repo_url)
     git = _Git(run, env, time.monotonic() + timeout_secs, timeout_secs)
     git.script(

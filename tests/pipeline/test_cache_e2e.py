@@ -23,6 +23,7 @@ from tests.helpers.archives import Exec
 from tests.helpers.runtimes import REGISTRIES
 from tests.helpers.tasks import ADD_TEST, BUGGY, FIXED, SOLVER
 from tests.pipeline.test_e2e import evaluate
+from tests.pipeline.test_toolchains_e2e import PYPROJECT
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -294,19 +295,6 @@ def test_a_full_cache_disk_means_cold_evaluations_not_failed_ones(tasks, e2e_con
         subprocess.run(["umount", str(e2e_config.cache_root)], check=True)
 
 
-PYPROJECT = """\
-[build-system]
-requires = ["setuptools>=61"]
-build-backend = "setuptools.build_meta"
-
-[project]
-name = "tcpkg"
-version = "0.1.0"
-dependencies = ["tomli>=2"]
-
-[tool.setuptools]
-packages = ["tcpkg"]
-"""
 PACKAGE_TEST = """\
 import os, sys, tcpkg, tomli
 
