@@ -8,6 +8,7 @@
    permission; view-only staff see no actions. Each is written to Django's
    admin log (History, Recent actions) with the user.
 3. The changelist opens with the last 24 hours' figures (admin_dashboard.py).
+   Batches have their own read-only list and page (admin_batches.py).
 4. Pages stay fast with large outputs: the list never loads the output columns,
    and the detail page ships at most ~128 KiB of them (admin_format.py); the
    whole of each is a text/plain link away.
@@ -25,8 +26,14 @@ from django.urls import path
 from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 
+from evaluations import (
+    admin_batches,  # noqa: F401  (registers BatchAdmin)
+    admission,
+    lifecycle,
+    livelog,
+    wakeup,
+)
 from evaluations import admin_format as fmt
-from evaluations import admission, lifecycle, livelog, wakeup
 from evaluations.admin_dashboard import dashboard
 from evaluations.admin_detail import (
     CallbackAttemptInline,
@@ -46,22 +53,22 @@ from evaluations.retry import REQUEST_FIELDS, retry
 admin.site.site_header = "term-executor"
 admin.site.site_title = "term-executor admin"
 admin.site.site_url = "/api/docs"  # the header's "View site": the service has no other site
-admin.site.enable_nav_sidebar = False  # two models: the sidebar cost the list a fifth of a 1400 px screen
+admin.site.enable_nav_sidebar = False  # three models: the sidebar cost the list a fifth of a 1400 px screen
 
 # The columns the list reads, and no others: on SQLite, a column stored after the outputs costs
 # a walk through their overflow pages (MiBs a row), so even those are left out.
-LIST_COLUMNS = ("id", "status", "step", "passed", "error", "task_url", "language", "created_at", "started_at",
-                "duration_ms")  # fmt: skip
-LIST_COLUMNS_LATER = ("error_kind",)  # read when the field exists (issue 17)
+LIST_COLUMNS = ("id", "status", "step", "passed", "error", "error_kind", "task_url", "language", "created_at",
+                "started_at", "duration_ms")  # fmt: skip
 # What "Open the whole text" serves for an evaluation, as text/plain.
-WHOLE_FIELDS = ("agent_code", "agent_output", "agent_patch", "test_output", "task_prompt", "original_pr")
+# Never the agent's code (SPEC §14: size and hash only).
+WHOLE_FIELDS = ("agent_output", "agent_patch", "test_output", "task_prompt", "original_pr")
 
 
 @admin.register(Evaluation)
 class EvaluationAdmin(DetailFields, admin.ModelAdmin):
     list_display = ("short_id", "state", "passed_text", "task", "language", "error_text", "created_short", "time")
     list_display_links = ("short_id",)
-    list_filter = ("status", "step", "passed", "language", ("created_at", admin.DateFieldListFilter))
+    list_filter = ("status", "error_kind", "step", "passed", "language", ("created_at", admin.DateFieldListFilter))
     search_fields = ("id", "task_url")
     date_hierarchy = "created_at"
     ordering = ("-created_at",)
@@ -88,7 +95,7 @@ class EvaluationAdmin(DetailFields, admin.ModelAdmin):
                     "callback_url",
                     "metadata",
                     "idempotency_key",
-                    "agent_code_pre",
+                    "agent_summary",
                 )
             },
         ),
@@ -116,8 +123,7 @@ class EvaluationAdmin(DetailFields, admin.ModelAdmin):
         queryset = super().get_queryset(request)
         match = request.resolver_match
         if match is not None and match.url_name == "evaluations_evaluation_changelist":
-            existing = {field.name for field in Evaluation._meta.concrete_fields}
-            queryset = queryset.only(*LIST_COLUMNS, *(name for name in LIST_COLUMNS_LATER if name in existing))
+            queryset = queryset.only(*LIST_COLUMNS)
         return queryset
 
     def has_add_permission(self, request):
@@ -274,7 +280,7 @@ class EvaluationAdmin(DetailFields, admin.ModelAdmin):
 
     @admin.display(description="error")
     def error_text(self, obj):
-        kind = getattr(obj, "error_kind", None)  # issue 17 adds it; shown once it exists
+        kind = obj.error_kind
         sentence = fmt.truncate(obj.error, fmt.ERROR_CHARS) if obj.error else ""
         if not kind and not sentence:
             return ""

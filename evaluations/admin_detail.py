@@ -14,7 +14,7 @@ from django.utils.html import format_html, format_html_join
 
 from evaluations import admin_format as fmt
 from evaluations import livelog
-from evaluations.models import CallbackAttempt, Status, TestResult, Transition
+from evaluations.models import AgentArchive, CallbackAttempt, Status, TestResult, Transition
 
 LOG_SOURCES = {
     livelog.LIVE: "Live, from the session's log file: reload the page to follow it.",
@@ -111,7 +111,7 @@ class DetailFields:
 
     @admin.display(description="error")
     def error_text_full(self, obj):
-        kind = getattr(obj, "error_kind", None)
+        kind = obj.error_kind
         if not obj.error and not kind:
             return "none"
         badge = format_html('<span class="te-kind">{}</span> ', kind) if kind else ""
@@ -227,10 +227,21 @@ class DetailFields:
             fmt.preformatted(text, css_class="te-pre te-tail te-log", element_id="te-log"),
         )
 
-    @admin.display(description="agent code")
-    def agent_code_pre(self, obj):
-        return fmt.clipped_pre(
-            obj.agent_code, fmt.AGENT_CODE_BYTES, keep="head", whole_url=whole_url(obj.id, "agent_code")
+    @admin.display(description="agent")
+    def agent_summary(self, obj):
+        """Its size and hash only (SPEC §14): the admin never shows an agent's code."""
+        if obj.agent_archive_id:
+            size = AgentArchive.objects.filter(pk=obj.agent_archive_id).values_list("size", flat=True).first()
+            return format_html(
+                "project archive, {}, entry point <code>{}</code><br>sha256 <code>{}</code>",
+                fmt.size(size or 0),
+                obj.agent_entrypoint or "by language",
+                obj.agent_sha256,
+            )
+        return format_html(
+            "one file, {}<br>sha256 <code>{}</code>",
+            fmt.size(len(obj.agent_code.encode("utf-8", errors="surrogatepass"))),
+            obj.agent_sha256 or "not recorded",
         )
 
     @admin.display(description="prompt")

@@ -20,7 +20,6 @@ TEST_OUTPUTS_BYTES = 24 * KIB  # shared by every test of the evaluation
 TEST_OUTPUT_MIN_BYTES = 256  # so each test shows its last lines however many there are
 AGENT_OUTPUT_BYTES = 8 * KIB
 PATCH_BYTES = 12 * KIB
-AGENT_CODE_BYTES = 8 * KIB
 PROMPT_BYTES = 4 * KIB
 ORIGINAL_PR_BYTES = 4 * KIB
 # A wrapped line reads as one cell at 1024 px; the whole sentence is in the title and on the detail page.

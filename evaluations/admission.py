@@ -34,7 +34,7 @@ from django.db.models import CharField, Field, TextField
 from django.utils import timezone
 
 from evaluations import wakeup
-from evaluations.models import ACTIVE_STATUSES, Evaluation, Status, Step, Transition
+from evaluations.models import ACTIVE_STATUSES, Batch, Evaluation, Status, Step, Transition
 
 ADMISSION_LOCK = 0x7E57E4EC  # any constant shared by every process of the fleet
 
@@ -107,12 +107,13 @@ class _Statements:
         self.transition = _Row(Transition, skip={Transition._meta.pk.attname})
         columns = ", ".join(quote(field.column) for field in self.evaluation.fields)
         values = ", ".join(["%s"] * len(self.evaluation.fields))
-        active = ", ".join(f"'{status}'" for status in ACTIVE_STATUSES)  # literals: SQLite then uses eval_active_idx
+        # Literals, and the index's own terms: SQLite then uses eval_batch_active_idx.
+        active = ", ".join(f"'{status}'" for status in ACTIVE_STATUSES)
+        # Only single evaluations count: a batch's are bounded by MAX_OPEN_BATCHES x MAX_BATCH_TASKS
+        # (admit_batch), and a full batch must not shut POST /evaluate out for its whole run.
+        single = f"{quote('status')} IN ({active}) AND {quote('batch_id')} IS NULL"
         # Counting stops at the limit: a deep queue costs the check no more than a full one.
-        room = (
-            f"(SELECT COUNT(*) FROM (SELECT 1 FROM {evaluations} WHERE {quote('status')} IN ({active}) LIMIT %s) "
-            f"AS active) < %s"
-        )
+        room = f"(SELECT COUNT(*) FROM (SELECT 1 FROM {evaluations} WHERE {single} LIMIT %s) AS active) < %s"
         if connection.vendor == "sqlite":
             # A table of fewer rows than the limit has room whatever their status, and SQLite
             # finds its largest rowid (never below the number of rows) in one b-tree descent.
@@ -224,3 +225,66 @@ def _admit_locked(
         transaction.on_commit(lambda: wakeup.notify(data_dir), using=db.alias)
     _met_full = False
     return given["id"], True
+
+
+BATCH_LOCK = 0x7E57BA7C  # batches count open batches, not evaluations: a lock of their own
+
+
+def admit_batch(
+    *, fields: dict, task_urls: list[str], max_open: int, scope: str, key: str | None, request_sha256: str, data_dir
+) -> tuple[uuid.UUID, list[uuid.UUID], bool]:
+    """Return (the batch's id, its evaluations' ids in task_urls order, created).
+
+    Raise AtCapacity when MAX_OPEN_BATCHES batches are unfinished, IdempotencyConflict as admit_id.
+    The batch, its evaluations and their first transitions are one transaction: all or nothing.
+    Through the ORM: a batch is one request for up to MAX_BATCH_TASKS rows, rare beside the
+    single evaluations whose cost the SQL above is written for. Each evaluation is created a
+    microsecond after the one before, so the worker's claim (oldest first) takes them in order.
+    """
+    db = connections[DEFAULT_DB_ALIAS]
+    now = timezone.now()
+    with transaction.atomic(using=db.alias):
+        if db.vendor == "postgresql":
+            with db.cursor() as cursor:
+                cursor.execute("SELECT pg_advisory_xact_lock(%s)", [BATCH_LOCK])
+        if key is not None:
+            found = Batch.objects.filter(idempotency_scope=scope, idempotency_key=key).values("id", "request_sha256")
+            found = found.first()
+            if found is not None:
+                if found["request_sha256"] != request_sha256:
+                    raise IdempotencyConflict(key)
+                return found["id"], batch_eval_ids(found["id"]), False
+        if Batch.objects.filter(finished_at__isnull=True).count() >= max_open:
+            raise AtCapacity()
+        batch = Batch.objects.create(
+            created_at=now, idempotency_scope=scope, idempotency_key=key, request_sha256=request_sha256, **fields
+        )
+        shared = {name: value for name, value in fields.items() if name not in _BATCH_ONLY}
+        evaluations = [
+            Evaluation(
+                id=uuid.uuid4(),
+                batch=batch,
+                task_url=task_url,
+                created_at=now + timezone.timedelta(microseconds=i),
+                status=Status.PENDING,
+                step=Step.QUEUED,
+                **shared,
+            )
+            for i, task_url in enumerate(task_urls)
+        ]
+        Evaluation.objects.bulk_create(evaluations)
+        Transition.objects.bulk_create(
+            Transition(evaluation_id=e.id, step=Step.QUEUED, status=Status.PENDING, at=e.created_at)
+            for e in evaluations
+        )
+        transaction.on_commit(lambda: wakeup.notify(data_dir), using=db.alias)
+    return batch.id, [e.id for e in evaluations], True
+
+
+# A batch's own columns; the others are copied to each of its evaluations. Its callback is the
+# batch's: its evaluations send none of their own.
+_BATCH_ONLY = frozenset({"callback_url"})
+
+
+def batch_eval_ids(batch_id) -> list[uuid.UUID]:
+    return list(Evaluation.objects.filter(batch_id=batch_id).order_by("created_at", "id").values_list("id", flat=True))

@@ -1,4 +1,4 @@
-"""Delivering the final evaluation JSON to callback_url.
+"""Delivering the final evaluation JSON (or a finished batch's JSON) to callback_url.
 
 1. lifecycle.finish marks a terminal evaluation with a callback_url as
    `pending`; nothing on the evaluation's path waits for the receiver.
@@ -11,6 +11,8 @@
    picks up where the last one stopped.
 4. The URL rules of task URLs apply, and the connection goes to the checked
    address; redirects are not followed (a receiver answers, it does not move).
+5. A batch is called back the same way, once, when it ends (batches.settle marks it
+   `pending`); its evaluations send none of their own.
 """
 
 from __future__ import annotations
@@ -20,13 +22,16 @@ import hmac
 import json
 import logging
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 
 from django.db import close_old_connections, connections
 from django.db.models import Q
 from django.utils import timezone
 
-from evaluations.models import CallbackAttempt, Evaluation
+from evaluations import batches
+from evaluations.models import Batch, CallbackAttempt, Evaluation
 from evaluations.pipeline import urlguard
 from evaluations.representation import evaluation_json
 
@@ -43,24 +48,55 @@ def sign(body: bytes, secret: str) -> str:
     return "sha256=" + hmac.new(secret.encode(), body, hashlib.sha256).hexdigest()
 
 
-def lease_due(limit: int) -> list:
-    """Take up to `limit` due deliveries for this process; returns their eval ids."""
+@dataclass(frozen=True)
+class Sender:
+    """What is called back: evaluations (their JSON) or batches (GET /batches/{id}'s JSON).
+
+    Both models hold callback_url/_state/_next_at/_lease_until, and CallbackAttempt points at one
+    of them by ``owner``; leasing, signing, retries and the record are the same code for both.
+    """
+
+    model: type
+    owner: str  # CallbackAttempt's column for the sender's id
+    header: str  # the id header of the POST
+    body: Callable[[object], dict]
+
+    # Log lines carry an evaluation's id as eval_id (the log formats show it); a batch's is in the line.
+    def label(self, row_id) -> str:
+        return "" if self.owner == "evaluation_id" else f"batch {row_id}: "
+
+    def log_extra(self, row_id) -> dict:
+        return {"eval_id": str(row_id)} if self.owner == "evaluation_id" else {}
+
+
+def _evaluation_body(eval_id) -> dict:
+    return evaluation_json(Evaluation.objects.prefetch_related("transitions", "test_results").get(id=eval_id))
+
+
+EVALUATIONS = Sender(Evaluation, "evaluation_id", "X-Eval-Id", _evaluation_body)
+BATCHES = Sender(Batch, "batch_id", "X-Batch-Id", batches.batch_json)
+SENDERS = (EVALUATIONS, BATCHES)
+
+
+def lease_due(limit: int, sender: Sender = EVALUATIONS) -> list:
+    """Take up to `limit` due deliveries of `sender` for this process; returns their ids."""
     now = timezone.now()
+    free = Q(callback_lease_until__isnull=True) | Q(callback_lease_until__lt=now)
     due = (
-        Evaluation.objects.filter(callback_state="pending", callback_next_at__lte=now)
-        .filter(Q(callback_lease_until__isnull=True) | Q(callback_lease_until__lt=now))
+        sender.model.objects.filter(callback_state="pending", callback_next_at__lte=now)
+        .filter(free)
         .order_by("callback_next_at")
         .values_list("id", flat=True)[:limit]
     )
     leased = []
-    for eval_id in due:
+    for row_id in due:
         taken = (
-            Evaluation.objects.filter(id=eval_id, callback_state="pending")
-            .filter(Q(callback_lease_until__isnull=True) | Q(callback_lease_until__lt=now))
+            sender.model.objects.filter(id=row_id, callback_state="pending")
+            .filter(free)
             .update(callback_lease_until=now + timezone.timedelta(seconds=LEASE_SECS))
         )
         if taken:
-            leased.append(eval_id)
+            leased.append(row_id)
     return leased
 
 
@@ -77,15 +113,15 @@ def _post(url: str, body: bytes, headers: dict, config) -> int:
         conn.close()
 
 
-def deliver(eval_id, config) -> str:
+def deliver(row_id, config, sender: Sender = EVALUATIONS) -> str:
     """One try; records it and moves the state on. Returns the new state."""
-    evaluation = Evaluation.objects.prefetch_related("transitions", "test_results").get(id=eval_id)
-    attempt = evaluation.callback_attempts.count() + 1
-    body = json.dumps(evaluation_json(evaluation), separators=(",", ":")).encode()
+    callback_url = sender.model.objects.values_list("callback_url", flat=True).get(id=row_id)
+    attempt = CallbackAttempt.objects.filter(**{sender.owner: row_id}).count() + 1
+    body = json.dumps(sender.body(row_id), separators=(",", ":")).encode()
     headers = {
         "Content-Type": "application/json",
         "User-Agent": "term-executor",
-        "X-Eval-Id": str(eval_id),
+        sender.header: str(row_id),
         "X-Callback-Attempt": str(attempt),
     }
     if config.callback_secret:
@@ -93,7 +129,7 @@ def deliver(eval_id, config) -> str:
     started = time.monotonic()
     status_code, error, hopeless = None, "", False
     try:
-        status_code = _post(evaluation.callback_url, body, headers, config)
+        status_code = _post(callback_url, body, headers, config)
         if not 200 <= status_code < 300:
             error = f"receiver answered HTTP {status_code}"
     except urlguard.URLRefused as exc:
@@ -101,7 +137,7 @@ def deliver(eval_id, config) -> str:
     except (OSError, ValueError) as exc:
         error = f"{exc.__class__.__name__}: {exc}".strip()
     CallbackAttempt.objects.create(
-        evaluation_id=eval_id,
+        **{sender.owner: row_id},
         attempt=attempt,
         status_code=status_code,
         error=error[:1000],
@@ -114,11 +150,12 @@ def deliver(eval_id, config) -> str:
     else:
         state = "pending"
         next_at = timezone.now() + timezone.timedelta(seconds=BACKOFF_SECS[attempt - 1])
-    Evaluation.objects.filter(id=eval_id).update(
+    sender.model.objects.filter(id=row_id).update(
         callback_state=state, callback_next_at=next_at, callback_lease_until=None
     )
     log = logger.info if state != "failed" else logger.warning
-    log("callback try %d: %s", attempt, error or f"delivered (HTTP {status_code})", extra={"eval_id": str(eval_id)})
+    log("%scallback try %d: %s", sender.label(row_id), attempt, error or f"delivered (HTTP {status_code})",
+        extra=sender.log_extra(row_id))  # fmt: skip
     return state
 
 
@@ -132,24 +169,26 @@ class Dispatcher:
         self.inflight: set = set()
 
     def dispatch(self) -> int:
-        free = self.threads - len(self.inflight)
-        if free <= 0:
-            return 0
-        leased = lease_due(free)
-        for eval_id in leased:
-            self.inflight.add(eval_id)
-            self.pool.submit(self._run, eval_id)
-        return len(leased)
+        count = 0
+        for sender in SENDERS:
+            free = self.threads - len(self.inflight)
+            if free <= 0:
+                break
+            for row_id in lease_due(free, sender):
+                self.inflight.add(row_id)
+                self.pool.submit(self._run, row_id, sender)
+                count += 1
+        return count
 
-    def _run(self, eval_id) -> None:
+    def _run(self, row_id, sender: Sender) -> None:
         try:
             close_old_connections()
-            deliver(eval_id, self.config)
+            deliver(row_id, self.config, sender)
         except Exception:
-            logger.exception("callback delivery crashed", extra={"eval_id": str(eval_id)})
+            logger.exception("%scallback delivery crashed", sender.label(row_id), extra=sender.log_extra(row_id))
         finally:
             connections.close_all()
-            self.inflight.discard(eval_id)
+            self.inflight.discard(row_id)
 
     def shutdown(self, wait: bool = False) -> None:
         self.pool.shutdown(wait=wait, cancel_futures=True)

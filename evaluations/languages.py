@@ -13,8 +13,9 @@ class Language:
     extension: str
     interpreter: str
 
-    def argv(self, agent_file: str, prompt: str) -> list[str]:
-        return [self.interpreter, agent_file, "--instruction", prompt]
+    def argv(self, agent_file: str, prompt: str, interpreter: str | None = None) -> list[str]:
+        """``interpreter``: another than the language's (an agent project's own venv python)."""
+        return [interpreter or self.interpreter, agent_file, "--instruction", prompt]
 
 
 ALL = {

@@ -15,7 +15,16 @@ from collections.abc import Iterable
 from django.db import transaction
 from django.utils import timezone
 
-from evaluations.models import ACTIVE_STATUSES, Evaluation, Status, Step, TestResult, Transition
+from evaluations.models import (
+    ACTIVE_STATUSES,
+    CANCEL_KINDS,
+    ErrorKind,
+    Evaluation,
+    Status,
+    Step,
+    TestResult,
+    Transition,
+)
 
 
 def _elapsed_ms(start, end) -> int:
@@ -70,12 +79,26 @@ def finish(
     status: str,
     *,
     error: str = "",
+    kind: str | None = None,
     expect: Iterable[str] = ACTIVE_STATUSES,
     **fields,
 ) -> bool:
-    """End an evaluation: step `done`, final status, `passed`, times and the results hash."""
+    """End an evaluation: step `done`, final status, `passed`, `error_kind`, times and the results hash;
+    and its batch with its last evaluation (batches.settle; the reaper's batches.settle_stranded if this
+    process dies in between).
+
+    ``kind`` (SPEC §14 error_kind): none for `completed`; when a caller gives none, `cancelled`
+    for a cancel and `infrastructure` for a failure nobody classified (the executor's, as an
+    internal error is). Every end goes through here, so no ended evaluation lacks one.
+    """
+    if status == Status.COMPLETED:
+        kind = None
+    elif kind is None:
+        kind = ErrorKind.CANCELLED if status == Status.CANCELLED else ErrorKind.INFRASTRUCTURE
+    elif kind not in ErrorKind.values:
+        raise ValueError(f"unknown error_kind {kind!r}")
     now = timezone.now()
-    row = Evaluation.objects.filter(id=eval_id).values("created_at", "started_at", "callback_url").first()
+    row = Evaluation.objects.filter(id=eval_id).values("created_at", "started_at", "callback_url", "batch_id").first()
     if row is None:
         return False
     if row["callback_url"]:
@@ -83,18 +106,26 @@ def finish(
         fields.update(callback_state="pending", callback_next_at=now)
     results = list(TestResult.objects.filter(evaluation_id=eval_id).values("name", "passed", "exit_code"))
     passed = status == Status.COMPLETED
-    return record(
+    ended = record(
         eval_id,
         step=Step.DONE,
         status=status,
         expect=expect,
         passed=passed,
         error=error,
+        error_kind=kind,
         finished_at=now,
         duration_ms=_elapsed_ms(row["started_at"] or row["created_at"], now),
         results_sha256=results_sha256(eval_id, passed, results),
         **fields,
     )
+    if ended and row["batch_id"] is not None:
+        # After record's commit: a batch ends when its last evaluation does, and settle's
+        # check must see the other evaluations' own commits (batches.settle says why once).
+        from evaluations import batches  # batches cancels through this module
+
+        transaction.on_commit(lambda: batches.settle(row["batch_id"]))
+    return ended
 
 
 def cancel(eval_id, reason: str) -> str | None:
@@ -102,7 +133,14 @@ def cancel(eval_id, reason: str) -> str | None:
 
     Returns the status after the call, or None if the evaluation had already ended.
     """
-    if finish(eval_id, Status.CANCELLED, error=f"queued: {reason}", expect=[Status.PENDING], cancel_reason=reason):
+    if finish(
+        eval_id,
+        Status.CANCELLED,
+        error=f"queued: {reason}",
+        kind=CANCEL_KINDS.get(reason, ErrorKind.CANCELLED),
+        expect=[Status.PENDING],
+        cancel_reason=reason,
+    ):
         return Status.CANCELLED
     asked = Evaluation.objects.filter(id=eval_id, status=Status.RUNNING).update(
         cancel_requested=True, cancel_reason=reason

@@ -1,4 +1,4 @@
-"""One evaluation on this machine, through the worker's own pipeline: what `manage.py evaluate` runs.
+"""Evaluations on this machine, through the worker's own pipeline: what `manage.py evaluate` runs.
 
 1. The task becomes a task_url: a folder is packed into a temporary .tar.gz,
    an archive is used where it is, both as file:// URLs, which this run (and
@@ -12,27 +12,41 @@
    process starts no other child. DELETE, the TTL and Ctrl-C reach it as
    every cancel does: written to the row, which the evaluation watches
    (pipeline/cancel.py).
+5. Several tasks are a batch (SPEC §14): its evaluations are created claimed at
+   once and run here one after the other, each as one task is.
 """
 
 from __future__ import annotations
 
+import base64
+import gzip
 import os
 import re
 import socket
 import tarfile
+import tempfile
 import threading
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
-from django.db import connection, connections, transaction
+from django.db import DatabaseError, connection, connections, transaction
 from django.db.migrations.executor import MigrationExecutor
 from django.db.models.functions import Now
 from django.utils import timezone
 
-from evaluations import languages, lifecycle
-from evaluations.models import ACTIVE_STATUSES, Evaluation, Status, Step, Transition, WorkerHeartbeat
+from evaluations import agents, languages, lifecycle
+from evaluations.models import (
+    ACTIVE_STATUSES,
+    Batch,
+    ErrorKind,
+    Evaluation,
+    Status,
+    Step,
+    Transition,
+    WorkerHeartbeat,
+)
 from evaluations.pipeline.cancel import CancelState, start_watching
 from evaluations.pipeline.run import run_pipeline
 from evaluations.runtime import Runtime
@@ -50,10 +64,50 @@ def unapplied_migrations() -> list[str]:
     return [f"{migration.app_label}.{migration.name}" for migration, _backwards in plan]
 
 
-def pack_folder(folder: Path, archive: Path) -> None:
-    """The folder as a .tar.gz under one top folder, links stored as links (the pipeline refuses them)."""
-    with tarfile.open(archive, "w:gz") as tar:
-        tar.add(folder, arcname=folder.name or "task")
+def check_database(needed_by: str = "") -> None:
+    """Raise LocalRunError unless the configured database answers and is migrated.
+
+    ``needed_by`` starts the message when the need is an option's (import_swebench's --verify).
+    """
+    prefix = f"{needed_by}: " if needed_by else ""
+    try:
+        pending = unapplied_migrations()
+    except DatabaseError as exc:
+        raise LocalRunError(f"{prefix}cannot use the database: {exc}") from exc
+    if pending:
+        raise LocalRunError(
+            f"{prefix}the database is not migrated ({len(pending)} migration(s) to apply): "
+            "run `python manage.py migrate` first"
+        )
+
+
+# Every member's time, and no owner: the same folder packs to the same bytes, so an archive's
+# sha256 (import_swebench's index.json, agent_sha256) changes only when its content does.
+# 1980-01-01, the floor of zip's dates, in case a build tool repacks the files as a zip.
+FIXED_MTIME = 315532800
+
+
+def pack_folder(folder: Path, archive: Path, *, at_root: bool = False) -> None:
+    """The folder as a .tar.gz, reproducibly: under one top folder (its name), or its contents at
+    the root (``at_root``, for agent projects, without .git, __pycache__ and .pyc files).
+    Links are stored as links: the archive rules refuse them, with a message naming the member."""
+
+    def normalise(info: tarfile.TarInfo) -> tarfile.TarInfo | None:
+        if at_root and (info.name.endswith(".pyc") or Path(info.name).name in ("__pycache__", ".git")):
+            return None
+        info.mtime, info.uid, info.gid, info.uname, info.gname = FIXED_MTIME, 0, 0, "", ""
+        return info
+
+    with (
+        open(archive, "wb") as raw,
+        gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0) as compressed,
+        tarfile.open(fileobj=compressed, mode="w") as tar,
+    ):
+        if not at_root:
+            tar.add(folder, arcname=folder.name or "task", filter=normalise)
+            return
+        for child in sorted(folder.iterdir()):
+            tar.add(child, arcname=child.name, filter=normalise)
 
 
 def task_url_for(task: str, scratch: Path) -> str:
@@ -69,7 +123,7 @@ def task_url_for(task: str, scratch: Path) -> str:
     if path.is_dir():
         if not (path / "workspace.yaml").is_file():
             raise LocalRunError(f"TASK {task}: the folder has no workspace.yaml (is it the task's root?)")
-        archive = scratch / "task.tar.gz"
+        archive = Path(tempfile.mkdtemp(dir=scratch)) / "task.tar.gz"  # several tasks, several archives
         pack_folder(path.resolve(), archive)
         return archive.as_uri()
     if path.is_file():
@@ -90,23 +144,117 @@ def language_for(agent_file: Path, explicit: str | None) -> str:
     return by_extension[extension]
 
 
+def agent_request(agent: Path, explicit_language: str | None, entrypoint: str | None, scratch: Path) -> dict:
+    """AGENT -> the agent's fields of the request body (SPEC §14), which the serializer then checks.
+
+    A source file is ``agent_code``; a folder is packed into a .tar.gz (the folder's contents at
+    its root, links kept as links, which the archive rules refuse) and an archive file (.tar.gz,
+    .tgz, .tar or .zip) is sent as it is, both as ``agent_archive``.
+    """
+    if agent.is_dir():
+        archive = scratch / "agent.tar.gz"
+        pack_folder(agent, archive, at_root=True)
+        body = {"agent_archive": archive.read_bytes(), "agent_language": _project_language(agent, explicit_language)}
+    elif agent.name.lower().endswith(AGENT_ARCHIVE_SUFFIXES):
+        body = {"agent_archive": agent.read_bytes(), "agent_language": explicit_language or "python"}
+    else:
+        return {
+            "agent_code": agent.read_text(encoding="utf-8"),
+            "agent_language": language_for(agent, explicit_language),
+        }
+    body["agent_archive"] = base64.b64encode(body["agent_archive"]).decode()
+    if entrypoint:
+        body["agent_entrypoint"] = entrypoint
+    return body
+
+
+AGENT_ARCHIVE_SUFFIXES = (".tar.gz", ".tgz", ".tar", ".zip")
+
+
+def _project_language(folder: Path, explicit: str | None) -> str:
+    """--language, else the language whose default entry point the folder holds (agent.py: python)."""
+    if explicit:
+        return language_for(folder, explicit)
+    for name, entrypoints in agents.DEFAULT_ENTRYPOINTS.items():
+        if any((folder / entry).is_file() for entry in entrypoints):
+            return name
+    return "python"  # the serializer names the missing entry point
+
+
 def worker_id() -> str:
     return f"cli-{socket.gethostname()[:40]}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
 
 
-def create_claimed(fields: dict, owner: str) -> Evaluation:
-    """Insert the evaluation and claim it for ``owner`` before anyone else can see it pending."""
+def create_claimed(fields: dict, owner: str, *, started: bool = True) -> Evaluation:
+    """Insert the evaluation and claim it for ``owner`` before anyone else can see it pending.
+
+    ``started=False``: a batch's evaluation that waits its turn here; LocalRun.start sets its
+    started_at, so the session TTL counts from when it really starts.
+    """
     with transaction.atomic():
         evaluation = Evaluation.objects.create(status=Status.PENDING, step=Step.QUEUED, **fields)
         Transition.objects.create(
             evaluation=evaluation, step=Step.QUEUED, status=Status.PENDING, at=evaluation.created_at
         )
         claimed = lifecycle.record(
-            evaluation.id, status=Status.RUNNING, expect=[Status.PENDING], worker_id=owner, started_at=timezone.now()
+            evaluation.id,
+            status=Status.RUNNING,
+            expect=[Status.PENDING],
+            worker_id=owner,
+            started_at=timezone.now() if started else None,
         )
         if not claimed:  # cannot happen inside our own transaction; say so loudly if it does
             raise RuntimeError(f"evaluation {evaluation.id} could not be claimed")
     return evaluation
+
+
+def create_claimed_batch(fields: dict, task_urls: list[str], owner: str) -> tuple[Batch, list[Evaluation]]:
+    """A batch (SPEC §14) of claimed evaluations, one per task, in one transaction, run here one at a time.
+
+    All are made at once, so the batch ends (batches.settle) when the last one does and not
+    when the first does; claimed, so no worker sharing the database runs them meanwhile.
+    """
+    with transaction.atomic():
+        batch = Batch.objects.create(**{name: value for name, value in fields.items() if name != "task_url"})
+        evaluations = [
+            create_claimed({**fields, "task_url": url, "batch": batch}, owner, started=False) for url in task_urls
+        ]
+    return batch, evaluations
+
+
+def cancel_unstarted(batch: Batch, evaluations: list[Evaluation], reason: str) -> None:
+    """Ctrl-C in a batch: the evaluations that never started end cancelled, and with them the batch."""
+    Batch.objects.filter(id=batch.id, finished_at__isnull=True).update(cancel_requested=True)
+    for evaluation in evaluations:
+        lifecycle.finish(
+            evaluation.id,
+            Status.CANCELLED,
+            error=f"queued: {reason}",
+            expect=[Status.RUNNING],
+            cancel_reason=reason,
+        )
+
+
+class Heartbeat:
+    """The run's heartbeat as a worker of capacity 0, from the first evaluation to the last."""
+
+    def __init__(self, owner: str, runtime: Runtime):
+        self.owner = owner
+        self.runtime = runtime
+
+    def __enter__(self) -> Heartbeat:
+        WorkerHeartbeat.objects.create(
+            worker_id=self.owner,
+            hostname=socket.gethostname(),
+            pid=os.getpid(),
+            capacity=0,  # it takes nothing from the queue
+            sandbox=self.runtime.name,
+            last_beat_at=Now(),  # the database's clock, as run_worker and the reaper use
+        )
+        return self
+
+    def __exit__(self, *exc) -> None:
+        WorkerHeartbeat.objects.filter(worker_id=self.owner).delete()
 
 
 @dataclass
@@ -137,14 +285,8 @@ class LocalRun:
     next_beat: float = 0.0
 
     def start(self) -> None:
-        WorkerHeartbeat.objects.create(
-            worker_id=self.owner,
-            hostname=socket.gethostname(),
-            pid=os.getpid(),
-            capacity=0,  # it takes nothing from the queue
-            sandbox=self.runtime.name,
-            last_beat_at=Now(),  # the database's clock, as run_worker and the reaper use
-        )
+        """Within a Heartbeat of ``owner``."""
+        Evaluation.objects.filter(id=self.eval_id, started_at__isnull=True).update(started_at=timezone.now())
         self.watching = start_watching(self.eval_id, self.cancel)
         self.thread = threading.Thread(target=self._run, name=f"eval-{self.eval_id}", daemon=True)
         self.thread.start()
@@ -179,10 +321,10 @@ class LocalRun:
         )
 
     def finish(self) -> Evaluation:
-        """After the thread ended: make sure the evaluation ended too, drop the heartbeat, return the row."""
-        WorkerHeartbeat.objects.filter(worker_id=self.owner).delete()
+        """After the thread ended: make sure the evaluation ended too, return the row."""
         row = Evaluation.objects.filter(id=self.eval_id).values("status", "step").first()
         if row and row["status"] in ACTIVE_STATUSES:
             cause = f"{type(self.crash).__name__}: {self.crash}" if self.crash else "the pipeline stopped early"
-            lifecycle.finish(self.eval_id, Status.FAILED, error=f"{row['step']}: internal error: {cause}")
+            error = f"{row['step']}: internal error: {cause}"
+            lifecycle.finish(self.eval_id, Status.FAILED, error=error, kind=ErrorKind.INFRASTRUCTURE)
         return Evaluation.objects.prefetch_related("transitions", "test_results").get(id=self.eval_id)

@@ -17,6 +17,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 
 from evaluations import stats
 from evaluations.cache.store import Store
+from evaluations.models import Status
 
 
 class EvaluationCollector:
@@ -25,10 +26,23 @@ class EvaluationCollector:
         for name, key, help_text in (
             ("term_executor_evaluations", "total", "Evaluations admitted."),
             ("term_executor_evaluations_passed", "passed", "Evaluations that passed."),
-            ("term_executor_evaluations_failed", "failed", "Evaluations that ended failed."),
-            ("term_executor_evaluations_cancelled", "cancelled", "Evaluations that ended cancelled."),
         ):
             yield CounterMetricFamily(name, help_text, value=counts[key])
+        # By error_kind (SPEC §14), each family summing to its status' count: a cancelled
+        # evaluation (DELETE, TTL, the agent's timeout, a shutdown) counts under cancelled.
+        by_kind = stats.error_kind_counts()
+        for name, status, help_text in (
+            ("term_executor_evaluations_failed", Status.FAILED, "Evaluations that ended failed, by error_kind."),
+            (
+                "term_executor_evaluations_cancelled",
+                Status.CANCELLED,
+                "Evaluations that ended cancelled, by error_kind.",
+            ),
+        ):
+            family = CounterMetricFamily(name, help_text, labels=["error_kind"])
+            for kind, value in sorted(by_kind.get(status, {}).items()):
+                family.add_metric([kind], value)
+            yield family
         yield GaugeMetricFamily("term_executor_evaluations_active", "Evaluations running now.", value=counts["running"])
         yield CounterMetricFamily(
             "term_executor_evaluations_duration_ms_sum",

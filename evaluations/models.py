@@ -31,10 +31,28 @@ class Step(models.TextChoices):
     DOWNLOADING_TASK = "downloading_task"
     CLONING_REPO = "cloning_repo"
     INSTALLING_DEPS = "installing_deps"
+    INSTALLING_AGENT = "installing_agent"
     RUNNING_AGENT = "running_agent"
     RUNNING_TESTS = "running_tests"
     CLEANUP = "cleanup"
     DONE = "done"
+
+
+class ErrorKind(models.TextChoices):
+    """SPEC §14: why an evaluation did not pass, so a platform retries one kind and scores another."""
+
+    TESTS_FAILED = "tests_failed"  # the tests ran and at least one failed (or timed out)
+    AGENT_TIMEOUT = "agent_timeout"  # the agent used its whole time budget
+    LIMIT_EXCEEDED = "limit_exceeded"  # memory, disk, processes or output over a limit
+    AGENT_INVALID = "agent_invalid"  # a broken agent archive or agent install
+    TASK_INVALID = "task_invalid"  # the task's fault: malformed archive, missing commit, failing install
+    INFRASTRUCTURE = "infrastructure"  # neither's fault: network, worker lost, shutdown, internal error
+    CANCELLED = "cancelled"  # DELETE, a cancelled batch, the session TTL
+
+
+# A cancel's error_kind by the reason the executor wrote in cancel_reason; any other reason (DELETE,
+# the admin, a batch's DELETE, the TTL, Ctrl-C in manage.py evaluate) is the caller's: cancelled.
+CANCEL_KINDS = {SHUTTING_DOWN: ErrorKind.INFRASTRUCTURE}
 
 
 class TestKind(models.TextChoices):
@@ -50,17 +68,90 @@ class CacheUse(models.TextChoices):
     OFF = "off"  # WORKSPACE_CACHE=off, `cache: false`, or no root for the cache's mounts
 
 
+class AgentArchive(models.Model):
+    """An agent project's archive (SPEC §14), stored once per content: a batch's tasks share one row."""
+
+    sha256 = models.CharField(max_length=64, primary_key=True)
+    data = models.BinaryField()
+    size = models.PositiveIntegerField()
+    # Set again at every submission of the same content: the reaper deletes only archives that no
+    # row points at and nobody submitted for RETENTION_DAYS (reaper.purge_old).
+    last_used_at = models.DateTimeField(default=timezone.now)
+
+    def __str__(self) -> str:
+        return f"{self.sha256[:12]} ({self.size} bytes)"
+
+
+class Batch(models.Model):
+    """One agent on several tasks (SPEC §14): its evaluations queue beside the others."""
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False, verbose_name="batch id")
+    status = models.CharField(max_length=16, choices=Status.choices, default=Status.PENDING)
+
+    # The request, shared by its evaluations.
+    language = models.CharField(max_length=16, default="python")
+    agent_code = models.TextField(blank=True, default="")
+    agent_archive = models.ForeignKey(AgentArchive, null=True, blank=True, on_delete=models.PROTECT, related_name="+")
+    agent_entrypoint = models.CharField(max_length=255, blank=True, default="")
+    agent_sha256 = models.CharField(max_length=64, blank=True, default="")
+    timeout_secs = models.PositiveIntegerField(null=True, blank=True)
+    env = models.JSONField(default=dict, blank=True)
+    callback_url = models.CharField(max_length=2048, blank=True, default="")
+    metadata = models.JSONField(null=True, blank=True)
+    idempotency_key = models.CharField(max_length=200, null=True, blank=True)
+    idempotency_scope = models.CharField(max_length=64, blank=True, default="")
+    request_sha256 = models.CharField(max_length=64, blank=True, default="")
+
+    created_at = models.DateTimeField(default=timezone.now)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    cancel_requested = models.BooleanField(default=False)
+
+    callback_state = models.CharField(
+        max_length=12,
+        blank=True,
+        default="",
+        choices=[("", "none"), ("pending", "pending"), ("delivered", "delivered"), ("failed", "failed")],
+    )
+    callback_next_at = models.DateTimeField(null=True, blank=True)
+    callback_lease_until = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ("-created_at", "-id")
+        verbose_name_plural = "batches"
+        indexes = [
+            models.Index(fields=["-created_at", "-id"], name="batch_list_idx"),
+            models.Index(fields=["status", "created_at"], name="batch_open_idx", condition=Q(finished_at=None)),
+            models.Index(
+                fields=["callback_next_at"], name="batch_callback_due_idx", condition=Q(callback_state="pending")
+            ),
+        ]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["idempotency_scope", "idempotency_key"],
+                condition=Q(idempotency_key__isnull=False),
+                name="batch_idempotency_unique",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"batch {self.id} ({self.status})"
+
+
 class Evaluation(models.Model):
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False, verbose_name="eval id")
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.PENDING)
     step = models.CharField(max_length=24, choices=Step.choices, default=Step.QUEUED)
     passed = models.BooleanField(null=True, help_text="null until the evaluation ends")
     error = models.TextField(blank=True, default="")
+    error_kind = models.CharField(max_length=16, null=True, blank=True, choices=ErrorKind.choices)
 
     # The request.
     task_url = models.CharField(max_length=2048)
     language = models.CharField(max_length=16, default="python")
-    agent_code = models.TextField()
+    agent_code = models.TextField(blank=True, default="")  # "" when the agent came as agent_archive
+    agent_archive = models.ForeignKey(AgentArchive, null=True, blank=True, on_delete=models.PROTECT, related_name="+")
+    agent_entrypoint = models.CharField(max_length=255, blank=True, default="")
+    agent_sha256 = models.CharField(max_length=64, blank=True, default="")  # of agent_code's UTF-8 or the archive
     timeout_secs = models.PositiveIntegerField(null=True, blank=True)
     env = models.JSONField(default=dict, blank=True)
     static_assets = models.JSONField(null=True, blank=True)
@@ -110,6 +201,7 @@ class Evaluation(models.Model):
 
     # A re-run (admin, POST /evaluate/{id}/retry) points at the evaluation it repeats.
     retry_of = models.ForeignKey("self", null=True, blank=True, on_delete=models.SET_NULL, related_name="retries")
+    batch = models.ForeignKey(Batch, null=True, blank=True, on_delete=models.CASCADE, related_name="evaluations")
 
     class Meta:
         ordering = ("-created_at", "-id")
@@ -121,6 +213,15 @@ class Evaluation(models.Model):
             models.Index(
                 fields=["status", "created_at"],
                 name="eval_active_idx",
+                condition=Q(status__in=["pending", "running"]),
+            ),
+            # POST /evaluate's capacity counts single evaluations only (batch IS NULL: a batch's are
+            # bounded by MAX_OPEN_BATCHES x MAX_BATCH_TASKS, evaluations/admission.py), and a batch
+            # ends when none of its own is active (batches.settle). Keyed on both columns, SQLite's
+            # planner prefers it to the batch foreign key's index for either.
+            models.Index(
+                fields=["batch", "status"],
+                name="eval_batch_active_idx",
                 condition=Q(status__in=["pending", "running"]),
             ),
             models.Index(fields=["worker_id", "status"], name="eval_worker_idx"),
@@ -183,9 +284,12 @@ class TestResult(models.Model):
 
 
 class CallbackAttempt(models.Model):
-    """One POST of the final evaluation JSON to its callback_url."""
+    """One POST of the final evaluation (or batch) JSON to its callback_url: exactly one of the two is set."""
 
-    evaluation = models.ForeignKey(Evaluation, on_delete=models.CASCADE, related_name="callback_attempts")
+    evaluation = models.ForeignKey(
+        Evaluation, null=True, blank=True, on_delete=models.CASCADE, related_name="callback_attempts"
+    )
+    batch = models.ForeignKey(Batch, null=True, blank=True, on_delete=models.CASCADE, related_name="callback_attempts")
     attempt = models.PositiveIntegerField()
     at = models.DateTimeField(default=timezone.now)
     status_code = models.IntegerField(null=True, blank=True)
@@ -194,7 +298,12 @@ class CallbackAttempt(models.Model):
 
     class Meta:
         ordering = ("evaluation", "attempt")
-        constraints = [models.UniqueConstraint(fields=["evaluation", "attempt"], name="callback_attempt_unique")]
+        constraints = [
+            models.UniqueConstraint(fields=["evaluation", "attempt"], name="callback_attempt_unique"),
+            models.UniqueConstraint(
+                fields=["batch", "attempt"], name="batch_callback_attempt_unique", condition=Q(batch__isnull=False)
+            ),
+        ]
 
     def __str__(self) -> str:
         outcome = self.status_code if self.status_code is not None else self.error[:40]
@@ -213,6 +322,9 @@ class PurgedTotals(models.Model):
     duration_ms_sum = models.BigIntegerField(default=0)
     cache_hits = models.BigIntegerField(default=0)
     cache_misses = models.BigIntegerField(default=0)
+    # {status: {error_kind: count}} of the failed and cancelled ones (stats.UNKNOWN_KIND for rows
+    # that ended before error_kind existed): /metrics' counters by error_kind.
+    error_kinds = models.JSONField(default=dict)
 
     class Meta:
         verbose_name_plural = "purged totals"

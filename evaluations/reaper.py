@@ -14,16 +14,27 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from django.db import transaction
-from django.db.models import Count, F, Q, Sum
+from django.db.models import Count, Exists, F, OuterRef, Q, Sum
 from django.utils import timezone
 
-from evaluations import lifecycle
+from evaluations import batches, lifecycle
 from evaluations.cache import mounts
 from evaluations.cache.store import Store
-from evaluations.models import ACTIVE_STATUSES, TTL_EXPIRED, WORKER_LOST, CacheUse, Evaluation, PurgedTotals, Status
+from evaluations.models import (
+    ACTIVE_STATUSES,
+    TTL_EXPIRED,
+    WORKER_LOST,
+    AgentArchive,
+    Batch,
+    CacheUse,
+    ErrorKind,
+    Evaluation,
+    PurgedTotals,
+    Status,
+)
 from evaluations.pipeline.session import RETIRED_PREFIX
 from evaluations.safefs import remove_tree_nofollow
-from evaluations.stats import live_workers
+from evaluations.stats import NOT_PASSED, UNKNOWN_KIND, add_error_kinds, live_workers
 
 logger = logging.getLogger("term_executor.reaper")
 
@@ -63,6 +74,7 @@ def expire_sessions(ttl_secs: int, *, dry_run: bool = False) -> int:
             eval_id,
             Status.CANCELLED,
             error=f"queued: {TTL_EXPIRED}",
+            kind=ErrorKind.CANCELLED,
             expect=[Status.PENDING],
             cancel_reason=TTL_EXPIRED,
         ):
@@ -79,7 +91,13 @@ def fail_lost(stale_secs: int, *, dry_run: bool = False) -> list:
     for eval_id, step in (
         Evaluation.objects.filter(status=Status.RUNNING).exclude(worker_id__in=live).values_list("id", "step")
     ):
-        if dry_run or lifecycle.finish(eval_id, Status.FAILED, error=f"{step}: {WORKER_LOST}", expect=[Status.RUNNING]):
+        if dry_run or lifecycle.finish(
+            eval_id,
+            Status.FAILED,
+            error=f"{step}: {WORKER_LOST}",
+            kind=ErrorKind.INFRASTRUCTURE,
+            expect=[Status.RUNNING],
+        ):
             lost.append(eval_id)
     return lost
 
@@ -187,10 +205,32 @@ def purge_old(retention_days: int, *, dry_run: bool = False) -> int:
             cache_hits=Count("id", filter=Q(cache=CacheUse.HIT)),
             cache_misses=Count("id", filter=Q(cache=CacheUse.MISS)),
         )
+        by_kind: dict[str, dict[str, int]] = {}
+        kinds = batch.filter(status__in=NOT_PASSED).values_list("status", "error_kind").annotate(n=Count("id"))
+        for status, kind, n in kinds.order_by():
+            counts = by_kind.setdefault(status, {})
+            counts[kind or UNKNOWN_KIND] = counts.get(kind or UNKNOWN_KIND, 0) + n
         PurgedTotals.objects.get_or_create(id=1)
         PurgedTotals.objects.filter(id=1).update(**{k: F(k) + (v or 0) for k, v in figures.items()})
+        # The UPDATE above holds the row (the write lock on SQLite): read, add and write the JSON under it.
+        totals = PurgedTotals.objects.select_for_update().get(id=1)
+        totals.error_kinds = add_error_kinds(totals.error_kinds, by_kind)
+        totals.save(update_fields=["error_kinds"])
         _total, per_model = batch.delete()
+        _purge_emptied(cutoff)
     return per_model.get("evaluations.Evaluation", 0)
+
+
+def _purge_emptied(cutoff) -> None:
+    """Batches ended before the cutoff whose evaluations are all purged (a batch of none would read
+    total 0), then agent archives that no row points at and nobody submitted since the cutoff
+    (agents.store_archive touches a row it reuses, so a submission in flight keeps its archive)."""
+    has_evaluations = Exists(Evaluation.objects.filter(batch=OuterRef("pk")))
+    Batch.objects.filter(finished_at__lt=cutoff).exclude(has_evaluations).delete()
+    used = Exists(Evaluation.objects.filter(agent_archive=OuterRef("pk"))) | Exists(
+        Batch.objects.filter(agent_archive=OuterRef("pk"))
+    )
+    AgentArchive.objects.filter(last_used_at__lt=cutoff).exclude(used).delete()
 
 
 def reap(config, *, dry_run: bool = False) -> ReapSummary:
@@ -207,6 +247,8 @@ def reap(config, *, dry_run: bool = False) -> ReapSummary:
     summary.cgroups_removed = remove_stale_cgroups(config, dry_run=dry_run)
     if not dry_run:
         tend_cache(config)
+        if ended := batches.settle_stranded():
+            logger.warning("ended %d batch(es) whose last evaluation ended without ending them", ended)
     return summary
 
 

@@ -6,9 +6,10 @@ from evaluations.models import Evaluation
 
 # The columns the evaluation object shows, for readers that fetch only those (evaluations/api/rows.py).
 EVALUATION_COLUMNS = (
-    "id", "status", "step", "passed", "error", "duration_ms", "task_url", "language", "metadata", "created_at",
+    "id", "status", "step", "passed", "error", "duration_ms", "task_url", "language", "agent_sha256", "metadata",
+    "created_at",
     "started_at", "finished_at", "agent_output", "agent_exit_code", "agent_patch", "test_output", "results_sha256",
-    "egress", "resources",
+    "egress", "resources", "error_kind", "retry_of_id",
 
     "cache",
 )  # fmt: skip
@@ -16,7 +17,7 @@ TRANSITION_COLUMNS = ("step", "status", "at", "duration_ms")
 TEST_RESULT_COLUMNS = ("name", "kind", "passed", "exit_code", "timed_out", "duration_ms", "output")
 
 
-def _iso(value) -> str | None:
+def iso(value) -> str | None:
     return value.isoformat().replace("+00:00", "Z") if value else None
 
 
@@ -32,13 +33,15 @@ def document(evaluation, transitions, test_results) -> dict:
         "step": evaluation.step,
         "passed": evaluation.passed,
         "error": evaluation.error or None,
+        "error_kind": evaluation.error_kind,
         "duration_ms": evaluation.duration_ms,
         "task_url": evaluation.task_url,
         "language": evaluation.language,
+        "agent_sha256": evaluation.agent_sha256 or None,  # the agent itself is never returned
         "metadata": evaluation.metadata,
-        "created_at": _iso(evaluation.created_at),
-        "started_at": _iso(evaluation.started_at),
-        "finished_at": _iso(evaluation.finished_at),
+        "created_at": iso(evaluation.created_at),
+        "started_at": iso(evaluation.started_at),
+        "finished_at": iso(evaluation.finished_at),
         "test_results": [
             {
                 "name": r.name,
@@ -56,12 +59,13 @@ def document(evaluation, transitions, test_results) -> dict:
         "agent_patch": evaluation.agent_patch,
         "test_output": evaluation.test_output,
         "transitions": [
-            {"step": t.step, "status": t.status, "at": _iso(t.at), "duration_ms": t.duration_ms} for t in transitions
+            {"step": t.step, "status": t.status, "at": iso(t.at), "duration_ms": t.duration_ms} for t in transitions
         ],
         "results_sha256": evaluation.results_sha256 or None,
         "egress": evaluation.egress or [],
         "resources": evaluation.resources,
         "cache": evaluation.cache or None,
+        "retry_of": str(evaluation.retry_of_id) if evaluation.retry_of_id else None,
     }
 
 
@@ -73,5 +77,5 @@ def summary_json(evaluation: Evaluation) -> dict:
         "language": evaluation.language,
         "status": evaluation.status,
         "passed": evaluation.passed,
-        "created_at": _iso(evaluation.created_at),
+        "created_at": iso(evaluation.created_at),
     }

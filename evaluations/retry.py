@@ -14,6 +14,9 @@ from executor_project.config import Config
 # What POST /evaluate stored; a re-run submits the same.
 REQUEST_FIELDS = (
     "agent_code",
+    "agent_archive_id",  # stored once per content: the re-run shares the row
+    "agent_entrypoint",
+    "agent_sha256",
     "language",
     "task_url",
     "timeout_secs",

@@ -85,6 +85,19 @@ def open_subdir(dir_fd: int, parts: list[str], *, create: bool, shown: str = "")
         raise
 
 
+def open_parent(root: Path | str, relpath: str, *, create: bool, shown: str = "") -> tuple[int, str]:
+    """The folder holding ``root/relpath``, opened without following a symlink, and the last name.
+
+    The caller closes the descriptor. ``create``, ``shown``: as open_subdir's.
+    """
+    parts = split_relpath(relpath)
+    root_fd = open_root_dir(root)
+    try:
+        return open_subdir(root_fd, parts[:-1], create=create, shown=shown), parts[-1]
+    finally:
+        os.close(root_fd)
+
+
 def write_file_nofollow(root: Path, relpath: str, data: bytes, mode: int = 0o644) -> None:
     """Write ``data`` to ``root/relpath`` without following any symlink.
 
@@ -94,13 +107,7 @@ def write_file_nofollow(root: Path, relpath: str, data: bytes, mode: int = 0o644
     an existing regular file is replaced atomically, and a symlink planted at
     the final name is replaced itself, never written through.
     """
-    parts = split_relpath(relpath)
-    root_fd = open_root_dir(root)
-    try:
-        dir_fd = open_subdir(root_fd, parts[:-1], create=True, shown=relpath)
-    finally:
-        os.close(root_fd)
-    name = parts[-1]
+    dir_fd, name = open_parent(root, relpath, create=True, shown=relpath)
     try:
         try:
             if stat.S_ISDIR(os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mode):

@@ -149,6 +149,9 @@ class Config:
     test_timeout_secs: int = integer("TEST_TIMEOUT_SECS", 300, minimum=1)
     download_timeout_secs: int = integer("DOWNLOAD_TIMEOUT_SECS", 60, minimum=1)
     max_agent_code_bytes: int = integer("MAX_AGENT_CODE_BYTES", 5242880, minimum=1)
+    max_agent_archive_bytes: int = integer("MAX_AGENT_ARCHIVE_BYTES", 10485760, minimum=1)  # decoded, SPEC §14
+    max_batch_tasks: int = integer("MAX_BATCH_TASKS", 100, minimum=1, maximum=10000)
+    max_open_batches: int = integer("MAX_OPEN_BATCHES", 4, minimum=1)
     max_output_bytes: int = integer("MAX_OUTPUT_BYTES", 1048576, minimum=1024)
     max_task_archive_bytes: int = integer("MAX_TASK_ARCHIVE_BYTES", 104857600, minimum=1)
     max_extracted_bytes: int = integer("MAX_EXTRACTED_BYTES", 524288000, minimum=1)

@@ -21,7 +21,9 @@ from django.contrib.sessions.middleware import SessionMiddleware
 from django.middleware.csrf import CsrfViewMiddleware
 
 # The DRF routes of evaluations/api/urls.py that the bearer token guards, and /health and /status.
-TOKEN_API_PATH = re.compile(r"/(?:evaluate(?:/[^/]+(?:/logs)?)?|evaluations|assets|environments|health|status)")
+TOKEN_API_PATH = re.compile(
+    r"/(?:evaluate(?:/[^/]+(?:/logs|/retry)?)?|evaluations|batches(?:/[^/]+)?|assets|environments|health|status)"
+)
 
 
 def passes_by(request) -> bool:

@@ -23,9 +23,10 @@ from drf_spectacular.utils import (
 from rest_framework import serializers
 
 from evaluations import languages
-from evaluations.api import assets, environments, logs, views
+from evaluations.api import assets, batches, environments, logs, views
 from evaluations.api.serializers import MAX_ENV_NAMES
-from evaluations.models import CacheUse, Status, Step, TestKind
+from evaluations.batches import STATUSES as BATCH_STATUSES
+from evaluations.models import CacheUse, ErrorKind, Status, Step, TestKind
 
 # What generators (schemathesis) should produce: the API refuses other schemes and host-less URLs.
 HTTP_URL = r"^https?://[A-Za-z0-9][A-Za-z0-9.-]{0,62}(:[0-9]{1,5})?(/[!-~]*)?$"
@@ -35,15 +36,17 @@ ERROR_CODES = {
     "invalid_json": "the body is not UTF-8 JSON",
     "unauthorized": "the bearer token is missing or wrong",
     "forbidden": "the request is not allowed",
-    "not_found": "no such evaluation or route",
+    "not_found": "no such evaluation, batch or route",
     "method_not_allowed": "the route does not take this method",
     "not_acceptable": "the Accept header asks for something the route cannot give",
     "unsupported_media_type": "the body's media type is not understood",
-    "already_finished": "the evaluation already ended",
+    "already_finished": "the evaluation (or batch) already ended",
+    "not_finished": "the evaluation has not ended yet (a retry needs an ended one)",
     "idempotency_conflict": "the Idempotency-Key was used with another body",
     "payload_too_large": "the body is over the size limit",
     "throttled": "too many requests",
-    "at_capacity": "pending plus running evaluations reached the limit; retry after Retry-After seconds",
+    "at_capacity": "pending plus running evaluations (POST /batches: unfinished batches) reached the limit; "
+    "retry after Retry-After seconds",
     "internal_error": "the executor failed; see its log",
     "unhealthy": "the database is unreachable",
     "bad_request": "the request could not be understood",
@@ -51,6 +54,7 @@ ERROR_CODES = {
 
 TAG_EVALUATIONS = "evaluations"
 TAG_SERVICE = "service"
+TAG_BATCHES = "batches"
 
 
 class BearerTokenScheme(OpenApiAuthenticationExtension):
@@ -139,7 +143,23 @@ class AssetSpecSerializer(serializers.Serializer):
 class EvaluateRequestSerializer(serializers.Serializer):
     """POST /evaluate's body (validated by evaluations.api.serializers; a test keeps the two in step)."""
 
-    agent_code = serializers.CharField(help_text="The agent's source; at most MAX_AGENT_CODE_BYTES UTF-8 bytes.")
+    agent_code = serializers.CharField(
+        required=False,
+        help_text="The agent's source, one file; at most MAX_AGENT_CODE_BYTES UTF-8 bytes. "
+        "Exactly one of agent_code and agent_archive.",
+    )
+    agent_archive = serializers.CharField(
+        required=False,
+        help_text="Base64 of a .tar.gz or .zip agent project (at most MAX_AGENT_ARCHIVE_BYTES decoded): "
+        "the root or a single top folder holds the entry point and an optional requirements.txt "
+        "(python) or package.json (node), installed in the step installing_agent.",
+    )
+    agent_entrypoint = serializers.CharField(
+        required=False,
+        help_text="With agent_archive: the entry point's relative path in the project root (the archive's "
+        "root, or its single top folder); by default agent.py or main.py (python), agent.sh (bash), "
+        "agent.js or index.js (node).",
+    )
     agent_language = serializers.ChoiceField(
         choices=list(languages.available()),
         required=False,
@@ -164,9 +184,90 @@ class EvaluateRequestSerializer(serializers.Serializer):
     metadata = serializers.DictField(required=False, allow_null=True, help_text="At most 4 KiB; echoed back.")
 
 
+class BatchRequestSerializer(serializers.Serializer):
+    """POST /batches' body (validated by evaluations.api.serializers; a test keeps the two in step)."""
+
+    agent_code = EvaluateRequestSerializer._declared_fields["agent_code"]
+    agent_archive = EvaluateRequestSerializer._declared_fields["agent_archive"]
+    agent_entrypoint = EvaluateRequestSerializer._declared_fields["agent_entrypoint"]
+    agent_language = EvaluateRequestSerializer._declared_fields["agent_language"]
+    task_urls = serializers.ListField(
+        child=serializers.RegexField(HTTP_URL, max_length=2048),
+        min_length=1,
+        help_text="1 to MAX_BATCH_TASKS distinct task URLs, each as POST /evaluate's task_url; one bad URL "
+        "refuses the whole batch. Their evaluations queue in this order.",
+    )
+    timeout_secs = EvaluateRequestSerializer._declared_fields["timeout_secs"]
+    env = EvaluateRequestSerializer._declared_fields["env"]
+    callback_url = serializers.RegexField(
+        HTTP_URL,
+        max_length=2048,
+        required=False,
+        allow_blank=True,
+        help_text="POSTed the batch object (GET /batches/{batch_id}) once, when the batch ends.",
+    )
+    metadata = EvaluateRequestSerializer._declared_fields["metadata"]
+
+
+class BatchAcceptedSerializer(serializers.Serializer):
+    batch_id = serializers.UUIDField()
+    eval_ids = serializers.ListField(child=serializers.UUIDField(), help_text="In task_urls order.")
+    status = serializers.ChoiceField(choices=BATCH_STATUSES)
+
+
+class BatchCancelledSerializer(serializers.Serializer):
+    batch_id = serializers.UUIDField()
+    status = serializers.ChoiceField(choices=[Status.CANCELLED])
+
+
+class BatchEvaluationSerializer(serializers.Serializer):
+    eval_id = serializers.UUIDField()
+    task_url = serializers.CharField()
+    status = serializers.ChoiceField(choices=Status.choices)
+    passed = serializers.BooleanField(allow_null=True)
+    error_kind = serializers.ChoiceField(
+        choices=ErrorKind.choices, allow_null=True, help_text="Why it did not pass; null while running or when passed."
+    )
+
+
+class BatchSummarySerializer(serializers.Serializer):
+    batch_id = serializers.UUIDField()
+    status = serializers.ChoiceField(
+        choices=BATCH_STATUSES,
+        help_text="pending: none started; running: one started; completed: all ended; cancelled: DELETE asked "
+        "(finished_at is set once its running evaluations stopped).",
+    )
+    total = serializers.IntegerField(min_value=0)
+    finished = serializers.IntegerField(min_value=0)
+    passed = serializers.IntegerField(min_value=0)
+    failed = serializers.IntegerField(min_value=0)
+    cancelled = serializers.IntegerField(min_value=0)
+    reward = serializers.FloatField(allow_null=True, help_text="passed / total once all ended, else null.")
+    created_at = serializers.DateTimeField()
+    finished_at = serializers.DateTimeField(allow_null=True)
+
+
+class BatchSerializer(BatchSummarySerializer):
+    evaluations = BatchEvaluationSerializer(many=True)
+
+
 class AcceptedSerializer(serializers.Serializer):
     eval_id = serializers.UUIDField()
     status = serializers.ChoiceField(choices=Status.choices)
+
+
+class RetryAcceptedSerializer(AcceptedSerializer):
+    retry_of = serializers.UUIDField(help_text="The evaluation whose request the new one repeats.")
+
+
+ERROR_KIND_HELP = (
+    "Why it did not pass (null while pending or running, and when it passed): "
+    "`tests_failed` the tests ran and at least one failed or timed out; `agent_timeout` the agent used its "
+    "whole time budget; `limit_exceeded` memory, disk or processes over a limit; `agent_invalid` a broken "
+    "agent archive or agent install; `task_invalid` the task's fault (malformed archive, missing commit, "
+    "failing install, no tests); `infrastructure` neither's (network failure fetching, worker lost, shutdown, "
+    "internal error, host disk full): retry those; `cancelled` DELETE, a cancelled batch, the session TTL."
+)
 
 
 class TestResultSerializer(serializers.Serializer):
@@ -214,9 +315,15 @@ class EvaluationSerializer(serializers.Serializer):
     step = serializers.ChoiceField(choices=Step.choices)
     passed = serializers.BooleanField(allow_null=True, help_text="null until the evaluation ends.")
     error = serializers.CharField(allow_null=True, help_text="One sentence naming the step and the cause.")
+    error_kind = serializers.ChoiceField(choices=ErrorKind.choices, allow_null=True, help_text=ERROR_KIND_HELP)
     duration_ms = serializers.IntegerField(allow_null=True)
     task_url = serializers.CharField()
     language = serializers.CharField()
+    agent_sha256 = serializers.CharField(
+        allow_null=True,
+        help_text="sha256 of the agent: of agent_code's UTF-8 bytes, or of agent_archive's decoded bytes. "
+        "The agent itself is never returned.",
+    )
     metadata = serializers.JSONField(allow_null=True)
     created_at = serializers.DateTimeField()
     started_at = serializers.DateTimeField(allow_null=True)
@@ -239,6 +346,9 @@ class EvaluationSerializer(serializers.Serializer):
         allow_null=True,
         help_text="hit: started from a workspace snapshot (no clone, no install); miss: cloned and installed; "
         "off: the cache was not used (WORKSPACE_CACHE=off, workspace.yaml `cache: false`). null before cloning_repo.",
+    )
+    retry_of = serializers.UUIDField(
+        allow_null=True, help_text="The evaluation this one re-runs (POST /evaluate/{id}/retry, the admin's re-run)."
     )
 
 
@@ -267,6 +377,10 @@ ERROR_EXAMPLES = {
     },
     "unauthorized": {"error": "unauthorized", "detail": "a valid 'Authorization: Bearer <token>' header is required"},
     "not_found": {"error": "not_found", "detail": "no evaluation 5b0c2f3e-8d1e-4a7b-9c55-0e1f2a3b4c5d"},
+    "not_finished": {
+        "error": "not_finished",
+        "detail": "evaluation 5b0c2f3e-8d1e-4a7b-9c55-0e1f2a3b4c5d is still running; retry it once it ended",
+    },
     "already_finished": {
         "error": "already_finished",
         "detail": "evaluation 5b0c2f3e-8d1e-4a7b-9c55-0e1f2a3b4c5d already ended completed",
@@ -294,10 +408,39 @@ def error(description: str, *codes: str) -> OpenApiResponse:
 UNAUTHORIZED = error("Missing or bad bearer token", "unauthorized")
 NOT_FOUND = error("No such evaluation", "not_found")
 EVAL_ID = OpenApiParameter("eval_id", OpenApiTypes.UUID, OpenApiParameter.PATH, description="The evaluation's id.")
+BATCH_ID = OpenApiParameter("batch_id", OpenApiTypes.UUID, OpenApiParameter.PATH, description="The batch's id.")
+NO_BATCH = error("No such batch", "not_found")
+IDEMPOTENCY_KEY = OpenApiParameter(
+    "Idempotency-Key",
+    str,
+    OpenApiParameter.HEADER,
+    description="1 to 200 characters: the same key with the same body returns the first 202.",
+)
 
 
 def header(name: str, kind, description: str, codes: list[int]) -> OpenApiParameter:
     return OpenApiParameter(name, kind, OpenApiParameter.HEADER, required=True, description=description, response=codes)
+
+
+RETRY_AFTER = header(
+    "Retry-After", {"type": "integer", "minimum": 1}, "Seconds before a slot is likely to free.", [503]
+)
+
+
+def paging(statuses, id_name: str) -> list[OpenApiParameter]:
+    """GET /evaluations' and GET /batches' query parameters and Link header."""
+    return [
+        OpenApiParameter("status", str, enum=statuses, description="Only this status."),
+        OpenApiParameter("limit", {"type": "integer", "minimum": 1, "maximum": 1000}, description="Default 100."),
+        OpenApiParameter("before", OpenApiTypes.UUID, description=f"The page after this {id_name}."),
+        OpenApiParameter(
+            "Link",
+            str,
+            OpenApiParameter.HEADER,
+            description='RFC 8288 `<...>; rel="next"` when there are more.',
+            response=[200],
+        ),
+    ]
 
 
 def document_views() -> None:
@@ -319,18 +462,7 @@ def document_views() -> None:
             tags=[TAG_EVALUATIONS],
             summary="Submit an evaluation",
             request=EvaluateRequestSerializer,
-            parameters=[
-                OpenApiParameter(
-                    "Idempotency-Key",
-                    str,
-                    OpenApiParameter.HEADER,
-                    description="1 to 200 characters: the same key with the same body returns the first 202.",
-                ),
-                header("Location", str, "/evaluate/{eval_id}", [202]),
-                header(
-                    "Retry-After", {"type": "integer", "minimum": 1}, "Seconds before a slot is likely to free.", [503]
-                ),
-            ],
+            parameters=[IDEMPOTENCY_KEY, header("Location", str, "/evaluate/{eval_id}", [202]), RETRY_AFTER],
             responses={
                 202: AcceptedSerializer,
                 400: error("Invalid body or header", "invalid_request", "invalid_json"),
@@ -362,6 +494,30 @@ def document_views() -> None:
             },
         ),
     )(views.EvaluationDetailView)
+    extend_schema_view(
+        post=extend_schema(
+            tags=[TAG_EVALUATIONS],
+            summary="Run an ended evaluation again",
+            description="A new pending evaluation with the same request (agent, task, timeout, env, assets, "
+            "callback, metadata), linked by `retry_of`; admitted like POST /evaluate. For an `error_kind` of "
+            "`infrastructure`, what a platform retries.",
+            request=None,
+            parameters=[
+                EVAL_ID,
+                header("Location", str, "/evaluate/{eval_id} of the new evaluation", [202]),
+                header(
+                    "Retry-After", {"type": "integer", "minimum": 1}, "Seconds before a slot is likely to free.", [503]
+                ),
+            ],
+            responses={
+                202: RetryAcceptedSerializer,
+                401: UNAUTHORIZED,
+                404: NOT_FOUND,
+                409: error("The evaluation has not ended yet", "not_finished"),
+                503: error("At capacity", "at_capacity"),
+            },
+        )
+    )(views.EvaluationRetryView)
     extend_schema_view(
         get=extend_schema(
             tags=[TAG_EVALUATIONS],
@@ -395,20 +551,7 @@ def document_views() -> None:
         get=extend_schema(
             tags=[TAG_EVALUATIONS],
             summary="List evaluations, newest first",
-            parameters=[
-                OpenApiParameter("status", str, enum=Status.values, description="Only this status."),
-                OpenApiParameter(
-                    "limit", {"type": "integer", "minimum": 1, "maximum": 1000}, description="Default 100."
-                ),
-                OpenApiParameter("before", OpenApiTypes.UUID, description="The page after this eval_id."),
-                OpenApiParameter(
-                    "Link",
-                    str,
-                    OpenApiParameter.HEADER,
-                    description='RFC 8288 `<...>; rel="next"` when there are more.',
-                    response=[200],
-                ),
-            ],
+            parameters=paging(Status.values, "eval_id"),
             responses={
                 200: EvaluationSummarySerializer(many=True),
                 400: error("Bad query", "invalid_request"),
@@ -416,6 +559,56 @@ def document_views() -> None:
             },
         )
     )(views.EvaluationListView)
+    extend_schema_view(
+        post=extend_schema(
+            tags=[TAG_BATCHES],
+            summary="Submit a batch: one agent on several tasks",
+            description="Its evaluations queue beside the others, in task_urls order; they do not count "
+            "against MAX_QUEUED_EVALS, the batches do against MAX_OPEN_BATCHES (unfinished batches).",
+            request=BatchRequestSerializer,
+            parameters=[IDEMPOTENCY_KEY, header("Location", str, "/batches/{batch_id}", [202]), RETRY_AFTER],
+            responses={
+                202: BatchAcceptedSerializer,
+                400: error("Invalid body or header", "invalid_request", "invalid_json"),
+                401: UNAUTHORIZED,
+                409: error("Idempotency-Key reused with another body", "idempotency_conflict"),
+                413: error("Body too large", "payload_too_large"),
+                503: error("MAX_OPEN_BATCHES batches are unfinished", "at_capacity"),
+            },
+        ),
+        get=extend_schema(
+            tags=[TAG_BATCHES],
+            summary="List batches, newest first",
+            parameters=paging(list(BATCH_STATUSES), "batch_id"),
+            responses={
+                200: BatchSummarySerializer(many=True),
+                400: error("Bad query", "invalid_request"),
+                401: UNAUTHORIZED,
+            },
+        ),
+    )(batches.BatchListView)
+    extend_schema_view(
+        get=extend_schema(
+            tags=[TAG_BATCHES],
+            summary="One batch, its evaluations and reward",
+            parameters=[BATCH_ID],
+            responses={200: BatchSerializer, 401: UNAUTHORIZED, 404: NO_BATCH},
+        ),
+        delete=extend_schema(
+            tags=[TAG_BATCHES],
+            summary="Cancel a batch",
+            description="Cancels what has not finished, as DELETE /evaluate/{eval_id} does for each: pending "
+            "evaluations at once, running ones within 2 s. The batch is `cancelled` from now on; its "
+            "finished_at (and callback) come when its last evaluation stopped.",
+            parameters=[BATCH_ID],
+            responses={
+                202: BatchCancelledSerializer,
+                401: UNAUTHORIZED,
+                404: NO_BATCH,
+                409: error("The batch already ended", "already_finished"),
+            },
+        ),
+    )(batches.BatchDetailView)
     extend_schema_view(
         get=extend_schema(
             tags=[TAG_SERVICE],
@@ -452,6 +645,16 @@ def postprocess(result, generator, request, public):
     body["properties"]["env"]["maxProperties"] = MAX_ENV_NAMES  # (OpenAPI 3.0 has no propertyNames for the rule)
     body["properties"]["agent_code"]["minLength"] = 1
     result["paths"]["/evaluate"]["post"]["responses"]["202"]["links"] = _links_from_eval_id()
+    batch = result["components"]["schemas"]["BatchRequest"]
+    batch["additionalProperties"] = False
+    batch["properties"]["env"]["maxProperties"] = MAX_ENV_NAMES
+    batch["properties"]["agent_code"]["minLength"] = 1
+    batch["properties"]["task_urls"]["uniqueItems"] = True
+    batch_id = {"batch_id": "$response.body#/batch_id"}
+    result["paths"]["/batches"]["post"]["responses"]["202"]["links"] = {
+        "GetBatch": {"operationId": "batches_retrieve", "parameters": batch_id},
+        "CancelBatch": {"operationId": "batches_destroy", "parameters": batch_id},
+    }
     result["paths"]["/metrics"] = {
         "get": {
             "operationId": "metrics_retrieve",

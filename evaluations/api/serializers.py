@@ -6,6 +6,8 @@ which the caller passes: the API view its settings, ``manage.py evaluate`` its o
 
 from __future__ import annotations
 
+import base64
+import binascii
 import json
 import re
 from urllib.parse import urlsplit
@@ -13,7 +15,7 @@ from urllib.parse import urlsplit
 from rest_framework import serializers
 
 import assets
-from evaluations import languages
+from evaluations import agents, languages
 from executor_project.config import Config
 
 ENV_NAME = re.compile(r"^[A-Z_][A-Z0-9_]*$")
@@ -66,15 +68,18 @@ class StrictIntegerField(serializers.IntegerField):
         return super().to_internal_value(data)
 
 
-class EvaluateRequestSerializer(serializers.Serializer):
-    agent_code = StrictCharField(trim_whitespace=False, allow_blank=False)
+class AgentSourceSerializer(serializers.Serializer):
+    """The agent of a request (SPEC §14), shared by POST /evaluate and POST /batches.
+
+    Exactly one of ``agent_code`` (one source file) and ``agent_archive`` (base64 of a .tar.gz
+    or .zip project). validated_data holds the archive's decoded bytes under ``agent_archive``;
+    ``evaluations.agents.model_fields`` turns it into the row's fields.
+    """
+
+    agent_code = StrictCharField(trim_whitespace=False, allow_blank=False, required=False)
+    agent_archive = StrictCharField(trim_whitespace=False, allow_blank=False, required=False)
+    agent_entrypoint = StrictCharField(trim_whitespace=False, allow_blank=False, required=False)
     agent_language = StrictCharField(required=False, default="python")
-    task_url = StrictCharField(trim_whitespace=False)
-    timeout_secs = StrictIntegerField(required=False, allow_null=True, default=None)
-    env = serializers.DictField(child=StrictCharField(allow_blank=True, trim_whitespace=False), required=False)
-    static_assets = serializers.DictField(required=False, allow_null=True)
-    callback_url = StrictCharField(required=False, allow_blank=True, default="", trim_whitespace=False)
-    metadata = serializers.DictField(required=False, allow_null=True)
 
     @property
     def config(self) -> Config:
@@ -86,6 +91,13 @@ class EvaluateRequestSerializer(serializers.Serializer):
         unknown = sorted(set(data) - set(self.fields))
         if unknown:
             raise serializers.ValidationError({name: ["unknown field"] for name in unknown})
+        given = [name for name in ("agent_code", "agent_archive") if data.get(name) is not None]
+        if len(given) != 1:
+            problem = "both were given" if given else "neither was given"
+            message = f"exactly one of agent_code and agent_archive is required; {problem}"
+            raise serializers.ValidationError({name: [message] for name in ("agent_code", "agent_archive")})
+        if "agent_entrypoint" in data and "agent_archive" not in data:
+            raise serializers.ValidationError({"agent_entrypoint": ["only applies to agent_archive"]})
         return super().to_internal_value(data)
 
     def validate_agent_code(self, value: str) -> str:
@@ -97,15 +109,57 @@ class EvaluateRequestSerializer(serializers.Serializer):
             raise serializers.ValidationError("must not contain NUL characters")
         return value
 
+    def validate_agent_archive(self, value: str) -> bytes:
+        limit = self.config.max_agent_archive_bytes
+        if len(value) > 4 * (limit // 3 + 1):
+            raise serializers.ValidationError(f"is over {limit} bytes once decoded; at most {limit} are allowed")
+        try:
+            data = base64.b64decode(value, validate=True)
+        except (binascii.Error, ValueError):
+            raise serializers.ValidationError("is not valid base64") from None
+        if len(data) > limit:
+            raise serializers.ValidationError(f"is {len(data)} bytes once decoded; at most {limit} are allowed")
+        return data
+
     def validate_agent_language(self, value: str) -> str:
         known = languages.available()
         if value not in known:
             raise serializers.ValidationError(f"unknown language {value!r}; one of {', '.join(known)}")
         return value
 
-    def validate_task_url(self, value: str) -> str:
-        schemes = ("http", "https", "file") if self.config.allow_file_urls else ("http", "https")
-        return _check_url(value, schemes)
+    def validate(self, attrs):
+        """An archive is extracted as it will be to run (agents.check): refused now, not in the worker.
+
+        ``agent_entrypoint`` becomes the entry point found, relative to the project root.
+        """
+        attrs = super().validate(attrs)
+        data = attrs.get("agent_archive")
+        if data is not None:
+            try:
+                attrs["agent_entrypoint"] = agents.check(
+                    data,
+                    language=attrs.get("agent_language", "python"),
+                    entrypoint=attrs.get("agent_entrypoint", ""),
+                    config=self.config,
+                )
+            except agents.ProjectError as exc:
+                raise serializers.ValidationError({exc.field: [str(exc)]}) from None
+        return attrs
+
+
+def check_task_url(value: str, config: Config) -> str:
+    """POST /evaluate's task_url rule, which each of POST /batches' task_urls follows."""
+    schemes = ("http", "https", "file") if config.allow_file_urls else ("http", "https")
+    return _check_url(value, schemes)
+
+
+class SubmissionSerializer(AgentSourceSerializer):
+    """What POST /evaluate and POST /batches share besides the agent: the run's options."""
+
+    timeout_secs = StrictIntegerField(required=False, allow_null=True, default=None)
+    env = serializers.DictField(child=StrictCharField(allow_blank=True, trim_whitespace=False), required=False)
+    callback_url = StrictCharField(required=False, allow_blank=True, default="", trim_whitespace=False)
+    metadata = serializers.DictField(required=False, allow_null=True)
 
     def validate_callback_url(self, value: str) -> str:
         return _check_url(value, ("http", "https")) if value else value
@@ -139,6 +193,14 @@ class EvaluateRequestSerializer(serializers.Serializer):
             raise serializers.ValidationError(f"must be at most {MAX_METADATA_BYTES} bytes as JSON")
         return value
 
+
+class EvaluateRequestSerializer(SubmissionSerializer):
+    task_url = StrictCharField(trim_whitespace=False)
+    static_assets = serializers.DictField(required=False, allow_null=True)
+
+    def validate_task_url(self, value: str) -> str:
+        return check_task_url(value, self.config)
+
     def validate_static_assets(self, value):
         """Checked against STATIC_ASSETS_ROOT and the executor's group now, and again when it runs."""
         if not value:
@@ -154,6 +216,35 @@ class EvaluateRequestSerializer(serializers.Serializer):
         return value
 
 
+class BatchRequestSerializer(SubmissionSerializer):
+    """POST /batches (SPEC §14): one agent, 1 to MAX_BATCH_TASKS distinct task URLs.
+
+    One bad URL refuses the whole batch; the error names its index (``task_urls[3]: ...``).
+    """
+
+    task_urls = serializers.ListField(child=serializers.JSONField(), allow_empty=True)
+
+    def validate_task_urls(self, value: list) -> list[str]:
+        limit = self.config.max_batch_tasks
+        if not value:
+            raise serializers.ValidationError("must name at least one task URL")
+        if len(value) > limit:
+            raise serializers.ValidationError(f"has {len(value)} task URLs; at most {limit} are allowed")
+        seen: dict[str, int] = {}
+        for i, url in enumerate(value):
+            where = f"task_urls[{i}]"
+            if not isinstance(url, str) or not url or "\x00" in url:
+                raise serializers.ValidationError(f"{where}: must be a non-empty string")
+            try:
+                check_task_url(url, self.config)
+            except serializers.ValidationError as exc:
+                raise serializers.ValidationError(f"{where}: {' '.join(map(str, exc.detail))}") from None
+            if url in seen:
+                raise serializers.ValidationError(f"{where}: the same URL as task_urls[{seen[url]}]")
+            seen[url] = i
+        return value
+
+
 # -- the fast path -----------------------------------------------------------------------------
 # DRF builds a serializer's fields anew for every instance (a deepcopy of each declared field),
 # and runs each through its validators: more CPU than the rest of a refused POST, enough to
@@ -163,6 +254,7 @@ class EvaluateRequestSerializer(serializers.Serializer):
 # and any rule that fails, goes through the serializer, which decides and words the error.
 
 _FIELD_NAMES = frozenset(EvaluateRequestSerializer._declared_fields)
+_ARCHIVE_FIELDS = frozenset({"agent_archive", "agent_entrypoint"})
 
 
 def _is_text(value) -> bool:
@@ -179,8 +271,8 @@ def _is_text(value) -> bool:
 
 def _plain_request(data, config: Config) -> dict | None:
     """The serializer's validated_data for a plain, valid request; None for any other."""
-    if type(data) is not dict or not _FIELD_NAMES.issuperset(data):
-        return None
+    if type(data) is not dict or not _FIELD_NAMES.issuperset(data) or not _ARCHIVE_FIELDS.isdisjoint(data):
+        return None  # an archive agent goes through the serializer, which checks the archive
     agent_code, task_url = data.get("agent_code"), data.get("task_url")
     language, callback_url = data.get("agent_language", "python"), data.get("callback_url", "")
     timeout_secs = data.get("timeout_secs")

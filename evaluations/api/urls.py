@@ -1,7 +1,7 @@
 from django.urls import path
 from drf_spectacular.views import SpectacularJSONAPIView, SpectacularSwaggerView
 
-from evaluations.api import logs, schema, views  # noqa: F401  (schema documents the views as it loads)
+from evaluations.api import batches, logs, schema, views  # noqa: F401  (schema documents the views as it loads)
 from evaluations.api.assets import AssetListView
 from evaluations.api.environments import EnvironmentListView
 from evaluations.metrics import metrics_view
@@ -13,7 +13,10 @@ urlpatterns = [
     path("evaluate", views.EvaluateView.as_view(), name="evaluate"),
     path("evaluate/<str:eval_id>", views.EvaluationDetailView.as_view(), name="evaluation-detail"),
     path("evaluate/<str:eval_id>/logs", logs.EvaluationLogView.as_view(), name="evaluation-logs"),
+    path("evaluate/<str:eval_id>/retry", views.EvaluationRetryView.as_view(), name="evaluation-retry"),
     path("evaluations", views.EvaluationListView.as_view(), name="evaluation-list"),
+    path("batches", batches.BatchListView.as_view(), name="batch-list"),
+    path("batches/<str:batch_id>", batches.BatchDetailView.as_view(), name="batch-detail"),
     path("assets", AssetListView.as_view(), name="asset-list"),
     path("environments", EnvironmentListView.as_view(), name="environment-list"),
     path("api/schema", SpectacularJSONAPIView.as_view(), name="api-schema"),

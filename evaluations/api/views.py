@@ -12,15 +12,16 @@ import uuid
 
 from django.conf import settings
 from django.db import DEFAULT_DB_ALIAS, connection, connections
-from django.db.models import Avg, Q
+from django.db.models import Avg
 from rest_framework import status as http
 from rest_framework.permissions import AllowAny
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from evaluations import admission, checks, environments, languages, lifecycle, stats, wakeup
+from evaluations import admission, agents, checks, environments, languages, lifecycle, retry, stats, wakeup
 from evaluations.api import rows
 from evaluations.api.errors import ApiError, envelope
+from evaluations.api.paging import Page
 from evaluations.api.serializers import validate_evaluate_request
 from evaluations.models import Evaluation, Status, TestResult, Transition
 from evaluations.representation import (
@@ -124,7 +125,7 @@ class StatusView(PublicView):
         )
 
 
-def _request_fingerprint(payload: dict) -> str:
+def request_fingerprint(payload: dict) -> str:
     return hashlib.sha256(json.dumps(payload, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
 
@@ -174,20 +175,48 @@ def _log_refusal(limit: int) -> None:
         _refusals.update(count=0, logged_at=now)
 
 
+def idempotency_key(request) -> str | None:
+    """The request's Idempotency-Key header, checked: POST /evaluate and POST /batches read it alike."""
+    key = request.headers.get("Idempotency-Key")
+    if key is not None and not 0 < len(key) <= MAX_IDEMPOTENCY_KEY:
+        raise ApiError(
+            400,
+            "invalid_request",
+            f"Idempotency-Key must be 1 to {MAX_IDEMPOTENCY_KEY} characters",
+            fields={"Idempotency-Key": [f"must be 1 to {MAX_IDEMPOTENCY_KEY} characters"]},
+        )
+    return key
+
+
+def _at_capacity(config) -> ApiError:
+    """POST /evaluate's and the retry's 503: every pending and running single evaluation counts."""
+    _log_refusal(config.admission_limit)
+    return at_capacity(
+        f"the executor is at capacity ({config.admission_limit} evaluations pending or running); retry later"
+    )
+
+
+def at_capacity(detail: str) -> ApiError:
+    return ApiError(
+        503,
+        "at_capacity",
+        detail,
+        headers={"Retry-After": str(_retry_after_secs(settings.EXECUTOR.max_concurrent_evals))},
+        logged=True,
+    )
+
+
+def idempotency_conflict() -> ApiError:
+    return ApiError(409, "idempotency_conflict", "this Idempotency-Key was used with a different request body")
+
+
 class EvaluateView(APIView):
     def post(self, request):
         config = settings.EXECUTOR
-        key = request.headers.get("Idempotency-Key")
-        if key is not None and not 0 < len(key) <= MAX_IDEMPOTENCY_KEY:
-            raise ApiError(
-                400,
-                "invalid_request",
-                f"Idempotency-Key must be 1 to {MAX_IDEMPOTENCY_KEY} characters",
-                fields={"Idempotency-Key": [f"must be 1 to {MAX_IDEMPOTENCY_KEY} characters"]},
-            )
+        key = idempotency_key(request)
         data = validate_evaluate_request(request.data, config)
         fields = {
-            "agent_code": data["agent_code"],
+            **agents.model_fields(data),
             "language": data["agent_language"],
             "task_url": data["task_url"],
             "timeout_secs": data.get("timeout_secs"),
@@ -202,24 +231,13 @@ class EvaluateView(APIView):
                 limit=config.admission_limit,
                 scope=request.user.scope,
                 key=key,
-                request_sha256=_request_fingerprint(request.data),
+                request_sha256=request_fingerprint(request.data),
                 data_dir=config.data_dir,
             )
         except admission.AtCapacity:
-            _log_refusal(config.admission_limit)
-            raise ApiError(
-                503,
-                "at_capacity",
-                f"the executor is at capacity ({config.admission_limit} evaluations pending or running); retry later",
-                headers={"Retry-After": str(_retry_after_secs(config.max_concurrent_evals))},
-                logged=True,
-            ) from None
+            raise _at_capacity(config) from None
         except admission.IdempotencyConflict:
-            raise ApiError(
-                409,
-                "idempotency_conflict",
-                "this Idempotency-Key was used with a different request body",
-            ) from None
+            raise idempotency_conflict() from None
         location = f"/evaluate/{eval_id}"
         return Response(
             {"eval_id": str(eval_id), "status": Status.PENDING},
@@ -272,52 +290,36 @@ class EvaluationDetailView(APIView):
         return Response({"eval_id": str(evaluation.id), "status": outcome}, status=http.HTTP_202_ACCEPTED)
 
 
-class EvaluationListView(APIView):
-    DEFAULT_LIMIT = 100
-    MAX_LIMIT = 1000
+class EvaluationRetryView(APIView):
+    """POST /evaluate/{id}/retry: a new pending evaluation with an ended one's request (retry.py)."""
 
-    def get(self, request):
-        params = request.query_params
-        problems: dict[str, list[str]] = {}
-        queryset = Evaluation.objects.order_by("-created_at", "-id")
-        status_filter = params.get("status")
-        if status_filter is not None:
-            if status_filter not in Status.values:
-                problems["status"] = [f"must be one of {', '.join(Status.values)}"]
-            queryset = queryset.filter(status=status_filter)
-        limit = self.DEFAULT_LIMIT
-        if params.get("limit") is not None:
-            try:
-                limit = int(params["limit"])
-                if not 1 <= limit <= self.MAX_LIMIT:
-                    raise ValueError
-            except ValueError:
-                problems["limit"] = [f"must be an integer from 1 to {self.MAX_LIMIT}"]
-        before = params.get("before")
-        if before is not None:
-            anchor = None
-            try:
-                anchor = Evaluation.objects.filter(id=uuid.UUID(before)).values("id", "created_at").first()
-            except ValueError:
-                pass
-            if anchor is None:
-                problems["before"] = ["must be the eval_id of an existing evaluation"]
-            else:
-                queryset = queryset.filter(
-                    Q(created_at__lt=anchor["created_at"]) | Q(created_at=anchor["created_at"], id__lt=anchor["id"])
-                )
-        if problems:
+    def post(self, request, eval_id):
+        config = settings.EXECUTOR
+        evaluation = _get_evaluation(eval_id)
+        if not evaluation.is_terminal:
             raise ApiError(
-                400, "invalid_request", "the query is invalid: " + ", ".join(sorted(problems)), fields=problems
+                409, "not_finished", f"evaluation {eval_id} is still {evaluation.status}; retry it once it ended"
             )
-        rows = list(queryset.only("id", "task_url", "language", "status", "passed", "created_at")[: limit + 1])
-        headers = {}
-        if len(rows) > limit:
-            rows = rows[:limit]
-            query = {"limit": str(limit), "before": str(rows[-1].id)}
-            if status_filter:
-                query["status"] = status_filter
-            from urllib.parse import urlencode
+        try:
+            new = retry.retry(evaluation, config=config, scope=request.user.scope)
+        except admission.AtCapacity:
+            raise _at_capacity(config) from None
+        # Pending as admitted, as POST /evaluate answers: a worker may claim it before this reply is written.
+        return Response(
+            {"eval_id": str(new.id), "status": Status.PENDING, "retry_of": str(evaluation.id)},
+            status=http.HTTP_202_ACCEPTED,
+            headers={"Location": f"/evaluate/{new.id}"},
+        )
 
-            headers["Link"] = f'<{request.build_absolute_uri(request.path)}?{urlencode(query)}>; rel="next"'
-        return Response([summary_json(row) for row in rows], headers=headers)
+
+class EvaluationListView(APIView):
+    def get(self, request):
+        page = Page(
+            request,
+            Evaluation,
+            noun="eval",
+            statuses=Status.values,
+            by_status=lambda queryset, value: queryset.filter(status=value),
+        )
+        fields = ("id", "task_url", "language", "status", "passed", "created_at")
+        return page.response(list(page.queryset.only(*fields)[: page.limit + 1]), summary_json)

@@ -31,11 +31,19 @@ from evaluations.safefs import SafeFSError, open_root_dir, open_subdir
 _CHUNK = 1 << 16
 _MAX_TAR_PADDING = 1 << 20  # tar pads to its record size (10 KiB by default)
 _IGNORED_TOP_LEVEL = {"__MACOSX", ".DS_Store"}
+_SUBJECT = "task archive"  # every ArchiveError sentence starts so; extract_archive's subject replaces it
 _NOT_AN_ARCHIVE = "task archive is not a .tar.gz, .tar or .zip file"
 
 
 class ArchiveError(Exception):
-    """The task archive is unreadable or unsafe; the message says why in one sentence."""
+    """The task archive is unreadable or unsafe; the message says why in one sentence.
+
+    ``transient``: the host failed (its disk full), not the archive; another try may succeed.
+    """
+
+    def __init__(self, message: str, *, transient: bool = False):
+        super().__init__(message)
+        self.transient = transient
 
 
 @dataclass(frozen=True)
@@ -59,11 +67,24 @@ class _Member:
     handle: tarfile.TarInfo | zipfile.ZipInfo
 
 
-def extract_archive(archive_path: Path | str, dest_dir: Path | str, *, max_members: int, max_bytes: int) -> None:
+def extract_archive(
+    archive_path: Path | str, dest_dir: Path | str, *, max_members: int, max_bytes: int, subject: str = _SUBJECT
+) -> None:
     """Extract a task archive into ``dest_dir`` (created if missing).
 
-    The format is recognised by content, not by name. Raises ``ArchiveError``.
+    The format is recognised by content, not by name. Raises ``ArchiveError``, whose sentence
+    starts with ``subject`` ("agent archive" for an agent project, evaluations/agents.py).
     """
+    try:
+        _extract_archive(archive_path, dest_dir, max_members, max_bytes)
+    except ArchiveError as exc:
+        text = str(exc)
+        if subject != _SUBJECT and text.startswith(_SUBJECT):
+            raise ArchiveError(subject + text[len(_SUBJECT) :]) from None
+        raise
+
+
+def _extract_archive(archive_path: Path | str, dest_dir: Path | str, max_members: int, max_bytes: int) -> None:
     kind = _sniff(archive_path)
     os.makedirs(dest_dir, exist_ok=True)
     try:
@@ -83,7 +104,7 @@ def extract_archive(archive_path: Path | str, dest_dir: Path | str, *, max_membe
         raise ArchiveError(f"task archive cannot be extracted: {exc}") from None
     except OSError as exc:
         if exc.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):  # our disk, not the archive
-            raise ArchiveError(f"task archive cannot be extracted ({_describe(exc)})") from None
+            raise ArchiveError(f"task archive cannot be extracted ({_describe(exc)})", transient=True) from None
         raise ArchiveError(f"task archive is corrupt ({_describe(exc)})") from None
     except (tarfile.TarError, zipfile.BadZipFile, zlib.error, EOFError, ValueError) as exc:
         raise ArchiveError(f"task archive is corrupt ({_describe(exc)})") from None

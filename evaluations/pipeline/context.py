@@ -12,7 +12,7 @@ from evaluations import livelog
 from evaluations.egress import EgressProxy
 from evaluations.egress.relay import ensure_socat_bundle
 from evaluations.environments import Environment
-from evaluations.models import Evaluation
+from evaluations.models import CANCEL_KINDS, ErrorKind, Evaluation
 from evaluations.pipeline import gitrepo, toolchains, urlguard
 from evaluations.pipeline.cancel import CancelState, Stop
 from evaluations.pipeline.session import Session
@@ -23,11 +23,27 @@ from executor_project.config import Config
 
 
 class StepFailed(Exception):
-    """The evaluation fails; the message is the cause (the step name is added)."""
+    """The evaluation fails; the message is the cause (the step name is added).
+
+    ``kind``: the SPEC §14 error_kind when the raiser knows it (ErrorKind.AGENT_INVALID for a
+    broken agent install, say); None leaves it to the step's rule in run.py.
+    """
+
+    def __init__(self, message: str, *, kind: str | None = None):
+        super().__init__(message)
+        self.kind = kind
 
 
 class Cancelled(Exception):
-    """The evaluation is cancelled (DELETE, TTL, agent timeout, shutdown)."""
+    """The evaluation is cancelled (DELETE, TTL, agent timeout, shutdown).
+
+    ``kind``: its error_kind: ErrorKind.AGENT_TIMEOUT for the agent's timeout; for a cancel
+    asked on the row, models.CANCEL_KINDS by its reason (a shutdown is infrastructure); None: cancelled.
+    """
+
+    def __init__(self, message: str, *, kind: str | None = None):
+        super().__init__(message)
+        self.kind = kind
 
 
 class WorkerLost(Exception):
@@ -152,7 +168,8 @@ class Context:
     def raise_cancelled(self):
         if self.cancel.stop is Stop.WORKER_LOST:
             raise WorkerLost(self.cancel.reason)
-        raise Cancelled(self.cancel.reason or "cancelled")
+        reason = self.cancel.reason or "cancelled"
+        raise Cancelled(reason, kind=CANCEL_KINDS.get(reason, ErrorKind.CANCELLED))
 
     def check_cancelled(self) -> None:
         if self.cancel.is_set():
@@ -164,12 +181,22 @@ RELAY_BUNDLE = ".egress-relay"
 
 
 def limit_failure(result: CommandResult, what: str, budget_name: str, budget: float) -> StepFailed | None:
-    """The step's failure when the runtime ended ``what`` for a limit (None if it did not)."""
+    """The step's failure when the runtime ended ``what`` for a limit (None if it did not).
+
+    A timeout is left to the step's rule (an install over INSTALL_TIMEOUT_SECS is the task's);
+    memory, disk and processes are limit_exceeded.
+    """
     if result.limit is Limit.TIMEOUT:
         return StepFailed(f"{what} timed out ({budget_name}={int(budget)} s)")
     if result.limit is not None:
-        return StepFailed(f"{result.limit_detail} in {what}")
+        return StepFailed(f"{result.limit_detail} in {what}", kind=ErrorKind.LIMIT_EXCEEDED)
     return None
+
+
+def last_line(output: str) -> str:
+    """A failed command's cause, for the error sentence: its last non-empty line."""
+    lines = [line.strip() for line in output.strip().splitlines() if line.strip()]
+    return lines[-1][:300] if lines else "no output"
 
 
 def deadline_in(seconds: float) -> float:

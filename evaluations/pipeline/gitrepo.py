@@ -116,7 +116,8 @@ _GIT_CONFIG = (
 )
 
 
-def _git_argv(*settings: str) -> list[str]:
+def git_argv(*settings: str) -> list[str]:
+    """git with the hardening settings above; the task importer's scratch clones use it too."""
     argv = ["git"]
     for item in (*_GIT_CONFIG, *settings):
         argv += ["-c", item]
@@ -125,7 +126,7 @@ def _git_argv(*settings: str) -> list[str]:
 
 def _sh_git(*settings: str) -> str:
     """The same git prefix, as words of a shell script."""
-    return " ".join(shlex.quote(word) for word in _git_argv(*settings))
+    return " ".join(shlex.quote(word) for word in git_argv(*settings))
 
 
 # The whole clone, in dest with GIT_DIR (dest/.git) and GIT_WORK_TREE (dest) set. $1 the URL,
@@ -211,7 +212,31 @@ _PATCH_STAGES = {
 
 
 class GitError(Exception):
-    """A git step failed; the message is one sentence naming the step and cause."""
+    """A git step failed; the message is one sentence naming the step and cause.
+
+    ``transient``: the network failed (a timeout, a host that does not answer or resolve, a 5xx):
+    another try may succeed. ``limit_exceeded``: the runtime stopped git for a limit (memory,
+    disk, processes). Neither: the repository or the commit asked for is wrong.
+    """
+
+    def __init__(self, message: str, *, transient: bool = False, limit_exceeded: bool = False):
+        super().__init__(message)
+        self.transient = transient
+        self.limit_exceeded = limit_exceeded
+
+
+# What git and its libcurl print when the network, not the repository, failed; git exits 128 for
+# both, so its words are all there is to tell them apart.
+_NETWORK_TROUBLE = re.compile(
+    r"Could not resolve (?:host|proxy)|Failed to connect|Couldn't connect|Connection refused|Connection reset"
+    r"|timed out|Empty reply from server|early EOF|RPC failed|remote end hung up|Recv failure|Send failure"
+    r"|returned error: (?:5\d\d|408|429)|Received HTTP code 5\d\d from proxy",
+    re.IGNORECASE,
+)
+
+
+def network_trouble(output: str) -> bool:
+    return bool(_NETWORK_TROUBLE.search(output))
 
 
 class RunResult(Protocol):
@@ -381,18 +406,18 @@ class _Git:
         """``git <_GIT_CONFIG> <args>``, or ``args`` as they are when ``bare``."""
         remaining = self._deadline - time.monotonic()
         if remaining <= 0:
-            raise GitError(f"{what} timed out after {self._budget:g} s")
-        argv = [] if bare else _git_argv()
+            raise GitError(f"{what} timed out after {self._budget:g} s", transient=True)
+        argv = [] if bare else git_argv()
         env = dict(self._env)
         env.update(extra_env or {})
         result = self._run([*argv, *args], cwd=cwd, env=env, timeout_secs=remaining)
         if result.timed_out:
-            raise GitError(f"{what} timed out after {self._budget:g} s")
+            raise GitError(f"{what} timed out after {self._budget:g} s", transient=True)
         if result.limit_detail:
-            raise GitError(f"{what} was stopped: {result.limit_detail}")
+            raise GitError(f"{what} was stopped: {result.limit_detail}", limit_exceeded=True)
         if result.exit_code not in ok_codes:
             detail = _last_line(result.output, secret) or f"exit status {result.exit_code}"
-            raise GitError(f"{what} failed: {detail}")
+            raise GitError(f"{what} failed: {detail}", transient=network_trouble(result.output))
         return result
 
     def script(
@@ -425,7 +450,7 @@ class _Git:
         stage = stages.get(result.exit_code) if result.exit_code else None
         if stage:
             detail = _last_line(result.output, secret) or "no message"
-            raise GitError(f"{stage} failed: {detail}")
+            raise GitError(f"{stage} failed: {detail}", transient=network_trouble(result.output))
         return result
 
 

@@ -16,13 +16,14 @@ from __future__ import annotations
 
 import logging
 import os
+from typing import NamedTuple
 
 from django.db import close_old_connections
 
 from evaluations import lifecycle, livelog
 from evaluations.egress import EgressProxy
-from evaluations.models import Evaluation, Status, Step, TestResult
-from evaluations.pipeline import warm
+from evaluations.models import ErrorKind, Evaluation, Status, Step, TestResult
+from evaluations.pipeline import outcome, warm
 from evaluations.pipeline.cancel import CancelState
 from evaluations.pipeline.context import Cancelled, Context, StepFailed, WorkerLost
 from evaluations.pipeline.session import Session, remove_retired
@@ -44,10 +45,11 @@ def run_pipeline(eval_id: str, config: Config, *, runtime: Runtime, cancel: Canc
             ctx, lease = _prepare(eval_id, config, runtime, cancel)
         except Exception as exc:
             log.exception("could not prepare the evaluation")
-            lifecycle.finish(eval_id, Status.FAILED, error=f"queued: {_prepare_failure(exc)}")
+            error = f"queued: {_prepare_failure(exc)}"  # a uid pool exhausted, a host disk full...
+            lifecycle.finish(eval_id, Status.FAILED, error=error, kind=ErrorKind.INFRASTRUCTURE)
             return
-        status, error = _steps(ctx, log)
-        _cleanup(ctx, lease, status, error, log)
+        ending = _steps(ctx, log)
+        _cleanup(ctx, lease, ending, log)
 
 
 def _prepare(
@@ -95,8 +97,14 @@ def _prepare_failure(exc: Exception) -> str:
     return f"could not prepare the session: {exc.__class__.__name__}: {exc}"
 
 
-def _steps(ctx: Context, log) -> tuple[str, str]:
-    """Run the steps; return the final (status, error). None as status: ended elsewhere."""
+class Ending(NamedTuple):
+    status: str
+    error: str
+    kind: str | None  # SPEC §14 error_kind (pipeline/outcome.py)
+
+
+def _steps(ctx: Context, log) -> Ending:
+    """Run the steps; return how the evaluation ends."""
     eval_id = ctx.eval_id
     try:
         for name, step in STEPS:
@@ -105,22 +113,25 @@ def _steps(ctx: Context, log) -> tuple[str, str]:
                 ctx.egress.set_step(name)  # each connection is recorded under the step that made it
             if not lifecycle.record(eval_id, step=name):
                 log.info("ended elsewhere before %s; stopping", name)
-                return Status.CANCELLED, f"{name}: ended elsewhere"  # the conditional finish writes nothing
+                # The conditional finish writes nothing.
+                return Ending(Status.CANCELLED, f"{name}: ended elsewhere", ErrorKind.CANCELLED)
             livelog.append_step_marker(ctx.session.log, name)
             ctx.check_cancelled()
             step(ctx)
         return _verdict(eval_id)
     except (StepFailed, WorkerLost) as exc:
-        return Status.FAILED, f"{ctx.step}: {exc}"
+        return Ending(Status.FAILED, f"{ctx.step}: {exc}", outcome.of_exception(ctx.step, exc))
     except Cancelled as exc:
-        return Status.CANCELLED, f"{ctx.step}: {exc}"
+        return Ending(Status.CANCELLED, f"{ctx.step}: {exc}", outcome.of_exception(ctx.step, exc))
     except Exception as exc:
         log.exception("internal error in %s", ctx.step)
-        return Status.FAILED, f"{ctx.step}: internal error: {exc.__class__.__name__}: {exc}"
+        error = f"{ctx.step}: internal error: {exc.__class__.__name__}: {exc}"
+        return Ending(Status.FAILED, error, outcome.of_exception(ctx.step, exc))
 
 
-def _cleanup(ctx: Context, lease: uids.UidLease | None, status: str, error: str, log) -> None:
+def _cleanup(ctx: Context, lease: uids.UidLease | None, ending: Ending, log) -> None:
     eval_id, session, spawner, config = ctx.eval_id, ctx.session, ctx.spawner, ctx.config
+    status, error = ending.status, ending.error
     spawner.sweep()
     try:
         warm.release(ctx)  # the session's overlays unmounted, the cache's locks dropped
@@ -145,7 +156,7 @@ def _cleanup(ctx: Context, lease: uids.UidLease | None, status: str, error: str,
                 clean = True
             finally:
                 lease.release(clean=clean)  # clean: the next evaluation need not scrub it
-    lifecycle.finish(eval_id, status, error=error)
+    lifecycle.finish(eval_id, status, error=error, kind=ending.kind)
     log.info("finished %s%s", status, f": {error}" if error else "")
     if retired is not None:
         try:
@@ -201,13 +212,14 @@ def _keep_log(eval_id: str, session: Session, config: Config) -> None:
     Evaluation.objects.filter(id=eval_id).update(log=text)
 
 
-def _verdict(eval_id: str) -> tuple[str, str]:
-    """completed only if there is at least one test and every one passed."""
+def _verdict(eval_id: str) -> Ending:
+    """completed only if there is at least one test and every one passed (a timed-out one failed)."""
     results = list(TestResult.objects.filter(evaluation_id=eval_id).values_list("name", "passed"))
     failed = [name for name, passed in results if not passed]
     if not results:
-        return Status.FAILED, "running_tests: task defines no tests"
+        return Ending(Status.FAILED, "running_tests: task defines no tests", ErrorKind.TASK_INVALID)
     if failed:
         shown = ", ".join(failed[:5]) + (", ..." if len(failed) > 5 else "")
-        return Status.FAILED, f"running_tests: {len(failed)} of {len(results)} tests failed ({shown})"
-    return Status.COMPLETED, ""
+        error = f"running_tests: {len(failed)} of {len(results)} tests failed ({shown})"
+        return Ending(Status.FAILED, error, ErrorKind.TESTS_FAILED)
+    return Ending(Status.COMPLETED, "", None)

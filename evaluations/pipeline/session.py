@@ -2,7 +2,8 @@
 
 task/     the extracted archive (root only: hidden tests, original_pr.md)
 repo/     the repository; owned by the sandbox uid
-agent/    agent.<ext> and prompt.md, read-only to commands
+agent/    agent.<ext> and prompt.md, read-only to commands; an agent project's code/ (root's)
+          and env/ (its venv or node_modules, the sandbox uid's), pipeline/agentenv.py
 home/     HOME of every command; owned by the sandbox uid
 venv/     the task's Python venv (pipeline/toolchains.py); the sandbox uid's once written
 tmp/      /tmp (and TMPDIR) of every command, so it counts against the disk quota
@@ -49,6 +50,14 @@ class Session:
     @property
     def agent(self) -> Path:
         return self.root / "agent"
+
+    @property
+    def agent_code(self) -> Path:
+        return self.root / "agent" / "code"
+
+    @property
+    def agent_env(self) -> Path:
+        return self.root / "agent" / "env"
 
     @property
     def home(self) -> Path:

@@ -9,19 +9,23 @@ from pathlib import Path
 from django.db import transaction
 
 from evaluations import environments, languages, livelog
-from evaluations.models import Evaluation, TestResult
-from evaluations.pipeline import archive, gitrepo, static, taskspec, toolchains, urlguard, warm
-from evaluations.pipeline.context import Cancelled, Context, StepFailed, deadline_in, limit_failure, remaining
+from evaluations.models import ErrorKind, Evaluation, TestResult
+from evaluations.pipeline import archive, gitrepo, outcome, static, taskspec, toolchains, urlguard, warm
+from evaluations.pipeline.agentenv import agent_argv, installing_agent
+from evaluations.pipeline.context import (
+    Cancelled,
+    Context,
+    StepFailed,
+    deadline_in,
+    last_line,
+    limit_failure,
+    remaining,
+)
 from evaluations.runtime import Limit, Mount
 from evaluations.safefs import SafeFSError, write_file_nofollow
 
 # Linux refuses a single argv string over 128 KiB (MAX_ARG_STRLEN).
 MAX_PROMPT_ARG_BYTES = 128 * 1024 - 1
-
-
-def _last_line(output: str) -> str:
-    lines = [line.strip() for line in output.strip().splitlines() if line.strip()]
-    return lines[-1][:300] if lines else "no output"
 
 
 def _policy(config) -> urlguard.URLPolicy:
@@ -47,7 +51,9 @@ def downloading_task(ctx: Context) -> None:
         )
         root = archive.find_task_root(ctx.session.task)
         ctx.task = taskspec.load_task(root, allow_file_urls=config.allow_file_urls)
-    except (urlguard.FetchError, archive.ArchiveError, taskspec.TaskError) as exc:
+    except (urlguard.FetchError, archive.ArchiveError) as exc:
+        raise StepFailed(str(exc), kind=outcome.of_fetch(exc)) from None
+    except taskspec.TaskError as exc:
         raise StepFailed(str(exc)) from None
     finally:
         archive_path.unlink(missing_ok=True)
@@ -67,7 +73,10 @@ def _environment(ctx: Context) -> environments.Environment | None:
     if environment is None:
         return None
     if not ctx.runtime.isolated:
-        raise StepFailed(f"environment {environment.name} needs the sandbox, and this executor runs without one")
+        raise StepFailed(
+            f"environment {environment.name} needs the sandbox, and this executor runs without one",
+            kind=ErrorKind.INFRASTRUCTURE,
+        )
     language = languages.ALL.get(ctx.evaluation.language)
     needed = {"bash": "the shell of install commands and tests"}
     if language is not None:
@@ -113,7 +122,7 @@ def _clone(ctx: Context) -> None:
         )
     except (urlguard.FetchError, gitrepo.GitError) as exc:
         ctx.check_cancelled()
-        raise StepFailed(str(exc)) from None
+        raise StepFailed(str(exc), kind=outcome.of_git(exc)) from None
 
 
 def installing_deps(ctx: Context) -> None:
@@ -134,13 +143,15 @@ def installing_deps(ctx: Context) -> None:
             raise failure
         if result.exit_code != 0:
             raise StepFailed(
-                f"install command {command!r} exited with code {result.exit_code}: {_last_line(result.output)}"
+                f"install command {command!r} exited with code {result.exit_code}: {last_line(result.output)}"
             )
     ctx.spawner.sweep()
     try:
         warm.keep(ctx)  # stored when this evaluation builds the snapshot; the tests get HOME back as it is now
     except OSError as exc:
-        raise StepFailed(f"could not keep the install step's HOME for the tests: {exc}") from None
+        raise StepFailed(
+            f"could not keep the install step's HOME for the tests: {exc}", kind=ErrorKind.INFRASTRUCTURE
+        ) from None
 
 
 def running_agent(ctx: Context) -> None:
@@ -151,11 +162,14 @@ def running_agent(ctx: Context) -> None:
         raise StepFailed(f"agent language {evaluation.language!r} is not installed on this executor")
     prompt = ctx.task.prompt
     if len(prompt.encode()) > MAX_PROMPT_ARG_BYTES:
-        raise StepFailed(f"prompt.md is over {MAX_PROMPT_ARG_BYTES} bytes, too long for --instruction")
-    agent_file = ctx.session.agent / f"agent.{language.extension}"
+        raise StepFailed(
+            f"prompt.md is over {MAX_PROMPT_ARG_BYTES} bytes, too long for --instruction", kind=ErrorKind.TASK_INVALID
+        )
     prompt_file = ctx.session.agent / "prompt.md"
     # agent/ is root's (no command can plant a link there); written without following one anyway.
-    write_file_nofollow(ctx.session.agent, agent_file.name, evaluation.agent_code.encode(), 0o644)
+    if evaluation.agent_archive_id is None:  # an agent project is in agent/code (installing_agent)
+        name = f"agent.{language.extension}"
+        write_file_nofollow(ctx.session.agent, name, evaluation.agent_code.encode(), 0o644)
     write_file_nofollow(ctx.session.agent, prompt_file.name, prompt.encode(), 0o644)
     env = {
         **ctx.base_env(),
@@ -169,19 +183,19 @@ def running_agent(ctx: Context) -> None:
     timeout = evaluation.timeout_secs or config.agent_timeout_secs
     agent_folder = Mount(ctx.session.agent, str(ctx.session.agent), writable=False)
     policy = ctx.task_policy(network=config.agent_network, mounts=[agent_folder, *static.mounts(ctx)])
-    result = ctx.run(language.argv(str(agent_file), prompt), env=env, timeout_secs=timeout, policy=policy)
-    outcome = {"agent_output": result.output, "agent_exit_code": result.exit_code}
+    result = ctx.run(agent_argv(ctx, language, prompt), env=env, timeout_secs=timeout, policy=policy)
+    produced = {"agent_output": result.output, "agent_exit_code": result.exit_code}
     failure = None
     try:
         ctx.spawner.sweep()  # the agent's daemons die here, before anything is graded
-        if result.limit is Limit.TIMEOUT:
-            failure = Cancelled(f"agent timed out after {timeout} s")
+        if result.limit is Limit.TIMEOUT:  # SPEC §3: cancelled, and the tests do not run
+            failure = Cancelled(f"agent timed out after {timeout} s", kind=ErrorKind.AGENT_TIMEOUT)
         elif result.limit is not None:
-            failure = StepFailed(result.limit_detail)
+            failure = StepFailed(result.limit_detail, kind=ErrorKind.LIMIT_EXCEEDED)
         else:
-            outcome["agent_patch"] = _agent_patch(ctx)
+            produced["agent_patch"] = _agent_patch(ctx)
     finally:  # one write: the output whatever happened, and the patch when there is one
-        Evaluation.objects.filter(id=ctx.eval_id).update(**outcome)
+        Evaluation.objects.filter(id=ctx.eval_id).update(**produced)
     if failure is not None:
         raise failure
 
@@ -207,7 +221,7 @@ def running_tests(ctx: Context) -> None:
     session = ctx.session
     tests = static.fill_tests(ctx, ctx.task.tests)
     if not tests:
-        raise StepFailed("task defines no tests")
+        raise StepFailed("task defines no tests", kind=ErrorKind.TASK_INVALID)
     ctx.spawner.sweep()
     try:
         ctx.spawner.scrub()  # without the sandbox: what the agent left in the host's /tmp, /dev/shm
@@ -279,6 +293,7 @@ STEPS = (
     ("downloading_task", downloading_task),
     ("cloning_repo", cloning_repo),
     ("installing_deps", installing_deps),
+    ("installing_agent", installing_agent),  # pipeline/agentenv.py
     ("running_agent", running_agent),
     ("running_tests", running_tests),
 )

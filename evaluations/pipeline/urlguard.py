@@ -31,12 +31,22 @@ from evaluations.netrules import forbidden_reason
 MAX_URL_LENGTH = 2048
 USER_AGENT = "term-executor"
 _REDIRECTS = {301, 302, 303, 307, 308}
+_TRANSIENT_STATUSES = {408, 425, 429}  # the server asks to be asked again later (and every 5xx)
 _CHUNK = 1 << 16
 _TRANSPORT_HELPER = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)::")
 
 
 class FetchError(Exception):
-    """A download failed; the message is one human sentence."""
+    """A download failed; the message is one human sentence.
+
+    ``transient``: the network or the server failed (unreachable, refused, a name that does not
+    resolve, a timeout, a 5xx): another try may succeed. False: what was asked for is wrong
+    (a 404, a refused address, over the size cap) and will stay so.
+    """
+
+    def __init__(self, message: str, *, transient: bool = False):
+        super().__init__(message)
+        self.transient = transient
 
 
 class URLRefused(FetchError):
@@ -218,7 +228,7 @@ def _resolve(host: str, port: int, label: str) -> tuple[str, ...]:
         infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
     except (socket.gaierror, UnicodeError) as exc:
         reason = getattr(exc, "strerror", None) or str(exc)
-        raise URLRefused(f"{label} host {host} cannot be resolved ({reason})") from None
+        raise URLRefused(f"{label} host {host} cannot be resolved ({reason})", transient=True) from None
     addresses = tuple(dict.fromkeys(str(info[4][0]) for info in infos))
     if not addresses:
         raise URLRefused(f"{label} host {host} resolves to no address")
@@ -291,7 +301,7 @@ def _download(resolved, dest_path, max_bytes, deadline, timeout_secs, label, ssl
     remaining = deadline - time.monotonic()
     timed_out = f"{label} download from {resolved.host} did not finish within {timeout_secs} s"
     if remaining <= 0:
-        raise FetchError(timed_out)
+        raise FetchError(timed_out, transient=True)
     conn = pinned_connection(resolved, timeout_secs=remaining, ssl_context=ssl_context)
     # The socket timeout bounds each wait; the watchdog bounds the total, so a
     # server dripping one byte at a time cannot stretch the download.
@@ -317,22 +327,28 @@ def _download(resolved, dest_path, max_bytes, deadline, timeout_secs, label, ssl
             return location
         if not 200 <= response.status < 300:
             reason = " ".join(str(response.reason).split())[:80]  # the server's text: keep it short
-            raise FetchError(f"{label} {resolved.display} answered HTTP {response.status} {reason}".rstrip())
+            raise FetchError(
+                f"{label} {resolved.display} answered HTTP {response.status} {reason}".rstrip(),
+                transient=response.status >= 500 or response.status in _TRANSIENT_STATUSES,
+            )
         declared = _content_length(response)
         if declared is not None and declared > max_bytes:
             raise FetchError(f"{label} is larger than the limit of {max_bytes} bytes (Content-Length {declared})")
         got = _save(response, dest_path, max_bytes, label)
         if conn.aborted or time.monotonic() >= deadline:
-            raise FetchError(timed_out)
+            raise FetchError(timed_out, transient=True)
         if declared is not None and got < declared:
-            raise FetchError(f"{label} {resolved.display}: connection closed after {got} of {declared} bytes")
+            raise FetchError(
+                f"{label} {resolved.display}: connection closed after {got} of {declared} bytes", transient=True
+            )
         return None
     except FetchError:
         raise
     except (OSError, http.client.HTTPException) as exc:
         if conn.aborted or time.monotonic() >= deadline or isinstance(exc, TimeoutError):
-            raise FetchError(timed_out) from None
-        raise FetchError(f"{label} {resolved.display}: {_describe(exc)}") from None
+            raise FetchError(timed_out, transient=True) from None
+        # Refused, reset, unreachable, TLS, or our own disk full while saving: not the archive's fault.
+        raise FetchError(f"{label} {resolved.display}: {_describe(exc)}", transient=True) from None
     finally:
         watchdog.cancel()
         conn.close()

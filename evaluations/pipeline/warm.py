@@ -51,10 +51,8 @@ from evaluations.pipeline import gitrepo, mirror, static
 from evaluations.pipeline.context import Context, StepFailed
 from evaluations.safefs import (
     copy_tree_nofollow,
-    open_root_dir,
-    open_subdir,
+    open_parent,
     remove_tree_nofollow,
-    split_relpath,
     tree_size,
 )
 
@@ -465,30 +463,20 @@ def _rewrite_session_paths(ctx: Context, entry: Entry, name: str) -> None:
             _edit_file(root, relpath, lambda data: data.replace(old_b, new_b))
     for relpath in manifest.get("links", []):
         if relpath.split("/", 1)[0] == name:
-            parts = split_relpath(relpath)
-            root_fd = open_root_dir(root)
+            dir_fd, name_in_dir = open_parent(root, relpath, create=False)
             try:
-                dir_fd = open_subdir(root_fd, parts[:-1], create=False)
-            finally:
-                os.close(root_fd)
-            try:
-                target = os.readlink(parts[-1], dir_fd=dir_fd).replace(old, new)
-                os.unlink(parts[-1], dir_fd=dir_fd)
-                os.symlink(target, parts[-1], dir_fd=dir_fd)
-                os.chown(parts[-1], ctx.session.uid, ctx.session.uid, dir_fd=dir_fd, follow_symlinks=False)
+                target = os.readlink(name_in_dir, dir_fd=dir_fd).replace(old, new)
+                os.unlink(name_in_dir, dir_fd=dir_fd)
+                os.symlink(target, name_in_dir, dir_fd=dir_fd)
+                os.chown(name_in_dir, ctx.session.uid, ctx.session.uid, dir_fd=dir_fd, follow_symlinks=False)
             finally:
                 os.close(dir_fd)
 
 
 def _edit_file(root: Path, relpath: str, change) -> None:
-    parts = split_relpath(relpath)
-    root_fd = open_root_dir(root)
+    dir_fd, name = open_parent(root, relpath, create=False)
     try:
-        dir_fd = open_subdir(root_fd, parts[:-1], create=False)
-    finally:
-        os.close(root_fd)
-    try:
-        fd = os.open(parts[-1], os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)  # copied up here
+        fd = os.open(name, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)  # copied up here
     finally:
         os.close(dir_fd)
     with os.fdopen(fd, "r+b") as handle:

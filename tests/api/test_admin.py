@@ -44,6 +44,22 @@ def test_changelist_shows_columns_filters_and_search(admin_client, finished):
     )
 
 
+def test_changelist_filters_by_error_kind_and_the_detail_shows_it(admin_client, finished):
+    timed_out = Evaluation.objects.create(task_url="https://tasks.example.com/slow.tgz", status=Status.RUNNING)
+    lifecycle.finish(
+        timed_out.id, Status.CANCELLED, error="running_agent: agent timed out after 5 s", kind="agent_timeout"
+    )
+    html = admin_client.get("/admin/evaluations/evaluation/").content.decode()
+    assert "By error kind" in html and "agent_timeout" in html
+    only = admin_client.get("/admin/evaluations/evaluation/?error_kind__exact=agent_timeout").content.decode()
+    assert str(timed_out.id)[:8] in only and str(finished.id)[:8] not in only
+    assert '<span class="te-kind">agent_timeout</span>' in only
+    passed = admin_client.get("/admin/evaluations/evaluation/?error_kind__isnull=True").content.decode()
+    assert str(finished.id)[:8] in passed and str(timed_out.id)[:8] not in passed
+    detail = admin_client.get(f"/admin/evaluations/evaluation/{timed_out.id}/change/").content.decode()
+    assert '<span class="te-kind">agent_timeout</span> running_agent: agent timed out after 5 s' in detail
+
+
 def test_detail_is_read_only_with_inlines_and_preformatted_outputs(admin_client, finished):
     page = admin_client.get(f"/admin/evaluations/evaluation/{finished.id}/change/")
     assert page.status_code == 200

@@ -4,6 +4,7 @@ checks the layout and the log's scroll position on a live service.)"""
 
 from __future__ import annotations
 
+import hashlib
 import html as htmllib
 import re
 from datetime import timedelta
@@ -16,10 +17,11 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from evaluations import admin_format as fmt
-from evaluations import lifecycle
+from evaluations import agents, lifecycle
 from evaluations.admin import EvaluationAdmin
 from evaluations.models import Evaluation, Status, Step, TestResult, Transition, WorkerHeartbeat
 from evaluations.retry import retry
+from tests.helpers.archives import archive_bytes
 
 pytestmark = pytest.mark.django_db
 
@@ -100,6 +102,28 @@ def test_a_rerun_links_to_its_original_both_ways(admin_client):
     assert f'<a href="{CHANGELIST}{new.id}/change/">{str(new.id)[:8]}</a>' in detail(admin_client, original)
 
 
+def test_the_agent_is_shown_as_its_size_and_hash_never_its_code(admin_client):
+    code = "SECRET_AGENT_LINE = 1\n" * 100
+    one_file = make(Status.FAILED, **agents.model_fields({"agent_code": code}))
+    html = detail(admin_client, one_file)
+    assert "SECRET_AGENT_LINE" not in html
+    assert "one file, 2 KiB" in html and hashlib.sha256(code.encode()).hexdigest() in html
+    data = archive_bytes({"agent.py": "SECRET_AGENT_LINE = 2\n"})
+    project = make(Status.FAILED, **agents.model_fields({"agent_archive": data, "agent_entrypoint": "agent.py"}))
+    html = detail(admin_client, project)
+    assert "SECRET_AGENT_LINE" not in html
+    assert f"project archive, {len(data)} bytes, entry point <code>agent.py</code>" in html
+    assert hashlib.sha256(data).hexdigest() in html
+
+
+def test_a_retry_of_an_agent_project_runs_the_same_archive(settings):
+    data = archive_bytes({"main.py": "print(1)\n"})
+    original = make(Status.FAILED, **agents.model_fields({"agent_archive": data, "agent_entrypoint": "main.py"}))
+    new = retry(original, config=settings.EXECUTOR, scope="token-a")
+    assert (new.agent_code, new.agent_archive.data, new.agent_entrypoint) == ("", data, "main.py")
+    assert new.agent_sha256 == original.agent_sha256 == hashlib.sha256(data).hexdigest()
+
+
 def test_retry_is_one_function_for_the_admin_and_the_api(settings):
     original = make(Status.FAILED, timeout_secs=30, callback_url="https://cb.example.com/h")
     new = retry(original, config=settings.EXECUTOR, scope="token-a")
@@ -155,11 +179,11 @@ def test_the_list_shows_short_ids_task_names_errors_and_elapsed_time(admin_clien
     assert "Created (UTC)" in html
 
 
-def test_the_error_column_shows_error_kind_once_it_exists():
+def test_the_error_column_shows_the_error_kind():
     evaluation = Evaluation(error="downloading_task: could not fetch " + "x" * 200)
     shown = str(EvaluationAdmin.error_text(None, evaluation))
     assert "te-kind" not in shown and "…" in shown
-    evaluation.error_kind = "infrastructure"  # issue 17's field
+    evaluation.error_kind = "infrastructure"
     assert '<span class="te-kind">infrastructure</span>' in str(EvaluationAdmin.error_text(None, evaluation))
 
 
@@ -215,7 +239,7 @@ def test_the_detail_page_ships_at_most_128_kib_of_output_and_links_the_whole(adm
     assert 64 * 1024 < shipped <= 128 * 1024, shipped
     assert len(html.encode()) < 200 * 1024
     assert "END OF LOG" in html and 'data-source="stored"' in html
-    for field in ("agent_output", "agent_patch", "test_output", "task_prompt", "original_pr", "agent_code"):
+    for field in ("agent_output", "agent_patch", "test_output", "task_prompt", "original_pr"):
         url = f"{CHANGELIST}{evaluation.id}/whole/{field}/"
         assert f'href="{url}"' in html, field
         whole = admin_client.get(url)
@@ -229,6 +253,7 @@ def test_the_detail_page_ships_at_most_128_kib_of_output_and_links_the_whole(adm
 def test_the_whole_text_views_refuse_other_fields_and_strangers(admin_client, client):
     evaluation = make(Status.FAILED)
     assert admin_client.get(f"{CHANGELIST}{evaluation.id}/whole/idempotency_scope/").status_code == 404
+    assert admin_client.get(f"{CHANGELIST}{evaluation.id}/whole/agent_code/").status_code == 404  # never shown
     assert admin_client.get(f"{CHANGELIST}{evaluation.id}/test/0/").status_code == 404
     client.logout()
     for path in ("whole/agent_output/", "test/0/", "log/"):

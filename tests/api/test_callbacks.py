@@ -103,3 +103,40 @@ def test_no_callback_url_means_no_delivery():
     lifecycle.finish(evaluation.id, Status.COMPLETED)
     evaluation.refresh_from_db()
     assert evaluation.callback_state == "" and callbacks.lease_due(10) == []
+
+
+def ended_batch(url):
+    from evaluations import batches
+    from evaluations.models import Batch
+
+    batch = Batch.objects.create(agent_code="x", callback_url=url)
+    evaluation = Evaluation.objects.create(
+        batch=batch, task_url="https://x/t.tgz", agent_code="x", status=Status.RUNNING
+    )
+    assert lifecycle.finish(evaluation.id, Status.COMPLETED)
+    batches.settle(batch.id)  # after the commit lifecycle.finish's on_commit waits for (the test's transaction)
+    batch.refresh_from_db()
+    return batch, evaluation
+
+
+def test_a_batch_is_called_back_by_the_same_sender_retried_and_recorded(receiver, config):
+    from evaluations import batches
+
+    receiver.answers = [500]
+    batch, evaluation = ended_batch(receiver.server.url("/hook"))
+    assert batch.callback_state == "pending"
+    evaluation.refresh_from_db()
+    assert evaluation.callback_state == ""  # the batch calls back, not its evaluations
+    assert callbacks.lease_due(10) == [] and callbacks.lease_due(10, callbacks.BATCHES) == [batch.id]
+    assert callbacks.deliver(batch.id, config, callbacks.BATCHES) == "pending"
+    assert callbacks.deliver(batch.id, config, callbacks.BATCHES) == "delivered"
+    first, second = receiver.received
+    assert json.loads(second["body"]) == batches.batch_json(batch.id)
+    assert json.loads(second["body"])["reward"] == 1.0
+    assert second["headers"]["X-Batch-Id"] == str(batch.id) and "X-Eval-Id" not in second["headers"]
+    assert (
+        second["headers"]["X-Signature"] == "sha256=" + hmac.new(b"s3cret", second["body"], hashlib.sha256).hexdigest()
+    )
+    assert [h["headers"]["X-Callback-Attempt"] for h in (first, second)] == ["1", "2"]
+    assert list(batch.callback_attempts.values_list("attempt", "status_code")) == [(1, 500), (2, 200)]
+    assert not evaluation.callback_attempts.exists()

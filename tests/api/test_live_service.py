@@ -34,9 +34,10 @@ def test_twenty_concurrent_posts_admit_exactly_capacity(live_service):
 
 
 def metric(text: str, name: str) -> float:
-    match = re.search(rf"^{name} ([0-9.e+]+)$", text, re.M)
-    assert match, f"{name} missing from /metrics"
-    return float(match.group(1))
+    """A counter's value; the sum of its series when it has labels (failed and cancelled: by error_kind)."""
+    values = re.findall(rf"^{re.escape(name)}(?:{{[^}}]*}})? ([0-9.e+]+)$", text, re.M)
+    assert values, f"{name} missing from /metrics"
+    return sum(float(value) for value in values)
 
 
 def test_metrics_agree_whichever_worker_answers(live_service):
@@ -49,13 +50,14 @@ def test_metrics_agree_whichever_worker_answers(live_service):
         (
             metric(text, "term_executor_evaluations_total"),
             metric(text, "term_executor_evaluations_cancelled_total"),
+            metric(text, 'term_executor_evaluations_cancelled_total{error_kind="cancelled"}'),
             metric(text, "term_executor_queue_depth"),
             metric(text, "term_executor_evaluations_active"),
             metric(text, "term_executor_capacity"),
         )
         for text in scrapes
     }
-    assert figures == {(5.0, 2.0, 3.0, 0.0, 8.0)}
+    assert figures == {(5.0, 2.0, 2.0, 3.0, 0.0, 8.0)}
     status = request("GET", service.url("/status")).json()
     assert (status["total_evals"], status["cancelled"], status["queued_evals"]) == (5, 2, 3)
     last = scrapes[-1]

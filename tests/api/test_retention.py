@@ -34,8 +34,8 @@ def test_purge_keeps_the_counters_and_only_removes_old_ended_rows(settings, api)
     assert PurgedTotals.objects.get().total == 3
     for name in ("term_executor_evaluations_total", "term_executor_evaluations_failed_total",
                  "term_executor_evaluations_cancelled_total", "term_executor_evaluations_passed_total"):  # fmt: skip
-        line = next(line for line in metrics_before.splitlines() if line.startswith(name + " "))
-        assert line in api.get("/metrics").content.decode()
+        lines = [line for line in metrics_before.splitlines() if line.startswith((name + " ", name + "{"))]
+        assert lines and set(lines) <= set(api.get("/metrics").content.decode().splitlines()), name
     assert reaper.purge_old(config.retention_days) == 0  # idempotent
     assert reaper.purge_old(0) == 0  # 0 keeps everything
 
@@ -46,3 +46,29 @@ def test_reap_summary_counts_purged_rows(settings):
         dataclasses.replace(settings.EXECUTOR, retention_days=1, workspace_base=settings.EXECUTOR.data_dir / "none")
     )
     assert summary.purged == 1 and "purged=1" in summary.line()
+
+
+def test_purge_removes_emptied_batches_and_unused_agent_archives(settings):
+    from evaluations import agents
+    from evaluations.models import AgentArchive, Batch
+
+    long_ago = timezone.now() - timezone.timedelta(days=30)
+    old_digest = agents.store_archive(b"an agent nobody submitted for a month")
+    kept_digest = agents.store_archive(b"an agent a recent evaluation still uses")
+    fresh_digest = agents.store_archive(b"an agent submitted just now, its evaluation not yet written")
+    AgentArchive.objects.filter(sha256__in=[old_digest, kept_digest, fresh_digest]).update(last_used_at=long_ago)
+    agents.store_archive(b"an agent submitted just now, its evaluation not yet written")  # touched again
+
+    old_batch = Batch.objects.create(agent_archive_id=old_digest, finished_at=long_ago, status=Status.COMPLETED)
+    in_batch = ended(Status.COMPLETED, 30)
+    Evaluation.objects.filter(id=in_batch.id).update(batch=old_batch, agent_archive_id=old_digest)
+    live_batch = Batch.objects.create(agent_archive_id=kept_digest, finished_at=long_ago, status=Status.COMPLETED)
+    recent = ended(Status.COMPLETED, 1)
+    Evaluation.objects.filter(id=recent.id).update(batch=live_batch, agent_archive_id=kept_digest)
+
+    assert reaper.purge_old(7) == 1
+    assert list(Batch.objects.values_list("id", flat=True)) == [live_batch.id]  # the emptied one is gone
+    assert set(AgentArchive.objects.values_list("sha256", flat=True)) == {kept_digest, fresh_digest}
+    # Submitting the purged content again stores it again.
+    assert agents.store_archive(b"an agent nobody submitted for a month") == old_digest
+    assert AgentArchive.objects.filter(sha256=old_digest).exists()

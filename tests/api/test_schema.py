@@ -9,7 +9,7 @@ import pytest
 
 from evaluations.api import schema as api_schema
 from evaluations.api import urls as api_urls
-from evaluations.api.serializers import EvaluateRequestSerializer
+from evaluations.api.serializers import BatchRequestSerializer, EvaluateRequestSerializer
 from tests.helpers.service import PROJECT
 
 pytestmark = pytest.mark.django_db
@@ -38,6 +38,11 @@ def test_every_route_is_described(document):
     assert set(post["responses"]) == {"202", "400", "401", "409", "413", "503"}
     assert "Retry-After" in post["responses"]["503"]["headers"] and "Location" in post["responses"]["202"]["headers"]
     assert set(post["responses"]["202"]["links"]) == {"GetEvaluation", "CancelEvaluation", "TailLog"}
+    retry = document["paths"]["/evaluate/{eval_id}/retry"]["post"]
+    assert set(retry["responses"]) == {"202", "401", "404", "409", "503"}
+    assert "Retry-After" in retry["responses"]["503"]["headers"] and "Location" in retry["responses"]["202"]["headers"]
+    accepted = retry["responses"]["202"]["content"]["application/json"]["schema"]["$ref"].rsplit("/", 1)[1]
+    assert set(document["components"]["schemas"][accepted]["properties"]) == {"eval_id", "status", "retry_of"}
 
 
 def test_the_bearer_scheme_guards_exactly_the_private_routes(document):
@@ -60,13 +65,35 @@ def test_the_documented_fields_are_the_api_fields(document):
     assert set(schemas["EvaluateRequest"]["properties"]) == set(EvaluateRequestSerializer().fields)
     assert schemas["EvaluateRequest"]["additionalProperties"] is False
     assert set(schemas["Evaluation"]["properties"]) == {
-        "eval_id", "status", "step", "passed", "error", "duration_ms", "task_url", "language", "metadata",
+        "eval_id", "status", "step", "passed", "error", "duration_ms", "task_url", "language", "agent_sha256", "metadata",
         "created_at", "started_at", "finished_at", "test_results", "agent_output", "agent_exit_code",
         "agent_patch", "test_output", "transitions", "results_sha256", "egress", "resources", "cache",
+        "error_kind", "retry_of",
+    }  # fmt: skip
+    assert set(schemas["ErrorKindEnum"]["enum"]) == {
+        "tests_failed", "agent_timeout", "limit_exceeded", "agent_invalid", "task_invalid", "infrastructure",
+        "cancelled",
     }  # fmt: skip
     assert set(schemas["TestResult"]["properties"]) == {
         "name", "kind", "passed", "exit_code", "timed_out", "duration_ms", "output"
     }  # fmt: skip
+
+
+def test_the_batch_routes_are_described(document):
+    schemas = document["components"]["schemas"]
+    assert set(schemas["BatchRequest"]["properties"]) == set(BatchRequestSerializer().fields)
+    assert schemas["BatchRequest"]["additionalProperties"] is False
+    assert set(schemas["Batch"]["properties"]) == {
+        "batch_id", "status", "total", "finished", "passed", "failed", "cancelled", "reward", "created_at",
+        "finished_at", "evaluations",
+    }  # fmt: skip
+    assert set(schemas["BatchEvaluation"]["properties"]) == {"eval_id", "task_url", "status", "passed", "error_kind"}
+    post = document["paths"]["/batches"]["post"]
+    assert set(post["responses"]) == {"202", "400", "401", "409", "413", "503"}
+    assert "Retry-After" in post["responses"]["503"]["headers"]
+    assert {"get", "post"} == set(document["paths"]["/batches"])
+    assert {"get", "delete"} == set(document["paths"]["/batches/{batch_id}"])
+    assert "Link" in document["paths"]["/batches"]["get"]["responses"]["200"]["headers"]
 
 
 def raised_error_codes() -> set[str]:

@@ -1,7 +1,8 @@
-"""`manage.py evaluate TASK AGENT_FILE`: one evaluation here, through the worker's pipeline."""
+"""`manage.py evaluate TASK AGENT`: one evaluation here, through the worker's pipeline."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import pty
@@ -10,6 +11,7 @@ import signal
 import subprocess
 import sys
 import time
+import zipfile
 
 import pytest
 
@@ -20,7 +22,15 @@ from tests.helpers.service import PROJECT
 pytestmark = pytest.mark.slow
 
 CALC = PROJECT / "examples" / "calc"
-STEPS = ["downloading_task", "cloning_repo", "installing_deps", "running_agent", "running_tests", "cleanup"]
+STEPS = [
+    "downloading_task",
+    "cloning_repo",
+    "installing_deps",
+    "installing_agent",
+    "running_agent",
+    "running_tests",
+    "cleanup",
+]
 STEP_LINE = re.compile(r"^  ([a-z_]+) +([0-9]+\.[0-9]{2}) s$", re.M)
 
 
@@ -55,6 +65,31 @@ def test_a_url_with_json_prints_the_evaluation_object(cli, built_examples):
     assert body["metadata"]["submitted_with"] == "manage.py evaluate"
     assert "+    return a + b" in body["agent_patch"]
     assert [step for step, _ in STEP_LINE.findall(done.stderr)] == STEPS  # the progress went to stderr
+
+
+def test_an_agent_folder_and_an_agent_archive_are_sent_as_projects(cli, built_examples, tmp_path):
+    project = tmp_path / "my-agent"
+    (project / "lib").mkdir(parents=True)
+    (project / "lib" / "__init__.py").write_text("")
+    (project / "lib" / "solve.py").write_text((CALC / "solve_agent.py").read_text())
+    (project / "main.py").write_text("import lib.solve\n")
+    done = cli.evaluate(str(built_examples["dir"] / "calc-task"), str(project), "--json")
+    assert done.returncode == 0, done.stdout + done.stderr
+    body = json.loads(done.stdout)
+    assert body["passed"] is True and "patched calc.py" in body["agent_output"]
+    assert [step for step, _ in STEP_LINE.findall(done.stderr)] == STEPS
+    archive = tmp_path / "agent.zip"
+    with zipfile.ZipFile(archive, "w") as zf:
+        zf.write(project / "main.py", "src/run.py")
+        zf.writestr("src/lib/__init__.py", "")
+        zf.write(project / "lib" / "solve.py", "src/lib/solve.py")
+    done = cli.evaluate(str(built_examples["dir"] / "calc-task"), str(archive), "--entrypoint", "src/run.py", "--json")
+    assert done.returncode == 0, done.stdout + done.stderr
+    body = json.loads(done.stdout)
+    assert body["passed"] is True and body["agent_sha256"] == hashlib.sha256(archive.read_bytes()).hexdigest()
+    (project / "link.py").symlink_to("/etc/passwd")
+    done = cli.evaluate(str(built_examples["dir"] / "calc-task"), str(project))
+    assert done.returncode == 2 and "agent archive member 'link.py' is a symbolic link" in done.stderr
 
 
 def test_on_a_terminal_a_live_line_shows_the_current_step(cli, built_examples, tmp_path):
@@ -136,3 +171,38 @@ def test_it_refuses_to_start_with_a_message_and_exit_2(tmp_path, built_examples)
         assert done.returncode == 2 and "timeout_secs" in done.stderr
     finally:
         unmigrated.close()
+
+
+def test_several_tasks_are_a_batch_with_its_table_and_reward(cli, built_examples):
+    tasks = [str(built_examples["dir"] / "calc-task"), str(built_examples["dir"] / "calc-task.tar.gz"),
+             str(built_examples["dir"] / "layout-task")]  # fmt: skip
+    done = cli.evaluate(*tasks, str(CALC / "solve_agent.py"))
+    assert done.returncode == 1, done.stdout + done.stderr  # not every task passed
+    out = done.stdout
+    assert re.match(r"^batch [0-9a-f-]{36}: 3 tasks\n", out)
+    assert len(re.findall(r"^\[\d/3\] evaluation [0-9a-f-]{36}: file:///", out, re.M)) == 3
+    table = out[out.rindex("  task ") :]
+    rows = [line.split() for line in table.splitlines()[1:4]]
+    assert rows == [
+        [tasks[0], "completed", "yes", "-"],
+        [tasks[1], "completed", "yes", "-"],
+        [tasks[2], "failed", "no", rows[2][3]],  # error_kind: set by the outcomes' lifecycle (issue 17)
+    ]
+    assert re.search(r"^reward: 0\.667 \(2 of 3 tasks passed; batch [0-9a-f-]{36} completed\)$", out, re.M)
+
+
+def test_a_batch_with_json_prints_the_batch_object(cli, built_examples):
+    url = f"{built_examples['url']}/calc-task.tar.gz"
+    done = cli.evaluate(url, str(built_examples["dir"] / "calc-task"), str(CALC / "solve_agent.py"), "--json")
+    assert done.returncode == 0, done.stderr
+    body = json.loads(done.stdout)
+    assert (body["status"], body["total"], body["passed"], body["reward"]) == ("completed", 2, 2, 1.0)
+    assert body["evaluations"][0]["task_url"] == url
+    assert "reward: 1.000" in done.stderr
+
+
+def test_a_batch_refuses_the_same_task_twice_and_runs_nothing(cli, built_examples):
+    url = f"{built_examples['url']}/calc-task.tar.gz"
+    done = cli.evaluate(url, url, str(CALC / "solve_agent.py"))
+    assert done.returncode == 2
+    assert "task_urls: task_urls[1]: the same URL as task_urls[0]" in done.stderr

@@ -14,6 +14,7 @@ from __future__ import annotations
 import io
 import stat
 import tarfile
+import tempfile
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -153,3 +154,9 @@ def write_lying_zip_bomb(path: Path, *, real_size: int, declared_size: int, name
     raw[central + 24 : central + 28] = fake  # central directory: uncompressed size
     path.write_bytes(bytes(raw))
     return path
+
+
+def archive_bytes(files: dict[str, bytes | str | Exec], fmt: str = "tar.gz", *, top: str | None = None) -> bytes:
+    """``write_archive``'s bytes, e.g. an agent project for ``agent_archive`` (base64 of these)."""
+    with tempfile.TemporaryDirectory() as scratch:
+        return write_archive(Path(scratch) / f"archive.{fmt}", files, fmt, top=top).read_bytes()

@@ -51,15 +51,17 @@ def test_solving_agent_passes(tasks, e2e_config, sandbox):
     assert "-    return a - b" in evaluation.agent_patch and "+    return a + b" in evaluation.agent_patch
     assert "=== fail_to_pass_add (exit 0) ===\nadd-ok" in evaluation.test_output
     steps = [t.step for t in evaluation.transitions.all()]
-    assert steps == ["queued", "downloading_task", "cloning_repo", "installing_deps", "running_agent",
-                     "running_tests", "cleanup", "done"]  # fmt: skip
+    assert steps == ["queued", "downloading_task", "cloning_repo", "installing_deps", "installing_agent",
+                     "running_agent", "running_tests", "cleanup", "done"]  # fmt: skip
     assert evaluation.results_sha256 and evaluation.duration_ms is not None
+    assert evaluation.error_kind is None
 
 
 def test_non_solving_agent_fails_naming_the_test(tasks, e2e_config, sandbox):
     evaluation = evaluate(tasks.task(), NOOP, config=e2e_config, sandbox=sandbox)
     assert (evaluation.status, evaluation.passed) == ("failed", False)
     assert evaluation.error == "running_tests: 1 of 1 tests failed (fail_to_pass_add)"
+    assert evaluation.error_kind == "tests_failed"
 
 
 def test_agent_exiting_non_zero_that_solves_still_passes(tasks, e2e_config, sandbox):
@@ -79,6 +81,7 @@ def test_agent_timeout_cancels_without_running_tests(tasks, e2e_config, sandbox)
     )
     assert evaluation.status == "cancelled"
     assert evaluation.error == "running_agent: agent timed out after 1 s"
+    assert evaluation.error_kind == "agent_timeout"
     assert evaluation.test_results.count() == 0
 
 
@@ -90,6 +93,7 @@ def test_install_failure_names_the_command(tasks, e2e_config, sandbox):
         evaluation.error
         == "installing_deps: install command 'echo broken-dep >&2; exit 4' exited with code 4: broken-dep"
     )
+    assert evaluation.error_kind == "task_invalid"
 
 
 def test_missing_base_commit_fails_the_clone(tasks, e2e_config, sandbox):
@@ -98,6 +102,7 @@ def test_missing_base_commit_fails_the_clone(tasks, e2e_config, sandbox):
     evaluation = evaluate(url, SOLVER, config=e2e_config, sandbox=sandbox)
     assert evaluation.status == "failed"
     assert evaluation.error.startswith("cloning_repo: base_commit 1a2b3c4d5e not found in http://127.0.0.1:")
+    assert evaluation.error_kind == "task_invalid"
 
 
 def test_the_future_fix_is_unreachable_to_the_agent(tasks, e2e_config, sandbox):
@@ -130,6 +135,7 @@ def test_agent_sees_a_clean_environment(tasks, e2e_config, sandbox):
 def test_an_empty_test_set_fails(tasks, e2e_config, sandbox):
     evaluation = evaluate(tasks.task(tests={"README": "no scripts here\n"}), SOLVER, config=e2e_config, sandbox=sandbox)
     assert (evaluation.status, evaluation.error) == ("failed", "running_tests: task defines no tests")
+    assert evaluation.error_kind == "task_invalid"
 
 
 def test_test_budget_is_shared_and_an_overrun_is_timed_out(tasks, e2e_config, sandbox):
@@ -139,7 +145,7 @@ def test_test_budget_is_shared_and_an_overrun_is_timed_out(tasks, e2e_config, sa
     slow, after = evaluation.test_results.all()
     assert slow.timed_out and not slow.passed and slow.exit_code is None
     assert after.timed_out and "not run" in after.output
-    assert evaluation.status == "failed"
+    assert (evaluation.status, evaluation.error_kind) == ("failed", "tests_failed")  # a test over time failed
 
 
 FORK_STORM = """
@@ -177,6 +183,7 @@ def test_limits_fail_the_evaluation_naming_the_cause(tasks, e2e_config, sandbox,
     evaluation = evaluate(tasks.task(), agent, config=config, sandbox=sandbox)
     assert evaluation.status == "failed"
     assert evaluation.error.startswith(f"running_agent: {message}"), evaluation.error
+    assert evaluation.error_kind == "limit_exceeded"
     assert evaluation.test_results.count() == 0
 
 
@@ -231,6 +238,7 @@ def test_cancel_during_the_agent_kills_it_fast(tasks, e2e_config, sandbox):
     thread.join()
     assert time.monotonic() - holder["at"] < 2
     assert (evaluation.status, evaluation.error) == ("cancelled", "running_agent: cancelled by DELETE")
+    assert evaluation.error_kind == "cancelled"
 
 
 def test_bad_archive_fails_the_download_step(tasks, e2e_config, sandbox, tmp_path):
@@ -238,6 +246,7 @@ def test_bad_archive_fails_the_download_step(tasks, e2e_config, sandbox, tmp_pat
     evaluation = evaluate(f"{tasks.base_url}/junk.tar.gz", SOLVER, config=e2e_config, sandbox=sandbox)
     assert evaluation.status == "failed"
     assert evaluation.error == "downloading_task: task archive is not a .tar.gz, .tar or .zip file"
+    assert evaluation.error_kind == "task_invalid"
 
 
 def test_missing_workspace_key_is_named(tasks, e2e_config, sandbox):
@@ -245,6 +254,7 @@ def test_missing_workspace_key_is_named(tasks, e2e_config, sandbox):
     evaluation = evaluate(url, SOLVER, config=e2e_config, sandbox=sandbox)
     assert evaluation.status == "failed" and "base_commit" in evaluation.error
     assert evaluation.error.startswith("downloading_task: workspace.yaml")
+    assert evaluation.error_kind == "task_invalid"
 
 
 def test_settings_are_untouched(settings_snapshot=None):

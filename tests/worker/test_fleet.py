@@ -52,6 +52,7 @@ def test_a_worker_killed_mid_evaluation_leaves_nothing_behind(worker_service, ta
     service.worker.wait()
     body = wait_terminal(service, eval_id, timeout=20)
     assert (body["status"], body["error"]) == ("failed", "running_agent: executor worker lost")
+    assert body["error_kind"] == "infrastructure"
     wait_for(lambda: not tagged_processes(eval_id), 10, what="the lost evaluation's processes to die")
     reaped = service.manage("reap_sessions")
     assert reaped.stdout.startswith("reap_sessions:")
@@ -71,6 +72,7 @@ def test_a_worker_lost_without_notice_is_failed_by_the_reaper(worker_service, ta
         assert "lost=1" in out and "folders_removed=1" in out
         body = evaluation(service, eval_id)
         assert (body["status"], body["error"]) == ("failed", "running_agent: executor worker lost")
+        assert body["error_kind"] == "infrastructure"
         assert not tagged_processes(eval_id)
         assert not (workspace_base / eval_id).exists()
         # The evaluation process itself is alive (only its worker is frozen): it must notice its
@@ -97,6 +99,7 @@ def test_sigterm_stops_claiming_finishes_running_work_then_cancels_the_rest(work
     assert wait_terminal(service, quick)["passed"] is True
     body = wait_terminal(service, slow, timeout=20)
     assert (body["status"], body["error"]) == ("cancelled", "running_agent: executor shutting down")
+    assert body["error_kind"] == "infrastructure"  # neither the agent's nor the task's: retry it
     assert service.worker.wait(timeout=20) == 0
     assert evaluation(service, queued)["status"] == "pending"  # not claimed by a stopping worker
     service.start_worker()

@@ -48,7 +48,14 @@ def test_a_client_tails_the_live_log_while_the_agent_prints(worker_service, task
     whole = "".join(data for data, _complete in replies)
     # Each step's marker, then its commands' output, as it came. A step quicker than one poll
     # (the tests here) may only show up in the final chunk, so markers are checked on the whole.
-    for marker in ("downloading_task", "cloning_repo", "installing_deps", "running_agent", "running_tests"):
+    for marker in (
+        "downloading_task",
+        "cloning_repo",
+        "installing_deps",
+        "installing_agent",
+        "running_agent",
+        "running_tests",
+    ):
         assert f"=== {marker} ===\n" in whole
     ticks = [f"tick {i}\n" for i in range(TICKS)]
     positions = [whole.index(tick) for tick in ticks]

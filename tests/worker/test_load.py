@@ -20,7 +20,16 @@ from tests.helpers.polling import TERMINAL, wait_for
 pytestmark = pytest.mark.slow
 
 TRIVIAL_AGENT = "print('ok')\n"
-STEPS = ["downloading_task", "cloning_repo", "installing_deps", "running_agent", "running_tests", "cleanup", "done"]
+STEPS = [
+    "downloading_task",
+    "cloning_repo",
+    "installing_deps",
+    "installing_agent",
+    "running_agent",
+    "running_tests",
+    "cleanup",
+    "done",
+]
 
 
 def trivial_task(tasks) -> str:
@@ -73,7 +82,10 @@ def test_two_workers_run_two_hundred_evaluations_exactly_once(worker_service, ta
 
 
 def metric(text: str, name: str) -> float:
-    return float(re.search(rf"^{name} ([0-9.e+]+)$", text, re.M).group(1))
+    """A counter's value; the sum of its series when it has labels (failed and cancelled: by error_kind)."""
+    values = re.findall(rf"^{re.escape(name)}(?:{{[^}}]*}})? ([0-9.e+]+)$", text, re.M)
+    assert values, name
+    return sum(float(value) for value in values)
 
 
 def run_load(service, url: str, total: int, clients: int, seed: int, during=None) -> Counter:

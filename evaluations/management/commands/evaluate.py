@@ -1,4 +1,4 @@
-"""`manage.py evaluate TASK AGENT_FILE`: run one evaluation here, as the worker would, and show it.
+"""`manage.py evaluate TASK [TASK ...] AGENT`: run evaluations here, as the worker would, and show them.
 
 For task authors: check that the reference agent passes and an empty one
 fails before publishing a task. No server is needed; the configured database
@@ -6,13 +6,19 @@ is (run `manage.py migrate` once), and the evaluation is stored there like
 any other.
 
 1. TASK is a task folder, an archive or a URL (evaluations/localrun.py turns
-   it into a task_url; file:// URLs are allowed for this run only).
+   it into a task_url; file:// URLs are allowed for this run only). AGENT is
+   one source file (agent_code), or a project folder or archive (agent_archive,
+   SPEC §14; a folder is packed here).
 2. The request is checked by the API's own serializer, the sandbox chosen as
    run_worker chooses it, and the pipeline is the worker's.
 3. Each step is shown as it ends with its duration (on a terminal, a live
    line shows the current one), then a table of the tests.
 4. Exit status: 0 only if the evaluation passed; 1 if it did not; 2 if it
    could not start. --json prints the evaluation object on stdout instead.
+5. Several TASKs are a batch (SPEC §14), checked as POST /batches checks one:
+   each task runs in turn as above, then the batch table (task, status,
+   passed, error_kind) and the reward. Exit 0 only if every task passed;
+   --json prints the batch object (GET /batches/{id}).
 """
 
 from __future__ import annotations
@@ -30,10 +36,9 @@ from pathlib import Path
 
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
-from django.db import DatabaseError
 
-from evaluations import localrun
-from evaluations.api.serializers import EvaluateRequestSerializer
+from evaluations import agents, batches, localrun
+from evaluations.api.serializers import BatchRequestSerializer, EvaluateRequestSerializer
 from evaluations.models import Step
 from evaluations.representation import evaluation_json
 from evaluations.startup import StartupError, prepare_to_run
@@ -103,19 +108,56 @@ def verdict_line(evaluation) -> str:
     return f"{evaluation.status.upper()}: {evaluation.error} (evaluation {evaluation.id})\n"
 
 
+def batch_table(document: dict, labels: list[str]) -> str:
+    """One row per task of a batch object (batches.document), then its reward."""
+    rows = [("task", "status", "passed", "error_kind")]
+    for label, row in zip(labels, document["evaluations"], strict=True):
+        passed = "-" if row["passed"] is None else ("yes" if row["passed"] else "no")
+        rows.append((label, row["status"], passed, row["error_kind"] or "-"))
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    table = "".join(
+        "  " + "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() + "\n" for row in rows
+    )
+    reward = document["reward"]
+    shown = "-" if reward is None else f"{reward:.3f}"
+    return (
+        f"{table}reward: {shown} ({document['passed']} of {document['total']} tasks passed; "
+        f"batch {document['batch_id']} {document['status']})\n"
+    )
+
+
 class Command(BaseCommand):
     help = (
-        "Run one evaluation on this machine through the worker's pipeline and show it: TASK is a task "
-        "folder, an archive or a URL. Exits 0 only if the evaluation passed. Uses the configured database "
-        "(run `manage.py migrate` first)."
+        "Run evaluations on this machine through the worker's pipeline and show them: each TASK is a task "
+        "folder, an archive or a URL; several TASKs are a batch. Exits 0 only if every evaluation passed. "
+        "Uses the configured database (run `manage.py migrate` first)."
     )
     requires_system_checks = []  # the service's checks (AUTH_TOKEN...) say nothing about a local run
 
     def add_arguments(self, parser):
-        parser.add_argument("task", metavar="TASK", help="task folder, task archive, or http(s)/file URL of one")
-        parser.add_argument("agent_file", metavar="AGENT_FILE", help="the agent's source file")
-        parser.add_argument("--language", help="python, bash or node (default: from AGENT_FILE's extension)")
-        parser.add_argument("--json", action="store_true", help="print the evaluation object (JSON) on stdout")
+        parser.add_argument(
+            "task",
+            metavar="TASK",
+            nargs="+",
+            help="task folder, task archive, or http(s)/file URL of one; several: a batch",
+        )
+        parser.add_argument(
+            "agent_file",
+            metavar="AGENT",
+            help="the agent: one source file, a project folder, or a project archive (.tar.gz, .tgz, .zip)",
+        )
+        parser.add_argument(
+            "--language",
+            help="python, bash or node (default: from the file's extension, or the folder's entry point)",
+        )
+        parser.add_argument(
+            "--entrypoint", metavar="PATH", help="a project's entry point (default: agent.py/main.py, agent.sh, ...)"
+        )
+        parser.add_argument(
+            "--json",
+            action="store_true",
+            help="print the evaluation object (JSON; a batch: the batch object) on stdout",
+        )
         parser.add_argument("--timeout", type=int, metavar="SECS", help="agent timeout (default AGENT_TIMEOUT_SECS)")
         parser.add_argument(
             "--env", action="append", default=[], metavar="NAME=VALUE", help="agent environment (repeatable)"
@@ -129,7 +171,10 @@ class Command(BaseCommand):
         if options["verbosity"] < 2:
             for name in ("term_executor", "evaluations"):  # their INFO lines would break the progress line
                 logging.getLogger(name).setLevel(logging.WARNING)
-        self.check_database()
+        try:
+            localrun.check_database()
+        except localrun.LocalRunError as exc:
+            raise CommandError(str(exc), returncode=2) from exc
         config = dataclasses.replace(
             settings.EXECUTOR,
             allow_file_urls=True,
@@ -137,20 +182,52 @@ class Command(BaseCommand):
         )
         scratch = Path(tempfile.mkdtemp(prefix="te-evaluate-"))
         try:
-            fields = self.request_fields(options, scratch, config)
+            fields, task_urls = self.request_fields(options, scratch, config)
             try:
                 runtime = prepare_to_run(config)
             except StartupError as exc:
                 raise CommandError(str(exc), returncode=2) from exc
             owner = localrun.worker_id()
-            evaluation = localrun.create_claimed(fields, owner)
-            report.write(
-                f"evaluation {evaluation.id}: {fields['task_url']} ({fields['language']}, sandbox {runtime.name})\n"
-            )
-            run = localrun.LocalRun(str(evaluation.id), config, runtime, owner)
-            evaluation = self.run(run, Progress(report, report.isatty()))
+            with localrun.Heartbeat(owner, runtime):
+                if len(task_urls) > 1:
+                    return self.run_batch(fields, task_urls, options, config, runtime, owner, report)
+                evaluation = localrun.create_claimed({**fields, "task_url": task_urls[0]}, owner)
+                evaluation = self.run_one(evaluation, config, runtime, owner, report)
         finally:
             shutil.rmtree(scratch, ignore_errors=True)
+        self.show(evaluation, options, config, report)
+        if options["json"]:
+            self.stdout.write(json.dumps(evaluation_json(evaluation), indent=2))
+        if not evaluation.passed:
+            sys.exit(1)
+
+    def run_one(self, evaluation, config, runtime, owner, report):
+        report.write(
+            f"evaluation {evaluation.id}: {evaluation.task_url} ({evaluation.language}, sandbox {runtime.name})\n"
+        )
+        run = localrun.LocalRun(str(evaluation.id), config, runtime, owner)
+        return self.run(run, Progress(report, report.isatty()))
+
+    def run_batch(self, fields, task_urls, options, config, runtime, owner, report):
+        """Each task in turn, as one task runs; Ctrl-C stops the current one and cancels the rest."""
+        batch, evaluations = localrun.create_claimed_batch(fields, task_urls, owner)
+        report.write(f"batch {batch.id}: {len(evaluations)} tasks\n")
+        self.interrupted = False
+        for n, evaluation in enumerate(evaluations):
+            if self.interrupted:
+                localrun.cancel_unstarted(batch, evaluations[n:], "interrupted on the command line")
+                break
+            report.write(f"\n[{n + 1}/{len(evaluations)}] ")
+            self.show(self.run_one(evaluation, config, runtime, owner, report), options, config, report)
+        document = batches.batch_json(batch.id)
+        report.write("\n" + batch_table(document, options["task"]))
+        report.flush()
+        if options["json"]:
+            self.stdout.write(json.dumps(document, indent=2))
+        if document["passed"] != document["total"]:
+            sys.exit(1)
+
+    def show(self, evaluation, options, config, report) -> None:
         if options["keep"]:
             report.write(f"session folder kept: {config.workspace_base / str(evaluation.id)}\n")
         if options["verbosity"] >= 2:
@@ -159,31 +236,15 @@ class Command(BaseCommand):
         report.write("\n" + results_table(evaluation))
         report.write(verdict_line(evaluation))
         report.flush()
-        if options["json"]:
-            self.stdout.write(json.dumps(evaluation_json(evaluation), indent=2))
-        if not evaluation.passed:
-            sys.exit(1)
 
-    def check_database(self) -> None:
-        try:
-            pending = localrun.unapplied_migrations()
-        except DatabaseError as exc:
-            raise CommandError(f"cannot use the database: {exc}", returncode=2) from exc
-        if pending:
-            raise CommandError(
-                f"the database is not migrated ({len(pending)} migration(s) to apply): "
-                "run `python manage.py migrate` first",
-                returncode=2,
-            )
-
-    def request_fields(self, options, scratch: Path, config) -> dict:
+    def request_fields(self, options, scratch: Path, config) -> tuple[dict, list[str]]:
+        """The request's fields (as a row's) and its task URLs, checked by the API's own serializer."""
         agent_file = Path(options["agent_file"])
         try:
-            agent_code = agent_file.read_text(encoding="utf-8")
-            language = localrun.language_for(agent_file, options["language"])
-            task_url = localrun.task_url_for(options["task"], scratch)
+            agent = localrun.agent_request(agent_file, options["language"], options["entrypoint"], scratch)
+            task_urls = [localrun.task_url_for(task, scratch) for task in options["task"]]
         except (OSError, UnicodeDecodeError) as exc:
-            raise CommandError(f"AGENT_FILE {agent_file}: {exc}", returncode=2) from exc
+            raise CommandError(f"AGENT {agent_file}: {exc}", returncode=2) from exc
         except localrun.LocalRunError as exc:
             raise CommandError(str(exc), returncode=2) from exc
         env = {}
@@ -192,26 +253,30 @@ class Command(BaseCommand):
             if not sep:
                 raise CommandError(f"--env {item}: expected NAME=VALUE", returncode=2)
             env[name] = value
-        body = {"agent_code": agent_code, "agent_language": language, "task_url": task_url, "env": env}
+        body = {**agent, "env": env}
         if options["timeout"] is not None:
             body["timeout_secs"] = options["timeout"]
-        serializer = EvaluateRequestSerializer(data=body, context={"config": config})  # file:// URLs allowed
+        if len(task_urls) == 1:
+            body["task_url"] = task_urls[0]
+            serializer = EvaluateRequestSerializer(data=body, context={"config": config})  # file:// URLs allowed
+        else:
+            body["task_urls"] = task_urls
+            serializer = BatchRequestSerializer(data=body, context={"config": config})
         if not serializer.is_valid():
             problems = "; ".join(f"{name}: {' '.join(map(str, errors))}" for name, errors in serializer.errors.items())
             raise CommandError(f"the request is invalid: {problems}", returncode=2)
         data = serializer.validated_data
         return {
-            "agent_code": data["agent_code"],
+            **agents.model_fields(data),  # an archive is stored like a POST's
             "language": data["agent_language"],
-            "task_url": data["task_url"],
             "timeout_secs": data.get("timeout_secs"),
             "env": data.get("env") or {},
             "metadata": {
                 "submitted_with": "manage.py evaluate",
-                "task": options["task"],
+                **({"task": options["task"][0]} if len(task_urls) == 1 else {"tasks": options["task"]}),
                 "agent_file": str(agent_file),
             },
-        }
+        }, task_urls
 
     def run(self, run: localrun.LocalRun, progress: Progress):
         """Start the pipeline, show its steps until it ends; Ctrl-C or SIGTERM cancels it cleanly."""
@@ -229,6 +294,7 @@ class Command(BaseCommand):
                     progress.update(localrun.step_times(run.eval_id))
                     run.wait(interval)
                 except KeyboardInterrupt:
+                    self.interrupted = True
                     progress.out.write("\ninterrupted: cancelling (the evaluation's processes are being killed)\n")
                     run.request_cancel("interrupted on the command line")
         finally:

@@ -33,7 +33,7 @@ from django.db.models.functions import Now
 
 from evaluations import lifecycle, reaper, wakeup
 from evaluations.callbacks import Dispatcher
-from evaluations.models import SHUTTING_DOWN, TTL_EXPIRED, Evaluation, Status, WorkerHeartbeat
+from evaluations.models import SHUTTING_DOWN, TTL_EXPIRED, ErrorKind, Evaluation, Status, WorkerHeartbeat
 from evaluations.startup import StartupError, prepare_to_run
 from evaluations.worker.claim import claim
 from evaluations.worker.pool import Pool, describe_exit
@@ -174,7 +174,7 @@ class Command(BaseCommand):
             if row is None or row["status"] not in (Status.PENDING, Status.RUNNING):
                 continue
             reason = f"{row['step']}: executor process died ({describe_exit(exitcode)})"
-            lifecycle.finish(eval_id, Status.FAILED, error=reason)
+            lifecycle.finish(eval_id, Status.FAILED, error=reason, kind=ErrorKind.INFRASTRUCTURE)
             logger.error(reason, extra={"eval_id": eval_id})
             reaper.remove_orphan_folders(self.config.workspace_base)
 
@@ -187,7 +187,9 @@ class Command(BaseCommand):
             except Exception as exc:
                 reason = f"queued: could not start the evaluation process: {exc.__class__.__name__}: {exc}"
                 logger.exception(reason, extra={"eval_id": eval_id})
-                lifecycle.finish(eval_id, Status.FAILED, error=reason, expect=[Status.RUNNING])
+                lifecycle.finish(
+                    eval_id, Status.FAILED, error=reason, kind=ErrorKind.INFRASTRUCTURE, expect=[Status.RUNNING]
+                )
             else:
                 logger.info("claimed", extra={"eval_id": eval_id})
 

@@ -1,0 +1,88 @@
+"""POST /batches, GET /batches, GET and DELETE /batches/{id} (SPEC §14). Thin: the serializer validates,
+admission admits, evaluations/batches.py shows, ends and cancels."""
+
+from __future__ import annotations
+
+import uuid
+
+from django.conf import settings
+from rest_framework import status as http
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from evaluations import admission, agents, batches, wakeup
+from evaluations.api.errors import ApiError
+from evaluations.api.paging import Page
+from evaluations.api.serializers import BatchRequestSerializer
+from evaluations.api.views import at_capacity, idempotency_conflict, idempotency_key, request_fingerprint
+from evaluations.models import Batch, Status
+
+
+def _batch_pk(batch_id: str) -> uuid.UUID:
+    try:
+        return uuid.UUID(str(batch_id))
+    except ValueError:
+        raise ApiError(404, "not_found", f"no batch {batch_id}") from None
+
+
+class BatchListView(APIView):
+    def post(self, request):
+        config = settings.EXECUTOR
+        key = idempotency_key(request)
+        serializer = BatchRequestSerializer(data=request.data, context={"config": config})
+        serializer.is_valid(raise_exception=True)
+        data = serializer.validated_data
+        fields = {
+            **agents.model_fields(data),
+            "language": data["agent_language"],
+            "timeout_secs": data.get("timeout_secs"),
+            "env": data.get("env") or {},
+            "callback_url": data.get("callback_url") or "",
+            "metadata": data.get("metadata"),
+        }
+        try:
+            batch_id, eval_ids, _created = admission.admit_batch(
+                fields=fields,
+                task_urls=data["task_urls"],
+                max_open=config.max_open_batches,
+                scope=request.user.scope,
+                key=key,
+                request_sha256=request_fingerprint(request.data),
+                data_dir=config.data_dir,
+            )
+        except admission.AtCapacity:
+            raise at_capacity(
+                f"the executor is at capacity ({config.max_open_batches} batches unfinished); retry later"
+            ) from None
+        except admission.IdempotencyConflict:
+            raise idempotency_conflict() from None
+        return Response(
+            {"batch_id": str(batch_id), "eval_ids": [str(e) for e in eval_ids], "status": Status.PENDING},
+            status=http.HTTP_202_ACCEPTED,
+            headers={"Location": f"/batches/{batch_id}"},
+        )
+
+    def get(self, request):
+        page = Page(request, Batch, noun="batch", statuses=batches.STATUSES, by_status=batches.with_status)
+        rows = list(batches.summaries(page.queryset)[: page.limit + 1])
+        return page.response(rows, batches.summary_json)
+
+
+class BatchDetailView(APIView):
+    def get(self, request, batch_id):
+        body = batches.batch_json(_batch_pk(batch_id))
+        if body is None:
+            raise ApiError(404, "not_found", f"no batch {batch_id}")
+        return Response(body)
+
+    def delete(self, request, batch_id):
+        pk = _batch_pk(batch_id)
+        if not Batch.objects.filter(id=pk).exists():
+            raise ApiError(404, "not_found", f"no batch {batch_id}")
+        outcomes = batches.cancel(pk, "batch cancelled by DELETE")
+        if outcomes is None:
+            status = Batch.objects.values_list("status", flat=True).get(id=pk)
+            raise ApiError(409, "already_finished", f"batch {batch_id} already ended {status}")
+        if Status.RUNNING in outcomes:
+            wakeup.notify(settings.EXECUTOR.data_dir)
+        return Response({"batch_id": str(pk), "status": Status.CANCELLED}, status=http.HTTP_202_ACCEPTED)

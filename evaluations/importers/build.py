@@ -1,0 +1,259 @@
+"""An Instance -> a task folder of SPEC §4 and its archive, in DIR (SPEC §15).
+
+1. The tests are the instance's own: in a scratch clone of the repository
+   (one per URL, reused by every row of that repository), ``test_patch`` is
+   applied to ``base_commit`` in a throwaway index (``git apply --cached``:
+   no checkout, so a large repository costs one ``read-tree``), and every
+   file it adds or changes, as it is after the patch, becomes a support file
+   under ``tests/``. The pipeline writes those into the repository after the
+   agent, so the agent can neither see nor pre-empt them.
+2. A file the test_patch deletes cannot be a support file: both test scripts
+   start with ``rm -f`` of those paths, so the tests see the tree the
+   test_patch leaves. A symbolic link, a submodule or a top-level ``*.sh``
+   (it would be read as a test script) in the test_patch makes the row bad.
+3. ``tests/fail_to_pass_1.sh`` runs every FAIL_TO_PASS id and
+   ``tests/pass_to_pass_1.sh`` every PASS_TO_PASS id (none when that list is
+   empty) in one test command each, every id quoted with ``shlex.quote``
+   (pytest parametrize ids hold spaces, brackets and quotes).
+4. The folder is written in a scratch folder inside DIR, read back with the
+   pipeline's own ``load_task`` (so what is written is what the executor
+   accepts), packed, and only then renamed into place: a task is in DIR
+   whole or not at all.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shlex
+import shutil
+import subprocess
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from evaluations.localrun import pack_folder
+from evaluations.pipeline import gitrepo
+from evaluations.pipeline.steps import MAX_PROMPT_ARG_BYTES
+from evaluations.pipeline.taskspec import TaskError, load_task
+
+from .rows import BadRow, Instance
+
+DEFAULT_TEST_CMD = "python -m pytest -rA -p no:cacheprovider"
+DEFAULT_INSTALL = ("pip install -e .",)
+DEFAULT_REPO_URL = "https://github.com/{repo}.git"
+CLONE_TIMEOUT_SECS = 3600
+GIT_TIMEOUT_SECS = 600
+# A transfer slower than 1 KB/s for a minute is a dead one (an unreachable host fails sooner).
+_CLONE_SETTINGS = ("http.lowSpeedLimit=1000", "http.lowSpeedTime=60")
+_MODES = {"100644": 0o644, "100755": 0o755}
+
+
+@dataclass(frozen=True)
+class Options:
+    repo_url: str = DEFAULT_REPO_URL
+    install: tuple[str, ...] = ()  # --install: for every row, over the row's own
+    test_cmd: str | None = None  # --test-cmd: for every row, over the row's own
+    environment: str | None = None  # --environment: workspace.yaml `environment` of every row
+
+
+@dataclass(frozen=True)
+class Built:
+    instance_id: str
+    folder: str  # relative to DIR
+    archive: str  # relative to DIR
+    sha256: str
+    repo_url: str
+
+
+class Git:
+    """git in a scratch folder, with the pipeline's hardening and a clean environment."""
+
+    def __init__(self, scratch: Path):
+        self.scratch = scratch
+        home = scratch / "home"
+        home.mkdir(exist_ok=True)
+        self.env = gitrepo.git_env(home, "http:https:file")
+
+    def run(self, *args: str, cwd: Path, env: dict | None = None, timeout: float = GIT_TIMEOUT_SECS):
+        return subprocess.run(
+            [*gitrepo.git_argv(), *args],
+            cwd=cwd,
+            env={**self.env, **(env or {})},
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            timeout=timeout,
+        )
+
+
+class Clones:
+    """One scratch clone per repository URL, made on first use; a failed clone is remembered too."""
+
+    def __init__(self, git: Git):
+        self.git = git
+        self.clones: dict[str, Path | str] = {}  # URL -> the clone, or why there is none
+
+    def get(self, url: str, label: str) -> Path:
+        if url not in self.clones:
+            self.clones[url] = self._clone(url)
+        found = self.clones[url]
+        if isinstance(found, str):
+            raise BadRow(label, found)
+        return found
+
+    def _clone(self, url: str) -> Path | str:
+        dest = self.git.scratch / f"clone-{len(self.clones) + 1}"
+        try:
+            settings = [word for setting in _CLONE_SETTINGS for word in ("-c", setting)]
+            clone = ["clone", "--quiet", "--bare", "--template=", "--", url, str(dest)]
+            done = self.git.run(*settings, *clone, cwd=self.git.scratch, timeout=CLONE_TIMEOUT_SECS)
+        except subprocess.TimeoutExpired:
+            return f"cannot clone {url}: not done after {CLONE_TIMEOUT_SECS} s"
+        if done.returncode != 0:
+            return f"cannot clone {url}: {_last_line(done.stderr) or f'git exited with {done.returncode}'}"
+        return dest
+
+
+def repo_url(template: str, repo: str) -> str:
+    return template.replace("{repo}", repo)
+
+
+@dataclass(frozen=True)
+class TestFiles:
+    __test__ = False  # not a pytest test class
+
+    changed: list[tuple[str, bytes, int]]  # (path, content after the patch, mode)
+    deleted: list[str]
+
+
+def test_files(git: Git, clone: Path, instance: Instance) -> TestFiles:
+    """What ``test_patch`` does at ``base_commit``: the files it adds or changes, and those it deletes."""
+    label = instance.instance_id
+    base = instance.base_commit
+    if base.startswith("-") or not base.strip():
+        raise BadRow(label, f"base_commit {base!r} is not a commit id")
+    found = git.run("rev-parse", "--verify", "--quiet", "--end-of-options", f"{base}^{{commit}}", cwd=clone)
+    if found.returncode != 0:
+        raise BadRow(label, f"base_commit {base} is not in the repository")
+    sha = found.stdout.decode().strip()
+    with tempfile.TemporaryDirectory(dir=git.scratch) as work:
+        index = {"GIT_INDEX_FILE": str(Path(work) / "index")}
+        _check(git.run("read-tree", sha, cwd=clone, env=index), label, "git read-tree of base_commit")
+        patch_file = Path(work) / "test.patch"
+        patch_file.write_text(instance.test_patch, encoding="utf-8")
+        applied = git.run("apply", "--cached", "--binary", str(patch_file), cwd=clone, env=index)
+        if applied.returncode != 0:
+            raise BadRow(label, f"test_patch does not apply at base_commit: {_last_line(applied.stderr)}")
+        changes = git.run("diff", "--cached", "--name-status", "--no-renames", "-z", sha, cwd=clone, env=index)
+        _check(changes, label, "git diff of the test_patch")
+        fields = changes.stdout.decode("utf-8", "surrogateescape").split("\0")
+        changed, deleted = [], []
+        for status, path in zip(fields[0:-1:2], fields[1::2], strict=True):
+            if status == "D":
+                deleted.append(path)
+                continue
+            changed.append(_staged_file(git, clone, index, label, path))
+    if not changed and not deleted:
+        raise BadRow(label, "test_patch changes nothing")
+    return TestFiles(changed, deleted)
+
+
+def _staged_file(git: Git, clone: Path, index: dict, label: str, path: str) -> tuple[str, bytes, int]:
+    listed = git.run("ls-files", "--stage", "-z", "--", path, cwd=clone, env=index)
+    _check(listed, label, f"git ls-files of {path}")
+    mode, blob = listed.stdout.decode().split(" ")[:2]
+    if mode not in _MODES:
+        kind = "a symbolic link" if mode == "120000" else "a submodule" if mode == "160000" else f"mode {mode}"
+        raise BadRow(label, f"test_patch makes {path} {kind}, which a task's tests/ folder cannot hold")
+    if "/" not in path and path.endswith(".sh"):
+        raise BadRow(label, f"test_patch changes {path}, which in tests/ would be read as a test script")
+    content = git.run("cat-file", "blob", blob, cwd=clone)
+    _check(content, label, f"git cat-file of {path}")
+    return path, content.stdout, _MODES[mode]
+
+
+def _check(done: subprocess.CompletedProcess, label: str, what: str) -> None:
+    if done.returncode != 0:
+        raise BadRow(label, f"{what} failed: {_last_line(done.stderr)}")
+
+
+def _last_line(stderr: bytes | str) -> str:
+    text = stderr.decode("utf-8", "replace") if isinstance(stderr, bytes) else stderr
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    return lines[-1].removeprefix("fatal: ").removeprefix("error: ") if lines else ""
+
+
+def test_script(kind: str, instance: Instance, ids: list[str], command: str, deleted: list[str]) -> str:
+    """A tests/*.sh running ``ids`` with ``command``; the test_patch's deletions first."""
+    lines = [
+        "#!/bin/bash",
+        f"# {kind} of {instance.instance_id}: made by manage.py import_swebench",
+    ]
+    if deleted:
+        lines.append("# files the test_patch deletes (support files can only add or change)")
+        lines += [f"rm -f -- {shlex.quote(path)}" for path in deleted]
+    lines.append(command + "".join(f" \\\n  {shlex.quote(test_id)}" for test_id in ids))
+    return "\n".join(lines) + "\n"
+
+
+def workspace_yaml(instance: Instance, url: str, options: Options) -> str:
+    workspace = {"repo": url, "base_commit": instance.base_commit}
+    if instance.version:
+        workspace["version"] = instance.version
+    if instance.language:
+        workspace["language"] = instance.language
+    workspace["install"] = list(options.install or instance.install or DEFAULT_INSTALL)
+    if options.environment:
+        workspace["environment"] = options.environment
+    return yaml.safe_dump(workspace, sort_keys=False, allow_unicode=True, width=1 << 20)
+
+
+def build_task(instance: Instance, files: TestFiles, url: str, options: Options, out: Path) -> Built:
+    """Write DIR/<id>/ and DIR/<id>.tar.gz whole, replacing an earlier import of the same id."""
+    label = instance.instance_id
+    if len(instance.problem_statement.encode()) > MAX_PROMPT_ARG_BYTES:
+        raise BadRow(
+            label, f"problem_statement is over {MAX_PROMPT_ARG_BYTES} bytes, more than an agent's --instruction holds"
+        )
+    command = options.test_cmd or instance.test_cmd or DEFAULT_TEST_CMD
+    with tempfile.TemporaryDirectory(dir=out, prefix=f".{label}.", suffix=".tmp") as scratch:
+        folder = Path(scratch) / label
+        tests = folder / "tests"
+        tests.mkdir(parents=True)
+        (folder / "workspace.yaml").write_text(workspace_yaml(instance, url, options), encoding="utf-8")
+        (folder / "prompt.md").write_text(instance.problem_statement, encoding="utf-8")
+        for path, data, mode in files.changed:
+            target = tests / path
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(data)
+            target.chmod(mode)
+        scripts = {"fail_to_pass_1.sh": ("FAIL_TO_PASS", instance.fail_to_pass)}
+        if instance.pass_to_pass:
+            scripts["pass_to_pass_1.sh"] = ("PASS_TO_PASS", instance.pass_to_pass)
+        for name, (kind, ids) in scripts.items():
+            (tests / name).write_text(test_script(kind, instance, ids, command, files.deleted), encoding="utf-8")
+            (tests / name).chmod(0o755)
+        try:
+            load_task(folder, allow_file_urls=True)
+        except TaskError as exc:
+            raise BadRow(label, f"the task would be invalid: {exc}") from None
+        archive = Path(scratch) / f"{label}.tar.gz"
+        pack_folder(folder, archive)
+        digest = hashlib.sha256(archive.read_bytes()).hexdigest()
+        _replace(folder, out / label)
+        os.replace(archive, out / f"{label}.tar.gz")
+    return Built(label, label, f"{label}.tar.gz", digest, url)
+
+
+def _replace(new: Path, target: Path) -> None:
+    """Rename ``new`` to ``target``; an earlier folder there is moved aside first, then deleted."""
+    old = None
+    if target.exists() or target.is_symlink():
+        old = target.with_name(f".{target.name}.old.tmp")
+        shutil.rmtree(old, ignore_errors=True)
+        os.rename(target, old)
+    os.rename(new, target)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)

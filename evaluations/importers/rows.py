@@ -1,0 +1,170 @@
+"""SWE-bench and SWE-Forge rows in (SPEC §15): read the file, check each row, return instances.
+
+1. FILE is a JSON list (its first character, after blanks, is ``[``) or JSON
+   lines (blank lines skipped). A line that is not JSON is a bad row of its
+   own, reported by line number; the other rows are still read.
+2. Each row is checked before anything is cloned or written: the required
+   fields (``REQUIRED``) with their types, ``FAIL_TO_PASS``/``PASS_TO_PASS``
+   as lists of strings or a JSON-encoded string of one (the published
+   SWE-bench datasets use the string form), and an ``instance_id`` that is
+   a safe folder name (it names ``DIR/<id>/`` and ``DIR/<id>.tar.gz``).
+3. A bad row raises ``BadRow`` naming the row by its id when it has a usable
+   one, else by its position; the caller reports it and goes on.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+REQUIRED = (
+    "instance_id", "repo", "base_commit", "patch", "test_patch", "problem_statement", "FAIL_TO_PASS", "PASS_TO_PASS",
+)  # fmt: skip
+# A folder name of one component: no slash, no leading dot (no `..`, no hidden file), no blank or
+# control character, not so long that `<id>.tar.gz` passes the file system's 255 bytes.
+_SAFE_ID = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._+@=-]{0,199}")
+_RESERVED = {"index.json", "verification.json"}  # the importer's own files in DIR
+_REPO = re.compile(r"[A-Za-z0-9_.-]+(?:/[A-Za-z0-9_.-]+)*")
+
+
+class BadRow(Exception):
+    """A row that cannot become a task; ``label`` names it (its id, or where it is in FILE)."""
+
+    def __init__(self, label: str, message: str):
+        super().__init__(message)
+        self.label = label
+        self.message = message
+
+
+@dataclass(frozen=True)
+class Instance:
+    instance_id: str
+    repo: str  # as the row names it ("owner/name"); the clone URL comes from --repo-url
+    base_commit: str
+    patch: str  # the gold patch: only --verify uses it
+    test_patch: str
+    problem_statement: str
+    fail_to_pass: list[str]
+    pass_to_pass: list[str]
+    version: str | None = None
+    language: str | None = None
+    install: list[str] | None = None  # SWE-Forge's own; --install overrides it
+    test_cmd: str | None = None  # SWE-Forge's own; --test-cmd overrides it
+
+
+def read_rows(path: Path) -> list[tuple[str, object]]:
+    """(label, parsed row) for each row of FILE; a line that is not JSON gives a BadRow as its row.
+
+    Raises ValueError when FILE as a whole cannot be read as either form.
+    """
+    text = path.read_text(encoding="utf-8-sig")
+    if text.lstrip().startswith("["):
+        try:
+            rows = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{path} starts with '[' but is not a JSON list: {exc}") from None
+        if not isinstance(rows, list):
+            raise ValueError(f"{path}: expected a JSON list of instances")
+        return [(f"row {number}", row) for number, row in enumerate(rows, 1)]
+    rows: list[tuple[str, object]] = []
+    for number, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        label = f"line {number}"
+        try:
+            rows.append((label, json.loads(line)))
+        except json.JSONDecodeError as exc:
+            rows.append((label, BadRow(label, f"not a JSON object: {exc.msg} at column {exc.colno}")))
+    return rows
+
+
+def parse_instance(label: str, row: object) -> Instance:
+    """The row as an Instance, or BadRow naming what is wrong with it."""
+    if isinstance(row, BadRow):
+        raise row
+    if not isinstance(row, dict):
+        raise BadRow(label, f"expected a JSON object, got {type(row).__name__}")
+    instance_id = row.get("instance_id")
+    if isinstance(instance_id, str) and instance_id:
+        label = f"{instance_id} ({label})" if not safe_id(instance_id) else instance_id
+    missing = [name for name in REQUIRED if row.get(name) is None]
+    if missing:
+        raise BadRow(label, f"missing required field(s): {', '.join(missing)}")
+    if not isinstance(instance_id, str) or not safe_id(instance_id):
+        raise BadRow(
+            label,
+            f"instance_id {instance_id!r} is not a safe folder name "
+            "(letters, digits and ._+@=- only, no slash, not starting with a dot, at most 200 characters)",
+        )
+    for name in ("repo", "base_commit", "patch", "test_patch", "problem_statement"):
+        if not isinstance(row[name], str):
+            raise BadRow(label, f"{name} must be a string")
+    if not _REPO.fullmatch(row["repo"]) or row["repo"].startswith("-"):
+        raise BadRow(label, f"repo {row['repo']!r} is not a repository name like owner/name")
+    if not row["problem_statement"].strip():
+        raise BadRow(label, "problem_statement is empty: the agent would have no task")
+    if not row["test_patch"].strip():
+        raise BadRow(label, "test_patch is empty: the task would have no tests of its own")
+    fail_to_pass = _test_ids(label, row, "FAIL_TO_PASS")
+    if not fail_to_pass:
+        raise BadRow(label, "FAIL_TO_PASS is empty: no test would show the fix")
+    return Instance(
+        instance_id=instance_id,
+        repo=row["repo"],
+        base_commit=row["base_commit"],
+        patch=row["patch"],
+        test_patch=row["test_patch"],
+        problem_statement=row["problem_statement"],
+        fail_to_pass=fail_to_pass,
+        pass_to_pass=_test_ids(label, row, "PASS_TO_PASS"),
+        version=_optional_text(label, row, "version", numbers=True),
+        language=_optional_text(label, row, "language"),
+        install=_install(label, row),
+        test_cmd=_optional_text(label, row, "test_cmd"),
+    )
+
+
+def safe_id(instance_id: str) -> bool:
+    return (
+        bool(_SAFE_ID.fullmatch(instance_id))
+        and instance_id not in _RESERVED
+        and not instance_id.endswith((".tar.gz", ".tmp"))  # never another id's archive or a scratch name
+    )
+
+
+def _test_ids(label: str, row: dict, name: str) -> list[str]:
+    value = row[name]
+    if isinstance(value, str):  # SWE-bench's published form: the list, JSON-encoded
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError:
+            raise BadRow(label, f"{name} is a string but not a JSON-encoded list of test ids") from None
+    if not isinstance(value, list) or not all(isinstance(item, str) and item for item in value):
+        raise BadRow(label, f"{name} must be a list of test ids (non-empty strings)")
+    if any("\0" in item or "\n" in item for item in value):
+        raise BadRow(label, f"{name} has a test id with a NUL byte or a line break")
+    return list(value)
+
+
+def _optional_text(label: str, row: dict, name: str, *, numbers: bool = False) -> str | None:
+    value = row.get(name)
+    if value is None or value == "":
+        return None
+    if numbers and isinstance(value, int | float) and not isinstance(value, bool):
+        return str(value)
+    if not isinstance(value, str):
+        raise BadRow(label, f"{name} must be a string")
+    return value
+
+
+def _install(label: str, row: dict) -> list[str] | None:
+    value = row.get("install")
+    if value is None or value == "" or value == []:
+        return None
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, list) and all(isinstance(item, str) for item in value):
+        return list(value)
+    raise BadRow(label, "install must be a string or a list of strings (shell commands)")

@@ -1,0 +1,27 @@
+"""Fixtures for `manage.py import_swebench`: instances served on 127.0.0.1, the command as a subprocess."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.helpers.cli import EvaluateCli
+from tests.helpers.httpserver import TestHTTPServer
+from tests.helpers.swebench import Instances
+from tests.worker.conftest import worker_service, workspace_base  # noqa: F401  (gunicorn + run_worker)
+
+
+@pytest.fixture
+def served(tmp_path):
+    """(Instances making rows whose repositories it serves, the server, the --repo-url template)."""
+    www = tmp_path / "www"
+    www.mkdir()
+    with TestHTTPServer(www) as server:
+        yield Instances(www, tmp_path / "work"), server, server.url("/{repo}.git")
+
+
+@pytest.fixture
+def cli(tmp_path):
+    """The command line, on a database of its own (migrated only by the tests that verify)."""
+    runner = EvaluateCli(tmp_path / "cli")
+    yield runner
+    runner.close()
