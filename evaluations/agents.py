@@ -13,6 +13,7 @@ relative to that root; resolved again from it, it finds the same file.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import stat
@@ -35,11 +36,15 @@ _IGNORED_TOP_LEVEL = {"__MACOSX", ".DS_Store"}
 
 
 class ProjectError(Exception):
-    """An agent archive that cannot run; ``field`` is the request field to blame."""
+    """An agent archive that cannot run; ``field`` is the request field to blame.
 
-    def __init__(self, field: str, message: str):
+    ``transient``: our disk failed while extracting it, not the archive.
+    """
+
+    def __init__(self, field: str, message: str, *, transient: bool = False):
         super().__init__(message)
         self.field = field
+        self.transient = transient
 
 
 @dataclass(frozen=True)
@@ -100,58 +105,99 @@ def unpack(data: bytes, dest: Path, *, language: str, entrypoint: str, config) -
     Raises ProjectError. ``dest``'s parent receives the archive file for as long as it is read.
     """
     archive_file = dest.with_name(dest.name + ".archive")
-    fd = os.open(archive_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-        archive.extract_archive(
-            archive_file,
-            dest,
-            max_members=config.max_archive_members,
-            max_bytes=config.max_extracted_bytes,
-            subject="agent archive",
-        )
-    except archive.ArchiveError as exc:
-        raise ProjectError("agent_archive", str(exc)) from None
-    finally:
-        archive_file.unlink(missing_ok=True)
-    return locate(dest, language, entrypoint)
+    with _archive_file(data, archive_file):
+        listing = _read(archive.extract_archive, archive_file, dest, config=config)
+    return find(dest, listing, language, entrypoint)
 
 
 def check(data: bytes, *, language: str, entrypoint: str, config) -> str:
     """The entry point (relative to the project root) of a valid archive; raises ProjectError.
 
-    The API's check: the archive is extracted once into a scratch folder, by the same code as
-    when it runs, so what passes here extracts there.
+    The API's check: the archive's headers are read (archive.list_archive), nothing is extracted;
+    the same listing and rules as unpack's, so what passes here extracts there (but for what only
+    writing tells: a zip whose declared sizes lie, a full disk).
     """
     with tempfile.TemporaryDirectory(prefix="agent-check-") as scratch:
-        return unpack(data, Path(scratch) / "code", language=language, entrypoint=entrypoint, config=config).entrypoint
+        archive_file = Path(scratch) / "agent.archive"
+        with _archive_file(data, archive_file):
+            listing = _read(archive.list_archive, archive_file, config=config)
+    return locate(listing, language, entrypoint)[1]
 
 
-def locate(dest: Path, language: str, entrypoint: str) -> Project:
-    """The project in the extracted archive ``dest``: the entry point from the archive's root, or
-    else from its single top-level folder (when the archive holds nothing else)."""
-    roots = [dest]
-    entries = [e for e in os.scandir(dest) if e.name not in _IGNORED_TOP_LEVEL]
-    if len(entries) == 1 and entries[0].is_dir(follow_symlinks=False):
-        roots.append(dest / entries[0].name)
+@contextlib.contextmanager
+def _archive_file(data: bytes, path: Path):
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+        yield
+    finally:
+        path.unlink(missing_ok=True)
+
+
+def _read(read, archive_file: Path, *dest: Path, config) -> archive.Listing:
+    try:
+        return read(
+            archive_file,
+            *dest,
+            max_members=config.max_archive_members,
+            max_bytes=config.max_extracted_bytes,
+            subject="agent archive",
+        )
+    except archive.ArchiveError as exc:
+        raise ProjectError("agent_archive", str(exc), transient=exc.transient) from None
+
+
+def find(dest: Path, tree: archive.Listing | Folder, language: str, entrypoint: str) -> Project:
+    """The project in ``dest``, an archive extracted there and read as ``tree``."""
+    root, relative = locate(tree, language, entrypoint)
+    return Project(dest / root, relative)
+
+
+class Folder:
+    """An extracted project on disk, read as an archive.Listing is: what locate needs of a tree."""
+
+    def __init__(self, path: Path):
+        self.path = path
+
+    def is_file(self, relative: str) -> bool:
+        return is_file(self.path / relative)
+
+    def top_level(self) -> list[tuple[str, bool]]:
+        return sorted(
+            (e.name, e.is_dir(follow_symlinks=False)) for e in os.scandir(self.path) if e.name not in _IGNORED_TOP_LEVEL
+        )
+
+
+def locate(tree: archive.Listing | Folder, language: str, entrypoint: str) -> tuple[str, str]:
+    """(the project root, relative to the archive's root: "" or its single top-level folder; the
+    entry point, relative to that root): the entry point is looked for from the archive's root,
+    then from its single top-level folder (when the archive holds nothing else)."""
+    roots = [""]
+    entries = tree.top_level()
+    if len(entries) == 1 and entries[0][1]:
+        roots.append(entries[0][0])
     if entrypoint:
         relative = _relative(entrypoint)
         for root in roots:
-            if is_file(root / relative):
-                return Project(root, relative)
+            if tree.is_file(_join(root, relative)):
+                return root, relative
         raise ProjectError("agent_entrypoint", f"{relative!r} is not a file of the agent archive")
     defaults = DEFAULT_ENTRYPOINTS.get(language, ())
     for root in roots:
         for name in defaults:
-            if is_file(root / name):
-                return Project(root, name)
+            if tree.is_file(_join(root, name)):
+                return root, name
     names = " or ".join(defaults) or "no default"
     raise ProjectError(
         "agent_archive",
         f"has no entry point: no {names} at its root or in its single top-level folder "
         "(name another one with agent_entrypoint)",
     )
+
+
+def _join(root: str, relative: str) -> str:
+    return f"{root}/{relative}" if root else relative
 
 
 def _relative(entrypoint: str) -> str:

@@ -52,7 +52,8 @@ def installing_agent(ctx: Context) -> None:
             config=ctx.config,
         )
     except agents.ProjectError as exc:
-        raise StepFailed(f"{exc.field}: {exc}", kind=ErrorKind.AGENT_INVALID) from None
+        kind = ErrorKind.INFRASTRUCTURE if exc.transient else ErrorKind.AGENT_INVALID  # our disk, or the archive
+        raise StepFailed(f"{exc.field}: {exc}", kind=kind) from None
     session.agent_env.mkdir(mode=0o755)
     if session.uid is not None:
         os.chown(session.agent_env, session.uid, session.uid)
@@ -69,7 +70,8 @@ def agent_argv(ctx: Context, language: languages.Language, prompt: str) -> list[
     session = ctx.session
     if ctx.evaluation.agent_archive_id is None:
         return language.argv(str(session.agent / f"agent.{language.extension}"), prompt)
-    entry = agents.locate(session.agent_code, language.name, ctx.evaluation.agent_entrypoint).entry
+    code = session.agent_code
+    entry = agents.find(code, agents.Folder(code), language.name, ctx.evaluation.agent_entrypoint).entry
     venv_python = session.agent_env / "bin" / "python3"
     own = str(venv_python) if language.name == "python" and (session.agent_env / "pyvenv.cfg").is_file() else None
     return language.argv(str(entry), prompt, interpreter=own)

@@ -1,4 +1,4 @@
-"""Safe extraction of a task archive (.tar.gz, .tar or .zip).
+"""Safe extraction of a task archive (.tar.gz, .tar or .zip), and its listing without extraction.
 
 ``tarfile``'s ``filter="data"`` alone is not trusted (it has had bypasses),
 so extraction works in two passes:
@@ -10,6 +10,9 @@ so extraction works in two passes:
    with ``mkdir``, files with ``O_CREAT|O_EXCL|O_NOFOLLOW`` relative to a
    folder fd walked component by component, counting the bytes actually
    written (a zip whose declared sizes lie stops at the cap).
+
+``list_archive`` is pass 1 alone: the API checks an agent archive with it, writing nothing
+but the upload, and the pipeline extracts it at installing_agent.
 """
 
 from __future__ import annotations
@@ -67,37 +70,78 @@ class _Member:
     handle: tarfile.TarInfo | zipfile.ZipInfo
 
 
+@dataclass(frozen=True)
+class Listing:
+    """What an archive holds, from its headers: files and folders as relative paths joined by "/".
+
+    ``folders`` includes the folders its paths imply. The same for an archive listed
+    (list_archive) and extracted (extract_archive), so a check made on the one holds for the other.
+    """
+
+    files: frozenset[str]
+    folders: frozenset[str]
+
+    def is_file(self, relative: str) -> bool:
+        return relative in self.files
+
+    def top_level(self) -> list[tuple[str, bool]]:
+        """(name, is a folder) of each entry at the root, but the ignored ones (__MACOSX, .DS_Store)."""
+        names = {path.split("/", 1)[0] for path in self.files | self.folders}
+        return sorted((name, name in self.folders) for name in names if name not in _IGNORED_TOP_LEVEL)
+
+
 def extract_archive(
     archive_path: Path | str, dest_dir: Path | str, *, max_members: int, max_bytes: int, subject: str = _SUBJECT
-) -> None:
-    """Extract a task archive into ``dest_dir`` (created if missing).
+) -> Listing:
+    """Extract a task archive into ``dest_dir`` (created if missing); what it held.
 
     The format is recognised by content, not by name. Raises ``ArchiveError``, whose sentence
     starts with ``subject`` ("agent archive" for an agent project, evaluations/agents.py).
     """
+    return _with_subject(subject, _read, archive_path, max_members, max_bytes, dest_dir)
+
+
+def list_archive(archive_path: Path | str, *, max_members: int, max_bytes: int, subject: str = _SUBJECT) -> Listing:
+    """Every check of extract_archive that needs no byte written: the format, each member's type
+    and name, the caps on members and declared bytes, names that clash, the end of a tar.
+
+    Only what extraction counts as it writes (a zip whose declared sizes lie, a full disk) is
+    left to extract_archive.
+    """
+    return _with_subject(subject, _read, archive_path, max_members, max_bytes, None)
+
+
+def _with_subject(subject: str, read, *args) -> Listing:
     try:
-        _extract_archive(archive_path, dest_dir, max_members, max_bytes)
+        return read(*args)
     except ArchiveError as exc:
         text = str(exc)
         if subject != _SUBJECT and text.startswith(_SUBJECT):
-            raise ArchiveError(subject + text[len(_SUBJECT) :]) from None
+            raise ArchiveError(subject + text[len(_SUBJECT) :], transient=exc.transient) from None
         raise
 
 
-def _extract_archive(archive_path: Path | str, dest_dir: Path | str, max_members: int, max_bytes: int) -> None:
+def _read(archive_path: Path | str, max_members: int, max_bytes: int, dest_dir: Path | str | None) -> Listing:
+    """Pass 1 (and, given ``dest_dir``, pass 2) over the archive."""
     kind = _sniff(archive_path)
-    os.makedirs(dest_dir, exist_ok=True)
+    if dest_dir is not None:
+        os.makedirs(dest_dir, exist_ok=True)
     try:
         if kind == "zip":
             _check_zip_entry_count(archive_path, max_members)
             with zipfile.ZipFile(archive_path) as zf:
                 members = _checked(_zip_members(zf), max_members, max_bytes)
-                _extract(members, dest_dir, max_bytes, lambda m: zf.open(m.handle))
+                listing = _listing(members)
+                if dest_dir is not None:
+                    _extract(members, dest_dir, max_bytes, lambda m: zf.open(m.handle))
         else:
             with _open_tar(archive_path, "r:gz" if kind == "tar.gz" else "r:") as tf:
                 members = _checked(_tar_members(tf), max_members, max_bytes)
                 _check_tar_end(tf)
-                _extract(members, dest_dir, max_bytes, lambda m: tf.extractfile(m.handle))
+                listing = _listing(members)
+                if dest_dir is not None:
+                    _extract(members, dest_dir, max_bytes, lambda m: tf.extractfile(m.handle))
+        return listing
     except ArchiveError:
         raise
     except SafeFSError as exc:
@@ -276,6 +320,20 @@ def _safe_parts(name: str) -> tuple[str, ...]:
     if ".." in parts:
         raise ArchiveError(f"task archive member {name!r} has a '..' component")
     return parts
+
+
+def _listing(members: list[_Member]) -> Listing:
+    """The files and folders; a name given twice to a file, or to a file and a folder, is refused."""
+    files: set[str] = set()
+    folders: set[str] = set()
+    for member in members:
+        path = "/".join(member.parts)
+        parents = ["/".join(member.parts[:i]) for i in range(1, len(member.parts))]
+        if path in files or any(parent in files for parent in parents) or (not member.is_dir and path in folders):
+            raise ArchiveError(f"task archive member {path!r} appears twice or clashes with a folder")
+        folders.update(parents)
+        (folders if member.is_dir else files).add(path)
+    return Listing(frozenset(files), frozenset(folders))
 
 
 # -- pass 2: creating files and folders -------------------------------------

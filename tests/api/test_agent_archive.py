@@ -77,6 +77,18 @@ def test_a_named_entry_point_inside_the_project(api):
     assert Evaluation.objects.get().agent_entrypoint == "src/run.py"
 
 
+def test_the_check_reads_the_headers_and_writes_no_member(api, monkeypatch):
+    """The web worker never extracts (up to MAX_EXTRACTED_BYTES a request): the pipeline does, at installing_agent."""
+    from evaluations.pipeline import archive
+
+    extracted = []
+    monkeypatch.setattr(archive, "_extract", lambda *args: extracted.append(args))
+    data = archive_bytes({**PROJECT, "weights.bin": b"\0" * (32 << 20)})  # 32 MiB, a few KB compressed
+    response = post(api, archive_body(data))
+    assert response.status_code == 202, response.content
+    assert extracted == [] and Evaluation.objects.get().agent_entrypoint == "agent.py"
+
+
 def test_the_same_archive_twice_is_stored_once(api):
     data = archive_bytes(PROJECT)
     assert post(api, archive_body(data)).status_code == 202

@@ -6,13 +6,14 @@ import gzip
 import io
 import os
 import stat
+import subprocess
 import tarfile
 import time
 import zipfile
 
 import pytest
 
-from evaluations.pipeline.archive import ArchiveError, extract_archive, find_task_root
+from evaluations.pipeline.archive import ArchiveError, extract_archive, find_task_root, list_archive
 from tests.helpers.archives import (
     FORMATS,
     Exec,
@@ -29,13 +30,22 @@ CAPS = {"max_members": 1000, "max_bytes": 10 * 1024 * 1024}
 
 
 def extract(archive, dest, **caps):
-    extract_archive(archive, dest, **{**CAPS, **caps})
+    """Extract; list_archive, which writes nothing, lists exactly what was extracted."""
+    extracted = extract_archive(archive, dest, **{**CAPS, **caps})
+    listed = list_archive(archive, **{**CAPS, **caps})
+    assert listed == extracted
+    assert sorted(listed.files | listed.folders) == all_files(dest)
     return dest
 
 
-def refusal(archive, dest, **caps) -> str:
+def refusal(archive, dest, *, listed=True, **caps) -> str:
+    """extract_archive's refusal; list_archive refuses alike, unless only writing tells (``listed=False``)."""
     with pytest.raises(ArchiveError) as info:
-        extract(archive, dest, **caps)
+        extract_archive(archive, dest, **{**CAPS, **caps})
+    if listed:
+        with pytest.raises(ArchiveError) as without_writing:
+            list_archive(archive, **{**CAPS, **caps})
+        assert str(without_writing.value) == str(info.value)
     return str(info.value)
 
 
@@ -211,7 +221,7 @@ def test_planted_symlink_in_the_destination_is_not_followed(tmp_path):
     dest.mkdir()
     (dest / "sub").symlink_to(outside)
     archive = write_archive(tmp_path / "a.tgz", {"sub/file": "evil"})
-    assert "sub is a symbolic link" in refusal(archive, dest)
+    assert "sub is a symbolic link" in refusal(archive, dest, listed=False)  # the destination's, not the archive's
     assert list(outside.iterdir()) == []
 
 
@@ -275,6 +285,7 @@ def test_declared_size_over_the_cap_is_refused_before_writing(tmp_path, fmt):
 def test_zip_bomb_with_lying_sizes_stops_early(tmp_path):
     archive = write_lying_zip_bomb(tmp_path / "bomb.zip", real_size=200 * 1024 * 1024, declared_size=1000)
     assert archive.stat().st_size < 1024 * 1024
+    list_archive(archive, **{**CAPS, "max_bytes": 1024 * 1024})  # its headers lie: only writing tells
     started = time.monotonic()
     with pytest.raises(ArchiveError):
         extract(archive, tmp_path / "out", max_bytes=1024 * 1024)
@@ -349,3 +360,19 @@ def test_compressed_zeros_after_the_end_are_bounded(tmp_path):
     started = time.monotonic()
     assert refusal(archive, tmp_path / "out") == "task archive is corrupt (too much padding after the last member)"
     assert time.monotonic() - started < 1
+
+
+def test_a_full_disk_is_ours_not_the_archives_whatever_the_subject(tmp_path):
+    if os.geteuid() != 0:
+        pytest.skip("mounting a small tmpfs takes root")
+    archive = write_archive(tmp_path / "a.tgz", {"agent.py": "", "weights.bin": b"\0" * (1 << 20)})
+    small = tmp_path / "small"
+    small.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(small)], check=True)
+    try:
+        with pytest.raises(ArchiveError) as info:
+            extract_archive(archive, small / "code", **CAPS, subject="agent archive")
+    finally:
+        subprocess.run(["umount", str(small)], check=True)
+    assert info.value.transient, info.value
+    assert str(info.value).startswith("agent archive cannot be extracted (")
