@@ -9,6 +9,39 @@ from tests.helpers import environments as environment_helpers
 from tests.helpers.service import LiveService
 
 
+def pytest_configure(config):
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    if worker:
+        _own_host_folders(worker)
+
+
+def _own_host_folders(worker: str) -> None:
+    """Each pytest-xdist worker is a service of its own on this host: its DATA_DIR and WORKSPACE_BASE.
+
+    The cgroup parent, the wakeup sockets and the cache follow DATA_DIR, so one worker's reaper
+    test (which removes the cgroups and session folders its database does not know) can never
+    touch an evaluation of the other's. The uid pool stays host-wide: it is flock'ed.
+    """
+    from django.conf import settings
+
+    from executor_project.config import close_to_others
+
+    shared = settings.EXECUTOR
+    data_dir = shared.data_dir / "test-workers" / worker
+    data_dir.mkdir(parents=True, exist_ok=True)
+    close_to_others(data_dir)
+    workspace_base = shared.workspace_base.with_name(f"{shared.workspace_base.name}-{worker}")
+    settings.EXECUTOR = dataclasses.replace(shared, data_dir=data_dir, workspace_base=workspace_base)
+
+
+def pytest_collection_modifyitems(items):
+    # Under `--dist loadgroup`, one worker runs every test of the real Debian environment: it is
+    # built once a run (~40 s), not once a worker.
+    for item in items:
+        if "debian_build" in item.fixturenames:
+            item.add_marker(pytest.mark.xdist_group("debian"))
+
+
 @pytest.fixture
 def api():
     return APIClient()
