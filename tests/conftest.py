@@ -24,7 +24,7 @@ def _own_host_folders(worker: str) -> None:
     """
     from django.conf import settings
 
-    from executor_project.config import close_to_others
+    from executor_project.config import close_to_others, django_secret_key
 
     shared = settings.EXECUTOR
     data_dir = shared.data_dir / "test-workers" / worker
@@ -32,6 +32,7 @@ def _own_host_folders(worker: str) -> None:
     close_to_others(data_dir)
     workspace_base = shared.workspace_base.with_name(f"{shared.workspace_base.name}-{worker}")
     settings.EXECUTOR = dataclasses.replace(shared, data_dir=data_dir, workspace_base=workspace_base)
+    settings.SECRET_KEY = django_secret_key(settings.EXECUTOR)  # kept in DATA_DIR, as settings.py does
 
 
 def pytest_collection_modifyitems(items):
