@@ -32,6 +32,7 @@ CA_BUNDLE_PATHS = (
     "/etc/ssl/cert.pem",
 )
 
+MAX_URL_CHARS = 2048  # a task_url, a callback_url, and every URL the pipeline fetches
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off"}
 
@@ -220,6 +221,16 @@ class Config:
     @property
     def disk_quota_bytes(self) -> int:
         return self.disk_quota_mb * 1024 * 1024
+
+    @property
+    def max_body_bytes(self) -> int:
+        """The largest request body the API reads (413 past it), from the caps of what it may hold:
+        agent_code JSON-escaped (each byte as \\u00XX, 6 bytes) or agent_archive in base64 (4/3),
+        a batch's task_urls (each up to MAX_URL_CHARS, twice for escaped slashes, and its quotes),
+        and 1 MiB for the rest."""
+        agent = max(self.max_agent_code_bytes * 6, -(-self.max_agent_archive_bytes // 3) * 4)
+        task_urls = self.max_batch_tasks * (MAX_URL_CHARS * 2 + 4)
+        return agent + task_urls + 1024 * 1024
 
     @property
     def cache_root(self) -> Path:

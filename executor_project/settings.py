@@ -117,5 +117,5 @@ SPECTACULAR_SETTINGS = {
 
 LOGGING = logging_config(EXECUTOR)
 
-# Django's own body cap matches the API's (a JSON-escaped agent_code may be 6x its bytes).
-DATA_UPLOAD_MAX_MEMORY_SIZE = EXECUTOR.max_agent_code_bytes * 6 + 1024 * 1024
+# Django's own body cap matches the API's (Config.max_body_bytes).
+DATA_UPLOAD_MAX_MEMORY_SIZE = EXECUTOR.max_body_bytes

@@ -10,18 +10,13 @@ from rest_framework.parsers import BaseParser
 from evaluations.api.errors import ApiError
 
 
-def max_body_bytes() -> int:
-    # JSON may escape each byte of agent code as \u00XX (6 bytes); leave room for the rest.
-    return settings.EXECUTOR.max_agent_code_bytes * 6 + 1024 * 1024
-
-
 class BoundedJSONParser(BaseParser):
     """Parse any request body as JSON (curl -d sends form type), refusing a body over the cap."""
 
     media_type = "*/*"
 
     def parse(self, stream, media_type=None, parser_context=None):
-        limit = max_body_bytes()
+        limit = settings.EXECUTOR.max_body_bytes
         raw = stream.read(limit + 1) if stream is not None else b""
         if len(raw) > limit:
             raise ApiError(413, "payload_too_large", f"the request body is over {limit} bytes")

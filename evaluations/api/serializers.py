@@ -16,7 +16,7 @@ from rest_framework import serializers
 
 import assets
 from evaluations import agents, languages
-from executor_project.config import Config
+from executor_project.config import MAX_URL_CHARS, Config
 
 ENV_NAME = re.compile(r"^[A-Z_][A-Z0-9_]*$")
 # Set by the executor for every agent run; a submission may not replace them.
@@ -38,7 +38,6 @@ RESERVED_ENV_PREFIXES = ("STATIC_ASSET_", "TERM_EXECUTOR_", "LD_")
 MAX_ENV_NAMES = 64
 MAX_ENV_BYTES = 64 * 1024
 MAX_METADATA_BYTES = 4 * 1024
-MAX_URL_CHARS = 2048
 
 
 def _check_url(value: str, allowed_schemes: tuple[str, ...]) -> str:

@@ -27,8 +27,8 @@ from pathlib import Path
 from urllib.parse import quote, unquote, urljoin, urlsplit
 
 from evaluations.netrules import forbidden_reason
+from executor_project.config import MAX_URL_CHARS
 
-MAX_URL_LENGTH = 2048
 USER_AGENT = "term-executor"
 _REDIRECTS = {301, 302, 303, 307, 308}
 _TRANSIENT_STATUSES = {408, 425, 429}  # the server asks to be asked again later (and every 5xx)
@@ -185,8 +185,8 @@ def _parse(url: str, schemes: tuple[str, ...], label: str) -> ResolvedURL:
     """Check the form of ``url`` (no DNS); addresses are left empty."""
     if not isinstance(url, str) or not url:
         raise URLRefused(f"{label} is empty")
-    if len(url) > MAX_URL_LENGTH:
-        raise URLRefused(f"{label} is longer than {MAX_URL_LENGTH} characters")
+    if len(url) > MAX_URL_CHARS:
+        raise URLRefused(f"{label} is longer than {MAX_URL_CHARS} characters")
     if any(ord(c) <= 0x20 or ord(c) == 0x7F for c in url):
         raise URLRefused(f"{label} contains whitespace or control characters")
     try:

@@ -4,6 +4,7 @@ naming its field with nothing created (no evaluation, no stored archive)."""
 import base64
 import hashlib
 import json
+import os
 import stat
 import tarfile
 
@@ -87,6 +88,15 @@ def test_the_check_reads_the_headers_and_writes_no_member(api, monkeypatch):
     response = post(api, archive_body(data))
     assert response.status_code == 202, response.content
     assert extracted == [] and Evaluation.objects.get().agent_entrypoint == "agent.py"
+
+
+def test_the_body_cap_makes_room_for_an_archive_at_its_cap_in_base64(api, executor_config):
+    executor_config(max_agent_code_bytes=1, max_agent_archive_bytes=3 << 20)
+    data = archive_bytes({**PROJECT, "weights.bin": os.urandom(2 << 20)})  # incompressible: 2.7 MiB in base64
+    assert len(data) < 3 << 20
+    response = post(api, archive_body(data))
+    assert response.status_code == 202, response.content
+    assert Evaluation.objects.get().agent_archive.data == data
 
 
 def test_the_same_archive_twice_is_stored_once(api):

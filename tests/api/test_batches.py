@@ -41,6 +41,16 @@ def test_a_batch_queues_its_evaluations_in_task_urls_order(api):
     assert [str(i) for i in queued] == body["eval_ids"]
 
 
+def test_the_body_cap_makes_room_for_max_batch_tasks_long_urls_with_escaped_slashes(api, executor_config):
+    executor_config(max_agent_code_bytes=1000, max_agent_archive_bytes=1000, max_batch_tasks=400)
+    urls = [f"https://example.com/{i:03}/" + "a/" * 1010 for i in range(400)]  # 2044 characters, half slashes
+    raw = json.dumps({**GOOD, "task_urls": urls}).replace("/", "\\/")  # as PHP's json_encode writes them
+    assert len(raw) > 6 * 1000 + 1024 * 1024  # over the cap that counted only agent_code
+    response = api.post("/batches", data=raw, content_type="application/json")
+    assert response.status_code == 202, response.content[:300]
+    assert Evaluation.objects.filter(batch_id=response.json()["batch_id"]).count() == 400
+
+
 @pytest.mark.parametrize(
     ("change", "field", "words"),
     [
