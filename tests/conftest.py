@@ -35,14 +35,6 @@ def _own_host_folders(worker: str) -> None:
     settings.SECRET_KEY = django_secret_key(settings.EXECUTOR)  # kept in DATA_DIR, as settings.py does
 
 
-def pytest_collection_modifyitems(items):
-    # Under `--dist loadgroup`, one worker runs every test of the real Debian environment: it is
-    # built once a run (~40 s), not once a worker.
-    for item in items:
-        if "debian_build" in item.fixturenames:
-            item.add_marker(pytest.mark.xdist_group("debian"))
-
-
 @pytest.fixture
 def api():
     return APIClient()

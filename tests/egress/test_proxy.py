@@ -96,6 +96,17 @@ def exchange(proxy: EgressProxy, request: bytes) -> bytes:
         return read_all(client)
 
 
+def refused_unanswered(proxy: EgressProxy, request: bytes) -> bool:
+    """The proxy closed the connection without a byte: before the request was sent (a broken pipe
+    here, as under load) or after it."""
+    with connect(proxy) as client:
+        try:
+            client.sendall(request)
+            return read_all(client) == b""
+        except (BrokenPipeError, ConnectionResetError):
+            return True
+
+
 def split(response: bytes) -> tuple[str, dict[str, str], bytes]:
     head, _, body = response.partition(b"\r\n\r\n")
     lines = head.decode("latin-1").split("\r\n")
@@ -357,7 +368,7 @@ def test_the_socket_belongs_to_the_sandbox_uid_and_other_peers_are_refused(start
     proxy = start(uid=65534)
     info = os.stat(proxy.socket_path)
     assert stat.S_ISSOCK(info.st_mode) and stat.S_IMODE(info.st_mode) == 0o600 and info.st_uid == 65534
-    assert exchange(proxy, b"CONNECT 10.0.0.1:443 HTTP/1.1\r\n\r\n") == b""  # root may open the file: not talk
+    assert refused_unanswered(proxy, b"CONNECT 10.0.0.1:443 HTTP/1.1\r\n\r\n")  # root may open the file: not talk
     record = only_record(proxy)
     assert (record.host, record.allowed, record.reason) == ("", False, "peer uid not allowed")
 

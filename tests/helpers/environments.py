@@ -3,11 +3,12 @@
 The real one costs a debootstrap. What debootstrap downloads is kept between runs of
 the suite in ``<project>/data/cache/debootstrap/`` (``--save-tarball`` the first time,
 ``--from-tarball`` after), so only the first run on a machine needs the mirror (~25 s
-download); every run still builds the tree with make_environment (~40 s).
+download); every run (each of its xdist workers) still builds the tree with make_environment (~40 s).
 """
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import os
 import shutil
@@ -53,10 +54,19 @@ def cached_tarball(packages: str = PACKAGES, suite: str = SUITE, mirror: str = D
 
 
 def build_real(root: Path, name: str = NAME) -> subprocess.CompletedProcess:
-    """make_environment NAME with PACKAGES, downloading only when the cache lacks the tarball."""
+    """make_environment NAME with PACKAGES, downloading only when the cache lacks the tarball.
+
+    Each pytest-xdist worker builds its own tree; the download is made once, under a lock that
+    the others wait on, then each builds from the tarball.
+    """
     tarball = cached_tarball()
-    source = ["--from-tarball", str(tarball)] if tarball.is_file() else ["--save-tarball", str(tarball)]
-    return make_environment(root, name, "--suite", SUITE, "--packages", PACKAGES, *source)
+    build = [name, "--suite", SUITE, "--packages", PACKAGES]
+    CACHE.mkdir(parents=True, exist_ok=True)
+    with open(CACHE / ".download.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not tarball.is_file():
+            return make_environment(root, *build, "--save-tarball", str(tarball))
+    return make_environment(root, *build, "--from-tarball", str(tarball))
 
 
 def remove_root(root: Path) -> None:
