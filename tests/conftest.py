@@ -1,4 +1,5 @@
 import dataclasses
+import hashlib
 import os
 import shutil
 
@@ -6,7 +7,7 @@ import pytest
 from rest_framework.test import APIClient
 
 from tests.helpers import environments as environment_helpers
-from tests.helpers.service import LiveService
+from tests.helpers.service import PROJECT, LiveService
 
 
 def pytest_configure(config):
@@ -33,6 +34,19 @@ def _own_host_folders(worker: str) -> None:
     workspace_base = shared.workspace_base.with_name(f"{shared.workspace_base.name}-{worker}")
     settings.EXECUTOR = dataclasses.replace(shared, data_dir=data_dir, workspace_base=workspace_base)
     settings.SECRET_KEY = django_secret_key(settings.EXECUTOR)  # kept in DATA_DIR, as settings.py does
+
+
+@pytest.fixture(scope="session")
+def django_db_modify_db_settings(django_db_modify_db_settings_parallel_suffix):
+    """PostgreSQL test databases carry this checkout's mark too (test_test_gw0_<8 hex>): the runs
+    of two checkouts on one server never create or drop each other's."""
+    from django.conf import settings
+
+    checkout = hashlib.sha256(str(PROJECT).encode()).hexdigest()[:8]
+    for database in settings.DATABASES.values():
+        if database["ENGINE"] == "django.db.backends.postgresql":
+            test = database.setdefault("TEST", {})
+            test["NAME"] = f"{test.get('NAME') or 'test_' + database['NAME']}_{checkout}"
 
 
 @pytest.fixture
