@@ -26,11 +26,10 @@ def settle(batch_id) -> bool:
     (PostgreSQL re-checks the row's WHERE after the other's commit; SQLite writes one at a
     time), so the batch's callback is queued once.
     """
-    active = Evaluation.objects.filter(batch_id=OuterRef("pk"), status__in=list(ACTIVE_STATUSES))
     now = timezone.now()
     ended = (
         Batch.objects.filter(id=batch_id, finished_at__isnull=True)
-        .filter(~Exists(active))
+        .filter(~Exists(_active_evaluations()))
         .update(
             finished_at=now,
             status=Case(When(cancel_requested=True, then=Value(Status.CANCELLED)), default=Value(Status.COMPLETED)),
@@ -48,9 +47,13 @@ def settle_stranded() -> int:
     A worker killed between an evaluation's commit and its batch's settle leaves such a batch:
     open for ever, holding one of MAX_OPEN_BATCHES, its callback never sent.
     """
-    active = Evaluation.objects.filter(batch_id=OuterRef("pk"), status__in=list(ACTIVE_STATUSES))
-    stranded = Batch.objects.filter(finished_at__isnull=True).filter(~Exists(active)).values_list("id", flat=True)
-    return sum(settle(batch_id) for batch_id in stranded)
+    stranded = Batch.objects.filter(finished_at__isnull=True).filter(~Exists(_active_evaluations()))
+    return sum(settle(batch_id) for batch_id in stranded.values_list("id", flat=True))
+
+
+def _active_evaluations():
+    """The batch's (OuterRef) evaluations still pending or running."""
+    return Evaluation.objects.filter(batch_id=OuterRef("pk"), status__in=list(ACTIVE_STATUSES))
 
 
 def cancel(batch_id, reason: str) -> list[str] | None:
@@ -82,14 +85,6 @@ def _status(batch: Batch, *, ended: bool, started: bool) -> str:
     return Status.RUNNING if started else Status.PENDING
 
 
-def status_of(batch: Batch, evaluations) -> str:
-    return _status(
-        batch,
-        ended=bool(evaluations) and all(e.status not in ACTIVE_STATUSES for e in evaluations),
-        started=any(e.status != Status.PENDING for e in evaluations),
-    )
-
-
 STATUSES = (Status.PENDING, Status.RUNNING, Status.COMPLETED, Status.CANCELLED)
 
 
@@ -119,18 +114,29 @@ def summaries(queryset):
 
 
 def summary_json(batch) -> dict:
-    """One row of GET /batches: the batch object without its evaluations."""
+    """One row of GET /batches: the batch object without its evaluations (counts from summaries)."""
+    return _object(
+        batch,
+        total=batch.total,
+        finished=batch.finished,
+        started=batch.started,
+        passed=batch.passed_count,
+        failed=batch.failed,
+        cancelled=batch.cancelled,
+    )
+
+
+def _object(batch: Batch, *, total: int, finished: int, started: int, passed: int, failed: int, cancelled: int):
+    """The batch object from its evaluations' counts: GET /batches' rows and GET /batches/{id} alike."""
     return {
         "batch_id": str(batch.id),
-        "status": _status(
-            batch, ended=bool(batch.total) and batch.finished == batch.total, started=bool(batch.started)
-        ),
-        "total": batch.total,
-        "finished": batch.finished,
-        "passed": batch.passed_count,
-        "failed": batch.failed,
-        "cancelled": batch.cancelled,
-        "reward": batch.passed_count / batch.total if batch.total and batch.finished == batch.total else None,
+        "status": _status(batch, ended=bool(total) and finished == total, started=bool(started)),
+        "total": total,
+        "finished": finished,
+        "passed": passed,
+        "failed": failed,
+        "cancelled": cancelled,
+        "reward": passed / total if total and finished == total else None,
         "created_at": iso(batch.created_at),
         "finished_at": iso(batch.finished_at),
     }
@@ -149,28 +155,23 @@ def batch_json(batch_id) -> dict | None:
 
 
 def document(batch: Batch, evaluations) -> dict:
-    total = len(evaluations)
-    passed = sum(1 for e in evaluations if e.passed)
-    finished = sum(1 for e in evaluations if e.status not in ACTIVE_STATUSES)
-    return {
-        "batch_id": str(batch.id),
-        "status": status_of(batch, evaluations),
-        "total": total,
-        "finished": finished,
-        "passed": passed,
-        "failed": sum(1 for e in evaluations if e.status == Status.FAILED),
-        "cancelled": sum(1 for e in evaluations if e.status == Status.CANCELLED),
-        "reward": passed / total if total and finished == total else None,
-        "created_at": iso(batch.created_at),
-        "finished_at": iso(batch.finished_at),
-        "evaluations": [
-            {
-                "eval_id": str(e.id),
-                "task_url": e.task_url,
-                "status": e.status,
-                "passed": e.passed,
-                "error_kind": e.error_kind,
-            }
-            for e in evaluations
-        ],
-    }
+    body = _object(
+        batch,
+        total=len(evaluations),
+        finished=sum(1 for e in evaluations if e.status not in ACTIVE_STATUSES),
+        started=sum(1 for e in evaluations if e.status != Status.PENDING),
+        passed=sum(1 for e in evaluations if e.passed),
+        failed=sum(1 for e in evaluations if e.status == Status.FAILED),
+        cancelled=sum(1 for e in evaluations if e.status == Status.CANCELLED),
+    )
+    body["evaluations"] = [
+        {
+            "eval_id": str(e.id),
+            "task_url": e.task_url,
+            "status": e.status,
+            "passed": e.passed,
+            "error_kind": e.error_kind,
+        }
+        for e in evaluations
+    ]
+    return body
