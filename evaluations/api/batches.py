@@ -10,10 +10,10 @@ from rest_framework import status as http
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from evaluations import admission, agents, batches, wakeup
+from evaluations import admission, batches, wakeup
 from evaluations.api.errors import ApiError
 from evaluations.api.paging import Page
-from evaluations.api.serializers import BatchRequestSerializer
+from evaluations.api.serializers import BatchRequestSerializer, submission_fields
 from evaluations.api.views import at_capacity, idempotency_conflict, idempotency_key, request_fingerprint
 from evaluations.models import Batch, Status
 
@@ -32,17 +32,9 @@ class BatchListView(APIView):
         serializer = BatchRequestSerializer(data=request.data, context={"config": config})
         serializer.is_valid(raise_exception=True)
         data = serializer.validated_data
-        fields = {
-            **agents.model_fields(data),
-            "language": data["agent_language"],
-            "timeout_secs": data.get("timeout_secs"),
-            "env": data.get("env") or {},
-            "callback_url": data.get("callback_url") or "",
-            "metadata": data.get("metadata"),
-        }
         try:
             batch_id, eval_ids, _created = admission.admit_batch(
-                fields=fields,
+                fields=submission_fields(data),
                 task_urls=data["task_urls"],
                 max_open=config.max_open_batches,
                 scope=request.user.scope,

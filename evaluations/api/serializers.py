@@ -193,6 +193,19 @@ class SubmissionSerializer(AgentSourceSerializer):
         return value
 
 
+def submission_fields(data: dict) -> dict:
+    """The row columns POST /evaluate, POST /batches and manage.py evaluate fill alike from a
+    SubmissionSerializer's validated data (or _plain_request's): the agent and the run's options."""
+    return {
+        **agents.model_fields(data),
+        "language": data["agent_language"],
+        "timeout_secs": data.get("timeout_secs"),
+        "env": data.get("env") or {},
+        "callback_url": data.get("callback_url") or "",
+        "metadata": data.get("metadata"),
+    }
+
+
 class EvaluateRequestSerializer(SubmissionSerializer):
     task_url = StrictCharField(trim_whitespace=False)
     static_assets = serializers.DictField(required=False, allow_null=True)

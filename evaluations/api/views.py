@@ -18,11 +18,11 @@ from rest_framework.permissions import AllowAny
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from evaluations import admission, agents, checks, environments, languages, lifecycle, retry, stats, wakeup
+from evaluations import admission, checks, environments, languages, lifecycle, retry, stats, wakeup
 from evaluations.api import rows
 from evaluations.api.errors import ApiError, envelope
 from evaluations.api.paging import Page
-from evaluations.api.serializers import validate_evaluate_request
+from evaluations.api.serializers import submission_fields, validate_evaluate_request
 from evaluations.models import Evaluation, Status, TestResult, Transition
 from evaluations.representation import (
     EVALUATION_COLUMNS,
@@ -215,16 +215,7 @@ class EvaluateView(APIView):
         config = settings.EXECUTOR
         key = idempotency_key(request)
         data = validate_evaluate_request(request.data, config)
-        fields = {
-            **agents.model_fields(data),
-            "language": data["agent_language"],
-            "task_url": data["task_url"],
-            "timeout_secs": data.get("timeout_secs"),
-            "env": data.get("env") or {},
-            "static_assets": data.get("static_assets"),
-            "callback_url": data.get("callback_url") or "",
-            "metadata": data.get("metadata"),
-        }
+        fields = {**submission_fields(data), "task_url": data["task_url"], "static_assets": data.get("static_assets")}
         try:
             eval_id, _created = admission.admit_id(
                 fields=fields,

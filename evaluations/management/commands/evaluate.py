@@ -37,8 +37,8 @@ from pathlib import Path
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
-from evaluations import agents, batches, localrun
-from evaluations.api.serializers import BatchRequestSerializer, EvaluateRequestSerializer
+from evaluations import batches, localrun
+from evaluations.api.serializers import BatchRequestSerializer, EvaluateRequestSerializer, submission_fields
 from evaluations.models import Step
 from evaluations.representation import evaluation_json
 from evaluations.startup import StartupError, prepare_to_run
@@ -267,10 +267,7 @@ class Command(BaseCommand):
             raise CommandError(f"the request is invalid: {problems}", returncode=2)
         data = serializer.validated_data
         return {
-            **agents.model_fields(data),  # an archive is stored like a POST's
-            "language": data["agent_language"],
-            "timeout_secs": data.get("timeout_secs"),
-            "env": data.get("env") or {},
+            **submission_fields(data),  # an archive is stored like a POST's
             "metadata": {
                 "submitted_with": "manage.py evaluate",
                 **({"task": options["task"][0]} if len(task_urls) == 1 else {"tasks": options["task"]}),
