@@ -31,7 +31,7 @@ from pathlib import Path
 
 from evaluations import agents, languages
 from evaluations.models import ErrorKind
-from evaluations.pipeline import toolchains
+from evaluations.pipeline import outcome, toolchains
 from evaluations.pipeline.context import Context, StepFailed, deadline_in, last_line, limit_failure, remaining
 from evaluations.runtime import Mount
 
@@ -52,8 +52,7 @@ def installing_agent(ctx: Context) -> None:
             config=ctx.config,
         )
     except agents.ProjectError as exc:
-        kind = ErrorKind.INFRASTRUCTURE if exc.transient else ErrorKind.AGENT_INVALID  # our disk, or the archive
-        raise StepFailed(f"{exc.field}: {exc}", kind=kind) from None
+        raise StepFailed(f"{exc.field}: {exc}", kind=outcome.of_fetch(exc)) from None  # our disk, or the step's rule
     session.agent_env.mkdir(mode=0o755)
     if session.uid is not None:
         os.chown(session.agent_env, session.uid, session.uid)

@@ -11,6 +11,7 @@ The README's "Outcomes" table lists which step and cause gives which kind.
 
 from __future__ import annotations
 
+from evaluations import agents
 from evaluations.models import ErrorKind, Step
 from evaluations.pipeline import archive, gitrepo, urlguard
 from evaluations.pipeline.context import Cancelled, StepFailed
@@ -29,8 +30,9 @@ STEP_KINDS = {
 }
 
 
-def of_fetch(exc: urlguard.FetchError | archive.ArchiveError) -> str | None:
-    """A download or an extraction: infrastructure when the network or the host failed, else the step's rule."""
+def of_fetch(exc: urlguard.FetchError | archive.ArchiveError | agents.ProjectError) -> str | None:
+    """A download or an extraction (a task's or an agent's): infrastructure when the network or
+    the host failed, else the step's rule."""
     return ErrorKind.INFRASTRUCTURE if exc.transient else None
 
 
