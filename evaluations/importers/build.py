@@ -179,10 +179,8 @@ def _check(done: subprocess.CompletedProcess, label: str, what: str) -> None:
         raise BadRow(label, f"{what} failed: {_last_line(done.stderr)}")
 
 
-def _last_line(stderr: bytes | str) -> str:
-    text = stderr.decode("utf-8", "replace") if isinstance(stderr, bytes) else stderr
-    lines = [line.strip() for line in text.splitlines() if line.strip()]
-    return lines[-1].removeprefix("fatal: ").removeprefix("error: ") if lines else ""
+def _last_line(stderr: bytes) -> str:
+    return gitrepo.git_message(stderr.decode("utf-8", "replace"))
 
 
 def test_script(kind: str, instance: Instance, ids: list[str], command: str, deleted: list[str]) -> str:

@@ -327,7 +327,7 @@ def clone_at(
             raise GitError("the clone borrows objects from another repository (alternates)")
         sha = _last_sha(result.output)
         if sha is None:
-            raise GitError(f"git rev-parse of HEAD failed: {_last_line(result.output) or 'no sha printed'}")
+            raise GitError(f"git rev-parse of HEAD failed: {git_message(result.output) or 'no sha printed'}")
     except BaseException:
         shutil.rmtree(git_dir, ignore_errors=True)
         raise
@@ -416,7 +416,7 @@ class _Git:
         if result.limit_detail:
             raise GitError(f"{what} was stopped: {result.limit_detail}", limit_exceeded=True)
         if result.exit_code not in ok_codes:
-            detail = _last_line(result.output, secret) or f"exit status {result.exit_code}"
+            detail = git_message(result.output, secret) or f"exit status {result.exit_code}"
             raise GitError(f"{what} failed: {detail}", transient=network_trouble(result.output))
         return result
 
@@ -449,7 +449,7 @@ class _Git:
         )
         stage = stages.get(result.exit_code) if result.exit_code else None
         if stage:
-            detail = _last_line(result.output, secret) or "no message"
+            detail = git_message(result.output, secret) or "no message"
             raise GitError(f"{stage} failed: {detail}", transient=network_trouble(result.output))
         return result
 
@@ -504,7 +504,8 @@ def _display_url(url: str) -> str:
     return url.replace(secret + "@", "***@", 1) if secret else url
 
 
-def _last_line(output: str, secret: str = "") -> str:
+def git_message(output: str, secret: str = "") -> str:
+    """git's reason for a failure: its last non-empty line, without "fatal: "/"error: " (and ``secret``)."""
     for line in reversed(output.splitlines()):
         line = line.strip()
         if line:

@@ -29,11 +29,11 @@ from evaluations.pipeline.gitrepo import (
     _display_url,
     _Git,
     _has_space_or_control,
-    _last_line,
     _last_sha,
     _sh_git,
     _userinfo,
     check_resolve_pin,
+    git_message,
 )
 from evaluations.safefs import remove_tree_nofollow
 
@@ -144,7 +144,7 @@ def clone_from_mirror(
             raise NotInMirror(f"base_commit {base_commit} is not in the mirror")
         sha = _last_sha(result.output)
         if sha is None:
-            raise GitError(f"git rev-parse of HEAD failed: {_last_line(result.output) or 'no sha printed'}")
+            raise GitError(f"git rev-parse of HEAD failed: {git_message(result.output) or 'no sha printed'}")
     except BaseException:
         _empty(dest)
         raise
