@@ -1,4 +1,5 @@
-"""The evaluation detail page's read-only fields and inlines (the admin itself is evaluations/admin.py).
+"""The evaluation detail page's read-only fields and inlines, and the pieces the evaluation and batch
+admins share (the admin itself is evaluations/admin.py).
 
 Each shows a value as an operator reads it: yes/no rather than icons, times to the
 second, "none" when empty, and at most its share of ~128 KiB of output (admin_format.py).
@@ -31,6 +32,29 @@ def detail_url(eval_id) -> str:
 
 def whole_url(eval_id, field: str) -> str:
     return reverse("admin:evaluations_evaluation_whole", args=[eval_id, field])
+
+
+class OwnerFilter(admin.SimpleListFilter):
+    """Filter a list by owner: the tenants AUTH_TOKENS names, and "operator" for rows no tenant owns.
+
+    From the configuration, not a SELECT DISTINCT over the table (Django's default for a text
+    column), which would read every row at each load of the list. A tenant since removed from
+    AUTH_TOKENS is still found by ?owner=<name> in the address.
+    """
+
+    title = "owner"
+    parameter_name = "owner"
+    OPERATOR = "-"
+
+    def lookups(self, request, model_admin):
+        names = sorted(name for name, _token in settings.EXECUTOR.tenant_tokens)
+        return [(self.OPERATOR, "operator (no tenant)"), *((name, name) for name in names)]
+
+    def queryset(self, request, queryset):
+        value = self.value()
+        if value is None:
+            return queryset
+        return queryset.filter(owner=None) if value == self.OPERATOR else queryset.filter(owner=value)
 
 
 class ReadOnlyInline(admin.TabularInline):
