@@ -295,6 +295,19 @@ def test_the_admin_lists_and_filters_by_owner(api, tokens, admin_client):
     assert ">alice</a>" in admin_client.get("/admin/evaluations/evaluation/").content.decode()  # the filter's choice
 
 
+def test_an_admin_rerun_stays_the_owners(api, tokens, admin_client):
+    """The re-run sends its result to the owner's callback_url: the owner's token must read it."""
+    eval_id = submit(api, ALICE, {**GOOD, "callback_url": "https://alice.example.com/hook"})
+    end(eval_id)
+    admin_client.post(
+        "/admin/evaluations/evaluation/", {"action": "rerun_evaluations", "_selected_action": [eval_id]}, follow=True
+    )
+    new = Evaluation.objects.get(retry_of_id=eval_id)
+    assert (new.owner, new.callback_url) == ("alice", "https://alice.example.com/hook")
+    assert api.get(f"/evaluate/{new.id}", **bearer(ALICE)).status_code == 200
+    assert api.get(f"/evaluate/{new.id}", **bearer(BOB)).status_code == 404
+
+
 # -- through the real service ---------------------------------------------------------------------
 
 
