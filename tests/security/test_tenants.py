@@ -261,6 +261,14 @@ def test_an_unknown_token_is_still_refused(api, tokens):
     assert (reply.status_code, reply.json()["error"]) == (401, "unauthorized")
 
 
+def test_named_tokens_alone_turn_auth_on(api, executor_config):
+    executor_config(tenant_tokens=TENANTS)
+    assert api.get("/status").json()["auth"] == "enabled"
+    assert api.get("/evaluations").status_code == 401
+    assert api.get("/evaluations", **bearer(OPERATOR)).status_code == 401
+    assert api.get("/evaluations", **bearer(ALICE)).status_code == 200
+
+
 # -- single-token setups are unchanged ---------------------------------------------------------
 
 
