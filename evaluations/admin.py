@@ -28,6 +28,7 @@ from django.utils.html import format_html, format_html_join
 
 from evaluations import (
     admin_batches,  # noqa: F401  (registers BatchAdmin)
+    admin_tokens,  # noqa: F401  (registers TokenAdmin)
     admission,
     lifecycle,
     livelog,

@@ -15,7 +15,7 @@ from django.utils.html import format_html, format_html_join
 
 from evaluations import admin_format as fmt
 from evaluations import livelog
-from evaluations.models import AgentArchive, CallbackAttempt, Status, TestResult, Transition
+from evaluations.models import AgentArchive, CallbackAttempt, Status, TestResult, Token, Transition
 
 LOG_SOURCES = {
     livelog.LIVE: "Live, from the session's log file: reload the page to follow it.",
@@ -35,7 +35,8 @@ def whole_url(eval_id, field: str) -> str:
 
 
 class OwnerFilter(admin.SimpleListFilter):
-    """Filter a list by owner: the tenants AUTH_TOKENS names, and "operator" for rows no tenant owns.
+    """Filter a list by owner: the tenants AUTH_TOKENS and the Token rows name, and "operator" for rows
+    no tenant owns.
 
     From the configuration, not a SELECT DISTINCT over the table (Django's default for a text
     column), which would read every row at each load of the list. A tenant since removed from
@@ -47,7 +48,8 @@ class OwnerFilter(admin.SimpleListFilter):
     OPERATOR = "-"
 
     def lookups(self, request, model_admin):
-        names = sorted(name for name, _token in settings.EXECUTOR.tenant_tokens)
+        stored = Token.objects.values_list("name", flat=True).distinct()
+        names = sorted({name for name, _token in settings.EXECUTOR.tenant_tokens} | set(stored))
         return [(self.OPERATOR, "operator (no tenant)"), *((name, name) for name in names)]
 
     def queryset(self, request, queryset):

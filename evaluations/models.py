@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import uuid
 
+from django.core.validators import RegexValidator
 from django.db import models
 from django.db.models import Q
 from django.utils import timezone
+
+from executor_project.config import TENANT_NAME
 
 
 class Status(models.TextChoices):
@@ -70,6 +73,25 @@ class CacheUse(models.TextChoices):
 
 # SPEC §20: who created a row, and so who else may see it (evaluations/api/auth.py).
 OWNER_HELP = "the tenant (AUTH_TOKENS name) that created it; null: an operator's token, no auth, or manage.py evaluate"
+
+
+class Token(models.Model):
+    """A tenant's bearer token made in the admin (SPEC §20), beside AUTH_TOKENS: only its SHA-256 is kept.
+
+    The token is shown once, on the page that made it. A tenant may hold several (to rotate one:
+    add the new, then delete the old); a token of an AUTH_TOKENS name acts as that tenant.
+    """
+
+    name = models.CharField(
+        max_length=64,
+        validators=[RegexValidator(rf"\A{TENANT_NAME.pattern}\Z", "1 to 64 of A-Z a-z 0-9 _ . -")],
+        help_text="The tenant: what its evaluations' and batches' owner holds.",
+    )
+    sha256 = models.CharField(max_length=64, unique=True, editable=False)
+    created_at = models.DateTimeField(default=timezone.now, editable=False)
+
+    def __str__(self) -> str:
+        return f"{self.name}'s token {self.sha256[:12]}"
 
 
 class AgentArchive(models.Model):

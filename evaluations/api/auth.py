@@ -1,5 +1,9 @@
 """Bearer-token auth: operators' tokens (AUTH_TOKEN, several for rotation) and tenants' named tokens
-(AUTH_TOKENS), compared in constant time.
+(AUTH_TOKENS, and the admin's Token rows, kept as their SHA-256 only).
+
+The configured tokens are compared in constant time. A token that is none of them is looked up by
+its SHA-256 among the Token rows: an index lookup of a digest, which tells a guesser nothing about
+how close a guess came.
 
 The caller is a ``Caller``: an operator's (``owner`` None) sees every evaluation and batch; a
 tenant's sees only those it created (``visible``). Rows record their creator in ``owner``, and
@@ -14,6 +18,8 @@ import hmac
 
 from django.conf import settings
 from rest_framework import authentication, exceptions, permissions
+
+from evaluations.models import Token
 
 
 class Caller:
@@ -65,6 +71,17 @@ def identify(candidate: str, operator_tokens: tuple[str, ...], tenant_tokens: tu
     return tenant(named) if named is not None else None
 
 
+def token_sha256(token: str) -> str:
+    """What a Token row keeps of its token."""
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+def stored(candidate: str) -> Caller | None:
+    """The tenant of the admin's Token row for ``candidate``, or None."""
+    name = Token.objects.filter(sha256=token_sha256(candidate)).values_list("name", flat=True).first()
+    return tenant(name) if name is not None else None
+
+
 class BearerTokenAuthentication(authentication.BaseAuthentication):
     def authenticate(self, request):
         config = settings.EXECUTOR
@@ -77,7 +94,7 @@ class BearerTokenAuthentication(authentication.BaseAuthentication):
         credential = credential.strip()
         if scheme.lower() != "bearer" or not credential:
             raise exceptions.AuthenticationFailed("the Authorization header must be 'Bearer <token>'")
-        caller = identify(credential, config.auth_tokens, config.tenant_tokens)
+        caller = identify(credential, config.auth_tokens, config.tenant_tokens) or stored(credential)
         if caller is None:
             raise exceptions.AuthenticationFailed("the bearer token is not valid")
         return (caller, credential)

@@ -9,14 +9,16 @@ tokens (AUTH_TOKEN) see everything, as before. Two tenants and an operator, on e
 
 from __future__ import annotations
 
+import hashlib
 import json
+import re
 import uuid
 
 import pytest
 
 from evaluations import lifecycle
 from evaluations.api import auth
-from evaluations.models import Batch, ErrorKind, Evaluation, Status
+from evaluations.models import Batch, ErrorKind, Evaluation, Status, Token
 from evaluations.representation import evaluation_json
 from tests.helpers.http import request
 
@@ -314,6 +316,60 @@ def test_an_admin_rerun_stays_the_owners(api, tokens, admin_client):
     assert (new.owner, new.callback_url) == ("alice", "https://alice.example.com/hook")
     assert api.get(f"/evaluate/{new.id}", **bearer(ALICE)).status_code == 200
     assert api.get(f"/evaluate/{new.id}", **bearer(BOB)).status_code == 404
+
+
+# -- tokens made in the admin -------------------------------------------------------------------
+
+
+def add_token(admin_client, name: str) -> str:
+    """The token the admin's add page shows once."""
+    page = admin_client.post("/admin/evaluations/token/add/", {"name": name})
+    assert page.status_code == 200, page.content[:500]
+    assert "no-store" in page["Cache-Control"]
+    found = re.search(r'<code id="new-token">([^<]+)</code>', page.content.decode())
+    assert found, page.content[:2000]
+    return found.group(1)
+
+
+def test_a_token_made_in_the_admin_is_a_tenant_and_only_its_sha256_is_kept(api, tokens, admin_client):
+    carol = add_token(admin_client, "carol")
+    row = Token.objects.get(name="carol")
+    assert row.sha256 == hashlib.sha256(carol.encode()).hexdigest() and len(carol) >= 43
+    stored = json.dumps(list(Token.objects.values()), default=str)
+    for page in ("/admin/evaluations/token/", f"/admin/evaluations/token/{row.id}/change/"):
+        shown = admin_client.get(page)
+        assert shown.status_code == 200 and row.sha256[:12] in shown.content.decode()
+        assert carol not in shown.content.decode()
+    assert carol not in stored
+    mine = submit(api, carol)
+    alices = submit(api, ALICE)
+    assert Evaluation.objects.get(id=mine).owner == "carol"
+    assert listed(api, "/evaluations", carol) == [mine]
+    assert api.get(f"/evaluate/{alices}", **bearer(carol)).status_code == 404
+    assert api.get(f"/evaluate/{mine}", **bearer(ALICE)).status_code == 404
+    assert api.get(f"/evaluate/{mine}", **bearer(OPERATOR)).status_code == 200
+    admin_client.post(f"/admin/evaluations/token/{row.id}/delete/", {"post": "yes"})
+    assert not Token.objects.exists()
+    assert api.get("/evaluations", **bearer(carol)).status_code == 401  # revoked at the next request
+
+
+def test_a_second_token_of_a_configured_tenant_rotates_it(api, tokens, admin_client):
+    new_alice = add_token(admin_client, "alice")
+    old = submit(api, ALICE)
+    assert listed(api, "/evaluations", new_alice) == [old]
+    assert submit(api, ALICE, HTTP_IDEMPOTENCY_KEY="k") == submit(api, new_alice, HTTP_IDEMPOTENCY_KEY="k")
+
+
+@pytest.mark.parametrize("name", ["", "al ice", "a/b", "n" * 65])
+def test_the_admin_refuses_a_bad_tenant_name(tokens, admin_client, name):
+    page = admin_client.post("/admin/evaluations/token/add/", {"name": name})
+    assert page.status_code == 200 and b"errorlist" in page.content and b"new-token" not in page.content
+    assert not Token.objects.exists()
+
+
+def test_the_token_list_warns_when_auth_is_off(admin_client):
+    page = admin_client.get("/admin/evaluations/token/").content.decode()
+    assert "authentication is off, these tokens are not checked" in page
 
 
 # -- through the real service ---------------------------------------------------------------------
