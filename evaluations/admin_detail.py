@@ -45,7 +45,7 @@ class OwnerFilter(admin.SimpleListFilter):
 
     title = "owner"
     parameter_name = "owner"
-    OPERATOR = "-"
+    OPERATOR = "(operator)"  # no tenant name holds parentheses
 
     def lookups(self, request, model_admin):
         stored = Token.objects.values_list("name", flat=True).distinct()

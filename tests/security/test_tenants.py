@@ -298,7 +298,7 @@ def test_the_admin_lists_and_filters_by_owner(api, tokens, admin_client):
     page = admin_client.get("/admin/evaluations/evaluation/", {"owner": "alice"})
     html = page.content.decode()
     assert page.status_code == 200 and alice in html and bob not in html and operator not in html
-    html = admin_client.get("/admin/evaluations/evaluation/", {"owner": "-"}).content.decode()
+    html = admin_client.get("/admin/evaluations/evaluation/", {"owner": "(operator)"}).content.decode()
     assert operator in html and alice not in html and bob not in html
     html = admin_client.get("/admin/evaluations/batch/", {"owner": "bob"}).content.decode()
     assert bob_batch in html and alice_batch not in html
