@@ -28,6 +28,7 @@ from django.utils.html import format_html, format_html_join
 
 from evaluations import (
     admin_batches,  # noqa: F401  (registers BatchAdmin)
+    admin_tokens,  # noqa: F401  (registers TokenAdmin)
     admission,
     lifecycle,
     livelog,
@@ -38,6 +39,7 @@ from evaluations.admin_dashboard import dashboard
 from evaluations.admin_detail import (
     CallbackAttemptInline,
     DetailFields,
+    OwnerFilter,
     TestResultInline,
     TransitionInline,
     detail_url,
@@ -58,7 +60,7 @@ admin.site.enable_nav_sidebar = False  # three models: the sidebar cost the list
 # The columns the list reads, and no others: on SQLite, a column stored after the outputs costs
 # a walk through their overflow pages (MiBs a row), so even those are left out.
 LIST_COLUMNS = ("id", "status", "step", "passed", "error", "error_kind", "task_url", "language", "created_at",
-                "started_at", "duration_ms")  # fmt: skip
+                "started_at", "duration_ms", "owner")  # fmt: skip
 # What "Open the whole text" serves for an evaluation, as text/plain.
 # Never the agent's code (SPEC §14: size and hash only).
 WHOLE_FIELDS = ("agent_output", "agent_patch", "test_output", "task_prompt", "original_pr")
@@ -66,9 +68,13 @@ WHOLE_FIELDS = ("agent_output", "agent_patch", "test_output", "task_prompt", "or
 
 @admin.register(Evaluation)
 class EvaluationAdmin(DetailFields, admin.ModelAdmin):
-    list_display = ("short_id", "state", "passed_text", "task", "language", "error_text", "created_short", "time")
+    list_display = (
+        "short_id", "state", "passed_text", "task", "language", "error_text", "owner_text", "created_short", "time",
+    )  # fmt: skip
     list_display_links = ("short_id",)
-    list_filter = ("status", "error_kind", "step", "passed", "language", ("created_at", admin.DateFieldListFilter))
+    list_filter = (
+        "status", "error_kind", "step", "passed", "language", OwnerFilter, ("created_at", admin.DateFieldListFilter),
+    )  # fmt: skip
     search_fields = ("id", "task_url")
     date_hierarchy = "created_at"
     ordering = ("-created_at",)
@@ -87,6 +93,7 @@ class EvaluationAdmin(DetailFields, admin.ModelAdmin):
             "Request",
             {
                 "fields": (
+                    "owner",
                     "task_url",
                     "language",
                     "timeout_secs",
@@ -168,9 +175,11 @@ class EvaluationAdmin(DetailFields, admin.ModelAdmin):
     def rerun_evaluations(self, request, queryset):
         config = settings.EXECUTOR
         created = []
-        for evaluation in queryset.only("id", "request_sha256", *REQUEST_FIELDS).order_by("created_at"):
+        for evaluation in queryset.only("id", "request_sha256", "owner", *REQUEST_FIELDS).order_by("created_at"):
             try:
-                new = retry(evaluation, config=config, scope="admin")
+                # On the owner's behalf: the re-run sends its result to the owner's callback_url, and
+                # the owner's token must be able to read it.
+                new = retry(evaluation, config=config, scope="admin", owner=evaluation.owner)
             except admission.AtCapacity:
                 left = queryset.count() - len(created)
                 self.message_user(
@@ -286,6 +295,10 @@ class EvaluationAdmin(DetailFields, admin.ModelAdmin):
             return ""
         badge = format_html('<span class="te-kind">{}</span> ', kind) if kind else ""
         return format_html('{}<span title="{}">{}</span>', badge, obj.error, sentence)
+
+    @admin.display(description="owner", ordering="owner")
+    def owner_text(self, obj):
+        return fmt.owner(obj.owner)
 
     @admin.display(description="created", ordering="created_at")
     def created(self, obj):

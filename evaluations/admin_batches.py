@@ -12,7 +12,7 @@ from django.utils.html import format_html
 
 from evaluations import admin_format as fmt
 from evaluations import batches
-from evaluations.admin_detail import ReadOnlyInline, detail_url
+from evaluations.admin_detail import OwnerFilter, ReadOnlyInline, detail_url
 from evaluations.models import AgentArchive, Batch, Evaluation
 
 
@@ -46,9 +46,9 @@ class BatchEvaluationInline(ReadOnlyInline):
 
 @admin.register(Batch)
 class BatchAdmin(admin.ModelAdmin):
-    list_display = ("short_id", "state", "progress", "reward_text", "created", "finished_time")
+    list_display = ("short_id", "state", "progress", "reward_text", "owner_text", "created", "finished_time")
     list_display_links = ("short_id",)
-    list_filter = ("status", ("created_at", admin.DateFieldListFilter))
+    list_filter = ("status", OwnerFilter, ("created_at", admin.DateFieldListFilter))
     search_fields = ("id",)
     ordering = ("-created_at",)
     list_per_page = 50
@@ -56,8 +56,8 @@ class BatchAdmin(admin.ModelAdmin):
     inlines = [BatchEvaluationInline]
     actions = None
     fields = (
-        "id", "state", "progress", "reward_text", "created", "finished_time", "agent", "language", "timeout_secs",
-        "env", "callback_url", "callback_state", "metadata", "idempotency_key",
+        "id", "owner", "state", "progress", "reward_text", "created", "finished_time", "agent", "language",
+        "timeout_secs", "env", "callback_url", "callback_state", "metadata", "idempotency_key",
     )  # fmt: skip
     readonly_fields = fields
 
@@ -101,6 +101,10 @@ class BatchAdmin(admin.ModelAdmin):
         code = Batch.objects.values_list("agent_code", flat=True).get(id=obj.id)  # deferred by the queryset
         size = len(code.encode("utf-8", errors="surrogatepass"))
         return f"one file, {fmt.size(size)}, sha256 {obj.agent_sha256}"
+
+    @admin.display(description="owner", ordering="owner")
+    def owner_text(self, obj):
+        return fmt.owner(obj.owner)
 
     @admin.display(description="created", ordering="created_at")
     def created(self, obj):

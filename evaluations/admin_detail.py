@@ -1,4 +1,5 @@
-"""The evaluation detail page's read-only fields and inlines (the admin itself is evaluations/admin.py).
+"""The evaluation detail page's read-only fields and inlines, and the pieces the evaluation and batch
+admins share (the admin itself is evaluations/admin.py).
 
 Each shows a value as an operator reads it: yes/no rather than icons, times to the
 second, "none" when empty, and at most its share of ~128 KiB of output (admin_format.py).
@@ -14,7 +15,7 @@ from django.utils.html import format_html, format_html_join
 
 from evaluations import admin_format as fmt
 from evaluations import livelog
-from evaluations.models import AgentArchive, CallbackAttempt, Status, TestResult, Transition
+from evaluations.models import AgentArchive, CallbackAttempt, Status, TestResult, Token, Transition
 
 LOG_SOURCES = {
     livelog.LIVE: "Live, from the session's log file: reload the page to follow it.",
@@ -31,6 +32,31 @@ def detail_url(eval_id) -> str:
 
 def whole_url(eval_id, field: str) -> str:
     return reverse("admin:evaluations_evaluation_whole", args=[eval_id, field])
+
+
+class OwnerFilter(admin.SimpleListFilter):
+    """Filter a list by owner: the tenants AUTH_TOKENS and the Token rows name, and "operator" for rows
+    no tenant owns.
+
+    From the configuration, not a SELECT DISTINCT over the table (Django's default for a text
+    column), which would read every row at each load of the list. A tenant since removed from
+    AUTH_TOKENS is still found by ?owner=<name> in the address.
+    """
+
+    title = "owner"
+    parameter_name = "owner"
+    OPERATOR = "(operator)"  # no tenant name holds parentheses
+
+    def lookups(self, request, model_admin):
+        stored = Token.objects.values_list("name", flat=True).distinct()
+        names = sorted({name for name, _token in settings.EXECUTOR.tenant_tokens} | set(stored))
+        return [(self.OPERATOR, "operator (no tenant)"), *((name, name) for name in names)]
+
+    def queryset(self, request, queryset):
+        value = self.value()
+        if value is None:
+            return queryset
+        return queryset.filter(owner=None) if value == self.OPERATOR else queryset.filter(owner=value)
 
 
 class ReadOnlyInline(admin.TabularInline):

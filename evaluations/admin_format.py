@@ -59,6 +59,11 @@ def short_id(value) -> str:
     return str(value)[:8]
 
 
+def owner(name: str | None) -> str:
+    """The tenant whose token created a row; "-" for an operator's token, no auth or the CLI."""
+    return name or "-"
+
+
 def task_label(url: str) -> str:
     """What tells tasks apart in a list: the archive's file name, with its folder when the name is generic.
 

@@ -130,6 +130,7 @@ def _object(batch: Batch, *, total: int, finished: int, started: int, passed: in
     """The batch object from its evaluations' counts: GET /batches' rows and GET /batches/{id} alike."""
     return {
         "batch_id": str(batch.id),
+        "owner": batch.owner,
         "status": _status(batch, ended=bool(total) and finished == total, started=bool(started)),
         "total": total,
         "finished": finished,
@@ -145,9 +146,10 @@ def _object(batch: Batch, *, total: int, finished: int, started: int, passed: in
 _ROW = ("id", "task_url", "status", "passed", "error_kind", "created_at")
 
 
-def batch_json(batch_id) -> dict | None:
-    """GET /batches/{id}'s body and the batch callback's; None for no such batch."""
-    batch = Batch.objects.filter(id=batch_id).first()
+def batch_json(batch_id, among=Batch.objects) -> dict | None:
+    """GET /batches/{id}'s body and the batch callback's; None for no such batch in ``among``
+    (the API's: the batches the caller may see). A batch's evaluations are its owner's."""
+    batch = among.filter(id=batch_id).first()
     if batch is None:
         return None
     evaluations = list(Evaluation.objects.filter(batch_id=batch.id).order_by("created_at", "id").only(*_ROW))

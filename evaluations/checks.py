@@ -14,7 +14,10 @@ def startup_warnings() -> list[str]:
     config = settings.EXECUTOR
     warnings = []
     if not config.auth_enabled:
-        warnings.append("AUTH_TOKEN is unset: authentication is disabled, anyone who reaches the port can submit code")
+        warnings.append(
+            "AUTH_TOKEN and AUTH_TOKENS are unset: authentication is disabled, anyone who reaches the port can "
+            "submit code"
+        )
     return warnings
 
 

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import uuid
 
+from django.core.validators import RegexValidator
 from django.db import models
 from django.db.models import Q
 from django.utils import timezone
+
+from executor_project.config import TENANT_NAME
 
 
 class Status(models.TextChoices):
@@ -68,6 +71,29 @@ class CacheUse(models.TextChoices):
     OFF = "off"  # WORKSPACE_CACHE=off, `cache: false`, or no root for the cache's mounts
 
 
+# SPEC §20: who created a row, and so who else may see it (evaluations/api/auth.py).
+OWNER_HELP = "the tenant (AUTH_TOKENS name) that created it; null: an operator's token, no auth, or manage.py evaluate"
+
+
+class Token(models.Model):
+    """A tenant's bearer token made in the admin (SPEC §20), beside AUTH_TOKENS: only its SHA-256 is kept.
+
+    The token is shown once, on the page that made it. A tenant may hold several (to rotate one:
+    add the new, then delete the old); a token of an AUTH_TOKENS name acts as that tenant.
+    """
+
+    name = models.CharField(
+        max_length=64,
+        validators=[RegexValidator(rf"\A{TENANT_NAME.pattern}\Z", "1 to 64 of A-Z a-z 0-9 _ . -")],
+        help_text="The tenant: what its evaluations' and batches' owner holds.",
+    )
+    sha256 = models.CharField(max_length=64, unique=True, editable=False)
+    created_at = models.DateTimeField(default=timezone.now, editable=False)
+
+    def __str__(self) -> str:
+        return f"{self.name}'s token {self.sha256[:12]}"
+
+
 class AgentArchive(models.Model):
     """An agent project's archive (SPEC §14), stored once per content: a batch's tasks share one row."""
 
@@ -101,6 +127,7 @@ class Batch(models.Model):
     idempotency_key = models.CharField(max_length=200, null=True, blank=True)
     idempotency_scope = models.CharField(max_length=64, blank=True, default="")
     request_sha256 = models.CharField(max_length=64, blank=True, default="")
+    owner = models.CharField(max_length=64, null=True, blank=True, help_text=OWNER_HELP)
 
     created_at = models.DateTimeField(default=timezone.now)
     finished_at = models.DateTimeField(null=True, blank=True)
@@ -120,6 +147,10 @@ class Batch(models.Model):
         verbose_name_plural = "batches"
         indexes = [
             models.Index(fields=["-created_at", "-id"], name="batch_list_idx"),
+            # A tenant's GET /batches: its own, newest first.
+            models.Index(
+                fields=["owner", "-created_at", "-id"], name="batch_owner_list_idx", condition=Q(owner__isnull=False)
+            ),
             models.Index(fields=["status", "created_at"], name="batch_open_idx", condition=Q(finished_at=None)),
             models.Index(
                 fields=["callback_next_at"], name="batch_callback_due_idx", condition=Q(callback_state="pending")
@@ -160,6 +191,7 @@ class Evaluation(models.Model):
     idempotency_key = models.CharField(max_length=200, null=True, blank=True)
     idempotency_scope = models.CharField(max_length=64, blank=True, default="")
     request_sha256 = models.CharField(max_length=64, blank=True, default="")
+    owner = models.CharField(max_length=64, null=True, blank=True, help_text=OWNER_HELP)
 
     # Times.
     created_at = models.DateTimeField(default=timezone.now)
@@ -209,6 +241,10 @@ class Evaluation(models.Model):
             # GET /evaluations, newest first, optionally by status.
             models.Index(fields=["-created_at", "-id"], name="eval_list_idx"),
             models.Index(fields=["status", "-created_at"], name="eval_status_list_idx"),
+            # A tenant's GET /evaluations: its own, newest first.
+            models.Index(
+                fields=["owner", "-created_at", "-id"], name="eval_owner_list_idx", condition=Q(owner__isnull=False)
+            ),
             # Admission counts and the worker's claim look at pending/running rows only.
             models.Index(
                 fields=["status", "created_at"],

@@ -9,7 +9,7 @@ EVALUATION_COLUMNS = (
     "id", "status", "step", "passed", "error", "duration_ms", "task_url", "language", "agent_sha256", "metadata",
     "created_at",
     "started_at", "finished_at", "agent_output", "agent_exit_code", "agent_patch", "test_output", "results_sha256",
-    "egress", "resources", "error_kind", "retry_of_id",
+    "egress", "resources", "error_kind", "retry_of_id", "owner",
 
     "cache",
 )  # fmt: skip
@@ -66,6 +66,7 @@ def document(evaluation, transitions, test_results) -> dict:
         "resources": evaluation.resources,
         "cache": evaluation.cache or None,
         "retry_of": str(evaluation.retry_of_id) if evaluation.retry_of_id else None,
+        "owner": evaluation.owner,
     }
 
 
@@ -78,4 +79,5 @@ def summary_json(evaluation: Evaluation) -> dict:
         "status": evaluation.status,
         "passed": evaluation.passed,
         "created_at": iso(evaluation.created_at),
+        "owner": evaluation.owner,
     }

@@ -27,11 +27,12 @@ REQUEST_FIELDS = (
 )
 
 
-def retry(evaluation: Evaluation, *, config: Config, scope: str) -> Evaluation:
-    """The new pending evaluation; raises admission.AtCapacity. ``scope``: who asks (the API token's, "admin")."""
+def retry(evaluation: Evaluation, *, config: Config, scope: str, owner: str | None) -> Evaluation:
+    """The new pending evaluation; raises admission.AtCapacity. ``scope``: who asks (the API token's, "admin");
+    ``owner``: the tenant the new one belongs to (its ``owner`` column, SPEC §20)."""
     fields = {name: getattr(evaluation, name) for name in REQUEST_FIELDS}
     new, _created = admission.admit(
-        fields={**fields, "retry_of_id": evaluation.id},
+        fields={**fields, "retry_of_id": evaluation.id, "owner": owner},
         limit=config.admission_limit,
         scope=scope,
         key=None,

@@ -6,7 +6,7 @@ project reads ``os.environ`` for a setting.
 
 Each setting is one field of ``Config``, declared with its variable, parser,
 bounds and default on one line (``integer``, ``boolean``, ``choice``,
-``strings``, ``text``, ``path``, ``optional_path``); ``load()`` walks the
+``strings``, ``tenants``, ``text``, ``path``, ``optional_path``); ``load()`` walks the
 fields. Adding a setting is adding a line.
 """
 
@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import os
+import re
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
@@ -101,6 +102,36 @@ def strings(env: str, default: tuple[str, ...] = (), *, lower: bool = False, sec
     return _field(env, default, parse, secret=secret)
 
 
+TENANT_NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
+
+
+def tenants(env: str):
+    """``name:token,...``: named tokens, each seeing only what it created (SPEC §20). A name is
+    TENANT_NAME; the token is everything after the first colon. Names and tokens are unique.
+    Messages name the tenant, never print a token."""
+
+    def parse(name: str, raw: str) -> tuple[tuple[str, str], ...]:
+        pairs: list[tuple[str, str]] = []
+        for position, item in enumerate((item.strip() for item in raw.split(",") if item.strip()), start=1):
+            tenant, colon, token = item.partition(":")
+            tenant, token = tenant.strip(), token.strip()
+            if not colon or not token:
+                raise ConfigError(f"{name}: entry {position} must be name:token (a name, a colon, a token)")
+            if not TENANT_NAME.fullmatch(tenant):
+                # Not echoed: an entry written token:name the wrong way round would print the token.
+                raise ConfigError(f"{name}: entry {position}: a tenant name is 1 to 64 of A-Z a-z 0-9 _ . -")
+            if any(tenant == known for known, _ in pairs):
+                raise ConfigError(f"{name}: the tenant name {tenant!r} is listed twice; names must be unique")
+            if any(token == known for _, known in pairs):
+                raise ConfigError(
+                    f"{name}: tenant {tenant!r} has the same token as another tenant; tokens must be unique"
+                )
+            pairs.append((tenant, token))
+        return tuple(pairs)
+
+    return _field(env, (), parse, secret=True)
+
+
 def text(env: str, default: str = "", *, strip: bool = True, secret: bool = False):
     def parse(name: str, raw: str) -> str:
         value = raw.strip() if strip else raw
@@ -134,7 +165,8 @@ class Config:
     port: int = integer("PORT", 8080, minimum=1, maximum=65535)
     gunicorn_bind: str = text("GUNICORN_BIND")  # empty: 0.0.0.0:PORT (see bind)
     web_workers: int = integer("WEB_WORKERS", 2, minimum=1, maximum=64)
-    auth_tokens: tuple[str, ...] = strings("AUTH_TOKEN", secret=True)
+    auth_tokens: tuple[str, ...] = strings("AUTH_TOKEN", secret=True)  # operators': they see every evaluation
+    tenant_tokens: tuple[tuple[str, str], ...] = tenants("AUTH_TOKENS")  # (name, token): each sees its own
     secret_key: str = text("SECRET_KEY", strip=False, secret=True)  # empty: one kept in DATA_DIR (django_secret_key)
     database_url: str = text("DATABASE_URL", secret=True)
     data_dir: Path = path("DATA_DIR", PROJECT_DIR / "data")
@@ -207,7 +239,7 @@ class Config:
 
     @property
     def auth_enabled(self) -> bool:
-        return bool(self.auth_tokens)
+        return bool(self.auth_tokens or self.tenant_tokens)
 
     @property
     def admission_limit(self) -> int:
@@ -268,6 +300,12 @@ def load(environ: Mapping[str, str] | None = None) -> Config:
 
 def _check_together(config: Config) -> None:
     """The rules that involve more than one variable, or the file system."""
+    for tenant, token in config.tenant_tokens:
+        if token in config.auth_tokens:
+            raise ConfigError(
+                f"AUTH_TOKENS: tenant {tenant!r} has a token that is also in AUTH_TOKEN; a token is either an "
+                "operator's (AUTH_TOKEN) or one tenant's (AUTH_TOKENS)"
+            )
     try:
         egress_policy(config)
     except ValueError as exc:

@@ -1,4 +1,15 @@
-"""Bearer-token auth: several comma-separated tokens (rotation), compared in constant time."""
+"""Bearer-token auth: operators' tokens (AUTH_TOKEN, several for rotation) and tenants' named tokens
+(AUTH_TOKENS, and the admin's Token rows, kept as their SHA-256 only).
+
+The configured tokens are compared in constant time. A token that is none of them is looked up by
+its SHA-256 among the Token rows: an index lookup of a digest, which tells a guesser nothing about
+how close a guess came.
+
+The caller is a ``Caller``: an operator's (``owner`` None) sees every evaluation and batch; a
+tenant's sees only those it created (``visible``). Rows record their creator in ``owner``, and
+every route reads through ``visible`` or ``may_see``: another tenant's row is 404 ``not_found``,
+as an id that does not exist, so ids do not leak.
+"""
 
 from __future__ import annotations
 
@@ -8,38 +19,74 @@ import hmac
 from django.conf import settings
 from rest_framework import authentication, exceptions, permissions
 
-
-class TokenUser:
-    """The caller behind a valid token; `scope` keys its Idempotency-Keys."""
-
-    is_authenticated = True
-    is_anonymous = False
-
-    def __init__(self, token: str):
-        self.scope = hashlib.sha256(token.encode()).hexdigest()[:32]
+from evaluations.models import Token
 
 
-class AnonymousCaller:
-    """Auth disabled: every caller shares one scope."""
+class Caller:
+    """Who sent the request. ``scope`` keys its Idempotency-Keys; ``owner`` is what its rows record."""
 
     is_authenticated = True
-    is_anonymous = True
-    scope = "anonymous"
+
+    def __init__(self, *, owner: str | None, scope: str, is_anonymous: bool = False):
+        self.owner = owner
+        self.scope = scope
+        self.is_anonymous = is_anonymous
+
+    def visible(self, queryset):
+        """The rows of ``queryset`` (evaluations or batches) this caller may see."""
+        return queryset if self.owner is None else queryset.filter(owner=self.owner)
+
+    def may_see(self, owner: str | None) -> bool:
+        """Whether a row whose ``owner`` column holds this is the caller's to see."""
+        return self.owner is None or owner == self.owner
 
 
-def token_matches(candidate: str, tokens: tuple[str, ...]) -> bool:
-    # Compare with every token, without stopping early, so timing says nothing.
-    found = False
-    for token in tokens:
-        found |= hmac.compare_digest(candidate.encode(), token.encode())
-    return found
+def operator(token: str) -> Caller:
+    """An AUTH_TOKEN: keys scoped per token, as before tenants (rotated tokens keep apart)."""
+    return Caller(owner=None, scope=hashlib.sha256(token.encode()).hexdigest()[:32])
+
+
+def tenant(name: str) -> Caller:
+    """A named token: keys scoped per tenant. The "tenant:" prefix keeps the scope apart from every
+    operator's (32 hex digits), whatever a token holds."""
+    return Caller(owner=name, scope="tenant:" + hashlib.sha256(name.encode()).hexdigest()[:32])
+
+
+ANONYMOUS = Caller(owner=None, scope="anonymous", is_anonymous=True)  # auth disabled: one shared scope
+
+
+def identify(candidate: str, operator_tokens: tuple[str, ...], tenant_tokens: tuple[tuple[str, str], ...]):
+    """The Caller whose token ``candidate`` is, or None. Every token is compared, without stopping
+    early, so the time taken says nothing about how much of a token matched, or which."""
+    given = candidate.encode()
+    is_operator = False
+    for token in operator_tokens:
+        is_operator |= hmac.compare_digest(given, token.encode())
+    named = None
+    for name, token in tenant_tokens:
+        if hmac.compare_digest(given, token.encode()):
+            named = name
+    if is_operator:
+        return operator(candidate)
+    return tenant(named) if named is not None else None
+
+
+def token_sha256(token: str) -> str:
+    """What a Token row keeps of its token."""
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+def stored(candidate: str) -> Caller | None:
+    """The tenant of the admin's Token row for ``candidate``, or None."""
+    name = Token.objects.filter(sha256=token_sha256(candidate)).values_list("name", flat=True).first()
+    return tenant(name) if name is not None else None
 
 
 class BearerTokenAuthentication(authentication.BaseAuthentication):
     def authenticate(self, request):
-        tokens = settings.EXECUTOR.auth_tokens
-        if not tokens:
-            return (AnonymousCaller(), None)
+        config = settings.EXECUTOR
+        if not config.auth_enabled:
+            return (ANONYMOUS, None)
         header = request.META.get("HTTP_AUTHORIZATION", "")
         if not header:
             return None
@@ -47,9 +94,10 @@ class BearerTokenAuthentication(authentication.BaseAuthentication):
         credential = credential.strip()
         if scheme.lower() != "bearer" or not credential:
             raise exceptions.AuthenticationFailed("the Authorization header must be 'Bearer <token>'")
-        if not token_matches(credential, tokens):
+        caller = identify(credential, config.auth_tokens, config.tenant_tokens) or stored(credential)
+        if caller is None:
             raise exceptions.AuthenticationFailed("the bearer token is not valid")
-        return (TokenUser(credential), credential)
+        return (caller, credential)
 
     def authenticate_header(self, request):
         return 'Bearer realm="term-executor"'

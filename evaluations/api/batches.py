@@ -34,7 +34,7 @@ class BatchListView(APIView):
         data = serializer.validated_data
         try:
             batch_id, eval_ids, _created = admission.admit_batch(
-                fields=submission_fields(data),
+                fields={**submission_fields(data), "owner": request.user.owner},
                 task_urls=data["task_urls"],
                 max_open=config.max_open_batches,
                 scope=request.user.scope,
@@ -55,21 +55,27 @@ class BatchListView(APIView):
         )
 
     def get(self, request):
-        page = Page(request, Batch, noun="batch", statuses=batches.STATUSES, by_status=batches.with_status)
+        page = Page(
+            request,
+            request.user.visible(Batch.objects),
+            noun="batch",
+            statuses=batches.STATUSES,
+            by_status=batches.with_status,
+        )
         rows = list(batches.summaries(page.queryset)[: page.limit + 1])
         return page.response(rows, batches.summary_json)
 
 
 class BatchDetailView(APIView):
     def get(self, request, batch_id):
-        body = batches.batch_json(_batch_pk(batch_id))
+        body = batches.batch_json(_batch_pk(batch_id), among=request.user.visible(Batch.objects))
         if body is None:
             raise ApiError(404, "not_found", f"no batch {batch_id}")
         return Response(body)
 
     def delete(self, request, batch_id):
         pk = _batch_pk(batch_id)
-        if not Batch.objects.filter(id=pk).exists():
+        if not request.user.visible(Batch.objects).filter(id=pk).exists():
             raise ApiError(404, "not_found", f"no batch {batch_id}")
         outcomes = batches.cancel(pk, "batch cancelled by DELETE")
         if outcomes is None:

@@ -11,7 +11,7 @@ from rest_framework.views import APIView
 
 from evaluations import livelog
 from evaluations.api.errors import ApiError
-from evaluations.api.views import _get_evaluation
+from evaluations.api.views import get_evaluation
 
 MAX_OFFSET = 2**53  # what a JSON number (and every client) holds exactly
 _DIGITS = re.compile(r"^[0-9]{1,16}$")
@@ -35,7 +35,7 @@ class EvaluationLogView(APIView):
 
     def get(self, request, eval_id):
         offset = parse_offset(request.query_params.get("offset"))
-        evaluation = _get_evaluation(eval_id)
+        evaluation = get_evaluation(eval_id, request.user)
         chunk = livelog.read_log(evaluation, settings.EXECUTOR.workspace_base, offset, livelog.MAX_CHUNK_BYTES)
         response = HttpResponse(chunk.data, content_type="text/plain; charset=utf-8")
         response["X-Log-Offset"] = str(chunk.next_offset)

@@ -18,11 +18,12 @@ class Page:
     DEFAULT_LIMIT = 100
     MAX_LIMIT = 1000
 
-    def __init__(self, request, model, *, noun: str, statuses, by_status):
+    def __init__(self, request, rows, *, noun: str, statuses, by_status):
+        """``rows``: the queryset of what the caller may see (auth.Caller.visible); ``before`` is one of them."""
         self.request = request
         params = request.query_params
         problems: dict[str, list[str]] = {}
-        queryset = model.objects.order_by("-created_at", "-id")
+        queryset = rows.order_by("-created_at", "-id")
         self.status = params.get("status")
         if self.status is not None:
             if self.status not in statuses:
@@ -41,7 +42,7 @@ class Page:
         if before is not None:
             anchor = None
             try:
-                anchor = model.objects.filter(id=uuid.UUID(before)).values("id", "created_at").first()
+                anchor = rows.filter(id=uuid.UUID(before)).values("id", "created_at").first()
             except ValueError:
                 pass
             if anchor is None:

@@ -52,6 +52,11 @@ ERROR_CODES = {
     "bad_request": "the request could not be understood",
 }
 
+OWNER_HELP = (
+    "The tenant (its AUTH_TOKENS name) whose token created it; null when an operator's token (AUTH_TOKEN) did, "
+    "when auth is off, and for manage.py evaluate. A tenant's token sees only its own."
+)
+
 TAG_EVALUATIONS = "evaluations"
 TAG_SERVICE = "service"
 TAG_BATCHES = "batches"
@@ -65,8 +70,11 @@ class BearerTokenScheme(OpenApiAuthenticationExtension):
         return {
             "type": "http",
             "scheme": "bearer",
-            "description": "One of the comma-separated tokens of AUTH_TOKEN. When AUTH_TOKEN is unset, "
-            'auth is disabled (GET /status says `"auth": "disabled"`).',
+            "description": "An operator's token (one of AUTH_TOKEN's, comma-separated): it sees every evaluation "
+            "and batch. Or a tenant's (AUTH_TOKENS, `name:token,...`): it sees, lists, cancels and retries only "
+            "the evaluations and batches it created; any other id answers 404 `not_found`, as one that does not "
+            "exist, and its Idempotency-Keys are its own. When both are unset, auth is disabled "
+            '(GET /status says `"auth": "disabled"`).',
         }
 
 
@@ -232,6 +240,7 @@ class BatchEvaluationSerializer(serializers.Serializer):
 
 class BatchSummarySerializer(serializers.Serializer):
     batch_id = serializers.UUIDField()
+    owner = serializers.CharField(allow_null=True, help_text=OWNER_HELP)
     status = serializers.ChoiceField(
         choices=BATCH_STATUSES,
         help_text="pending: none started; running: one started; completed: all ended; cancelled: DELETE asked "
@@ -350,6 +359,7 @@ class EvaluationSerializer(serializers.Serializer):
     retry_of = serializers.UUIDField(
         allow_null=True, help_text="The evaluation this one re-runs (POST /evaluate/{id}/retry, the admin's re-run)."
     )
+    owner = serializers.CharField(allow_null=True, help_text=OWNER_HELP)
 
 
 class EvaluationSummarySerializer(serializers.Serializer):
@@ -359,6 +369,7 @@ class EvaluationSummarySerializer(serializers.Serializer):
     status = serializers.ChoiceField(choices=Status.choices)
     passed = serializers.BooleanField(allow_null=True)
     created_at = serializers.DateTimeField()
+    owner = serializers.CharField(allow_null=True, help_text=OWNER_HELP)
 
 
 # -- responses and parameters ---------------------------------------------------
@@ -406,10 +417,10 @@ def error(description: str, *codes: str) -> OpenApiResponse:
 
 
 UNAUTHORIZED = error("Missing or bad bearer token", "unauthorized")
-NOT_FOUND = error("No such evaluation", "not_found")
+NOT_FOUND = error("No such evaluation, or another tenant's", "not_found")
 EVAL_ID = OpenApiParameter("eval_id", OpenApiTypes.UUID, OpenApiParameter.PATH, description="The evaluation's id.")
 BATCH_ID = OpenApiParameter("batch_id", OpenApiTypes.UUID, OpenApiParameter.PATH, description="The batch's id.")
-NO_BATCH = error("No such batch", "not_found")
+NO_BATCH = error("No such batch, or another tenant's", "not_found")
 IDEMPOTENCY_KEY = OpenApiParameter(
     "Idempotency-Key",
     str,
@@ -551,6 +562,7 @@ def document_views() -> None:
         get=extend_schema(
             tags=[TAG_EVALUATIONS],
             summary="List evaluations, newest first",
+            description="A tenant's token lists only the evaluations it created; an operator's, all.",
             parameters=paging(Status.values, "eval_id"),
             responses={
                 200: EvaluationSummarySerializer(many=True),
@@ -579,6 +591,7 @@ def document_views() -> None:
         get=extend_schema(
             tags=[TAG_BATCHES],
             summary="List batches, newest first",
+            description="A tenant's token lists only the batches it created; an operator's, all.",
             parameters=paging(list(BATCH_STATUSES), "batch_id"),
             responses={
                 200: BatchSummarySerializer(many=True),

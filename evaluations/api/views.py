@@ -215,7 +215,12 @@ class EvaluateView(APIView):
         config = settings.EXECUTOR
         key = idempotency_key(request)
         data = validate_evaluate_request(request.data, config)
-        fields = {**submission_fields(data), "task_url": data["task_url"], "static_assets": data.get("static_assets")}
+        fields = {
+            **submission_fields(data),
+            "task_url": data["task_url"],
+            "static_assets": data.get("static_assets"),
+            "owner": request.user.owner,
+        }
         try:
             eval_id, _created = admission.admit_id(
                 fields=fields,
@@ -244,8 +249,9 @@ def _eval_pk(eval_id: str) -> uuid.UUID:
         raise ApiError(404, "not_found", f"no evaluation {eval_id}") from None
 
 
-def _get_evaluation(eval_id: str) -> Evaluation:
-    evaluation = Evaluation.objects.filter(id=_eval_pk(eval_id)).order_by().first()
+def get_evaluation(eval_id: str, caller) -> Evaluation:
+    """The evaluation if ``caller`` may see it; another tenant's is not found, as a missing one."""
+    evaluation = caller.visible(Evaluation.objects).filter(id=_eval_pk(eval_id)).order_by().first()
     if evaluation is None:
         raise ApiError(404, "not_found", f"no evaluation {eval_id}")
     return evaluation
@@ -256,22 +262,23 @@ _TRANSITIONS = rows.Select(Transition, TRANSITION_COLUMNS, where="evaluation", o
 _TEST_RESULTS = rows.Select(TestResult, TEST_RESULT_COLUMNS, where="evaluation", order_by=("position",))
 
 
-def evaluation_document(eval_id: str) -> dict:
-    """GET /evaluate/{id}'s body: three SELECTs of the shown columns (rows.py says why not the ORM)."""
+def evaluation_document(eval_id: str, caller) -> dict:
+    """GET /evaluate/{id}'s body: three SELECTs of the shown columns (rows.py says why not the ORM).
+    Another tenant's evaluation is not found, and its transitions and tests are not read."""
     pk = _eval_pk(eval_id)
     with connections[DEFAULT_DB_ALIAS].cursor() as cursor:
         found = _EVALUATION.rows(cursor, pk)
-        if not found:
+        if not found or not caller.may_see(found[0].owner):
             raise ApiError(404, "not_found", f"no evaluation {eval_id}")
         return document(found[0], _TRANSITIONS.rows(cursor, pk), _TEST_RESULTS.rows(cursor, pk))
 
 
 class EvaluationDetailView(APIView):
     def get(self, request, eval_id):
-        return Response(evaluation_document(eval_id))
+        return Response(evaluation_document(eval_id, request.user))
 
     def delete(self, request, eval_id):
-        evaluation = _get_evaluation(eval_id)
+        evaluation = get_evaluation(eval_id, request.user)
         outcome = lifecycle.cancel(evaluation.id, "cancelled by DELETE")
         if outcome is None:
             evaluation.refresh_from_db(fields=["status"])
@@ -286,13 +293,13 @@ class EvaluationRetryView(APIView):
 
     def post(self, request, eval_id):
         config = settings.EXECUTOR
-        evaluation = _get_evaluation(eval_id)
+        evaluation = get_evaluation(eval_id, request.user)
         if not evaluation.is_terminal:
             raise ApiError(
                 409, "not_finished", f"evaluation {eval_id} is still {evaluation.status}; retry it once it ended"
             )
         try:
-            new = retry.retry(evaluation, config=config, scope=request.user.scope)
+            new = retry.retry(evaluation, config=config, scope=request.user.scope, owner=request.user.owner)
         except admission.AtCapacity:
             raise _at_capacity(config) from None
         # Pending as admitted, as POST /evaluate answers: a worker may claim it before this reply is written.
@@ -307,10 +314,10 @@ class EvaluationListView(APIView):
     def get(self, request):
         page = Page(
             request,
-            Evaluation,
+            request.user.visible(Evaluation.objects),
             noun="eval",
             statuses=Status.values,
             by_status=lambda queryset, value: queryset.filter(status=value),
         )
-        fields = ("id", "task_url", "language", "status", "passed", "created_at")
+        fields = ("id", "task_url", "language", "status", "passed", "created_at", "owner")
         return page.response(list(page.queryset.only(*fields)[: page.limit + 1]), summary_json)

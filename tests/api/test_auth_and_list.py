@@ -88,7 +88,7 @@ def test_list_is_newest_first_and_pages_with_link_header(api):
     assert first.status_code == 200
     rows = first.json()
     assert [r["eval_id"] for r in rows] == [str(e.id) for e in reversed(made)][:2]
-    assert set(rows[0]) == {"eval_id", "task_url", "language", "status", "passed", "created_at"}
+    assert set(rows[0]) == {"eval_id", "task_url", "language", "status", "passed", "created_at", "owner"}
     link = first["Link"]
     assert 'rel="next"' in link and f"before={rows[-1]['eval_id']}" in link
     seen = [r["eval_id"] for r in rows]

@@ -142,3 +142,34 @@ def test_secrets_stay_out_of_the_configs_repr():
     shown = repr(config)
     assert "max_processes=512" in shown
     assert not any(secret in shown for secret in ("tok-1", "sk-2", "cb-3", "pw-4"))
+
+
+def test_auth_tokens_names_tenants_and_a_token_may_hold_a_colon():
+    config = load({"AUTH_TOKENS": " alice:a-1 , bob.2_x-Y:b:2 ,, ", "AUTH_TOKEN": "op"})
+    assert config.tenant_tokens == (("alice", "a-1"), ("bob.2_x-Y", "b:2")) and config.auth_tokens == ("op",)
+    assert load({"AUTH_TOKENS": "alice:a-1"}).auth_enabled and not load({}).auth_enabled
+    assert "a-1" not in repr(load({"AUTH_TOKENS": "alice:a-1"}))
+
+
+@pytest.mark.parametrize(
+    ("env", "message"),
+    [
+        ({"AUTH_TOKENS": "alice:s3cret,s3cret-2"}, "AUTH_TOKENS: entry 2 must be name:token (a name, a colon, a token)"),
+        ({"AUTH_TOKENS": "alice: "}, "AUTH_TOKENS: entry 1 must be name:token (a name, a colon, a token)"),
+        ({"AUTH_TOKENS": ":s3cret"}, "AUTH_TOKENS: entry 1: a tenant name is 1 to 64 of A-Z a-z 0-9 _ . -"),
+        ({"AUTH_TOKENS": "al ice:s3cret"}, "AUTH_TOKENS: entry 1: a tenant name is 1 to 64 of A-Z a-z 0-9 _ . -"),
+        ({"AUTH_TOKENS": "a/b:s3cret"}, "AUTH_TOKENS: entry 1: a tenant name is 1 to 64 of A-Z a-z 0-9 _ . -"),
+        ({"AUTH_TOKENS": f"{'n' * 65}:s3cret"}, "AUTH_TOKENS: entry 1: a tenant name is 1 to 64 of A-Z a-z 0-9 _ . -"),
+        ({"AUTH_TOKENS": "alice:s3cret,alice:s3cret-2"},
+         "AUTH_TOKENS: the tenant name 'alice' is listed twice; names must be unique"),
+        ({"AUTH_TOKENS": "alice:s3cret,bob:s3cret"},
+         "AUTH_TOKENS: tenant 'bob' has the same token as another tenant; tokens must be unique"),
+        ({"AUTH_TOKENS": "alice:s3cret", "AUTH_TOKEN": "op,s3cret"},
+         "AUTH_TOKENS: tenant 'alice' has a token that is also in AUTH_TOKEN; a token is either an operator's "
+         "(AUTH_TOKEN) or one tenant's (AUTH_TOKENS)"),
+    ],
+)  # fmt: skip
+def test_a_bad_auth_tokens_stops_start_naming_the_entry_never_the_token(env, message):
+    with pytest.raises(ConfigError) as caught:
+        load(env)
+    assert str(caught.value) == message and "s3cret" not in message

@@ -68,7 +68,7 @@ def test_the_documented_fields_are_the_api_fields(document):
         "eval_id", "status", "step", "passed", "error", "duration_ms", "task_url", "language", "agent_sha256", "metadata",
         "created_at", "started_at", "finished_at", "test_results", "agent_output", "agent_exit_code",
         "agent_patch", "test_output", "transitions", "results_sha256", "egress", "resources", "cache",
-        "error_kind", "retry_of",
+        "error_kind", "retry_of", "owner",
     }  # fmt: skip
     assert set(schemas["ErrorKindEnum"]["enum"]) == {
         "tests_failed", "agent_timeout", "limit_exceeded", "agent_invalid", "task_invalid", "infrastructure",
@@ -85,7 +85,7 @@ def test_the_batch_routes_are_described(document):
     assert schemas["BatchRequest"]["additionalProperties"] is False
     assert set(schemas["Batch"]["properties"]) == {
         "batch_id", "status", "total", "finished", "passed", "failed", "cancelled", "reward", "created_at",
-        "finished_at", "evaluations",
+        "finished_at", "evaluations", "owner",
     }  # fmt: skip
     assert set(schemas["BatchEvaluation"]["properties"]) == {"eval_id", "task_url", "status", "passed", "error_kind"}
     post = document["paths"]["/batches"]["post"]

@@ -63,6 +63,7 @@ def test_a_url_with_json_prints_the_evaluation_object(cli, built_examples):
     assert (body["status"], body["step"], body["passed"], body["task_url"]) == ("completed", "done", True, url)
     assert [r["name"] for r in body["test_results"]] == ["fail_to_pass_add", "pass_to_pass_sub", "check_1"]
     assert body["metadata"]["submitted_with"] == "manage.py evaluate"
+    assert body["owner"] is None  # no tenant: the operator's own run (SPEC §20)
     assert "+    return a + b" in body["agent_patch"]
     assert [step for step, _ in STEP_LINE.findall(done.stderr)] == STEPS  # the progress went to stderr
 
@@ -197,6 +198,7 @@ def test_a_batch_with_json_prints_the_batch_object(cli, built_examples):
     assert done.returncode == 0, done.stderr
     body = json.loads(done.stdout)
     assert (body["status"], body["total"], body["passed"], body["reward"]) == ("completed", 2, 2, 1.0)
+    assert body["owner"] is None  # no tenant: the operator's own run (SPEC §20)
     assert body["evaluations"][0]["task_url"] == url
     assert "reward: 1.000" in done.stderr
 
