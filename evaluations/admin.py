@@ -177,9 +177,7 @@ class EvaluationAdmin(DetailFields, admin.ModelAdmin):
         created = []
         for evaluation in queryset.only("id", "request_sha256", "owner", *REQUEST_FIELDS).order_by("created_at"):
             try:
-                # On the owner's behalf: the re-run sends its result to the owner's callback_url, and
-                # the owner's token must be able to read it.
-                new = retry(evaluation, config=config, scope="admin", owner=evaluation.owner)
+                new = retry(evaluation, config=config, scope="admin")
             except admission.AtCapacity:
                 left = queryset.count() - len(created)
                 self.message_user(

@@ -27,12 +27,13 @@ REQUEST_FIELDS = (
 )
 
 
-def retry(evaluation: Evaluation, *, config: Config, scope: str, owner: str | None) -> Evaluation:
-    """The new pending evaluation; raises admission.AtCapacity. ``scope``: who asks (the API token's, "admin");
-    ``owner``: the tenant the new one belongs to (its ``owner`` column, SPEC §20)."""
+def retry(evaluation: Evaluation, *, config: Config, scope: str) -> Evaluation:
+    """The new pending evaluation; raises admission.AtCapacity. ``scope``: who asks (the API token's, "admin").
+    The new one is the original's owner's (SPEC §20), whoever asks: it sends its result to the owner's
+    callback_url, and the owner's token must be able to read it."""
     fields = {name: getattr(evaluation, name) for name in REQUEST_FIELDS}
     new, _created = admission.admit(
-        fields={**fields, "retry_of_id": evaluation.id, "owner": owner},
+        fields={**fields, "retry_of_id": evaluation.id, "owner": evaluation.owner},
         limit=config.admission_limit,
         scope=scope,
         key=None,

@@ -299,7 +299,7 @@ class EvaluationRetryView(APIView):
                 409, "not_finished", f"evaluation {eval_id} is still {evaluation.status}; retry it once it ended"
             )
         try:
-            new = retry.retry(evaluation, config=config, scope=request.user.scope, owner=request.user.owner)
+            new = retry.retry(evaluation, config=config, scope=request.user.scope)
         except admission.AtCapacity:
             raise _at_capacity(config) from None
         # Pending as admitted, as POST /evaluate answers: a worker may claim it before this reply is written.

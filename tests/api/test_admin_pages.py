@@ -119,14 +119,14 @@ def test_the_agent_is_shown_as_its_size_and_hash_never_its_code(admin_client):
 def test_a_retry_of_an_agent_project_runs_the_same_archive(settings):
     data = archive_bytes({"main.py": "print(1)\n"})
     original = make(Status.FAILED, **agents.model_fields({"agent_archive": data, "agent_entrypoint": "main.py"}))
-    new = retry(original, config=settings.EXECUTOR, scope="token-a", owner=None)
+    new = retry(original, config=settings.EXECUTOR, scope="token-a")
     assert (new.agent_code, new.agent_archive.data, new.agent_entrypoint) == ("", data, "main.py")
     assert new.agent_sha256 == original.agent_sha256 == hashlib.sha256(data).hexdigest()
 
 
 def test_retry_is_one_function_for_the_admin_and_the_api(settings):
     original = make(Status.FAILED, timeout_secs=30, callback_url="https://cb.example.com/h")
-    new = retry(original, config=settings.EXECUTOR, scope="token-a", owner=None)
+    new = retry(original, config=settings.EXECUTOR, scope="token-a")
     assert (new.retry_of_id, new.status, new.idempotency_scope) == (original.id, "pending", "token-a")
     assert (new.timeout_secs, new.callback_url) == (30, "https://cb.example.com/h")
     assert list(new.transitions.values_list("step", "status")) == [("queued", "pending")]

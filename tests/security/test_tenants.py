@@ -127,19 +127,19 @@ def test_a_tenant_cannot_cancel_or_read_another_tenants_batch_evaluations(api, t
     assert set(Evaluation.objects.values_list("status", flat=True)) == {Status.PENDING}
 
 
-# -- retry: the new evaluation is the caller's ------------------------------------------------
+# -- retry: the new evaluation is the original's owner's, whoever asks ------------------------------------------------
 
 
-def test_a_retry_belongs_to_the_caller(api, tokens):
+def test_a_retry_belongs_to_the_originals_owner(api, tokens):
     eval_id = submit(api, ALICE)
     end(eval_id)
     by_alice = api.post(f"/evaluate/{eval_id}/retry", **bearer(ALICE)).json()["eval_id"]
     by_operator = api.post(f"/evaluate/{eval_id}/retry", **bearer(OPERATOR)).json()["eval_id"]
     assert Evaluation.objects.get(id=by_alice).owner == "alice"
-    assert Evaluation.objects.get(id=by_operator).owner is None
+    assert Evaluation.objects.get(id=by_operator).owner == "alice"  # its callback is alice's
     assert api.get(f"/evaluate/{by_alice}", **bearer(ALICE)).status_code == 200
     assert api.get(f"/evaluate/{by_alice}", **bearer(BOB)).status_code == 404
-    assert api.get(f"/evaluate/{by_operator}", **bearer(ALICE)).status_code == 404
+    assert api.get(f"/evaluate/{by_operator}", **bearer(ALICE)).status_code == 200
 
 
 # -- lists and their filters ------------------------------------------------------------------
