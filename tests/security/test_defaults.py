@@ -196,7 +196,7 @@ def test_bin_serve_installs_nothing_when_present_told_none_or_not_root(fresh_pat
         for name in SANDBOX_PROGRAMS:
             (fresh_path / name).symlink_to(shutil.which(name))
     elif case == "sandbox none":
-        env["SANDBOX"] = "none"
+        env["SANDBOX"] = " None "
     elif os.geteuid() == 0:
         owner = {"user": 65534, "group": 65534, "extra_groups": []}
         os.chmod(tmp_path, 0o777)  # the log, were apt-get run
