@@ -16,7 +16,7 @@
 FROM python:3.11-slim-bookworm
 
 RUN apt-get update \
- && apt-get install -y --no-install-recommends bubblewrap git nodejs tini util-linux procps ca-certificates \
+ && apt-get install -y --no-install-recommends bubblewrap socat git nodejs tini util-linux procps ca-certificates \
  && rm -rf /var/lib/apt/lists/*
 
 RUN useradd --create-home --uid 10001 --shell /usr/sbin/nologin executor

@@ -1,13 +1,15 @@
-"""The figures heading the evaluations list: the last 24 hours, and what runs now."""
+"""The figures heading the evaluations list: the last 24 hours, what runs now, and in what sandbox."""
 
 from __future__ import annotations
 
 from datetime import timedelta
 
+from django.conf import settings
 from django.db.models import Avg, Count, Q
 from django.utils import timezone
 
 from evaluations import admin_format as fmt
+from evaluations import checks, stats
 from evaluations.models import ACTIVE_STATUSES, Evaluation, Status
 
 ENDED = (Status.COMPLETED, Status.FAILED, Status.CANCELLED)
@@ -17,6 +19,8 @@ def dashboard() -> dict:
     """1. The pass rate is completed / (completed + failed): a cancel says nothing of the agent.
     2. The mean duration is of completed and failed ones: a cancel's time is whoever cancelled.
     3. Running and pending are counted once, now, whenever they were created.
+    4. The sandbox in words, as /status says it (checks.sandbox_state); flagged when agent code
+       runs unsandboxed.
     """
     since = timezone.now() - timedelta(hours=24)
     judged = Q(status__in=[Status.COMPLETED, Status.FAILED])
@@ -29,6 +33,7 @@ def dashboard() -> dict:
         **{status: Count("id", filter=Q(status=status)) for status in ACTIVE_STATUSES}
     )
     completed, failed = recent[Status.COMPLETED], recent[Status.FAILED]
+    sandbox = checks.sandbox_state(stats.live_workers(settings.EXECUTOR.worker_stale_secs))
     return {
         "since": since,
         "total": recent["total"],
@@ -38,4 +43,6 @@ def dashboard() -> dict:
         "mean_duration": fmt.seconds(round(recent["mean_ms"])) if recent["mean_ms"] is not None else "-",
         "running_now": now[Status.RUNNING],
         "pending_now": now[Status.PENDING],
+        "sandbox": sandbox.words,
+        "sandboxed": sandbox.mode == "bwrap",
     }

@@ -1,4 +1,5 @@
-"""What a process that runs evaluations does once, before the first: `run_worker` and `evaluate`.
+"""What a process that runs evaluations does once, before the first: `run_worker` and `evaluate`
+(and `serve`, before it starts anything: ``check_folders`` and ``choose_runtime``).
 
 1. The folders the sandbox uids must use are checked (``check_folders``): a
    path the operator can fix stops start-up with one line naming the
@@ -10,7 +11,10 @@
    it (as `nobody`, outside the uid pool: a pool uid may be scrubbed by a
    concurrent evaluation's lease at any moment), with what the kernel can
    enforce per evaluation (cgroups). The resolved object is what every
-   evaluation process gets; nothing downstream probes again.
+   evaluation process gets; nothing downstream probes again. SANDBOX=auto
+   (the default) with bubblewrap missing or not working stops start-up with
+   a sentence naming the package: agent code runs unsandboxed only when the
+   operator set SANDBOX=none (SPEC §20).
 4. The start-up warnings are logged.
 """
 
@@ -22,7 +26,7 @@ import sys
 from pathlib import Path
 
 from evaluations.checks import log_startup_warnings
-from evaluations.runtime import Runtime, become_subreaper, cgroups, sandbox_uid, select_runtime
+from evaluations.runtime import Runtime, SandboxUnavailable, become_subreaper, cgroups, sandbox_uid, select_runtime
 from evaluations.runtime.sandbox import can_traverse
 from executor_project.config import Config
 
@@ -38,17 +42,25 @@ class StartupError(Exception):
 
 def prepare_to_run(config: Config) -> Runtime:
     check_folders(config)
-    config.workspace_base.mkdir(parents=True, exist_ok=True)
-    os.chmod(config.workspace_base, 0o711)
-    try:
-        runtime = select_runtime(config.sandbox, uid=sandbox_uid(), workdir=config.workspace_base)
-    except Exception as exc:
-        raise StartupError(f"SANDBOX={config.sandbox}: {exc}") from exc
+    runtime = choose_runtime(config)
     if os.geteuid() == 0:
         runtime.cgroups = cgroups.detect(config.cgroup_parent)
     log_startup_warnings()
     become_subreaper()  # orphans of a dead evaluation process come to us, not to init
     return runtime
+
+
+def choose_runtime(config: Config) -> Runtime:
+    """The runtime SANDBOX asks for, probed in WORKSPACE_BASE (made here, 0711); StartupError when
+    bubblewrap is missing or does not work and SANDBOX is not none."""
+    config.workspace_base.mkdir(parents=True, exist_ok=True)
+    os.chmod(config.workspace_base, 0o711)
+    try:
+        return select_runtime(config.sandbox, uid=sandbox_uid(), workdir=config.workspace_base)
+    except SandboxUnavailable as exc:
+        raise StartupError(str(exc)) from exc
+    except Exception as exc:
+        raise StartupError(f"SANDBOX={config.sandbox}: {exc}") from exc
 
 
 def check_folders(config: Config) -> None:

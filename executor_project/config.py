@@ -203,6 +203,8 @@ class Config:
     # What commands with network may reach through the egress proxy (evaluations/egress/policy.py).
     egress_allow: tuple[str, ...] = strings("EGRESS_ALLOW")
     egress_deny: tuple[str, ...] = strings("EGRESS_DENY")
+    # What a destination EGRESS_ALLOW does not name gets: public addresses (SPEC §12), or nothing (a closed list).
+    egress_default: str = choice("EGRESS_DEFAULT", "public", ("public", "deny"))
     static_assets_root: Path | None = optional_path("STATIC_ASSETS_ROOT")
     static_assets_config: Path | None = optional_path("STATIC_ASSETS_CONFIG")
     # Root filesystems a task may run in (evaluations/environments.py), and the one used by default.
@@ -343,10 +345,12 @@ def _check_environments(config: Config) -> None:
 
 
 def egress_policy(config: Config):
-    """The EgressPolicy of EGRESS_ALLOW and EGRESS_DENY (ValueError names the variable and entry)."""
+    """The EgressPolicy of EGRESS_ALLOW, EGRESS_DENY and EGRESS_DEFAULT (ValueError names the variable and entry)."""
     from evaluations.egress import EgressPolicy  # plain Python, below Django like assets
 
-    return EgressPolicy.from_strings(",".join(config.egress_allow), ",".join(config.egress_deny))
+    return EgressPolicy.from_strings(
+        ",".join(config.egress_allow), ",".join(config.egress_deny), default=config.egress_default
+    )
 
 
 def close_to_others(folder: Path) -> None:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import json
 import logging
@@ -66,40 +65,13 @@ class HealthView(PublicView):
         return Response({"status": "ok"})
 
 
-@functools.cache
-def _local_sandbox(mode: str) -> str:
-    if mode == "none":
-        return "none"
-    from evaluations.runtime.sandbox import probe_bwrap
-
-    works, _reason = probe_bwrap()
-    return "bwrap" if works else "none"
-
-
-def limits_mode(workers) -> str:
-    """How the live workers enforce memory and process limits; this host's guess when no worker is up."""
-    if workers and workers[0].limits:
-        return workers[0].limits
-    from evaluations.runtime.cgroupfs import guess_mode
-
-    return guess_mode().value
-
-
-def sandbox_mode(workers) -> str:
-    """What the live workers run commands in; this host's probe when no worker is up."""
-    if workers:
-        return workers[0].sandbox
-    return _local_sandbox(settings.EXECUTOR.sandbox)
-
-
 class StatusView(PublicView):
     def get(self, request):
         config = settings.EXECUTOR
         counts = stats.evaluation_counts()
         workers = stats.live_workers(config.worker_stale_secs)
         capacity = sum(w.capacity for w in workers) if workers else config.max_concurrent_evals
-        sandbox = sandbox_mode(workers)
-        limits = limits_mode(workers)
+        state = checks.sandbox_state(workers)
         return Response(
             {
                 "version": VERSION,
@@ -113,9 +85,10 @@ class StatusView(PublicView):
                 "capacity": capacity,
                 "available_slots": max(0, capacity - counts["running"]),
                 "workers": len(workers),
-                "sandbox": sandbox,
-                "limits": {"memory": limits, "processes": limits},
-                "warnings": checks.sandbox_warnings(sandbox, limits),
+                "sandbox": state.mode,
+                "sandbox_state": state.words,
+                "limits": {"memory": state.limits, "processes": state.limits},
+                "warnings": checks.sandbox_warnings(state.mode, state.limits),
                 "auth": "enabled" if config.auth_enabled else "disabled",
                 "languages": list(languages.available()),
                 "static_assets": len(config.static_assets),

@@ -1,4 +1,4 @@
-"""EGRESS_ALLOW / EGRESS_DENY, and the decision for one destination (host, port).
+"""EGRESS_ALLOW / EGRESS_DENY / EGRESS_DEFAULT, and the decision for one destination (host, port).
 
 An entry is ``host``, ``*.domain`` (its subdomains, not the domain itself),
 an IP address or a CIDR network, each with an optional ``:port``; an IPv6
@@ -14,9 +14,12 @@ The decision (``EgressPolicy.decide``):
    refused, even if EGRESS_ALLOW lists it too.
 3. A destination matching EGRESS_ALLOW (its name, or each of its addresses)
    is allowed whatever its addresses are.
-4. Otherwise every address must be public (``netrules.forbidden_reason``,
-   IPv4 inside IPv6 unwrapped) and not one of this machine's own: one bad
-   address refuses the name, as in the URL guard.
+4. Otherwise, with EGRESS_DEFAULT=deny (a closed list), the destination is
+   refused: only what EGRESS_ALLOW names (and what the executor allows for
+   one step, ``allowing``) is reached.
+5. Otherwise (EGRESS_DEFAULT=public) every address must be public
+   (``netrules.forbidden_reason``, IPv4 inside IPv6 unwrapped) and not one of
+   this machine's own: one bad address refuses the name, as in the URL guard.
 """
 
 from __future__ import annotations
@@ -33,12 +36,18 @@ from evaluations.netrules import HostAddresses, IPAddress, forbidden_reason, par
 ALLOWED = "allowed"
 ALLOWED_BY_RULE = "allowed by EGRESS_ALLOW"
 DENIED_BY_RULE = "denied by EGRESS_DENY"
+NOT_ALLOWED = "not in EGRESS_ALLOW"  # EGRESS_DEFAULT=deny
 RESOLUTION_FAILED = "resolution failed"
 OWN_ADDRESS = "host's own address"
 BAD_HOST = "bad host"
 # The others come from netrules without their article: "loopback address", "private address",
 # "link-local address", "multicast address", "reserved address", "unspecified address",
 # "non-public address".
+
+# EGRESS_DEFAULT: what a destination EGRESS_ALLOW does not name gets.
+PUBLIC = "public"  # reached when every address is public (SPEC §12)
+DENY = "deny"  # refused: a closed list
+DEFAULTS = (PUBLIC, DENY)
 
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 _LABEL = re.compile(r"^(?!-)[a-z0-9_-]{1,63}(?<!-)$")
@@ -106,6 +115,8 @@ def parse_rule(entry: str) -> Rule:
         return Rule(entry, network=_network(host), port=port)
     if host.startswith("*."):
         return Rule(entry, suffix="." + _host_name(host[2:]), port=port)
+    if host == "*":
+        raise ValueError("is not an entry: to refuse everything EGRESS_ALLOW does not name, set EGRESS_DEFAULT=deny")
     if "*" in host:
         raise ValueError("a wildcard is only allowed as a leading '*.' (as in *.example.com)")
     return Rule(entry, name=_host_name(host), port=port)
@@ -180,11 +191,15 @@ class EgressPolicy:
         allow: Iterable[Rule] = (),
         deny: Iterable[Rule] = (),
         *,
+        default: str = PUBLIC,
         resolver: Resolver = system_resolver,
         own_addresses: Callable[[], Iterable[IPAddress]] | None = None,
     ):
+        if default not in DEFAULTS:
+            raise ValueError(f"EGRESS_DEFAULT: expected one of {', '.join(DEFAULTS)}, got {default!r}")
         self.allow = tuple(allow)
         self.deny = tuple(deny)
+        self.default = default
         self.resolver = resolver
         self.own_addresses = own_addresses or HostAddresses().get
 
@@ -197,7 +212,13 @@ class EgressPolicy:
         """This policy, plus ``addresses`` at ``port`` allowed (an address the executor checked itself)."""
         entries = ",".join(f"[{a}]:{port}" if ":" in a else f"{a}:{port}" for a in addresses)
         extra = parse_rules(entries, label) if entries else ()
-        return EgressPolicy((*self.allow, *extra), self.deny, resolver=self.resolver, own_addresses=self.own_addresses)
+        return EgressPolicy(
+            (*self.allow, *extra),
+            self.deny,
+            default=self.default,
+            resolver=self.resolver,
+            own_addresses=self.own_addresses,
+        )
 
     def decide(self, host: str, port: int) -> Decision:
         """Whether a connection to ``host:port`` may be made, and to which addresses."""
@@ -226,6 +247,8 @@ class EgressPolicy:
         listed = [any(rule.matches_address(ip, port) for rule in self.allow) for ip in ips]
         if all(listed):
             return Decision(True, ALLOWED_BY_RULE, tuple(addresses))
+        if self.default == DENY:
+            return Decision(False, NOT_ALLOWED)
         own = self.own_addresses()
         for ip, is_listed in zip(ips, listed, strict=True):
             if is_listed:

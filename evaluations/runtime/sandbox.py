@@ -77,7 +77,7 @@ NO_SANDBOX_LIMITS = (
 
 
 class SandboxUnavailable(RuntimeError):
-    """SANDBOX=bwrap was asked for and bubblewrap does not work on this host."""
+    """SANDBOX=auto or bwrap, and bubblewrap is missing or does not work on this host."""
 
 
 def sandbox_uid(configured: int = DEFAULT_SANDBOX_UID) -> int | None:
@@ -343,7 +343,9 @@ def probe_bwrap(uid: int | None = None, bwrap: str = "bwrap", workdir: Path | No
 
 
 def select_runtime(mode: str, *, uid: int | None = None, bwrap: str = "bwrap", workdir: Path | None = None) -> Runtime:
-    """auto: bwrap when the probe passes, else none with a warning; bwrap: or raise; none.
+    """none: no sandbox, as the operator said; auto and bwrap: bubblewrap when the probe passes,
+    else ``SandboxUnavailable`` naming what to install or fix. Agent code never runs unsandboxed
+    unless SANDBOX=none says so (SPEC §20): a fresh machine without bubblewrap refuses to start.
 
     ``uid`` and ``workdir`` as for ``probe_bwrap``; ``uid`` also decides which language
     runtimes are offered (those it can reach).
@@ -362,12 +364,13 @@ def select_runtime(mode: str, *, uid: int | None = None, bwrap: str = "bwrap", w
     if works:
         log.info("sandbox: %s", detail)
         return Bubblewrap(runtimes, bwrap)
-    if mode == "bwrap":
+    if shutil.which(bwrap) is None:
         raise SandboxUnavailable(
-            f"SANDBOX=bwrap but bubblewrap does not work here: {detail}. "
-            "Fix bubblewrap (user namespaces must be allowed) or set SANDBOX=auto or none."
+            f"SANDBOX={mode} but bubblewrap is not installed ({detail}), and agent code does not run "
+            f"unsandboxed unless told to: install the bubblewrap package (apt-get install bubblewrap), "
+            f"or set SANDBOX=none to run it without a sandbox"
         )
-    runtime = NoSandbox(runtimes)
-    runtime.warning = f"bubblewrap unavailable, commands run without a sandbox ({detail}): {NO_SANDBOX_LIMITS}"
-    log.warning("sandbox: %s", runtime.warning)
-    return runtime
+    raise SandboxUnavailable(
+        f"SANDBOX={mode} but bubblewrap does not work here: {detail}. Fix bubblewrap (user namespaces "
+        f"must be allowed), or set SANDBOX=none to run agent code without a sandbox"
+    )

@@ -3,7 +3,7 @@ from pathlib import Path
 
 import pytest
 
-from executor_project.config import SETTINGS, Config, ConfigError, django_secret_key, load
+from executor_project.config import SETTINGS, Config, ConfigError, django_secret_key, egress_policy, load
 from executor_project.dburl import parse_database_url
 
 
@@ -60,11 +60,21 @@ def test_values_are_parsed():
         ({"SANDBOX": "docker"}, "SANDBOX"),
         ({"WORKSPACE_BASE": " "}, "WORKSPACE_BASE"),
         ({"STATIC_ASSETS_CONFIG": "/nope.yaml"}, "STATIC_ASSETS_CONFIG"),
+        ({"EGRESS_DEFAULT": "closed"}, "EGRESS_DEFAULT: expected one of public, deny, got 'closed'"),
+        ({"EGRESS_DEFAULT": "allow"}, "EGRESS_DEFAULT"),
+        ({"EGRESS_DENY": "*"}, "EGRESS_DENY entry '\\*': .* set EGRESS_DEFAULT=deny"),
     ],  # fmt: skip
 )
 def test_bad_values_name_the_variable(env, needle):
     with pytest.raises(ConfigError, match=needle):
         load(env)
+
+
+def test_egress_default_is_public_and_deny_can_be_set():
+    assert load({}).egress_default == "public"
+    assert load({"EGRESS_DEFAULT": " Deny ", "EGRESS_ALLOW": "api.example.com"}).egress_default == "deny"
+    policy = egress_policy(load({"EGRESS_DEFAULT": "deny", "EGRESS_ALLOW": "api.example.com"}))
+    assert (policy.default, [rule.text for rule in policy.allow]) == ("deny", ["api.example.com"])
 
 
 def test_database_urls(tmp_path):

@@ -13,6 +13,7 @@ from evaluations.egress.policy import (
     ALLOWED_BY_RULE,
     BAD_HOST,
     DENIED_BY_RULE,
+    NOT_ALLOWED,
     OWN_ADDRESS,
     RESOLUTION_FAILED,
     Decision,
@@ -42,9 +43,13 @@ def decision(allowed: bool, reason: str, *addresses: str) -> Decision:
     return Decision(allowed, reason, tuple(addresses))
 
 
-def policy(allow: str = "", deny: str = "", answers: dict[str, list[str]] | None = None, own=()) -> EgressPolicy:
+def policy(
+    allow: str = "", deny: str = "", answers: dict[str, list[str]] | None = None, own=(), default: str = "public"
+) -> EgressPolicy:
     own_ips = frozenset(ipaddress.ip_address(a) for a in own)
-    return EgressPolicy.from_strings(allow, deny, resolver=fixed_resolver(answers or {}), own_addresses=lambda: own_ips)
+    return EgressPolicy.from_strings(
+        allow, deny, default=default, resolver=fixed_resolver(answers or {}), own_addresses=lambda: own_ips
+    )
 
 
 # -- parsing ----------------------------------------------------------------
@@ -78,7 +83,7 @@ def test_every_entry_form_parses():
         ("10.0.0.1/8", "has host bits set; did you mean 10.0.0.0/8?"),
         ("300.1.1.1", "is not a valid IP address or network"),
         ("10.0.0.0/33", "is not a valid IP address or network"),
-        ("*", "a wildcard is only allowed as a leading '*.'"),
+        ("*", "is not an entry: to refuse everything EGRESS_ALLOW does not name, set EGRESS_DEFAULT=deny"),
         ("foo.*.com", "a wildcard is only allowed"),
         ("*.", "is neither an IP address, a CIDR network nor a host name"),
         ("bad_host!", "is neither"),
@@ -261,3 +266,47 @@ def test_a_denied_name_is_refused_before_any_lookup():
     p = policy(deny="secret.example")
     assert p.decide("secret.example", 443) == decision(False, DENIED_BY_RULE)
     assert p.resolver.asked == []
+
+
+# -- EGRESS_DEFAULT=deny: a closed list -------------------------------------------------
+
+
+def test_a_closed_list_admits_only_what_allow_names():
+    answers = {"api.example.com": [PUBLIC], "other.example": [PUBLIC], "pypi.org": ["203.0.113.80"]}
+    p = policy("api.example.com:443,pypi.org", answers=answers, default="deny")
+    assert p.decide("api.example.com", 443) == decision(True, ALLOWED_BY_RULE, PUBLIC)
+    assert p.decide("pypi.org", 443) == decision(True, ALLOWED_BY_RULE, "203.0.113.80")
+    # Public destinations the default rules let through are refused now, by name, address or port.
+    assert policy(answers=answers).decide("other.example", 443).allowed
+    assert p.decide("other.example", 443) == decision(False, NOT_ALLOWED)
+    assert p.decide(PUBLIC, 443) == decision(False, NOT_ALLOWED)
+    assert p.decide("api.example.com", 80) == decision(False, NOT_ALLOWED)
+    assert p.decide("127.0.0.1", 443) == decision(False, NOT_ALLOWED)
+
+
+def test_a_closed_list_by_cidr_needs_every_address_inside():
+    answers = {"db.internal": ["10.1.2.3"], "split.internal": ["10.1.2.3", PUBLIC]}
+    p = policy("10.0.0.0/8", answers=answers, default="deny")
+    assert p.decide("db.internal", 5432).allowed
+    assert p.decide("split.internal", 5432) == decision(False, NOT_ALLOWED)  # its public address is not listed
+
+
+def test_deny_still_beats_allow_in_a_closed_list():
+    p = policy("api.example.com", "api.example.com:80", {"api.example.com": [PUBLIC]}, default="deny")
+    assert p.decide("api.example.com", 443).allowed
+    assert p.decide("api.example.com", 80) == decision(False, DENIED_BY_RULE)
+
+
+def test_an_address_the_executor_allows_for_one_step_is_reached_in_a_closed_list():
+    p = policy(answers={"git.example": ["10.0.0.7"]}, default="deny")
+    assert p.decide("git.example", 443) == decision(False, NOT_ALLOWED)
+    cloning = p.allowing(["10.0.0.7"], 443, "the task's repository")
+    assert cloning.default == "deny"
+    assert cloning.decide("git.example", 443) == decision(True, ALLOWED_BY_RULE, "10.0.0.7")
+    assert cloning.decide("git.example", 22) == decision(False, NOT_ALLOWED)
+    assert cloning.decide(PUBLIC, 443) == decision(False, NOT_ALLOWED)
+
+
+def test_an_unknown_default_is_refused():
+    with pytest.raises(ValueError, match="EGRESS_DEFAULT"):
+        policy(default="closed")

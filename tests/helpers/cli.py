@@ -9,7 +9,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from tests.helpers.service import PROJECT, FreshDatabase
+from tests.helpers.service import PROJECT, FreshDatabase, service_sandbox
 
 
 class EvaluateCli:
@@ -31,8 +31,7 @@ class EvaluateCli:
                 "WORKSPACE_BASE": str(self.workspace_base),
                 "ALLOWED_PRIVATE_HOSTS": "127.0.0.1",
                 "DJANGO_SETTINGS_MODULE": "executor_project.settings",
-                # CI requires the sandbox: then a run without it must fail, not fall back.
-                "SANDBOX": "bwrap" if os.environ.get("REQUIRE_SANDBOX") == "1" else "auto",
+                "SANDBOX": service_sandbox(),
             }
         )
         self.env.update(env)

@@ -6,6 +6,7 @@ or a fresh PostgreSQL database when the test run's DATABASE_URL is PostgreSQL.
 
 from __future__ import annotations
 
+import functools
 import os
 import signal
 import socket
@@ -22,6 +23,21 @@ PROJECT = Path(__file__).resolve().parents[2]
 
 def using_postgres() -> bool:
     return os.environ.get("DATABASE_URL", "").startswith(("postgres://", "postgresql://"))
+
+
+@functools.cache
+def service_sandbox() -> str:
+    """SANDBOX for the services and CLIs tests start, unless a test says otherwise: the run's own
+    SANDBOX if set; bwrap when REQUIRE_SANDBOX=1 (a run without it must fail, not fall back);
+    else auto where bubblewrap works here, and none, said explicitly, where it does not (SANDBOX=auto
+    without bubblewrap refuses to start, SPEC §20)."""
+    if os.environ.get("SANDBOX"):
+        return os.environ["SANDBOX"]
+    if os.environ.get("REQUIRE_SANDBOX") == "1":
+        return "bwrap"
+    from evaluations.runtime.sandbox import probe_bwrap
+
+    return "auto" if probe_bwrap()[0] else "none"
 
 
 def free_port() -> int:
@@ -73,6 +89,7 @@ class LiveService:
                 "GUNICORN_BIND": f"127.0.0.1:{self.port}",
                 "WEB_WORKERS": str(web_workers),
                 "DJANGO_SETTINGS_MODULE": "executor_project.settings",
+                "SANDBOX": service_sandbox(),
             }
         )
         self.env.update(env or {})

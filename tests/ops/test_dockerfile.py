@@ -73,7 +73,7 @@ def test_the_command_is_the_readmes_under_tini():
 def test_base_packages_user_healthcheck_and_volumes():
     assert re.match(r"python:3\.\d+-slim", only("FROM"))
     installs = " ".join(args for kw, args in STEPS if kw == "RUN" and "apt-get install" in args).split()
-    for package in ("git", "bubblewrap", "nodejs", "tini", "util-linux"):
+    for package in ("git", "bubblewrap", "socat", "nodejs", "tini", "util-linux"):  # socat: the egress relay
         assert package in installs
     user = only("USER")
     assert user not in ("root", "0") and re.search(rf"useradd .*\b{user}\b", DOCKERFILE)

@@ -5,7 +5,9 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import shutil
 import socket
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -160,18 +162,41 @@ def test_render_puts_the_cgroup_first_and_the_relay_before_the_command():
         render(dataclasses.replace(policy, root=Path("/srv/env")), ["true"], cwd=Path("/"), env={}, tools=tools)
 
 
-def test_select_runtime_none_and_auto_fallback(caplog):
-    assert isinstance(select_runtime("none"), NoSandbox)
+def test_select_runtime_none_only_when_told(caplog):
     with caplog.at_level(logging.WARNING, logger="evaluations.runtime.sandbox"):
-        fallback = select_runtime("auto", bwrap="/nonexistent/bwrap")
-    assert isinstance(fallback, NoSandbox)
-    assert "without a sandbox" in fallback.warning
-    assert "without a sandbox" in caplog.text
+        none = select_runtime("none")
+    assert isinstance(none, NoSandbox)
+    assert none.warning.startswith("SANDBOX=none: network isolation") and "SANDBOX=none" in caplog.text
 
 
-def test_select_runtime_bwrap_fails_loudly_when_it_cannot_work():
-    with pytest.raises(SandboxUnavailable, match="SANDBOX=bwrap but bubblewrap does not work"):
-        select_runtime("bwrap", bwrap="/nonexistent/bwrap")
+@pytest.mark.parametrize("mode", ["auto", "bwrap"])
+def test_select_runtime_never_falls_back_when_bubblewrap_is_missing(mode):
+    with pytest.raises(SandboxUnavailable) as caught:
+        select_runtime(mode, bwrap="/nonexistent/bwrap")
+    assert str(caught.value) == (
+        f"SANDBOX={mode} but bubblewrap is not installed (/nonexistent/bwrap: not found), and agent code does not "
+        "run unsandboxed unless told to: install the bubblewrap package (apt-get install bubblewrap), or set "
+        "SANDBOX=none to run it without a sandbox"
+    )
+
+
+@pytest.mark.parametrize("mode", ["auto", "bwrap"])
+def test_select_runtime_never_falls_back_when_bubblewrap_does_not_work(mode):
+    folder = Path(tempfile.mkdtemp(prefix="te-broken-bwrap-", dir="/tmp"))  # reachable by the sandbox uid
+    broken = folder / "bwrap"
+    broken.write_text("#!/bin/sh\necho 'bwrap: setting up uid map: Permission denied' >&2\nexit 1\n")
+    broken.chmod(0o755)
+    os.chmod(folder, 0o755)
+    try:
+        with pytest.raises(SandboxUnavailable) as caught:
+            select_runtime(mode, bwrap=str(broken))
+    finally:
+        shutil.rmtree(folder)
+    message = str(caught.value)
+    assert message.startswith(f"SANDBOX={mode} but bubblewrap does not work here: {broken} exited 1: ")
+    assert "Permission denied" in message and message.endswith(
+        "or set SANDBOX=none to run agent code without a sandbox"
+    )
 
 
 def test_select_runtime_bwrap_works_here(bwrap_runtime):

@@ -139,6 +139,50 @@ def test_the_tests_reach_nothing_with_test_network_off(tasks, config, http_serve
     assert not [e for e in evaluation.egress if e["step"] == "running_tests"]
 
 
+CLOSED_PUBLIC = "93.184.215.14"  # a public address: reached under EGRESS_DEFAULT=public, refused in a closed list
+
+
+def test_a_closed_list_reaches_only_what_allow_names_and_deny_still_wins(tasks, config, http_server):
+    """EGRESS_DEFAULT=deny: the registries the install needs and host A, named in EGRESS_ALLOW, are
+    reached; a public address, an unnamed registry and the same server by another name or address
+    are not; a host both allowed and denied is denied. The clone still reaches the task's repository."""
+    port = http_server.port
+    closed = dataclasses.replace(
+        config,
+        egress_default="deny",
+        egress_allow=("pypi.org", "files.pythonhosted.org", f"localhost:{port}", f"vm:{port}"),
+        egress_deny=("vm",),
+    )
+    targets = [
+        ["localhost", port],
+        ["vm", port],
+        ["127.0.0.1", port],
+        [CLOSED_PUBLIC, 443],
+        ["registry.npmjs.org", 443],
+    ]
+    url = tasks.task(install=[PIP_DOWNLOAD.format(folder="/tmp/install")])
+    evaluation = evaluate(url, PROBE, config=closed, sandbox="bwrap", env={"TARGETS": json.dumps(targets)})
+    assert evaluation.passed, (evaluation.error, evaluation.agent_output[-2000:])
+    report = report_of(evaluation)
+    assert report[f"localhost:{port}"][1].startswith("HTTP/1.1 200"), report
+    for host, port_ in targets[1:]:
+        assert report[f"{host}:{port_}"][1].startswith("HTTP/1.1 403"), (host, report)
+    agent = {
+        (e["host"], e["port"]): (e["allowed"], e["reason"]) for e in evaluation.egress if e["step"] == "running_agent"
+    }
+    assert agent == {
+        ("localhost", port): (True, "allowed by EGRESS_ALLOW"),
+        ("vm", port): (False, "denied by EGRESS_DENY"),
+        ("127.0.0.1", port): (False, "not in EGRESS_ALLOW"),
+        (CLOSED_PUBLIC, 443): (False, "not in EGRESS_ALLOW"),
+        ("registry.npmjs.org", 443): (False, "not in EGRESS_ALLOW"),
+    }, evaluation.egress
+    installed = {(e["host"], e["allowed"]) for e in evaluation.egress if e["step"] == "installing_deps"}
+    assert {("pypi.org", True), ("files.pythonhosted.org", True)} <= installed, evaluation.egress
+    cloned = [e for e in evaluation.egress if e["step"] == "cloning_repo"]
+    assert cloned and all(e["allowed"] and e["host"] == "127.0.0.1" for e in cloned), evaluation.egress
+
+
 needs_cgroups = pytest.mark.skipif(
     os.geteuid() != 0 or not cgroups.detect().enforced, reason="needs root and cgroups (v1 or v2)"
 )

@@ -6,7 +6,9 @@
    its requests, the worker its evaluations within SHUTDOWN_GRACE_SECS).
 3. If one child dies, the other is stopped and serve exits non-zero, so a
    supervisor (Docker, systemd) restarts the pair.
-4. One interpreter's worth of memory: serve imports Django, the API (every
+4. Neither starts when the worker would refuse to: a folder the sandbox uids
+   cannot use, or SANDBOX=auto without a working bubblewrap (evaluations/startup.py).
+5. One interpreter's worth of memory: serve imports Django, the API (every
    view), the pipeline and what a first query or request would import
    (``first_use``) once, freezes that heap (``gc.freeze``) and forks
    the gunicorn master and the worker from it; gunicorn forks its web workers
@@ -29,7 +31,7 @@ import traceback
 from django.conf import settings
 from django.core.management.base import BaseCommand
 
-from evaluations.startup import StartupError, check_folders
+from evaluations.startup import StartupError, check_folders, choose_runtime
 from executor_project.config import PROJECT_DIR
 from executor_project.process import name_process
 
@@ -46,6 +48,7 @@ class Command(BaseCommand):
         config = settings.EXECUTOR
         try:
             check_folders(config)  # before anything starts: one line, exit 2
+            choose_runtime(config)  # SANDBOX=auto without a working bubblewrap too (the worker chooses its own)
         except StartupError as exc:
             exc.exit()
         metrics_dir = config.data_dir / "prometheus" / f"serve-{os.getpid()}"
