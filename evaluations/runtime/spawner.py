@@ -9,13 +9,13 @@ output capture, sandboxing and killing are written once:
 2. Popen starts it in a new session (its own process group), with exactly
    the caller's environment plus the tag ``TERM_EXECUTOR_EVAL=<eval_id>``.
 3. ``output.pump`` reads the merged output as it comes; a ``Monitor`` thread
-   enforces time, memory, processes, disk and cancel, and kills everything of
+   enforces time, memory, processes, disk, files and cancel, and kills everything of
    the evaluation the moment one is crossed.
 4. Every limit the spawner sets comes back as a ``Limit`` in the result: the
    kernel's RLIMIT_FSIZE kill (SIGXFSZ) is the disk limit, a kernel OOM kill
    in the evaluation's cgroup the memory limit, and a command that filled the
-   disk and exited between two of the monitor's walks is caught by one last
-   walk.
+   disk (or made too many files) and exited between two of the monitor's
+   walks is caught by one last walk.
 5. Where the host offers cgroups (the runtime says), every command of the
    evaluation runs in one cgroup of its own: memory (swap 0) and processes
    are enforced by the kernel, kills go through it, and its figures are the
@@ -31,8 +31,8 @@ the kernel stops a fork bomb between two samples, and the margin lets the
 monitor see the excess and name it. A shared uid (the service not running
 as root) gets twice ``max_processes``, a looser backstop. With its own uid,
 a kill also takes every process of that uid, and (without the sandbox) the
-disk quota also counts what the uid left in the host's shared temporary
-folders, the memory limit its SysV shared memory.
+disk quota and the file count also count what the uid left in the host's
+shared temporary folders, the memory limit its SysV shared memory.
 
 Exit codes: a command killed by signal N reports 128 + N (the shell's and
 bwrap's convention), so both runtimes agree. ``exit_code`` is None when we
@@ -163,7 +163,9 @@ class Spawner:
         code = 128 - code if code < 0 else code
         verdict = monitor.verdict
         exit_code = None if verdict else code
-        verdict = verdict or monitor.kernel_verdict() or _file_size_verdict(code, limits) or monitor.final_disk_check()
+        verdict = (
+            verdict or monitor.kernel_verdict() or _file_size_verdict(code, limits) or monitor.final_folder_check()
+        )
         self._add_peaks(monitor.peaks)
         return CommandResult(
             exit_code=exit_code,
@@ -191,6 +193,7 @@ class Spawner:
         self.peaks.memory_bytes = max(self.peaks.memory_bytes, peaks.memory_bytes)
         self.peaks.processes = max(self.peaks.processes, peaks.processes)
         self.peaks.disk_bytes = max(self.peaks.disk_bytes, peaks.disk_bytes)
+        self.peaks.files = max(self.peaks.files, peaks.files)
 
     def resources(self) -> dict:
         """SPEC §12's ``resources`` so far: the cgroup's figures where there is one, else the monitor's."""
@@ -200,6 +203,7 @@ class Spawner:
             "cpu_seconds": round(max(0.0, _children_cpu_seconds() - self._cpu_before), 3),
             "peak_processes": peaks.processes,
             "peak_disk_bytes": peaks.disk_bytes,
+            "peak_files": peaks.files,
         }
         if self.cgroup is not None:
             cpu = self.cgroup.cpu_seconds()
