@@ -26,7 +26,8 @@ What is measured, and why:
 - Outside the tree and the folder: ``extra_memory`` adds SysV shared memory
   (``sysvipc.py``), ``extra_disk`` (without the sandbox, with a uid of the
   evaluation's own) the bytes and files the uid left in the host's temporary
-  folders.
+  folders; in the sandbox, the files of its own ``/dev/shm`` (a tmpfs whose
+  size caps its bytes, but not its inodes).
 - With the evaluation's cgroup (``cgroups.py``), memory and processes are the
   kernel's own figures for it, read in two files instead of a /proc scan;
   the kernel enforces both limits, and the monitor names what it did: an OOM

@@ -55,11 +55,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from evaluations.runtime import cgroups, killer, sysvipc, uids
-from evaluations.runtime.monitor import Monitor, Peaks
+from evaluations.runtime.monitor import Monitor, Peaks, folder_usage
 from evaluations.runtime.output import OutputCapture, pump
 from evaluations.runtime.policy import NICE_BY_THREAD, RLimits, SandboxPolicy
 from evaluations.runtime.sandbox import private_tmp, system_tool
 from evaluations.runtime.types import MIB, CancelEvent, CommandResult, Limit, Limits, Verdict
+from evaluations.safefs import TreeUsage
 
 if TYPE_CHECKING:
     from evaluations.runtime.sandbox import Launch, Runtime
@@ -274,6 +275,17 @@ class Spawner:
             return sysvipc.sandbox_shm_bytes()  # every sandbox of ours, found by a scan
         return sysvipc.namespace_shm_bytes(init)
 
+    def _sandbox_shm_files(self) -> TreeUsage:
+        """The files of the running command's /dev/shm: its tmpfs caps their bytes (RAM, SHM_BYTES),
+        not their number. Read through its pid 1's root; its bytes are not disk, so not counted."""
+        init = self._sandbox_init
+        if not isinstance(init, int):
+            return TreeUsage()  # no namespace yet, or one that did not report its pid 1
+        try:
+            return TreeUsage(files=folder_usage(Path(f"/proc/{init}/root/dev/shm")).files)
+        except OSError:
+            return TreeUsage()  # the sandbox has just ended: its /dev/shm went with it
+
     def _confirm_gone(self, sandbox_init: int | None) -> None:
         """Wait for the command's sandbox to be empty: its pid 1 ends only after the kernel has
         killed and reaped every other process of its pid namespace."""
@@ -296,7 +308,7 @@ class Spawner:
         if self.runtime.isolated:
             # /tmp is <session>/tmp and /dev/shm a capped tmpfs, both of the sandbox; its
             # SysV shared memory lives in its own IPC namespace, read there.
-            return {"extra_memory": self._sandbox_shm_bytes}
+            return {"extra_memory": self._sandbox_shm_bytes, "extra_disk": self._sandbox_shm_files}
         uid = self._own_uid
         if uid is None:
             return {}  # a shared uid: what it owns is not this evaluation's alone
