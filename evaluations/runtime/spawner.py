@@ -9,8 +9,8 @@ output capture, sandboxing and killing are written once:
 2. Popen starts it in a new session (its own process group), with exactly
    the caller's environment plus the tag ``TERM_EXECUTOR_EVAL=<eval_id>``.
 3. ``output.pump`` reads the merged output as it comes; a ``Monitor`` thread
-   enforces time, memory, processes, disk, files and cancel, and kills everything of
-   the evaluation the moment one is crossed.
+   enforces time, memory, processes, disk, files and cancel, and kills
+   everything of the evaluation the moment one is crossed.
 4. Every limit the spawner sets comes back as a ``Limit`` in the result: the
    kernel's RLIMIT_FSIZE kill (SIGXFSZ) is the disk limit, a kernel OOM kill
    in the evaluation's cgroup the memory limit, and a command that filled the
