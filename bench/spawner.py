@@ -37,7 +37,14 @@ from evaluations.runtime import (  # noqa: E402
 from evaluations.runtime.killer import TAG_VAR  # noqa: E402
 from evaluations.runtime.sandbox import usable_language_runtimes  # noqa: E402
 
-LIMITS = Limits(timeout_secs=60, memory_bytes=2**30, disk_quota_bytes=2**30, max_processes=512, max_output_bytes=2**20)
+LIMITS = Limits(
+    timeout_secs=60,
+    memory_bytes=2**30,
+    disk_quota_bytes=2**30,
+    max_processes=512,
+    max_output_bytes=2**20,
+    max_files=10**6,
+)
 
 
 def median_ms(call, runs: int) -> float:

@@ -233,9 +233,11 @@ class DetailFields:
         figures = obj.resources
         if not figures:
             return "none"
+        files = f", peak files {figures['peak_files']}" if "peak_files" in figures else ""  # older rows lack it
         return (
             f"peak memory {figures['peak_memory_bytes'] / 2**20:.1f} MiB, CPU {figures['cpu_seconds']:.2f} s, "
             f"peak processes {figures['peak_processes']}, peak disk {figures['peak_disk_bytes'] / 2**20:.1f} MiB"
+            f"{files}"
         )
 
     @admin.display(description="log")

@@ -209,7 +209,7 @@ class Evaluation(models.Model):
     log = models.TextField(blank=True, default="", help_text="the combined live log, kept when the session folder goes")
     results_sha256 = models.CharField(max_length=64, blank=True, default="")
     # SPEC §12: every proxied connection, aggregated per (step, host, port, allowed); what the
-    # evaluation used ({peak_memory_bytes, cpu_seconds, peak_processes, peak_disk_bytes}).
+    # evaluation used ({peak_memory_bytes, cpu_seconds, peak_processes, peak_disk_bytes, peak_files}).
     egress = models.JSONField(default=list, blank=True)
     resources = models.JSONField(null=True, blank=True)
 

@@ -287,7 +287,11 @@ def tend_cache(config) -> int:
                 store.abandon(folder)
                 removed += 1
     try:
-        store.evict(max_bytes=config.cache_max_bytes, max_age_secs=config.cache_max_age_secs)
+        store.evict(
+            max_bytes=config.cache_max_bytes,
+            max_files=config.cache_max_files,
+            max_age_secs=config.cache_max_age_secs,
+        )
     except OSError as exc:
         logger.warning("workspace cache eviction failed: %s", exc)
     return removed

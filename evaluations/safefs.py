@@ -2,9 +2,10 @@
 
 The repository and the session folder are written by untrusted agent code
 before the service writes into them again (test support files) or measures
-and deletes them (disk quota, cleanup, reaper). Any path component there may
-be a planted symlink, so every helper here walks with directory file
-descriptors (``openat``-style, ``O_NOFOLLOW``) instead of path strings:
+and deletes them (disk quota and file count, cleanup, reaper). Any path
+component there may be a planted symlink, so every helper here walks with
+directory file descriptors (``openat``-style, ``O_NOFOLLOW``) instead of
+path strings:
 
 1. a symlink is never followed, whichever component it is;
 2. walks are iterative with one descriptor open at a time, so a tree nested
@@ -19,6 +20,7 @@ import os
 import shutil
 import stat
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -209,22 +211,43 @@ def copy_tree_nofollow(src: Path | str, dst: Path | str, uid: int | None) -> Non
         raise SafeFSError(f"cannot copy {src}: {str(exc)[:200]}") from None
 
 
-def tree_size(path: Path | str) -> int:
-    """Bytes of disk used by ``path`` and everything below it (links not followed).
+@dataclass(frozen=True)
+class TreeUsage:
+    """What a tree holds on disk: allocated bytes, and inodes (files, folders, links)."""
 
-    Counts allocated blocks (``st_blocks * 512``): what a disk quota is about,
-    so sparse files count what they really use. Hard-linked files count once.
-    Entries that vanish or cannot be read during the walk are skipped.
+    bytes: int = 0
+    files: int = 0
+
+    def __add__(self, other: TreeUsage) -> TreeUsage:
+        return TreeUsage(self.bytes + other.bytes, self.files + other.files)
+
+    def __sub__(self, other: TreeUsage) -> TreeUsage:
+        return TreeUsage(self.bytes - other.bytes, self.files - other.files)
+
+
+def tree_size(path: Path | str) -> int:
+    """Bytes of disk used by ``path`` and everything below it (see ``tree_usage``)."""
+    return tree_usage(path).bytes
+
+
+def tree_usage(path: Path | str) -> TreeUsage:
+    """Bytes and inodes used by ``path`` and everything below it (links not followed), in one walk.
+
+    Bytes are allocated blocks (``st_blocks * 512``): what a disk quota is about,
+    so sparse files count what they really use. Files are inodes, ``path`` itself
+    included: 300,000 empty files use a few MB of blocks but 300,000 inodes.
+    Hard-linked files count once in both. Entries that vanish or cannot be read
+    during the walk are skipped.
     """
     try:
         st = os.lstat(path)
     except FileNotFoundError:
-        return 0
-    total = st.st_blocks * 512
+        return TreeUsage()
+    top = TreeUsage(st.st_blocks * 512, 1)
     if not stat.S_ISDIR(st.st_mode):
-        return total
+        return top
     seen: set[tuple[int, int]] = set()
-    sizes = [total]
+    counts = [top.bytes, top.files]
 
     def on_entry(dir_fd: int, entry: os.DirEntry) -> None:
         try:
@@ -236,17 +259,18 @@ def tree_size(path: Path | str) -> int:
             if key in seen:
                 return
             seen.add(key)
-        sizes[0] += est.st_blocks * 512
+        counts[0] += est.st_blocks * 512
+        counts[1] += 1
 
     try:
         top_fd = open_root_dir(path)
     except SafeFSError:
-        return total
+        return top
     try:
         _walk(top_fd, on_entry=on_entry, on_dir=on_entry, on_leave=None, tolerant=True)
     finally:
         os.close(top_fd)
-    return sizes[0]
+    return TreeUsage(counts[0], counts[1])
 
 
 # -- the walker -------------------------------------------------------------

@@ -174,6 +174,7 @@ class Config:
     max_concurrent_evals: int = integer("MAX_CONCURRENT_EVALS", 4, minimum=1, maximum=1024)
     max_queued_evals: int = integer("MAX_QUEUED_EVALS", 0, minimum=0)
     disk_quota_mb: int = integer("DISK_QUOTA_MB", 2048, minimum=1)
+    max_files: int = integer("MAX_FILES", 100000, minimum=1)  # inodes in a session, as DISK_QUOTA_MB its bytes
     memory_limit_mb: int = integer("MEMORY_LIMIT_MB", 4096, minimum=16)
     max_processes: int = integer("MAX_PROCESSES", 512, minimum=1)
     clone_timeout_secs: int = integer("CLONE_TIMEOUT_SECS", 120, minimum=1)
@@ -222,6 +223,7 @@ class Config:
     workspace_cache: str = choice("WORKSPACE_CACHE", "on", ("on", "off"))
     cache_dir: Path | None = optional_path("CACHE_DIR")  # unset: DATA_DIR/cache (see cache_root)
     cache_max_bytes: int = integer("CACHE_MAX_BYTES", 20 * 1024**3, minimum=0)
+    cache_max_files: int = integer("CACHE_MAX_FILES", 2000000, minimum=0)  # inodes, as CACHE_MAX_BYTES bytes
     cache_max_age_secs: int = integer("CACHE_MAX_AGE_SECS", 604800, minimum=1)
     # The CAs commands trust: unset, the distribution's bundle, found once at import.
     ca_bundle: Path | None = optional_path("SSL_CERT_FILE", distribution_ca_bundle())

@@ -316,6 +316,11 @@ class ResourcesSerializer(serializers.Serializer):
     cpu_seconds = serializers.FloatField()
     peak_processes = serializers.IntegerField()
     peak_disk_bytes = serializers.IntegerField()
+    peak_files = serializers.IntegerField(
+        required=False,
+        help_text="Most files and folders the session held at once (MAX_FILES counts them); "
+        "absent for evaluations that ended before it was recorded.",
+    )
 
 
 class EvaluationSerializer(serializers.Serializer):

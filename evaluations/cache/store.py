@@ -3,7 +3,7 @@
 CACHE_DIR/ (root's, 0700: no sandbox uid reaches anything here by path)
   entries/<key>/            one install snapshot, published by a rename once complete
       repo/ venv/ home/     as the install step left them, every file root's
-      meta.json             key material, repository, commit, size, when built
+      meta.json             key material, repository, commit, size, files, when built
       manifest.json         every folder's ctime (checked at restore), the files holding the session path
       hits                  one byte appended per hit: its size is the count, its mtime the last use
       in-use                flock'ed shared by every evaluation running from the entry
@@ -11,6 +11,12 @@ CACHE_DIR/ (root's, 0700: no sandbox uid reaches anything here by path)
   entries/.trash-<key>.<n>/         an entry replaced or evicted while in use, removed once free
   locks/<key>.lock          flock'ed by the one evaluation building <key>
   mirrors/<id>/ (+ .lock)   a bare mirror per repository URL (pipeline/mirror.py)
+  mirrors/<id>.size, .files its bytes and files after its last fetch
+
+Eviction counts bytes and files (inodes) alike: 200,000 empty files are a
+few MB of blocks but 200,000 inodes of the host's disk, so an entry is
+measured by both and the cache kept under both CACHE_MAX_BYTES and
+CACHE_MAX_FILES.
 
 Why a folder tree and not rows: the entries are files on this host, and
 whatever reads them (metrics, ``manage.py cache``, eviction) must agree with
@@ -39,7 +45,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from evaluations.safefs import remove_tree_nofollow, tree_size
+from evaluations.safefs import TreeUsage, remove_tree_nofollow, tree_usage
 
 log = logging.getLogger("term_executor.cache")
 
@@ -69,6 +75,16 @@ class Entry:
     @property
     def size_bytes(self) -> int:
         return int(self.meta.get("size_bytes", 0))
+
+    @property
+    def files(self) -> int | None:
+        """Its files and folders as built; None for an entry built before they were counted."""
+        files = self.meta.get("files")
+        return None if files is None else int(files)
+
+    @property
+    def usage(self) -> TreeUsage:
+        return TreeUsage(self.size_bytes, self.files or 0)
 
     def folder(self, name: str) -> Path:
         return self.path / name
@@ -198,18 +214,23 @@ class Store:
             log.warning("could not count a hit of cache entry %s: %s", entry.key, exc)
 
     def size_bytes(self) -> int:
-        """Bytes the cache holds: entries as measured when built, mirrors as after their last fetch."""
-        total = sum(entry.size_bytes for entry in self.all_entries())
-        try:
-            for name in os.listdir(self.mirrors):
-                if name.endswith(".size"):
-                    try:
-                        total += int((self.mirrors / name).read_text() or 0)
-                    except (OSError, ValueError):
-                        pass
-        except OSError:
-            pass
+        """Bytes the cache holds (see ``usage``)."""
+        return self.usage().bytes
+
+    def usage(self) -> TreeUsage:
+        """Bytes and files the cache holds: entries as measured when built, mirrors as after their
+        last fetch."""
+        total = TreeUsage()
+        for entry in self.all_entries():
+            total += entry.usage
+        for name in self.mirror_names():
+            total += TreeUsage(_read_count(self.mirrors / f"{name}.size"), _read_count(self.mirrors / f"{name}.files"))
         return total
+
+    def write_mirror_usage(self, name: str, usage: TreeUsage) -> None:
+        """Record a mirror's bytes and files after a fetch (``usage`` counts them)."""
+        (self.mirrors / f"{name}.size").write_text(str(usage.bytes))
+        (self.mirrors / f"{name}.files").write_text(str(usage.files))
 
     # -- building --------------------------------------------------------------------------
 
@@ -247,11 +268,11 @@ class Store:
                             rewrite.append(os.path.relpath(path, build))
         _write_json(build / "manifest.json", {"dirs": dirs, "rewrite": rewrite, "links": links})
         (build / "in-use").touch(mode=0o600)
-        size = tree_size(build)
+        usage = tree_usage(build)
         _write_json(
             build / "meta.json",
-            {**meta, "key": key, "format": CACHE_FORMAT, "session_root": session_root, "size_bytes": size,
-             "created_at": time.time()},
+            {**meta, "key": key, "format": CACHE_FORMAT, "session_root": session_root, "size_bytes": usage.bytes,
+             "files": usage.files, "created_at": time.time()},
         )  # fmt: skip
         os.chmod(build, 0o755)
 
@@ -304,33 +325,35 @@ class Store:
             if fd is not None:
                 os.close(fd)
 
-    def evict(self, *, max_bytes: int, max_age_secs: int, keep: str | None = None) -> list[str]:
-        """Entries past ``max_age_secs``, then the least recently used until the cache fits ``max_bytes``."""
+    def evict(self, *, max_bytes: int, max_files: int, max_age_secs: int, keep: str | None = None) -> list[str]:
+        """Entries past ``max_age_secs`` (or built before files were counted), then the least
+        recently used until the cache fits both ``max_bytes`` and ``max_files``."""
         removed = []
         now = time.time()
         self._empty_trash()
         self._old_mirrors(max_age_secs)
         entries = []
         for entry in self.all_entries():
-            if entry.key != keep and now - entry.created_at > max_age_secs:
+            unmeasured = entry.files is None  # its files would count as none: it goes, once
+            if entry.key != keep and (now - entry.created_at > max_age_secs or unmeasured):
                 self.remove(entry.key)
                 removed.append(entry.key)
             else:
                 entries.append(entry)
-        total = self.size_bytes()
+        total = self.usage()
         for entry in sorted(entries, key=lambda e: e.hits()[1]):
-            if total <= max_bytes:
+            if total.bytes <= max_bytes and total.files <= max_files:
                 break
             if entry.key == keep:
                 continue
             self.remove(entry.key)
             removed.append(entry.key)
-            total -= entry.size_bytes
+            total -= entry.usage
         return removed
 
     def mirror_names(self) -> list[str]:
         try:
-            return sorted(n for n in os.listdir(self.mirrors) if not n.endswith((".lock", ".size")))
+            return sorted(n for n in os.listdir(self.mirrors) if not n.endswith((".lock", ".size", ".files")))
         except OSError:
             return []
 
@@ -344,6 +367,7 @@ class Store:
                 return False
             remove_tree_nofollow(self.mirrors / name)
             (self.mirrors / f"{name}.size").unlink(missing_ok=True)
+            (self.mirrors / f"{name}.files").unlink(missing_ok=True)
             return True
         finally:
             os.close(fd)
@@ -397,6 +421,13 @@ def _holds(path: str, st: os.stat_result, needle: bytes) -> bool:
         return False
     with os.fdopen(fd, "rb") as handle:
         return needle in handle.read()
+
+
+def _read_count(path: Path) -> int:
+    try:
+        return int(path.read_text() or 0)
+    except (OSError, ValueError):
+        return 0
 
 
 def _write_json(path: Path, value) -> None:

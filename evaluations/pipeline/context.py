@@ -77,6 +77,7 @@ class Context:
             disk_quota_bytes=config.disk_quota_bytes,
             max_processes=config.max_processes,
             max_output_bytes=config.max_output_bytes,
+            max_files=config.max_files,
             monitor_interval_ms=config.monitor_interval_ms,
         )
 
@@ -184,7 +185,7 @@ def limit_failure(result: CommandResult, what: str, budget_name: str, budget: fl
     """The step's failure when the runtime ended ``what`` for a limit (None if it did not).
 
     A timeout is left to the step's rule (an install over INSTALL_TIMEOUT_SECS is the task's);
-    memory, disk and processes are limit_exceeded.
+    memory, disk, files and processes are limit_exceeded.
     """
     if result.limit is Limit.TIMEOUT:
         return StepFailed(f"{what} timed out ({budget_name}={int(budget)} s)")

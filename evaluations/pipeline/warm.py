@@ -53,7 +53,7 @@ from evaluations.safefs import (
     copy_tree_nofollow,
     open_parent,
     remove_tree_nofollow,
-    tree_size,
+    tree_usage,
 )
 
 log = logging.getLogger("term_executor.cache")
@@ -276,7 +276,7 @@ def _bound(ctx: Context, source: Path, point: Path, *, writable: bool):
 
 def _write_size(store: Store, name: str, path: Path) -> None:
     try:
-        (store.mirrors / f"{name}.size").write_text(str(tree_size(path)))
+        store.write_mirror_usage(name, tree_usage(path))
     except OSError:
         pass
 
@@ -344,7 +344,13 @@ def keep(ctx: Context) -> None:
             copy_tree_nofollow(entry.folder(name), session.root / name, session.uid)
         session.keep_install_home()
     try:
-        store.evict(max_bytes=ctx.config.cache_max_bytes, max_age_secs=ctx.config.cache_max_age_secs, keep=state.key)
+        config = ctx.config
+        store.evict(
+            max_bytes=config.cache_max_bytes,
+            max_files=config.cache_max_files,
+            max_age_secs=config.cache_max_age_secs,
+            keep=state.key,
+        )
     except OSError as exc:
         log.warning("workspace cache eviction failed: %s", exc)
 

@@ -1,4 +1,4 @@
-"""The watcher of one running command: time, memory, processes, disk, cancel.
+"""The watcher of one running command: time, memory, processes, disk, files, cancel.
 
 It samples every ``monitor_interval_ms``; the session folder, which costs a
 walk, about once a second. The first limit crossed wins: it is recorded as a
@@ -19,9 +19,15 @@ What is measured, and why:
   file counts what it occupies (a few KiB), so it causes no false kill, and
   every byte really written counts, so real usage is not missed. Apparent
   sizes are capped separately, per file, by ``RLIMIT_FSIZE`` (= the quota).
+- Files: the inodes (files, folders, links) met in the same walk, against
+  ``max_files``. Blocks alone let 300,000 empty files pass as a few MB; each
+  one is an inode of the host's file system all the same, and a walk of
+  every later command.
 - Outside the tree and the folder: ``extra_memory`` adds SysV shared memory
   (``sysvipc.py``), ``extra_disk`` (without the sandbox, with a uid of the
-  evaluation's own) the files the uid left in the host's temporary folders.
+  evaluation's own) the bytes and files the uid left in the host's temporary
+  folders; in the sandbox, the files of its own ``/dev/shm`` (a tmpfs whose
+  size caps its bytes, but not its inodes).
 - With the evaluation's cgroup (``cgroups.py``), memory and processes are the
   kernel's own figures for it, read in two files instead of a /proc scan;
   the kernel enforces both limits, and the monitor names what it did: an OOM
@@ -38,10 +44,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from evaluations import safefs
 from evaluations.runtime import killer
 from evaluations.runtime.cgroups import EvalCgroup
 from evaluations.runtime.types import MIB, CancelEvent, Limit, Limits, Verdict, mib_up
-from evaluations.safefs import tree_size
+from evaluations.safefs import TreeUsage
 
 log = logging.getLogger(__name__)
 _DISK_EVERY_SECS = 1.0
@@ -52,6 +59,7 @@ class Peaks:
     memory_bytes: int = 0
     processes: int = 0
     disk_bytes: int = 0
+    files: int = 0
 
 
 class Monitor(threading.Thread):
@@ -63,7 +71,7 @@ class Monitor(threading.Thread):
         cancel_event: CancelEvent | None,
         started_at: float,
         on_verdict: Callable[[Verdict], None],
-        extra_disk: Callable[[], int] | None = None,
+        extra_disk: Callable[[], TreeUsage] | None = None,
         extra_memory: Callable[[], int] | None = None,
         cgroup: EvalCgroup | None = None,
     ):
@@ -95,7 +103,7 @@ class Monitor(threading.Thread):
             try:
                 verdict = verdict or self._check_tree()
                 if verdict is None and time.monotonic() >= next_disk_walk:
-                    verdict = self._check_disk()
+                    verdict = self._check_folder()
                     next_disk_walk = time.monotonic() + _DISK_EVERY_SECS
             except Exception:  # a failed sample must not end the watch: time and cancel still hold
                 log.exception("monitor sample failed; retrying at the next tick")
@@ -148,17 +156,24 @@ class Monitor(threading.Thread):
             )
         return None
 
-    def final_disk_check(self) -> Verdict | None:
-        """After the command: one that filled the disk and exited between two walks is still caught."""
-        return self._check_disk()
+    def final_folder_check(self) -> Verdict | None:
+        """After the command: one that filled the disk (or made too many files) and exited
+        between two walks is still caught."""
+        return self._check_folder()
 
-    def _check_disk(self) -> Verdict | None:
+    def _check_folder(self) -> Verdict | None:
+        """One walk of the session folder: its bytes against the disk quota, its files against max_files."""
         used = folder_usage(self.session_dir)
         if self.extra_disk is not None:
             used += self.extra_disk()
-        self.peaks.disk_bytes = max(self.peaks.disk_bytes, used)
-        detail = disk_excess(used, self.limits.disk_quota_bytes)
-        return Verdict(Limit.DISK, detail) if detail else None
+        self.peaks.disk_bytes = max(self.peaks.disk_bytes, used.bytes)
+        self.peaks.files = max(self.peaks.files, used.files)
+        detail = disk_excess(used.bytes, self.limits.disk_quota_bytes)
+        if detail:
+            return Verdict(Limit.DISK, detail)
+        if used.files > self.limits.max_files:
+            return Verdict(Limit.FILES, f"file count limit exceeded ({used.files} > {self.limits.max_files})")
+        return None
 
 
 def disk_excess(used: int, quota: int) -> str | None:
@@ -174,10 +189,11 @@ def tree_usage() -> tuple[int, int]:
     return sum(proc.rss for proc in tree), len(tree)
 
 
-def folder_usage(root: Path) -> int:
-    """Bytes allocated under ``root``: st_blocks * 512, links not followed, each inode once.
+def folder_usage(root: Path) -> TreeUsage:
+    """Bytes allocated under ``root`` (st_blocks * 512) and its inodes, links not followed,
+    each inode once, in one walk.
 
     One walker for the whole project (safefs): it goes through directory fds,
     so a tree nested deeper than PATH_MAX cannot hide from the quota.
     """
-    return tree_size(root)
+    return safefs.tree_usage(root)

@@ -9,13 +9,13 @@ output capture, sandboxing and killing are written once:
 2. Popen starts it in a new session (its own process group), with exactly
    the caller's environment plus the tag ``TERM_EXECUTOR_EVAL=<eval_id>``.
 3. ``output.pump`` reads the merged output as it comes; a ``Monitor`` thread
-   enforces time, memory, processes, disk and cancel, and kills everything of
-   the evaluation the moment one is crossed.
+   enforces time, memory, processes, disk, files and cancel, and kills
+   everything of the evaluation the moment one is crossed.
 4. Every limit the spawner sets comes back as a ``Limit`` in the result: the
    kernel's RLIMIT_FSIZE kill (SIGXFSZ) is the disk limit, a kernel OOM kill
    in the evaluation's cgroup the memory limit, and a command that filled the
-   disk and exited between two of the monitor's walks is caught by one last
-   walk.
+   disk (or made too many files) and exited between two of the monitor's
+   walks is caught by one last walk.
 5. Where the host offers cgroups (the runtime says), every command of the
    evaluation runs in one cgroup of its own: memory (swap 0) and processes
    are enforced by the kernel, kills go through it, and its figures are the
@@ -31,8 +31,8 @@ the kernel stops a fork bomb between two samples, and the margin lets the
 monitor see the excess and name it. A shared uid (the service not running
 as root) gets twice ``max_processes``, a looser backstop. With its own uid,
 a kill also takes every process of that uid, and (without the sandbox) the
-disk quota also counts what the uid left in the host's shared temporary
-folders, the memory limit its SysV shared memory.
+disk quota and the file count also count what the uid left in the host's
+shared temporary folders, the memory limit its SysV shared memory.
 
 Exit codes: a command killed by signal N reports 128 + N (the shell's and
 bwrap's convention), so both runtimes agree. ``exit_code`` is None when we
@@ -55,11 +55,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from evaluations.runtime import cgroups, killer, sysvipc, uids
-from evaluations.runtime.monitor import Monitor, Peaks
+from evaluations.runtime.monitor import Monitor, Peaks, folder_usage
 from evaluations.runtime.output import OutputCapture, pump
 from evaluations.runtime.policy import NICE_BY_THREAD, RLimits, SandboxPolicy
 from evaluations.runtime.sandbox import private_tmp, system_tool
 from evaluations.runtime.types import MIB, CancelEvent, CommandResult, Limit, Limits, Verdict
+from evaluations.safefs import TreeUsage
 
 if TYPE_CHECKING:
     from evaluations.runtime.sandbox import Launch, Runtime
@@ -163,7 +164,9 @@ class Spawner:
         code = 128 - code if code < 0 else code
         verdict = monitor.verdict
         exit_code = None if verdict else code
-        verdict = verdict or monitor.kernel_verdict() or _file_size_verdict(code, limits) or monitor.final_disk_check()
+        verdict = (
+            verdict or monitor.kernel_verdict() or _file_size_verdict(code, limits) or monitor.final_folder_check()
+        )
         self._add_peaks(monitor.peaks)
         return CommandResult(
             exit_code=exit_code,
@@ -191,6 +194,7 @@ class Spawner:
         self.peaks.memory_bytes = max(self.peaks.memory_bytes, peaks.memory_bytes)
         self.peaks.processes = max(self.peaks.processes, peaks.processes)
         self.peaks.disk_bytes = max(self.peaks.disk_bytes, peaks.disk_bytes)
+        self.peaks.files = max(self.peaks.files, peaks.files)
 
     def resources(self) -> dict:
         """SPEC §12's ``resources`` so far: the cgroup's figures where there is one, else the monitor's."""
@@ -200,6 +204,7 @@ class Spawner:
             "cpu_seconds": round(max(0.0, _children_cpu_seconds() - self._cpu_before), 3),
             "peak_processes": peaks.processes,
             "peak_disk_bytes": peaks.disk_bytes,
+            "peak_files": peaks.files,
         }
         if self.cgroup is not None:
             cpu = self.cgroup.cpu_seconds()
@@ -270,6 +275,17 @@ class Spawner:
             return sysvipc.sandbox_shm_bytes()  # every sandbox of ours, found by a scan
         return sysvipc.namespace_shm_bytes(init)
 
+    def _sandbox_shm_files(self) -> TreeUsage:
+        """The files of the running command's /dev/shm: its tmpfs caps their bytes (RAM, SHM_BYTES),
+        not their number. Read through its pid 1's root; its bytes are not disk, so not counted."""
+        init = self._sandbox_init
+        if not isinstance(init, int):
+            return TreeUsage()  # no namespace yet, or one that did not report its pid 1
+        try:
+            return TreeUsage(files=folder_usage(Path(f"/proc/{init}/root/dev/shm")).files)
+        except OSError:
+            return TreeUsage()  # the sandbox has just ended: its /dev/shm went with it
+
     def _confirm_gone(self, sandbox_init: int | None) -> None:
         """Wait for the command's sandbox to be empty: its pid 1 ends only after the kernel has
         killed and reaped every other process of its pid namespace."""
@@ -292,7 +308,7 @@ class Spawner:
         if self.runtime.isolated:
             # /tmp is <session>/tmp and /dev/shm a capped tmpfs, both of the sandbox; its
             # SysV shared memory lives in its own IPC namespace, read there.
-            return {"extra_memory": self._sandbox_shm_bytes}
+            return {"extra_memory": self._sandbox_shm_bytes, "extra_disk": self._sandbox_shm_files}
         uid = self._own_uid
         if uid is None:
             return {}  # a shared uid: what it owns is not this evaluation's alone

@@ -16,6 +16,7 @@ class Limit(enum.StrEnum):
     TIMEOUT = "timeout"
     MEMORY = "memory"
     DISK = "disk"
+    FILES = "files"
     PROCESSES = "processes"
     CANCELLED = "cancelled"
 
@@ -27,6 +28,7 @@ class Limits:
     disk_quota_bytes: int  # blocks allocated under the session folder; also the largest single file
     max_processes: int
     max_output_bytes: int
+    max_files: int  # inodes under the session folder (files, folders, links), as the disk quota
     monitor_interval_ms: int = 100
 
 

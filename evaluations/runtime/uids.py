@@ -37,7 +37,7 @@ from pathlib import Path
 
 from evaluations.runtime import killer
 from evaluations.runtime.sysvipc import remove_sysv_ipc
-from evaluations.safefs import remove_tree_nofollow
+from evaluations.safefs import TreeUsage, remove_tree_nofollow
 
 log = logging.getLogger(__name__)
 
@@ -153,11 +153,12 @@ def remove_owned(uid: int, folder: str) -> int:
     return removed
 
 
-def owned_usage(uid: int, folders: tuple[str, ...] = SHARED_TMP_DIRS) -> int:
-    """Bytes allocated by what ``uid`` owns directly under ``folders`` (for the disk quota)."""
+def owned_usage(uid: int, folders: tuple[str, ...] = SHARED_TMP_DIRS) -> TreeUsage:
+    """Bytes and files of what ``uid`` owns directly under ``folders`` (for the disk quota and the
+    file count)."""
     from evaluations.runtime.monitor import folder_usage
 
-    total = 0
+    total = TreeUsage()
     for folder in folders:
         for entry in _owned_entries(uid, folder):
             total += folder_usage(Path(entry.path))

@@ -72,3 +72,13 @@ def test_detail_is_read_only_with_inlines_and_preformatted_outputs(admin_client,
     assert response.status_code == 403
     finished.refresh_from_db()
     assert finished.status == "completed"
+
+
+def test_detail_shows_the_resources_with_peak_files_and_without_for_older_rows(admin_client, finished):
+    figures = {"peak_memory_bytes": 3 * 2**20, "cpu_seconds": 1.5, "peak_processes": 4, "peak_disk_bytes": 2**20}
+    Evaluation.objects.filter(id=finished.id).update(resources={**figures, "peak_files": 1234})
+    html = admin_client.get(f"/admin/evaluations/evaluation/{finished.id}/change/").content.decode()
+    assert "peak processes 4, peak disk 1.0 MiB, peak files 1234" in html
+    Evaluation.objects.filter(id=finished.id).update(resources=figures)  # recorded before peak_files existed
+    html = admin_client.get(f"/admin/evaluations/evaluation/{finished.id}/change/").content.decode()
+    assert "peak disk 1.0 MiB" in html and "peak files" not in html

@@ -74,6 +74,9 @@ def test_the_documented_fields_are_the_api_fields(document):
         "tests_failed", "agent_timeout", "limit_exceeded", "agent_invalid", "task_invalid", "infrastructure",
         "cancelled",
     }  # fmt: skip
+    assert set(schemas["Resources"]["properties"]) == {
+        "peak_memory_bytes", "cpu_seconds", "peak_processes", "peak_disk_bytes", "peak_files"
+    }  # fmt: skip
     assert set(schemas["TestResult"]["properties"]) == {
         "name", "kind", "passed", "exit_code", "timed_out", "duration_ms", "output"
     }  # fmt: skip

@@ -44,10 +44,15 @@ def _session(tmp_path: Path, name: str = "s" * 36) -> Path:
     return root
 
 
-def _build(store: Store, tmp_path: Path, key: str, *, name: str = "s" * 36, size_pad: int = 0):
+def _build(store: Store, tmp_path: Path, key: str, *, name: str = "s" * 36, size_pad: int = 0, empty_files: int = 0):
     session = _session(tmp_path, name)
     if size_pad:
         (session / "home" / "pad").write_bytes(b"x" * size_pad)
+    if empty_files:
+        many = session / "venv" / "many"
+        many.mkdir()
+        for i in range(empty_files):
+            (many / str(i)).touch()
     build = store.begin_build(key, str(uuid.uuid4()))
     for folder in ("repo", "venv", "home"):
         os.rename(session / folder, build / folder)
@@ -117,26 +122,53 @@ def test_eviction_takes_old_entries_then_the_least_recently_used(store, tmp_path
     os.utime(b.path / "hits", (time.time() - 100, time.time() - 100))  # b used long ago, a and c never: by creation
     store.record_hit(c)
     fits_two = a.size_bytes + c.size_bytes + 1
-    assert store.evict(max_bytes=fits_two, max_age_secs=3600) == ["b"]
+    assert store.evict(max_bytes=fits_two, max_files=10**9, max_age_secs=3600) == ["b"]
     assert [e.key for e in store.all_entries()] == ["a", "c"]
     meta = json.loads((c.path / "meta.json").read_text())
     # An entry older than the age limit goes whatever room is left.
     os.chmod(c.path, 0o755)
     (c.path / "meta.json").unlink()
     (c.path / "meta.json").write_text(json.dumps({**meta, "created_at": time.time() - 7200}))
-    assert store.evict(max_bytes=10**12, max_age_secs=3600) == ["c"]
+    assert store.evict(max_bytes=10**12, max_files=10**9, max_age_secs=3600) == ["c"]
     assert [e.key for e in store.all_entries()] == ["a"]
+
+
+def test_an_entry_records_its_files_and_eviction_counts_them_as_bytes(store, tmp_path):
+    # 3000 empty files: a few dozen KiB of blocks, 3000 inodes. Bytes alone would keep them all.
+    a, _ = _build(store, tmp_path, "a", name="a" * 36)
+    b, _ = _build(store, tmp_path, "b", name="b" * 36, empty_files=3000)
+    c, _ = _build(store, tmp_path, "c", name="c" * 36)
+    assert b.files > 3000 and a.files < 30 and b.size_bytes < 1024 * 1024
+    assert store.usage().files == a.files + b.files + c.files
+    store.record_hit(a)
+    os.utime(a.path / "hits", (time.time() - 100, time.time() - 100))  # a used long ago, b and c never
+    store.record_hit(c)
+    room = store.size_bytes()
+    assert store.evict(max_bytes=room, max_files=10**9, max_age_secs=3600) == []
+    # Over the files cap the least recently used go until it fits: a (not enough alone), then b.
+    assert store.evict(max_bytes=room, max_files=a.files + c.files, max_age_secs=3600) == ["a", "b"]
+    assert [e.key for e in store.all_entries()] == ["c"]
+
+
+def test_an_entry_built_before_files_were_counted_is_evicted(store, tmp_path):
+    a, _ = _build(store, tmp_path, "a", name="a" * 36)
+    meta = json.loads((a.path / "meta.json").read_text())
+    del meta["files"]
+    (a.path / "meta.json").unlink()
+    (a.path / "meta.json").write_text(json.dumps(meta))
+    assert store.entry("a").files is None
+    assert store.evict(max_bytes=10**12, max_files=10**9, max_age_secs=3600) == ["a"]
 
 
 def test_an_entry_in_use_is_moved_aside_and_removed_once_free(store, tmp_path):
     entry, _ = _build(store, tmp_path, "k1")
     held = store.hold_in_use(entry)
-    assert store.evict(max_bytes=0, max_age_secs=3600) == ["k1"]
+    assert store.evict(max_bytes=0, max_files=10**9, max_age_secs=3600) == ["k1"]
     assert store.entry("k1") is None  # never served again
     (trash,) = [p for p in store.entries.iterdir() if p.name.startswith(".trash-k1.")]
     assert (trash / "repo" / "pkg" / "mod.py").exists()  # still there for the evaluation reading it
     os.close(held)
-    store.evict(max_bytes=0, max_age_secs=3600)
+    store.evict(max_bytes=0, max_files=10**9, max_age_secs=3600)
     assert not trash.exists()
 
 
@@ -248,9 +280,11 @@ def test_manage_py_cache_lists_and_clears(store, tmp_path, executor_config):
     assert rows["a"]["hits"] == 2 and rows["b"]["hits"] == 0
     assert rows["a"]["repository"] == "https://example.com/a.git" and rows["a"]["base_commit"] == "a" * 40
     assert rows["a"]["size_bytes"] == a.size_bytes and listing["total_bytes"] >= a.size_bytes
+    assert rows["a"]["files"] == a.files and listing["total_files"] >= a.files + rows["b"]["files"]
     out = io.StringIO()
     call_command("cache", "list", stdout=out)
     assert "https://example.com/b.git" in out.getvalue() and "2 snapshots" in out.getvalue()
+    assert "FILES" in out.getvalue() and f"{listing['total_files']} files with the mirrors" in out.getvalue()
     with pytest.raises(CommandError, match="no such cache entry: nope"):
         call_command("cache", "clear", "a", "nope", stdout=io.StringIO())
     assert [e.key for e in store.all_entries()] == ["b"]

@@ -17,6 +17,7 @@ DEFAULT_LIMITS = Limits(
     disk_quota_bytes=1024 * MIB,
     max_processes=200,
     max_output_bytes=MIB,
+    max_files=100_000,
     monitor_interval_ms=20,
 )
 

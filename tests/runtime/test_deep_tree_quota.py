@@ -1,4 +1,5 @@
-"""A folder tree nested deeper than PATH_MAX must not hide its bytes from the disk quota."""
+"""A folder tree nested deeper than PATH_MAX must not hide its bytes from the disk quota, nor its files
+from the file count."""
 
 import os
 
@@ -22,6 +23,8 @@ def test_bytes_below_path_max_depth_are_counted(tmp_path):
     finally:
         os.close(fd)
     try:
-        assert folder_usage(root) >= 8 * 1024 * 1024
+        usage = folder_usage(root)
+        assert usage.bytes >= 8 * 1024 * 1024
+        assert usage.files == 1 + 1200 + 1  # the root, every level, the leaf
     finally:
         remove_tree_nofollow(root)

@@ -70,6 +70,22 @@ def test_a_disk_filled_between_two_walks_is_caught_after_the_command(sp):
     assert not result.ok
 
 
+def test_empty_files_over_the_file_count_are_killed(sp):
+    # 3000 empty files are a few dozen KiB of blocks, far under the disk quota, but 3000 inodes.
+    make = "mkdir many && cd many && for i in $(seq 3000); do : > f$i; done; sleep 60"
+    result = sp.run(make, disk_quota_bytes=20 * MIB, max_files=1000, timeout_secs=30)
+    assert (result.exit_code, result.limit) == (None, "files"), result
+    count = int(re.fullmatch(r"file count limit exceeded \((\d+) > 1000\)", result.limit_detail)[1])
+    assert 1000 < count <= 3000 + 50  # what it made, plus the session's own folders
+    assert result.duration_ms < 25000  # killed, not left to sleep its 60 s
+
+
+def test_files_made_between_two_walks_are_caught_after_the_command(sp):
+    result = sp.run("mkdir many && touch many/f{1..1500}", max_files=1000, monitor_interval_ms=5000)
+    assert (result.exit_code, result.limit) == (0, "files"), result
+    assert re.fullmatch(r"file count limit exceeded \(\d+ > 1000\)", result.limit_detail)
+
+
 def test_a_sparse_file_counts_what_it_occupies(sp):
     with open(sp.session / "sparse", "wb") as sparse:
         sparse.truncate(100 * 1024**3)  # 100 GiB apparent, a few blocks real

@@ -204,7 +204,7 @@ def test_select_runtime_bwrap_works_here(bwrap_runtime):
     assert select_runtime("auto").name == "bwrap"
 
 
-def test_folder_usage_counts_blocks_once_and_follows_no_link(tmp_path):
+def test_folder_usage_counts_blocks_and_files_once_and_follows_no_link(tmp_path):
     (tmp_path / "data").write_bytes(os.urandom(4 * 1024 * 1024))
     os.link(tmp_path / "data", tmp_path / "hardlink")
     with open(tmp_path / "sparse", "wb") as sparse:
@@ -214,7 +214,9 @@ def test_folder_usage_counts_blocks_once_and_follows_no_link(tmp_path):
     (outside / "big").write_bytes(os.urandom(8 * 1024 * 1024))
     (tmp_path / "link").symlink_to(outside)
     try:
-        assert 4 * 1024 * 1024 <= folder_usage(tmp_path) < 5 * 1024 * 1024
+        usage = folder_usage(tmp_path)
+        assert 4 * 1024 * 1024 <= usage.bytes < 5 * 1024 * 1024
+        assert usage.files == 4  # the folder, data (= hardlink), sparse, link; nothing of outside
     finally:
         (outside / "big").unlink()
         outside.rmdir()

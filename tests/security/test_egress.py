@@ -228,8 +228,8 @@ def test_every_evaluation_has_its_resources_and_leaves_no_cgroup(tasks, config, 
     evaluation = evaluate(tasks.task(), SOLVER, config=config, sandbox="bwrap")
     assert evaluation.passed
     figures = evaluation.resources
-    assert set(figures) == {"peak_memory_bytes", "cpu_seconds", "peak_processes", "peak_disk_bytes"}
+    assert set(figures) == {"peak_memory_bytes", "cpu_seconds", "peak_processes", "peak_disk_bytes", "peak_files"}
     assert figures["peak_memory_bytes"] > 1024 * 1024 and figures["cpu_seconds"] > 0
-    assert figures["peak_processes"] >= 1 and figures["peak_disk_bytes"] > 0
+    assert figures["peak_processes"] >= 1 and figures["peak_disk_bytes"] > 0 and figures["peak_files"] > 0
     support = cgroups.detect(settings.EXECUTOR.cgroup_parent)
     assert not [p for p in support.parents.values() if (Path(p) / str(evaluation.id)).exists()]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import glob
+import re
 import uuid
 
 import psutil
@@ -143,6 +144,49 @@ def test_disk_fill_in_the_repository(tasks, e2e_config, sandbox):
     evaluation = evaluate(tasks.task(), _filler(".", "repo"), config=config, sandbox=sandbox)
     failed_with(evaluation, "disk quota exceeded")
     still_works(tasks, e2e_config, sandbox)
+
+
+def _file_maker(folder: str, token: str, count: int) -> str:
+    """``count`` empty files (no bytes to speak of, one inode each) in a folder of their own, then a pause."""
+    return (
+        "import os, time\n"
+        f"folder = os.path.join({folder!r}, 'te-files-{token}')\n"
+        "os.makedirs(folder)\n"
+        f"for i in range({count}):\n"
+        "    open(os.path.join(folder, str(i)), 'w').close()\n"
+        f"print('MADE {count}', flush=True)\n"
+        "time.sleep(5)\n" + FIX
+    )
+
+
+def failed_on_file_count(evaluation, max_files: int) -> int:
+    """The evaluation ended for the file count at the evaluation level; the count it names."""
+    failed_with(evaluation, "file count limit exceeded")
+    assert evaluation.error_kind == "limit_exceeded", evaluation.error_kind
+    match = re.fullmatch(rf"running_agent: file count limit exceeded \((\d+) > {max_files}\)", evaluation.error)
+    assert match, evaluation.error
+    assert evaluation.resources["peak_files"] >= int(match[1]) > max_files, evaluation.resources
+    return int(match[1])
+
+
+@pytest.mark.parametrize("where", ["repository", "tmp", "dev_shm"])
+def test_empty_files_over_the_file_count(tasks, e2e_config, sandbox, where):
+    # 2000 empty files are a few dozen KiB of blocks (the disk quota never sees them) but 2000
+    # inodes. bwrap: /tmp is <session>/tmp, /dev/shm a tmpfs of its own (its size caps bytes, not
+    # files). Without: the host's /tmp and /dev/shm, counted and removed by owner.
+    token = uuid.uuid4().hex[:10]
+    folder = {"repository": ".", "tmp": "/tmp", "dev_shm": "/dev/shm"}[where]
+    config = dataclasses.replace(e2e_config, max_files=1000, disk_quota_mb=100)
+    evaluation = evaluate(tasks.task(), _file_maker(folder, token, 2000), config=config, sandbox=sandbox)
+    failed_on_file_count(evaluation, 1000)
+    assert not glob.glob(f"/tmp/te-files-{token}") and not glob.glob(f"/dev/shm/te-files-{token}")
+    still_works(tasks, e2e_config, sandbox)
+
+
+def test_an_ordinary_evaluation_reports_its_peak_files(tasks, e2e_config, sandbox):
+    evaluation = evaluate(tasks.task(), SOLVER + _file_maker(".", "few", 300), config=e2e_config, sandbox=sandbox)
+    assert (evaluation.status, evaluation.passed) == ("completed", True), evaluation.error
+    assert evaluation.resources["peak_files"] > 300, evaluation.resources
 
 
 def test_sparse_files(tasks, e2e_config, sandbox):

@@ -1,7 +1,8 @@
 """`manage.py cache list` and `manage.py cache clear [KEY...]`: this host's workspace cache (SPEC §13).
 
-1. ``list``: one line per snapshot: key, repository, base commit, size, last
-   used, hits (``--json`` for a machine); then the total with the mirrors.
+1. ``list``: one line per snapshot: key, repository, base commit, size,
+   files, last used, hits (``--json`` for a machine); then the totals with
+   the mirrors (bytes and files: eviction keeps both under their caps).
 2. ``clear``: the snapshots named (every one, and the mirrors, without a
    key). One an evaluation is running from is moved aside and removed by
    the next reaper pass once that evaluation ends; an unknown key is an
@@ -24,7 +25,7 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser):
         actions = parser.add_subparsers(dest="action", required=True)
-        listing = actions.add_parser("list", help="key, repository, base commit, size, last used, hits")
+        listing = actions.add_parser("list", help="key, repository, base commit, size, files, last used, hits")
         listing.add_argument("--json", action="store_true", help="one JSON document instead of a table")
         clearing = actions.add_parser("clear", help="remove the snapshots named, or everything without a key")
         clearing.add_argument("keys", nargs="*", metavar="KEY")
@@ -46,20 +47,28 @@ class Command(BaseCommand):
                     "repository": entry.meta.get("repo", ""),
                     "base_commit": entry.meta.get("commit", ""),
                     "size_bytes": entry.size_bytes,
+                    "files": entry.files,
                     "last_used": _iso(last_used),
                     "hits": hits,
                 }
             )
+        total = store.usage()
         if as_json:
-            self.stdout.write(json.dumps({"entries": rows, "total_bytes": store.size_bytes()}, indent=2))
+            listing = {"entries": rows, "total_bytes": total.bytes, "total_files": total.files}
+            self.stdout.write(json.dumps(listing, indent=2))
             return
-        self.stdout.write(f"{'KEY':32}  {'SIZE':>9}  {'LAST USED':20}  {'HITS':>5}  BASE COMMIT  REPOSITORY")
+        self.stdout.write(
+            f"{'KEY':32}  {'SIZE':>9}  {'FILES':>9}  {'LAST USED':20}  {'HITS':>5}  BASE COMMIT  REPOSITORY"
+        )
         for row in rows:
+            files = "?" if row["files"] is None else row["files"]  # built before files were counted
             self.stdout.write(
-                f"{row['key']:32}  {_size(row['size_bytes']):>9}  {row['last_used']:20}  {row['hits']:>5}  "
+                f"{row['key']:32}  {_size(row['size_bytes']):>9}  {files:>9}  {row['last_used']:20}  {row['hits']:>5}  "
                 f"{row['base_commit'][:11]:11}  {row['repository']}"
             )
-        self.stdout.write(f"{len(rows)} snapshots; {_size(store.size_bytes())} with the mirrors, in {store.root}")
+        self.stdout.write(
+            f"{len(rows)} snapshots; {_size(total.bytes)} and {total.files} files with the mirrors, in {store.root}"
+        )
 
     def _clear(self, store: Store, keys: list[str]) -> None:
         if not keys:
