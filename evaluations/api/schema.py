@@ -33,7 +33,7 @@ HTTP_URL = r"^https?://[A-Za-z0-9][A-Za-z0-9.-]{0,62}(:[0-9]{1,5})?(/[!-~]*)?$"
 
 ERROR_CODES = {
     "invalid_request": "a field, header or query parameter is invalid (see `fields`)",
-    "invalid_json": "the body is not UTF-8 JSON",
+    "invalid_json": "the body is not a UTF-8 JSON object the parser accepts (see the sentence)",
     "unauthorized": "the bearer token is missing or wrong",
     "forbidden": "the request is not allowed",
     "not_found": "no such evaluation, batch or route",
