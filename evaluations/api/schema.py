@@ -522,8 +522,9 @@ def document_views() -> None:
         get=extend_schema(
             tags=[TAG_EVALUATIONS],
             summary="Tail an evaluation's combined log",
-            description="The live log (each step's `=== step ===` line and every command's output) from byte "
-            "`offset`, at most 1 MiB a call. Ask again from `X-Log-Offset` until `X-Log-Complete` is `true`. "
+            description="The live log (each step's `␞ === step ===` line and every command's output) from byte "
+            "`offset`, at most 1 MiB a call. The executor's own lines start with `␞` (U+241E) and a space; a "
+            "command's output never carries that character (it becomes U+FFFD), so `grep '^␞'` finds them all. Ask again from `X-Log-Offset` until `X-Log-Complete` is `true`. "
             "Once the evaluation ended, the log is rebuilt from the stored agent and test outputs: a "
             "different document, read from offset 0.",
             parameters=[
