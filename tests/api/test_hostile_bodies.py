@@ -11,6 +11,7 @@ import tarfile
 
 import pytest
 
+from evaluations.api.errors import MAX_ECHO_CHARS
 from evaluations.api.parsers import MAX_DEPTH
 from evaluations.models import Batch, Evaluation
 
@@ -136,7 +137,9 @@ def test_a_1_mib_string_in_any_field_is_a_400_naming_it(api, route, field):
     response = api.post(route, data=json.dumps(body), content_type="application/json")
     assert response.status_code == 400, response.content[:300]
     reply = response.json()
-    assert reply["error"] == "invalid_request" and field in reply["fields"], str(reply)[:300]
+    shown = field if len(field) <= MAX_ECHO_CHARS else field[:MAX_ECHO_CHARS] + f"... ({len(field)} characters)"
+    assert reply["error"] == "invalid_request" and shown in reply["fields"], str(reply)[:300]
+    assert len(response.content) < 8 * 1024  # what it quotes of the 1 MiB is cut, not sent back
     assert Evaluation.objects.count() == 0 and Batch.objects.count() == 0
 
 
