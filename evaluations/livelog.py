@@ -6,8 +6,8 @@
    The web process reads it from ``WORKSPACE_BASE/<eval_id>/log.txt``, so the
    API and the worker must share that folder (one host, or a shared volume).
 2. The session folder is removed when the evaluation ends. From then on the
-   log is rebuilt from the row: the agent's and the tests' stored outputs,
-   and the error. It is a different document from the live file (the clone
+   log is rebuilt from the row: the agent's stored output, the test results'
+   rows and the error. It is a different document from the live file (the clone
    and install outputs are not kept), so a client that tailed the live log
    reads the final one from offset 0 once ``complete`` turns true.
 3. The file is opened without following links: with SANDBOX=none and a
