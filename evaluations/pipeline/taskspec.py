@@ -404,9 +404,13 @@ def _read_text(path: Path, shown: str, *, required: bool, lenient: bool = False,
     if raw is None:
         return None
     try:
-        return raw.decode("utf-8-sig", errors="replace" if lenient else "strict")
+        text = raw.decode("utf-8-sig", errors="replace" if lenient else "strict")
     except UnicodeDecodeError:
         raise TaskError(f"{shown} is not valid UTF-8 text") from None
+    # A replaced byte is 3 (U+FFFD): what is stored is held to the cap too.
+    if lenient and cap is not None and len(text.encode()) > cap.limit:
+        raise TaskError(f"{shown} is larger than {cap.limit} bytes once its invalid UTF-8 is replaced ({cap.setting})")
+    return text
 
 
 def _checks(path: Path, max_tests: int, scripts: int) -> list[TestSpec]:

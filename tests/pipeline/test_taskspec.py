@@ -369,6 +369,16 @@ def test_each_text_is_kept_at_its_cap_and_refused_past_it(tmp_path):
             load_task(root, max_prompt_bytes=100)
 
 
+def test_original_pr_with_invalid_utf8_is_held_to_the_cap_as_it_would_be_stored(tmp_path):
+    files = {"workspace.yaml": GOOD_YAML, "prompt.md": "p", "original_pr.md": b"\xff" * 33}
+    assert load_task(make_task(tmp_path / "a", files), max_prompt_bytes=99).original_pr == "\ufffd" * 33
+    with pytest.raises(TaskError) as info:
+        load_task(make_task(tmp_path / "b", {**files, "original_pr.md": b"\xff" * 34}), max_prompt_bytes=99)
+    assert str(info.value) == (
+        "original_pr.md is larger than 99 bytes once its invalid UTF-8 is replaced (MAX_PROMPT_BYTES)"
+    )
+
+
 def test_prompt_md_is_held_to_what_one_argument_holds_whatever_max_prompt_bytes_says(tmp_path):
     files = {"workspace.yaml": GOOD_YAML, "prompt.md": "p" * (128 * 1024 - 1)}
     assert len(load_task(make_task(tmp_path / "a", files)).prompt) == 128 * 1024 - 1
