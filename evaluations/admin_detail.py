@@ -242,6 +242,7 @@ class DetailFields:
 
     @admin.display(description="log")
     def log_box(self, obj):
+        """The log's tail, the executor's lines set apart from the commands' output (log_lines)."""
         text, skipped, source = livelog.log_tail(obj, settings.EXECUTOR.workspace_base, fmt.LOG_TAIL_BYTES)
         note = LOG_SOURCES[source]
         if skipped:
@@ -252,7 +253,7 @@ class DetailFields:
             source,
             note,
             raw,
-            fmt.preformatted(text, css_class="te-pre te-tail te-log", element_id="te-log"),
+            fmt.preformatted(log_lines(text), css_class="te-pre te-tail te-log", element_id="te-log"),
         )
 
     @admin.display(description="agent")
@@ -306,3 +307,17 @@ class DetailFields:
             whole_url(obj.id, "test_output"),
             size,
         )
+
+
+def log_lines(text: str):
+    """The log as HTML: each of the executor's lines (livelog.is_executor_line: its first character,
+    which no command's output carries) in a ``te-exec`` span; every other line, whatever it says,
+    plain escaped text."""
+    return format_html_join(
+        "\n",
+        "{}",
+        (
+            (format_html('<span class="te-exec">{}</span>', line) if livelog.is_executor_line(line) else line,)
+            for line in text.split("\n")
+        ),
+    )

@@ -190,6 +190,11 @@ class Config:
     max_task_archive_bytes: int = integer("MAX_TASK_ARCHIVE_BYTES", 104857600, minimum=1)
     max_extracted_bytes: int = integer("MAX_EXTRACTED_BYTES", 524288000, minimum=1)
     max_archive_members: int = integer("MAX_ARCHIVE_MEMBERS", 10000, minimum=1)
+    # What a task may bring (SPEC §20), checked at downloading_task: bytes of each prompt text
+    # (prompt.md, original_pr.md; instruction.md too once Harbor tasks are read) and tests
+    # (tests/*.sh scripts and checks.txt commands together).
+    max_prompt_bytes: int = integer("MAX_PROMPT_BYTES", 262144, minimum=1)
+    max_tests: int = integer("MAX_TESTS", 1000, minimum=1)
     monitor_interval_ms: int = integer("MONITOR_INTERVAL_MS", 100, minimum=10, maximum=10000)
     workspace_base: Path = path("WORKSPACE_BASE", Path("/tmp/sessions"))
     sandbox: str = choice("SANDBOX", "auto", ("auto", "bwrap", "none"))

@@ -34,19 +34,28 @@ def envelope(code: str, detail: str, fields: dict | None = None) -> dict:
     return body
 
 
+# A message or field name quotes what the client sent (an unknown field's name, a bad value):
+# past this many characters it is cut, so a 1 MiB name is not sent back twice.
+MAX_ECHO_CHARS = 1000
+
+
+def _clip(text: str) -> str:
+    return text if len(text) <= MAX_ECHO_CHARS else text[:MAX_ECHO_CHARS] + f"... ({len(text)} characters)"
+
+
 def _flatten(errors) -> dict[str, list[str]]:
-    """DRF's nested ValidationError detail -> {"field": ["message", ...]}."""
+    """DRF's nested ValidationError detail -> {"field": ["message", ...]}, each cut to MAX_ECHO_CHARS."""
     if isinstance(errors, list):
-        return {"non_field_errors": [str(e) for e in errors]}
+        return {"non_field_errors": [_clip(str(e)) for e in errors]}
     flat: dict[str, list[str]] = {}
     for name, messages in errors.items():
         if isinstance(messages, dict):
             # Keep the request's own field names as keys: {"env": ["A: Not a valid string."]}.
-            flat[name] = [f"{sub}: {m}" for sub, inner in _flatten(messages).items() for m in inner]
+            flat[_clip(name)] = [_clip(f"{sub}: {m}") for sub, inner in _flatten(messages).items() for m in inner]
         elif isinstance(messages, list):
-            flat[name] = [str(m) for m in messages]
+            flat[_clip(name)] = [_clip(str(m)) for m in messages]
         else:
-            flat[name] = [str(messages)]
+            flat[_clip(name)] = [_clip(str(messages))]
     return flat
 
 

@@ -33,7 +33,7 @@ HTTP_URL = r"^https?://[A-Za-z0-9][A-Za-z0-9.-]{0,62}(:[0-9]{1,5})?(/[!-~]*)?$"
 
 ERROR_CODES = {
     "invalid_request": "a field, header or query parameter is invalid (see `fields`)",
-    "invalid_json": "the body is not UTF-8 JSON",
+    "invalid_json": "the body is not a UTF-8 JSON object the parser accepts (see the sentence)",
     "unauthorized": "the bearer token is missing or wrong",
     "forbidden": "the request is not allowed",
     "not_found": "no such evaluation, batch or route",
@@ -538,8 +538,9 @@ def document_views() -> None:
         get=extend_schema(
             tags=[TAG_EVALUATIONS],
             summary="Tail an evaluation's combined log",
-            description="The live log (each step's `=== step ===` line and every command's output) from byte "
-            "`offset`, at most 1 MiB a call. Ask again from `X-Log-Offset` until `X-Log-Complete` is `true`. "
+            description="The live log (each step's `␞ === step ===` line and every command's output) from byte "
+            "`offset`, at most 1 MiB a call. The executor's own lines start with `␞` (U+241E) and a space; a "
+            "command's output never carries that character (it becomes U+FFFD), so `grep '^␞'` finds them all. Ask again from `X-Log-Offset` until `X-Log-Complete` is `true`. "
             "Once the evaluation ended, the log is rebuilt from the stored agent and test outputs: a "
             "different document, read from offset 0.",
             parameters=[

@@ -36,8 +36,7 @@ import yaml
 
 from evaluations.localrun import pack_folder
 from evaluations.pipeline import gitrepo
-from evaluations.pipeline.steps import MAX_PROMPT_ARG_BYTES
-from evaluations.pipeline.taskspec import TaskError, load_task
+from evaluations.pipeline.taskspec import MAX_INSTRUCTION_BYTES, TaskError, load_task
 
 from .rows import BadRow, Instance
 
@@ -211,9 +210,9 @@ def workspace_yaml(instance: Instance, url: str, options: Options) -> str:
 def build_task(instance: Instance, files: TestFiles, url: str, options: Options, out: Path) -> Built:
     """Write DIR/<id>/ and DIR/<id>.tar.gz whole, replacing an earlier import of the same id."""
     label = instance.instance_id
-    if len(instance.problem_statement.encode()) > MAX_PROMPT_ARG_BYTES:
+    if len(instance.problem_statement.encode()) > MAX_INSTRUCTION_BYTES:
         raise BadRow(
-            label, f"problem_statement is over {MAX_PROMPT_ARG_BYTES} bytes, more than an agent's --instruction holds"
+            label, f"problem_statement is over {MAX_INSTRUCTION_BYTES} bytes, more than an agent's --instruction holds"
         )
     command = options.test_cmd or instance.test_cmd or DEFAULT_TEST_CMD
     with tempfile.TemporaryDirectory(dir=out, prefix=f".{label}.", suffix=".tmp") as scratch:

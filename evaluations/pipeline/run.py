@@ -208,7 +208,8 @@ def _keep_log(eval_id: str, session: Session, config: Config) -> None:
         return
     text = head.decode("utf-8", errors="replace")
     if tail:
-        text += f"\n[... {size - len(head) - len(tail)} bytes truncated ...]\n" + tail.decode("utf-8", errors="replace")
+        marker = livelog.truncation_line(size - len(head) - len(tail))
+        text += ("" if text.endswith("\n") else "\n") + marker + tail.decode("utf-8", errors="replace")
     Evaluation.objects.filter(id=eval_id).update(log=text)
 
 

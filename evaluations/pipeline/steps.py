@@ -24,9 +24,6 @@ from evaluations.pipeline.context import (
 from evaluations.runtime import Limit, Mount
 from evaluations.safefs import SafeFSError, write_file_nofollow
 
-# Linux refuses a single argv string over 128 KiB (MAX_ARG_STRLEN).
-MAX_PROMPT_ARG_BYTES = 128 * 1024 - 1
-
 
 def _policy(config) -> urlguard.URLPolicy:
     return urlguard.URLPolicy.from_config(config)
@@ -50,7 +47,12 @@ def downloading_task(ctx: Context) -> None:
             max_bytes=config.max_extracted_bytes,
         )
         root = archive.find_task_root(ctx.session.task)
-        ctx.task = taskspec.load_task(root, allow_file_urls=config.allow_file_urls)
+        ctx.task = taskspec.load_task(
+            root,
+            allow_file_urls=config.allow_file_urls,
+            max_prompt_bytes=config.max_prompt_bytes,
+            max_tests=config.max_tests,
+        )
     except (urlguard.FetchError, archive.ArchiveError) as exc:
         raise StepFailed(str(exc), kind=outcome.of_fetch(exc)) from None
     except taskspec.TaskError as exc:
@@ -160,11 +162,7 @@ def running_agent(ctx: Context) -> None:
     language = (languages.ALL if ctx.environment else languages.available()).get(evaluation.language)
     if language is None:
         raise StepFailed(f"agent language {evaluation.language!r} is not installed on this executor")
-    prompt = ctx.task.prompt
-    if len(prompt.encode()) > MAX_PROMPT_ARG_BYTES:
-        raise StepFailed(
-            f"prompt.md is over {MAX_PROMPT_ARG_BYTES} bytes, too long for --instruction", kind=ErrorKind.TASK_INVALID
-        )
+    prompt = ctx.task.prompt  # fits one argument: load_task held prompt.md to MAX_INSTRUCTION_BYTES
     prompt_file = ctx.session.agent / "prompt.md"
     # agent/ is root's (no command can plant a link there); written without following one anyway.
     if evaluation.agent_archive_id is None:  # an agent project is in agent/code (installing_agent)

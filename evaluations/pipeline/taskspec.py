@@ -24,12 +24,16 @@ from typing import NamedTuple
 import yaml
 
 from evaluations.environments import BadEnvironment, check_name
+from executor_project.config import Config
 
 from .urlguard import URLRefused, check_git_url
 
 MAX_YAML_BYTES = 1024 * 1024
 MAX_YAML_NODES = 100_000
 MAX_BASE_COMMIT_LENGTH = 256
+# prompt.md is the agent's --instruction argument: Linux refuses one argv string over 128 KiB
+# (MAX_ARG_STRLEN), so that file is held to this whatever MAX_PROMPT_BYTES says.
+MAX_INSTRUCTION_BYTES = 128 * 1024 - 1
 
 _ENV_NAME = re.compile(r"[A-Z_][A-Z0-9_]*")
 _CONTROL = re.compile(r"[\x00-\x20\x7f]")
@@ -83,16 +87,26 @@ class TaskSpec:
     cache: bool = True  # workspace.yaml `cache: false`: never served from nor stored in the workspace cache
 
 
-def load_task(task_root: Path | str, *, allow_file_urls: bool = False) -> TaskSpec:
+def load_task(
+    task_root: Path | str,
+    *,
+    allow_file_urls: bool = False,
+    max_prompt_bytes: int = Config.max_prompt_bytes,
+    max_tests: int = Config.max_tests,
+) -> TaskSpec:
     """Read and validate the task folder; raise TaskError.
 
     ``repo`` is checked for its form only (scheme, no leading ``-``, no
     ``<transport>::``); its host address is checked at clone time.
+
+    The caps (MAX_PROMPT_BYTES, MAX_TESTS) are checked before the text they bound is read: a
+    file's size from its inode (what the archive member declared, as extraction wrote and
+    counted it), the tests as they are counted; nothing over a cap reaches memory or the row.
     """
     root = Path(task_root)
     data, node = _load_workspace(root / "workspace.yaml")
-    scripts = _scripts(root / "tests")
-    checks = _checks(root / "checks.txt")
+    scripts = _scripts(root / "tests", max_tests)
+    checks = _checks(root / "checks.txt", max_tests, len(scripts))
     taken = {t.name for t in scripts}
     for check in checks:
         if check.name in taken:
@@ -106,8 +120,16 @@ def load_task(task_root: Path | str, *, allow_file_urls: bool = False) -> TaskSp
         install=_install(data),
         static_assets=_static_assets(data),
         env=_env(data, node),
-        prompt=_read_text(root / "prompt.md", "prompt.md", required=True),
-        original_pr=_read_text(root / "original_pr.md", "original_pr.md", required=False, lenient=True),
+        prompt=_read_text(
+            root / "prompt.md", "prompt.md", required=True, cap=_prompt_cap("prompt.md", max_prompt_bytes)
+        ),
+        original_pr=_read_text(
+            root / "original_pr.md",
+            "original_pr.md",
+            required=False,
+            lenient=True,
+            cap=_prompt_cap("original_pr.md", max_prompt_bytes),
+        ),
         tests=scripts + checks,
         support_files=_support_files(root / "tests"),
         environment=_environment(data),
@@ -119,7 +141,7 @@ def load_task(task_root: Path | str, *, allow_file_urls: bool = False) -> TaskSp
 
 
 def _load_workspace(path: Path) -> tuple[dict, yaml.MappingNode]:
-    raw = _read_bytes(path, "workspace.yaml", required=True, limit=MAX_YAML_BYTES)
+    raw = _read_bytes(path, "workspace.yaml", required=True, cap=_Cap(MAX_YAML_BYTES))
     loader = None
     try:
         loader = yaml.SafeLoader(raw)  # checks the encoding already
@@ -333,7 +355,28 @@ def _type_name(value: object) -> str:
 # -- the other files ---------------------------------------------------------
 
 
-def _read_bytes(path: Path, shown: str, *, required: bool, limit: int | None = None) -> bytes | None:
+class _Cap(NamedTuple):
+    """The most bytes a file may hold, and the setting that says so (named in the refusal)."""
+
+    limit: int
+    setting: str = ""
+
+
+def _prompt_cap(shown: str, max_prompt_bytes: int) -> _Cap:
+    if shown == "prompt.md" and max_prompt_bytes > MAX_INSTRUCTION_BYTES:
+        why = f"the most an agent's --instruction argument holds; MAX_PROMPT_BYTES is {max_prompt_bytes}"
+        return _Cap(MAX_INSTRUCTION_BYTES, why)
+    return _Cap(max_prompt_bytes, "MAX_PROMPT_BYTES")
+
+
+def _too_many_tests(where: str, max_tests: int) -> TaskError:
+    return TaskError(
+        f"{where} is test {max_tests + 1}, over the cap of {max_tests} tests "
+        "(MAX_TESTS: tests/*.sh scripts and checks.txt commands together)"
+    )
+
+
+def _regular_file(path: Path, shown: str, *, required: bool) -> os.stat_result | None:
     try:
         st = os.lstat(path)
     except FileNotFoundError:
@@ -342,35 +385,58 @@ def _read_bytes(path: Path, shown: str, *, required: bool, limit: int | None = N
         return None
     if not stat.S_ISREG(st.st_mode):
         raise TaskError(f"{shown} is not a regular file")
-    if limit is not None and st.st_size > limit:
-        raise TaskError(f"{shown} is larger than {limit} bytes")
+    return st
+
+
+def _read_bytes(path: Path, shown: str, *, required: bool, cap: _Cap | None = None) -> bytes | None:
+    """The file's bytes; over ``cap`` it is refused from its size, before a byte is read."""
+    st = _regular_file(path, shown, required=required)
+    if st is None:
+        return None
+    if cap is not None and st.st_size > cap.limit:
+        raise TaskError(f"{shown} is larger than {cap.limit} bytes" + (f" ({cap.setting})" if cap.setting else ""))
     with open(path, "rb") as f:
         return f.read()
 
 
-def _read_text(path: Path, shown: str, *, required: bool, lenient: bool = False) -> str | None:
-    raw = _read_bytes(path, shown, required=required)
+def _read_text(path: Path, shown: str, *, required: bool, lenient: bool = False, cap: _Cap | None = None) -> str | None:
+    raw = _read_bytes(path, shown, required=required, cap=cap)
     if raw is None:
         return None
     try:
-        return raw.decode("utf-8-sig", errors="replace" if lenient else "strict")
+        text = raw.decode("utf-8-sig", errors="replace" if lenient else "strict")
     except UnicodeDecodeError:
         raise TaskError(f"{shown} is not valid UTF-8 text") from None
+    # A replaced byte is 3 (U+FFFD): what is stored is held to the cap too.
+    if lenient and cap is not None and len(text.encode()) > cap.limit:
+        raise TaskError(f"{shown} is larger than {cap.limit} bytes once its invalid UTF-8 is replaced ({cap.setting})")
+    return text
 
 
-def _checks(path: Path) -> list[TestSpec]:
-    text = _read_text(path, "checks.txt", required=False)
-    if text is None:
+def _checks(path: Path, max_tests: int, scripts: int) -> list[TestSpec]:
+    """The commands of checks.txt, read a line at a time: the one past MAX_TESTS (counting the
+    ``scripts`` before them) is refused before the lines after it are read."""
+    if _regular_file(path, "checks.txt", required=False) is None:
         return []
     tests = []
-    for line_number, line in enumerate(text.splitlines(), 1):
-        command = line.strip()
-        if not command or command.startswith("#"):
-            continue
-        if "\0" in command:
-            raise TaskError(f"checks.txt line {line_number} contains a NUL byte")
-        name = f"check_{len(tests) + 1}"
-        tests.append(TestSpec(name, "check", None, command, f"checks.txt:{line_number}"))
+    line_number = 0
+    with open(path, "rb") as f:
+        for raw in f:
+            try:
+                text = raw.decode("utf-8-sig" if line_number == 0 else "utf-8")
+            except UnicodeDecodeError:
+                raise TaskError("checks.txt is not valid UTF-8 text") from None
+            for line in text.splitlines():  # as str.splitlines counts lines (\r, \f... included)
+                line_number += 1
+                command = line.strip()
+                if not command or command.startswith("#"):
+                    continue
+                if "\0" in command:
+                    raise TaskError(f"checks.txt line {line_number} contains a NUL byte")
+                if scripts + len(tests) == max_tests:
+                    raise _too_many_tests(f"checks.txt line {line_number}", max_tests)
+                name = f"check_{len(tests) + 1}"
+                tests.append(TestSpec(name, "check", None, command, f"checks.txt:{line_number}"))
     return tests
 
 
@@ -384,13 +450,17 @@ def _tests_dir(tests_dir: Path) -> bool:
     return True
 
 
-def _scripts(tests_dir: Path) -> list[TestSpec]:
+def _scripts(tests_dir: Path, max_tests: int) -> list[TestSpec]:
     if not _tests_dir(tests_dir):
         return []
+    entries = sorted(
+        (e for e in os.scandir(tests_dir) if e.name.endswith(".sh") and e.is_file(follow_symlinks=False)),
+        key=lambda e: e.name,
+    )
+    if len(entries) > max_tests:  # counted before any is read
+        raise _too_many_tests(f"tests/{entries[max_tests].name}", max_tests)
     scripts = []
-    for entry in sorted(os.scandir(tests_dir), key=lambda e: e.name):
-        if not entry.name.endswith(".sh") or not entry.is_file(follow_symlinks=False):
-            continue
+    for entry in entries:
         name = entry.name[: -len(".sh")]
         if not name:
             raise TaskError("tests/.sh has no name")

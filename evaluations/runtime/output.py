@@ -16,6 +16,12 @@ import time
 from typing import BinaryIO
 
 _CHUNK = 64 * 1024
+# The executor's own lines in an evaluation's log start with this character (U+241E, SYMBOL FOR
+# RECORD SEPARATOR); a command's output never carries it to the log: each occurrence is replaced
+# with U+FFFD on the way (both are 3 bytes of UTF-8, so sizes and offsets do not move).
+LOG_MARK = "\u241e"
+_MARK = LOG_MARK.encode()
+_NOT_MARK = "\ufffd".encode()
 # After the command exits, how long to keep draining a pipe that a leftover
 # background process still holds open. Normal commands close it as they exit.
 _DRAIN_AFTER_EXIT_SECS = 0.2
@@ -26,7 +32,9 @@ class OutputCapture:
 
     Memory is bounded by ``max_bytes`` plus one read chunk, whatever the
     command prints. The live log, when given, receives the same bytes as they
-    arrive, up to ``max_bytes``, then one line saying it stopped.
+    arrive, up to ``max_bytes``, then one line saying it stopped; with LOG_MARK
+    replaced, also when a read splits it (the bytes that may begin it wait for
+    the next read, or for ``end_log``).
     """
 
     def __init__(self, max_bytes: int, live_log: BinaryIO | None = None):
@@ -38,6 +46,7 @@ class OutputCapture:
         self._tail = bytearray()
         self._log = live_log
         self._log_room = max_bytes
+        self._held = b""  # the last bytes read, when they could begin LOG_MARK
 
     def feed(self, data: bytes) -> None:
         self.total += len(data)
@@ -55,13 +64,23 @@ class OutputCapture:
     def _to_log(self, data: bytes) -> None:
         if self._log is None or self._log_room < 0:
             return
+        data = (self._held + data).replace(_MARK, _NOT_MARK)
+        held = next((n for n in (2, 1) if data.endswith(_MARK[:n])), 0)
+        self._held = data[len(data) - held :]
+        data = data[: len(data) - held]
         kept = data[: self._log_room]
         if kept:
             self._log.write(kept)
             self._log_room -= len(kept)
         if len(kept) < len(data):
-            self._log.write(f"\n[... live log stops after {self.max_bytes} bytes ...]\n".encode())
+            self._log.write(f"\n{LOG_MARK} [... live log stops after {self.max_bytes} bytes ...]\n".encode())
             self._log_room = -1  # stopped: one line says so, once
+
+    def end_log(self) -> None:
+        """The command ended: bytes held back were the start of a character that never came."""
+        if self._held and self._log is not None and self._log_room >= 0:
+            self._log.write(_NOT_MARK)
+        self._held = b""
 
     @property
     def truncated(self) -> int:

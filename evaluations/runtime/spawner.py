@@ -151,6 +151,7 @@ class Spawner:
             try:
                 sandbox_init = self._adopt_sandbox_init(launch)
                 pump(proc, capture, stdin_data)
+                capture.end_log()
                 proc.wait()
             finally:
                 monitor.stop()

@@ -267,7 +267,13 @@ def test_the_log_caption_names_its_source(admin_client, executor_config, tmp_pat
     assert 'data-source="none"' in detail(admin_client, pending)
     lifecycle.finish(pending.id, Status.CANCELLED, error="queued: cancelled by DELETE")
     html = detail(admin_client, pending)
-    assert 'data-source="rebuilt"' in html and "=== cancelled ===\nqueued: cancelled by DELETE" in html
+    assert (
+        'data-source="rebuilt"' in html
+        and (
+            '<span class="te-exec">␞ === cancelled ===</span>\n<span class="te-exec">␞ queued: cancelled by DELETE</span>'
+        )
+        in html
+    )
 
 
 def test_clip_keeps_whole_characters_and_counts_what_it_left_out():

@@ -133,3 +133,26 @@ def test_concurrent_retries_with_one_idempotency_key_create_one_evaluation(live_
     conflict = request("POST", service.url("/evaluate"), json_body={**GOOD, "agent_code": "other"},
                        headers={"Idempotency-Key": "retry-me", "Authorization": "Bearer t1"})  # fmt: skip
     assert (conflict.status, conflict.json()["error"]) == (409, "idempotency_conflict")
+
+
+def test_hostile_json_bodies_are_400_invalid_json_through_gunicorn(live_service):
+    """Through the real server (its body handling, its workers): 400 with a sentence, no 500,
+    and the workers still answer (a RecursionError in a worker is no crash, but a 500 was)."""
+    service = live_service(web_workers=1)
+    bodies = {
+        b"[" * 100_000 + b"]" * 100_000: "is nested more than 64 levels deep",
+        b'{"agent_code": "x", "timeout_secs": ' + b"9" * 5000 + b"}": "has an integer of more than 100 digits",
+        b'{"timeout_secs": NaN}': "has NaN, which is not a JSON value",
+        b'{"agent_code": "\xff"}': "is not UTF-8 (byte 16)",
+        b'{"task_url": "a", "task_url": "b"}': "gives the key 'task_url' twice in one object",
+        b"[]": "must be a JSON object, not an array",
+    }
+    for route in ("/evaluate", "/batches"):
+        for body, sentence in bodies.items():
+            reply = request("POST", service.url(route), data=body, headers={"Content-Type": "application/json"})
+            assert (reply.status, reply.json()) == (
+                400,
+                {"error": "invalid_json", "detail": f"the request body {sentence}"},
+            )
+    assert request("GET", service.url("/health")).json() == {"status": "ok"}
+    assert request("POST", service.url("/evaluate"), json_body=GOOD).status == 202

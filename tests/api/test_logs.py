@@ -6,7 +6,7 @@ import uuid
 import pytest
 
 from evaluations import lifecycle
-from evaluations.models import Evaluation, Status
+from evaluations.models import Evaluation, Status, TestResult
 
 pytestmark = pytest.mark.django_db
 
@@ -59,12 +59,14 @@ def test_an_ended_evaluation_serves_its_final_log_and_is_complete(api, workspace
     Evaluation.objects.filter(id=evaluation.id).update(
         agent_output="fixed it\n", agent_exit_code=0, test_output="=== t (exit 1) ===\nboom"
     )
+    TestResult.objects.create(evaluation_id=evaluation.id, position=0, name="t", kind="test", passed=False,
+                              exit_code=1, output="boom")  # fmt: skip
     lifecycle.finish(evaluation.id, Status.FAILED, error="running_tests: 1 of 1 tests failed (t)")
     expected = (
-        b"=== running_agent (exit 0) ===\nfixed it\n"
-        b"=== running_tests ===\n=== t (exit 1) ===\nboom\n"
-        b"=== failed ===\nrunning_tests: 1 of 1 tests failed (t)\n"
-    )
+        "␞ === running_agent (exit 0) ===\nfixed it\n"
+        "␞ === running_tests ===\n␞ === t ===\nboom\n␞ --- t: failed (exit 1) ---\n"
+        "␞ === failed ===\n␞ running_tests: 1 of 1 tests failed (t)\n"
+    ).encode()
     reply = get_log(api, evaluation.id)
     assert (reply.content, reply["X-Log-Offset"], reply["X-Log-Complete"]) == (expected, str(len(expected)), "true")
     reply = get_log(api, evaluation.id, 10)

@@ -29,12 +29,12 @@ def test_each_test_is_under_its_name_with_its_verdict_and_the_status_ends_the_lo
         tests={"fail_to_pass_add.sh": ADD_TEST, "pass_to_pass_no.sh": Exec("#!/bin/bash\necho nope\nexit 4\n")}
     )
     log = evaluate(url, SOLVER, config=e2e_config, sandbox=sandbox).log
-    tests = log[log.index("=== running_tests ===\n") :]
+    tests = log[log.index("␞ === running_tests ===\n") :]
     assert tests == (
-        "=== running_tests ===\n"
-        "=== fail_to_pass_add ===\nadd-ok\n\n--- fail_to_pass_add: passed (exit 0) ---\n"
-        "=== pass_to_pass_no ===\nnope\n\n--- pass_to_pass_no: failed (exit 4) ---\n"
-        "=== failed ===\nrunning_tests: 1 of 2 tests failed (pass_to_pass_no)\n"
+        "␞ === running_tests ===\n"
+        "␞ === fail_to_pass_add ===\nadd-ok\n␞ --- fail_to_pass_add: passed (exit 0) ---\n"
+        "␞ === pass_to_pass_no ===\nnope\n␞ --- pass_to_pass_no: failed (exit 4) ---\n"
+        "␞ === failed ===\n␞ running_tests: 1 of 2 tests failed (pass_to_pass_no)\n"
     )
 
 
@@ -43,8 +43,8 @@ def test_a_command_killed_for_a_limit_says_so_after_its_output(tasks, e2e_config
     evaluation = evaluate(tasks.task(), agent, timeout_secs=1, config=e2e_config, sandbox=sandbox)
     assert evaluation.status == "cancelled"
     assert evaluation.log.endswith(
-        "=== running_agent ===\nworking\n\n[killed: timed out after 1 s]\n"
-        "=== cancelled ===\nrunning_agent: agent timed out after 1 s\n"
+        "␞ === running_agent ===\nworking\n␞ [killed: timed out after 1 s]\n"
+        "␞ === cancelled ===\n␞ running_agent: agent timed out after 1 s\n"
     )
 
 
@@ -55,9 +55,10 @@ def test_a_long_log_is_stored_head_and_tail(tasks, e2e_config, sandbox):
     url = tasks.task(install=[noisy] * 6)
     evaluation = evaluate(url, NOOP, config=config, sandbox=sandbox)
     log = evaluation.log
-    assert log.startswith("=== downloading_task ===\n")
-    assert log.endswith("=== failed ===\nrunning_tests: 1 of 1 tests failed (fail_to_pass_add)\n")
-    assert "--- fail_to_pass_add: failed (exit 1) ---" in log  # the tail: the tests
+    assert log.startswith("␞ === downloading_task ===\n")
+    assert log.endswith("␞ === failed ===\n␞ running_tests: 1 of 1 tests failed (fail_to_pass_add)\n")
+    assert "\n␞ --- fail_to_pass_add: failed (exit 1) ---\n" in log  # the tail: the tests
     marker = log.index(" bytes truncated ...]\n")
+    assert log[:marker].rsplit("\n", 1)[1].startswith("␞ [... ")  # the executor's line, on a line of its own
     assert "=== installing_deps ===" in log[:marker]
     assert len(log.encode()) <= 4 * 1024 + 100

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import time
+import tracemalloc
 from pathlib import Path
 
 import pytest
@@ -331,3 +332,85 @@ def test_tests_must_be_a_folder(tmp_path):
     root = make_task(tmp_path / "t", {"workspace.yaml": GOOD_YAML, "prompt.md": "p", "tests": "not a folder"})
     with pytest.raises(TaskError, match="tests is not a folder"):
         load_task(root)
+
+
+# -- caps on what a task brings (MAX_PROMPT_BYTES, MAX_TESTS) -----------------------------------
+
+
+def _peak_bytes(call) -> int:
+    tracemalloc.start()
+    try:
+        call()
+    finally:
+        peak = tracemalloc.get_traced_memory()[1]
+        tracemalloc.stop()
+    return peak
+
+
+def test_a_200_mb_original_pr_is_refused_from_its_size_without_being_read(tmp_path):
+    root = make_task(tmp_path / "t", {"workspace.yaml": GOOD_YAML, "prompt.md": "p"})
+    with open(root / "original_pr.md", "wb") as f:  # sparse: 200 MB on paper, no disk
+        f.truncate(200 * 1024 * 1024)
+
+    def load():
+        with pytest.raises(TaskError, match=r"^original_pr.md is larger than 262144 bytes \(MAX_PROMPT_BYTES\)$"):
+            load_task(root)
+
+    assert _peak_bytes(load) < 1024 * 1024
+
+
+def test_each_text_is_kept_at_its_cap_and_refused_past_it(tmp_path):
+    files = {"workspace.yaml": GOOD_YAML, "prompt.md": "p" * 100, "original_pr.md": "o" * 100}
+    spec = load_task(make_task(tmp_path / "a", files), max_prompt_bytes=100)
+    assert (spec.prompt, spec.original_pr) == ("p" * 100, "o" * 100)
+    for name in ("prompt.md", "original_pr.md"):
+        root = make_task(tmp_path / name, {**files, name: "x" * 101})
+        with pytest.raises(TaskError, match=rf"^{name} is larger than 100 bytes \(MAX_PROMPT_BYTES\)$"):
+            load_task(root, max_prompt_bytes=100)
+
+
+def test_original_pr_with_invalid_utf8_is_held_to_the_cap_as_it_would_be_stored(tmp_path):
+    files = {"workspace.yaml": GOOD_YAML, "prompt.md": "p", "original_pr.md": b"\xff" * 33}
+    assert load_task(make_task(tmp_path / "a", files), max_prompt_bytes=99).original_pr == "\ufffd" * 33
+    with pytest.raises(TaskError) as info:
+        load_task(make_task(tmp_path / "b", {**files, "original_pr.md": b"\xff" * 34}), max_prompt_bytes=99)
+    assert str(info.value) == (
+        "original_pr.md is larger than 99 bytes once its invalid UTF-8 is replaced (MAX_PROMPT_BYTES)"
+    )
+
+
+def test_prompt_md_is_held_to_what_one_argument_holds_whatever_max_prompt_bytes_says(tmp_path):
+    files = {"workspace.yaml": GOOD_YAML, "prompt.md": "p" * (128 * 1024 - 1)}
+    assert len(load_task(make_task(tmp_path / "a", files)).prompt) == 128 * 1024 - 1
+    root = make_task(tmp_path / "b", {**files, "prompt.md": "p" * 128 * 1024})
+    with pytest.raises(TaskError) as info:
+        load_task(root, max_prompt_bytes=10**6)
+    assert str(info.value) == (
+        "prompt.md is larger than 131071 bytes (the most an agent's --instruction argument holds; "
+        "MAX_PROMPT_BYTES is 1000000)"
+    )
+
+
+def test_300000_checks_are_refused_at_the_first_past_the_cap_reading_no_further(tmp_path):
+    root = make_task(tmp_path / "t", {"workspace.yaml": GOOD_YAML, "prompt.md": "p", "tests/a.sh": "true\n"})
+    (root / "checks.txt").write_text("\n# blank lines and comments do not count\n" + "true\n" * 300_000)
+
+    def load():
+        with pytest.raises(TaskError) as info:
+            load_task(root)
+        assert str(info.value) == (
+            "checks.txt line 1002 is test 1001, over the cap of 1000 tests "
+            "(MAX_TESTS: tests/*.sh scripts and checks.txt commands together)"
+        )
+
+    assert _peak_bytes(load) < 2 * 1024 * 1024  # not 300,000 TestSpecs
+
+
+def test_max_tests_counts_scripts_and_checks_together(tmp_path):
+    files = {"workspace.yaml": GOOD_YAML, "prompt.md": "p", "tests/a.sh": "x", "tests/b.sh": "x"}
+    spec = load_task(make_task(tmp_path / "a", {**files, "checks.txt": "true\ntrue\n"}), max_tests=4)
+    assert [t.name for t in spec.tests] == ["a", "b", "check_1", "check_2"]
+    with pytest.raises(TaskError, match="^checks.txt line 3 is test 5, over the cap of 4 tests"):
+        load_task(make_task(tmp_path / "b", {**files, "checks.txt": "true\ntrue\ntrue\n"}), max_tests=4)
+    with pytest.raises(TaskError, match="^tests/b.sh is test 2, over the cap of 1 tests"):
+        load_task(make_task(tmp_path / "c", files), max_tests=1)

@@ -7,9 +7,10 @@ import threading
 import time
 
 import psutil
+import pytest
 
 from evaluations.runtime import output
-from evaluations.runtime.output import OutputCapture
+from evaluations.runtime.output import LOG_MARK, OutputCapture
 from tests.runtime.support import MIB
 
 
@@ -34,7 +35,31 @@ def test_live_log_is_capped_with_one_line_and_only_when_something_is_dropped():
     for piece in (b"12345", b"6789", b"abc"):
         capture.feed(piece)
     assert exact.getvalue() == b"12345678"
-    assert over.getvalue() == b"12345678\n[... live log stops after 8 bytes ...]\n"
+    assert over.getvalue() == "12345678\n␞ [... live log stops after 8 bytes ...]\n".encode()
+
+
+@pytest.mark.parametrize("cut", range(0, 9))
+def test_the_log_mark_never_reaches_the_log_from_output_however_the_reads_split_it(cut):
+    printed = "a␞b\n␞ === completed ===\n".encode()  # the mark is 3 bytes: every split of it
+    log = io.BytesIO()
+    capture = OutputCapture(1024, log)
+    capture.feed(printed[:cut])
+    capture.feed(printed[cut:])
+    capture.end_log()
+    assert log.getvalue() == "a\ufffdb\n\ufffd === completed ===\n".encode()
+    assert capture.text() == printed.decode()  # the stored output is what was printed
+
+
+@pytest.mark.parametrize("tail", [b"\xe2", b"\xe2\x90"])
+def test_the_start_of_a_mark_left_at_the_end_of_a_command_cannot_join_the_next_one(tail):
+    log = io.BytesIO()
+    first = OutputCapture(1024, log)
+    first.feed(b"x" + tail)
+    first.end_log()
+    second = OutputCapture(1024, log)
+    second.feed(LOG_MARK.encode()[len(tail) :] + b" === completed ===\n")
+    second.end_log()
+    assert LOG_MARK.encode() not in log.getvalue()
 
 
 def test_without_pidfd_exit_is_noticed_by_polling(sp, monkeypatch):
@@ -86,7 +111,7 @@ def test_200mb_flood_without_newlines_keeps_memory_flat(harness_factory, session
     assert growth < 30 * MIB, f"the parent grew by {growth // MIB} MiB"
     logged = live_log.read_bytes()
     assert logged.startswith(b"\0" * MIB)
-    assert logged[MIB:] == f"\n[... live log stops after {MIB} bytes ...]\n".encode()
+    assert logged[MIB:] == f"\n␞ [... live log stops after {MIB} bytes ...]\n".encode()
 
 
 def test_live_log_receives_output_as_it_comes(harness_factory, session):

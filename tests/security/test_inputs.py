@@ -15,6 +15,8 @@ import zipfile
 from pathlib import Path
 
 import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
 
 from evaluations import lifecycle
 from evaluations.models import Evaluation, Status
@@ -253,3 +255,91 @@ def test_agent_code_of_the_maximum_size_plus_one(tasks, e2e_config, runtime_name
     assert lifecycle.record(eval_id, status=Status.RUNNING, expect=[Status.PENDING])
     run_evaluation(eval_id, e2e_config, runtime_name)
     assert Evaluation.objects.get(id=eval_id).passed is True
+
+
+# -- what a task's texts may hold (MAX_PROMPT_BYTES, MAX_TESTS) ----------------------------------
+# Each task names a repository on a refused address: were the texts let through, the evaluation
+# would fail later, at cloning_repo, with them already stored.
+
+UNREACHABLE_REPO = "repo: http://127.0.0.2:9/r.git\nbase_commit: abc123\n"
+MAX_TESTS_SENTENCE = "over the cap of 1000 tests (MAX_TESTS: tests/*.sh scripts and checks.txt commands together)"
+
+
+def _nothing_stored(error: str, eval_id) -> None:
+    row = Evaluation.objects.get(id=eval_id)
+    assert row.error_kind == "task_invalid", (row.error_kind, error)
+    assert (row.task_prompt, row.original_pr) == ("", "")
+
+
+@pytest.mark.parametrize(
+    ("files", "sentence"),
+    [
+        (
+            {"original_pr.md": "x" * (262144 + 1)},
+            "downloading_task: original_pr.md is larger than 262144 bytes (MAX_PROMPT_BYTES)",
+        ),
+        (
+            {"prompt.md": "x" * (128 * 1024)},
+            "downloading_task: prompt.md is larger than 131071 bytes (the most an agent's --instruction "
+            "argument holds; MAX_PROMPT_BYTES is 262144)",
+        ),
+    ],
+    ids=["original_pr.md", "prompt.md"],
+)
+def test_a_task_text_over_its_cap_is_refused_and_not_stored(tasks, e2e_config, runtime_name, files, sentence):
+    evaluation = evaluate(tasks.task(workspace=UNREACHABLE_REPO, extra=files), SOLVER, config=e2e_config,
+                          sandbox=runtime_name)  # fmt: skip
+    assert (evaluation.status, evaluation.error) == ("failed", sentence)
+    _nothing_stored(evaluation.error, evaluation.id)
+    still_works(tasks, e2e_config, runtime_name)
+
+
+def test_a_smaller_max_prompt_bytes_holds_every_task_text(tasks, e2e_config, runtime_name):
+    config = dataclasses.replace(e2e_config, max_prompt_bytes=64)
+    url = tasks.task(workspace=UNREACHABLE_REPO, extra={"prompt.md": "p" * 65})
+    error = refused(tasks, config, runtime_name, url)
+    assert error == "downloading_task: prompt.md is larger than 64 bytes (MAX_PROMPT_BYTES)"
+    url = tasks.task(workspace=UNREACHABLE_REPO, extra={"original_pr.md": "o" * 64, "prompt.md": "p" * 64})
+    assert refused(tasks, config, runtime_name, url, step="cloning_repo")  # at the cap: both kept
+    row = Evaluation.objects.order_by("-created_at").first()
+    assert (row.task_prompt, row.original_pr) == ("p" * 64, "o" * 64)
+
+
+def test_three_hundred_thousand_checks_are_refused_at_the_first_past_the_cap(tasks, e2e_config, runtime_name):
+    checks = "# one command a line\n" + "true\n" * 300_000
+    evaluation = evaluate(tasks.task(workspace=UNREACHABLE_REPO, checks=checks), SOLVER, config=e2e_config,
+                          sandbox=runtime_name)  # fmt: skip
+    # The task's own test script is test 1: the 1000th command of checks.txt (its line 1001) is test 1001.
+    assert evaluation.error == f"downloading_task: checks.txt line 1001 is test 1001, {MAX_TESTS_SENTENCE}"
+    assert evaluation.test_results.count() == 0
+    _nothing_stored(evaluation.error, evaluation.id)
+    still_works(tasks, e2e_config, runtime_name)
+
+
+def test_too_many_test_scripts_are_refused_before_one_is_read(tasks, e2e_config, runtime_name):
+    scripts = {f"pass_to_pass_{i:04d}.sh": "true\n" for i in range(1001)}
+    evaluation = evaluate(tasks.task(workspace=UNREACHABLE_REPO, tests=scripts), SOLVER, config=e2e_config,
+                          sandbox=runtime_name)  # fmt: skip
+    assert evaluation.error == f"downloading_task: tests/pass_to_pass_1000.sh is test 1001, {MAX_TESTS_SENTENCE}"
+    assert evaluation.test_results.count() == 0
+    _nothing_stored(evaluation.error, evaluation.id)
+    still_works(tasks, e2e_config, runtime_name)
+
+
+BIG_TEXT_COLUMNS = ("task_prompt", "original_pr", "agent_output", "agent_patch", "test_output", "log")
+
+
+def test_stored_texts_are_written_once_and_never_again_by_status_writes(tasks, e2e_config, runtime_name):
+    """Every later write of the row (each step, each status, the end) names only its own columns:
+    a large text stored at downloading_task is not carried again by the six writes after it."""
+    url = tasks.task(extra={"original_pr.md": "the upstream fix\n" * 1000})
+    with CaptureQueriesContext(connection) as queries:
+        evaluation = evaluate(url, SOLVER, config=e2e_config, sandbox=runtime_name)
+    assert (evaluation.status, evaluation.passed) == ("completed", True), evaluation.error
+    assert evaluation.original_pr == "the upstream fix\n" * 1000
+    updates = [q["sql"] for q in queries.captured_queries
+               if q["sql"].lstrip().upper().startswith("UPDATE") and "evaluations_evaluation" in q["sql"]]  # fmt: skip
+    assert len(updates) > 8  # the steps' and statuses' writes were seen
+    for column in BIG_TEXT_COLUMNS:
+        writes = [sql for sql in updates if f'"{column}" =' in sql]
+        assert len(writes) == 1, (column, [sql[:200] for sql in writes])

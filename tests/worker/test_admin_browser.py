@@ -168,7 +168,7 @@ def test_an_operator_reads_the_admin_in_a_browser(worker_service, tasks, shots):
     pages = second["visits"]
     slow_log = pages["slow-1400"]["log"]["text"]
     assert "thinking" in slow_log and f"[killed: cancelled: cancelled by {USER} in the admin]" in slow_log
-    assert slow_log.rstrip().endswith(f"=== cancelled ===\nrunning_agent: cancelled by {USER} in the admin")
+    assert slow_log.rstrip().endswith(f"=== cancelled ===\n␞ running_agent: cancelled by {USER} in the admin")
     assert pages["slow-1400"]["fields"]["Cancel requested"] == "yes"
     assert "Asked it to stop (it was running)." in pages["slow-history"]["text"]
     assert USER in pages["slow-history"]["text"]
