@@ -10,13 +10,13 @@ import re
 import signal
 import subprocess
 import sys
-import time
 import zipfile
 
 import pytest
 
 from evaluations.runtime.killer import tagged
 from tests.helpers.cli import EvaluateCli
+from tests.helpers.polling import wait_for
 from tests.helpers.service import PROJECT
 
 pytestmark = pytest.mark.slow
@@ -122,28 +122,54 @@ def test_on_a_terminal_a_live_line_shows_the_current_step(cli, built_examples, t
 
 
 def test_ctrl_c_cancels_the_evaluation_and_kills_its_processes(cli, built_examples, tmp_path):
+    _interrupt_a_running_agent(cli, built_examples, tmp_path)
+
+
+def test_ctrl_c_cancels_even_when_the_command_starts_with_sigint_ignored(cli, built_examples, tmp_path):
+    """A background job of a non-interactive shell (`bin/test > log &`, a CI step) starts with SIGINT
+    ignored, and so does every process it starts: Python then turns no SIGINT into KeyboardInterrupt.
+    The command takes SIGINT itself; before, it went on running the agent (issue 23)."""
+    ignoring = ("/bin/sh", "-c", 'trap "" INT; exec "$@"', "sh")  # what such a shell does to its jobs
+    probe = [*ignoring, sys.executable, "-c", "import signal; print(signal.getsignal(signal.SIGINT).name)"]
+    assert subprocess.run(probe, capture_output=True, text=True, check=True).stdout == "SIG_IGN\n"
+    _interrupt_a_running_agent(cli, built_examples, tmp_path, prefix=ignoring)
+
+
+def _interrupt_a_running_agent(cli, built_examples, tmp_path, prefix: tuple[str, ...] = ()) -> None:
+    """SIGINT once the agent runs: the evaluation ends cancelled, with nothing of it left running."""
     agent = tmp_path / "sleeper.py"
     agent.write_text(
-        "import subprocess, time\nsubprocess.Popen(['sleep', '300'])\nprint('started', flush=True)\ntime.sleep(300)\n"
+        "import subprocess, time\nsubprocess.Popen(['sleep', '300'])\n"
+        "print('sleeper is running', flush=True)\ntime.sleep(300)\n"
     )
+    command = [sys.executable, "manage.py", "evaluate", str(built_examples["dir"] / "calc-task"), str(agent), "--json"]
     process = subprocess.Popen(
-        [sys.executable, "manage.py", "evaluate", str(built_examples["dir"] / "calc-task"), str(agent), "--json"],
+        [*prefix, *command],
         cwd=PROJECT,
         env=cli.env,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
     )
-    # Steps print as they end: once installing_deps is printed, the agent is running.
     seen = ""
-    deadline = time.monotonic() + 90
-    while "installing_deps" not in seen and time.monotonic() < deadline:
+    while not (started := re.search(r"^evaluation ([0-9a-f-]{36}): ", seen, re.M)):
         line = process.stderr.readline()
         assert line, f"the command ended early: {seen}"
         seen += line
-    time.sleep(0.5)
+    live_log = cli.workspace_base / started[1] / "log.txt"
+
+    def agent_running() -> bool:
+        assert process.poll() is None, f"the command ended early: {seen}"
+        return live_log.is_file() and "sleeper is running" in live_log.read_text(errors="replace")
+
+    wait_for(agent_running, timeout=120, what="the agent's first line in the live log")
     process.send_signal(signal.SIGINT)
-    stdout, stderr = process.communicate(timeout=60)
+    try:
+        stdout, stderr = process.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        stdout, stderr = process.communicate()
+        pytest.fail(f"no exit within 60 s of SIGINT; it printed:\n{seen}{stderr}{stdout}")
     assert process.returncode == 1, seen + stderr
     body = json.loads(stdout)
     assert (body["status"], body["error"]) == ("cancelled", "running_agent: interrupted on the command line")

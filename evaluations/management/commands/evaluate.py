@@ -126,6 +126,33 @@ def batch_table(document: dict, labels: list[str]) -> str:
     )
 
 
+class Interruption:
+    """SIGINT (Ctrl-C) and SIGTERM while evaluations exist: noted here, acted on by the loop that watches them.
+
+    Installed before the first row is written, whatever this process inherited: a background job of a
+    non-interactive shell (``bin/test > log &``, a CI step) starts with SIGINT ignored, and Python then
+    turns no SIGINT into KeyboardInterrupt, so the run went on (issue 23). The handler raises
+    nothing: an exception could land anywhere in the main thread, in a database call or between the
+    loop's checks, and leave the evaluation running with nobody watching it.
+    """
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+    def __init__(self):
+        self.signal: str | None = None  # the first one received
+
+    def __enter__(self) -> Interruption:
+        self.previous = {signum: signal.signal(signum, self._note) for signum in self.SIGNALS}
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for signum, handler in self.previous.items():
+            signal.signal(signum, handler)
+
+    def _note(self, signum, frame) -> None:
+        self.signal = self.signal or signal.Signals(signum).name
+
+
 class Command(BaseCommand):
     help = (
         "Run evaluations on this machine through the worker's pipeline and show them: each TASK is a task "
@@ -188,7 +215,7 @@ class Command(BaseCommand):
             except StartupError as exc:
                 raise CommandError(str(exc), returncode=2) from exc
             owner = localrun.worker_id()
-            with localrun.Heartbeat(owner, runtime):
+            with Interruption() as self.interruption, localrun.Heartbeat(owner, runtime):
                 if len(task_urls) > 1:
                     return self.run_batch(fields, task_urls, options, config, runtime, owner, report)
                 evaluation = localrun.create_claimed({**fields, "task_url": task_urls[0]}, owner)
@@ -212,9 +239,8 @@ class Command(BaseCommand):
         """Each task in turn, as one task runs; Ctrl-C stops the current one and cancels the rest."""
         batch, evaluations = localrun.create_claimed_batch(fields, task_urls, owner)
         report.write(f"batch {batch.id}: {len(evaluations)} tasks\n")
-        self.interrupted = False
         for n, evaluation in enumerate(evaluations):
-            if self.interrupted:
+            if self.interruption.signal:
                 localrun.cancel_unstarted(batch, evaluations[n:], "interrupted on the command line")
                 break
             report.write(f"\n[{n + 1}/{len(evaluations)}] ")
@@ -276,26 +302,19 @@ class Command(BaseCommand):
         }, task_urls
 
     def run(self, run: localrun.LocalRun, progress: Progress):
-        """Start the pipeline, show its steps until it ends; Ctrl-C or SIGTERM cancels it cleanly."""
-
-        def interrupt(signum, frame):
-            raise KeyboardInterrupt
-
-        previous = signal.signal(signal.SIGTERM, interrupt)
-        interval = 0.1 if progress.tty else 0.25
+        """Start the pipeline, show its steps until it ends; Ctrl-C or SIGTERM (``Interruption``)
+        cancels it cleanly, through its row as every cancel."""
+        interval = 0.1 if progress.tty else 0.25  # a signal is seen within one interval
         run.start()
-        try:
-            while run.alive:
-                try:
-                    run.beat(time.monotonic())
-                    progress.update(localrun.step_times(run.eval_id))
-                    run.wait(interval)
-                except KeyboardInterrupt:
-                    self.interrupted = True
-                    progress.out.write("\ninterrupted: cancelling (the evaluation's processes are being killed)\n")
-                    run.request_cancel("interrupted on the command line")
-        finally:
-            signal.signal(signal.SIGTERM, previous)
+        cancelling = False
+        while run.alive:
+            if self.interruption.signal and not cancelling:
+                cancelling = True
+                progress.out.write("\ninterrupted: cancelling (the evaluation's processes are being killed)\n")
+                run.request_cancel("interrupted on the command line")
+            run.beat(time.monotonic())
+            progress.update(localrun.step_times(run.eval_id))
+            run.wait(interval)
         evaluation = run.finish()
         progress.update(localrun.step_times(run.eval_id), final=True)
         return evaluation
