@@ -20,6 +20,7 @@ import dataclasses
 
 import assets
 from assets.model import resolve_source
+from evaluations.models import ErrorKind
 from evaluations.pipeline.context import Context, StepFailed
 from evaluations.pipeline.taskspec import TestSpec
 from evaluations.runtime.types import Mount
@@ -67,7 +68,8 @@ def fill(ctx: Context, texts: list[str]) -> list[str]:
     try:
         return [current.substitute(text) for text in texts]
     except assets.PlaceholderError as exc:
-        raise StepFailed(str(exc)) from None
+        # The task's text, whichever step meets it (a test script's in running_tests).
+        raise StepFailed(str(exc), kind=ErrorKind.TASK_INVALID) from None
 
 
 def fill_tests(ctx: Context, tests: list[TestSpec]) -> list[TestSpec]:

@@ -22,7 +22,7 @@ from evaluations.pipeline.context import (
     remaining,
 )
 from evaluations.runtime import Limit, Mount
-from evaluations.safefs import SafeFSError, write_file_nofollow
+from evaluations.safefs import SafeFSError, clear_way, write_file_nofollow
 
 # Linux refuses a single argv string over 128 KiB (MAX_ARG_STRLEN).
 MAX_PROMPT_ARG_BYTES = 128 * 1024 - 1
@@ -227,14 +227,18 @@ def running_tests(ctx: Context) -> None:
         ctx.spawner.scrub()  # without the sandbox: what the agent left in the host's /tmp, /dev/shm
         warm.restore_install_state(ctx)  # no usercustomize, .pth or .gitconfig the agent planted
         session.reset_tmp()
-    except OSError as exc:
-        raise StepFailed(f"could not reset HOME and /tmp for the tests: {exc}") from None
+    except OSError as exc:  # the walks neither follow nor stop at what the agent made: the host's fault
+        raise StepFailed(f"could not reset HOME and /tmp for the tests: {exc}", kind=ErrorKind.INFRASTRUCTURE) from None
     try:
         for support in ctx.task.support_files:
+            # The task's file wins over whatever the agent left at its path (a folder, a link,
+            # a FIFO, a file where a folder goes), as it does over a regular file: the tests
+            # run with the task's files and judge the rest.
+            clear_way(session.repo, support.relpath)
             write_file_nofollow(session.repo, support.relpath, support.data, support.mode)
             _chown(session, support.relpath)
-    except (SafeFSError, OSError) as exc:
-        raise StepFailed(f"could not write test support files: {exc}") from None
+    except (SafeFSError, OSError) as exc:  # what is left: the host (a full disk)
+        raise StepFailed(f"could not write test support files: {exc}", kind=ErrorKind.INFRASTRUCTURE) from None
     session.tests.mkdir(mode=0o755, exist_ok=True)
     env = {**ctx.base_env(), **static.task_env(ctx)}
     scripts = Mount(session.tests, str(session.tests), writable=False)
