@@ -11,7 +11,7 @@ from django.db import transaction
 from evaluations import environments, languages, livelog
 from evaluations.models import ErrorKind, Evaluation, TestResult
 from evaluations.pipeline import archive, gitrepo, outcome, static, taskspec, toolchains, urlguard, warm
-from evaluations.pipeline.agentenv import agent_argv, installing_agent
+from evaluations.pipeline.agentenv import agent_argv, find_interpreter, installing_agent, task_env_for_agent
 from evaluations.pipeline.context import (
     Cancelled,
     Context,
@@ -61,6 +61,7 @@ def downloading_task(ctx: Context) -> None:
         task_prompt=ctx.task.prompt, original_pr=ctx.task.original_pr or ""
     )
     ctx.environment = _environment(ctx)
+    ctx.agent_interpreter = find_interpreter(ctx)  # the executor's, before any folder of the task exists
     static.prepare(ctx)  # the three asset groups checked, merged and staged
 
 
@@ -157,8 +158,8 @@ def installing_deps(ctx: Context) -> None:
 def running_agent(ctx: Context) -> None:
     config = ctx.config
     evaluation = ctx.evaluation
-    language = (languages.ALL if ctx.environment else languages.available()).get(evaluation.language)
-    if language is None:
+    language = languages.ALL.get(evaluation.language)
+    if language is None or ctx.agent_interpreter is None:
         raise StepFailed(f"agent language {evaluation.language!r} is not installed on this executor")
     prompt = ctx.task.prompt
     if len(prompt.encode()) > MAX_PROMPT_ARG_BYTES:
@@ -173,8 +174,8 @@ def running_agent(ctx: Context) -> None:
     write_file_nofollow(ctx.session.agent, prompt_file.name, prompt.encode(), 0o644)
     env = {
         **ctx.base_env(),
-        **static.task_env(ctx),
-        **evaluation.env,
+        **task_env_for_agent(ctx),
+        **evaluation.env,  # the agent's own (its secrets): its process tree alone gets them
         "TASK_PROMPT": str(prompt_file),
         "REPO_DIR": str(ctx.session.repo),
         "TASK_ID": ctx.eval_id,
