@@ -31,6 +31,7 @@ A single-file agent (agent_code) has nothing to install: the step is recorded an
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
 from pathlib import Path
@@ -153,8 +154,12 @@ class _Installer:
             Mount(session.agent_code, str(session.agent_code), writable=False),
             Mount(session.agent_env, str(session.agent_env), writable=True),
             Mount(home, str(home), writable=True),
+            Mount(session.repo, str(session.repo), writable=False),  # its working folder, read-only
         ]
-        self.policy = ctx.task_policy(network=ctx.config.agent_network, mounts=mounts)
+        # Its own folders and /tmp writable, not the task's repository, HOME or venv: what
+        # running_agent meets there before the agent runs (static assets' paths) is the task's.
+        policy = ctx.task_policy(network=ctx.config.agent_network, mounts=mounts)
+        self.policy = dataclasses.replace(policy, writable=(session.tmp,))
         # Nothing the task wrote: not its PATH (venv, npm, Go and Cargo bins: `npm` would be found
         # there), nor its HOME (a usercustomize or .pth in the user site, pip.conf, .npmrc's
         # script-shell, .gitconfig, poisoned caches), nor its env. The agent's env is given here.

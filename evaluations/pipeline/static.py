@@ -102,4 +102,7 @@ def materialise(ctx: Context) -> None:
             budget -= assets.copy_asset(asset, ctx.session.repo, owner=ctx.session.uid, max_bytes=budget)
             ctx.asset_excludes.append(asset.save_path)
     except assets.AssetError as exc:
-        raise StepFailed(str(exc)) from None
+        # Before the agent runs, what stands at a save_path is the task's (its base commit, its
+        # install step: the agent's install cannot write the repository), the sizes were checked
+        # at staging, the sources are the session's staged copies.
+        raise StepFailed(str(exc), kind=ErrorKind.TASK_INVALID) from None

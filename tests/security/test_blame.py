@@ -8,10 +8,16 @@ checks the error_kind and that the error (when there is one) says what happened.
 
 from __future__ import annotations
 
-import pytest
+import json
 
-from evaluations.models import ErrorKind
-from tests.helpers.tasks import ADD_TEST, SOLVER
+import pytest
+import yaml
+
+from evaluations import agents, lifecycle
+from evaluations.models import ErrorKind, Evaluation, Status
+from tests.helpers.archives import archive_bytes
+from tests.helpers.runtimes import run_evaluation
+from tests.helpers.tasks import ADD_TEST, BUGGY, FIXED, SOLVER
 from tests.security.support import evaluate, still_works
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
@@ -58,6 +64,11 @@ def test_a_file_where_a_support_files_folder_goes(tasks, e2e_config, sandbox):
         evaluation.test_output,
     )
 
+
+NODE_SOLVER = (
+    "const fs = require('fs');\n"
+    "fs.writeFileSync('calc.py', fs.readFileSync('calc.py', 'utf8').replace('a - b', 'a + b'));\n"
+)
 
 # HOME, the venv and /tmp are put back for the tests; what the agent made there must not stop it.
 MESS = (
@@ -113,3 +124,34 @@ def test_nul_bytes_in_the_agents_and_the_tests_output(tasks, e2e_config, sandbox
     assert "a\ufffdb" in evaluation.test_results.get(name="check_nul").output
     assert "\0" not in evaluation.log and "before\ufffdafter" in evaluation.log
     assert "\ufffdlate" in evaluation.agent_patch and "\0" not in evaluation.agent_patch
+
+
+def test_an_agent_projects_install_plants_a_link_where_a_static_asset_goes(tasks, e2e_config, sandbox, canary):
+    # The agent's install runs before running_agent copies the assets into the repository: a
+    # link it left at an asset's save_path failed that copy, as infrastructure. Its install now
+    # writes only its own folders (under the sandbox); without one, the repository is the task's
+    # then and the collision is task_invalid.
+    repo_url, shas = tasks.repo([{"calc.py": BUGGY}, {"calc.py": FIXED}])
+    workspace = {
+        "repo": repo_url,
+        "base_commit": shas[0],
+        "static_assets": {"fixtures": {"path": "fixtures", "save_path": "fx"}},
+    }
+    url = tasks.task(workspace=yaml.safe_dump(workspace), extra={"fixtures/expected.txt": "42\n"})
+    package = {
+        "name": "agent",
+        "version": "1.0.0",
+        "scripts": {"postinstall": f'ln -s {canary} "$INIT_CWD/fx" || echo could not plant'},
+    }
+    project = {"package.json": json.dumps(package), "index.js": NODE_SOLVER}
+    fields = agents.model_fields({"agent_archive": archive_bytes(project, "tar.gz"), "agent_entrypoint": ""})
+    evaluation = Evaluation.objects.create(task_url=url, language="node", **fields)
+    assert lifecycle.record(evaluation.id, status=Status.RUNNING, expect=[Status.PENDING])
+    run_evaluation(str(evaluation.id), e2e_config, sandbox)
+    evaluation.refresh_from_db()
+    assert evaluation.error_kind != ErrorKind.INFRASTRUCTURE, evaluation.error
+    if sandbox == "bwrap":
+        assert (evaluation.status, evaluation.passed) == ("completed", True), (evaluation.error, evaluation.log)
+    else:
+        assert evaluation.error_kind in (None, ErrorKind.TASK_INVALID), evaluation.error
+    assert sorted(p.name for p in canary.iterdir()) == ["file"]
