@@ -135,13 +135,13 @@ def test_an_agent_projects_install_plants_a_link_where_a_static_asset_goes(tasks
     workspace = {
         "repo": repo_url,
         "base_commit": shas[0],
-        "static_assets": {"fixtures": {"path": "fixtures", "save_path": "fx"}},
+        "static_assets": {"expected": {"path": "fixtures/expected.txt", "save_path": "fx/expected.txt"}},
     }
     url = tasks.task(workspace=yaml.safe_dump(workspace), extra={"fixtures/expected.txt": "42\n"})
     package = {
         "name": "agent",
         "version": "1.0.0",
-        "scripts": {"postinstall": f'ln -s {canary} "$INIT_CWD/fx" || echo could not plant'},
+        "scripts": {"postinstall": f'ln -s {canary} "$PWD/../../repo/fx" && echo PLANTED || echo could not plant'},
     }
     project = {"package.json": json.dumps(package), "index.js": NODE_SOLVER}
     fields = agents.model_fields({"agent_archive": archive_bytes(project, "tar.gz"), "agent_entrypoint": ""})
