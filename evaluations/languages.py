@@ -12,17 +12,22 @@ class Language:
     name: str
     extension: str
     interpreter: str
+    # What makes the interpreter start without code its environment names (the task's env, HOME):
+    # python ignores PYTHON* (PYTHONPATH, PYTHONSTARTUP...) and the user site (usercustomize, .pth
+    # in HOME); bash in privileged mode reads no BASH_ENV/ENV and imports no functions. Node has no
+    # such switch: its NODE_OPTIONS never comes from the task (pipeline/agentenv.py).
+    start_options: tuple[str, ...] = ()
 
-    def argv(self, agent_file: str, prompt: str, interpreter: str | None = None) -> list[str]:
-        """``interpreter``: another than the language's (an agent project's own venv python)."""
-        return [interpreter or self.interpreter, agent_file, "--instruction", prompt]
+    def argv(self, agent_file: str, prompt: str, interpreter: str) -> list[str]:
+        """``interpreter``: the absolute path the executor chose (pipeline/agentenv.py), never PATH's."""
+        return [interpreter, *self.start_options, agent_file, "--instruction", prompt]
 
 
 ALL = {
     lang.name: lang
     for lang in (
-        Language("python", "py", "python3"),
-        Language("bash", "sh", "bash"),
+        Language("python", "py", "python3", ("-E", "-s")),
+        Language("bash", "sh", "bash", ("-p",)),
         Language("node", "js", "node"),
     )
 }

@@ -131,6 +131,40 @@ def write_file_nofollow(root: Path, relpath: str, data: bytes, mode: int = 0o644
         os.close(dir_fd)
 
 
+def clear_way(root: Path | str, relpath: str) -> None:
+    """Make room for a file the service writes at ``root/relpath``, whatever stands in its way.
+
+    A parent component that is not a real folder (a link, a file, a FIFO) is unlinked, a
+    folder at the final name removed with everything below it; links are never followed.
+    For a tree no process is changing any more (a swept session), before
+    ``write_file_nofollow``: the file then lands where it belongs instead of being refused.
+    """
+    parts = split_relpath(relpath)
+    fd = open_root_dir(root)
+    try:
+        for depth, part in enumerate(parts):
+            try:
+                mode = os.stat(part, dir_fd=fd, follow_symlinks=False).st_mode
+            except FileNotFoundError:
+                return  # nothing in the way from here on: the writer creates the rest
+            last = depth == len(parts) - 1
+            if not stat.S_ISDIR(mode):
+                if not last:  # at the final name anything but a folder is renamed over
+                    os.unlink(part, dir_fd=fd)
+                return
+            if last:
+                remove_tree_nofollow(f"/proc/self/fd/{fd}/{part}")  # the fd's own folder, then no link
+                return
+            try:
+                child = os.open(part, _DIR_FLAGS, dir_fd=fd)
+            except PermissionError:  # a folder its owner made unreadable (a service without root)
+                child = _open_forcing_access(fd, part)
+            os.close(fd)
+            fd = child
+    finally:
+        os.close(fd)
+
+
 def replace_at(dir_fd: int, name: str, fill, mode: int, owner: int | None = None) -> None:
     """Create ``name`` in the folder open at ``dir_fd`` as a new file: written by ``fill(fd)`` under a
     temporary name, then renamed over whatever is there (a planted link is replaced, never followed)."""

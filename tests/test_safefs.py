@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from evaluations.safefs import SafeFSError, remove_tree_nofollow, tree_size, write_file_nofollow
+from evaluations.safefs import SafeFSError, clear_way, remove_tree_nofollow, tree_size, write_file_nofollow
 
 
 @pytest.fixture
@@ -118,6 +118,21 @@ def test_write_refuses_a_root_that_is_a_symlink(tmp_path, outside):
 
 
 # -- remove_tree_nofollow --------------------------------------------------------------
+
+
+def test_clear_way_removes_what_stands_where_a_file_goes_without_following_links(repo, outside):
+    (repo / "a").symlink_to(outside)  # a link where a parent folder goes
+    (repo / "b").write_text("a file where a folder goes")
+    (repo / "c" / "name" / "locked").mkdir(parents=True)  # a folder at the file's name
+    (repo / "c" / "name" / "locked" / "f").write_text("x")
+    os.chmod(repo / "c" / "name" / "locked", 0)
+    os.mkfifo(repo / "fifo")
+    for relpath in ("a/x.txt", "b/y/z.txt", "c/name", "fifo", "missing/deeper/file"):
+        clear_way(repo, relpath)
+        write_file_nofollow(repo, relpath, b"task\n")
+        assert (repo / relpath).read_bytes() == b"task\n" and not (repo / relpath).is_symlink()
+    assert not (repo / "a").is_symlink()
+    assert sorted(p.name for p in outside.iterdir()) == ["secret"] and (outside / "secret").read_text() == "keep me"
 
 
 def test_remove_does_not_follow_symlinks(tmp_path, outside):

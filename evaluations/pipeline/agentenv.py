@@ -14,24 +14,31 @@
      A project that ships its own ``node_modules`` is used as it is, with no install.
    - bash: nothing to install.
 3. Every command goes through the evaluation's spawner with the task's policy
-   (network per AGENT_NETWORK, through the egress proxy), the HOME, caches and
-   CA trust of the task's commands, within INSTALL_TIMEOUT_SECS. A command that
-   fails fails the evaluation as ``agent_invalid`` with its last line.
-4. The agent's commands keep the task's PATH (task venv first); the tests never
-   see agent/ (their sandbox does not bind it).
+   (network per AGENT_NETWORK, through the egress proxy) and CA trust, within
+   INSTALL_TIMEOUT_SECS, with the agent's env, its own HOME
+   (``<session>/agent/home``: caches, pip's and npm's config) and the executor's
+   PATH: nothing the task's install step wrote runs with the agent's secrets. A
+   command that fails fails the evaluation as ``agent_invalid`` with its last line.
+4. The agent runs with an interpreter the executor chose (``find_interpreter``,
+   at downloading_task), started without the hooks of its environment
+   (``languages.Language.start_options``); the task's ``env`` reaches it without
+   the variables that load code at a program's start (``START_HOOKS``). The
+   commands the agent starts keep the task's PATH (task venv first); the tests
+   never see agent/ (their sandbox does not bind it).
 
 A single-file agent (agent_code) has nothing to install: the step is recorded and returns.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
 from pathlib import Path
 
-from evaluations import agents, languages
+from evaluations import agents, environments, languages
 from evaluations.models import ErrorKind
-from evaluations.pipeline import outcome, toolchains
+from evaluations.pipeline import outcome, static, toolchains
 from evaluations.pipeline.context import Context, StepFailed, deadline_in, last_line, limit_failure, remaining
 from evaluations.runtime import Mount
 
@@ -53,9 +60,10 @@ def installing_agent(ctx: Context) -> None:
         )
     except agents.ProjectError as exc:
         raise StepFailed(f"{exc.field}: {exc}", kind=outcome.of_fetch(exc)) from None  # our disk, or the step's rule
-    session.agent_env.mkdir(mode=0o755)
-    if session.uid is not None:
-        os.chown(session.agent_env, session.uid, session.uid)
+    for folder in (session.agent_env, session.agent_home):  # in root's agent/: no link stands there
+        folder.mkdir(mode=0o755 if folder == session.agent_env else 0o700)
+        if session.uid is not None:
+            os.chown(folder, session.uid, session.uid)
     installer = _Installer(ctx)
     if evaluation.language == "python":
         _python(ctx, project, installer)
@@ -63,17 +71,48 @@ def installing_agent(ctx: Context) -> None:
         _node(ctx, project, installer)
 
 
+def find_interpreter(ctx: Context) -> str | None:
+    """The absolute path of the agent language's interpreter, found on the executor's PATH
+    (``ctx.command_path``: the host's runtimes and system folders, or the environment's), never
+    on the task's (its venv, npm, Go and Cargo bins come first there, and the task writes them).
+    downloading_task resolves it, before any command of the task runs; None: not installed."""
+    language = languages.ALL.get(ctx.evaluation.language)
+    if language is None:
+        return None
+    if ctx.environment is not None:
+        return environments.find_interpreter(ctx.environment, language.interpreter)
+    return shutil.which(language.interpreter, path=ctx.command_path)
+
+
 def agent_argv(ctx: Context, language: languages.Language, prompt: str) -> list[str]:
     """The command of the agent: an agent project's entry point with its own interpreter, or
-    the single file running_agent writes."""
+    the single file running_agent writes, with the interpreter downloading_task chose."""
     session = ctx.session
     if ctx.evaluation.agent_archive_id is None:
-        return language.argv(str(session.agent / f"agent.{language.extension}"), prompt)
+        return language.argv(str(session.agent / f"agent.{language.extension}"), prompt, ctx.agent_interpreter)
     code = session.agent_code
     entry = agents.find(code, agents.Folder(code), language.name, ctx.evaluation.agent_entrypoint).entry
-    venv_python = session.agent_env / "bin" / "python3"
-    own = str(venv_python) if language.name == "python" and (session.agent_env / "pyvenv.cfg").is_file() else None
-    return language.argv(str(entry), prompt, interpreter=own)
+    interpreter = ctx.agent_interpreter
+    if language.name == "python" and (session.agent_env / "pyvenv.cfg").is_file():
+        interpreter = str(session.agent_env / "bin" / "python3")  # the venv made here, with the same python
+    return language.argv(str(entry), prompt, interpreter)
+
+
+def task_env_for_agent(ctx: Context) -> dict[str, str]:
+    """The task's ``env`` as the agent's processes get it: without what would make the agent's own
+    interpreter (or the dynamic loader before it) run code the task wrote as it starts."""
+    return {name: value for name, value in static.task_env(ctx).items() if not _start_hook(name)}
+
+
+def _start_hook(name: str) -> bool:
+    return name.startswith("LD_") or name in START_HOOKS
+
+
+# Read by a program as it starts, naming code to load: the dynamic loader's LD_* (LD_PRELOAD,
+# LD_LIBRARY_PATH, LD_AUDIT) and glibc's GCONV_PATH for every interpreter, bash's and sh's start
+# files for the shells the agent starts, node's options and module path. Python's PYTHON* are
+# ignored by the agent's interpreter (-E, languages.py) and left for the commands it starts.
+START_HOOKS = frozenset({"GCONV_PATH", "BASH_ENV", "ENV", "NODE_OPTIONS", "NODE_PATH"})
 
 
 def _python(ctx: Context, project: agents.Project, installer: _Installer) -> None:
@@ -110,12 +149,22 @@ class _Installer:
         session = ctx.session
         self.ctx = ctx
         self.deadline = deadline_in(ctx.config.install_timeout_secs)
+        home = session.agent_home
         mounts = [
             Mount(session.agent_code, str(session.agent_code), writable=False),
             Mount(session.agent_env, str(session.agent_env), writable=True),
+            Mount(home, str(home), writable=True),
+            Mount(session.repo, str(session.repo), writable=False),  # its working folder, read-only
         ]
-        self.policy = ctx.task_policy(network=ctx.config.agent_network, mounts=mounts)
-        base = ctx.base_env()
+        # Its own folders and /tmp writable, not the task's repository, HOME or venv: what
+        # running_agent meets there before the agent runs (static assets' paths) is the task's.
+        policy = ctx.task_policy(network=ctx.config.agent_network, mounts=mounts)
+        self.policy = dataclasses.replace(policy, writable=(session.tmp,))
+        # Nothing the task wrote: not its PATH (venv, npm, Go and Cargo bins: `npm` would be found
+        # there), nor its HOME (a usercustomize or .pth in the user site, pip.conf, .npmrc's
+        # script-shell, .gitconfig, poisoned caches), nor its env. The agent's env is given here.
+        base = {**ctx.base_env(), **toolchains.home_env(home), "PATH": ctx.command_path}
+        base.pop("VIRTUAL_ENV", None)
         self.env = {**base, **ctx.evaluation.env}
         if (session.agent_env / "pyvenv.cfg").is_file():  # build backends calling `python` get the agent's
             self.env |= {"VIRTUAL_ENV": str(session.agent_env), "PATH": f"{session.agent_env}/bin:{base['PATH']}"}

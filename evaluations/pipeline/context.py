@@ -66,6 +66,7 @@ class Context:
     static_assets: AssetView | None = None  # set by downloading_task (pipeline/static.py)
     environment: Environment | None = None  # the root filesystem of the task's commands (downloading_task)
     egress: EgressProxy | None = None  # the evaluation's proxy: its commands' only way out (sandbox only)
+    agent_interpreter: str | None = None  # absolute, chosen by downloading_task (pipeline/agentenv.py)
 
     cache: object | None = None  # the workspace cache's state (pipeline/warm.py), from cloning_repo
 

@@ -94,6 +94,8 @@ from pathlib import Path
 from typing import Protocol
 from urllib.parse import urlsplit
 
+from evaluations.runtime.output import as_text
+
 _SHA_RE = re.compile(r"^(?:[0-9a-f]{40}|[0-9a-f]{64})$")
 _HEX_RE = re.compile(r"^[0-9a-f]{4,64}$")
 _URL_RE = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
@@ -380,7 +382,7 @@ def repo_patch(
             size = os.fstat(fd).st_size
             if max_bytes is not None and size > max_bytes:
                 raise GitError(f"agent patch is {size} bytes, over the limit of {max_bytes} bytes")
-            return patch_file.read().decode("utf-8", errors="replace")
+            return as_text(patch_file.read())  # a NUL past git's 8000-byte look is diffed as text
 
 
 class _Git:

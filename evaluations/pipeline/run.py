@@ -29,6 +29,7 @@ from evaluations.pipeline.context import Cancelled, Context, StepFailed, WorkerL
 from evaluations.pipeline.session import Session, remove_retired
 from evaluations.pipeline.steps import STEPS
 from evaluations.runtime import Runtime, Spawner, sandbox_uid, uids
+from evaluations.runtime.output import as_text
 from executor_project.config import Config, egress_policy
 from executor_project.logs import evaluation_context
 
@@ -206,10 +207,10 @@ def _keep_log(eval_id: str, session: Session, config: Config) -> None:
                 tail = handle.read()
     except OSError:
         return
-    text = head.decode("utf-8", errors="replace")
+    text = as_text(head)
     if tail:
         marker = livelog.truncation_line(size - len(head) - len(tail))
-        text += ("" if text.endswith("\n") else "\n") + marker + tail.decode("utf-8", errors="replace")
+        text += ("" if text.endswith("\n") else "\n") + marker + as_text(tail)
     Evaluation.objects.filter(id=eval_id).update(log=text)
 
 

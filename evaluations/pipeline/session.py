@@ -2,8 +2,9 @@
 
 task/     the extracted archive (root only: hidden tests, original_pr.md)
 repo/     the repository; owned by the sandbox uid
-agent/    agent.<ext> and prompt.md, read-only to commands; an agent project's code/ (root's)
-          and env/ (its venv or node_modules, the sandbox uid's), pipeline/agentenv.py
+agent/    agent.<ext> and prompt.md, read-only to commands; an agent project's code/ (root's),
+          env/ (its venv or node_modules) and home/ (HOME of its install), the sandbox uid's,
+          pipeline/agentenv.py
 home/     HOME of every command; owned by the sandbox uid
 venv/     the task's Python venv (pipeline/toolchains.py); the sandbox uid's once written
 tmp/      /tmp (and TMPDIR) of every command, so it counts against the disk quota
@@ -58,6 +59,10 @@ class Session:
     @property
     def agent_env(self) -> Path:
         return self.root / "agent" / "env"
+
+    @property
+    def agent_home(self) -> Path:
+        return self.root / "agent" / "home"
 
     @property
     def home(self) -> Path:

@@ -20,6 +20,7 @@ import dataclasses
 
 import assets
 from assets.model import resolve_source
+from evaluations.models import ErrorKind
 from evaluations.pipeline.context import Context, StepFailed
 from evaluations.pipeline.taskspec import TestSpec
 from evaluations.runtime.types import Mount
@@ -67,7 +68,8 @@ def fill(ctx: Context, texts: list[str]) -> list[str]:
     try:
         return [current.substitute(text) for text in texts]
     except assets.PlaceholderError as exc:
-        raise StepFailed(str(exc)) from None
+        # The task's text, whichever step meets it (a test script's in running_tests).
+        raise StepFailed(str(exc), kind=ErrorKind.TASK_INVALID) from None
 
 
 def fill_tests(ctx: Context, tests: list[TestSpec]) -> list[TestSpec]:
@@ -100,4 +102,7 @@ def materialise(ctx: Context) -> None:
             budget -= assets.copy_asset(asset, ctx.session.repo, owner=ctx.session.uid, max_bytes=budget)
             ctx.asset_excludes.append(asset.save_path)
     except assets.AssetError as exc:
-        raise StepFailed(str(exc)) from None
+        # Before the agent runs, what stands at a save_path is the task's (its base commit, its
+        # install step: the agent's install cannot write the repository), the sizes were checked
+        # at staging, the sources are the session's staged copies.
+        raise StepFailed(str(exc), kind=ErrorKind.TASK_INVALID) from None

@@ -11,7 +11,7 @@ from django.db import transaction
 from evaluations import environments, languages, livelog
 from evaluations.models import ErrorKind, Evaluation, TestResult
 from evaluations.pipeline import archive, gitrepo, outcome, static, taskspec, toolchains, urlguard, warm
-from evaluations.pipeline.agentenv import agent_argv, installing_agent
+from evaluations.pipeline.agentenv import agent_argv, find_interpreter, installing_agent, task_env_for_agent
 from evaluations.pipeline.context import (
     Cancelled,
     Context,
@@ -22,7 +22,7 @@ from evaluations.pipeline.context import (
     remaining,
 )
 from evaluations.runtime import Limit, Mount
-from evaluations.safefs import SafeFSError, write_file_nofollow
+from evaluations.safefs import SafeFSError, clear_way, write_file_nofollow
 
 
 def _policy(config) -> urlguard.URLPolicy:
@@ -63,6 +63,7 @@ def downloading_task(ctx: Context) -> None:
         task_prompt=ctx.task.prompt, original_pr=ctx.task.original_pr or ""
     )
     ctx.environment = _environment(ctx)
+    ctx.agent_interpreter = find_interpreter(ctx)  # the executor's, before any folder of the task exists
     static.prepare(ctx)  # the three asset groups checked, merged and staged
 
 
@@ -159,8 +160,8 @@ def installing_deps(ctx: Context) -> None:
 def running_agent(ctx: Context) -> None:
     config = ctx.config
     evaluation = ctx.evaluation
-    language = (languages.ALL if ctx.environment else languages.available()).get(evaluation.language)
-    if language is None:
+    language = languages.ALL.get(evaluation.language)
+    if language is None or ctx.agent_interpreter is None:
         raise StepFailed(f"agent language {evaluation.language!r} is not installed on this executor")
     prompt = ctx.task.prompt  # fits one argument: load_task held prompt.md to MAX_INSTRUCTION_BYTES
     prompt_file = ctx.session.agent / "prompt.md"
@@ -171,8 +172,8 @@ def running_agent(ctx: Context) -> None:
     write_file_nofollow(ctx.session.agent, prompt_file.name, prompt.encode(), 0o644)
     env = {
         **ctx.base_env(),
-        **static.task_env(ctx),
-        **evaluation.env,
+        **task_env_for_agent(ctx),
+        **evaluation.env,  # the agent's own (its secrets): its process tree alone gets them
         "TASK_PROMPT": str(prompt_file),
         "REPO_DIR": str(ctx.session.repo),
         "TASK_ID": ctx.eval_id,
@@ -225,14 +226,18 @@ def running_tests(ctx: Context) -> None:
         ctx.spawner.scrub()  # without the sandbox: what the agent left in the host's /tmp, /dev/shm
         warm.restore_install_state(ctx)  # no usercustomize, .pth or .gitconfig the agent planted
         session.reset_tmp()
-    except OSError as exc:
-        raise StepFailed(f"could not reset HOME and /tmp for the tests: {exc}") from None
+    except OSError as exc:  # the walks neither follow nor stop at what the agent made: the host's fault
+        raise StepFailed(f"could not reset HOME and /tmp for the tests: {exc}", kind=ErrorKind.INFRASTRUCTURE) from None
     try:
         for support in ctx.task.support_files:
+            # The task's file wins over whatever the agent left at its path (a folder, a link,
+            # a FIFO, a file where a folder goes), as it does over a regular file: the tests
+            # run with the task's files and judge the rest.
+            clear_way(session.repo, support.relpath)
             write_file_nofollow(session.repo, support.relpath, support.data, support.mode)
             _chown(session, support.relpath)
-    except (SafeFSError, OSError) as exc:
-        raise StepFailed(f"could not write test support files: {exc}") from None
+    except (SafeFSError, OSError) as exc:  # what is left: the host (a full disk)
+        raise StepFailed(f"could not write test support files: {exc}", kind=ErrorKind.INFRASTRUCTURE) from None
     session.tests.mkdir(mode=0o755, exist_ok=True)
     env = {**ctx.base_env(), **static.task_env(ctx)}
     scripts = Mount(session.tests, str(session.tests), writable=False)

@@ -159,10 +159,24 @@ def make_session_venv(session: Session, python: Python | None) -> None:
 def command_env(session: Session, command_path: str, ca: CaBundle | None) -> dict[str, str]:
     """The variables of SPEC §11 for every task command: PATH, the venv, caches, prefixes, CA trust."""
     home = session.home
+    env = home_env(home)
+    bins = [home / ".npm-global" / "bin", home / "go" / "bin", home / ".cargo" / "bin"]
+    if (session.venv / "pyvenv.cfg").is_file():
+        env["VIRTUAL_ENV"] = str(session.venv)
+        bins.insert(0, session.venv / "bin")
+    env["PATH"] = ":".join([*map(str, bins), command_path])
+    if ca is not None:
+        env.update(dict.fromkeys(CA_VARIABLES, ca.sandbox))
+    return env
+
+
+def home_env(home: Path) -> dict[str, str]:
+    """HOME and the caches and global prefixes of pip, npm, Go and Cargo in it."""
     npm_prefix = home / ".npm-global"
     gopath = home / "go"
     cargo_home = home / ".cargo"
-    env = {
+    return {
+        "HOME": str(home),
         "PIP_CACHE_DIR": str(home / ".cache" / "pip"),
         "PIP_DISABLE_PIP_VERSION_CHECK": "1",  # one request to PyPI per evaluation, for a notice
         "npm_config_cache": str(home / ".npm"),
@@ -173,14 +187,6 @@ def command_env(session: Session, command_path: str, ca: CaBundle | None) -> dic
         "GOCACHE": str(home / ".cache" / "go-build"),
         "CARGO_HOME": str(cargo_home),
     }
-    bins = [npm_prefix / "bin", gopath / "bin", cargo_home / "bin"]
-    if (session.venv / "pyvenv.cfg").is_file():
-        env["VIRTUAL_ENV"] = str(session.venv)
-        bins.insert(0, session.venv / "bin")
-    env["PATH"] = ":".join([*map(str, bins), command_path])
-    if ca is not None:
-        env.update(dict.fromkeys(CA_VARIABLES, ca.sandbox))
-    return env
 
 
 def _pip_launcher(python: Path) -> str:

@@ -87,14 +87,16 @@ class OutputCapture:
         return self.total - len(self._head) - len(self._tail)
 
     def text(self) -> str:
-        """Head + ``[... N bytes truncated ...]`` + tail, invalid UTF-8 replaced."""
+        """Head + ``[... N bytes truncated ...]`` + tail, as ``as_text``."""
         if not self.truncated:
-            return bytes(self._head + self._tail).decode("utf-8", errors="replace")
-        return (
-            self._head.decode("utf-8", errors="replace")
-            + f"\n[... {self.truncated} bytes truncated ...]\n"
-            + self._tail.decode("utf-8", errors="replace")
-        )
+            return as_text(bytes(self._head + self._tail))
+        return as_text(self._head) + f"\n[... {self.truncated} bytes truncated ...]\n" + as_text(self._tail)
+
+
+def as_text(data: bytes) -> str:
+    """What a command printed, as text every database stores: invalid UTF-8 and NUL (which
+    PostgreSQL refuses in a text column) become U+FFFD. The one way output becomes text."""
+    return data.decode("utf-8", errors="replace").replace("\0", "\ufffd")
 
 
 def pump(proc: subprocess.Popen, capture: OutputCapture, stdin_data: bytes | None) -> None:

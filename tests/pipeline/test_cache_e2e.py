@@ -160,7 +160,9 @@ VANDAL = (
     SOLVER
     + """
 import os, pathlib, sysconfig
-site = pathlib.Path(sysconfig.get_paths()['purelib'])
+import subprocess  # the venv's site-packages, as the agent's commands see it (its own python is the executor's)
+site = pathlib.Path(subprocess.run(['python3', '-c', 'import sysconfig; print(sysconfig.get_paths()["purelib"])'],
+                                   capture_output=True, text=True, check=True).stdout.strip())
 (site / 'installed_mod.py').write_text('FROM = "agent"\\n')
 (site / 'planted.pth').write_text('import sys; sys.exit(3)\\n')
 (site / 'planted_mod.py').write_text('X = 1\\n')
@@ -178,7 +180,9 @@ print('VANDALISED')
 # An agent that reports what it finds (before solving), the future included.
 PROBE = """
 import json, os, pathlib, subprocess, sysconfig
-site = pathlib.Path(sysconfig.get_paths()['purelib'])
+import subprocess  # the venv's site-packages, as the agent's commands see it (its own python is the executor's)
+site = pathlib.Path(subprocess.run(['python3', '-c', 'import sysconfig; print(sysconfig.get_paths()["purelib"])'],
+                                   capture_output=True, text=True, check=True).stdout.strip())
 home = pathlib.Path(os.environ['HOME'])
 def git(*args):
     return subprocess.run(['git', *args], capture_output=True, text=True)

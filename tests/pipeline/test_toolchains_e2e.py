@@ -63,10 +63,13 @@ def test_settings_come_from_the_real_dependency():
     assert sys.prefix == venv
     assert tomli.__file__.startswith(venv + '/lib/')  # installed by `pip install -e .`, into the venv
 """
-# The agent sees what install put in the venv: it imports the package (and so tomli) before fixing it.
+# The agent's commands see what install put in the venv: its python imports the package (and so
+# tomli) before the agent fixes it. The agent's own interpreter is the executor's (agentenv.py).
 PACKAGE_SOLVER = """\
-import pathlib, shutil, sys, tomli, tcpkg
-print('AGENT', sys.prefix, tomli.__file__, shutil.which('pytest'))
+import pathlib, shutil, subprocess
+probe = "import sys, tomli, tcpkg; print(sys.prefix, tomli.__file__)"
+prefix, tomli = subprocess.run(['python3', '-c', probe], capture_output=True, text=True, check=True).stdout.split()
+print('AGENT', prefix, tomli, shutil.which('pytest'))
 f = pathlib.Path('tcpkg/__init__.py')
 f.write_text(f.read_text().replace('a - b', 'a + b'))
 """
@@ -106,14 +109,16 @@ def test_requirements_and_break_system_packages_work_as_written(tasks, config, s
 VENV_PROBE = (
     SOLVER
     + """
-import json, os, pathlib, shutil, subprocess, sys, sysconfig
-site = pathlib.Path(sysconfig.get_paths()['purelib'])
-import installed_mod
+import json, os, pathlib, shutil, subprocess, sys
+# The agent's commands run in the venv (its own interpreter is the executor's, agentenv.py).
+code = "import json, sys, sysconfig, installed_mod; print(json.dumps([sys.prefix, sysconfig.get_paths()['purelib']]))"
+prefix, site = json.loads(subprocess.run(['python3', '-c', code], capture_output=True, text=True, check=True).stdout)
+site = pathlib.Path(site)
 names = ['VIRTUAL_ENV', 'PATH', 'HOME', 'PIP_CACHE_DIR', 'npm_config_cache', 'npm_config_prefix', 'GOPATH',
          'GOCACHE', 'CARGO_HOME', 'SSL_CERT_FILE', 'REQUESTS_CA_BUNDLE', 'PIP_CERT', 'NODE_EXTRA_CA_CERTS',
          'npm_config_cafile', 'GIT_SSL_CAINFO', 'CURL_CA_BUNDLE']
 pip = subprocess.run(['pip', '--version'], capture_output=True, text=True).stdout
-print('PROBE', json.dumps({'env': {n: os.environ.get(n) for n in names}, 'prefix': sys.prefix,
+print('PROBE', json.dumps({'env': {n: os.environ.get(n) for n in names}, 'prefix': prefix, 'own': sys.prefix,
       'which': {n: shutil.which(n) for n in ('python', 'python3', 'pip', 'pip3')}, 'pip': pip,
       'site': str(site), 'ca': open(os.environ['SSL_CERT_FILE']).read(27)}))
 (site / 'installed_mod.py').unlink()
@@ -132,6 +137,7 @@ def test_the_agent_sees_the_venv_and_the_tests_get_it_back_as_install_left_it(ta
     probe = json.loads(evaluation.agent_output.split("PROBE ", 1)[1])
     env, venv, home = probe["env"], probe["env"]["VIRTUAL_ENV"], probe["env"]["HOME"]
     assert venv == os.path.dirname(home) + "/venv" and probe["prefix"] == venv
+    assert probe["own"] != venv  # the agent's own python is not the task's (tests/security/test_agent_secrets.py)
     assert env["PATH"].split(":")[0] == f"{venv}/bin"
     assert probe["which"] == {name: f"{venv}/bin/{name}" for name in ("python", "python3", "pip", "pip3")}
     assert probe["pip"].startswith("pip ") and probe["site"].startswith(venv + "/lib/")

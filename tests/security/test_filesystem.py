@@ -174,9 +174,8 @@ def test_link_planted_at_a_support_file(tasks, e2e_config, sandbox, canary):
 def test_link_planted_at_a_support_files_folder(tasks, e2e_config, sandbox, canary):
     agent = SOLVER + f"import os\nos.symlink('{canary}', 'data')\n"
     evaluation = evaluate(tasks.task(tests=SUPPORT), agent, config=e2e_config, sandbox=sandbox)
-    assert evaluation.status == "failed"
-    assert evaluation.error.startswith("running_tests: could not write test support files"), evaluation.error
-    assert "symbolic link" in evaluation.error
+    # The link is replaced by a real folder holding the task's file (tests/security/test_blame.py).
+    assert (evaluation.status, evaluation.passed) == ("completed", True), (evaluation.error, evaluation.test_output)
     assert sorted(p.name for p in canary.iterdir()) == ["file"]
     still_works(tasks, e2e_config, sandbox)
 
