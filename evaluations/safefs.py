@@ -218,6 +218,30 @@ def remove_tree_nofollow(path: Path | str) -> None:
         pass
 
 
+def remove_entry_nofollow(dir_fd: int, name: str) -> None:
+    """``remove_tree_nofollow`` for the entry ``name`` of the open folder ``dir_fd``: no path
+    is resolved again, so a link swapped in above it cannot redirect the removal."""
+    try:
+        st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+    except FileNotFoundError:
+        return
+    if not stat.S_ISDIR(st.st_mode):
+        _unlink_entry(dir_fd, name)
+        return
+    try:
+        top_fd = os.open(name, _DIR_FLAGS, dir_fd=dir_fd)
+    except OSError as exc:
+        if exc.errno != errno.EACCES:
+            raise
+        top_fd = _open_forcing_access(dir_fd, name)
+    try:
+        _make_usable(top_fd)
+        _walk(top_fd, on_entry=_unlink_entry, on_leave=_rmdir_entry)
+    finally:
+        os.close(top_fd)
+    _rmdir_entry(dir_fd, name)
+
+
 def copy_tree_nofollow(src: Path | str, dst: Path | str, uid: int | None) -> None:
     """Copy the folder ``src`` to the new folder ``dst``, owned by ``uid`` (when given).
 
@@ -400,9 +424,9 @@ def _scan(dir_fd, on_entry, on_dir, tolerant) -> list[str]:
     return subdirs
 
 
-def _unlink_entry(dir_fd: int, entry: os.DirEntry) -> None:
+def _unlink_entry(dir_fd: int, entry: os.DirEntry | str) -> None:
     try:
-        os.unlink(entry.name, dir_fd=dir_fd)
+        os.unlink(entry if isinstance(entry, str) else entry.name, dir_fd=dir_fd)
     except FileNotFoundError:
         pass
 

@@ -131,8 +131,11 @@ class Context:
         return {**gitrepo.git_env(self.session.home, allow), "NO_PROXY": "", "no_proxy": ""}
 
     def executor_policy(self, *, network: bool) -> SandboxPolicy:
-        """The executor's own commands (clone, patch): the host's tools, the whole session writable."""
-        return SandboxPolicy(network=network, writable=(self.session.root,), **self._egress_fields(network, False))
+        """The executor's own commands (clone, patch): the host's tools, the whole session writable,
+        and a fresh, empty /tmp (never the agent's tmp/: issue 23)."""
+        return SandboxPolicy(
+            network=network, writable=(self.session.root,), fresh_tmp=True, **self._egress_fields(network, False)
+        )
 
     def _egress_fields(self, network: bool, own_root: bool) -> dict:
         if not (network and self.egress is not None):

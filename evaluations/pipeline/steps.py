@@ -200,6 +200,8 @@ def running_agent(ctx: Context) -> None:
 
 
 def _agent_patch(ctx: Context) -> str:
+    # HOME is never the agent's: repo_patch gives git an empty folder of its own, and reads ignore
+    # rules and attributes from the base commit's tree only (issue 23).
     env = gitrepo.git_env(ctx.session.home, urlguard.git_allow_protocol(False))
     try:
         patch = gitrepo.repo_patch(

@@ -73,6 +73,9 @@ class SandboxPolicy:
     writable: tuple[Path, ...] = ()  # bound read-write at the same path
     mounts: tuple[Mount, ...] = ()  # extra binds (assets at /static, the agent's folder)
     root: Path | None = None  # a root filesystem (an environment); None: the host's system folders
+    # The executor's own commands (clone, patch): a /tmp made empty for this command alone, never
+    # the session's tmp/, which the agent writes (see sandbox.prepare_mount_points).
+    fresh_tmp: bool = False
     # Fixed by the evaluation; the spawner fills these in.
     namespaces: bool = False  # bubblewrap: user, pid, ipc, uts, cgroup and (without network) net
     uid: int | None = None  # None: no switch (the service does not run as root)

@@ -12,7 +12,10 @@ folders, the session's folders read-write, and ``<session>/tmp`` as ``/tmp``.
 The sandbox's own root and ``/dev`` are tmpfs, that is RAM no limit would
 see, so both are remounted read-only; ``/dev/shm`` is a 64 MiB tmpfs.
 A folder bound under ``/tmp`` (sessions live in ``/tmp/sessions`` by default)
-gets its empty mount-point folders created inside ``<session>/tmp``.
+gets its empty mount-point folders inside that tmp, made by the executor
+before bwrap starts (``prepare_mount_points``), never by bwrap through what
+the agent left there; the executor's own commands get a fresh, empty tmp
+(``fresh_tmp``), not ``<session>/tmp``.
 
 Who runs bwrap, and why (the checks behind it: bench/RESULTS.md, "Issue 13"):
 
@@ -60,6 +63,7 @@ from pathlib import Path
 from evaluations.runtime.cgroupfs import CgroupSupport
 from evaluations.runtime.killer import TAG_VAR
 from evaluations.runtime.policy import HOST_SYSTEM_ROOTS, NICE_BY_THREAD, SandboxPolicy, Tools, render
+from evaluations.safefs import remove_tree_nofollow
 
 log = logging.getLogger(__name__)
 
@@ -227,6 +231,79 @@ def private_tmp(session_dir: Path, uid: int | None) -> Path:
     finally:
         os.close(fd)
     return tmp
+
+
+def fresh_tmp(session_dir: Path, uid: int | None) -> Path:
+    """An empty folder for one executor command's /tmp, in the session folder (root's: no command
+    can plant anything where it is made), owned by the command uid. The caller removes it."""
+    tmp = Path(tempfile.mkdtemp(prefix=".executor-tmp-", dir=session_dir))
+    if uid is not None:
+        os.chown(tmp, uid, uid, follow_symlinks=False)
+    return tmp
+
+
+# Where the private tmp is seen in the sandbox: /tmp, and /var/tmp (a link to it, or a bind).
+_TMP_TARGETS = ("/tmp", "/var/tmp")
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+def prepare_mount_points(policy: SandboxPolicy) -> None:
+    """Make, inside the policy's private tmp, the folders the binds below /tmp will be mounted on.
+
+    Sessions live under /tmp by default, so ``<session>/repo`` is bound at a path inside the
+    private tmp, which is ``<session>/tmp``: a folder the agent writes. bwrap (as the sandbox
+    uid) creates missing mount points as it goes and follows links in what is already mounted:
+    an agent that put a link where a parent of the session path goes had bwrap create folders
+    outside the session (issue 23), and the command failed. Here every folder on the way to each
+    mount point is made a real folder of ours (root's, 0755, when we are root), anything else
+    in its place removed without following it, before bwrap starts. No process of the
+    evaluation runs meanwhile (every sandbox ends with all its processes), and none can change
+    a root-owned folder afterwards.
+    """
+    tmp = policy.private_tmp
+    if tmp is None:
+        return
+    points = []
+    for source, target in [*((path, path) for path in policy.writable), *((m.source, m.target) for m in policy.mounts)]:
+        target = os.path.abspath(target)
+        for top in _TMP_TARGETS:
+            if target.startswith(top + "/"):
+                points.append((target[len(top) + 1 :].split("/"), os.path.isdir(source)))
+                break
+    for parts, _ in points:
+        for other, _ in points:
+            if len(other) < len(parts) and parts[: len(other)] == other:
+                raise ValueError(f"a bind at {'/'.join(parts)} inside another bind below /tmp")
+    for parts, is_dir in points:
+        _make_mount_point(tmp, parts, is_dir)
+
+
+def _make_mount_point(tmp: Path, parts: list[str], is_dir: bool) -> None:
+    fd = os.open(tmp, _DIR_FLAGS)
+    path = str(tmp)
+    try:
+        for position, name in enumerate(parts):
+            path = os.path.join(path, name)
+            folder = is_dir or position < len(parts) - 1
+            try:
+                st = os.stat(name, dir_fd=fd, follow_symlinks=False)
+            except FileNotFoundError:
+                st = None
+            if st is not None and not (folder and stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid()):
+                remove_tree_nofollow(path)  # a link, a file, or a folder a command made: not ours
+                st = None
+            if not folder:
+                if st is None:
+                    os.close(os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644, dir_fd=fd))
+                continue
+            if st is None:
+                os.mkdir(name, 0o755, dir_fd=fd)
+            child = os.open(name, _DIR_FLAGS, dir_fd=fd)
+            os.close(fd)
+            fd = child
+            os.fchmod(fd, 0o755)  # whatever the umask: the sandbox uid passes, and cannot write
+    finally:
+        os.close(fd)
 
 
 def _is_system(path: str) -> bool:

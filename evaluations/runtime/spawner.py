@@ -58,9 +58,9 @@ from evaluations.runtime import cgroups, killer, sysvipc, uids
 from evaluations.runtime.monitor import Monitor, Peaks, folder_usage
 from evaluations.runtime.output import OutputCapture, pump
 from evaluations.runtime.policy import NICE_BY_THREAD, RLimits, SandboxPolicy
-from evaluations.runtime.sandbox import private_tmp, system_tool
+from evaluations.runtime.sandbox import fresh_tmp, prepare_mount_points, private_tmp, system_tool
 from evaluations.runtime.types import MIB, CancelEvent, CommandResult, Limit, Limits, Verdict
-from evaluations.safefs import TreeUsage
+from evaluations.safefs import TreeUsage, remove_tree_nofollow
 
 if TYPE_CHECKING:
     from evaluations.runtime.sandbox import Launch, Runtime
@@ -121,14 +121,14 @@ class Spawner:
         if self.cancel_event is not None and self.cancel_event.is_set():
             return CommandResult(None, "", 0, 0, Limit.CANCELLED, "cancelled")
         self._ensure_cgroup(limits)
-        policy = self._complete(policy or SandboxPolicy(), limits)
-        launch = self.runtime.launch(
-            argv,
-            policy,
-            cwd=Path(cwd),
-            env={**env, killer.TAG_VAR: self.eval_id},
-        )
         with contextlib.ExitStack() as closing:
+            policy = self._complete(policy or SandboxPolicy(), limits, closing)
+            launch = self.runtime.launch(
+                argv,
+                policy,
+                cwd=Path(cwd),
+                env={**env, killer.TAG_VAR: self.eval_id},
+            )
             closing.callback(launch.close)
             live_log = closing.enter_context(open(self.live_log, "ab", buffering=0)) if self.live_log else None
             capture = OutputCapture(limits.max_output_bytes, live_log)
@@ -220,22 +220,31 @@ class Spawner:
         if self.cgroup is not None and self.cgroup.remove():
             self.cgroup = None
 
-    def _complete(self, policy: SandboxPolicy, limits: Limits) -> SandboxPolicy:
-        """The step's policy plus what this evaluation fixes for every command."""
+    def _complete(self, policy: SandboxPolicy, limits: Limits, closing: contextlib.ExitStack) -> SandboxPolicy:
+        """The step's policy plus what this evaluation fixes for every command, its mount points
+        made (sandbox.prepare_mount_points); a fresh tmp is removed when ``closing`` closes."""
         if self.exclusive_uid:
             nproc = limits.max_processes + _NPROC_MARGIN
         else:
             nproc = limits.max_processes * _NPROC_HEADROOM
         isolated = self.runtime.isolated
-        return dataclasses.replace(
+        tmp = None
+        if isolated and policy.fresh_tmp:
+            tmp = fresh_tmp(self.session_dir, self.uid)
+            closing.callback(remove_tree_nofollow, tmp)
+        elif isolated:
+            tmp = private_tmp(self.session_dir, self.uid)
+        policy = dataclasses.replace(
             policy,
             namespaces=isolated,
             uid=self.uid,
             rlimits=RLimits(fsize_bytes=limits.disk_quota_bytes, nproc=nproc),
-            private_tmp=private_tmp(self.session_dir, self.uid) if isolated else None,
+            private_tmp=tmp,
             runtimes=self.runtime.language_runtimes if policy.root is None else (),
             cgroup_procs=tuple(self.cgroup.procs_files()) if self.cgroup is not None else (),
         )
+        prepare_mount_points(policy)
+        return policy
 
     def _start(self, launch: Launch, with_stdin: bool, niceness: int) -> subprocess.Popen:
         with killer.spawning() as awaiting, _niced(niceness):
@@ -317,11 +326,13 @@ class Spawner:
 
     def scrub(self) -> None:
         """With its own uid: kill the uid's processes, remove its files in the host's shared
-        temporary folders and its SysV IPC (uids.scrub). Nothing to do with a shared uid, nor
-        when every command ran in a sandbox now confirmed empty: a sandboxed command cannot
-        reach the host's temporary folders, and its IPC lives in the sandbox's namespace."""
+        temporary folders, at any depth, and its SysV IPC (uids.scrub); its own session folder
+        is left alone. Nothing to do with a shared uid, nor when every command ran in a sandbox
+        now confirmed empty: a sandboxed command cannot reach the host's temporary folders (nor
+        can bwrap, which only mounts on folders sandbox.prepare_mount_points made), and its IPC
+        lives in the sandbox's namespace."""
         if self.exclusive_uid and not self._all_confirmed_gone:
-            uids.scrub(self.uid)
+            uids.scrub(self.uid, keep=(self.session_dir,))
 
     def sweep(self) -> int:
         """Kill every remaining process of this evaluation; return how many were killed.

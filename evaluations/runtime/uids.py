@@ -10,7 +10,8 @@ Why: without bubblewrap the uid is the only wall between two evaluations.
    forking, and the kernel can hold the limit tight.
 3. Whatever the uid owns is the evaluation's: a sweep kills every process of
    the uid and removes every file it left in the host's shared temporary
-   folders (``/tmp``, ``/dev/shm``, ...) without having to know where.
+   folders (``/tmp``, ``/dev/shm``, ...), at any depth, without having to
+   know where.
 
 The pool is ``SANDBOX_UID`` .. ``SANDBOX_UID + SANDBOX_UID_COUNT - 1`` (the
 gid is the same number). A uid is taken by ``flock``-ing its lock file in a
@@ -37,7 +38,7 @@ from pathlib import Path
 
 from evaluations.runtime import killer
 from evaluations.runtime.sysvipc import remove_sysv_ipc
-from evaluations.safefs import TreeUsage, remove_tree_nofollow
+from evaluations.safefs import TreeUsage, remove_entry_nofollow
 
 log = logging.getLogger(__name__)
 
@@ -126,11 +127,12 @@ def _mark(fd: int, state: bytes) -> None:
         os.pwrite(fd, state, 0)
 
 
-def scrub(uid: int, shared_dirs: tuple[str, ...] = SHARED_TMP_DIRS) -> None:
-    """Kill every process of ``uid``, then remove its files in the shared folders and its SysV IPC."""
+def scrub(uid: int, shared_dirs: tuple[str, ...] = SHARED_TMP_DIRS, *, keep: tuple[Path, ...] = ()) -> None:
+    """Kill every process of ``uid``, then remove its files in the shared folders (at any depth,
+    ``keep`` excepted) and its SysV IPC."""
     kill_owned(uid)
     for folder in shared_dirs:
-        remove_owned(uid, folder)
+        remove_owned(uid, folder, keep=keep)
     remove_sysv_ipc(uid)
 
 
@@ -141,16 +143,79 @@ def kill_owned(uid: int) -> int:
     return killer.kill_until_none(lambda: killer.owned_by(uid), f"uid {uid}")
 
 
-def remove_owned(uid: int, folder: str) -> int:
-    """Remove the entries of ``folder`` (one level) that ``uid`` owns, links never followed."""
-    removed = 0
-    for entry in _owned_entries(uid, folder):
+def remove_owned(uid: int, folder: str, *, keep: tuple[Path, ...] = ()) -> int:
+    """Remove what ``uid`` owns in ``folder``, at any depth, links never followed; return how many.
+
+    An entry of the uid's goes with everything below it, whoever owns that (it was the uid's
+    folder). Folders of others are searched, not removed: a root-owned 1777 folder (``/tmp/.X11-unix``)
+    or one bubblewrap was once misled into making holds the uid's files as well as anyone's
+    (issue 23: the scrub looked only at the top level). A folder the uid cannot search is
+    skipped (nothing of its can be in it), as are ``keep`` (the evaluation's own session
+    folder), other file systems, and anything deeper than ``SCRUB_DEPTH`` folders of others.
+    """
+    kept = set()
+    for path in keep:
         try:
-            remove_tree_nofollow(entry.path)
-            removed += 1
-        except OSError as exc:
-            log.warning("could not remove %s left by uid %s: %s", entry.path, uid, exc)
+            st = os.lstat(path)
+        except OSError:
+            continue
+        kept.add((st.st_dev, st.st_ino))
+    try:
+        top_fd = os.open(folder, _DIR_FLAGS)
+    except OSError:
+        return 0
+    try:
+        return _remove_owned_below(uid, top_fd, folder, os.fstat(top_fd).st_dev, kept, SCRUB_DEPTH)
+    finally:
+        os.close(top_fd)
+
+
+SCRUB_DEPTH = 64
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+def _remove_owned_below(uid: int, dir_fd: int, shown: str, dev: int, kept: set, depth: int) -> int:
+    removed = 0
+    try:
+        with os.scandir(dir_fd) as it:
+            entries = list(it)
+    except OSError:
+        return 0
+    for entry in entries:
+        path = f"{shown}/{entry.name}"
+        try:
+            st = entry.stat(follow_symlinks=False)
+        except OSError:
+            continue
+        if st.st_uid == uid:
+            try:
+                remove_entry_nofollow(dir_fd, entry.name)
+                removed += 1
+            except OSError as exc:
+                log.warning("could not remove %s left by uid %s: %s", path, uid, exc)
+            continue
+        if not stat.S_ISDIR(st.st_mode) or st.st_dev != dev or (st.st_dev, st.st_ino) in kept:
+            continue
+        if not _searchable_by(st, uid):
+            continue
+        if depth <= 0:
+            log.warning("uid %s scrub: not searching below %s (deeper than %s folders)", uid, path, SCRUB_DEPTH)
+            continue
+        try:
+            child = os.open(entry.name, _DIR_FLAGS, dir_fd=dir_fd)
+        except OSError:
+            continue  # gone, or swapped for a link since the scan
+        try:
+            removed += _remove_owned_below(uid, child, path, dev, kept, depth - 1)
+        finally:
+            os.close(child)
     return removed
+
+
+def _searchable_by(st: os.stat_result, uid: int) -> bool:
+    """Whether ``uid`` (its group the same number, no other groups) may pass through this folder."""
+    bit = stat.S_IXGRP if st.st_gid == uid else stat.S_IXOTH
+    return bool(st.st_mode & bit)
 
 
 def owned_usage(uid: int, folders: tuple[str, ...] = SHARED_TMP_DIRS) -> TreeUsage:

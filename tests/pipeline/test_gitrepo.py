@@ -459,7 +459,9 @@ def _patch(repo: Path, base: str, tmp_path: Path, **kwargs) -> str:
 
 
 def _files(patch: str) -> list[str]:
-    return sorted(line.split(" b/", 1)[1] for line in patch.splitlines() if line.startswith("diff --git "))
+    """The paths of ``diff --git a/<path> b/<path>`` lines (no renames: both halves are equal)."""
+    pairs = [line.removeprefix("diff --git a/") for line in patch.splitlines() if line.startswith("diff --git a/")]
+    return sorted(pair[: (len(pair) - 3) // 2] for pair in pairs)
 
 
 def test_patch_holds_every_kind_of_change(history, worked_repo, tmp_path):
@@ -556,14 +558,96 @@ def test_patch_leaves_the_agents_git_alone(history, worked_repo, tmp_path):
     assert list(tmp_path.glob("agent-config-ran*"))
 
 
-def test_patch_gitignore_written_by_agent_is_honoured(history, tmp_path):
+def test_patch_ignore_rules_come_from_the_base_tree_only(history, tmp_path):
+    """A .gitignore the agent adds or edits, its repository's info/exclude and a global excludes
+    file in HOME hide nothing (issue 23); what the base's .gitignore ignores stays out."""
     dest = _clone(history, tmp_path)
+    (dest / "conftest.py").write_text("import pytest\n")
     (dest / "hidden").mkdir()
     (dest / "hidden" / "x.py").write_text("x\n")
-    (dest / ".gitignore").write_text("*.log\nhidden/\n")
+    (dest / "hidden" / ".gitignore").write_text("*\n")  # ignores itself too
+    (dest / "pkg").mkdir()
+    (dest / "pkg" / "__init__.py").write_text("shadow = True\n")
+    (dest / ".gitignore").write_text("*.log\nhidden/\nconftest.py\n.gitignore\n")
+    (dest / ".git" / "info").mkdir(exist_ok=True)
+    (dest / ".git" / "info" / "exclude").write_text("pkg/\n")
+    (dest / "debug.log").write_text("the base ignores *.log\n")
+    env = _env(tmp_path)
+    global_ignore = Path(env["HOME"]) / ".config" / "git" / "ignore"
+    global_ignore.parent.mkdir(parents=True)
+    global_ignore.write_text("*.py\n")
     patch = _patch(dest, history.base, tmp_path)
-    assert _files(patch) == [".gitignore"]
-    assert "+hidden/" in patch
+    assert _files(patch) == [".gitignore", "conftest.py", "hidden/.gitignore", "hidden/x.py", "pkg/__init__.py"]
+    assert "+hidden/" in patch and "+import pytest" in patch
+
+
+def _rules_repo(tmp_path: Path) -> tuple[Path, str]:
+    """A repository whose base has .gitignore and .gitattributes files at several depths."""
+    repo = tmp_path / "rules"
+    (base,) = make_repo(
+        repo,
+        [
+            {
+                "tracked.log": "tracked despite the rule\n",  # added before the rule that ignores it
+                ".gitignore": "*.log\n!keep.log\n/build/\ndocs/*.tmp\n# comment\n\n  \ntrailing.txt   \n",
+                "sub/.gitignore": "*.o\n!important.o\n/local.txt\ndeep/x?.txt\n**/gen/\n",
+                "sub/a b/.gitignore": "*\n!*.py\n!.gitignore\n",
+                "sub/[x]/.gitignore": "*.c\n",
+                ".gitattributes": "*.dat -diff\n",
+                "sub/.gitattributes": '*.bin binary\n"q x/*.txt" -diff\n',
+                "README": "readme\n",
+            }
+        ],
+    )
+    return repo, base
+
+
+_RULES_WORK = [
+    "a.log", "keep.log", "tracked.log", "build/out.txt", "sub/build/out.txt", "docs/x.tmp", "docs/d/x.tmp",
+    "trailing.txt", "sub/m.o", "sub/important.o", "sub/n/m.o", "m.o", "sub/local.txt", "sub/n/local.txt",
+    "local.txt", "sub/deep/x1.txt", "sub/n/deep/x1.txt", "sub/gen/g.txt", "sub/n/gen/g.txt", "gen/g.txt",
+    "sub/a b/f.txt", "sub/a b/f.py", "sub/[x]/c.c", "sub/[x]/c.h", "sub/x/c.c", "a.dat", "sub/b.bin",
+    "sub/q x/t.txt", "plain.txt",
+]  # fmt: skip
+
+
+def test_patch_base_rules_in_subfolders_match_git_add_all(tmp_path):
+    """The base's rules, read from its tree, select exactly what `git add --all` selects with them
+    in the work tree: patterns anchored to their folder, negations, deeper files winning."""
+    repo, base = _rules_repo(tmp_path)
+    for name in _RULES_WORK:
+        (repo / name).parent.mkdir(parents=True, exist_ok=True)
+        (repo / name).write_text(f"{name}\n")
+    git(repo, "add", "--all")
+    expected = sorted(git(repo, "diff", "--cached", "--name-only", "--no-renames", base).splitlines())
+    git(repo, "reset", "--quiet")
+    patch = repo_patch(subprocess_runner, repo=repo, base_sha=base, env=_env(tmp_path), exclude=[])
+    assert _files(patch) == expected
+    assert "sub/m.o" not in expected and "sub/important.o" in expected  # the rules did bite
+
+
+def test_patch_attributes_come_from_the_base_tree_only(tmp_path):
+    """A .gitattributes the agent writes (-diff, binary, filter, eol, encoding) changes nothing in
+    the patch; the base's own attributes still apply."""
+    repo, base = _rules_repo(tmp_path)
+    (repo / "conftest.py").write_text("import pytest\n")
+    (repo / "a.dat").write_text("data\n")
+    (repo / "sub" / "q x").mkdir(parents=True)
+    (repo / "sub" / "q x" / "t.txt").write_text("quoted\n")
+    (repo / ".gitattributes").write_text(
+        "conftest.py -diff\n* filter=hide ident working-tree-encoding=UTF-16 eol=crlf\n*.dat diff\n"
+    )
+    git(repo, "config", "filter.hide.clean", "true")  # the agent's own config: never read
+    env = _env(tmp_path)
+    (Path(env["HOME"]) / ".config" / "git").mkdir(parents=True, exist_ok=True)
+    (Path(env["HOME"]) / ".config" / "git" / "attributes").write_text("* -diff\n")
+    patch = repo_patch(subprocess_runner, repo=repo, base_sha=base, env=env, exclude=[])
+    assert "+import pytest" in patch  # text, as it is on disk
+    assert "Binary files" not in patch.split("b/conftest.py", 1)[1].split("diff --git", 1)[0]
+    dat = patch.split("b/a.dat", 1)[1].split("diff --git", 1)[0]
+    assert "GIT binary patch" in dat  # the base says *.dat -diff
+    quoted = patch.split("b/sub/q x/t.txt", 1)[1].split("diff --git", 1)[0]
+    assert "GIT binary patch" in quoted  # a quoted pattern of a subfolder's file, anchored there
 
 
 def test_patch_without_git_dir_fails(history, tmp_path):

@@ -7,6 +7,7 @@ import logging
 import os
 import shutil
 import socket
+import stat
 import tempfile
 from pathlib import Path
 
@@ -228,3 +229,32 @@ def test_root_needs_an_unprivileged_uid():
     with pytest.raises(ValueError, match="unprivileged uid"):
         Spawner(eval_id="no-uid", session_dir=Path("/tmp"), runtime=NoSandbox(), uid=None)
     assert UID not in (None, 0)
+
+
+def test_mount_points_below_tmp_are_real_folders_of_ours_whatever_the_tmp_held(tmp_path):
+    """Issue 23: what stands where a bind's mount point goes in the private tmp (a link, a file,
+    a folder a command made) is replaced by a real folder of ours; a link's target is untouched."""
+    from evaluations.runtime.sandbox import prepare_mount_points
+
+    tmp, outside = tmp_path / "tmp", tmp_path / "outside"
+    tmp.mkdir()
+    outside.mkdir()
+    (tmp / "sessions").symlink_to(outside)  # where /tmp/sessions/... would have been resolved
+    (tmp / "other").write_text("in the way\n")
+    repo, agent_file = tmp_path / "repo", tmp_path / "prompt.md"
+    repo.mkdir()
+    agent_file.write_text("x\n")
+    policy = SandboxPolicy(
+        writable=(repo,),
+        mounts=(Mount(repo, "/tmp/sessions/e1/repo"), Mount(agent_file, "/tmp/other/e1/prompt.md")),
+        private_tmp=tmp,
+    )
+    prepare_mount_points(policy)
+    for folder in ("sessions", "sessions/e1", "sessions/e1/repo", "other", "other/e1"):
+        st = (tmp / folder).lstat()
+        assert stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid() and stat.S_IMODE(st.st_mode) == 0o755, folder
+    assert (tmp / "other/e1/prompt.md").is_file() and not (tmp / "other/e1/prompt.md").is_symlink()
+    assert list(outside.iterdir()) == []
+    nested = dataclasses.replace(policy, mounts=(Mount(repo, "/tmp/a"), Mount(repo, "/tmp/a/b")))
+    with pytest.raises(ValueError, match="inside another bind"):
+        prepare_mount_points(nested)

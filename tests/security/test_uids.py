@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import uuid
+from pathlib import Path
 
 import psutil
 import pytest
@@ -139,3 +141,39 @@ def test_the_pool_must_hold_a_uid_per_concurrent_evaluation():
         load({"SANDBOX_UID_COUNT": "3", "MAX_CONCURRENT_EVALS": "4"})
     with pytest.raises(ConfigError, match="SANDBOX_UID_COUNT"):
         load({"SANDBOX_UID": str(2**32 - 10), "SANDBOX_UID_COUNT": "64"})
+
+
+def test_the_scrub_finds_what_the_uid_left_at_any_depth_without_following_links(tmp_path):
+    """Issue 23: the scrub looked at the top level of /tmp and /dev/shm only. What the uid owns
+    deep inside folders of others (root's 1777 folders, as /tmp/.X11-unix) goes; the folders of
+    others, what a link of the uid's points at, and the folders it is told to keep stay."""
+    uid = FIRST + 6
+    token = uuid.uuid4().hex[:8]
+    roots = [f"/tmp/te-nested-{token}", f"/dev/shm/te-nested-{token}"]
+    target = f"/tmp/te-nested-{token}-target"  # root's, outside: what the uid's link points at
+    with open(target, "w") as handle:
+        handle.write("root's\n")
+
+    def as_uid(script: str) -> None:
+        subprocess.run(["sh", "-c", script], user=uid, group=uid, extra_groups=[], check=True)
+
+    try:
+        for root in roots:
+            os.makedirs(f"{root}/shared/deeper")  # root's folders anyone may write in
+            os.makedirs(f"{root}/kept")
+            for folder in (root, f"{root}/shared", f"{root}/shared/deeper", f"{root}/kept"):
+                os.chmod(folder, 0o1777)
+            as_uid(
+                f"echo x > {root}/shared/deeper/file && mkdir {root}/shared/own && echo y > {root}/shared/own/f "
+                f"&& ln -s {target} {root}/shared/deeper/link && echo z > {root}/kept/file"
+            )
+        keep = tuple(Path(f"{root}/kept") for root in roots)
+        uids.scrub(uid, keep=keep)
+        for root in roots:
+            left = sorted(str(p.relative_to(root)) for p in Path(root).rglob("*"))
+            assert left == ["kept", "kept/file", "shared", "shared/deeper"], left
+        assert open(target).read() == "root's\n"
+    finally:
+        for root in roots:
+            shutil.rmtree(root, ignore_errors=True)
+        os.unlink(target)
