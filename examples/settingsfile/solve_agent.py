@@ -2,14 +2,18 @@
 
 import argparse
 import pathlib
-
-import settingsfile  # installed by `pip install -e .` in the evaluation's venv
+import subprocess
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--instruction", required=True)
 args = parser.parse_args()
 print("issue:", args.instruction.splitlines()[0])
-print("package:", settingsfile.__file__)
+# The agent's own interpreter is the executor's, not the task venv's: the venv's programs are
+# commands on PATH (`python3` here), which see what `pip install -e .` installed.
+where = subprocess.run(
+    ["python3", "-c", "import settingsfile; print(settingsfile.__file__)"], capture_output=True, text=True
+)
+print("package:", where.stdout.strip())
 
 source = pathlib.Path("settingsfile/__init__.py")
 text = source.read_text()
