@@ -22,11 +22,6 @@ import re
 import stat
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:  # only the attributes are read: no import of the config or the pipeline at run time
-    from evaluations.pipeline.taskspec import TaskSpec
-    from executor_project.config import Config
 
 NAME_RULE = re.compile(r"[a-z0-9][a-z0-9._-]*")
 MAX_NAME_LENGTH = 64
@@ -100,14 +95,6 @@ def resolve(root: Path | str | None, name: str) -> Environment:
         hint = "" if base is not None else "; ENVIRONMENTS_ROOT is not set"
         raise UnknownEnvironment(f"unknown environment: {name} (available: {available}{hint})")
     return inspect(base, name)
-
-
-def choose_environment(config: Config, task: TaskSpec) -> Environment | None:
-    """The environment a task's commands run in: its ``environment:``, else DEFAULT_ENVIRONMENT, else none."""
-    name = task.environment or config.default_environment
-    if not name:
-        return None
-    return resolve(config.environments_root, name)
 
 
 def inside(root: Path | str, path: str) -> str | None:

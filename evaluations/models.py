@@ -253,7 +253,7 @@ class Evaluation(models.Model):
             ),
             # POST /evaluate's capacity counts single evaluations only (batch IS NULL: a batch's are
             # bounded by MAX_OPEN_BATCHES x MAX_BATCH_TASKS, evaluations/admission.py), and a batch
-            # ends when none of its own is active (batches.settle). Keyed on both columns, SQLite's
+            # ends when none of its own is active (lifecycle.settle). Keyed on both columns, SQLite's
             # planner prefers it to the batch foreign key's index for either.
             models.Index(
                 fields=["batch", "status"],

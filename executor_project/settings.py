@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import sys
 
+from evaluations.api.limits import max_body_bytes
 from executor_project import config as config_module
+from executor_project import settings_loader
 from executor_project.dburl import parse_database_url
 from executor_project.logs import logging_config
 
 try:
-    EXECUTOR = config_module.load()
+    EXECUTOR = settings_loader.load()
     _database = parse_database_url(EXECUTOR.database_url, EXECUTOR.data_dir / "executor.sqlite3")
 except config_module.ConfigError as exc:
     # One line naming the variable, no traceback: this is an operator's mistake.
@@ -117,5 +119,5 @@ SPECTACULAR_SETTINGS = {
 
 LOGGING = logging_config(EXECUTOR)
 
-# Django's own body cap matches the API's (Config.max_body_bytes).
-DATA_UPLOAD_MAX_MEMORY_SIZE = EXECUTOR.max_body_bytes
+# Django's own body cap matches the API's (evaluations/api/limits.py).
+DATA_UPLOAD_MAX_MEMORY_SIZE = max_body_bytes(EXECUTOR)

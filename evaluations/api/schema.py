@@ -25,8 +25,8 @@ from rest_framework import serializers
 from evaluations import languages
 from evaluations.api import assets, batches, environments, logs, views
 from evaluations.api.serializers import MAX_ENV_NAMES
-from evaluations.batches import STATUSES as BATCH_STATUSES
 from evaluations.models import CacheUse, ErrorKind, Status, Step, TestKind
+from evaluations.representation import BATCH_STATUSES
 
 # What generators (schemathesis) should produce: the API refuses other schemes and host-less URLs.
 HTTP_URL = r"^https?://[A-Za-z0-9][A-Za-z0-9.-]{0,62}(:[0-9]{1,5})?(/[!-~]*)?$"

@@ -16,7 +16,8 @@ from rest_framework import serializers
 
 import assets
 from evaluations import agents, languages
-from executor_project.config import MAX_URL_CHARS, Config
+from evaluations.network.urlguard import MAX_URL_CHARS
+from executor_project.config import Config
 
 ENV_NAME = re.compile(r"^[A-Z_][A-Z0-9_]*$")
 # Set by the executor for every agent run; a submission may not replace them.

@@ -9,11 +9,12 @@ from pathlib import Path
 
 from assets import AssetView
 from evaluations import livelog
-from evaluations.egress import EgressProxy
-from evaluations.egress.relay import ensure_socat_bundle
 from evaluations.environments import Environment
 from evaluations.models import CANCEL_KINDS, ErrorKind, Evaluation
-from evaluations.pipeline import gitrepo, toolchains, urlguard
+from evaluations.network import urlguard
+from evaluations.network.egress import EgressProxy
+from evaluations.network.egress.relay import ensure_socat_bundle
+from evaluations.pipeline import gitrepo, toolchains
 from evaluations.pipeline.cancel import CancelState, Stop
 from evaluations.pipeline.session import Session
 from evaluations.pipeline.taskspec import TaskSpec

@@ -13,7 +13,8 @@ from __future__ import annotations
 
 from evaluations import agents
 from evaluations.models import ErrorKind, Step
-from evaluations.pipeline import archive, gitrepo, urlguard
+from evaluations.network import urlguard
+from evaluations.pipeline import archive, gitrepo
 from evaluations.pipeline.context import Cancelled, StepFailed
 
 # A StepFailed without a kind: the task's own steps fail for the task, the agent's install for the

@@ -21,8 +21,8 @@ from typing import NamedTuple
 from django.db import close_old_connections
 
 from evaluations import lifecycle, livelog
-from evaluations.egress import EgressProxy
 from evaluations.models import ErrorKind, Evaluation, Status, Step, TestResult
+from evaluations.network.egress import EgressProxy, egress_policy
 from evaluations.pipeline import outcome, warm
 from evaluations.pipeline.cancel import CancelState
 from evaluations.pipeline.context import Cancelled, Context, StepFailed, WorkerLost
@@ -30,7 +30,7 @@ from evaluations.pipeline.session import Session, remove_retired
 from evaluations.pipeline.steps import STEPS
 from evaluations.runtime import Runtime, Spawner, sandbox_uid, uids
 from evaluations.runtime.output import as_text
-from executor_project.config import Config, egress_policy
+from executor_project.config import Config
 from executor_project.logs import evaluation_context
 
 logger = logging.getLogger("term_executor.pipeline")

@@ -10,7 +10,8 @@ from django.db import transaction
 
 from evaluations import environments, languages, livelog
 from evaluations.models import ErrorKind, Evaluation, TestResult
-from evaluations.pipeline import archive, gitrepo, outcome, static, taskspec, toolchains, urlguard, warm
+from evaluations.network import urlguard
+from evaluations.pipeline import archive, gitrepo, outcome, static, taskspec, toolchains, warm
 from evaluations.pipeline.agentenv import agent_argv, find_interpreter, installing_agent, task_env_for_agent
 from evaluations.pipeline.context import (
     Cancelled,
@@ -23,6 +24,7 @@ from evaluations.pipeline.context import (
 )
 from evaluations.runtime import Limit, Mount
 from evaluations.safefs import SafeFSError, clear_way, write_file_nofollow
+from executor_project.config import Config
 
 
 def _policy(config) -> urlguard.URLPolicy:
@@ -67,10 +69,18 @@ def downloading_task(ctx: Context) -> None:
     static.prepare(ctx)  # the three asset groups checked, merged and staged
 
 
+def choose_environment(config: Config, task: taskspec.TaskSpec) -> environments.Environment | None:
+    """The environment a task's commands run in: its ``environment:``, else DEFAULT_ENVIRONMENT, else none."""
+    name = task.environment or config.default_environment
+    if not name:
+        return None
+    return environments.resolve(config.environments_root, name)
+
+
 def _environment(ctx: Context) -> environments.Environment | None:
     """The task's root filesystem, checked now for what its commands will need (SPEC §11)."""
     try:
-        environment = environments.choose_environment(ctx.config, ctx.task)
+        environment = choose_environment(ctx.config, ctx.task)
     except environments.BadEnvironment as exc:
         raise StepFailed(str(exc)) from None
     if environment is None:

@@ -6,7 +6,7 @@ import json
 import pytest
 from django.contrib.auth.models import User
 
-from evaluations import batches, lifecycle
+from evaluations import lifecycle
 from evaluations.models import Batch, Status
 
 pytestmark = pytest.mark.django_db
@@ -28,7 +28,7 @@ def ended_batch(api):
     lifecycle.finish(made["eval_ids"][0], Status.COMPLETED)
     lifecycle.finish(made["eval_ids"][1], Status.FAILED, error="tests failed", kind="tests_failed")
     lifecycle.finish(made["eval_ids"][2], Status.COMPLETED)
-    batches.settle(made["batch_id"])
+    lifecycle.settle(made["batch_id"])
     return made
 
 

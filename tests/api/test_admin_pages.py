@@ -16,9 +16,9 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from evaluations import admin_format as fmt
 from evaluations import agents, lifecycle
-from evaluations.admin import EvaluationAdmin
+from evaluations.admin import format as fmt
+from evaluations.admin.evaluations import EvaluationAdmin
 from evaluations.models import Evaluation, Status, Step, TestResult, Transition, WorkerHeartbeat
 from evaluations.retry import retry
 from tests.helpers.archives import archive_bytes

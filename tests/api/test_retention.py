@@ -5,8 +5,9 @@ import dataclasses
 import pytest
 from django.utils import timezone
 
-from evaluations import lifecycle, reaper, stats
+from evaluations import lifecycle, stats
 from evaluations.models import Evaluation, PurgedTotals, Status
+from evaluations.worker import reaper
 
 pytestmark = pytest.mark.django_db
 

@@ -8,7 +8,7 @@ import socket
 import psutil
 import pytest
 
-from evaluations.egress.policy import (
+from evaluations.network.egress.policy import (
     ALLOWED,
     ALLOWED_BY_RULE,
     BAD_HOST,
@@ -20,7 +20,7 @@ from evaluations.egress.policy import (
     EgressPolicy,
     parse_rules,
 )
-from evaluations.netrules import HostAddresses
+from evaluations.network.rules import HostAddresses
 
 PUBLIC = "93.184.215.14"  # a global unicast address; decide() never connects
 

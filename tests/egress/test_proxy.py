@@ -17,8 +17,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from evaluations.egress import EgressPolicy, EgressProxy
-from evaluations.egress import proxy as proxy_module
+from evaluations.network.egress import EgressPolicy, EgressProxy
+from evaluations.network.egress import proxy as proxy_module
 from tests.helpers.httpserver import TestHTTPServer, make_tls_files, server_tls_context
 
 ESTABLISHED = b"HTTP/1.1 200 Connection established\r\n\r\n"

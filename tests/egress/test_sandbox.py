@@ -23,8 +23,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from evaluations.egress import SANDBOX_SOCKET, EgressPolicy, EgressProxy, proxy_env, relay_wrapper
-from evaluations.egress.relay import BUNDLE_TARGET, make_socat_bundle
+from evaluations.network.egress import SANDBOX_SOCKET, EgressPolicy, EgressProxy, proxy_env, relay_wrapper
+from evaluations.network.egress.relay import BUNDLE_TARGET, make_socat_bundle
 from evaluations.runtime import Mount
 from tests.helpers.gitrepos import make_bare_served, make_repo
 from tests.helpers.httpserver import TestHTTPServer

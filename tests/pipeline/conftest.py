@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from evaluations.pipeline.urlguard import URLPolicy
+from evaluations.network.urlguard import URLPolicy
 from tests.helpers.httpserver import TestHTTPServer
 
 

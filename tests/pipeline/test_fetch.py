@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from evaluations.pipeline.urlguard import FetchError, URLPolicy, URLRefused, check_git_url, fetch, pinned_connection
+from evaluations.network.urlguard import FetchError, URLPolicy, URLRefused, check_git_url, fetch, pinned_connection
 from tests.helpers.httpserver import TestHTTPServer, drip_body, endless_body, make_tls_files, server_tls_context
 
 pytestmark = pytest.mark.slow  # runs a server (in-process, each test well under a second)

@@ -7,9 +7,9 @@ import uuid
 
 import pytest
 
-from evaluations import reaper
 from evaluations.pipeline.session import RETIRED_PREFIX, Session, remove_retired
 from evaluations.runtime import sandbox_uid
+from evaluations.worker import reaper
 
 UID = sandbox_uid()
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from evaluations.pipeline.urlguard import (
+from evaluations.network.urlguard import (
     URLPolicy,
     URLRefused,
     check_git_url,

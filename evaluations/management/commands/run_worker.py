@@ -31,12 +31,13 @@ from django.core.management.base import BaseCommand
 from django.db import close_old_connections, connection, connections
 from django.db.models.functions import Now
 
-from evaluations import lifecycle, reaper, wakeup
-from evaluations.callbacks import Dispatcher
+from evaluations import lifecycle
 from evaluations.models import SHUTTING_DOWN, TTL_EXPIRED, ErrorKind, Evaluation, Status, WorkerHeartbeat
-from evaluations.startup import StartupError, prepare_to_run
+from evaluations.worker import reaper, wakeup
+from evaluations.worker.callbacks import Dispatcher
 from evaluations.worker.claim import claim
 from evaluations.worker.pool import Pool, describe_exit
+from evaluations.worker.startup import StartupError, prepare_to_run
 
 logger = logging.getLogger("term_executor.worker")
 

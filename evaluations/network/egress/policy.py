@@ -30,7 +30,7 @@ import socket
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from evaluations.netrules import HostAddresses, IPAddress, forbidden_reason, parse_address, unwrap
+from evaluations.network.rules import HostAddresses, IPAddress, forbidden_reason, parse_address, unwrap
 
 # Reasons: short, stable strings, stored with every egress record.
 ALLOWED = "allowed"
@@ -258,3 +258,11 @@ class EgressPolicy:
             if reason := forbidden_reason(ip):
                 return Decision(False, reason.removeprefix("a ").removeprefix("an "))
         return Decision(True, ALLOWED, tuple(addresses))
+
+
+def egress_policy(config) -> EgressPolicy:
+    """The EgressPolicy of a Config's EGRESS_ALLOW, EGRESS_DENY and EGRESS_DEFAULT (ValueError names
+    the variable and entry)."""
+    return EgressPolicy.from_strings(
+        ",".join(config.egress_allow), ",".join(config.egress_deny), default=config.egress_default
+    )

@@ -13,8 +13,8 @@ from django.urls import reverse
 from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 
-from evaluations import admin_format as fmt
 from evaluations import livelog
+from evaluations.admin import format as fmt
 from evaluations.models import AgentArchive, CallbackAttempt, Status, TestResult, Token, Transition
 
 LOG_SOURCES = {

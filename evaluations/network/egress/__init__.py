@@ -7,9 +7,9 @@ No Django and nothing of the pipeline here; the runtime may import it.
 - ``relay``: the argv prefix and environment that reach it from inside the sandbox.
 """
 
-from evaluations.egress.policy import Decision, EgressPolicy, Rule, parse_rules
-from evaluations.egress.proxy import EgressProxy, EgressRecord
-from evaluations.egress.relay import RELAY_PORT, SANDBOX_SOCKET, SOCAT, proxy_env, relay_wrapper
+from evaluations.network.egress.policy import Decision, EgressPolicy, Rule, egress_policy, parse_rules
+from evaluations.network.egress.proxy import EgressProxy, EgressRecord
+from evaluations.network.egress.relay import RELAY_PORT, SANDBOX_SOCKET, SOCAT, proxy_env, relay_wrapper
 
 __all__ = [
     "RELAY_PORT",
@@ -20,6 +20,7 @@ __all__ = [
     "EgressProxy",
     "EgressRecord",
     "Rule",
+    "egress_policy",
     "parse_rules",
     "proxy_env",
     "relay_wrapper",

@@ -11,7 +11,7 @@
    picks up where the last one stopped.
 4. The URL rules of task URLs apply, and the connection goes to the checked
    address; redirects are not followed (a receiver answers, it does not move).
-5. A batch is called back the same way, once, when it ends (batches.settle marks it
+5. A batch is called back the same way, once, when it ends (lifecycle.settle marks it
    `pending`); its evaluations send none of their own.
 """
 
@@ -30,9 +30,9 @@ from django.db import close_old_connections, connections
 from django.db.models import Q
 from django.utils import timezone
 
-from evaluations import batches
+from evaluations import representation
 from evaluations.models import Batch, CallbackAttempt, Evaluation
-from evaluations.pipeline import urlguard
+from evaluations.network import urlguard
 from evaluations.representation import evaluation_json
 
 logger = logging.getLogger("term_executor.callbacks")
@@ -74,7 +74,7 @@ def _evaluation_body(eval_id) -> dict:
 
 
 EVALUATIONS = Sender(Evaluation, "evaluation_id", "X-Eval-Id", _evaluation_body)
-BATCHES = Sender(Batch, "batch_id", "X-Batch-Id", batches.batch_json)
+BATCHES = Sender(Batch, "batch_id", "X-Batch-Id", representation.batch_json)
 SENDERS = (EVALUATIONS, BATCHES)
 
 

@@ -211,7 +211,7 @@ def create_claimed(fields: dict, owner: str, *, started: bool = True) -> Evaluat
 def create_claimed_batch(fields: dict, task_urls: list[str], owner: str) -> tuple[Batch, list[Evaluation]]:
     """A batch (SPEC §14) of claimed evaluations, one per task, in one transaction, run here one at a time.
 
-    All are made at once, so the batch ends (batches.settle) when the last one does and not
+    All are made at once, so the batch ends (lifecycle.settle) when the last one does and not
     when the first does; claimed, so no worker sharing the database runs them meanwhile.
     """
     with transaction.atomic():

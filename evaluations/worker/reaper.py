@@ -17,7 +17,7 @@ from django.db import transaction
 from django.db.models import Count, Exists, F, OuterRef, Q, Sum
 from django.utils import timezone
 
-from evaluations import batches, lifecycle
+from evaluations import lifecycle
 from evaluations.cache import mounts
 from evaluations.cache.store import Store
 from evaluations.models import (
@@ -247,7 +247,7 @@ def reap(config, *, dry_run: bool = False) -> ReapSummary:
     summary.cgroups_removed = remove_stale_cgroups(config, dry_run=dry_run)
     if not dry_run:
         tend_cache(config)
-        if ended := batches.settle_stranded():
+        if ended := lifecycle.settle_stranded():
             logger.warning("ended %d batch(es) whose last evaluation ended without ending them", ended)
     return summary
 

@@ -10,9 +10,9 @@ from __future__ import annotations
 from django.contrib import admin
 from django.utils.html import format_html
 
-from evaluations import admin_format as fmt
-from evaluations import batches
-from evaluations.admin_detail import OwnerFilter, ReadOnlyInline, detail_url
+from evaluations import representation
+from evaluations.admin import format as fmt
+from evaluations.admin.detail import OwnerFilter, ReadOnlyInline, detail_url
 from evaluations.models import AgentArchive, Batch, Evaluation
 
 
@@ -63,7 +63,7 @@ class BatchAdmin(admin.ModelAdmin):
 
     def get_queryset(self, request):
         # The counts in one query with the rows; the agent's code is never read for the list.
-        return batches.summaries(super().get_queryset(request))
+        return representation.batch_summaries(super().get_queryset(request))
 
     def has_add_permission(self, request):
         return False
@@ -80,7 +80,7 @@ class BatchAdmin(admin.ModelAdmin):
 
     @admin.display(description="status", ordering="status")
     def state(self, obj):
-        return batches.summary_json(obj)["status"]
+        return representation.batch_summary(obj)["status"]
 
     @admin.display(description="finished / total")
     def progress(self, obj):
@@ -89,7 +89,7 @@ class BatchAdmin(admin.ModelAdmin):
 
     @admin.display(description="reward")
     def reward_text(self, obj):
-        reward = batches.summary_json(obj)["reward"]
+        reward = representation.batch_summary(obj)["reward"]
         return "-" if reward is None else f"{reward:.3f}"
 
     @admin.display(description="agent")

@@ -26,14 +26,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import quote, unquote, urljoin, urlsplit
 
-from evaluations.netrules import forbidden_reason
-from executor_project.config import MAX_URL_CHARS
+from evaluations.network.rules import forbidden_reason
 
 USER_AGENT = "term-executor"
 _REDIRECTS = {301, 302, 303, 307, 308}
 _TRANSIENT_STATUSES = {408, 425, 429}  # the server asks to be asked again later (and every 5xx)
 _CHUNK = 1 << 16
 _TRANSPORT_HELPER = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)::")
+
+MAX_URL_CHARS = 2048  # a task_url, a callback_url, and every URL the pipeline fetches
 
 
 class FetchError(Exception):

@@ -40,8 +40,8 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from evaluations.egress.policy import BAD_HOST, EgressPolicy
-from evaluations.egress.request import BAD_REQUEST, Refusal, Request, answer, authority, parse_request
+from evaluations.network.egress.policy import BAD_HOST, EgressPolicy
+from evaluations.network.egress.request import BAD_REQUEST, Refusal, Request, answer, authority, parse_request
 
 log = logging.getLogger(__name__)
 

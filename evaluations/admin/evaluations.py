@@ -26,17 +26,10 @@ from django.urls import path
 from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 
-from evaluations import (
-    admin_batches,  # noqa: F401  (registers BatchAdmin)
-    admin_tokens,  # noqa: F401  (registers TokenAdmin)
-    admission,
-    lifecycle,
-    livelog,
-    wakeup,
-)
-from evaluations import admin_format as fmt
-from evaluations.admin_dashboard import dashboard
-from evaluations.admin_detail import (
+from evaluations import admission, lifecycle, livelog
+from evaluations.admin import format as fmt
+from evaluations.admin.dashboard import dashboard
+from evaluations.admin.detail import (
     CallbackAttemptInline,
     DetailFields,
     OwnerFilter,
@@ -51,6 +44,7 @@ from evaluations.models import (
     WorkerHeartbeat,
 )
 from evaluations.retry import REQUEST_FIELDS, retry
+from evaluations.worker import wakeup
 
 admin.site.site_header = "term-executor"
 admin.site.site_title = "term-executor admin"

@@ -17,7 +17,7 @@ from django.conf import settings
 from django.contrib import admin, messages
 from django.template.response import TemplateResponse
 
-from evaluations import admin_format as fmt
+from evaluations.admin import format as fmt
 from evaluations.api.auth import token_sha256
 from evaluations.models import Token
 
