@@ -103,7 +103,7 @@ def _batch_status(batch: Batch, *, ended: bool, started: bool) -> str:
 BATCH_STATUSES = (Status.PENDING, Status.RUNNING, Status.COMPLETED, Status.CANCELLED)
 
 
-def with_batch_status(queryset, status: str):
+def batches_with_status(queryset, status: str):
     """GET /batches?status=: the batches _batch_status shows as ``status``."""
     if status == Status.CANCELLED:
         return queryset.filter(cancel_requested=True)
