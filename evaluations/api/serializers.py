@@ -266,7 +266,7 @@ class BatchRequestSerializer(SubmissionSerializer):
 # here against the same rules, the serializer's validate_<field> methods; anything else,
 # and any rule that fails, goes through the serializer, which decides and words the error.
 
-_FIELD_NAMES = frozenset(EvaluateRequestSerializer._declared_fields)
+_FIELD_NAMES = frozenset(EvaluateRequestSerializer().fields)  # built once: the fields a plain request may name
 _ARCHIVE_FIELDS = frozenset({"agent_archive", "agent_entrypoint"})
 
 

@@ -6,7 +6,7 @@
 2. Otherwise the step's default (``STEP_KINDS``): what a failure there is, as a rule.
 3. Anything else that ends a pipeline (WorkerLost, an internal error) is ``infrastructure``.
 
-The README's "Outcomes" table lists which step and cause gives which kind.
+The "Outcomes" table of ``docs/api.md`` lists which step and cause gives which kind.
 """
 
 from __future__ import annotations

@@ -75,8 +75,8 @@ def relay_wrapper(socket_in_sandbox: str = SANDBOX_SOCKET, port: int = RELAY_POR
     """The argv to put before a command: ``[*relay_wrapper(), *argv]``.
 
     ``socat``: how to start socat inside the sandbox; its first word must be
-    an executable path there (see ``README`` of this package for a root
-    without socat). Exit 125 with one line on stderr if the relay cannot start.
+    an executable path there (see ``docs/security.md``, "Network by policy", for a
+    root without socat). Exit 125 with one line on stderr if the relay cannot start.
     """
     if not 1 <= port <= 65535:
         raise ValueError(f"relay port must be 1-65535, got {port}")
