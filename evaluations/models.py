@@ -119,7 +119,7 @@ class AgentArchive(models.Model):
 
 class Submission(models.Model):
     """The request columns an evaluation and a batch share: the agent and the run's options
-    (what evaluations.api.serializers.submission_fields fills)."""
+    (what evaluations.api.serializers.submission_fields fills, with CallbackColumns.callback_url)."""
 
     language = models.CharField(max_length=16, default="python")
     agent_code = models.TextField(blank=True, default="")  # "" when the agent came as agent_archive
