@@ -20,6 +20,7 @@ from evaluations.models import (
     ACTIVE_STATUSES,
     CANCEL_KINDS,
     Batch,
+    CallbackState,
     ErrorKind,
     Evaluation,
     Status,
@@ -105,7 +106,7 @@ def finish(
         return False
     if row["callback_url"]:
         # The worker's callback dispatcher delivers it; nothing here waits on the receiver.
-        fields.update(callback_state="pending", callback_next_at=now)
+        fields.update(callback_state=CallbackState.PENDING, callback_next_at=now)
     results = list(TestResult.objects.filter(evaluation_id=eval_id).values("name", "passed", "exit_code"))
     passed = status == Status.COMPLETED
     ended = record(
@@ -175,7 +176,9 @@ def settle(batch_id) -> bool:
             finished_at=now,
             status=Case(When(cancel_requested=True, then=Value(Status.CANCELLED)), default=Value(Status.COMPLETED)),
             # The worker's callback dispatcher delivers it (evaluations/worker/callbacks.py).
-            callback_state=Case(When(callback_url="", then=Value("")), default=Value("pending")),
+            callback_state=Case(
+                When(callback_url="", then=Value(CallbackState.NONE)), default=Value(CallbackState.PENDING)
+            ),
             callback_next_at=Case(When(callback_url="", then=None), default=Value(now)),
         )
     )

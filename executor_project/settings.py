@@ -95,7 +95,7 @@ REST_FRAMEWORK = {
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
 }
 
-# GET /api/schema and /api/docs (evaluations/api/schema.py describes the routes).
+# GET /api/schema and /api/docs (evaluations/api/openapi.py describes the routes).
 SPECTACULAR_SETTINGS = {
     "TITLE": "term-executor",
     "DESCRIPTION": "Remote evaluation executor: submit agent code and a task archive URL, "
@@ -113,7 +113,7 @@ SPECTACULAR_SETTINGS = {
     },
     "POSTPROCESSING_HOOKS": [
         "drf_spectacular.hooks.postprocess_schema_enums",
-        "evaluations.api.schema.postprocess",
+        "evaluations.api.openapi.postprocess",
     ],
 }
 

@@ -31,7 +31,7 @@ from django.db.models import Q
 from django.utils import timezone
 
 from evaluations import representation
-from evaluations.models import Batch, CallbackAttempt, Evaluation
+from evaluations.models import Batch, CallbackAttempt, CallbackState, Evaluation
 from evaluations.network import urlguard
 from evaluations.representation import evaluation_json
 
@@ -83,7 +83,7 @@ def lease_due(limit: int, sender: Sender = EVALUATIONS) -> list:
     now = timezone.now()
     free = Q(callback_lease_until__isnull=True) | Q(callback_lease_until__lt=now)
     due = (
-        sender.model.objects.filter(callback_state="pending", callback_next_at__lte=now)
+        sender.model.objects.filter(callback_state=CallbackState.PENDING, callback_next_at__lte=now)
         .filter(free)
         .order_by("callback_next_at")
         .values_list("id", flat=True)[:limit]
@@ -91,7 +91,7 @@ def lease_due(limit: int, sender: Sender = EVALUATIONS) -> list:
     leased = []
     for row_id in due:
         taken = (
-            sender.model.objects.filter(id=row_id, callback_state="pending")
+            sender.model.objects.filter(id=row_id, callback_state=CallbackState.PENDING)
             .filter(free)
             .update(callback_lease_until=now + timezone.timedelta(seconds=LEASE_SECS))
         )
@@ -113,7 +113,7 @@ def _post(url: str, body: bytes, headers: dict, config) -> int:
         conn.close()
 
 
-def deliver(row_id, config, sender: Sender = EVALUATIONS) -> str:
+def deliver(row_id, config, sender: Sender = EVALUATIONS) -> CallbackState:
     """One try; records it and moves the state on. Returns the new state."""
     callback_url = sender.model.objects.values_list("callback_url", flat=True).get(id=row_id)
     attempt = CallbackAttempt.objects.filter(**{sender.owner: row_id}).count() + 1
@@ -144,16 +144,16 @@ def deliver(row_id, config, sender: Sender = EVALUATIONS) -> str:
         duration_ms=int((time.monotonic() - started) * 1000),
     )
     if not error:
-        state, next_at = "delivered", None
+        state, next_at = CallbackState.DELIVERED, None
     elif hopeless or attempt >= MAX_TRIES:
-        state, next_at = "failed", None
+        state, next_at = CallbackState.FAILED, None
     else:
-        state = "pending"
+        state = CallbackState.PENDING
         next_at = timezone.now() + timezone.timedelta(seconds=BACKOFF_SECS[attempt - 1])
     sender.model.objects.filter(id=row_id).update(
         callback_state=state, callback_next_at=next_at, callback_lease_until=None
     )
-    log = logger.info if state != "failed" else logger.warning
+    log = logger.info if state != CallbackState.FAILED else logger.warning
     log("%scallback try %d: %s", sender.label(row_id), attempt, error or f"delivered (HTTP {status_code})",
         extra=sender.log_extra(row_id))  # fmt: skip
     return state

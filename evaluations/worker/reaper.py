@@ -14,10 +14,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from django.db import transaction
-from django.db.models import Count, Exists, F, OuterRef, Q, Sum
+from django.db.models import Exists, OuterRef
 from django.utils import timezone
 
-from evaluations import lifecycle
+from evaluations import lifecycle, stats
 from evaluations.cache import mounts
 from evaluations.cache.store import Store
 from evaluations.models import (
@@ -26,15 +26,12 @@ from evaluations.models import (
     WORKER_LOST,
     AgentArchive,
     Batch,
-    CacheUse,
     ErrorKind,
     Evaluation,
-    PurgedTotals,
     Status,
 )
 from evaluations.pipeline.session import RETIRED_PREFIX
 from evaluations.safefs import remove_tree_nofollow
-from evaluations.stats import NOT_PASSED, UNKNOWN_KIND, add_error_kinds, live_workers
 
 logger = logging.getLogger("term_executor.reaper")
 
@@ -62,7 +59,7 @@ class ReapSummary:
 
 
 def live_worker_ids(stale_secs: int) -> set[str]:
-    return {w.worker_id for w in live_workers(stale_secs)}
+    return {w.worker_id for w in stats.live_workers(stale_secs)}
 
 
 def expire_sessions(ttl_secs: int, *, dry_run: bool = False) -> int:
@@ -195,27 +192,7 @@ def purge_old(retention_days: int, *, dry_run: bool = False) -> int:
         if not ids:
             return 0
         batch = Evaluation.objects.filter(id__in=ids)
-        figures = batch.aggregate(
-            total=Count("id"),
-            completed=Count("id", filter=Q(status=Status.COMPLETED)),
-            failed=Count("id", filter=Q(status=Status.FAILED)),
-            cancelled=Count("id", filter=Q(status=Status.CANCELLED)),
-            passed=Count("id", filter=Q(passed=True)),
-            duration_ms_sum=Sum("duration_ms"),
-            cache_hits=Count("id", filter=Q(cache=CacheUse.HIT)),
-            cache_misses=Count("id", filter=Q(cache=CacheUse.MISS)),
-        )
-        by_kind: dict[str, dict[str, int]] = {}
-        kinds = batch.filter(status__in=NOT_PASSED).values_list("status", "error_kind").annotate(n=Count("id"))
-        for status, kind, n in kinds.order_by():
-            counts = by_kind.setdefault(status, {})
-            counts[kind or UNKNOWN_KIND] = counts.get(kind or UNKNOWN_KIND, 0) + n
-        PurgedTotals.objects.get_or_create(id=1)
-        PurgedTotals.objects.filter(id=1).update(**{k: F(k) + (v or 0) for k, v in figures.items()})
-        # The UPDATE above holds the row (the write lock on SQLite): read, add and write the JSON under it.
-        totals = PurgedTotals.objects.select_for_update().get(id=1)
-        totals.error_kinds = add_error_kinds(totals.error_kinds, by_kind)
-        totals.save(update_fields=["error_kinds"])
+        stats.add_to_purged_totals(batch)
         _total, per_model = batch.delete()
         _purge_emptied(cutoff)
     return per_model.get("evaluations.Evaluation", 0)
