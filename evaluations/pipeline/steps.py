@@ -11,7 +11,7 @@ from django.db import transaction
 from evaluations import environments, languages, livelog
 from evaluations.models import ErrorKind, Evaluation, TestResult
 from evaluations.network import urlguard
-from evaluations.pipeline import archive, gitrepo, outcome, static, taskspec, toolchains, warm
+from evaluations.pipeline import archive, gitrepo, outcome, patch, static, taskspec, toolchains, warm
 from evaluations.pipeline.agentenv import agent_argv, find_interpreter, installing_agent, task_env_for_agent
 from evaluations.pipeline.context import (
     Cancelled,
@@ -214,7 +214,7 @@ def _agent_patch(ctx: Context) -> str:
     # rules and attributes from the base commit's tree only (issue 23).
     env = gitrepo.git_env(ctx.session.home, urlguard.git_allow_protocol(False))
     try:
-        patch = gitrepo.repo_patch(
+        text = patch.repo_patch(
             ctx.command_runner(ctx.executor_policy(network=False)),
             repo=ctx.session.repo,
             base_sha=ctx.base_sha,
@@ -223,8 +223,8 @@ def _agent_patch(ctx: Context) -> str:
             max_bytes=ctx.config.max_output_bytes * 8,
         )
     except gitrepo.GitError as exc:
-        patch = f"(no patch: {exc})"
-    return patch
+        text = f"(no patch: {exc})"
+    return text
 
 
 def running_tests(ctx: Context) -> None:

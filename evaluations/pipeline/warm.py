@@ -116,7 +116,7 @@ def _go_cold(ctx: Context, state: WarmState) -> None:
 def _clone(ctx: Context, state: WarmState, resolve_pin: str | None) -> bool:
     task = ctx.task
     store = state.store
-    if gitrepo._SHA_RE.match(task.base_commit):
+    if gitrepo.is_full_sha(task.base_commit):
         state.sha = task.base_commit
     else:
         state.sha = _with_mirror(
@@ -260,7 +260,7 @@ def _with_mirror(ctx: Context, store: Store, resolve_pin, use):
             return use(point, ctx.command_runner(ctx.executor_policy(network=False)), read_env)
     except gitrepo.GitError as exc:  # NotInMirror included: clone_at says why, in its own words
         ctx.check_cancelled()
-        raise MirrorFailed(errno.EIO, f"the mirror of {gitrepo._display_url(task.repo)}: {exc}") from None
+        raise MirrorFailed(errno.EIO, f"the mirror of {gitrepo.display_url(task.repo)}: {exc}") from None
 
 
 @contextmanager
