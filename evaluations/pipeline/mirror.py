@@ -12,7 +12,8 @@ applies (hooks off, no template, no remote, no reflog, ``FETCH_HEAD`` not
 written).
 
 These functions only run git (through the caller's ``CommandRunner``, the
-one spawner); who may write the mirror and when is pipeline/warm.py's job.
+one spawner); who may write the mirror and when is pipeline/warm.py's job
+(``WorkspaceCache``).
 """
 
 from __future__ import annotations
