@@ -172,7 +172,7 @@ class Session:
             return None
         if not self.root.exists():
             return None
-        _unmount_below(self.root)  # the workspace cache's overlays (pipeline/warm.py)
+        _unmount_below(self.root)  # the workspace cache's overlays (cache/overlay.py)
         if self.uid is not None:
             os.chown(self.root, -1, 0)
         os.chmod(self.root, 0o700)
