@@ -1,4 +1,4 @@
-"""`manage.py run_worker`: claim pending evaluations and run each in its own process.
+"""The worker: claim pending evaluations and run each in its own process (`manage.py run_worker` runs it).
 
 1. Beats a heartbeat row before claiming anything, so the reaper never takes
    a starting worker for a lost one.
@@ -20,14 +20,11 @@ from __future__ import annotations
 
 import logging
 import os
-import signal
 import socket
 import time
 import uuid
 from multiprocessing.connection import wait
 
-from django.conf import settings
-from django.core.management.base import BaseCommand
 from django.db import close_old_connections, connection, connections
 from django.db.models.functions import Now
 
@@ -36,57 +33,49 @@ from evaluations.models import SHUTTING_DOWN, TTL_EXPIRED, ErrorKind, Evaluation
 from evaluations.worker import reaper, wakeup
 from evaluations.worker.callbacks import Dispatcher
 from evaluations.worker.claim import claim
+from evaluations.worker.listener import PostgresListener
 from evaluations.worker.pool import Pool, describe_exit
-from evaluations.worker.startup import StartupError, prepare_to_run
 
 logger = logging.getLogger("term_executor.worker")
 
 POLL_SECS = 2.0  # safety net when no wake-up arrives
 
 
-class PostgresListener:
-    """LISTEN for the API's NOTIFY on its own autocommit connection."""
+class Worker:
+    """One worker process's state: its pool of evaluation processes, its callbacks, its wake-ups.
 
-    def __init__(self):
-        import psycopg
+    ``Worker.start`` makes one ready to run (heartbeat written, wake socket bound); ``run`` serves
+    until ``request_stop`` (the command wires SIGTERM and SIGINT to it) and the grace period end.
+    """
 
-        params = connection.get_connection_params()
-        self.conn = psycopg.connect(**params, autocommit=True)
-        self.conn.execute(f"LISTEN {wakeup.CHANNEL}")
-
-    def fileno(self) -> int:
-        return self.conn.fileno()
-
-    def drain(self) -> None:
-        for _ in self.conn.notifies(timeout=0):
-            pass
-
-    def close(self) -> None:
-        self.conn.close()
-
-
-class Command(BaseCommand):
-    help = "Run evaluations: claim pending ones and execute each in its own process."
-    requires_system_checks = []  # its start-up warnings are logged (one line each, LOG_FORMAT applies)
-
-    def handle(self, *args, **options):
-        config = settings.EXECUTOR
-        try:
-            runtime = prepare_to_run(config)
-        except StartupError as exc:
-            exc.exit()
+    def __init__(self, config, pool: Pool, worker_id: str, sandbox: str = "none", limits: str = "monitor"):
         self.config = config
-        self.sandbox = runtime.name
-        self.limits = runtime.cgroups.mode.value if runtime.cgroups else "monitor"
-        self.worker_id = f"{socket.gethostname()[:40]}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+        self.pool = pool
+        self.worker_id = worker_id
+        self.sandbox = sandbox
+        self.limits = limits
         self.stop_requested_at: float | None = None
-        self.pool = Pool(config.max_concurrent_evals, runtime)
         self.callbacks = Dispatcher(config)
-        self.beat(stopping=False)
-        self.wake = wakeup.WakeSocket(config.data_dir, self.worker_id)
-        self.listener = None  # PostgreSQL LISTEN connection, opened by the first tick
-        signal.signal(signal.SIGTERM, self.request_stop)
-        signal.signal(signal.SIGINT, self.request_stop)
+        self.wake: wakeup.WakeSocket | None = None  # bound by start
+        self.listener: PostgresListener | None = None  # PostgreSQL LISTEN connection, opened by the first tick
+
+    @classmethod
+    def start(cls, config, runtime) -> Worker:
+        """A worker for ``runtime`` (the resolved ``evaluations.runtime.Runtime``), its first beat written."""
+        worker = cls(
+            config,
+            Pool(config.max_concurrent_evals, runtime),
+            worker_id=f"{socket.gethostname()[:40]}-{os.getpid()}-{uuid.uuid4().hex[:6]}",
+            sandbox=runtime.name,
+            limits=runtime.cgroups.mode.value if runtime.cgroups else "monitor",
+        )
+        worker.beat(stopping=False)
+        worker.wake = wakeup.WakeSocket(config.data_dir, worker.worker_id)
+        return worker
+
+    def run(self) -> None:
+        """Serve until stopped, then let go of everything: callbacks, wake-ups, the heartbeat row."""
+        config = self.config
         logger.info(
             "worker %s started: capacity %d, sandbox %s", self.worker_id, config.max_concurrent_evals, self.sandbox
         )
@@ -100,7 +89,8 @@ class Command(BaseCommand):
             WorkerHeartbeat.objects.filter(worker_id=self.worker_id).delete()
             logger.info("worker %s stopped", self.worker_id)
 
-    def request_stop(self, signum, frame):
+    def request_stop(self, signum=None, frame=None) -> None:
+        """Stop claiming; running evaluations get SHUTDOWN_GRACE_SECS from the first request."""
         if self.stop_requested_at is None:
             self.stop_requested_at = time.monotonic()
 

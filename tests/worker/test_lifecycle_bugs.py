@@ -14,10 +14,10 @@ import pytest
 from django.conf import settings
 
 from evaluations import lifecycle
-from evaluations.management.commands.run_worker import Command
 from evaluations.models import TTL_EXPIRED, Evaluation, Status
 from evaluations.pipeline.cancel import CancelState, Stop, watch_row
 from evaluations.worker.claim import claim
+from evaluations.worker.loop import Worker
 from evaluations.worker.pool import Running
 from tests.helpers.polling import evaluation, submit, wait_for, wait_terminal
 from tests.helpers.runtimes import run_evaluation
@@ -36,12 +36,8 @@ class PoolThatCannotStart:
         raise OSError(11, "Resource temporarily unavailable")
 
 
-def worker_command(pool) -> Command:
-    command = Command()
-    command.config = settings.EXECUTOR
-    command.worker_id = "test-worker"
-    command.pool = pool
-    return command
+def worker_command(pool) -> Worker:
+    return Worker(settings.EXECUTOR, pool, worker_id="test-worker")
 
 
 def test_an_evaluation_whose_process_cannot_start_fails_at_once_with_the_cause():
