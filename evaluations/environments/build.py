@@ -1,4 +1,4 @@
-"""`manage.py make_environment NAME`: build an environment (a Debian root filesystem) with debootstrap.
+"""Build an environment (a Debian root filesystem) with debootstrap: what `manage.py make_environment NAME` runs.
 
 1. Atomic: the tree is built in ``ENVIRONMENTS_ROOT/.building-NAME-<random>`` and renamed
    to NAME only once debootstrap succeeded, every asked package is installed, apt's
@@ -32,10 +32,9 @@ import subprocess
 import tempfile
 import time
 import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
-
-from django.conf import settings
-from django.core.management.base import BaseCommand, CommandError
 
 from evaluations import environments
 
@@ -50,53 +49,50 @@ KILL_GRACE_SECS = 10
 _OCTAL = re.compile(r"\\([0-7]{3})")
 
 
+class BuildError(Exception):
+    """A build that could not be done or did not succeed; the message says why (and what to do)."""
+
+
 class Interrupted(Exception):
     def __init__(self, signum: int):
         super().__init__(signal.Signals(signum).name)
         self.signum = signum
 
 
-class Command(BaseCommand):
-    help = "Build an environment (a Debian root filesystem) with debootstrap into ENVIRONMENTS_ROOT/NAME."
-    requires_system_checks = []  # the service's checks (auth, sandbox) are not this tool's business
+@dataclass(frozen=True)
+class Built:
+    environment: environments.Environment
+    seconds: float
+    retired: Path | None  # the replaced tree, kept for SESSION_TTL_SECS
 
-    def add_arguments(self, parser):
-        parser.add_argument("name", help="the environment's name: [a-z0-9][a-z0-9._-]*")
-        parser.add_argument("--suite", default="bookworm", help="the Debian suite (default bookworm)")
-        parser.add_argument(
-            "--packages",
-            default=DEFAULT_PACKAGES,
-            help=f"packages to install, separated by spaces or commas (default: {DEFAULT_PACKAGES})",
-        )
-        parser.add_argument("--mirror", default=DEFAULT_MIRROR, help=f"the Debian mirror (default {DEFAULT_MIRROR})")
-        parser.add_argument("--replace", action="store_true", help="replace an existing environment of that name")
-        tarball = parser.add_mutually_exclusive_group()
-        tarball.add_argument("--save-tarball", metavar="FILE", help="keep the downloaded packages in FILE")
-        tarball.add_argument("--from-tarball", metavar="FILE", help="build from a --save-tarball FILE, offline")
 
-    def handle(self, name, suite, packages, mirror, replace, save_tarball, from_tarball, **options):
-        config = settings.EXECUTOR
-        root = config.environments_root
-        if root is None:
-            raise CommandError("ENVIRONMENTS_ROOT is not set: it names the folder environments are made in")
-        try:
-            environments.check_name(name)
-        except environments.BadEnvironment as exc:
-            raise CommandError(str(exc)) from None
-        wanted = [p for p in packages.replace(",", " ").split() if p]
-        if not wanted:
-            raise CommandError("--packages: name at least one package")
-        if os.geteuid() != 0:
-            raise CommandError("make_environment needs root: debootstrap makes device files and chroots")
-        if shutil.which("debootstrap") is None:
-            raise CommandError("debootstrap is not installed (apt-get install debootstrap)")
-        if from_tarball and not os.path.isfile(from_tarball):
-            raise CommandError(f"--from-tarball: no such file {from_tarball}")
+class Builder:
+    """Builds environments into ``root``; ``say`` and ``warn`` take each progress line (the command's
+    stdout and stderr). Needs root and debootstrap, which the caller checks."""
+
+    def __init__(self, root: Path, session_ttl_secs: int, say: Callable[[str], None], warn: Callable[[str], None]):
+        self.root = root
+        self.session_ttl_secs = session_ttl_secs
+        self.say = say
+        self.warn = warn
+
+    def build(
+        self,
+        name: str,
+        suite: str,
+        wanted: list[str],
+        mirror: str,
+        replace: bool = False,
+        save_tarball: str | None = None,
+        from_tarball: str | None = None,
+    ) -> Built:
+        """Build NAME (see the module's numbered list); Interrupted by SIGTERM, SIGINT or SIGHUP."""
+        root = self.root
         with _lock(root), _signals_interrupt():
-            self._clean_stale(root, config.session_ttl_secs)
+            self._clean_stale(root, self.session_ttl_secs)
             final = root / name
             if os.path.lexists(final) and not replace:
-                raise CommandError(f"environment {name} already exists in {root}; --replace builds it again")
+                raise BuildError(f"environment {name} already exists in {root}; --replace builds it again")
             building = Path(tempfile.mkdtemp(prefix=f"{BUILDING}{name}-", dir=root))
             started = time.monotonic()
             try:
@@ -108,21 +104,10 @@ class Command(BaseCommand):
                 _stamp(building, suite, wanted, mirror)
                 _check_usable(root, building, name)
                 retired = _put_in_place(building, final)
-            except Interrupted as exc:
-                self._give_up(building)
-                raise CommandError(
-                    f"interrupted by {exc}; the partial build was removed", returncode=128 + exc.signum
-                ) from None
             except BaseException:
                 self._give_up(building)
                 raise
-        env = environments.resolve(root, name)
-        self.stdout.write(
-            f"environment {name}: {env.root} (python {env.python or 'none'}, node {env.node or 'none'}) "
-            f"built in {time.monotonic() - started:.0f} s"
-        )
-        if retired:
-            self.stdout.write(f"the replaced tree is kept as {retired} for SESSION_TTL_SECS, then removed")
+        return Built(environments.resolve(root, name), time.monotonic() - started, retired)
 
     # -- the steps --------------------------------------------------------------------------
 
@@ -144,12 +129,12 @@ class Command(BaseCommand):
         self._debootstrap(extra, suite, wanted, building, mirror)
         missing = sorted(set(wanted) - _installed_packages(building))
         if missing:
-            raise CommandError(f"debootstrap ended but did not install: {', '.join(missing)}")
+            raise BuildError(f"debootstrap ended but did not install: {', '.join(missing)}")
 
     def _debootstrap(self, extra: list[str], suite: str, wanted: list[str], target: Path, mirror: str) -> None:
         """Run it in a process group of its own, its lines shown as they come; kill the group on the way out."""
         argv = ["debootstrap", "--variant=minbase", f"--include={','.join(wanted)}", *extra, suite, str(target), mirror]
-        self.stdout.write("$ " + " ".join(argv))
+        self.say("$ " + " ".join(argv))
         process = subprocess.Popen(
             argv,
             stdin=subprocess.DEVNULL,
@@ -161,13 +146,12 @@ class Command(BaseCommand):
         try:
             for raw in process.stdout:
                 last = raw.decode(errors="replace").rstrip()
-                self.stdout.write(last)
-                self.stdout.flush()
+                self.say(last)
             code = process.wait()
         finally:
             _kill_group(process)
         if code != 0:
-            raise CommandError(f"debootstrap failed (exit status {code}): {last}")
+            raise BuildError(f"debootstrap failed (exit status {code}): {last}")
 
     def _clean_stale(self, root: Path, ttl_secs: int) -> None:
         now = time.time()
@@ -175,11 +159,11 @@ class Command(BaseCommand):
             stale = entry.name.startswith(BUILDING)
             retired = entry.name.startswith(RETIRED) and now - entry.stat(follow_symlinks=False).st_ctime > ttl_secs
             if stale or retired:
-                self.stdout.write(f"removing {entry.path} ({'a killed build' if stale else 'replaced'})")
+                self.say(f"removing {entry.path} ({'a killed build' if stale else 'replaced'})")
                 _remove_tree(Path(entry.path))
 
     def _give_up(self, building: Path) -> None:
-        self.stderr.write(f"removing the partial build {building}")
+        self.warn(f"removing the partial build {building}")
         _remove_tree(building)
         _remove_tree(building.with_name(building.name + ".download"))
 
@@ -193,7 +177,7 @@ def _lock(root: Path):
         try:
             fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            raise CommandError(f"another make_environment is building in {root}; try again when it ends") from None
+            raise BuildError(f"another make_environment is building in {root}; try again when it ends") from None
         yield
 
 
@@ -274,7 +258,7 @@ def _check_usable(root: Path, building: Path, name: str) -> None:
     try:
         environments.inspect(root, building.name, shown=name)
     except environments.BadEnvironment as exc:
-        raise CommandError(f"the built tree is not a usable environment: {exc}") from None
+        raise BuildError(f"the built tree is not a usable environment: {exc}") from None
 
 
 def _put_in_place(building: Path, final: Path) -> Path | None:
@@ -286,7 +270,7 @@ def _put_in_place(building: Path, final: Path) -> Path | None:
     at_fdcwd = -100
     if libc.renameat2(at_fdcwd, os.fsencode(building), at_fdcwd, os.fsencode(final), RENAME_EXCHANGE) != 0:
         errno = ctypes.get_errno()
-        raise CommandError(f"could not swap {building} with {final}: {os.strerror(errno)}")
+        raise BuildError(f"could not swap {building} with {final}: {os.strerror(errno)}")
     retired = building.with_name(f"{RETIRED}{final.name}-{uuid.uuid4().hex[:8]}")
     os.rename(building, retired)  # now the old tree
     return retired
@@ -313,7 +297,7 @@ def _remove_tree(path: Path) -> None:
         libc.umount2(os.fsencode(point), MNT_DETACH)
     left = _mounts_beneath(path)
     if left:
-        raise CommandError(f"could not unmount {', '.join(left)}; remove {path} by hand once they are unmounted")
+        raise BuildError(f"could not unmount {', '.join(left)}; remove {path} by hand once they are unmounted")
     if os.path.isdir(path) and not os.path.islink(path):
         shutil.rmtree(path)
     else:
