@@ -195,12 +195,16 @@ class Worker:
             )
 
     def cancel_all(self, reason: str) -> None:
+        """Ask every evaluation still running here to stop, through its row as every cancel, once the
+        grace period is over: each process then kills its commands and ends its evaluation itself."""
         if self.pool.running:
             Evaluation.objects.filter(
                 id__in=list(self.pool.running), status=Status.RUNNING, cancel_requested=False
             ).update(cancel_requested=True, cancel_reason=reason)
 
     def reap(self) -> None:
+        """What `manage.py reap_sessions` does, on this worker's timer, so no cron is needed; a line
+        only when something was done."""
         summary = reaper.reap(self.config)
         if summary.expired or summary.lost or summary.folders_removed or summary.purged:
             logger.info(summary.line())
