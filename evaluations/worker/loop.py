@@ -203,8 +203,8 @@ class Worker:
             ).update(cancel_requested=True, cancel_reason=reason)
 
     def reap(self) -> None:
-        """What `manage.py reap_sessions` does, on this worker's timer, so no cron is needed; a line
-        only when something was done."""
+        """What `manage.py reap_sessions` does, every REAP_INTERVAL_SECS while this worker serves, so a
+        lost worker's evaluations are failed by any live one; a log line only when something was done."""
         summary = reaper.reap(self.config)
         if summary.expired or summary.lost or summary.folders_removed or summary.purged:
             logger.info(summary.line())
