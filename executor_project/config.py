@@ -212,7 +212,7 @@ class Config:
     egress_default: str = choice("EGRESS_DEFAULT", "public", ("public", "deny"))
     static_assets_root: Path | None = optional_path("STATIC_ASSETS_ROOT")
     static_assets_config: Path | None = optional_path("STATIC_ASSETS_CONFIG")
-    # Root filesystems a task may run in (evaluations/environments.py), and the one used by default.
+    # Root filesystems a task may run in (evaluations/environments/), and the one used by default.
     environments_root: Path | None = optional_path("ENVIRONMENTS_ROOT")
     default_environment: str | None = text("DEFAULT_ENVIRONMENT", None)
     reap_interval_secs: int = integer("REAP_INTERVAL_SECS", 60, minimum=1)

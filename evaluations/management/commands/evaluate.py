@@ -5,7 +5,7 @@ fails before publishing a task. No server is needed; the configured database
 is (run `manage.py migrate` once), and the evaluation is stored there like
 any other.
 
-1. TASK is a task folder, an archive or a URL (evaluations/localrun.py turns
+1. TASK is a task folder, an archive or a URL (evaluations/worker/localrun.py turns
    it into a task_url; file:// URLs are allowed for this run only). AGENT is
    one source file (agent_code), or a project folder or archive (agent_archive,
    SPEC §14; a folder is packed here).

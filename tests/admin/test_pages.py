@@ -1,5 +1,5 @@
 """What the admin's pages say and ship: audit trail, re-run links, neutral values, bounded outputs,
-read-only workers, the root page, the icon. (The browser test, tests/worker/test_admin_browser.py,
+read-only workers, the root page, the icon. (The browser test, tests/admin/test_browser.py,
 checks the layout and the log's scroll position on a live service.)"""
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The egress proxy with real sockets: its Unix socket, HTTP servers on 127.0.0.1, bounded waits.
 
 The clients here speak to the proxy's socket directly (what socat relays to
-inside a sandbox; tests/egress/test_sandbox.py goes through the real relay).
+inside a sandbox; tests/network/test_sandbox.py goes through the real relay).
 """
 
 from __future__ import annotations

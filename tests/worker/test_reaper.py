@@ -1,12 +1,16 @@
-"""RETENTION_DAYS purges old rows; the counters /metrics and /status report never go down."""
+"""The reaper (evaluations/worker/reaper.py): RETENTION_DAYS purges old rows (the counters /metrics and
+/status report never go down), and session folders a dead process left are removed."""
 
 import dataclasses
+import uuid
 
 import pytest
 from django.utils import timezone
 
 from evaluations import lifecycle, stats
 from evaluations.models import Evaluation, PurgedTotals, Status
+from evaluations.pipeline.session import RETIRED_PREFIX, Session
+from evaluations.runtime import sandbox_uid
 from evaluations.worker import reaper
 
 pytestmark = pytest.mark.django_db
@@ -73,3 +77,25 @@ def test_purge_removes_emptied_batches_and_unused_agent_archives(settings):
     # Submitting the purged content again stores it again.
     assert agents.store_archive(b"an agent nobody submitted for a month") == old_digest
     assert AgentArchive.objects.filter(sha256=old_digest).exists()
+
+
+def _session(base):
+    session = Session.create(base, str(uuid.uuid4()), sandbox_uid())
+    (session.repo / "deep" / "er").mkdir(parents=True)
+    (session.repo / "deep" / "er" / "file").write_text("x")
+    return session
+
+
+def test_the_reaper_removes_retired_folders_a_dead_process_left_but_not_fresh_ones(tmp_path, monkeypatch):
+    base = tmp_path / "sessions"
+    first, second = _session(base).retire(), _session(base).retire()
+    not_ours = base / f"{RETIRED_PREFIX}not-an-eval-id"
+    not_ours.mkdir()
+    # Within the grace its own evaluation process may be removing it: left alone.
+    assert reaper.remove_orphan_folders(base) == (0, 0)
+    assert first.exists() and second.exists()
+    monkeypatch.setattr(reaper, "RETIRED_GRACE_SECS", -1.0)  # ctime cannot be set back: shorten the grace
+    assert reaper.remove_orphan_folders(base, dry_run=True) == (2, 0)
+    assert first.exists() and second.exists()
+    assert reaper.remove_orphan_folders(base) == (2, 0)
+    assert sorted(p.name for p in base.iterdir()) == [not_ours.name]

@@ -1,6 +1,7 @@
 """Environments: root filesystems under ENVIRONMENTS_ROOT that a task's commands run in as `/` (SPEC §11).
 
-Plain Python, no Django: the API lists them, the pipeline resolves one, make_environment builds one.
+Plain Python, no Django: the API lists them, the pipeline resolves one, make_environment builds one
+(build.py, beside).
 
 1. A link inside an environment means what it would mean with the environment as `/`
    (`bin -> usr/bin`, `/usr/bin/sh -> dash`): ``inside`` resolves it against the
