@@ -62,10 +62,16 @@ The agent's patch (``repo_patch``)
 The agent owns ``repo/.git``: its config could name a ``core.fsmonitor``
 command, filter drivers that ``git add`` would run, ``diff.external``, ...
 So the diff never uses that git dir: a private, empty one in a scratch
-folder is used, with the repository's objects only as read-only alternates,
-a throwaway index that starts at ``base_sha``, and the new blobs written to
-the private object store. The agent's index, refs and objects are untouched.
-Two ``sh`` scripts: one sandbox each instead of one per git command.
+folder is used, a throwaway index that starts at ``base_sha``, and the new
+blobs written to the private object store. The agent's index, refs and
+objects are neither used nor touched. The base's objects (the only ones read)
+are an alternate: not the agent's ``.git/objects``, where it could write a
+tree under a base tree's id (git checks the hash of a commit and its own
+tree, not of the subtrees it reads, and a loose object is read as it is) and
+make a changed file look unchanged, but ``keep_base_objects``'s copy, made
+by the clone step before any command of the task or the agent ran, root's.
+Three ``sh`` scripts (four when the agent made a repository inside the work
+tree): one sandbox each instead of one per git command.
 
 Nothing the agent writes decides what the patch shows (issue 23). git reads
 rules from the work tree, from HOME and from the git dir; here:
@@ -74,7 +80,17 @@ rules from the work tree, from HOME and from the git dir; here:
   writes out the base's ``.gitignore`` files; ``_base_rules`` turns them into
   one excludes file (each pattern anchored to its folder), and the new files
   are listed with ``ls-files --others --exclude-from`` that file alone, then
-  added with ``--force``. A ``.gitignore`` the agent adds or edits hides
+  added with ``update-index --add`` (which no ignore rule stops, and which
+  never stores a folder, so never a gitlink). A folder holding a repository
+  of the agent's (a ``.git`` folder or file) is listed by git as the folder:
+  ``_new_files`` lists its files with a walk that follows no link and leaves
+  out every ``.git`` (git metadata: not in the patch), and ``check-ignore
+  --no-index`` with the same excludes file, in an empty work tree (so no
+  ``.gitignore`` of the agent's), drops those the base ignores. Names git
+  refuses to store (a ``.git`` component in any case, a link named
+  ``.gitmodules``) are left out instead of failing the whole patch, and
+  ``core.protectNTFS``/``protectHFS`` are off (a backslash is a plain
+  character on Linux). A ``.gitignore`` the agent adds or edits hides
   nothing (its own change is in the patch). Build junk the base ignores
   (``node_modules/``, ``__pycache__/``) stays out, tracked files that match
   an ignore rule are still diffed;
@@ -232,13 +248,16 @@ export GIT_DIR="$1" GIT_WORK_TREE="$5" GIT_INDEX_FILE="$4" GIT_OPTIONAL_LOCKS=0
 # the list of new files, then the pathspec): tracked files as they are now, and the new files
 # that the base's rules do not ignore (the work tree's .gitignore files are not read:
 # --exclude-from alone). $1/info/attributes holds the base's attributes. git lists a folder that
-# holds a repository (a `.git` folder or file) as that folder, with a trailing slash: repo_patch
-# lists its files itself.
+# holds a repository (a `.git` folder or file) as that folder, with a trailing slash, and `add
+# --update` stages a tracked file the agent replaced by one as a gitlink: the index before and
+# after ($6.base, $6.now) tell repo_patch, which lists their files itself.
 _PATCH_LIST_SCRIPT = f"""
 export GIT_DIR="$1" GIT_WORK_TREE="$2" GIT_INDEX_FILE="$3" GIT_OPTIONAL_LOCKS=0
-ignored=$4 new=$5
-shift 5
+ignored=$4 new=$5 stage=$6
+shift 6
+{_sh_git(*_PATCH_SETTINGS)} ls-files -z --stage -- "$@" > "$stage.base" || exit 15
 {_sh_git(*_PATCH_SETTINGS)} add --update -- "$@" || exit 13
+{_sh_git(*_PATCH_SETTINGS)} ls-files -z --stage -- "$@" > "$stage.now" || exit 15
 {_sh_git(*_PATCH_SETTINGS)} ls-files -z --others "--exclude-from=$ignored" -- "$@" > "$new" || exit 15
 """
 # Only when a folder holds a repository ($1 private git dir, $2 an empty work tree, $3 the base's
@@ -250,12 +269,16 @@ export GIT_DIR="$1" GIT_WORK_TREE="$2" GIT_OPTIONAL_LOCKS=0
   [ $? = 1 ] || exit 17
 """
 # The third ($1 private git dir, $2 base sha, $3 the patch file, $4 the work tree, $5 the index,
-# $6 the new files to add, then the pathspec): the new files hashed into the index as plain files
-# (update-index: never a folder, so never a gitlink), and the diff.
+# $6 the new files to add, $7 the gitlinks `add --update` made, then the pathspec): those
+# gitlinks out, the new files hashed into the index as plain files (update-index: never a
+# folder, so never a gitlink), and the diff.
 _PATCH_SCRIPT = f"""
 export GIT_DIR="$1" GIT_WORK_TREE="$4" GIT_INDEX_FILE="$5" GIT_OPTIONAL_LOCKS=0
-base=$2 out=$3 new=$6
-shift 6
+base=$2 out=$3 new=$6 links=$7
+shift 7
+if [ -s "$links" ]; then
+  {_sh_git(*_PATCH_SETTINGS)} update-index --force-remove -z --stdin < "$links" || exit 13
+fi
 if [ -s "$new" ]; then
   {_sh_git(*_PATCH_SETTINGS)} update-index --add --replace -z --stdin < "$new" || exit 13
 fi
@@ -481,12 +504,27 @@ def repo_patch(
         write_file_nofollow(scratch, "base.gitignore", ignore_rules.encode(_FS, _ESC))
         git.script(
             _PATCH_LIST_SCRIPT,
-            [str(git_dir), str(repo), str(index), str(scratch / "base.gitignore"), str(scratch / "others"), *pathspec],
+            [
+                str(git_dir),
+                str(repo),
+                str(index),
+                str(scratch / "base.gitignore"),
+                str(scratch / "others"),
+                str(scratch / "stage"),
+                *pathspec,
+            ],
             stages=_PATCH_STAGES,
             cwd=repo,
             extra_env=no_home,
         )
         new, nested = _new_files(repo, _read_nofollow(scratch / "others"))
+        # a tracked file the agent replaced by a repository of its own: its files, never a gitlink
+        links = sorted(
+            _gitlinks(_read_nofollow(scratch / "stage.now")) - _gitlinks(_read_nofollow(scratch / "stage.base"))
+        )
+        for link in links:
+            nested += _walk_files(repo, link)
+        write_file_nofollow(scratch, "links", b"".join(path + b"\0" for path in links))
         if nested:  # files in a repository of the agent's: the base's rules decide, as for the rest
             write_file_nofollow(scratch, "nested", b"".join(path + b"\0" for path in nested))
             git.script(
@@ -508,7 +546,16 @@ def repo_patch(
         out = scratch / "agent.patch"
         git.script(
             _PATCH_SCRIPT,
-            [str(git_dir), base_sha, str(out), str(repo), str(index), str(scratch / "new.list"), *pathspec],
+            [
+                str(git_dir),
+                base_sha,
+                str(out),
+                str(repo),
+                str(index),
+                str(scratch / "new.list"),
+                str(scratch / "links"),
+                *pathspec,
+            ],
             stages=_PATCH_STAGES,
             cwd=repo,
             extra_env=no_home,
@@ -536,6 +583,11 @@ def _new_files(repo: Path, listing: bytes) -> tuple[list[bytes], list[bytes]]:
         elif path and _storable(repo, path):
             new.append(path)
     return new, nested
+
+
+def _gitlinks(stage: bytes) -> set[bytes]:
+    """The paths of the gitlinks in ``ls-files -z --stage`` output."""
+    return {entry.partition(b"\t")[2] for entry in stage.split(b"\0") if entry.startswith(b"160000 ")}
 
 
 def _walk_files(repo: Path, top: bytes) -> list[bytes]:

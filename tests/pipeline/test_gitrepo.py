@@ -669,7 +669,8 @@ def test_patch_attributes_come_from_the_base_tree_only(tmp_path):
 
 
 def test_patch_shows_the_files_of_repositories_the_agent_made_as_plain_files(history, tmp_path):
-    """A folder with a .git of its own (committed, empty, or a .git file) is no gitlink: its files
+    """A folder with a .git of its own (committed, empty, a .git file, or where a tracked file was)
+    is no gitlink: its files
     are in the patch, its .git is not, and the base's rules still apply inside it. Names git
     refuses (a .git in any case, a link named .gitmodules) are left out, never fail the patch."""
     dest = _clone(history, tmp_path)
@@ -695,10 +696,18 @@ def test_patch_shows_the_files_of_repositories_the_agent_made_as_plain_files(his
     (dest / "top.GIT").mkdir()
     (dest / "top.GIT" / "e.py").write_text("not a .git: stored\n")
     (linked / ".gitmodules").symlink_to("c.py")
+    (dest / "tool.sh").unlink()  # a tracked file becomes a repository with a commit
+    (dest / "tool.sh").mkdir()
+    (dest / "tool.sh" / "inner.sh").write_text("inner\n")
+    git(dest / "tool.sh", "init", "--quiet")
+    git(dest / "tool.sh", "add", "inner.sh")
+    git(dest / "tool.sh", "commit", "--quiet", "-m", "hidden")
     patch = _patch(dest, history.base, tmp_path)
     assert _files(patch) == [
-        "committed/a.py", "committed/inner/deeper.py", "lib/empty/b.py", "linked/c.py", "top.GIT/e.py",
+        "committed/a.py", "committed/inner/deeper.py", "lib/empty/b.py", "linked/c.py", "tool.sh", "tool.sh/inner.sh",
+        "top.GIT/e.py",
     ]  # fmt: skip
+    assert "deleted file mode 100644" in patch.split("b/tool.sh\n", 1)[1].split("diff --git", 1)[0]
     assert 'diff --git "a/odd\\\\name.py" "b/odd\\\\name.py"' in patch  # git quotes the name
     assert "lib/util.py" not in patch  # an asset path (EXCLUDED), even inside the repository
     assert "Subproject commit" not in patch and "160000" not in patch
