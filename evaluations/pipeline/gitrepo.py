@@ -224,8 +224,8 @@ _CLONE_STAGES = {
 # keep_base_objects made at clone time, never the agent's object store) as read-only alternates
 # and a throwaway index. The first ($1 private git dir, $2 the base's objects, $3 base sha, $4 the
 # index, $5 the work tree, $6 the attributes that switch every conversion off, $7 where the base's
-# rule files go, $8 their list) reads the base tree and writes out the .gitignore and
-# .gitattributes files it holds, as the base commit has them.
+# rule files go, $8 their list, $9.base the index) reads the base tree and writes out the
+# .gitignore and .gitattributes files it holds, as the base commit has them.
 _PATCH_SETTINGS = (
     "core.bare=false",
     "core.filemode=true",
@@ -243,6 +243,7 @@ export GIT_DIR="$1" GIT_WORK_TREE="$5" GIT_INDEX_FILE="$4" GIT_OPTIONAL_LOCKS=0
 {_sh_git(*_PATCH_SETTINGS)} read-tree "$3" || exit 12
 {_sh_git(*_PATCH_SETTINGS)} ls-files -z -- ':(top,glob)**/.gitignore' ':(top,glob)**/.gitattributes' > "$8" || exit 15
 {_sh_git(*_PATCH_SETTINGS)} checkout-index -z --stdin "--prefix=$7/" < "$8" || exit 16
+{_sh_git(*_PATCH_SETTINGS)} ls-files -z --stage > "$9.base" || exit 15
 """
 # The second ($1 private git dir, $2 the work tree, $3 the index, $4 the base's ignore rules, $5
 # the list of new files, then the pathspec): tracked files as they are now, and the new files
@@ -250,12 +251,11 @@ export GIT_DIR="$1" GIT_WORK_TREE="$5" GIT_INDEX_FILE="$4" GIT_OPTIONAL_LOCKS=0
 # --exclude-from alone). $1/info/attributes holds the base's attributes. git lists a folder that
 # holds a repository (a `.git` folder or file) as that folder, with a trailing slash, and `add
 # --update` stages a tracked file the agent replaced by one as a gitlink: the index before and
-# after ($6.base, $6.now) tell repo_patch, which lists their files itself.
+# after ($6.base, from the first script, and $6.now) tell repo_patch, which lists their files itself.
 _PATCH_LIST_SCRIPT = f"""
 export GIT_DIR="$1" GIT_WORK_TREE="$2" GIT_INDEX_FILE="$3" GIT_OPTIONAL_LOCKS=0
 ignored=$4 new=$5 stage=$6
 shift 6
-{_sh_git(*_PATCH_SETTINGS)} ls-files -z --stage -- "$@" > "$stage.base" || exit 15
 {_sh_git(*_PATCH_SETTINGS)} add --update -- "$@" || exit 13
 {_sh_git(*_PATCH_SETTINGS)} ls-files -z --stage -- "$@" > "$stage.now" || exit 15
 {_sh_git(*_PATCH_SETTINGS)} ls-files -z --others "--exclude-from=$ignored" -- "$@" > "$new" || exit 15
@@ -494,6 +494,7 @@ def repo_patch(
                 _ATTRIBUTES_RESET,
                 str(rules),
                 str(listed),
+                str(scratch / "stage"),
             ],
             stages=_PATCH_STAGES,
             cwd=repo,
