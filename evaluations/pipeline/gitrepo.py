@@ -70,8 +70,12 @@ tree under a base tree's id (git checks the hash of a commit and its own
 tree, not of the subtrees it reads, and a loose object is read as it is) and
 make a changed file look unchanged, but ``keep_base_objects``'s copy, made
 by the clone step before any command of the task or the agent ran, root's.
-Three ``sh`` scripts (four when the agent made a repository inside the work
-tree): one sandbox each instead of one per git command.
+Two ``sh`` scripts (two more when the agent made a repository inside the
+work tree or picked a name git refuses): one sandbox each instead of one
+per git command. The second first hashes every tracked file without
+writing (``update-index --refresh``), so ``add`` writes only what changed:
+git "freshens" an object it would write that a pack holds by touching the
+pack, which fails on root's copy, and would write each again, loose.
 
 Nothing the agent writes decides what the patch shows (issue 23). git reads
 rules from the work tree, from HOME and from the git dir; here:
@@ -220,11 +224,11 @@ _CLONE_STAGES = {
     22: "removing the clone's refs",
 }
 
-# The agent patch takes three scripts, all with a private git dir, the base's objects (the copy
+# The agent patch takes two scripts (four: see _PATCH_NEEDS_LISTING), all with a private git dir, the base's objects (the copy
 # keep_base_objects made at clone time, never the agent's object store) as read-only alternates
 # and a throwaway index. The first ($1 private git dir, $2 the base's objects, $3 base sha, $4 the
 # index, $5 the work tree, $6 the attributes that switch every conversion off, $7 where the base's
-# rule files go, $8 their list, $9.base the index) reads the base tree and writes out the
+# rule files go, $8 their list, $9 the scratch folder, for stage.base: the index) reads the base tree and writes out the
 # .gitignore and .gitattributes files it holds, as the base commit has them.
 _PATCH_SETTINGS = (
     "core.bare=false",
@@ -243,23 +247,47 @@ export GIT_DIR="$1" GIT_WORK_TREE="$5" GIT_INDEX_FILE="$4" GIT_OPTIONAL_LOCKS=0
 {_sh_git(*_PATCH_SETTINGS)} read-tree "$3" || exit 12
 {_sh_git(*_PATCH_SETTINGS)} ls-files -z -- ':(top,glob)**/.gitignore' ':(top,glob)**/.gitattributes' > "$8" || exit 15
 {_sh_git(*_PATCH_SETTINGS)} checkout-index -z --stdin "--prefix=$7/" < "$8" || exit 16
-{_sh_git(*_PATCH_SETTINGS)} ls-files -z --stage > "$9.base" || exit 15
+{_sh_git(*_PATCH_SETTINGS)} ls-files -z --stage > "$9/stage.base" || exit 15
 """
-# The second ($1 private git dir, $2 the work tree, $3 the index, $4 the base's ignore rules, $5
-# the list of new files, then the pathspec): tracked files as they are now, and the new files
-# that the base's rules do not ignore (the work tree's .gitignore files are not read:
-# --exclude-from alone). $1/info/attributes holds the base's attributes. git lists a folder that
-# holds a repository (a `.git` folder or file) as that folder, with a trailing slash, and `add
-# --update` stages a tracked file the agent replaced by one as a gitlink: the index before and
-# after ($6.base, from the first script, and $6.now) tell repo_patch, which lists their files itself.
+# The tracked files as they are now, the new files that the base's rules do not ignore (the work
+# tree's .gitignore files are not read: --exclude-from alone), then the diff: $new added, the
+# gitlinks in $links removed. update-index adds a path as the file or link it is, never a folder,
+# so never a gitlink, and no ignore rule stops it. $1/info/attributes holds the base's attributes.
+_PATCH_ADD_AND_DIFF = f"""
+if [ -s "$links" ]; then
+  {_sh_git(*_PATCH_SETTINGS)} update-index --force-remove -z --stdin < "$links" || exit 13
+fi
+if [ -s "$new" ]; then
+  {_sh_git(*_PATCH_SETTINGS)} update-index --add --replace -z --stdin < "$new" || exit 13
+fi
+{_sh_git(*_PATCH_SETTINGS)} diff --cached --binary --no-renames --no-ext-diff --no-textconv --no-color \\
+    --src-prefix=a/ --dst-prefix=b/ "--output=$s/agent.patch" "$base" -- "$@" || exit 14
+"""
+# The second ($1 private git dir, $2 the work tree, $3 the index, $4 the scratch folder with the
+# base's ignore rules and index (base.gitignore, stage.base), $5 base sha, then the pathspec).
+# The refresh hashes every tracked file without writing it, so `add --update` writes only what
+# changed (git "freshens" an object it would write that an alternate's pack holds by touching the
+# pack; the base's packs are root's, so each would be written again, loose, instead). Then the
+# new files, and the diff, unless the agent made a repository inside the work tree or picked a
+# name git refuses: git lists such a folder (a `.git` folder or file in it) as the folder, with a
+# trailing slash, and `add --update` stages a tracked file replaced by one as a gitlink. Then it
+# exits _PATCH_NEEDS_LISTING and repo_patch lists those files itself.
+_PATCH_NEEDS_LISTING = 30
 _PATCH_LIST_SCRIPT = f"""
 export GIT_DIR="$1" GIT_WORK_TREE="$2" GIT_INDEX_FILE="$3" GIT_OPTIONAL_LOCKS=0
-ignored=$4 new=$5 stage=$6
-shift 6
+s=$4 base=$5
+shift 5
+{_sh_git(*_PATCH_SETTINGS)} update-index -q --refresh > /dev/null || exit 13
 {_sh_git(*_PATCH_SETTINGS)} add --update -- "$@" || exit 13
-{_sh_git(*_PATCH_SETTINGS)} ls-files -z --stage -- "$@" > "$stage.now" || exit 15
-{_sh_git(*_PATCH_SETTINGS)} ls-files -z --others "--exclude-from=$ignored" -- "$@" > "$new" || exit 15
-"""
+{_sh_git(*_PATCH_SETTINGS)} ls-files -z --stage -- "$@" > "$s/stage.now" || exit 15
+{_sh_git(*_PATCH_SETTINGS)} ls-files -z --others "--exclude-from=$s/base.gitignore" -- "$@" > "$s/others" || exit 15
+grep -z '^160000 ' "$s/stage.base" > "$s/links.base"; [ $? -le 1 ] || exit 18
+grep -z '^160000 ' "$s/stage.now" > "$s/links.now"; [ $? -le 1 ] || exit 18
+grep -qziE '/$|(^|/)[.]git(/|$)|(^|/)[.]gitmodules$' "$s/others"; found=$?
+[ $found -le 1 ] || exit 18
+cmp -s "$s/links.base" "$s/links.now" && [ $found = 1 ] || exit {_PATCH_NEEDS_LISTING}
+new=$s/others links=/dev/null
+{_PATCH_ADD_AND_DIFF}"""
 # Only when a folder holds a repository ($1 private git dir, $2 an empty work tree, $3 the base's
 # ignore rules, $4 the files found in such folders, $5 those the rules ignore): the base's rules
 # alone, as an excludes file, in a work tree with no .gitignore file (exit 1: none ignored).
@@ -268,23 +296,14 @@ export GIT_DIR="$1" GIT_WORK_TREE="$2" GIT_OPTIONAL_LOCKS=0
 {_sh_git(*_PATCH_SETTINGS)} -c "core.excludesFile=$3" check-ignore --no-index -z --stdin < "$4" > "$5" || \\
   [ $? = 1 ] || exit 17
 """
-# The third ($1 private git dir, $2 base sha, $3 the patch file, $4 the work tree, $5 the index,
-# $6 the new files to add, $7 the gitlinks `add --update` made, then the pathspec): those
-# gitlinks out, the new files hashed into the index as plain files (update-index: never a
-# folder, so never a gitlink), and the diff.
+# After _PATCH_NEEDS_LISTING (the same arguments): the files repo_patch listed (new.list) added,
+# the gitlinks `add --update` made (links) removed, and the diff.
 _PATCH_SCRIPT = f"""
-export GIT_DIR="$1" GIT_WORK_TREE="$4" GIT_INDEX_FILE="$5" GIT_OPTIONAL_LOCKS=0
-base=$2 out=$3 new=$6 links=$7
-shift 7
-if [ -s "$links" ]; then
-  {_sh_git(*_PATCH_SETTINGS)} update-index --force-remove -z --stdin < "$links" || exit 13
-fi
-if [ -s "$new" ]; then
-  {_sh_git(*_PATCH_SETTINGS)} update-index --add --replace -z --stdin < "$new" || exit 13
-fi
-{_sh_git(*_PATCH_SETTINGS)} diff --cached --binary --no-renames --no-ext-diff --no-textconv --no-color \\
-    --src-prefix=a/ --dst-prefix=b/ "--output=$out" "$base" -- "$@" || exit 14
-"""
+export GIT_DIR="$1" GIT_WORK_TREE="$2" GIT_INDEX_FILE="$3" GIT_OPTIONAL_LOCKS=0
+s=$4 base=$5
+shift 5
+new=$s/new.list links=$s/links
+{_PATCH_ADD_AND_DIFF}"""
 _PATCH_STAGES = {
     10: "git init",
     11: "writing the private git dir's alternates and attributes",
@@ -294,6 +313,8 @@ _PATCH_STAGES = {
     15: "git ls-files",
     16: "git checkout-index of the base's .gitignore and .gitattributes files",
     17: "git check-ignore",
+    18: "reading the lists of new files and gitlinks",
+    _PATCH_NEEDS_LISTING: "",
 }
 # What changes how `git add` stores a file or how `git diff` shows it, unset for every path; only
 # the base commit's .gitattributes (after this line, see _base_rules) set them again. The
@@ -494,7 +515,7 @@ def repo_patch(
                 _ATTRIBUTES_RESET,
                 str(rules),
                 str(listed),
-                str(scratch / "stage"),
+                str(scratch),
             ],
             stages=_PATCH_STAGES,
             cwd=repo,
@@ -503,70 +524,41 @@ def repo_patch(
         ignore_rules, attributes = _base_rules(rules, _read_nofollow(listed))
         write_file_nofollow(scratch, "git/info/attributes", f"{_ATTRIBUTES_RESET}\n{attributes}".encode(_FS, _ESC))
         write_file_nofollow(scratch, "base.gitignore", ignore_rules.encode(_FS, _ESC))
-        git.script(
-            _PATCH_LIST_SCRIPT,
-            [
-                str(git_dir),
-                str(repo),
-                str(index),
-                str(scratch / "base.gitignore"),
-                str(scratch / "others"),
-                str(scratch / "stage"),
-                *pathspec,
-            ],
-            stages=_PATCH_STAGES,
-            cwd=repo,
-            extra_env=no_home,
-        )
-        new, nested = _new_files(repo, _read_nofollow(scratch / "others"))
-        # a tracked file the agent replaced by a repository of its own: its files, never a gitlink
-        links = sorted(
-            _gitlinks(_read_nofollow(scratch / "stage.now")) - _gitlinks(_read_nofollow(scratch / "stage.base"))
-        )
-        for link in links:
-            nested += _walk_files(repo, link)
-        write_file_nofollow(scratch, "links", b"".join(path + b"\0" for path in links))
-        if nested:  # files in a repository of the agent's: the base's rules decide, as for the rest
-            write_file_nofollow(scratch, "nested", b"".join(path + b"\0" for path in nested))
-            git.script(
-                _PATCH_IGNORED_SCRIPT,
-                [
-                    str(git_dir),
-                    str(empty),
-                    str(scratch / "base.gitignore"),
-                    str(scratch / "nested"),
-                    str(scratch / "ign"),
-                ],
-                stages=_PATCH_STAGES,
-                cwd=empty,
-                extra_env=no_home,
-            )
-            ignored = set(_read_nofollow(scratch / "ign").split(b"\0"))
-            new += [path for path in nested if path not in ignored]
-        write_file_nofollow(scratch, "new.list", b"".join(path + b"\0" for path in new))
+        args = [str(git_dir), str(repo), str(index), str(scratch), base_sha, *pathspec]
+        result = git.script(_PATCH_LIST_SCRIPT, args, stages=_PATCH_STAGES, cwd=repo, extra_env=no_home)
+        if result.exit_code == _PATCH_NEEDS_LISTING:
+            _list_new_files(git, repo, scratch, git_dir, empty, no_home)
+            git.script(_PATCH_SCRIPT, args, stages=_PATCH_STAGES, cwd=repo, extra_env=no_home)
         out = scratch / "agent.patch"
-        git.script(
-            _PATCH_SCRIPT,
-            [
-                str(git_dir),
-                base_sha,
-                str(out),
-                str(repo),
-                str(index),
-                str(scratch / "new.list"),
-                str(scratch / "links"),
-                *pathspec,
-            ],
-            stages=_PATCH_STAGES,
-            cwd=repo,
-            extra_env=no_home,
-        )
         fd = os.open(out, os.O_RDONLY | os.O_NOFOLLOW)
         with os.fdopen(fd, "rb") as patch_file:
             size = os.fstat(fd).st_size
             if max_bytes is not None and size > max_bytes:
                 raise GitError(f"agent patch is {size} bytes, over the limit of {max_bytes} bytes")
             return as_text(patch_file.read())  # a NUL past git's 8000-byte look is diffed as text
+
+
+def _list_new_files(git: _Git, repo: Path, scratch: Path, git_dir: Path, empty: Path, env: dict) -> None:
+    """Write ``scratch/new.list`` (the new files to add) and ``scratch/links`` (the gitlinks to
+    remove) when the agent made a repository inside the work tree or picked a name git refuses."""
+    new, nested = _new_files(repo, _read_nofollow(scratch / "others"))
+    # a tracked file the agent replaced by a repository of its own: its files, never a gitlink
+    links = sorted(_gitlinks(_read_nofollow(scratch / "stage.now")) - _gitlinks(_read_nofollow(scratch / "stage.base")))
+    for link in links:
+        nested += _walk_files(repo, link)
+    if nested:  # files in a repository of the agent's: the base's rules decide, as for the rest
+        write_file_nofollow(scratch, "nested", b"".join(path + b"\0" for path in nested))
+        git.script(
+            _PATCH_IGNORED_SCRIPT,
+            [str(git_dir), str(empty), str(scratch / "base.gitignore"), str(scratch / "nested"), str(scratch / "ign")],
+            stages=_PATCH_STAGES,
+            cwd=empty,
+            extra_env=env,
+        )
+        ignored = set(_read_nofollow(scratch / "ign").split(b"\0"))
+        new += [path for path in nested if path not in ignored]
+    write_file_nofollow(scratch, "new.list", b"".join(path + b"\0" for path in new))
+    write_file_nofollow(scratch, "links", b"".join(path + b"\0" for path in links))
 
 
 def _new_files(repo: Path, listing: bytes) -> tuple[list[bytes], list[bytes]]:
