@@ -120,10 +120,9 @@ def test_a_link_in_the_agents_tmp_steers_no_mount_and_leaves_nothing_on_the_host
     still_works(tasks, e2e_config, sandbox)
 
 
+@pytest.mark.parametrize("sandbox", ["bwrap"], indirect=True)  # bubblewrap's mount points: none without it
 def test_a_link_an_install_step_plants_steers_no_later_command(tasks, e2e_config, sandbox, shared_folder):
     """The same link, planted by the task's install step before the agent's command starts."""
-    if sandbox != "bwrap":
-        pytest.skip("bubblewrap's mount points: there are none without the sandbox")
     plant = (
         "top=$(pwd | cut -d/ -f3) && mv /tmp/$top /tmp/$top.moved && "
         f"ln -s /oldroot{shared_folder} /tmp/$top && echo linked $top"
