@@ -471,3 +471,10 @@ def _kind_at(dir_fd: int, name: str) -> str:
 
 def _reason(exc: OSError) -> str:
     return exc.strerror or str(exc)
+
+
+def unix_address(folder_fd: int, name: str) -> str:
+    """An AF_UNIX address for ``name`` in the folder open as ``folder_fd``, whatever the folder's
+    path length: the kernel caps a socket path at 107 bytes, which a DATA_DIR a few folders deep
+    passes (``AF_UNIX path too long``), while this path is always about 25 bytes."""
+    return f"/proc/self/fd/{folder_fd}/{name}"

@@ -12,7 +12,7 @@ from django.utils.html import format_html
 
 from evaluations import representation
 from evaluations.admin import format as fmt
-from evaluations.admin.detail import OwnerFilter, ReadOnlyInline, detail_url
+from evaluations.admin.detail import OwnerFilter, ReadOnlyInline, detail_url, without_owner_when_single_tenant
 from evaluations.models import AgentArchive, Batch, Evaluation
 
 
@@ -60,6 +60,12 @@ class BatchAdmin(admin.ModelAdmin):
         "timeout_secs", "env", "callback_url", "callback_state", "metadata", "idempotency_key",
     )  # fmt: skip
     readonly_fields = fields
+
+    def get_list_display(self, request):
+        return without_owner_when_single_tenant(super().get_list_display(request))
+
+    def get_list_filter(self, request):
+        return without_owner_when_single_tenant(super().get_list_filter(request))
 
     def get_queryset(self, request):
         # The counts in one query with the rows; the agent's code is never read for the list.

@@ -34,6 +34,20 @@ def whole_url(eval_id, field: str) -> str:
     return reverse("admin:evaluations_evaluation_whole", args=[eval_id, field])
 
 
+def tenant_names() -> list[str]:
+    """The tenants AUTH_TOKENS and the Token rows name, sorted; empty on a single-tenant executor."""
+    stored = Token.objects.values_list("name", flat=True).distinct()
+    return sorted({name for name, _token in settings.EXECUTOR.tenant_tokens} | set(stored))
+
+
+def without_owner_when_single_tenant(fields: tuple) -> tuple:
+    """A list's columns or filters without the owner's while no tenant is configured: every row's
+    owner is then null, and the column would only cost the width a 1024 px screen lacks."""
+    if tenant_names():
+        return fields
+    return tuple(f for f in fields if f not in ("owner_text", OwnerFilter))
+
+
 class OwnerFilter(admin.SimpleListFilter):
     """Filter a list by owner: the tenants AUTH_TOKENS and the Token rows name, and "operator" for rows
     no tenant owns.
@@ -48,9 +62,7 @@ class OwnerFilter(admin.SimpleListFilter):
     OPERATOR = "(operator)"  # no tenant name holds parentheses
 
     def lookups(self, request, model_admin):
-        stored = Token.objects.values_list("name", flat=True).distinct()
-        names = sorted({name for name, _token in settings.EXECUTOR.tenant_tokens} | set(stored))
-        return [(self.OPERATOR, "operator (no tenant)"), *((name, name) for name in names)]
+        return [(self.OPERATOR, "operator (no tenant)"), *((name, name) for name in tenant_names())]
 
     def queryset(self, request, queryset):
         value = self.value()

@@ -36,6 +36,7 @@ from evaluations.admin.detail import (
     TestResultInline,
     TransitionInline,
     detail_url,
+    without_owner_when_single_tenant,
 )
 from evaluations.models import (
     Evaluation,
@@ -72,10 +73,18 @@ class EvaluationAdmin(DetailFields, admin.ModelAdmin):
     search_fields = ("id", "task_url")
     date_hierarchy = "created_at"
     ordering = ("-created_at",)
+
     list_per_page = 50  # pages of 1 MiB outputs stay fast (bench/admin.py, bench/RESULTS.md)
     show_full_result_count = False
     inlines = [TransitionInline, TestResultInline, CallbackAttemptInline]
     actions = ["cancel_evaluations", "rerun_evaluations"]
+
+    def get_list_display(self, request):
+        return without_owner_when_single_tenant(super().get_list_display(request))
+
+    def get_list_filter(self, request):
+        return without_owner_when_single_tenant(super().get_list_filter(request))
+
     change_list_template = "admin/evaluations/evaluation/change_list.html"
     change_form_template = "admin/evaluations/evaluation/change_form.html"
     fieldsets = (

@@ -2,6 +2,7 @@
 
 task/     the extracted archive (root only: hidden tests, original_pr.md)
 repo/     the repository; owned by the sandbox uid
+base-objects/  root only: the clone's object store as cloned, read by the agent patch (patch.keep_base_objects)
 agent/    agent.<ext> and prompt.md, read-only to commands; an agent project's code/ (root's),
           env/ (its venv or node_modules) and home/ (HOME of its install), the sandbox uid's,
           pipeline/agentenv.py
@@ -47,6 +48,10 @@ class Session:
     @property
     def repo(self) -> Path:
         return self.root / "repo"
+
+    @property
+    def base_objects(self) -> Path:
+        return self.root / "base-objects"
 
     @property
     def agent(self) -> Path:

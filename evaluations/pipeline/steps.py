@@ -108,6 +108,10 @@ def cloning_repo(ctx: Context) -> None:
     finally:
         if ctx.egress is not None:
             ctx.egress.policy = policy  # what the clone was let reach, the task's commands are not
+    try:  # before any command of the task or the agent: the base's objects as cloned, root's (issue 23)
+        patch.keep_base_objects(ctx.session.repo, ctx.session.base_objects)
+    except (OSError, SafeFSError) as exc:
+        raise StepFailed(f"could not keep the base's git objects: {exc}", kind=ErrorKind.INFRASTRUCTURE) from None
 
 
 def _clone(ctx: Context) -> None:
@@ -258,14 +262,16 @@ def running_agent(ctx: Context) -> None:
 
 
 def _agent_patch(ctx: Context) -> str:
-    # HOME is never the agent's: repo_patch gives git an empty folder of its own, and reads ignore
-    # rules and attributes from the base commit's tree only (issue 23).
+    # HOME is never the agent's: repo_patch gives git an empty folder of its own, reads ignore
+    # rules and attributes from the base commit's tree only, and the base's objects from the copy
+    # made at clone time, never from the agent's .git (issue 23).
     env = gitrepo.git_env(ctx.session.home, urlguard.git_allow_protocol(False))
     try:
         text = patch.repo_patch(
             ctx.command_runner(ctx.executor_policy(network=False)),
             repo=ctx.session.repo,
             base_sha=ctx.base_sha,
+            base_objects=ctx.session.base_objects,
             env=env,
             exclude=ctx.asset_excludes,
             max_bytes=ctx.config.max_output_bytes * 8,

@@ -14,6 +14,8 @@ from pathlib import Path
 
 from django.db import connection
 
+from evaluations.safefs import unix_address
+
 CHANNEL = "term_executor_wake"
 
 
@@ -26,22 +28,22 @@ def notify(data_dir: Path) -> None:
     if connection.vendor == "postgresql":
         with connection.cursor() as cursor:
             cursor.execute(f"NOTIFY {CHANNEL}")
-    folder = wake_dir(data_dir)
     try:
-        names = os.listdir(folder)
+        folder = os.open(wake_dir(data_dir), os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     except FileNotFoundError:
         return
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
     sock.setblocking(False)
     try:
-        for name in names:
+        for name in os.listdir(folder):
             if name.endswith(".sock"):
                 try:
-                    sock.sendto(b"!", str(folder / name))
+                    sock.sendto(b"!", unix_address(folder, name))
                 except OSError:
                     pass  # a dead worker's socket, or its queue is full: it is awake anyway
     finally:
         sock.close()
+        os.close(folder)
 
 
 class WakeSocket:
@@ -57,7 +59,11 @@ class WakeSocket:
             self.path.unlink()
         except FileNotFoundError:
             pass
-        self.sock.bind(str(self.path))
+        folder_fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            self.sock.bind(unix_address(folder_fd, self.path.name))
+        finally:
+            os.close(folder_fd)
 
     def fileno(self) -> int:
         return self.sock.fileno()

@@ -5,14 +5,17 @@ from __future__ import annotations
 import dataclasses
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from evaluations.pipeline import gitrepo
 from evaluations.pipeline.gitrepo import GitError, clone_at, git_env
-from evaluations.pipeline.patch import repo_patch
+from evaluations.pipeline.patch import keep_base_objects, repo_patch
 from tests.helpers.gitrepos import (
+    FORGE_BASE_TREE,
+    GIT_TEST_ENV,
     RunResult,
     git,
     make_bare,
@@ -455,8 +458,19 @@ def worked_repo(history, tmp_path):
 EXCLUDED = ["static/corpus", "spec[v1].yaml", "lib/util.py"]
 
 
+def _kept(repo: Path) -> Path:
+    """The base's objects as keep_base_objects copies them at clone time (once per repository)."""
+    kept = repo.parent / f"{repo.name}-base-objects"
+    if not kept.exists():
+        keep_base_objects(repo, kept)
+    return kept
+
+
 def _patch(repo: Path, base: str, tmp_path: Path, **kwargs) -> str:
-    return repo_patch(subprocess_runner, repo=repo, base_sha=base, env=_env(tmp_path), exclude=EXCLUDED, **kwargs)
+    return repo_patch(
+        subprocess_runner, repo=repo, base_sha=base, base_objects=_kept(repo), env=_env(tmp_path), exclude=EXCLUDED,
+        **kwargs,
+    )  # fmt: skip
 
 
 def _files(patch: str) -> list[str]:
@@ -511,7 +525,9 @@ def test_patch_of_modified_binary_and_agent_commits(history, tmp_path):
     (dest / "data.bin").write_bytes(BINARY_BASE[::-1])
     git(dest, "add", "data.bin")
 
-    patch = repo_patch(subprocess_runner, repo=dest, base_sha=history.base, env=_env(tmp_path), exclude=[])
+    patch = repo_patch(
+        subprocess_runner, repo=dest, base_sha=history.base, base_objects=_kept(dest), env=_env(tmp_path), exclude=[]
+    )
     assert _files(patch) == ["data.bin"]
     fresh = _clone(history, tmp_path / "other")
     (tmp_path / "p.patch").write_text(patch)
@@ -622,7 +638,9 @@ def test_patch_base_rules_in_subfolders_match_git_add_all(tmp_path):
     git(repo, "add", "--all")
     expected = sorted(git(repo, "diff", "--cached", "--name-only", "--no-renames", base).splitlines())
     git(repo, "reset", "--quiet")
-    patch = repo_patch(subprocess_runner, repo=repo, base_sha=base, env=_env(tmp_path), exclude=[])
+    patch = repo_patch(
+        subprocess_runner, repo=repo, base_sha=base, base_objects=_kept(repo), env=_env(tmp_path), exclude=[]
+    )
     assert _files(patch) == expected
     assert "sub/m.o" not in expected and "sub/important.o" in expected  # the rules did bite
 
@@ -642,7 +660,7 @@ def test_patch_attributes_come_from_the_base_tree_only(tmp_path):
     env = _env(tmp_path)
     (Path(env["HOME"]) / ".config" / "git").mkdir(parents=True, exist_ok=True)
     (Path(env["HOME"]) / ".config" / "git" / "attributes").write_text("* -diff\n")
-    patch = repo_patch(subprocess_runner, repo=repo, base_sha=base, env=env, exclude=[])
+    patch = repo_patch(subprocess_runner, repo=repo, base_sha=base, base_objects=_kept(repo), env=env, exclude=[])
     assert "+import pytest" in patch  # text, as it is on disk
     assert "Binary files" not in patch.split("b/conftest.py", 1)[1].split("diff --git", 1)[0]
     dat = patch.split("b/a.dat", 1)[1].split("diff --git", 1)[0]
@@ -651,14 +669,84 @@ def test_patch_attributes_come_from_the_base_tree_only(tmp_path):
     assert "GIT binary patch" in quoted  # a quoted pattern of a subfolder's file, anchored there
 
 
-def test_patch_without_git_dir_fails(history, tmp_path):
+def test_patch_shows_the_files_of_repositories_the_agent_made_as_plain_files(history, tmp_path):
+    """A folder with a .git of its own (committed, empty, a .git file, or where a tracked file was)
+    is no gitlink: its files
+    are in the patch, its .git is not, and the base's rules still apply inside it. Names git
+    refuses (a .git in any case, a link named .gitmodules) are left out, never fail the patch."""
     dest = _clone(history, tmp_path)
+    committed, empty, linked = dest / "committed", dest / "lib" / "empty", dest / "linked"
+    for folder in (committed, empty, linked):
+        folder.mkdir(parents=True, exist_ok=True)
+    (committed / "a.py").write_text("a\n")
+    (committed / "debug.log").write_text("the base ignores *.log, here too\n")
+    git(committed, "init", "--quiet")
+    git(committed, "add", "a.py", "debug.log")
+    git(committed, "commit", "--quiet", "-m", "hidden")
+    (committed / "inner").mkdir()
+    git(committed / "inner", "init", "--quiet")
+    (committed / "inner" / "deeper.py").write_text("deeper\n")
+    git(empty, "init", "--quiet")
+    (empty / "b.py").write_text("b\n")
+    (dest / "lib" / "util.py").write_text("tracked, in a folder that is now a repository\n")
+    (linked / ".git").write_text("gitdir: ../.git\n")
+    (linked / "c.py").write_text("c\n")
+    (linked / ".GIT").mkdir()
+    (linked / ".GIT" / "d.py").write_text("git cannot store this\n")
+    (dest / "odd\\name.py").write_text("a backslash: refused by git only with core.protectNTFS\n")
+    (dest / "top.GIT").mkdir()
+    (dest / "top.GIT" / "e.py").write_text("not a .git: stored\n")
+    (linked / ".gitmodules").symlink_to("c.py")
+    (dest / "tool.sh").unlink()  # a tracked file becomes a repository with a commit
+    (dest / "tool.sh").mkdir()
+    (dest / "tool.sh" / "inner.sh").write_text("inner\n")
+    git(dest / "tool.sh", "init", "--quiet")
+    git(dest / "tool.sh", "add", "inner.sh")
+    git(dest / "tool.sh", "commit", "--quiet", "-m", "hidden")
+    patch = _patch(dest, history.base, tmp_path)
+    assert _files(patch) == [
+        "committed/a.py", "committed/inner/deeper.py", "lib/empty/b.py", "linked/c.py", "tool.sh", "tool.sh/inner.sh",
+        "top.GIT/e.py",
+    ]  # fmt: skip
+    assert "deleted file mode 100644" in patch.split("b/tool.sh\n", 1)[1].split("diff --git", 1)[0]
+    assert 'diff --git "a/odd\\\\name.py" "b/odd\\\\name.py"' in patch  # git quotes the name
+    assert "lib/util.py" not in patch  # an asset path (EXCLUDED), even inside the repository
+    assert "Subproject commit" not in patch and "160000" not in patch
+
+
+def test_patch_reads_the_base_from_the_kept_objects_not_the_agents(tmp_path):
+    """Objects the agent writes into its .git under the base's ids (a forged tree) hide nothing:
+    on the agent's object store the change vanishes, on the kept copy it is there."""
+    repo = tmp_path / "forged"
+    (base,) = make_repo(repo, [{"calc.py": "X = 0\n", "pkg/util.py": "X = 1\n"}])
+    git(repo, "repack", "-a", "-d", "-q")
+    kept = _kept(repo)
+    (repo / "pkg" / "util.py").write_text("X = 2  # HIDDEN\n")
+    forger = FORGE_BASE_TREE + "\nforge('pkg/util.py')\n"
+    forged = subprocess.run([sys.executable, "-c", forger], cwd=repo, env=GIT_TEST_ENV, capture_output=True, text=True)
+    assert forged.stdout.startswith("forged"), forged.stderr
+    agents = repo_patch(subprocess_runner, repo=repo, base_sha=base, base_objects=repo / ".git" / "objects",
+                        env=_env(tmp_path), exclude=[])  # fmt: skip
+    assert agents == ""  # the trick works on the agent's own objects
+    patch = repo_patch(subprocess_runner, repo=repo, base_sha=base, base_objects=kept, env=_env(tmp_path), exclude=[])
+    assert _files(patch) == ["pkg/util.py"] and "+X = 2  # HIDDEN" in patch
+
+
+def test_patch_without_the_agents_git_dir_is_made_from_the_kept_objects(history, tmp_path):
+    """The agent's .git is never read: replaced by a link, the patch is the same."""
+    dest = _clone(history, tmp_path)
+    kept = _kept(dest)
     import shutil
 
     shutil.rmtree(dest / ".git")
     (dest / ".git").symlink_to(tmp_path)
-    with pytest.raises(GitError, match=r"\.git is missing or is not a folder"):
-        _patch(dest, history.base, tmp_path)
+    (dest / "app.py").write_text("changed\n")
+    assert _files(_patch(dest, history.base, tmp_path)) == ["app.py"]
+    shutil.rmtree(kept)
+    with pytest.raises(GitError, match=r"the base's objects .* are missing"):
+        repo_patch(
+            subprocess_runner, repo=dest, base_sha=history.base, base_objects=kept, env=_env(tmp_path), exclude=[]
+        )
 
 
 def test_patch_over_limit_fails(history, worked_repo, tmp_path):
@@ -670,7 +758,9 @@ def test_patch_over_limit_fails(history, worked_repo, tmp_path):
 def test_patch_refuses_escaping_excludes(history, tmp_path, bad):
     dest = _clone(history, tmp_path)
     with pytest.raises(GitError, match="excluded path"):
-        repo_patch(_never_run, repo=dest, base_sha=history.base, env=_env(tmp_path), exclude=[bad])
+        repo_patch(
+            _never_run, repo=dest, base_sha=history.base, base_objects=_kept(dest), env=_env(tmp_path), exclude=[bad]
+        )
 
 
 # --- git as the sandbox uid, as the spawner runs it ---------------------------
@@ -720,6 +810,7 @@ def test_git_as_the_sandbox_uid(history, sandbox_session):
     env = git_env(home, "http:https")
     sha = clone_at(_as_sandbox_uid, repo_url=history.http_url, base_commit="v1.0", dest=repo, env=env, timeout_secs=60)
     assert sha == history.base
+    keep_base_objects(repo, sandbox_session / "base-objects")  # root's, as the clone step keeps them
     not_theirs = [p for p in [repo, *repo.rglob("*")] if p.lstat().st_uid != SANDBOX_UID]
     assert not_theirs == [], "the agent could not change these"
 
@@ -738,6 +829,8 @@ def test_git_as_the_sandbox_uid(history, sandbox_session):
     agent("git checkout -q -b work && echo one > one.txt && git add one.txt && git commit -qm one && git tag t1")
     agent("echo two > two.txt && echo changed > app.py")
 
-    patch = repo_patch(_as_sandbox_uid, repo=repo, base_sha=sha, env=env, exclude=[])
-    assert _files(patch) == ["app.py", "one.txt", "two.txt"]
-    assert sorted(p.name for p in sandbox_session.iterdir()) == ["home", "repo"]
+    agent("mkdir nested && cd nested && git init -q && echo three > three.txt")
+    kept = sandbox_session / "base-objects"
+    patch = repo_patch(_as_sandbox_uid, repo=repo, base_sha=sha, base_objects=kept, env=env, exclude=[])
+    assert _files(patch) == ["app.py", "nested/three.txt", "one.txt", "two.txt"]
+    assert sorted(p.name for p in sandbox_session.iterdir()) == ["base-objects", "home", "repo"]

@@ -178,3 +178,27 @@ def test_the_scrub_finds_what_the_uid_left_at_any_depth_without_following_links(
         for root in roots:
             shutil.rmtree(root, ignore_errors=True)
         os.unlink(target)
+
+
+def test_the_scrub_walks_no_mount_point(tmp_path):
+    """A folder bind-mounted below /tmp (a test's environment binds /usr there; an operator's bind
+    of anything) is another tree: the scrub walked a bind of /usr on the same disk whole, 1.7 s on
+    every release here. The uid's files beside the mount point go; the mounted tree is not entered."""
+    uid = FIRST + 7
+    token = uuid.uuid4().hex[:8]
+    root, source = f"/tmp/te-mounted-{token}", f"/tmp/te-mounted-{token}-source"
+    os.makedirs(f"{root}/mnt")
+    os.makedirs(source)
+    for folder in (root, source):
+        os.chmod(folder, 0o1777)
+    subprocess.run(["sh", "-c", f"echo x > {root}/left && echo y > {source}/inside"], user=uid, group=uid,
+                   extra_groups=[], check=True)  # fmt: skip
+    subprocess.run(["mount", "--bind", source, f"{root}/mnt"], check=True)
+    try:
+        uids.remove_owned(uid, root)
+        assert sorted(os.listdir(root)) == ["mnt"]
+        assert os.listdir(f"{root}/mnt") == ["inside"]  # not entered: a mount point is another tree
+    finally:
+        subprocess.run(["umount", f"{root}/mnt"], check=False)
+        shutil.rmtree(root, ignore_errors=True)
+        shutil.rmtree(source, ignore_errors=True)
