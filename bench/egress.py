@@ -31,7 +31,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from evaluations.egress import EgressPolicy, EgressProxy, proxy_env, relay_wrapper
+from evaluations.network.egress import EgressPolicy, EgressProxy, proxy_env, relay_wrapper
 from evaluations.runtime import Bubblewrap, Mount, probe_bwrap, sandbox_uid
 from evaluations.runtime.killer import TAG_VAR
 

@@ -33,8 +33,8 @@ from django.db import DEFAULT_DB_ALIAS, connection, connections, transaction
 from django.db.models import CharField, Field, TextField
 from django.utils import timezone
 
-from evaluations import wakeup
 from evaluations.models import ACTIVE_STATUSES, Batch, Evaluation, Status, Step, Transition
+from evaluations.worker import wakeup
 
 ADMISSION_LOCK = 0x7E57E4EC  # any constant shared by every process of the fleet
 

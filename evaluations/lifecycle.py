@@ -1,4 +1,4 @@
-"""The one place that moves an evaluation between steps and statuses.
+"""The one place that moves an evaluation between steps and statuses, and a batch to its end.
 
 Every change writes the Evaluation row and a Transition row in one short
 transaction, and is conditional on the status the caller expects, so a
@@ -13,11 +13,14 @@ import json
 from collections.abc import Iterable
 
 from django.db import transaction
+from django.db.models import Case, Exists, OuterRef, Value, When
 from django.utils import timezone
 
 from evaluations.models import (
     ACTIVE_STATUSES,
     CANCEL_KINDS,
+    Batch,
+    CallbackState,
     ErrorKind,
     Evaluation,
     Status,
@@ -84,7 +87,7 @@ def finish(
     **fields,
 ) -> bool:
     """End an evaluation: step `done`, final status, `passed`, `error_kind`, times and the results hash;
-    and its batch with its last evaluation (batches.settle; the reaper's batches.settle_stranded if this
+    and its batch with its last evaluation (settle; the reaper's settle_stranded if this
     process dies in between).
 
     ``kind`` (SPEC §14 error_kind): none for `completed`; when a caller gives none, `cancelled`
@@ -103,7 +106,7 @@ def finish(
         return False
     if row["callback_url"]:
         # The worker's callback dispatcher delivers it; nothing here waits on the receiver.
-        fields.update(callback_state="pending", callback_next_at=now)
+        fields.update(callback_state=CallbackState.PENDING, callback_next_at=now)
     results = list(TestResult.objects.filter(evaluation_id=eval_id).values("name", "passed", "exit_code"))
     passed = status == Status.COMPLETED
     ended = record(
@@ -121,10 +124,9 @@ def finish(
     )
     if ended and row["batch_id"] is not None:
         # After record's commit: a batch ends when its last evaluation does, and settle's
-        # check must see the other evaluations' own commits (batches.settle says why once).
-        from evaluations import batches  # batches cancels through this module
+        # check must see the other evaluations' own commits (settle says why once).
 
-        transaction.on_commit(lambda: batches.settle(row["batch_id"]))
+        transaction.on_commit(lambda: settle(row["batch_id"]))
     return ended
 
 
@@ -146,3 +148,71 @@ def cancel(eval_id, reason: str) -> str | None:
         cancel_requested=True, cancel_reason=reason
     )
     return Status.RUNNING if asked else None
+
+
+# -- batches (SPEC §14) ----------------------------------------------------------------------
+#
+# A batch row's ``status`` is written twice: ``pending`` at creation and, once, its final
+# ``completed`` or ``cancelled`` with ``finished_at`` (settle). ``running`` is read from its
+# evaluations (one has left the queue), not written: the worker's claim stays the one
+# statement it is. DELETE marks ``cancel_requested`` at once, so the batch shows ``cancelled``
+# while its running evaluations stop; it counts as open (MAX_OPEN_BATCHES) until they have.
+
+
+def settle(batch_id) -> bool:
+    """End the batch if none of its evaluations is still pending or running; True if this call ended it.
+
+    Called after each of its evaluations ends (lifecycle.finish), after that change committed.
+    One conditional UPDATE: two workers ending the last two evaluations at once both may
+    find nothing active, and only the one whose UPDATE still sees finished_at NULL ends it
+    (PostgreSQL re-checks the row's WHERE after the other's commit; SQLite writes one at a
+    time), so the batch's callback is queued once.
+    """
+    now = timezone.now()
+    ended = (
+        Batch.objects.filter(id=batch_id, finished_at__isnull=True)
+        .filter(~Exists(_active_evaluations()))
+        .update(
+            finished_at=now,
+            status=Case(When(cancel_requested=True, then=Value(Status.CANCELLED)), default=Value(Status.COMPLETED)),
+            # The worker's callback dispatcher delivers it (evaluations/worker/callbacks.py).
+            callback_state=Case(
+                When(callback_url="", then=Value(CallbackState.NONE)), default=Value(CallbackState.PENDING)
+            ),
+            callback_next_at=Case(When(callback_url="", then=None), default=Value(now)),
+        )
+    )
+    return ended == 1
+
+
+def settle_stranded() -> int:
+    """End the open batches none of whose evaluations is active; returns how many (the reaper's pass).
+
+    A worker killed between an evaluation's commit and its batch's settle leaves such a batch:
+    open for ever, holding one of MAX_OPEN_BATCHES, its callback never sent.
+    """
+    stranded = Batch.objects.filter(finished_at__isnull=True).filter(~Exists(_active_evaluations()))
+    return sum(settle(batch_id) for batch_id in stranded.values_list("id", flat=True))
+
+
+def _active_evaluations():
+    """The batch's (OuterRef) evaluations still pending or running."""
+    return Evaluation.objects.filter(batch_id=OuterRef("pk"), status__in=list(ACTIVE_STATUSES))
+
+
+def cancel_batch(batch_id, reason: str) -> list[str] | None:
+    """DELETE /batches/{id}: cancel what has not finished; None if the batch had already ended.
+
+    Each evaluation goes the way DELETE /evaluate/{id} takes it (lifecycle.cancel): a pending one
+    ends now, a running one is asked to stop. Returns the statuses those calls left.
+    """
+    if not Batch.objects.filter(id=batch_id, finished_at__isnull=True).update(cancel_requested=True):
+        return None
+    outcomes = []
+    pending = Evaluation.objects.filter(batch_id=batch_id, status__in=list(ACTIVE_STATUSES)).order_by("created_at")
+    for eval_id in pending.values_list("id", flat=True):
+        outcome = cancel(eval_id, reason)
+        if outcome is not None:
+            outcomes.append(outcome)
+    settle(batch_id)  # nothing was left to cancel: the batch ends here
+    return outcomes

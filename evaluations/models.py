@@ -75,6 +75,15 @@ class CacheUse(models.TextChoices):
 OWNER_HELP = "the tenant (AUTH_TOKENS name) that created it; null: an operator's token, no auth, or manage.py evaluate"
 
 
+class CallbackState(models.TextChoices):
+    """Delivery of the final JSON to callback_url (evaluations/worker/callbacks.py)."""
+
+    NONE = "", "none"  # no callback_url, or not ended yet
+    PENDING = "pending", "pending"  # due at callback_next_at
+    DELIVERED = "delivered", "delivered"
+    FAILED = "failed", "failed"  # refused URL, or MAX_TRIES failed tries
+
+
 class Token(models.Model):
     """A tenant's bearer token made in the admin (SPEC §20), beside AUTH_TOKENS: only its SHA-256 is kept.
 
@@ -108,39 +117,59 @@ class AgentArchive(models.Model):
         return f"{self.sha256[:12]} ({self.size} bytes)"
 
 
-class Batch(models.Model):
+class Submission(models.Model):
+    """The request columns an evaluation and a batch share: the agent and the run's options
+    (what evaluations.api.serializers.submission_fields fills, with CallbackColumns.callback_url)."""
+
+    language = models.CharField(max_length=16, default="python")
+    agent_code = models.TextField(blank=True, default="")  # "" when the agent came as agent_archive
+    agent_archive = models.ForeignKey(AgentArchive, null=True, blank=True, on_delete=models.PROTECT, related_name="+")
+    agent_entrypoint = models.CharField(max_length=255, blank=True, default="")
+    agent_sha256 = models.CharField(max_length=64, blank=True, default="")  # of agent_code's UTF-8 or the archive
+    timeout_secs = models.PositiveIntegerField(null=True, blank=True)
+    env = models.JSONField(default=dict, blank=True)
+    metadata = models.JSONField(null=True, blank=True)
+    owner = models.CharField(max_length=64, null=True, blank=True, help_text=OWNER_HELP)
+
+    class Meta:
+        abstract = True
+
+
+class IdempotencyColumns(models.Model):
+    """An Idempotency-Key and the body it came with (evaluations/admission.py). Each model keeps
+    its own unique constraint on (idempotency_scope, idempotency_key), named for its table."""
+
+    idempotency_key = models.CharField(max_length=200, null=True, blank=True)
+    idempotency_scope = models.CharField(max_length=64, blank=True, default="")
+    request_sha256 = models.CharField(max_length=64, blank=True, default="")
+
+    class Meta:
+        abstract = True
+
+
+class CallbackColumns(models.Model):
+    """Delivery of the final JSON to callback_url (evaluations/worker/callbacks.py). Each model
+    keeps its own partial index on callback_next_at of the pending ones, named for its table."""
+
+    callback_url = models.CharField(max_length=2048, blank=True, default="")
+    callback_state = models.CharField(max_length=12, blank=True, default="", choices=CallbackState.choices)
+    callback_next_at = models.DateTimeField(null=True, blank=True)
+    callback_lease_until = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        abstract = True
+
+
+class Batch(Submission, IdempotencyColumns, CallbackColumns):
     """One agent on several tasks (SPEC §14): its evaluations queue beside the others."""
 
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False, verbose_name="batch id")
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.PENDING)
 
-    # The request, shared by its evaluations.
-    language = models.CharField(max_length=16, default="python")
-    agent_code = models.TextField(blank=True, default="")
-    agent_archive = models.ForeignKey(AgentArchive, null=True, blank=True, on_delete=models.PROTECT, related_name="+")
-    agent_entrypoint = models.CharField(max_length=255, blank=True, default="")
-    agent_sha256 = models.CharField(max_length=64, blank=True, default="")
-    timeout_secs = models.PositiveIntegerField(null=True, blank=True)
-    env = models.JSONField(default=dict, blank=True)
-    callback_url = models.CharField(max_length=2048, blank=True, default="")
-    metadata = models.JSONField(null=True, blank=True)
-    idempotency_key = models.CharField(max_length=200, null=True, blank=True)
-    idempotency_scope = models.CharField(max_length=64, blank=True, default="")
-    request_sha256 = models.CharField(max_length=64, blank=True, default="")
-    owner = models.CharField(max_length=64, null=True, blank=True, help_text=OWNER_HELP)
-
+    # The request (Submission) is shared by its evaluations.
     created_at = models.DateTimeField(default=timezone.now)
     finished_at = models.DateTimeField(null=True, blank=True)
     cancel_requested = models.BooleanField(default=False)
-
-    callback_state = models.CharField(
-        max_length=12,
-        blank=True,
-        default="",
-        choices=[("", "none"), ("pending", "pending"), ("delivered", "delivered"), ("failed", "failed")],
-    )
-    callback_next_at = models.DateTimeField(null=True, blank=True)
-    callback_lease_until = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         ordering = ("-created_at", "-id")
@@ -153,7 +182,9 @@ class Batch(models.Model):
             ),
             models.Index(fields=["status", "created_at"], name="batch_open_idx", condition=Q(finished_at=None)),
             models.Index(
-                fields=["callback_next_at"], name="batch_callback_due_idx", condition=Q(callback_state="pending")
+                fields=["callback_next_at"],
+                name="batch_callback_due_idx",
+                condition=Q(callback_state=CallbackState.PENDING),
             ),
         ]
         constraints = [
@@ -168,7 +199,7 @@ class Batch(models.Model):
         return f"batch {self.id} ({self.status})"
 
 
-class Evaluation(models.Model):
+class Evaluation(Submission, IdempotencyColumns, CallbackColumns):
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False, verbose_name="eval id")
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.PENDING)
     step = models.CharField(max_length=24, choices=Step.choices, default=Step.QUEUED)
@@ -176,22 +207,9 @@ class Evaluation(models.Model):
     error = models.TextField(blank=True, default="")
     error_kind = models.CharField(max_length=16, null=True, blank=True, choices=ErrorKind.choices)
 
-    # The request.
+    # The request, besides the Submission's columns.
     task_url = models.CharField(max_length=2048)
-    language = models.CharField(max_length=16, default="python")
-    agent_code = models.TextField(blank=True, default="")  # "" when the agent came as agent_archive
-    agent_archive = models.ForeignKey(AgentArchive, null=True, blank=True, on_delete=models.PROTECT, related_name="+")
-    agent_entrypoint = models.CharField(max_length=255, blank=True, default="")
-    agent_sha256 = models.CharField(max_length=64, blank=True, default="")  # of agent_code's UTF-8 or the archive
-    timeout_secs = models.PositiveIntegerField(null=True, blank=True)
-    env = models.JSONField(default=dict, blank=True)
     static_assets = models.JSONField(null=True, blank=True)
-    callback_url = models.CharField(max_length=2048, blank=True, default="")
-    metadata = models.JSONField(null=True, blank=True)
-    idempotency_key = models.CharField(max_length=200, null=True, blank=True)
-    idempotency_scope = models.CharField(max_length=64, blank=True, default="")
-    request_sha256 = models.CharField(max_length=64, blank=True, default="")
-    owner = models.CharField(max_length=64, null=True, blank=True, help_text=OWNER_HELP)
 
     # Times.
     created_at = models.DateTimeField(default=timezone.now)
@@ -215,16 +233,6 @@ class Evaluation(models.Model):
 
     # SPEC §13: whether the install step's state came from the workspace cache; "" until cloning_repo.
     cache = models.CharField(max_length=4, blank=True, default="", choices=CacheUse.choices)
-
-    # Delivery of the final JSON to callback_url (see evaluations/callbacks.py).
-    callback_state = models.CharField(
-        max_length=12,
-        blank=True,
-        default="",
-        choices=[("", "none"), ("pending", "pending"), ("delivered", "delivered"), ("failed", "failed")],
-    )
-    callback_next_at = models.DateTimeField(null=True, blank=True)
-    callback_lease_until = models.DateTimeField(null=True, blank=True)
 
     # Who runs it, and whether someone asked it to stop.
     worker_id = models.CharField(max_length=64, blank=True, default="")
@@ -253,7 +261,7 @@ class Evaluation(models.Model):
             ),
             # POST /evaluate's capacity counts single evaluations only (batch IS NULL: a batch's are
             # bounded by MAX_OPEN_BATCHES x MAX_BATCH_TASKS, evaluations/admission.py), and a batch
-            # ends when none of its own is active (batches.settle). Keyed on both columns, SQLite's
+            # ends when none of its own is active (lifecycle.settle). Keyed on both columns, SQLite's
             # planner prefers it to the batch foreign key's index for either.
             models.Index(
                 fields=["batch", "status"],
@@ -262,7 +270,9 @@ class Evaluation(models.Model):
             ),
             models.Index(fields=["worker_id", "status"], name="eval_worker_idx"),
             models.Index(
-                fields=["callback_next_at"], name="eval_callback_due_idx", condition=Q(callback_state="pending")
+                fields=["callback_next_at"],
+                name="eval_callback_due_idx",
+                condition=Q(callback_state=CallbackState.PENDING),
             ),
         ]
         constraints = [

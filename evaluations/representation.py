@@ -1,10 +1,13 @@
-"""The evaluation object of SPEC §2, as the API, callbacks and the CLI show it."""
+"""The evaluation object of SPEC §2 and the batch object of SPEC §14, as the API, callbacks, the
+admin and the CLI show them."""
 
 from __future__ import annotations
 
-from evaluations.models import Evaluation
+from django.db.models import Count, Exists, OuterRef, Q
 
-# The columns the evaluation object shows, for readers that fetch only those (evaluations/api/rows.py).
+from evaluations.models import ACTIVE_STATUSES, Batch, Evaluation, Status
+
+# The columns the evaluation object shows, for readers that fetch only those (evaluations/db/rows.py).
 EVALUATION_COLUMNS = (
     "id", "status", "step", "passed", "error", "duration_ms", "task_url", "language", "agent_sha256", "metadata",
     "created_at",
@@ -22,10 +25,10 @@ def iso(value) -> str | None:
 
 
 def evaluation_json(evaluation: Evaluation) -> dict:
-    return document(evaluation, evaluation.transitions.all(), evaluation.test_results.all())
+    return evaluation_document(evaluation, evaluation.transitions.all(), evaluation.test_results.all())
 
 
-def document(evaluation, transitions, test_results) -> dict:
+def evaluation_document(evaluation, transitions, test_results) -> dict:
     """The evaluation object from anything with the *_COLUMNS attributes: model instances or rows."""
     return {
         "eval_id": str(evaluation.id),
@@ -70,7 +73,7 @@ def document(evaluation, transitions, test_results) -> dict:
     }
 
 
-def summary_json(evaluation: Evaluation) -> dict:
+def evaluation_summary(evaluation: Evaluation) -> dict:
     """One row of GET /evaluations."""
     return {
         "eval_id": str(evaluation.id),
@@ -81,3 +84,111 @@ def summary_json(evaluation: Evaluation) -> dict:
         "created_at": iso(evaluation.created_at),
         "owner": evaluation.owner,
     }
+
+
+# -- the batch object ---------------------------------------------------------------------------
+
+
+def _batch_status(batch: Batch, *, ended: bool, started: bool) -> str:
+    """completed as soon as every evaluation ended: settle's finished_at follows a moment later."""
+    if batch.cancel_requested:
+        return Status.CANCELLED
+    if batch.finished_at is not None:
+        return batch.status
+    if ended:
+        return Status.COMPLETED
+    return Status.RUNNING if started else Status.PENDING
+
+
+BATCH_STATUSES = (Status.PENDING, Status.RUNNING, Status.COMPLETED, Status.CANCELLED)
+
+
+def batches_with_status(queryset, status: str):
+    """GET /batches?status=: the batches _batch_status shows as ``status``."""
+    if status == Status.CANCELLED:
+        return queryset.filter(cancel_requested=True)
+    queryset = queryset.filter(cancel_requested=False)
+    if status == Status.COMPLETED:
+        return queryset.filter(finished_at__isnull=False)
+    started = Evaluation.objects.filter(batch_id=OuterRef("pk")).exclude(status=Status.PENDING)
+    queryset = queryset.filter(finished_at__isnull=True)
+    return queryset.filter(Exists(started)) if status == Status.RUNNING else queryset.filter(~Exists(started))
+
+
+def batch_summaries(queryset):
+    """Batches with their counts, for GET /batches' rows (batch_summary): one query, no evaluation rows."""
+    active = Q(evaluations__status__in=list(ACTIVE_STATUSES))
+    return queryset.annotate(
+        total=Count("evaluations"),
+        finished=Count("evaluations", filter=~active),
+        started=Count("evaluations", filter=~Q(evaluations__status=Status.PENDING)),
+        passed_count=Count("evaluations", filter=Q(evaluations__passed=True)),
+        failed=Count("evaluations", filter=Q(evaluations__status=Status.FAILED)),
+        cancelled=Count("evaluations", filter=Q(evaluations__status=Status.CANCELLED)),
+    ).defer("agent_code", "env", "metadata")
+
+
+def batch_summary(batch) -> dict:
+    """One row of GET /batches: the batch object without its evaluations (counts from summaries)."""
+    return _batch_object(
+        batch,
+        total=batch.total,
+        finished=batch.finished,
+        started=batch.started,
+        passed=batch.passed_count,
+        failed=batch.failed,
+        cancelled=batch.cancelled,
+    )
+
+
+def _batch_object(batch: Batch, *, total: int, finished: int, started: int, passed: int, failed: int, cancelled: int):
+    """The batch object from its evaluations' counts: GET /batches' rows and GET /batches/{id} alike."""
+    return {
+        "batch_id": str(batch.id),
+        "owner": batch.owner,
+        "status": _batch_status(batch, ended=bool(total) and finished == total, started=bool(started)),
+        "total": total,
+        "finished": finished,
+        "passed": passed,
+        "failed": failed,
+        "cancelled": cancelled,
+        "reward": passed / total if total and finished == total else None,
+        "created_at": iso(batch.created_at),
+        "finished_at": iso(batch.finished_at),
+    }
+
+
+_BATCH_ROW = ("id", "task_url", "status", "passed", "error_kind", "created_at")
+
+
+def batch_json(batch_id, among=Batch.objects) -> dict | None:
+    """GET /batches/{id}'s body and the batch callback's; None for no such batch in ``among``
+    (the API's: the batches the caller may see). A batch's evaluations are its owner's."""
+    batch = among.filter(id=batch_id).first()
+    if batch is None:
+        return None
+    evaluations = list(Evaluation.objects.filter(batch_id=batch.id).order_by("created_at", "id").only(*_BATCH_ROW))
+    return batch_document(batch, evaluations)
+
+
+def batch_document(batch: Batch, evaluations) -> dict:
+    body = _batch_object(
+        batch,
+        total=len(evaluations),
+        finished=sum(1 for e in evaluations if e.status not in ACTIVE_STATUSES),
+        started=sum(1 for e in evaluations if e.status != Status.PENDING),
+        passed=sum(1 for e in evaluations if e.passed),
+        failed=sum(1 for e in evaluations if e.status == Status.FAILED),
+        cancelled=sum(1 for e in evaluations if e.status == Status.CANCELLED),
+    )
+    body["evaluations"] = [
+        {
+            "eval_id": str(e.id),
+            "task_url": e.task_url,
+            "status": e.status,
+            "passed": e.passed,
+            "error_kind": e.error_kind,
+        }
+        for e in evaluations
+    ]
+    return body

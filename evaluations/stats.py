@@ -1,8 +1,12 @@
-"""Figures read from the database, so every gunicorn worker reports the same ones."""
+"""Figures read from the database, so every gunicorn worker reports the same ones.
+
+The counters include the share of purged evaluations (PurgedTotals), which the reaper adds
+here (add_to_purged_totals) before it deletes them.
+"""
 
 from __future__ import annotations
 
-from django.db.models import Count, Q, Sum
+from django.db.models import Count, F, Q, Sum
 from django.db.models.functions import Now
 from django.utils import timezone
 
@@ -12,58 +16,35 @@ from evaluations.models import CacheUse, ErrorKind, Evaluation, PurgedTotals, St
 STEP_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800)
 
 
-COUNTED = ("total", "completed", "failed", "cancelled", "passed", "duration_ms_sum", "cache_hits", "cache_misses")
+def _counted() -> dict:
+    """The figures PurgedTotals keeps, as aggregates over evaluations (one query)."""
+    return {
+        "total": Count("id"),
+        "completed": Count("id", filter=Q(status=Status.COMPLETED)),
+        "failed": Count("id", filter=Q(status=Status.FAILED)),
+        "cancelled": Count("id", filter=Q(status=Status.CANCELLED)),
+        "passed": Count("id", filter=Q(passed=True)),
+        "duration_ms_sum": Sum("duration_ms"),
+        "cache_hits": Count("id", filter=Q(cache=CacheUse.HIT)),
+        "cache_misses": Count("id", filter=Q(cache=CacheUse.MISS)),
+    }
 
 
-def evaluation_counts(include_purged: bool = True) -> dict[str, int]:
-    """All the counts /status and /metrics need, in one query (plus purged rows' share)."""
-    row = Evaluation.objects.aggregate(
-        total=Count("id"),
-        pending=Count("id", filter=Q(status=Status.PENDING)),
-        running=Count("id", filter=Q(status=Status.RUNNING)),
-        completed=Count("id", filter=Q(status=Status.COMPLETED)),
-        failed=Count("id", filter=Q(status=Status.FAILED)),
-        cancelled=Count("id", filter=Q(status=Status.CANCELLED)),
-        passed=Count("id", filter=Q(passed=True)),
-        duration_ms_sum=Sum("duration_ms"),
-        cache_hits=Count("id", filter=Q(cache=CacheUse.HIT)),
-        cache_misses=Count("id", filter=Q(cache=CacheUse.MISS)),
-    )
-    row["duration_ms_sum"] = row["duration_ms_sum"] or 0
-    if include_purged:
-        purged = PurgedTotals.objects.filter(id=1).values(*COUNTED).first()
-        for key, value in (purged or {}).items():
-            row[key] += value
-    return row
-
+COUNTED = tuple(_counted())
 
 # The label of evaluations that ended before error_kind existed (they have none).
 UNKNOWN_KIND = "unknown"
 NOT_PASSED = (Status.FAILED, Status.CANCELLED)
 
 
-def error_kind_counts(include_purged: bool = True) -> dict[str, dict[str, int]]:
-    """{status: {error_kind: count}} of the ended evaluations that did not pass (plus purged rows' share).
-
-    Every ErrorKind is present for each of failed and cancelled (zero when none), so a counter
-    exists before its first increment.
-    """
-    counts = {status: dict.fromkeys(ErrorKind.values, 0) for status in NOT_PASSED}
-    rows = (
-        Evaluation.objects.filter(status__in=NOT_PASSED)
-        .values_list("status", "error_kind")
-        .annotate(n=Count("id"))
-        .order_by()
-    )
-    for status, kind, n in rows:
-        by_kind = counts[status]
-        by_kind[kind or UNKNOWN_KIND] = by_kind.get(kind or UNKNOWN_KIND, 0) + n
-    if include_purged:
-        purged = PurgedTotals.objects.filter(id=1).values_list("error_kinds", flat=True).first() or {}
-        for status, by_kind in purged.items():
-            for kind, n in by_kind.items():
-                counts.setdefault(status, {})[kind] = counts.get(status, {}).get(kind, 0) + n
-    return counts
+def _error_kinds(evaluations) -> dict[str, dict[str, int]]:
+    """{status: {error_kind: count}} of the ones among ``evaluations`` that ended without passing."""
+    by_kind: dict[str, dict[str, int]] = {}
+    rows = evaluations.filter(status__in=NOT_PASSED).values_list("status", "error_kind").annotate(n=Count("id"))
+    for status, kind, n in rows.order_by():
+        counts = by_kind.setdefault(status, {})
+        counts[kind or UNKNOWN_KIND] = counts.get(kind or UNKNOWN_KIND, 0) + n
+    return by_kind
 
 
 def add_error_kinds(into: dict, more: dict) -> dict:
@@ -73,6 +54,51 @@ def add_error_kinds(into: dict, more: dict) -> dict:
         for kind, n in by_kind.items():
             merged.setdefault(status, {})[kind] = merged.get(status, {}).get(kind, 0) + n
     return merged
+
+
+def add_to_purged_totals(evaluations) -> None:
+    """Add what ``evaluations`` count to PurgedTotals, before the caller deletes them in its transaction.
+
+    The one place purged counters are summed: the figures are evaluation_counts' and
+    error_kind_counts', from the same aggregates, so /metrics' counters never go down.
+    """
+    figures = evaluations.aggregate(**_counted())
+    by_kind = _error_kinds(evaluations)
+    PurgedTotals.objects.get_or_create(id=1)
+    PurgedTotals.objects.filter(id=1).update(**{k: F(k) + (v or 0) for k, v in figures.items()})
+    # The UPDATE above holds the row (the write lock on SQLite): read, add and write the JSON under it.
+    totals = PurgedTotals.objects.select_for_update().get(id=1)
+    totals.error_kinds = add_error_kinds(totals.error_kinds, by_kind)
+    totals.save(update_fields=["error_kinds"])
+
+
+def evaluation_counts(include_purged: bool = True) -> dict[str, int]:
+    """All the counts /status and /metrics need, in one query (plus purged rows' share)."""
+    row = Evaluation.objects.aggregate(
+        pending=Count("id", filter=Q(status=Status.PENDING)),
+        running=Count("id", filter=Q(status=Status.RUNNING)),
+        **_counted(),
+    )
+    row["duration_ms_sum"] = row["duration_ms_sum"] or 0
+    if include_purged:
+        purged = PurgedTotals.objects.filter(id=1).values(*COUNTED).first()
+        for key, value in (purged or {}).items():
+            row[key] += value
+    return row
+
+
+def error_kind_counts(include_purged: bool = True) -> dict[str, dict[str, int]]:
+    """{status: {error_kind: count}} of the ended evaluations that did not pass (plus purged rows' share).
+
+    Every ErrorKind is present for each of failed and cancelled (zero when none), so a counter
+    exists before its first increment.
+    """
+    counts = {status: dict.fromkeys(ErrorKind.values, 0) for status in NOT_PASSED}
+    counts = add_error_kinds(counts, _error_kinds(Evaluation.objects.all()))
+    if include_purged:
+        purged = PurgedTotals.objects.filter(id=1).values_list("error_kinds", flat=True).first() or {}
+        counts = add_error_kinds(counts, purged)
+    return counts
 
 
 def step_histograms() -> dict[str, dict]:

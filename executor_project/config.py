@@ -33,7 +33,6 @@ CA_BUNDLE_PATHS = (
     "/etc/ssl/cert.pem",
 )
 
-MAX_URL_CHARS = 2048  # a task_url, a callback_url, and every URL the pipeline fetches
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off"}
 
@@ -213,7 +212,7 @@ class Config:
     egress_default: str = choice("EGRESS_DEFAULT", "public", ("public", "deny"))
     static_assets_root: Path | None = optional_path("STATIC_ASSETS_ROOT")
     static_assets_config: Path | None = optional_path("STATIC_ASSETS_CONFIG")
-    # Root filesystems a task may run in (evaluations/environments.py), and the one used by default.
+    # Root filesystems a task may run in (evaluations/environments/), and the one used by default.
     environments_root: Path | None = optional_path("ENVIRONMENTS_ROOT")
     default_environment: str | None = text("DEFAULT_ENVIRONMENT", None)
     reap_interval_secs: int = integer("REAP_INTERVAL_SECS", 60, minimum=1)
@@ -264,16 +263,6 @@ class Config:
         return self.disk_quota_mb * 1024 * 1024
 
     @property
-    def max_body_bytes(self) -> int:
-        """The largest request body the API reads (413 past it), from the caps of what it may hold:
-        agent_code JSON-escaped (each byte as \\u00XX, 6 bytes) or agent_archive in base64 (4/3),
-        a batch's task_urls (each up to MAX_URL_CHARS, twice for escaped slashes, and its quotes),
-        and 1 MiB for the rest."""
-        agent = max(self.max_agent_code_bytes * 6, -(-self.max_agent_archive_bytes // 3) * 4)
-        task_urls = self.max_batch_tasks * (MAX_URL_CHARS * 2 + 4)
-        return agent + task_urls + 1024 * 1024
-
-    @property
     def cache_root(self) -> Path:
         return self.cache_dir or self.data_dir / "cache"
 
@@ -315,11 +304,6 @@ def _check_together(config: Config) -> None:
                 f"AUTH_TOKENS: tenant {tenant!r} has a token that is also in AUTH_TOKEN; a token is either an "
                 "operator's (AUTH_TOKEN) or one tenant's (AUTH_TOKENS)"
             )
-    try:
-        egress_policy(config)
-    except ValueError as exc:
-        raise ConfigError(str(exc)) from None
-    _check_environments(config)
     if config.ca_bundle and not config.ca_bundle.is_file():
         raise ConfigError(f"SSL_CERT_FILE: no such file {config.ca_bundle} (the CA bundle commands are told to trust)")
     if config.static_assets_config and not config.static_assets_config.is_file():
@@ -335,29 +319,6 @@ def _check_together(config: Config) -> None:
         )
     if config.static_assets_config and not config.static_assets_root:
         raise ConfigError("STATIC_ASSETS_CONFIG: needs STATIC_ASSETS_ROOT, the base of its paths")
-
-
-def _check_environments(config: Config) -> None:
-    from evaluations import environments  # plain Python, below Django like assets
-
-    if config.environments_root and not config.environments_root.is_dir():
-        raise ConfigError(f"ENVIRONMENTS_ROOT: no such folder {config.environments_root}")
-    if config.default_environment and not config.environments_root:
-        raise ConfigError("DEFAULT_ENVIRONMENT: needs ENVIRONMENTS_ROOT, the folder environments are in")
-    if config.default_environment:
-        try:
-            environments.resolve(config.environments_root, config.default_environment)
-        except environments.BadEnvironment as exc:
-            raise ConfigError(f"DEFAULT_ENVIRONMENT: {exc}") from None
-
-
-def egress_policy(config: Config):
-    """The EgressPolicy of EGRESS_ALLOW, EGRESS_DENY and EGRESS_DEFAULT (ValueError names the variable and entry)."""
-    from evaluations.egress import EgressPolicy  # plain Python, below Django like assets
-
-    return EgressPolicy.from_strings(
-        ",".join(config.egress_allow), ",".join(config.egress_deny), default=config.egress_default
-    )
 
 
 def close_to_others(folder: Path) -> None:

@@ -13,10 +13,11 @@ import shutil
 import sys
 
 from executor_project import config as config_module
+from executor_project import settings_loader
 from executor_project.logs import logging_config
 
 try:
-    _config = config_module.load()
+    _config = settings_loader.load()
 except config_module.ConfigError as exc:
     sys.stderr.write(f"term-executor: configuration error: {exc}\n")
     sys.exit(2)

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import sys
 
+from evaluations.api.limits import max_body_bytes
 from executor_project import config as config_module
+from executor_project import settings_loader
 from executor_project.dburl import parse_database_url
 from executor_project.logs import logging_config
 
 try:
-    EXECUTOR = config_module.load()
+    EXECUTOR = settings_loader.load()
     _database = parse_database_url(EXECUTOR.database_url, EXECUTOR.data_dir / "executor.sqlite3")
 except config_module.ConfigError as exc:
     # One line naming the variable, no traceback: this is an operator's mistake.
@@ -93,7 +95,7 @@ REST_FRAMEWORK = {
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
 }
 
-# GET /api/schema and /api/docs (evaluations/api/schema.py describes the routes).
+# GET /api/schema and /api/docs (evaluations/api/openapi.py describes the routes).
 SPECTACULAR_SETTINGS = {
     "TITLE": "term-executor",
     "DESCRIPTION": "Remote evaluation executor: submit agent code and a task archive URL, "
@@ -111,11 +113,11 @@ SPECTACULAR_SETTINGS = {
     },
     "POSTPROCESSING_HOOKS": [
         "drf_spectacular.hooks.postprocess_schema_enums",
-        "evaluations.api.schema.postprocess",
+        "evaluations.api.openapi.postprocess",
     ],
 }
 
 LOGGING = logging_config(EXECUTOR)
 
-# Django's own body cap matches the API's (Config.max_body_bytes).
-DATA_UPLOAD_MAX_MEMORY_SIZE = EXECUTOR.max_body_bytes
+# Django's own body cap matches the API's (evaluations/api/limits.py).
+DATA_UPLOAD_MAX_MEMORY_SIZE = max_body_bytes(EXECUTOR)

@@ -1,3 +1,6 @@
+"""Fixtures every test folder shares: the API client, config changes, a real HTTP server, the live
+service, and a real Debian environment. Each says what it starts and what it removes after."""
+
 import dataclasses
 import hashlib
 import os
@@ -7,6 +10,7 @@ import pytest
 from rest_framework.test import APIClient
 
 from tests.helpers import environments as environment_helpers
+from tests.helpers.httpserver import TestHTTPServer
 from tests.helpers.service import PROJECT, LiveService
 
 
@@ -51,12 +55,15 @@ def django_db_modify_db_settings(django_db_modify_db_settings_parallel_suffix):
 
 @pytest.fixture
 def api():
+    """DRF's in-process test client: starts nothing; requests go to the test database (django_db)."""
     return APIClient()
 
 
 @pytest.fixture
 def executor_config(settings):
-    """Change settings.EXECUTOR for one test: executor_config(max_concurrent_evals=1)."""
+    """Change settings.EXECUTOR for one test: executor_config(max_concurrent_evals=1).
+
+    Starts nothing; pytest-django's ``settings`` puts the old config back after the test."""
 
     def apply(**changes):
         settings.EXECUTOR = dataclasses.replace(settings.EXECUTOR, **changes)
@@ -66,8 +73,28 @@ def executor_config(settings):
 
 
 @pytest.fixture
+def www(tmp_path):
+    """The folder the ``http_server`` fixture serves: made empty in the test's tmp_path (pytest removes it)."""
+    folder = tmp_path / "www"
+    folder.mkdir()
+    return folder
+
+
+@pytest.fixture
+def http_server(www):
+    """A TestHTTPServer on 127.0.0.1 serving ``www``: a thread started for the test, shut down after it."""
+    with TestHTTPServer(www) as server:
+        yield server
+
+
+@pytest.fixture
 def live_service(tmp_path):
-    """Factory: live_service(env={...}, web_workers=3, worker=False) -> a started LiveService."""
+    """Factory: live_service(env={...}, web_workers=3, worker=False) -> a started LiveService.
+
+    Each call starts gunicorn (and run_worker with worker=True) as subprocesses on a database of
+    their own (a SQLite file in tmp_path, or a new PostgreSQL database), migrated first. After the
+    test every service started is stopped (SIGTERM, then SIGKILL after 40 s) and its database dropped.
+    """
     started = []
 
     def start(**kwargs):
@@ -82,7 +109,12 @@ def live_service(tmp_path):
 
 @pytest.fixture(scope="session")
 def debian_build():
-    """`manage.py make_environment tools` run once per test run: (ENVIRONMENTS_ROOT, its CompletedProcess)."""
+    """`manage.py make_environment tools` run once per test run: (ENVIRONMENTS_ROOT, its CompletedProcess).
+
+    Runs debootstrap (as root; skipped without it unless REQUIRE_SANDBOX=1) into a new
+    ENVIRONMENTS_ROOT under /tmp, from the tarball cached in data/cache/debootstrap (downloaded
+    once); the root and its data folder are removed when the test run ends.
+    """
     if os.geteuid() != 0 or shutil.which("debootstrap") is None:
         reason = "make_environment needs root and debootstrap"
         if os.environ.get("REQUIRE_SANDBOX") == "1":
@@ -98,6 +130,8 @@ def debian_build():
 @pytest.fixture(scope="session")
 def debian_environment(debian_build):
     """A real environment built by make_environment: an ``Environment``, ENVIRONMENTS_ROOT its ``root.parent``.
+
+    Starts nothing of its own: ``debian_build`` builds it and removes it at the end of the run.
 
     Debian bookworm minbase with python3, venv, pip, git, bash and `tree`, which the host
     lacks. The download is cached in data/cache/debootstrap between runs

@@ -10,12 +10,13 @@ from rest_framework import status as http
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from evaluations import admission, batches, wakeup
+from evaluations import admission, lifecycle, representation
 from evaluations.api.errors import ApiError
 from evaluations.api.paging import Page
 from evaluations.api.serializers import BatchRequestSerializer, submission_fields
 from evaluations.api.views import at_capacity, idempotency_conflict, idempotency_key, request_fingerprint
 from evaluations.models import Batch, Status
+from evaluations.worker import wakeup
 
 
 def _batch_pk(batch_id: str) -> uuid.UUID:
@@ -59,16 +60,16 @@ class BatchListView(APIView):
             request,
             request.user.visible(Batch.objects),
             noun="batch",
-            statuses=batches.STATUSES,
-            by_status=batches.with_status,
+            statuses=representation.BATCH_STATUSES,
+            by_status=representation.batches_with_status,
         )
-        rows = list(batches.summaries(page.queryset)[: page.limit + 1])
-        return page.response(rows, batches.summary_json)
+        rows = list(representation.batch_summaries(page.queryset)[: page.limit + 1])
+        return page.response(rows, representation.batch_summary)
 
 
 class BatchDetailView(APIView):
     def get(self, request, batch_id):
-        body = batches.batch_json(_batch_pk(batch_id), among=request.user.visible(Batch.objects))
+        body = representation.batch_json(_batch_pk(batch_id), among=request.user.visible(Batch.objects))
         if body is None:
             raise ApiError(404, "not_found", f"no batch {batch_id}")
         return Response(body)
@@ -77,7 +78,7 @@ class BatchDetailView(APIView):
         pk = _batch_pk(batch_id)
         if not request.user.visible(Batch.objects).filter(id=pk).exists():
             raise ApiError(404, "not_found", f"no batch {batch_id}")
-        outcomes = batches.cancel(pk, "batch cancelled by DELETE")
+        outcomes = lifecycle.cancel_batch(pk, "batch cancelled by DELETE")
         if outcomes is None:
             status = Batch.objects.values_list("status", flat=True).get(id=pk)
             raise ApiError(409, "already_finished", f"batch {batch_id} already ended {status}")

@@ -23,6 +23,7 @@ from django.conf import settings
 from rest_framework.parsers import BaseParser
 
 from evaluations.api.errors import ApiError
+from evaluations.api.limits import max_body_bytes
 
 MAX_DEPTH = 64
 MAX_INTEGER_DIGITS = 100
@@ -35,7 +36,7 @@ class BoundedJSONParser(BaseParser):
     media_type = "*/*"
 
     def parse(self, stream, media_type=None, parser_context=None):
-        limit = settings.EXECUTOR.max_body_bytes
+        limit = max_body_bytes(settings.EXECUTOR)
         raw = stream.read(limit + 1) if stream is not None else b""
         if len(raw) > limit:
             raise ApiError(413, "payload_too_large", f"the request body is over {limit} bytes")

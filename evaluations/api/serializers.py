@@ -12,11 +12,13 @@ import json
 import re
 from urllib.parse import urlsplit
 
+from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 import assets
 from evaluations import agents, languages
-from executor_project.config import MAX_URL_CHARS, Config
+from evaluations.network.urlguard import MAX_URL_CHARS
+from executor_project.config import Config
 
 ENV_NAME = re.compile(r"^[A-Z_][A-Z0-9_]*$")
 # Set by the executor for every agent run; a submission may not replace them.
@@ -67,6 +69,57 @@ class StrictIntegerField(serializers.IntegerField):
         return super().to_internal_value(data)
 
 
+# -- how the request fields are documented ---------------------------------------------------
+# The rules below word their own errors (validate_<field>), so the fields carry no DRF limit;
+# each field class says what the OpenAPI document (evaluations/api/openapi.py) shows instead,
+# which is also what schema generators (schemathesis) produce: http(s) URLs with a host, the
+# host's languages, a timeout of at least 1.
+
+HTTP_URL = r"^https?://[A-Za-z0-9][A-Za-z0-9.-]{0,62}(:[0-9]{1,5})?(/[!-~]*)?$"
+
+
+class AssetSpecSerializer(serializers.Serializer):
+    # One of static_assets' values, as documented; assets.resolve validates them.
+    path = serializers.CharField(help_text="Relative to STATIC_ASSETS_ROOT.")
+    save_path = serializers.CharField(required=False, help_text="Where it appears in the workspace; default `path`.")
+
+
+@extend_schema_field(serializers.ChoiceField(choices=list(languages.available())))
+class LanguageField(StrictCharField):
+    pass
+
+
+HTTP_URL_SCHEMA = {"type": "string", "maxLength": MAX_URL_CHARS, "pattern": HTTP_URL}
+
+
+@extend_schema_field(HTTP_URL_SCHEMA)
+class TaskUrlField(StrictCharField):
+    pass
+
+
+@extend_schema_field({"type": "array", "items": HTTP_URL_SCHEMA, "minItems": 1})
+class TaskUrlListField(serializers.ListField):
+    pass
+
+
+@extend_schema_field({"oneOf": [HTTP_URL_SCHEMA, {"type": "string", "maxLength": 0}]})
+class CallbackUrlField(StrictCharField):
+    """Optional; "" (the default) is no callback."""
+
+    def __init__(self, **kwargs):
+        super().__init__(required=False, allow_blank=True, default="", trim_whitespace=False, **kwargs)
+
+
+@extend_schema_field(serializers.IntegerField(min_value=1))
+class TimeoutField(StrictIntegerField):
+    pass
+
+
+@extend_schema_field(serializers.DictField(child=AssetSpecSerializer()))
+class StaticAssetsField(serializers.DictField):
+    pass
+
+
 class AgentSourceSerializer(serializers.Serializer):
     """The agent of a request (SPEC §14), shared by POST /evaluate and POST /batches.
 
@@ -75,10 +128,32 @@ class AgentSourceSerializer(serializers.Serializer):
     ``evaluations.agents.model_fields`` turns it into the row's fields.
     """
 
-    agent_code = StrictCharField(trim_whitespace=False, allow_blank=False, required=False)
-    agent_archive = StrictCharField(trim_whitespace=False, allow_blank=False, required=False)
-    agent_entrypoint = StrictCharField(trim_whitespace=False, allow_blank=False, required=False)
-    agent_language = StrictCharField(required=False, default="python")
+    agent_code = StrictCharField(
+        trim_whitespace=False,
+        allow_blank=False,
+        required=False,
+        help_text="The agent's source, one file; at most MAX_AGENT_CODE_BYTES UTF-8 bytes. "
+        "Exactly one of agent_code and agent_archive.",
+    )
+    agent_archive = StrictCharField(
+        trim_whitespace=False,
+        allow_blank=False,
+        required=False,
+        help_text="Base64 of a .tar.gz or .zip agent project (at most MAX_AGENT_ARCHIVE_BYTES decoded): "
+        "the root or a single top folder holds the entry point and an optional requirements.txt "
+        "(python) or package.json (node), installed in the step installing_agent.",
+    )
+    agent_entrypoint = StrictCharField(
+        trim_whitespace=False,
+        allow_blank=False,
+        required=False,
+        help_text="With agent_archive: the entry point's relative path in the project root (the archive's "
+        "root, or its single top folder); by default agent.py or main.py (python), agent.sh (bash), "
+        "agent.js or index.js (node).",
+    )
+    agent_language = LanguageField(
+        required=False, default="python", help_text="One of GET /status `languages`: the interpreters this host has."
+    )
 
     @property
     def config(self) -> Config:
@@ -155,10 +230,16 @@ def check_task_url(value: str, config: Config) -> str:
 class SubmissionSerializer(AgentSourceSerializer):
     """What POST /evaluate and POST /batches share besides the agent: the run's options."""
 
-    timeout_secs = StrictIntegerField(required=False, allow_null=True, default=None)
-    env = serializers.DictField(child=StrictCharField(allow_blank=True, trim_whitespace=False), required=False)
-    callback_url = StrictCharField(required=False, allow_blank=True, default="", trim_whitespace=False)
-    metadata = serializers.DictField(required=False, allow_null=True)
+    timeout_secs = TimeoutField(
+        required=False, allow_null=True, default=None, help_text="Agent timeout, 1 to AGENT_TIMEOUT_SECS."
+    )
+    env = serializers.DictField(
+        child=StrictCharField(allow_blank=True, trim_whitespace=False),
+        required=False,
+        help_text="Agent environment: at most 64 names [A-Z_][A-Z0-9_]*, 64 KiB; reserved names are refused.",
+    )
+    callback_url = CallbackUrlField(help_text="POSTed the final evaluation, or batch.")  # each request says which
+    metadata = serializers.DictField(required=False, allow_null=True, help_text="At most 4 KiB; echoed back.")
 
     def validate_callback_url(self, value: str) -> str:
         return _check_url(value, ("http", "https")) if value else value
@@ -207,8 +288,13 @@ def submission_fields(data: dict) -> dict:
 
 
 class EvaluateRequestSerializer(SubmissionSerializer):
-    task_url = StrictCharField(trim_whitespace=False)
-    static_assets = serializers.DictField(required=False, allow_null=True)
+    """POST /evaluate's body."""
+
+    task_url = TaskUrlField(
+        trim_whitespace=False, help_text="http(s) URL of the task archive (file:// only with ALLOW_FILE_URLS)."
+    )
+    static_assets = StaticAssetsField(required=False, allow_null=True)
+    callback_url = CallbackUrlField(help_text="POSTed the final evaluation.")
 
     def validate_task_url(self, value: str) -> str:
         return check_task_url(value, self.config)
@@ -234,7 +320,15 @@ class BatchRequestSerializer(SubmissionSerializer):
     One bad URL refuses the whole batch; the error names its index (``task_urls[3]: ...``).
     """
 
-    task_urls = serializers.ListField(child=serializers.JSONField(), allow_empty=True)
+    task_urls = TaskUrlListField(
+        child=serializers.JSONField(),
+        allow_empty=True,
+        help_text="1 to MAX_BATCH_TASKS distinct task URLs, each as POST /evaluate's task_url; one bad URL "
+        "refuses the whole batch. Their evaluations queue in this order.",
+    )
+    callback_url = CallbackUrlField(
+        help_text="POSTed the batch object (GET /batches/{batch_id}) once, when the batch ends."
+    )
 
     def validate_task_urls(self, value: list) -> list[str]:
         limit = self.config.max_batch_tasks
@@ -265,7 +359,7 @@ class BatchRequestSerializer(SubmissionSerializer):
 # here against the same rules, the serializer's validate_<field> methods; anything else,
 # and any rule that fails, goes through the serializer, which decides and words the error.
 
-_FIELD_NAMES = frozenset(EvaluateRequestSerializer._declared_fields)
+_FIELD_NAMES = frozenset(EvaluateRequestSerializer().fields)  # built once: the fields a plain request may name
 _ARCHIVE_FIELDS = frozenset({"agent_archive", "agent_entrypoint"})
 
 

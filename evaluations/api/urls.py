@@ -1,7 +1,7 @@
 from django.urls import path
 from drf_spectacular.views import SpectacularJSONAPIView, SpectacularSwaggerView
 
-from evaluations.api import batches, logs, schema, views  # noqa: F401  (schema documents the views as it loads)
+from evaluations.api import batches, logs, openapi, views  # noqa: F401  (openapi documents the views as it loads)
 from evaluations.api.assets import AssetListView
 from evaluations.api.environments import EnvironmentListView
 from evaluations.metrics import metrics_view

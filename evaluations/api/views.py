@@ -17,19 +17,20 @@ from rest_framework.permissions import AllowAny
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from evaluations import admission, checks, environments, languages, lifecycle, retry, stats, wakeup
-from evaluations.api import rows
+from evaluations import admission, checks, environments, languages, lifecycle, retry, stats
 from evaluations.api.errors import ApiError, envelope
 from evaluations.api.paging import Page
 from evaluations.api.serializers import submission_fields, validate_evaluate_request
+from evaluations.db import rows
 from evaluations.models import Evaluation, Status, TestResult, Transition
 from evaluations.representation import (
     EVALUATION_COLUMNS,
     TEST_RESULT_COLUMNS,
     TRANSITION_COLUMNS,
-    document,
-    summary_json,
+    evaluation_document,
+    evaluation_summary,
 )
+from evaluations.worker import wakeup
 
 logger = logging.getLogger("term_executor.api")
 
@@ -235,7 +236,7 @@ _TRANSITIONS = rows.Select(Transition, TRANSITION_COLUMNS, where="evaluation", o
 _TEST_RESULTS = rows.Select(TestResult, TEST_RESULT_COLUMNS, where="evaluation", order_by=("position",))
 
 
-def evaluation_document(eval_id: str, caller) -> dict:
+def evaluation_body(eval_id: str, caller) -> dict:
     """GET /evaluate/{id}'s body: three SELECTs of the shown columns (rows.py says why not the ORM).
     Another tenant's evaluation is not found, and its transitions and tests are not read."""
     pk = _eval_pk(eval_id)
@@ -243,12 +244,12 @@ def evaluation_document(eval_id: str, caller) -> dict:
         found = _EVALUATION.rows(cursor, pk)
         if not found or not caller.may_see(found[0].owner):
             raise ApiError(404, "not_found", f"no evaluation {eval_id}")
-        return document(found[0], _TRANSITIONS.rows(cursor, pk), _TEST_RESULTS.rows(cursor, pk))
+        return evaluation_document(found[0], _TRANSITIONS.rows(cursor, pk), _TEST_RESULTS.rows(cursor, pk))
 
 
 class EvaluationDetailView(APIView):
     def get(self, request, eval_id):
-        return Response(evaluation_document(eval_id, request.user))
+        return Response(evaluation_body(eval_id, request.user))
 
     def delete(self, request, eval_id):
         evaluation = get_evaluation(eval_id, request.user)
@@ -293,4 +294,4 @@ class EvaluationListView(APIView):
             by_status=lambda queryset, value: queryset.filter(status=value),
         )
         fields = ("id", "task_url", "language", "status", "passed", "created_at", "owner")
-        return page.response(list(page.queryset.only(*fields)[: page.limit + 1]), summary_json)
+        return page.response(list(page.queryset.only(*fields)[: page.limit + 1]), evaluation_summary)

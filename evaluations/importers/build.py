@@ -34,9 +34,9 @@ from pathlib import Path
 
 import yaml
 
-from evaluations.localrun import pack_folder
 from evaluations.pipeline import gitrepo
 from evaluations.pipeline.taskspec import MAX_INSTRUCTION_BYTES, TaskError, load_task
+from evaluations.worker.localrun import pack_folder
 
 from .rows import BadRow, Instance
 

@@ -9,14 +9,16 @@ from pathlib import Path
 
 from assets import AssetView
 from evaluations import livelog
-from evaluations.egress import EgressProxy
-from evaluations.egress.relay import ensure_socat_bundle
 from evaluations.environments import Environment
 from evaluations.models import CANCEL_KINDS, ErrorKind, Evaluation
-from evaluations.pipeline import gitrepo, toolchains, urlguard
+from evaluations.network import urlguard
+from evaluations.network.egress import EgressProxy
+from evaluations.network.egress.relay import ensure_socat_bundle
+from evaluations.pipeline import gitrepo, toolchains
 from evaluations.pipeline.cancel import CancelState, Stop
 from evaluations.pipeline.session import Session
 from evaluations.pipeline.taskspec import TaskSpec
+from evaluations.pipeline.warm import WorkspaceCache
 from evaluations.runtime import CommandResult, Limit, Limits, Mount, Runtime, SandboxPolicy, Spawner
 from evaluations.runtime.sandbox import SYSTEM_PATH
 from executor_project.config import Config
@@ -59,6 +61,7 @@ class Context:
     runtime: Runtime
     spawner: Spawner
     cancel: CancelState
+    cache: WorkspaceCache  # the workspace cache's state; until cloning_repo decides, it acts as no cache
     task: TaskSpec | None = None
     base_sha: str = ""
     step: str = "queued"
@@ -67,8 +70,6 @@ class Context:
     environment: Environment | None = None  # the root filesystem of the task's commands (downloading_task)
     egress: EgressProxy | None = None  # the evaluation's proxy: its commands' only way out (sandbox only)
     agent_interpreter: str | None = None  # absolute, chosen by downloading_task (pipeline/agentenv.py)
-
-    cache: object | None = None  # the workspace cache's state (pipeline/warm.py), from cloning_repo
 
     def limits(self, timeout_secs: float) -> Limits:
         config = self.config

@@ -12,7 +12,8 @@ applies (hooks off, no template, no remote, no reflog, ``FETCH_HEAD`` not
 written).
 
 These functions only run git (through the caller's ``CommandRunner``, the
-one spawner); who may write the mirror and when is pipeline/warm.py's job.
+one spawner); who may write the mirror and when is pipeline/warm.py's job
+(``WorkspaceCache``).
 """
 
 from __future__ import annotations
@@ -21,19 +22,19 @@ import time
 from pathlib import Path
 
 from evaluations.pipeline.gitrepo import (
-    _SHA_RE,
     CommandRunner,
+    Git,
     GitError,
-    _check_base_commit,
-    _check_repo_url,
-    _display_url,
-    _Git,
-    _has_space_or_control,
-    _last_sha,
-    _sh_git,
-    _userinfo,
+    check_base_commit,
+    check_repo_url,
     check_resolve_pin,
+    display_url,
     git_message,
+    has_space_or_control,
+    is_full_sha,
+    last_sha,
+    sh_git,
+    userinfo,
 )
 from evaluations.safefs import remove_tree_nofollow
 
@@ -43,12 +44,12 @@ _FETCH_FAILED = 20
 # $1 the mirror, $2 the URL, $3 the address pin or "". Every branch and tag, pruned: a deleted
 # branch must not keep resolving. No tags beyond those (no refs/pull/*): what a clone would get.
 _UPDATE_SCRIPT = f"""
-[ -f "$1/HEAD" ] || {_sh_git()} init --quiet --bare --template= -- "$1" || exit 11
+[ -f "$1/HEAD" ] || {sh_git()} init --quiet --bare --template= -- "$1" || exit 11
 if [ -n "$3" ]; then
-  {_sh_git()} -c "http.curloptResolve=$3" --git-dir="$1" fetch --quiet --prune --no-write-fetch-head -- "$2" \\
+  {sh_git()} -c "http.curloptResolve=$3" --git-dir="$1" fetch --quiet --prune --no-write-fetch-head -- "$2" \\
     '+refs/heads/*:refs/heads/*' '+refs/tags/*:refs/tags/*' || exit {_FETCH_FAILED}
 else
-  {_sh_git()} --git-dir="$1" fetch --quiet --prune --no-write-fetch-head -- "$2" \\
+  {sh_git()} --git-dir="$1" fetch --quiet --prune --no-write-fetch-head -- "$2" \\
     '+refs/heads/*:refs/heads/*' '+refs/tags/*:refs/tags/*' || exit {_FETCH_FAILED}
 fi
 """
@@ -59,16 +60,16 @@ _CLONE_SCRIPT = f"""
 [ -f "$1/HEAD" ] || exit {_MISSING}
 sha=$2
 if [ "$3" = resolve ]; then
-  sha=$({_sh_git()} --git-dir="$1" rev-parse --verify --quiet --end-of-options "$2^{{commit}}") || exit {_MISSING}
+  sha=$({sh_git()} --git-dir="$1" rev-parse --verify --quiet --end-of-options "$2^{{commit}}") || exit {_MISSING}
 fi
-{_sh_git()} --git-dir="$1" cat-file -e "$sha^{{commit}}" 2>/dev/null || exit {_MISSING}
+{sh_git()} --git-dir="$1" cat-file -e "$sha^{{commit}}" 2>/dev/null || exit {_MISSING}
 if [ "$4" = resolve-only ]; then printf '%s\n' "$sha"; exit 0; fi
-{_sh_git()} init --quiet --template= -- "$GIT_WORK_TREE" || exit 12
-{_sh_git("uploadpack.allowAnySHA1InWant=true")} fetch --quiet --no-tags --no-write-fetch-head \\
+{sh_git()} init --quiet --template= -- "$GIT_WORK_TREE" || exit 12
+{sh_git("uploadpack.allowAnySHA1InWant=true")} fetch --quiet --no-tags --no-write-fetch-head \\
     -- "file://$1" "$sha" || exit 13
 [ -e "$GIT_DIR/objects/info/alternates" ] && exit 14
-{_sh_git("core.logAllRefUpdates=false")} checkout --quiet --detach "$sha" -- || exit 15
-{_sh_git()} rev-parse --verify --quiet HEAD || exit 16
+{sh_git("core.logAllRefUpdates=false")} checkout --quiet --detach "$sha" -- || exit 15
+{sh_git()} rev-parse --verify --quiet HEAD || exit 16
 """
 _CLONE_STAGES = {
     _MISSING: "",
@@ -94,17 +95,17 @@ def update_mirror(
     resolve_pin: str | None = None,
 ) -> None:
     """Create the bare mirror at ``mirror`` if needed and fetch every branch and tag of ``repo_url``."""
-    _check_repo_url(repo_url)
+    check_repo_url(repo_url)
     check_resolve_pin(resolve_pin)
-    shown = _display_url(repo_url)
-    git = _Git(run, env, time.monotonic() + timeout_secs, timeout_secs)
+    shown = display_url(repo_url)
+    git = Git(run, env, time.monotonic() + timeout_secs, timeout_secs)
     git.script(
         _UPDATE_SCRIPT,
         [str(mirror), repo_url, resolve_pin or ""],
         stages={11: "git init of the mirror", _FETCH_FAILED: f"git fetch of {shown}"},
         cwd=mirror.parent,
         what=f"git fetch of {shown}",
-        secret=_userinfo(repo_url),
+        secret=userinfo(repo_url),
     )
 
 
@@ -122,19 +123,19 @@ def clone_from_mirror(
     NotInMirror when the mirror lacks the commit; ``dest`` is then left empty.
     ``env`` must allow the file protocol (the mirror is fetched from as ``file://``).
     """
-    _check_base_commit(base_commit)
+    check_base_commit(base_commit)
     dest = Path(dest)
     if dest.exists() and (not dest.is_dir() or any(dest.iterdir())):
         raise GitError(f"clone destination {dest} is not an empty folder")
-    if _has_space_or_control(str(mirror)):
+    if has_space_or_control(str(mirror)):
         raise GitError(f"mirror path {mirror} holds whitespace")
-    git = _Git(run, env, time.monotonic() + timeout_secs, timeout_secs)
+    git = Git(run, env, time.monotonic() + timeout_secs, timeout_secs)
     git_dir = dest / ".git"
     dest.mkdir(parents=True, exist_ok=True)
     try:
         result = git.script(
             _CLONE_SCRIPT,
-            [str(mirror), base_commit, "sha" if _SHA_RE.match(base_commit) else "resolve", "clone"],
+            [str(mirror), base_commit, "sha" if is_full_sha(base_commit) else "resolve", "clone"],
             stages=_CLONE_STAGES,
             cwd=dest,
             extra_env={"GIT_DIR": str(git_dir), "GIT_WORK_TREE": str(dest)},
@@ -142,7 +143,7 @@ def clone_from_mirror(
         )
         if result.exit_code == _MISSING:
             raise NotInMirror(f"base_commit {base_commit} is not in the mirror")
-        sha = _last_sha(result.output)
+        sha = last_sha(result.output)
         if sha is None:
             raise GitError(f"git rev-parse of HEAD failed: {git_message(result.output) or 'no sha printed'}")
     except BaseException:
@@ -155,16 +156,16 @@ def resolve_in_mirror(
     run: CommandRunner, *, mirror: Path, base_commit: str, env: dict[str, str], timeout_secs: float
 ) -> str:
     """The full sha ``base_commit`` names in the mirror (NotInMirror if none), without cloning."""
-    _check_base_commit(base_commit)
-    git = _Git(run, env, time.monotonic() + timeout_secs, timeout_secs)
+    check_base_commit(base_commit)
+    git = Git(run, env, time.monotonic() + timeout_secs, timeout_secs)
     result = git.script(
         _CLONE_SCRIPT,
-        [str(mirror), base_commit, "sha" if _SHA_RE.match(base_commit) else "resolve", "resolve-only"],
+        [str(mirror), base_commit, "sha" if is_full_sha(base_commit) else "resolve", "resolve-only"],
         stages=_CLONE_STAGES,
         cwd=mirror.parent,
         what="git rev-parse in the mirror",
     )
-    sha = _last_sha(result.output) if result.exit_code == 0 else None
+    sha = last_sha(result.output) if result.exit_code == 0 else None
     if sha is None:
         raise NotInMirror(f"base_commit {base_commit} is not in the mirror")
     return sha

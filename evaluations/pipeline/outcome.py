@@ -6,14 +6,15 @@
 2. Otherwise the step's default (``STEP_KINDS``): what a failure there is, as a rule.
 3. Anything else that ends a pipeline (WorkerLost, an internal error) is ``infrastructure``.
 
-The README's "Outcomes" table lists which step and cause gives which kind.
+The "Outcomes" table of ``docs/api.md`` lists which step and cause gives which kind.
 """
 
 from __future__ import annotations
 
 from evaluations import agents
 from evaluations.models import ErrorKind, Step
-from evaluations.pipeline import archive, gitrepo, urlguard
+from evaluations.network import urlguard
+from evaluations.pipeline import archive, gitrepo
 from evaluations.pipeline.context import Cancelled, StepFailed
 
 # A StepFailed without a kind: the task's own steps fail for the task, the agent's install for the

@@ -21,16 +21,17 @@ from typing import NamedTuple
 from django.db import close_old_connections
 
 from evaluations import lifecycle, livelog
-from evaluations.egress import EgressProxy
 from evaluations.models import ErrorKind, Evaluation, Status, Step, TestResult
-from evaluations.pipeline import outcome, warm
+from evaluations.network.egress import EgressProxy, egress_policy
+from evaluations.pipeline import outcome
 from evaluations.pipeline.cancel import CancelState
 from evaluations.pipeline.context import Cancelled, Context, StepFailed, WorkerLost
 from evaluations.pipeline.session import Session, remove_retired
 from evaluations.pipeline.steps import STEPS
+from evaluations.pipeline.warm import WorkspaceCache
 from evaluations.runtime import Runtime, Spawner, sandbox_uid, uids
 from evaluations.runtime.output import as_text
-from executor_project.config import Config, egress_policy
+from executor_project.config import Config
 from executor_project.logs import evaluation_context
 
 logger = logging.getLogger("term_executor.pipeline")
@@ -87,6 +88,7 @@ def _prepare(
         runtime=runtime,
         spawner=spawner,
         cancel=cancel,
+        cache=WorkspaceCache(eval_id, config, session),
         egress=egress,
     )
     return ctx, lease
@@ -135,7 +137,7 @@ def _cleanup(ctx: Context, lease: uids.UidLease | None, ending: Ending, log) -> 
     status, error = ending.status, ending.error
     spawner.sweep()
     try:
-        warm.release(ctx)  # the session's overlays unmounted, the cache's locks dropped
+        ctx.cache.release()  # the session's overlays unmounted, the cache's locks dropped
     except OSError as exc:
         log.warning("could not release the workspace cache (the reaper will): %s", exc)
     close_old_connections()

@@ -2,7 +2,7 @@
 
 task/     the extracted archive (root only: hidden tests, original_pr.md)
 repo/     the repository; owned by the sandbox uid
-base-objects/  root only: the clone's object store as cloned, read by the agent patch (gitrepo.keep_base_objects)
+base-objects/  root only: the clone's object store as cloned, read by the agent patch (patch.keep_base_objects)
 agent/    agent.<ext> and prompt.md, read-only to commands; an agent project's code/ (root's),
           env/ (its venv or node_modules) and home/ (HOME of its install), the sandbox uid's,
           pipeline/agentenv.py
@@ -177,7 +177,7 @@ class Session:
             return None
         if not self.root.exists():
             return None
-        _unmount_below(self.root)  # the workspace cache's overlays (pipeline/warm.py)
+        _unmount_below(self.root)  # the workspace cache's overlays (cache/overlay.py)
         if self.uid is not None:
             os.chown(self.root, -1, 0)
         os.chmod(self.root, 0o700)

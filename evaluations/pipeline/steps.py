@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 import time
 from pathlib import Path
@@ -10,7 +11,8 @@ from django.db import transaction
 
 from evaluations import environments, languages, livelog
 from evaluations.models import ErrorKind, Evaluation, TestResult
-from evaluations.pipeline import archive, gitrepo, outcome, static, taskspec, toolchains, urlguard, warm
+from evaluations.network import urlguard
+from evaluations.pipeline import archive, gitrepo, outcome, patch, static, taskspec, toolchains
 from evaluations.pipeline.agentenv import agent_argv, find_interpreter, installing_agent, task_env_for_agent
 from evaluations.pipeline.context import (
     Cancelled,
@@ -23,6 +25,7 @@ from evaluations.pipeline.context import (
 )
 from evaluations.runtime import Limit, Mount
 from evaluations.safefs import SafeFSError, clear_way, write_file_nofollow
+from executor_project.config import Config
 
 
 def _policy(config) -> urlguard.URLPolicy:
@@ -67,10 +70,18 @@ def downloading_task(ctx: Context) -> None:
     static.prepare(ctx)  # the three asset groups checked, merged and staged
 
 
+def choose_environment(config: Config, task: taskspec.TaskSpec) -> environments.Environment | None:
+    """The environment a task's commands run in: its ``environment:``, else DEFAULT_ENVIRONMENT, else none."""
+    name = task.environment or config.default_environment
+    if not name:
+        return None
+    return environments.resolve(config.environments_root, name)
+
+
 def _environment(ctx: Context) -> environments.Environment | None:
     """The task's root filesystem, checked now for what its commands will need (SPEC §11)."""
     try:
-        environment = environments.choose_environment(ctx.config, ctx.task)
+        environment = choose_environment(ctx.config, ctx.task)
     except environments.BadEnvironment as exc:
         raise StepFailed(str(exc)) from None
     if environment is None:
@@ -98,7 +109,7 @@ def cloning_repo(ctx: Context) -> None:
         if ctx.egress is not None:
             ctx.egress.policy = policy  # what the clone was let reach, the task's commands are not
     try:  # before any command of the task or the agent: the base's objects as cloned, root's (issue 23)
-        gitrepo.keep_base_objects(ctx.session.repo, ctx.session.base_objects)
+        patch.keep_base_objects(ctx.session.repo, ctx.session.base_objects)
     except (OSError, SafeFSError) as exc:
         raise StepFailed(f"could not keep the base's git objects: {exc}", kind=ErrorKind.INFRASTRUCTURE) from None
 
@@ -116,7 +127,9 @@ def _clone(ctx: Context) -> None:
         pin = urlguard.git_resolve_pin(resolved)  # git connects to the address we checked
         if ctx.egress is not None:  # the proxy lets git reach exactly what the URL guard allowed
             ctx.egress.policy = ctx.egress.policy.allowing(resolved.addresses, resolved.port, "the task's repository")
-        if warm.clone(ctx, pin):  # SPEC §13: from a snapshot, or fetched from the mirror
+        cached = ctx.cache.clone(ctx, task, lambda: _cache_material(ctx), pin)
+        if cached is not None:  # SPEC §13: from a snapshot, or fetched from the mirror
+            ctx.base_sha = cached
             return
         ctx.base_sha = gitrepo.clone_at(
             ctx.command_runner(ctx.executor_policy(network=True)),
@@ -132,9 +145,54 @@ def _clone(ctx: Context) -> None:
         raise StepFailed(str(exc), kind=outcome.of_git(exc)) from None
 
 
+def _cache_material(ctx: Context) -> dict | None:
+    """What the install step's result depends on, besides the commit (SPEC §13); None: a bad placeholder."""
+    environment = ctx.environment
+    session = str(ctx.session.root)
+
+    def general(text: str) -> str:  # without the sandbox, asset paths are in the session: rewritten on restore
+        return text.replace(session, "<session>")
+
+    try:
+        view = static.view(ctx)
+        return {
+            "repo": ctx.task.repo,
+            "install": [general(command) for command in static.fill(ctx, ctx.task.install)],
+            "env": {name: general(value) for name, value in static.task_env(ctx).items()},
+            "environment": [environment.name, environment.identity] if environment else None,
+            "assets": [[a.name, a.save_path, a.kind, _digest(view.host_path(a))] for a in view.assets],
+            # Paths the install step may have written into files, and what its commands ran with.
+            "workspace_base": str(ctx.config.workspace_base),
+            "command_path": ctx.command_path,
+            "sandboxed": ctx.runtime.isolated,
+        }
+    except StepFailed:
+        return None  # installing_deps reports it as before
+
+
+def _digest(path: Path) -> str:
+    """A static asset's content, as a digest (its staged copy's mtime changes every evaluation)."""
+    digest = hashlib.sha256()
+    if path.is_file():
+        with open(path, "rb") as handle:
+            for block in iter(lambda: handle.read(1 << 20), b""):
+                digest.update(block)
+        return digest.hexdigest()
+    for folder, subdirs, files in os.walk(path):
+        subdirs.sort()
+        for name in sorted(files):
+            child = Path(folder) / name
+            digest.update(os.fsencode(child.relative_to(path)) + b"\0")
+            if child.is_symlink():
+                digest.update(b"link:" + os.fsencode(os.readlink(child)))
+            elif child.is_file():
+                digest.update(_digest(child).encode())
+    return digest.hexdigest()
+
+
 def installing_deps(ctx: Context) -> None:
     config = ctx.config
-    if warm.restored(ctx):  # a hit: the venv and HOME the install step left, from the snapshot
+    if ctx.cache.restore():  # a hit: the venv and HOME the install step left, from the snapshot
         return
     deadline = deadline_in(config.install_timeout_secs)
     root = ctx.environment.root if ctx.environment else Path("/")
@@ -154,7 +212,7 @@ def installing_deps(ctx: Context) -> None:
             )
     ctx.spawner.sweep()
     try:
-        warm.keep(ctx)  # stored when this evaluation builds the snapshot; the tests get HOME back as it is now
+        ctx.cache.keep()  # stored when this evaluation builds the snapshot; the tests get HOME back as it is now
     except OSError as exc:
         raise StepFailed(
             f"could not keep the install step's HOME for the tests: {exc}", kind=ErrorKind.INFRASTRUCTURE
@@ -209,7 +267,7 @@ def _agent_patch(ctx: Context) -> str:
     # made at clone time, never from the agent's .git (issue 23).
     env = gitrepo.git_env(ctx.session.home, urlguard.git_allow_protocol(False))
     try:
-        patch = gitrepo.repo_patch(
+        text = patch.repo_patch(
             ctx.command_runner(ctx.executor_policy(network=False)),
             repo=ctx.session.repo,
             base_sha=ctx.base_sha,
@@ -219,8 +277,8 @@ def _agent_patch(ctx: Context) -> str:
             max_bytes=ctx.config.max_output_bytes * 8,
         )
     except gitrepo.GitError as exc:
-        patch = f"(no patch: {exc})"
-    return patch
+        text = f"(no patch: {exc})"
+    return text
 
 
 def running_tests(ctx: Context) -> None:
@@ -232,7 +290,7 @@ def running_tests(ctx: Context) -> None:
     ctx.spawner.sweep()
     try:
         ctx.spawner.scrub()  # without the sandbox: what the agent left in the host's /tmp, /dev/shm
-        warm.restore_install_state(ctx)  # no usercustomize, .pth or .gitconfig the agent planted
+        ctx.cache.reset()  # no usercustomize, .pth or .gitconfig the agent planted
         session.reset_tmp()
     except OSError as exc:  # the walks neither follow nor stop at what the agent made: the host's fault
         raise StepFailed(f"could not reset HOME and /tmp for the tests: {exc}", kind=ErrorKind.INFRASTRUCTURE) from None

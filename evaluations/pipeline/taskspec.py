@@ -24,9 +24,8 @@ from typing import NamedTuple
 import yaml
 
 from evaluations.environments import BadEnvironment, check_name
+from evaluations.network.urlguard import URLRefused, check_git_url
 from executor_project.config import Config
-
-from .urlguard import URLRefused, check_git_url
 
 MAX_YAML_BYTES = 1024 * 1024
 MAX_YAML_NODES = 100_000

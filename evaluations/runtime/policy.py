@@ -23,7 +23,14 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from evaluations.egress.relay import BUNDLE_TARGET, SANDBOX_SOCKET, SOCAT, bundle_prefix, proxy_env, relay_wrapper
+from evaluations.network.egress.relay import (
+    BUNDLE_TARGET,
+    SANDBOX_SOCKET,
+    SOCAT,
+    bundle_prefix,
+    proxy_env,
+    relay_wrapper,
+)
 from evaluations.runtime.cgroups import join_prefix
 from evaluations.runtime.types import Mount
 

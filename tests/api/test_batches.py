@@ -8,7 +8,7 @@ import tarfile
 
 import pytest
 
-from evaluations import batches, lifecycle
+from evaluations import lifecycle
 from evaluations.models import AgentArchive, Batch, Evaluation, Status, Transition
 
 pytestmark = pytest.mark.django_db
@@ -155,8 +155,8 @@ def test_get_shows_counts_and_reward_once_all_finished(api):
     lifecycle.finish(ids[2], Status.COMPLETED)
     ending = api.get(f"/batches/{batch_id}").json()  # every evaluation ended, settle not yet run
     assert (ending["status"], ending["finished_at"]) == ("completed", None)
-    assert batches.settle(batch_id)  # the test's transaction holds lifecycle's on_commit back
-    assert not batches.settle(batch_id)  # once: a second call (a second worker) ends nothing
+    assert lifecycle.settle(batch_id)  # the test's transaction holds lifecycle's on_commit back
+    assert not lifecycle.settle(batch_id)  # once: a second call (a second worker) ends nothing
     done = api.get(f"/batches/{batch_id}").json()
     assert done["status"] == "completed" and done["finished_at"] is not None
     assert done["reward"] == pytest.approx(2 / 3)
@@ -192,7 +192,7 @@ def test_delete_of_a_running_batch_asks_the_running_to_stop(api):
     shown = api.get(f"/batches/{body['batch_id']}").json()
     assert shown["status"] == "cancelled" and shown["finished_at"] is None and shown["cancelled"] == 2
     lifecycle.finish(running, Status.CANCELLED, expect=[Status.RUNNING])
-    assert batches.settle(body["batch_id"])
+    assert lifecycle.settle(body["batch_id"])
     assert Batch.objects.get().status == "cancelled"
 
 
@@ -229,7 +229,7 @@ def test_routes_need_the_token(api, executor_config):
 
 
 def test_the_reaper_ends_a_batch_whose_last_evaluation_ended_without_ending_it(api, settings):
-    from evaluations import reaper
+    from evaluations.worker import reaper
 
     body = post(api, {**GOOD, "task_urls": URLS[:1], "callback_url": "https://example.com/hook"}).json()
     # lifecycle.finish's settle waits for a commit the test's transaction never makes: as if the

@@ -9,8 +9,9 @@ from types import SimpleNamespace
 import pytest
 from django.utils import timezone
 
-from evaluations import callbacks, lifecycle
+from evaluations import lifecycle, representation
 from evaluations.models import Evaluation, Status
+from evaluations.worker import callbacks
 from tests.helpers.httpserver import TestHTTPServer
 
 pytestmark = pytest.mark.django_db
@@ -106,7 +107,7 @@ def test_no_callback_url_means_no_delivery():
 
 
 def ended_batch(url):
-    from evaluations import batches
+    from evaluations import lifecycle
     from evaluations.models import Batch
 
     batch = Batch.objects.create(agent_code="x", callback_url=url)
@@ -114,13 +115,12 @@ def ended_batch(url):
         batch=batch, task_url="https://x/t.tgz", agent_code="x", status=Status.RUNNING
     )
     assert lifecycle.finish(evaluation.id, Status.COMPLETED)
-    batches.settle(batch.id)  # after the commit lifecycle.finish's on_commit waits for (the test's transaction)
+    lifecycle.settle(batch.id)  # after the commit lifecycle.finish's on_commit waits for (the test's transaction)
     batch.refresh_from_db()
     return batch, evaluation
 
 
 def test_a_batch_is_called_back_by_the_same_sender_retried_and_recorded(receiver, config):
-    from evaluations import batches
 
     receiver.answers = [500]
     batch, evaluation = ended_batch(receiver.server.url("/hook"))
@@ -131,7 +131,7 @@ def test_a_batch_is_called_back_by_the_same_sender_retried_and_recorded(receiver
     assert callbacks.deliver(batch.id, config, callbacks.BATCHES) == "pending"
     assert callbacks.deliver(batch.id, config, callbacks.BATCHES) == "delivered"
     first, second = receiver.received
-    assert json.loads(second["body"]) == batches.batch_json(batch.id)
+    assert json.loads(second["body"]) == representation.batch_json(batch.id)
     assert json.loads(second["body"])["reward"] == 1.0
     assert second["headers"]["X-Batch-Id"] == str(batch.id) and "X-Eval-Id" not in second["headers"]
     assert (

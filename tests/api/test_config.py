@@ -3,8 +3,10 @@ from pathlib import Path
 
 import pytest
 
-from executor_project.config import SETTINGS, Config, ConfigError, django_secret_key, egress_policy, load
+from evaluations.network.egress import egress_policy
+from executor_project.config import SETTINGS, Config, ConfigError, django_secret_key
 from executor_project.dburl import parse_database_url
+from executor_project.settings_loader import load
 
 
 def test_defaults_match_the_spec():

@@ -5,6 +5,7 @@ import uuid
 
 import pytest
 
+from evaluations.api.limits import max_body_bytes
 from evaluations.api.serializers import EvaluateRequestSerializer
 from evaluations.models import Evaluation, Status, Step, Transition
 from executor_project.config import Config
@@ -141,7 +142,7 @@ def test_form_encoded_json_from_plain_curl_is_accepted(api):
 
 def test_a_huge_body_gets_413(api, executor_config):
     config = executor_config(max_agent_code_bytes=1000, max_agent_archive_bytes=1000, max_batch_tasks=1)
-    assert config.max_body_bytes == 6000 + 4100 + 1024 * 1024
+    assert max_body_bytes(config) == 6000 + 4100 + 1024 * 1024
     raw = json.dumps({**GOOD, "agent_code": "x" * (2 * 1024 * 1024)}).encode()
     response = api.post("/evaluate", data=raw, content_type="application/json")
     assert_refused(response, 413, "payload_too_large")

@@ -12,7 +12,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from rest_framework.renderers import JSONRenderer
 
-from evaluations.api.rows import Select
+from evaluations.db.rows import Select
 from evaluations.models import Evaluation, Status, Step, TestResult, Transition
 from evaluations.representation import evaluation_json
 

@@ -69,7 +69,7 @@ def test_retry_answers_pending_even_when_a_worker_claims_it_before_the_reply(api
         for row in Evaluation.objects.filter(status=Status.PENDING, retry_of_id=first):
             assert lifecycle.record(row.id, status=Status.RUNNING, expect=[Status.PENDING])
 
-    monkeypatch.setattr("evaluations.wakeup.notify", worker_claims)
+    monkeypatch.setattr("evaluations.worker.wakeup.notify", worker_claims)
     reply = retry(api, first)
     assert reply.status_code == 202, reply.content
     assert reply.json()["status"] == "pending"

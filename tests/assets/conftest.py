@@ -10,7 +10,9 @@ import pytest
 
 @pytest.fixture
 def root(tmp_path) -> Path:
-    """STATIC_ASSETS_ROOT with a file, a folder tree, links inside and out, and a secret beside it."""
+    """STATIC_ASSETS_ROOT with a file, a folder tree, links inside and out, and a secret beside it.
+
+    Files only, in the test's tmp_path (pytest removes it); starts nothing."""
     base = tmp_path / "root"
     (base / "corpora" / "en" / "sub").mkdir(parents=True)
     (base / "corpora" / "en" / "words.txt").write_text("alpha\nbeta\n")

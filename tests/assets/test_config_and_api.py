@@ -10,7 +10,8 @@ import pytest
 
 from assets.groups import load_config_file
 from evaluations.models import Evaluation
-from executor_project.config import ConfigError, load
+from executor_project.config import ConfigError
+from executor_project.settings_loader import load
 from tests.helpers.service import PROJECT
 
 GOOD = {"agent_code": "print('hi')", "task_url": "https://example.com/task.tar.gz"}

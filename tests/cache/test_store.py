@@ -22,7 +22,7 @@ from django.core.management import CommandError, call_command
 from evaluations.cache import mounts
 from evaluations.cache.store import Store, cache_key
 from evaluations.models import Evaluation, Status
-from evaluations.reaper import tend_cache
+from evaluations.worker.reaper import tend_cache
 
 UID = 60999  # outside the sandbox uid pool the other tests lease from
 

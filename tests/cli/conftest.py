@@ -14,6 +14,9 @@ from tests.helpers.service import PROJECT
 
 @pytest.fixture
 def cli(tmp_path):
+    """An EvaluateCli: a fresh database (a SQLite file, or a new PostgreSQL database), migrated, and a
+    workspace under /tmp; `manage.py evaluate` runs as a subprocess per call. After the test the
+    database is dropped and the workspace removed."""
     runner = EvaluateCli(tmp_path / "cli").migrate()
     yield runner
     runner.close()
@@ -21,7 +24,10 @@ def cli(tmp_path):
 
 @pytest.fixture(scope="module")
 def built_examples(tmp_path_factory):
-    """examples/build.py's output, served on 127.0.0.1 as the README does: {"dir", "url"}."""
+    """examples/build.py's output, served on 127.0.0.1 as the README does: {"dir", "url"}.
+
+    Runs examples/build.py once per module and starts a TestHTTPServer thread on its output; the
+    server is shut down at the module's end (the folder is pytest's tmp_path_factory's)."""
     build = tmp_path_factory.mktemp("examples-build")
     with TestHTTPServer(build) as server:
         base_url = server.url("").rstrip("/")

@@ -10,7 +10,7 @@ import threading
 import pytest
 from django.db import connection
 
-from evaluations import batches, lifecycle
+from evaluations import lifecycle
 from evaluations.models import Batch, Evaluation, Status
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -32,7 +32,7 @@ def end_last_two_together(monkeypatch, real_settle) -> list[bool]:
         both_ended.wait()
         ended_it.append(real_settle(batch_id))
 
-    monkeypatch.setattr(batches, "settle", settle_after_both)
+    monkeypatch.setattr(lifecycle, "settle", settle_after_both)
 
     def finish(eval_id):
         try:
@@ -56,6 +56,6 @@ def end_last_two_together(monkeypatch, real_settle) -> list[bool]:
 def test_the_last_two_evaluations_ending_together_end_the_batch_once(monkeypatch):
     if connection.vendor != "postgresql":
         pytest.skip("concurrent writers: PostgreSQL only (see the module's docstring)")
-    real_settle = batches.settle
+    real_settle = lifecycle.settle
     for _ in range(8):
         assert sorted(end_last_two_together(monkeypatch, real_settle)) == [False, True]

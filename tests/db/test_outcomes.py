@@ -8,12 +8,14 @@ import re
 import pytest
 from django.utils import timezone
 
-from evaluations import lifecycle, reaper, stats
+from evaluations import lifecycle, stats
 from evaluations.models import SHUTTING_DOWN, TTL_EXPIRED, ErrorKind, Evaluation, PurgedTotals, Status, Step
-from evaluations.pipeline import gitrepo, outcome, urlguard
+from evaluations.network import urlguard
+from evaluations.pipeline import gitrepo, outcome
 from evaluations.pipeline.archive import ArchiveError
 from evaluations.pipeline.cancel import CancelState, Stop
 from evaluations.pipeline.context import Cancelled, Context, StepFailed, WorkerLost
+from evaluations.worker import reaper
 
 pytestmark = pytest.mark.django_db
 

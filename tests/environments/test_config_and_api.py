@@ -8,7 +8,8 @@ import sys
 import pytest
 
 from evaluations import environments as envs
-from executor_project.config import ConfigError, load
+from executor_project.config import ConfigError
+from executor_project.settings_loader import load
 from tests.helpers.environments import dpkg_status, executable, fake_environment
 from tests.helpers.service import PROJECT
 

@@ -13,7 +13,7 @@ import subprocess
 import pytest
 
 from evaluations import environments as envs
-from evaluations.management.commands import make_environment as command
+from evaluations.environments import build as command
 from tests.helpers.environments import (
     HOST_LACKS,
     NAME,

@@ -12,6 +12,7 @@ import pytest
 
 from evaluations import environments as envs
 from evaluations.environments import BadEnvironment, UnknownEnvironment
+from evaluations.pipeline.steps import choose_environment
 from evaluations.pipeline.taskspec import load_task
 from executor_project.config import Config
 from tests.helpers.environments import dpkg_status, executable, fake_environment
@@ -270,11 +271,11 @@ def task_naming(tmp_path, environment: str | None):
 def test_choose_environment(root, tmp_path):
     config = Config(environments_root=root)
     plain, beta, gamma = (task_naming(tmp_path, name) for name in (None, "beta", "gamma"))
-    assert envs.choose_environment(config, plain) is None
-    assert envs.choose_environment(config, beta).name == "beta"
+    assert choose_environment(config, plain) is None
+    assert choose_environment(config, beta).name == "beta"
     config = dataclasses.replace(config, default_environment="alpha")
-    assert envs.choose_environment(config, plain).name == "alpha"
-    assert envs.choose_environment(config, beta).name == "beta"
+    assert choose_environment(config, plain).name == "alpha"
+    assert choose_environment(config, beta).name == "beta"
     with pytest.raises(UnknownEnvironment, match=re.escape("unknown environment: gamma (available: alpha, beta)")):
-        envs.choose_environment(config, gamma)
-    assert envs.choose_environment(Config(), plain) is None
+        choose_environment(config, gamma)
+    assert choose_environment(Config(), plain) is None

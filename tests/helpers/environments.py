@@ -17,7 +17,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from evaluations.management.commands.make_environment import DEFAULT_MIRROR, DEFAULT_PACKAGES
+from evaluations.environments.build import DEFAULT_MIRROR, DEFAULT_PACKAGES
 from tests.helpers.service import PROJECT
 
 SUITE = "bookworm"

@@ -12,7 +12,10 @@ from tests.worker.conftest import worker_service, workspace_base  # noqa: F401  
 
 @pytest.fixture
 def served(tmp_path):
-    """(Instances making rows whose repositories it serves, the server, the --repo-url template)."""
+    """(Instances making rows whose repositories it serves, the server, the --repo-url template).
+
+    Starts a TestHTTPServer thread on 127.0.0.1 serving tmp_path/www (git repositories made there),
+    shut down after the test."""
     www = tmp_path / "www"
     www.mkdir()
     with TestHTTPServer(www) as server:
@@ -21,7 +24,9 @@ def served(tmp_path):
 
 @pytest.fixture
 def cli(tmp_path):
-    """The command line, on a database of its own (migrated only by the tests that verify)."""
+    """The command line, on a database of its own (migrated only by the tests that verify).
+
+    Each command is a subprocess; after the test the database is dropped and the workspace removed."""
     runner = EvaluateCli(tmp_path / "cli")
     yield runner
     runner.close()

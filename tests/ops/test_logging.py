@@ -74,3 +74,27 @@ def test_gunicorn_logs_through_the_same_handler():
     for name in ("gunicorn.error", "gunicorn.access"):
         assert config["loggers"][name]["handlers"] == ["stderr"] and config["loggers"][name]["propagate"] is False
     assert config["handlers"]["stderr"]["filters"] == ["eval_id"]
+
+
+def test_a_response_marked_logged_is_not_logged_again_by_django():
+    """A 503 at capacity is logged once a minute by the view; Django's per-response WARNING is
+    skipped through the private ``_has_been_logged`` that django.utils.log.log_response reads."""
+    from django.test import RequestFactory
+    from django.utils.log import log_response
+
+    from evaluations.api.errors import ApiError, exception_handler
+
+    request = RequestFactory().post("/evaluate")
+    records = []
+    handler = logging.Handler()
+    handler.emit = records.append
+    logger = logging.getLogger("django.request")
+    logger.addHandler(handler)
+    try:
+        for logged in (False, True):
+            records.clear()
+            response = exception_handler(ApiError(503, "at_capacity", "full", logged=logged), {})
+            log_response("%s: %s", response.reason_phrase, request.path, response=response, request=request)
+            assert len(records) == (0 if logged else 1)
+    finally:
+        logger.removeHandler(handler)

@@ -1,53 +1,29 @@
-"""Fixtures for the pipeline tests: a real HTTP server and URL policies for it."""
+"""Fixtures for the pipeline tests (``www`` and ``http_server`` are tests/conftest.py's)."""
 
 from __future__ import annotations
 
+import dataclasses
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
 import pytest
 
-from evaluations.pipeline.urlguard import URLPolicy
-from tests.helpers.httpserver import TestHTTPServer
-
-
-@pytest.fixture
-def www(tmp_path):
-    """The folder the ``http_server`` fixture serves."""
-    folder = tmp_path / "www"
-    folder.mkdir()
-    return folder
-
-
-@pytest.fixture
-def http_server(www):
-    """A started TestHTTPServer on 127.0.0.1 serving ``www``."""
-    with TestHTTPServer(www) as server:
-        yield server
-
-
-@pytest.fixture
-def loopback_policy():
-    """http/https, with only 127.0.0.1 let through the private-address rule."""
-    return URLPolicy(allowed_private_hosts=("127.0.0.1",))
-
-
-# -- end-to-end fixtures ------------------------------------------------------
-
-import dataclasses  # noqa: E402
-import os  # noqa: E402
-import shutil  # noqa: E402
-import tempfile  # noqa: E402
-from pathlib import Path  # noqa: E402
-
-from tests.helpers.tasks import TaskFactory  # noqa: E402
+from tests.helpers.tasks import TaskFactory
 
 
 @pytest.fixture
 def tasks(www, http_server):
+    """A TaskFactory writing task archives into ``www``, served by ``http_server`` (tests/conftest.py)."""
     return TaskFactory(www, http_server.url("/"))
 
 
 @pytest.fixture(params=["none", "bwrap"])
 def sandbox(request):
-    """Each end-to-end test runs without and with bubblewrap (a failure if REQUIRE_SANDBOX=1 and it is missing)."""
+    """Each end-to-end test runs without and with bubblewrap (a failure if REQUIRE_SANDBOX=1 and it is missing).
+
+    The sandbox's name; runs ``bwrap ... true`` once to know whether it works, starts nothing else."""
     if request.param == "bwrap":
         from evaluations.runtime import probe_bwrap
 
@@ -61,7 +37,10 @@ def sandbox(request):
 
 @pytest.fixture
 def e2e_config(settings):
-    """The service's config with a workspace the sandbox uid can reach and 127.0.0.1 allowed."""
+    """The service's config with a workspace the sandbox uid can reach and 127.0.0.1 allowed.
+
+    Makes a session folder under /tmp and a workspace cache beside it; after the test (as root) it
+    unmounts what a test left mounted below the workspace, then removes both."""
     base = Path(tempfile.mkdtemp(prefix="te-sessions-", dir="/tmp"))
     os.chmod(base, 0o711)
     config = dataclasses.replace(

@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from evaluations.pipeline import gitrepo
-from evaluations.pipeline.gitrepo import GitError, clone_at, git_env, keep_base_objects, repo_patch
+from evaluations.pipeline.gitrepo import GitError, clone_at, git_env
+from evaluations.pipeline.patch import keep_base_objects, repo_patch
 from tests.helpers.gitrepos import (
     FORGE_BASE_TREE,
     GIT_TEST_ENV,
@@ -263,7 +264,7 @@ def test_ext_transport_refused_by_git_itself(tmp_path, monkeypatch):
     """With the pre-check bypassed, GIT_ALLOW_PROTOCOL alone stops ext::."""
     marker = tmp_path / "pwned"
     url = f"ext::sh -c touch% {marker}"
-    monkeypatch.setattr(gitrepo, "_check_repo_url", lambda url: None)
+    monkeypatch.setattr(gitrepo, "check_repo_url", lambda url: None)
 
     with pytest.raises(GitError, match="git clone of ext::"):
         clone_at(

@@ -20,7 +20,8 @@ from evaluations.pipeline.toolchains import CA_VARIABLES, CaBundle, Python
 from evaluations.runtime import sandbox_uid
 from evaluations.runtime.policy import SANDBOX_CA_BUNDLE
 from evaluations.runtime.sandbox import SYSTEM_PATH
-from executor_project.config import Config, ConfigError, distribution_ca_bundle, load
+from executor_project.config import Config, ConfigError, distribution_ca_bundle
+from executor_project.settings_loader import load
 
 UID = sandbox_uid()
 HOST_PYTHON = toolchains.find_python(SYSTEM_PATH)

@@ -25,6 +25,7 @@ from tests.runtime.support import DEFAULT_LIMITS, UID, give_to_sandbox_uid, tagg
 
 @pytest.fixture(scope="session")
 def bwrap_probe():
+    """Whether bubblewrap works here: runs ``bwrap ... true`` once per test run; (works, detail)."""
     return probe_bwrap()
 
 
@@ -39,6 +40,7 @@ def _bwrap_or_skip(bwrap_probe) -> Bubblewrap:
 
 @pytest.fixture(params=["none", "bwrap"])
 def runtime(request, bwrap_probe):
+    """NoSandbox, then Bubblewrap (skipped or failed as the module says): a runtime object, starts nothing."""
     if request.param == "none":
         return NoSandbox(usable_language_runtimes(UID))
     return _bwrap_or_skip(bwrap_probe)
@@ -46,12 +48,13 @@ def runtime(request, bwrap_probe):
 
 @pytest.fixture
 def bwrap_runtime(bwrap_probe):
+    """The Bubblewrap runtime alone (skipped or failed where it does not work); starts nothing."""
     return _bwrap_or_skip(bwrap_probe)
 
 
 @pytest.fixture
 def session():
-    """A session folder the unprivileged uid owns, under a path it can reach (/tmp)."""
+    """A session folder the unprivileged uid owns, under a path it can reach (/tmp); removed after the test."""
     path = Path(tempfile.mkdtemp(prefix="te-runtime-", dir="/tmp"))
     os.chmod(path, 0o755)
     yield give_to_sandbox_uid(path)
@@ -95,7 +98,9 @@ def make_harness(runtime, session, **spawner_kwargs) -> Harness:
 
 @pytest.fixture
 def harness_factory(runtime, session):
-    """harness_factory(live_log=..., cancel_event=...) -> Harness; leftovers fail the test."""
+    """harness_factory(live_log=..., cancel_event=...) -> Harness around a Spawner; its commands are real
+    processes. After the test every harness's spawner sweeps (kills) what is left of its evaluation,
+    and any process still alive fails the test."""
     made: list[Harness] = []
 
     def make(**spawner_kwargs) -> Harness:
@@ -111,11 +116,13 @@ def harness_factory(runtime, session):
 
 @pytest.fixture
 def sp(harness_factory) -> Harness:
+    """One harness from ``harness_factory`` (both runtimes); its cleanup is the factory's."""
     return harness_factory()
 
 
 @pytest.fixture
 def bwrap_sp(bwrap_runtime, session):
+    """A harness on Bubblewrap alone; after the test its spawner sweeps, and a process left alive fails it."""
     harness = make_harness(bwrap_runtime, session)
     yield harness
     leftovers = tagged_alive(harness.eval_id)

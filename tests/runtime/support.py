@@ -9,7 +9,17 @@ import psutil
 
 from evaluations.runtime import TAG_VAR, Limits, sandbox_uid
 
-UID = sandbox_uid()
+
+def _own_uid() -> int:
+    """65534 (nobody) for the first pytest-xdist worker, 65533 for the second, ...: RLIMIT_NPROC
+    counts a uid's processes host-wide, so a fork storm held to 20 processes under one worker's
+    tests failed to fork (and timed out instead of hitting the limit) while the other worker's
+    sandboxes ran as the same uid."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")
+    return 65534 - int(worker.removeprefix("gw") or 0)
+
+
+UID = sandbox_uid(_own_uid())
 MIB = 1024 * 1024
 DEFAULT_LIMITS = Limits(
     timeout_secs=20,

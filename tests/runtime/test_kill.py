@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import subprocess
 import sys
@@ -168,3 +169,23 @@ def test_a_protected_child_is_never_counted_killed_or_reaped():
         if helper.poll() is None:
             helper.kill()
             helper.wait()
+
+
+def test_multiprocessing_helpers_are_not_taken_for_commands(tmp_path):
+    """The resource tracker and the forkserver are this process's children, but not commands:
+    killer finds their pids through multiprocessing's private names (docs/internals.md)."""
+    script = (
+        "import json\n"
+        "from multiprocessing import forkserver, resource_tracker\n"
+        "from evaluations.runtime import killer\n"
+        "resource_tracker.ensure_running()\n"
+        "forkserver.ensure_running()\n"
+        "helpers = [resource_tracker._resource_tracker._pid, forkserver._forkserver._forkserver_pid]\n"
+        "print(json.dumps({'helpers': helpers, 'foreign': sorted(killer._foreign_pids())}))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], cwd=Path(killer.__file__).parents[2], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    found = json.loads(done.stdout)
+    assert all(found["helpers"]) and set(found["helpers"]) <= set(found["foreign"])

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from evaluations.egress import SANDBOX_SOCKET
+from evaluations.network.egress import SANDBOX_SOCKET
 from evaluations.runtime import Mount, NoSandbox, SandboxUnavailable, Spawner, select_runtime
 from evaluations.runtime.monitor import folder_usage
 from evaluations.runtime.policy import RLimits, SandboxPolicy, Tools, bwrap_flags, render

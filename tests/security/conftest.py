@@ -19,22 +19,13 @@ from tests.helpers.service import LiveService
 from tests.helpers.tasks import TaskFactory
 from tests.pipeline.conftest import e2e_config, sandbox  # noqa: F401  (fixtures, re-exported)
 
-
-@pytest.fixture
-def www(tmp_path):
-    folder = tmp_path / "www"
-    folder.mkdir()
-    return folder
-
-
-@pytest.fixture
-def http_server(www):
-    with TestHTTPServer(www) as server:
-        yield server
+# www and http_server are tests/conftest.py's.
 
 
 @pytest.fixture
 def tasks(www, http_server):
+    """A TaskFactory writing task archives into ``www``, served by ``http_server`` (tests/conftest.py's:
+    a TestHTTPServer thread on 127.0.0.1, shut down after the test)."""
     return TaskFactory(www, http_server.url("/"))
 
 
@@ -70,7 +61,11 @@ def _live(tmp_path_factory, env: dict) -> LiveService:
 
 @pytest.fixture(scope="module")
 def live_factory(tmp_path_factory):
-    """live_factory(**env) -> a started gunicorn + run_worker, stopped at the module's end."""
+    """live_factory(**env) -> a started gunicorn + run_worker, stopped at the module's end.
+
+    Each service runs as subprocesses on a database of its own (migrated first) with session folders
+    under /tmp; at the module's end each is stopped (SIGTERM, then SIGKILL), its database dropped and
+    its session folder removed."""
     started = []
 
     def start(**env) -> LiveService:
@@ -86,6 +81,8 @@ def live_factory(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def module_www(tmp_path_factory):
+    """(TaskFactory, server) for a whole module: a TestHTTPServer thread on 127.0.0.1, shut down at the
+    module's end."""
     folder = tmp_path_factory.mktemp("www")
     with TestHTTPServer(folder) as server:
         yield TaskFactory(folder, server.url("/")), server

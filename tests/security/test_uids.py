@@ -134,7 +134,8 @@ def test_a_link_planted_as_the_lock_folder_is_refused(tmp_path):
 
 
 def test_the_pool_must_hold_a_uid_per_concurrent_evaluation():
-    from executor_project.config import ConfigError, load
+    from executor_project.config import ConfigError
+    from executor_project.settings_loader import load
 
     assert load({"SANDBOX_UID_COUNT": "4", "MAX_CONCURRENT_EVALS": "4"}).sandbox_uid_count == 4
     with pytest.raises(ConfigError, match="SANDBOX_UID_COUNT: must be at least MAX_CONCURRENT_EVALS"):

@@ -1,3 +1,5 @@
+"""Fixtures for the tests of the running worker: a task server, session folders, gunicorn + run_worker."""
+
 import os
 import shutil
 import tempfile
@@ -11,6 +13,8 @@ from tests.helpers.tasks import TaskFactory
 
 @pytest.fixture
 def tasks(tmp_path):
+    """A TaskFactory serving its task archives from a TestHTTPServer thread on 127.0.0.1 (tmp_path/www),
+    shut down after the test."""
     www = tmp_path / "www"
     www.mkdir()
     with TestHTTPServer(www) as server:
@@ -19,7 +23,8 @@ def tasks(tmp_path):
 
 @pytest.fixture
 def workspace_base():
-    """Session folders where the sandbox uid can reach them (pytest's tmp_path is 0700)."""
+    """Session folders where the sandbox uid can reach them (pytest's tmp_path is 0700): a folder made
+    under /tmp, removed after the test."""
     base = Path(tempfile.mkdtemp(prefix="te-sessions-", dir="/tmp"))
     os.chmod(base, 0o711)
     yield base
@@ -28,7 +33,10 @@ def workspace_base():
 
 @pytest.fixture
 def worker_service(live_service, workspace_base):
-    """gunicorn + run_worker on a fresh database, allowed to fetch from 127.0.0.1."""
+    """worker_service(**env) -> gunicorn + run_worker on a fresh database, allowed to fetch from 127.0.0.1.
+
+    The processes and database are ``live_service``'s (tests/conftest.py): stopped and dropped after
+    the test; session folders go to ``workspace_base``."""
 
     def start(**env):
         settings = {

@@ -1,4 +1,4 @@
-"""The worker's wake-up socket (evaluations/wakeup.py): bound and reached whatever DATA_DIR's depth.
+"""The worker's wake-up socket (evaluations/worker/wakeup.py): bound and reached whatever DATA_DIR's depth.
 
 A socket's path is capped at 107 bytes by the kernel; pytest's folders (pytest-of-root/pytest-181/
 popen-gw1/test_<long name>0/svc0/data/wake/<uuid>.sock) pass it, and a worker that cannot bind its
@@ -10,7 +10,7 @@ import uuid
 
 import pytest
 
-from evaluations import wakeup
+from evaluations.worker import wakeup
 
 
 @pytest.mark.django_db

@@ -155,3 +155,17 @@ def test_serve_runs_each_process_once_and_sigterm_stops_them_all(tmp_path, tasks
         if serve.poll() is None:
             serve.kill()
         service.database.drop()
+
+
+def test_the_forkserver_dying_alone_loses_no_running_evaluation(worker_service, tasks):
+    service = worker_service()
+    eval_id = submit(service, tasks.task(), "import time; time.sleep(4)\n" + SOLVER)
+    wait_for(lambda: evaluation(service, eval_id)["step"] == "running_agent", 30, what="running_agent")
+    forkservers = [proc for proc in psutil.Process(service.worker.pid).children() if proc.name() == "te-forkserver"]
+    assert len(forkservers) == 1
+    forkservers[0].kill()  # the evaluation's parent: the worker, a subreaper, adopts it
+    body = wait_terminal(service, eval_id, timeout=60)
+    assert (body["status"], body["passed"], body["error"]) == ("completed", True, None)
+    # And the worker goes on: a new evaluation still runs (multiprocessing starts a forkserver again).
+    after = wait_terminal(service, submit(service, tasks.task(), SOLVER), timeout=90)
+    assert (after["status"], after["passed"]) == ("completed", True), after["error"]

@@ -5,7 +5,7 @@ fails before publishing a task. No server is needed; the configured database
 is (run `manage.py migrate` once), and the evaluation is stored there like
 any other.
 
-1. TASK is a task folder, an archive or a URL (evaluations/localrun.py turns
+1. TASK is a task folder, an archive or a URL (evaluations/worker/localrun.py turns
    it into a task_url; file:// URLs are allowed for this run only). AGENT is
    one source file (agent_code), or a project folder or archive (agent_archive,
    SPEC §14; a folder is packed here).
@@ -37,11 +37,12 @@ from pathlib import Path
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
-from evaluations import batches, localrun
+from evaluations import representation
 from evaluations.api.serializers import BatchRequestSerializer, EvaluateRequestSerializer, submission_fields
 from evaluations.models import Step
 from evaluations.representation import evaluation_json
-from evaluations.startup import StartupError, prepare_to_run
+from evaluations.worker import localrun
+from evaluations.worker.startup import StartupError, prepare_to_run
 
 HIDDEN_STEPS = (Step.QUEUED, Step.DONE)
 SPINNER = "|/-\\"
@@ -109,7 +110,7 @@ def verdict_line(evaluation) -> str:
 
 
 def batch_table(document: dict, labels: list[str]) -> str:
-    """One row per task of a batch object (batches.document), then its reward."""
+    """One row per task of a batch object (representation.batch_document), then its reward."""
     rows = [("task", "status", "passed", "error_kind")]
     for label, row in zip(labels, document["evaluations"], strict=True):
         passed = "-" if row["passed"] is None else ("yes" if row["passed"] else "no")
@@ -245,7 +246,7 @@ class Command(BaseCommand):
                 break
             report.write(f"\n[{n + 1}/{len(evaluations)}] ")
             self.show(self.run_one(evaluation, config, runtime, owner, report), options, config, report)
-        document = batches.batch_json(batch.id)
+        document = representation.batch_json(batch.id)
         report.write("\n" + batch_table(document, options["task"]))
         report.flush()
         if options["json"]:

@@ -15,10 +15,10 @@ from pathlib import Path
 
 from django.core.management.base import BaseCommand, CommandError
 
-from evaluations import localrun
 from evaluations.environments import BadEnvironment, check_name
 from evaluations.importers import build, verify
 from evaluations.importers.swebench import import_file
+from evaluations.worker import localrun
 
 
 class Command(BaseCommand):

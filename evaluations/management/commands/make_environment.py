@@ -1,59 +1,19 @@
 """`manage.py make_environment NAME`: build an environment (a Debian root filesystem) with debootstrap.
 
-1. Atomic: the tree is built in ``ENVIRONMENTS_ROOT/.building-NAME-<random>`` and renamed
-   to NAME only once debootstrap succeeded, every asked package is installed, apt's
-   caches are dropped (as Debian's images do) and the identity stamp is written. A
-   failure, Ctrl-C or SIGTERM kills debootstrap, unmounts what it mounted in the tree
-   (/proc, /sys) and removes the tree.
-2. One build at a time per ENVIRONMENTS_ROOT (a lock file), so a ``.building-*`` found
-   while holding the lock is a killed run's, and is removed.
-3. ``--replace`` swaps the new tree in with one rename (RENAME_EXCHANGE): an evaluation
-   starting at that moment sees the old tree or the new one, never none. The old tree is
-   kept as ``.retired-NAME-<random>`` for SESSION_TTL_SECS, as evaluations running on
-   it still read it, and removed by a later make_environment.
-4. ``--save-tarball FILE`` keeps what debootstrap downloaded (``--make-tarball``), and
-   ``--from-tarball FILE`` builds from it without the mirror (``--unpack-tarball``).
-
-debootstrap runs directly, not through the runtime's spawner: it is the operator's tool,
-run as root on purpose, not a task's command to contain.
+The build (atomic, one at a time, ``--replace`` in one rename, tarballs) is
+evaluations/environments/build.py; this command checks its options and the host, and prints.
 """
 
 from __future__ import annotations
 
-import contextlib
-import ctypes
-import fcntl
-import json
 import os
-import re
 import shutil
-import signal
-import subprocess
-import tempfile
-import time
-import uuid
-from pathlib import Path
 
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
 from evaluations import environments
-
-DEFAULT_PACKAGES = "python3 python3-venv python3-pip git ca-certificates bash"
-DEFAULT_MIRROR = "http://deb.debian.org/debian"
-BUILDING = ".building-"
-RETIRED = ".retired-"
-LOCK_FILE = ".make_environment.lock"
-RENAME_EXCHANGE = 2  # linux/fs.h
-MNT_DETACH = 2
-KILL_GRACE_SECS = 10
-_OCTAL = re.compile(r"\\([0-7]{3})")
-
-
-class Interrupted(Exception):
-    def __init__(self, signum: int):
-        super().__init__(signal.Signals(signum).name)
-        self.signum = signum
+from evaluations.environments.build import DEFAULT_MIRROR, DEFAULT_PACKAGES, Builder, BuildError, Interrupted
 
 
 class Command(BaseCommand):
@@ -92,229 +52,24 @@ class Command(BaseCommand):
             raise CommandError("debootstrap is not installed (apt-get install debootstrap)")
         if from_tarball and not os.path.isfile(from_tarball):
             raise CommandError(f"--from-tarball: no such file {from_tarball}")
-        with _lock(root), _signals_interrupt():
-            self._clean_stale(root, config.session_ttl_secs)
-            final = root / name
-            if os.path.lexists(final) and not replace:
-                raise CommandError(f"environment {name} already exists in {root}; --replace builds it again")
-            building = Path(tempfile.mkdtemp(prefix=f"{BUILDING}{name}-", dir=root))
-            started = time.monotonic()
-            try:
-                if save_tarball:
-                    from_tarball = self._download(building, suite, wanted, mirror, Path(save_tarball).absolute())
-                self._build(building, suite, wanted, mirror, from_tarball)
-                _slim(building)
-                _hosts_file(building)
-                _stamp(building, suite, wanted, mirror)
-                _check_usable(root, building, name)
-                retired = _put_in_place(building, final)
-            except Interrupted as exc:
-                self._give_up(building)
-                raise CommandError(
-                    f"interrupted by {exc}; the partial build was removed", returncode=128 + exc.signum
-                ) from None
-            except BaseException:
-                self._give_up(building)
-                raise
-        env = environments.resolve(root, name)
+        builder = Builder(root, config.session_ttl_secs, say=self.say, warn=self.stderr.write)
+        try:
+            built = builder.build(name, suite, wanted, mirror, replace, save_tarball, from_tarball)
+        except BuildError as exc:
+            raise CommandError(str(exc)) from None
+        except Interrupted as exc:
+            raise CommandError(
+                f"interrupted by {exc}; the partial build was removed", returncode=128 + exc.signum
+            ) from None
+        env = built.environment
         self.stdout.write(
             f"environment {name}: {env.root} (python {env.python or 'none'}, node {env.node or 'none'}) "
-            f"built in {time.monotonic() - started:.0f} s"
+            f"built in {built.seconds:.0f} s"
         )
-        if retired:
-            self.stdout.write(f"the replaced tree is kept as {retired} for SESSION_TTL_SECS, then removed")
+        if built.retired:
+            self.stdout.write(f"the replaced tree is kept as {built.retired} for SESSION_TTL_SECS, then removed")
 
-    # -- the steps --------------------------------------------------------------------------
-
-    def _download(self, building: Path, suite: str, wanted: list[str], mirror: str, tarball: Path) -> Path:
-        """debootstrap --make-tarball into a partial file beside FILE, renamed to FILE when complete."""
-        work = building.with_name(building.name + ".download")
-        partial = tarball.with_name(f".{tarball.name}.partial-{uuid.uuid4().hex[:8]}")
-        tarball.parent.mkdir(parents=True, exist_ok=True)
-        try:
-            self._debootstrap(["--make-tarball", str(partial)], suite, wanted, work, mirror)
-            os.replace(partial, tarball)
-        finally:
-            partial.unlink(missing_ok=True)
-            _remove_tree(work)
-        return tarball
-
-    def _build(self, building: Path, suite: str, wanted: list[str], mirror: str, tarball: str | Path | None) -> None:
-        extra = ["--unpack-tarball", str(Path(tarball).absolute())] if tarball else []
-        self._debootstrap(extra, suite, wanted, building, mirror)
-        missing = sorted(set(wanted) - _installed_packages(building))
-        if missing:
-            raise CommandError(f"debootstrap ended but did not install: {', '.join(missing)}")
-
-    def _debootstrap(self, extra: list[str], suite: str, wanted: list[str], target: Path, mirror: str) -> None:
-        """Run it in a process group of its own, its lines shown as they come; kill the group on the way out."""
-        argv = ["debootstrap", "--variant=minbase", f"--include={','.join(wanted)}", *extra, suite, str(target), mirror]
-        self.stdout.write("$ " + " ".join(argv))
-        process = subprocess.Popen(
-            argv,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,  # Ctrl-C reaches us alone; we stop the whole group, dpkg in the chroot too
-        )
-        last = ""
-        try:
-            for raw in process.stdout:
-                last = raw.decode(errors="replace").rstrip()
-                self.stdout.write(last)
-                self.stdout.flush()
-            code = process.wait()
-        finally:
-            _kill_group(process)
-        if code != 0:
-            raise CommandError(f"debootstrap failed (exit status {code}): {last}")
-
-    def _clean_stale(self, root: Path, ttl_secs: int) -> None:
-        now = time.time()
-        for entry in os.scandir(root):
-            stale = entry.name.startswith(BUILDING)
-            retired = entry.name.startswith(RETIRED) and now - entry.stat(follow_symlinks=False).st_ctime > ttl_secs
-            if stale or retired:
-                self.stdout.write(f"removing {entry.path} ({'a killed build' if stale else 'replaced'})")
-                _remove_tree(Path(entry.path))
-
-    def _give_up(self, building: Path) -> None:
-        self.stderr.write(f"removing the partial build {building}")
-        _remove_tree(building)
-        _remove_tree(building.with_name(building.name + ".download"))
-
-
-# -- helpers -------------------------------------------------------------------------------
-
-
-@contextlib.contextmanager
-def _lock(root: Path):
-    with open(root / LOCK_FILE, "a") as handle:
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise CommandError(f"another make_environment is building in {root}; try again when it ends") from None
-        yield
-
-
-@contextlib.contextmanager
-def _signals_interrupt():
-    """SIGTERM, SIGINT and SIGHUP raise Interrupted where the build is, so its cleanup runs."""
-
-    def interrupt(signum, frame):
-        raise Interrupted(signum)
-
-    caught = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
-    previous = {signum: signal.signal(signum, interrupt) for signum in caught}
-    try:
-        yield
-    finally:
-        for signum, handler in previous.items():
-            signal.signal(signum, handler)
-
-
-def _kill_group(process: subprocess.Popen) -> None:
-    if process.poll() is None:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(process.pid, signal.SIGTERM)
-        try:
-            process.wait(KILL_GRACE_SECS)
-        except subprocess.TimeoutExpired:
-            pass
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(process.pid, signal.SIGKILL)  # what debootstrap started and left behind
-    process.wait()
-    if process.stdout:
-        process.stdout.close()
-
-
-def _installed_packages(tree: Path) -> set[str]:
-    try:
-        text = (tree / environments.DPKG_STATUS).read_text(errors="replace")
-    except OSError:
-        return set()
-    installed = set()
-    for stanza in text.split("\n\n"):
-        fields = dict(line.split(": ", 1) for line in stanza.splitlines() if ": " in line and line[0] != " ")
-        if fields.get("Status", "").endswith(" installed"):
-            installed.add(fields.get("Package", ""))
-    return installed
-
-
-def _slim(tree: Path) -> None:
-    """Drop what Debian's docker images drop: the downloaded .debs and apt's lists (~110 MB of ~420).
-
-    The tree is read-only to tasks, so apt inside it could not use them; `apt-get update`
-    in a chroot brings the lists back for an operator adding packages.
-    """
-    for folder, pattern in (("var/cache/apt/archives", "*.deb"), ("var/lib/apt/lists", "*_*")):
-        for path in (tree / folder).glob(pattern):
-            if path.is_file() and not path.is_symlink():
-                path.unlink()
-
-
-def _hosts_file(tree: Path) -> None:
-    """debootstrap writes no /etc/hosts (docker mounts one): without it `localhost` goes to DNS."""
-    hosts = tree / "etc" / "hosts"
-    if not os.path.lexists(hosts):
-        hosts.write_text("127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n")
-        os.chmod(hosts, 0o644)
-
-
-def _stamp(building: Path, suite: str, wanted: list[str], mirror: str) -> None:
-    """The id that makes a rebuilt environment's identity new, and how it was made, for the operator."""
-    stamp = {"id": uuid.uuid4().hex, "suite": suite, "packages": wanted, "mirror": mirror, "built_at": time.time()}
-    (building / environments.STAMP_FILE).write_text(json.dumps(stamp, indent=1) + "\n")
-    os.chmod(building / environments.STAMP_FILE, 0o644)
-    os.chmod(building, 0o755)  # mkdtemp made it 0700; the sandbox uids must enter it
-
-
-def _check_usable(root: Path, building: Path, name: str) -> None:
-    """The checks resolve will apply to NAME, on the tree before it gets the name."""
-    try:
-        environments.inspect(root, building.name, shown=name)
-    except environments.BadEnvironment as exc:
-        raise CommandError(f"the built tree is not a usable environment: {exc}") from None
-
-
-def _put_in_place(building: Path, final: Path) -> Path | None:
-    """Rename the build to its name; an existing tree is swapped out in the same step and retired."""
-    if not os.path.lexists(final):
-        os.rename(building, final)
-        return None
-    libc = ctypes.CDLL(None, use_errno=True)
-    at_fdcwd = -100
-    if libc.renameat2(at_fdcwd, os.fsencode(building), at_fdcwd, os.fsencode(final), RENAME_EXCHANGE) != 0:
-        errno = ctypes.get_errno()
-        raise CommandError(f"could not swap {building} with {final}: {os.strerror(errno)}")
-    retired = building.with_name(f"{RETIRED}{final.name}-{uuid.uuid4().hex[:8]}")
-    os.rename(building, retired)  # now the old tree
-    return retired
-
-
-def _mounts_beneath(path: Path) -> list[str]:
-    """Mount points at or under path (debootstrap mounts /proc and /sys in the tree), deepest first."""
-    real = os.path.realpath(path)
-    found = []
-    with open("/proc/self/mountinfo") as handle:
-        for line in handle:
-            point = _OCTAL.sub(lambda m: chr(int(m.group(1), 8)), line.split()[4])  # \040 is a space
-            if point == real or point.startswith(real + "/"):
-                found.append(point)
-    return sorted(found, key=len, reverse=True)
-
-
-def _remove_tree(path: Path) -> None:
-    """Unmount what is mounted inside, then remove; never through a mount into the host's /proc or /dev."""
-    if not os.path.lexists(path):
-        return
-    libc = ctypes.CDLL(None, use_errno=True)
-    for point in _mounts_beneath(path):
-        libc.umount2(os.fsencode(point), MNT_DETACH)
-    left = _mounts_beneath(path)
-    if left:
-        raise CommandError(f"could not unmount {', '.join(left)}; remove {path} by hand once they are unmounted")
-    if os.path.isdir(path) and not os.path.islink(path):
-        shutil.rmtree(path)
-    else:
-        os.unlink(path)
+    def say(self, line: str) -> None:
+        """A progress line, flushed: debootstrap's lines are shown as they come."""
+        self.stdout.write(line)
+        self.stdout.flush()

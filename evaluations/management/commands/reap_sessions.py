@@ -13,7 +13,7 @@ Every part is conditional on the state it expects: safe twice, safe beside a wor
 from django.conf import settings
 from django.core.management.base import BaseCommand
 
-from evaluations.reaper import reap
+from evaluations.worker.reaper import reap
 
 
 class Command(BaseCommand):

@@ -31,7 +31,7 @@ import traceback
 from django.conf import settings
 from django.core.management.base import BaseCommand
 
-from evaluations.startup import StartupError, check_folders, choose_runtime
+from evaluations.worker.startup import StartupError, check_folders, choose_runtime
 from executor_project.config import PROJECT_DIR
 from executor_project.process import name_process
 

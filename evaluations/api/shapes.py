@@ -1,0 +1,263 @@
+"""The API's responses as OpenAPI shapes (drf-spectacular): documentation-only serializers.
+
+1. The views build their JSON by hand (representation.py), so these serializers never
+   serialize anything: they only describe it. Request bodies are described by the real
+   serializers (evaluations/api/serializers.py); the routes are wired in openapi.py.
+2. ``ERROR_CODES`` is the one list of the envelope's stable codes; a test checks that
+   every code the source raises is in it.
+"""
+
+from __future__ import annotations
+
+from rest_framework import serializers
+
+from evaluations.models import CacheUse, ErrorKind, Status, Step, TestKind
+from evaluations.representation import BATCH_STATUSES
+
+ERROR_CODES = {
+    "invalid_request": "a field, header or query parameter is invalid (see `fields`)",
+    "invalid_json": "the body is not a UTF-8 JSON object the parser accepts (see the sentence)",
+    "unauthorized": "the bearer token is missing or wrong",
+    "forbidden": "the request is not allowed",
+    "not_found": "no such evaluation, batch or route",
+    "method_not_allowed": "the route does not take this method",
+    "not_acceptable": "the Accept header asks for something the route cannot give",
+    "unsupported_media_type": "the body's media type is not understood",
+    "already_finished": "the evaluation (or batch) already ended",
+    "not_finished": "the evaluation has not ended yet (a retry needs an ended one)",
+    "idempotency_conflict": "the Idempotency-Key was used with another body",
+    "payload_too_large": "the body is over the size limit",
+    "throttled": "too many requests",
+    "at_capacity": "pending plus running evaluations (POST /batches: unfinished batches) reached the limit; "
+    "retry after Retry-After seconds",
+    "internal_error": "the executor failed; see its log",
+    "unhealthy": "the database is unreachable",
+    "bad_request": "the request could not be understood",
+}
+
+OWNER_HELP = (
+    "The tenant (its AUTH_TOKENS name) whose token created it; null when an operator's token (AUTH_TOKEN) did, "
+    "when auth is off, and for manage.py evaluate. A tenant's token sees only its own."
+)
+
+
+class ErrorSerializer(serializers.Serializer):
+    error = serializers.ChoiceField(choices=sorted(ERROR_CODES), help_text="A stable code: " + "; ".join(
+        f"`{code}`: {meaning}" for code, meaning in ERROR_CODES.items()
+    ))  # fmt: skip
+    detail = serializers.CharField(help_text="One human sentence.")
+    fields = serializers.DictField(
+        child=serializers.ListField(child=serializers.CharField()),
+        required=False,
+        help_text="Validation errors: field name to messages.",
+    )
+
+
+class HealthSerializer(serializers.Serializer):
+    status = serializers.ChoiceField(choices=["ok"])
+
+
+class UnhealthySerializer(ErrorSerializer):
+    status = serializers.ChoiceField(choices=["unhealthy"])
+    checks = serializers.DictField(child=serializers.CharField())
+
+
+class RuntimesSerializer(serializers.Serializer):
+    python = serializers.CharField(allow_null=True, help_text="python3's version, e.g. `3.11.2`; null if absent.")
+    node = serializers.CharField(allow_null=True, help_text="node's version, e.g. `20.20.2`; null if absent.")
+
+
+class EnvironmentSerializer(RuntimesSerializer):
+    name = serializers.CharField(help_text="What workspace.yaml `environment:` names.")
+
+
+class StatusSerializer(serializers.Serializer):
+    version = serializers.CharField()
+    uptime_secs = serializers.IntegerField(min_value=0)
+    active_evals = serializers.IntegerField(min_value=0)
+    queued_evals = serializers.IntegerField(min_value=0)
+    total_evals = serializers.IntegerField(min_value=0)
+    passed = serializers.IntegerField(min_value=0)
+    failed = serializers.IntegerField(min_value=0)
+    cancelled = serializers.IntegerField(min_value=0)
+    capacity = serializers.IntegerField(min_value=0)
+    available_slots = serializers.IntegerField(min_value=0)
+    workers = serializers.IntegerField(min_value=0)
+    sandbox = serializers.ChoiceField(choices=["bwrap", "none"])
+    warnings = serializers.ListField(
+        child=serializers.CharField(), help_text="What commands are not kept from here (no sandbox, not root)."
+    )
+    auth = serializers.ChoiceField(choices=["enabled", "disabled"])
+    languages = serializers.ListField(child=serializers.CharField())
+    static_assets = serializers.IntegerField(
+        min_value=0, required=False, help_text="How many executor-level assets GET /assets lists."
+    )
+    environments = serializers.IntegerField(min_value=0, help_text="How many environments GET /environments lists.")
+    runtimes = RuntimesSerializer(help_text="What the host itself offers to tasks that name no environment.")
+
+
+class AssetSerializer(serializers.Serializer):
+    name = serializers.CharField()
+    save_path = serializers.CharField()
+    kind = serializers.ChoiceField(choices=["file", "dir"])
+    size_bytes = serializers.IntegerField(allow_null=True, min_value=0, help_text="null if it vanished since start.")
+
+
+class BatchAcceptedSerializer(serializers.Serializer):
+    batch_id = serializers.UUIDField()
+    eval_ids = serializers.ListField(child=serializers.UUIDField(), help_text="In task_urls order.")
+    status = serializers.ChoiceField(choices=BATCH_STATUSES)
+
+
+class BatchCancelledSerializer(serializers.Serializer):
+    batch_id = serializers.UUIDField()
+    status = serializers.ChoiceField(choices=[Status.CANCELLED])
+
+
+class BatchEvaluationSerializer(serializers.Serializer):
+    eval_id = serializers.UUIDField()
+    task_url = serializers.CharField()
+    status = serializers.ChoiceField(choices=Status.choices)
+    passed = serializers.BooleanField(allow_null=True)
+    error_kind = serializers.ChoiceField(
+        choices=ErrorKind.choices, allow_null=True, help_text="Why it did not pass; null while running or when passed."
+    )
+
+
+class BatchSummarySerializer(serializers.Serializer):
+    batch_id = serializers.UUIDField()
+    owner = serializers.CharField(allow_null=True, help_text=OWNER_HELP)
+    status = serializers.ChoiceField(
+        choices=BATCH_STATUSES,
+        help_text="pending: none started; running: one started; completed: all ended; cancelled: DELETE asked "
+        "(finished_at is set once its running evaluations stopped).",
+    )
+    total = serializers.IntegerField(min_value=0)
+    finished = serializers.IntegerField(min_value=0)
+    passed = serializers.IntegerField(min_value=0)
+    failed = serializers.IntegerField(min_value=0)
+    cancelled = serializers.IntegerField(min_value=0)
+    reward = serializers.FloatField(allow_null=True, help_text="passed / total once all ended, else null.")
+    created_at = serializers.DateTimeField()
+    finished_at = serializers.DateTimeField(allow_null=True)
+
+
+class BatchSerializer(BatchSummarySerializer):
+    evaluations = BatchEvaluationSerializer(many=True)
+
+
+class AcceptedSerializer(serializers.Serializer):
+    eval_id = serializers.UUIDField()
+    status = serializers.ChoiceField(choices=Status.choices)
+
+
+class RetryAcceptedSerializer(AcceptedSerializer):
+    retry_of = serializers.UUIDField(help_text="The evaluation whose request the new one repeats.")
+
+
+ERROR_KIND_HELP = (
+    "Why it did not pass (null while pending or running, and when it passed): "
+    "`tests_failed` the tests ran and at least one failed or timed out; `agent_timeout` the agent used its "
+    "whole time budget; `limit_exceeded` memory, disk or processes over a limit; `agent_invalid` a broken "
+    "agent archive or agent install; `task_invalid` the task's fault (malformed archive, missing commit, "
+    "failing install, no tests); `infrastructure` neither's (network failure fetching, worker lost, shutdown, "
+    "internal error, host disk full): retry those; `cancelled` DELETE, a cancelled batch, the session TTL."
+)
+
+
+class TestResultSerializer(serializers.Serializer):
+    __test__ = False  # not a pytest test class
+
+    name = serializers.CharField()
+    kind = serializers.ChoiceField(choices=TestKind.choices)
+    passed = serializers.BooleanField()
+    exit_code = serializers.IntegerField(allow_null=True)
+    timed_out = serializers.BooleanField()
+    duration_ms = serializers.IntegerField()
+    output = serializers.CharField(allow_blank=True)
+
+
+class TransitionSerializer(serializers.Serializer):
+    step = serializers.ChoiceField(choices=Step.choices)
+    status = serializers.ChoiceField(choices=Status.choices)
+    at = serializers.DateTimeField()
+    duration_ms = serializers.IntegerField(allow_null=True, help_text="Time spent there; null for the latest.")
+
+
+class EgressSerializer(serializers.Serializer):
+    step = serializers.ChoiceField(choices=Step.choices)
+    host = serializers.CharField()
+    port = serializers.IntegerField()
+    allowed = serializers.BooleanField(help_text="Whether the connection was made.")
+    reason = serializers.CharField(
+        help_text="e.g. allowed, allowed by EGRESS_ALLOW, private address, denied by EGRESS_DENY"
+    )
+    bytes_out = serializers.IntegerField()
+    bytes_in = serializers.IntegerField()
+    count = serializers.IntegerField(help_text="Connections aggregated in this entry.")
+
+
+class ResourcesSerializer(serializers.Serializer):
+    peak_memory_bytes = serializers.IntegerField()
+    cpu_seconds = serializers.FloatField()
+    peak_processes = serializers.IntegerField()
+    peak_disk_bytes = serializers.IntegerField()
+    peak_files = serializers.IntegerField(
+        required=False,
+        help_text="Most files and folders the session held at once (MAX_FILES counts them); "
+        "absent for evaluations that ended before it was recorded.",
+    )
+
+
+class EvaluationSerializer(serializers.Serializer):
+    eval_id = serializers.UUIDField()
+    status = serializers.ChoiceField(choices=Status.choices)
+    step = serializers.ChoiceField(choices=Step.choices)
+    passed = serializers.BooleanField(allow_null=True, help_text="null until the evaluation ends.")
+    error = serializers.CharField(allow_null=True, help_text="One sentence naming the step and the cause.")
+    error_kind = serializers.ChoiceField(choices=ErrorKind.choices, allow_null=True, help_text=ERROR_KIND_HELP)
+    duration_ms = serializers.IntegerField(allow_null=True)
+    task_url = serializers.CharField()
+    language = serializers.CharField()
+    agent_sha256 = serializers.CharField(
+        allow_null=True,
+        help_text="sha256 of the agent: of agent_code's UTF-8 bytes, or of agent_archive's decoded bytes. "
+        "The agent itself is never returned.",
+    )
+    metadata = serializers.JSONField(allow_null=True)
+    created_at = serializers.DateTimeField()
+    started_at = serializers.DateTimeField(allow_null=True)
+    finished_at = serializers.DateTimeField(allow_null=True)
+    test_results = TestResultSerializer(many=True)
+    agent_output = serializers.CharField(allow_blank=True)
+    agent_exit_code = serializers.IntegerField(allow_null=True)
+    agent_patch = serializers.CharField(allow_blank=True)
+    test_output = serializers.CharField(allow_blank=True)
+    transitions = TransitionSerializer(many=True)
+    results_sha256 = serializers.CharField(allow_null=True)
+    egress = EgressSerializer(
+        many=True, help_text="Every proxied connection, refused ones too, per (step, host, port, allowed)."
+    )
+    resources = ResourcesSerializer(
+        allow_null=True, help_text="What the evaluation used (from its cgroup where there is one); null until it ends."
+    )
+    cache = serializers.ChoiceField(
+        choices=CacheUse.choices,
+        allow_null=True,
+        help_text="hit: started from a workspace snapshot (no clone, no install); miss: cloned and installed; "
+        "off: the cache was not used (WORKSPACE_CACHE=off, workspace.yaml `cache: false`). null before cloning_repo.",
+    )
+    retry_of = serializers.UUIDField(
+        allow_null=True, help_text="The evaluation this one re-runs (POST /evaluate/{id}/retry, the admin's re-run)."
+    )
+    owner = serializers.CharField(allow_null=True, help_text=OWNER_HELP)
+
+
+class EvaluationSummarySerializer(serializers.Serializer):
+    eval_id = serializers.UUIDField()
+    task_url = serializers.CharField()
+    language = serializers.CharField()
+    status = serializers.ChoiceField(choices=Status.choices)
+    passed = serializers.BooleanField(allow_null=True)
+    created_at = serializers.DateTimeField()
+    owner = serializers.CharField(allow_null=True, help_text=OWNER_HELP)

@@ -1,0 +1,210 @@
+"""The worker: claim pending evaluations and run each in its own process (`manage.py run_worker` runs it).
+
+1. Beats a heartbeat row before claiming anything, so the reaper never takes
+   a starting worker for a lost one.
+2. Claims atomically (see worker/claim.py), at most MAX_CONCURRENT_EVALS at once.
+3. Sleeps until something happens: a child exits (its sentinel), the API
+   wrote a row (wake socket / NOTIFY), or the slow safety-net poll.
+4. A child that died leaves its evaluation failed with the reason, and the
+   worker goes on serving.
+5. Running evaluations past SESSION_TTL_SECS are asked to stop through their
+   row, like every cancel: each evaluation process watches its own row
+   (pipeline/cancel.py).
+6. SIGTERM: stop claiming, let running evaluations finish for
+   SHUTDOWN_GRACE_SECS, then cancel them with "executor shutting down".
+7. An evaluation whose process cannot be started is failed at once with the
+   cause, never left running under this live worker.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import time
+import uuid
+from multiprocessing.connection import wait
+
+from django.db import close_old_connections, connection, connections
+from django.db.models.functions import Now
+
+from evaluations import lifecycle
+from evaluations.models import SHUTTING_DOWN, TTL_EXPIRED, ErrorKind, Evaluation, Status, WorkerHeartbeat
+from evaluations.worker import reaper, wakeup
+from evaluations.worker.callbacks import Dispatcher
+from evaluations.worker.claim import claim
+from evaluations.worker.listener import PostgresListener
+from evaluations.worker.pool import Pool, describe_exit
+
+logger = logging.getLogger("term_executor.worker")
+
+POLL_SECS = 2.0  # safety net when no wake-up arrives
+
+
+class Worker:
+    """One worker process's state: its pool of evaluation processes, its callbacks, its wake-ups.
+
+    ``Worker.start`` makes one ready to run (heartbeat written, wake socket bound); ``run`` serves
+    until ``request_stop`` (the command wires SIGTERM and SIGINT to it) and the grace period end.
+    """
+
+    def __init__(self, config, pool: Pool, worker_id: str, sandbox: str = "none", limits: str = "monitor"):
+        self.config = config
+        self.pool = pool
+        self.worker_id = worker_id
+        self.sandbox = sandbox
+        self.limits = limits
+        self.stop_requested_at: float | None = None
+        self.callbacks = Dispatcher(config)
+        self.wake: wakeup.WakeSocket | None = None  # bound by start
+        self.listener: PostgresListener | None = None  # PostgreSQL LISTEN connection, opened by the first tick
+
+    @classmethod
+    def start(cls, config, runtime) -> Worker:
+        """A worker for ``runtime`` (the resolved ``evaluations.runtime.Runtime``), its first beat written."""
+        worker = cls(
+            config,
+            Pool(config.max_concurrent_evals, runtime),
+            worker_id=f"{socket.gethostname()[:40]}-{os.getpid()}-{uuid.uuid4().hex[:6]}",
+            sandbox=runtime.name,
+            limits=runtime.cgroups.mode.value if runtime.cgroups else "monitor",
+        )
+        worker.beat(stopping=False)
+        worker.wake = wakeup.WakeSocket(config.data_dir, worker.worker_id)
+        return worker
+
+    def run(self) -> None:
+        """Serve until stopped, then let go of everything: callbacks, wake-ups, the heartbeat row."""
+        config = self.config
+        logger.info(
+            "worker %s started: capacity %d, sandbox %s", self.worker_id, config.max_concurrent_evals, self.sandbox
+        )
+        try:
+            self.loop()
+        finally:
+            self.callbacks.shutdown()
+            self.wake.close()
+            if self.listener:
+                self.listener.close()
+            WorkerHeartbeat.objects.filter(worker_id=self.worker_id).delete()
+            logger.info("worker %s stopped", self.worker_id)
+
+    def request_stop(self, signum=None, frame=None) -> None:
+        """Stop claiming; running evaluations get SHUTDOWN_GRACE_SECS from the first request."""
+        if self.stop_requested_at is None:
+            self.stop_requested_at = time.monotonic()
+
+    def beat(self, stopping: bool) -> None:
+        """Stamped with the database's clock, which every host's reaper also judges by."""
+        fields = {
+            "hostname": socket.gethostname(),
+            "pid": os.getpid(),
+            "capacity": self.config.max_concurrent_evals,
+            "sandbox": self.sandbox,
+            "limits": self.limits,
+            "last_beat_at": Now(),
+            "stopping": stopping,
+        }
+        if not WorkerHeartbeat.objects.filter(worker_id=self.worker_id).update(**fields):
+            WorkerHeartbeat.objects.create(worker_id=self.worker_id, **fields)
+
+    def loop(self) -> None:
+        """Run ticks until stopped; a failing tick (database restart, a folder gone mid-reap) is
+        logged and retried, because one hiccup must not take the worker and its slots down."""
+        self.next_beat = self.next_reap = 0.0
+        while True:
+            try:
+                if self.tick():
+                    return
+            except Exception:
+                logger.exception("worker tick failed; retrying in 1 s")
+                connections.close_all()
+                if self.listener is not None:
+                    self.listener.close()
+                    self.listener = None  # reconnected by the next tick
+                time.sleep(1)
+
+    def tick(self) -> bool:
+        """One pass: beat, reap, collect, cancel, call back, claim, then sleep until woken."""
+        config = self.config
+        close_old_connections()
+        if self.listener is None and connection.vendor == "postgresql":
+            self.listener = PostgresListener()
+        now = time.monotonic()
+        stopping = self.stop_requested_at is not None
+        if now >= self.next_beat:
+            self.beat(stopping)
+            self.next_beat = now + max(1.0, config.worker_stale_secs / 3)
+        if now >= self.next_reap and not stopping:
+            self.reap()
+            self.next_reap = now + config.reap_interval_secs
+        self.collect_finished()
+        self.expire_sessions()
+        self.callbacks.dispatch()
+        if stopping:
+            if now - self.stop_requested_at >= config.shutdown_grace_secs:
+                self.cancel_all(SHUTTING_DOWN)
+            if not self.pool.running:
+                return True
+        elif self.pool.free > 0:
+            self.start_claimed(claim(self.worker_id, self.pool.free))
+        waitables = [self.wake, *self.pool.sentinels()]
+        if self.listener is not None:
+            waitables.append(self.listener)
+        ready = wait(waitables, timeout=0.5 if stopping else POLL_SECS)
+        if self.wake in ready:
+            self.wake.drain()
+        if self.listener is not None and self.listener in ready:
+            self.listener.drain()
+        return False
+
+    def collect_finished(self) -> None:
+        """A child that ended without ending its evaluation died: fail it, clean up after it."""
+        for eval_id, exitcode in self.pool.reap():
+            row = Evaluation.objects.filter(id=eval_id).values("status", "step").first()
+            if row is None or row["status"] not in (Status.PENDING, Status.RUNNING):
+                continue
+            reason = f"{row['step']}: executor process died ({describe_exit(exitcode)})"
+            lifecycle.finish(eval_id, Status.FAILED, error=reason, kind=ErrorKind.INFRASTRUCTURE)
+            logger.error(reason, extra={"eval_id": eval_id})
+            reaper.remove_orphan_folders(self.config.workspace_base)
+
+    def start_claimed(self, eval_ids) -> None:
+        """Start a process for each claimed evaluation; one that cannot start fails with the cause
+        (it is ours and running: nothing else would ever end it while we beat)."""
+        for eval_id in eval_ids:
+            try:
+                self.pool.start(eval_id)
+            except Exception as exc:
+                reason = f"queued: could not start the evaluation process: {exc.__class__.__name__}: {exc}"
+                logger.exception(reason, extra={"eval_id": eval_id})
+                lifecycle.finish(
+                    eval_id, Status.FAILED, error=reason, kind=ErrorKind.INFRASTRUCTURE, expect=[Status.RUNNING]
+                )
+            else:
+                logger.info("claimed", extra={"eval_id": eval_id})
+
+    def expire_sessions(self) -> None:
+        """Ask evaluations past SESSION_TTL_SECS to stop, unless a stop was already asked for
+        (its reason stays): the evaluation process sees its row and ends itself."""
+        ttl = self.config.session_ttl_secs
+        expired = [eval_id for eval_id, entry in self.pool.running.items() if time.monotonic() - entry.started > ttl]
+        if expired:
+            Evaluation.objects.filter(id__in=expired, status=Status.RUNNING, cancel_requested=False).update(
+                cancel_requested=True, cancel_reason=TTL_EXPIRED
+            )
+
+    def cancel_all(self, reason: str) -> None:
+        """Ask every evaluation still running here to stop, through its row as every cancel, once the
+        grace period is over: each process then kills its commands and ends its evaluation itself."""
+        if self.pool.running:
+            Evaluation.objects.filter(
+                id__in=list(self.pool.running), status=Status.RUNNING, cancel_requested=False
+            ).update(cancel_requested=True, cancel_reason=reason)
+
+    def reap(self) -> None:
+        """What `manage.py reap_sessions` does, every REAP_INTERVAL_SECS while this worker serves, so a
+        lost worker's evaluations are failed by any live one; a log line only when something was done."""
+        summary = reaper.reap(self.config)
+        if summary.expired or summary.lost or summary.folders_removed or summary.purged:
+            logger.info(summary.line())

@@ -1,0 +1,35 @@
+"""The settings as the service runs with them: executor_project.config's values and rules, then
+the rules that need the app's own parsers (egress rules, environments). config.py stays below the
+app and imports none of it; this module sits above both, as settings.py does."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from evaluations import environments
+from evaluations.network.egress import egress_policy
+from executor_project.config import Config, ConfigError
+from executor_project.config import load as load_values
+
+
+def load(environ: Mapping[str, str] | None = None) -> Config:
+    """Read and validate every setting; raise ConfigError naming the first bad variable."""
+    config = load_values(environ)
+    try:
+        egress_policy(config)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    _check_environments(config)
+    return config
+
+
+def _check_environments(config: Config) -> None:
+    if config.environments_root and not config.environments_root.is_dir():
+        raise ConfigError(f"ENVIRONMENTS_ROOT: no such folder {config.environments_root}")
+    if config.default_environment and not config.environments_root:
+        raise ConfigError("DEFAULT_ENVIRONMENT: needs ENVIRONMENTS_ROOT, the folder environments are in")
+    if config.default_environment:
+        try:
+            environments.resolve(config.environments_root, config.default_environment)
+        except environments.BadEnvironment as exc:
+            raise ConfigError(f"DEFAULT_ENVIRONMENT: {exc}") from None

@@ -1,0 +1,202 @@
+"""The import graph of the tree (evaluations/, executor_project/): no circles, and the layers' rules.
+
+Read from the source with ``ast``, so nothing is imported: every ``import`` and ``from ... import``
+of a module counts, at module level or inside a function (a function's import runs too, later).
+Importing ``evaluations.a.b`` runs ``evaluations/__init__.py`` and ``evaluations/a/__init__.py``
+first, so those edges count; a module's own parent packages do not (they are already importing).
+"""
+
+from __future__ import annotations
+
+import ast
+from functools import cache
+from itertools import pairwise
+from pathlib import Path
+
+PROJECT = Path(__file__).resolve().parent.parent
+PACKAGES = ("evaluations", "executor_project")
+SKIPPED = ("migrations",)  # Django loads them one by one, by name; they import only Django
+
+
+@cache
+def modules() -> dict[str, Path]:
+    """Every module of the tree: dotted name -> file (a package is its ``__init__.py``)."""
+    found = {}
+    for package in PACKAGES:
+        for path in sorted((PROJECT / package).rglob("*.py")):
+            parts = path.relative_to(PROJECT).with_suffix("").parts
+            if any(part in SKIPPED for part in parts):
+                continue
+            if parts[-1] == "__init__":
+                parts = parts[:-1]
+            found[".".join(parts)] = path
+    return found
+
+
+def _is_package(name: str) -> bool:
+    return modules()[name].name == "__init__.py"
+
+
+def _ran_by_importing(target: str) -> list[str]:
+    """The modules of the tree that importing ``target`` runs: each package on the way, then it."""
+    parts = target.split(".")
+    return [".".join(parts[:n]) for n in range(1, len(parts) + 1) if ".".join(parts[:n]) in modules()]
+
+
+def imports_of(name: str) -> dict[str, int]:
+    """The modules of the tree ``name`` imports (directly): module -> line of the first such import."""
+    tree = ast.parse(modules()[name].read_text(), filename=str(modules()[name]))
+    package = name if _is_package(name) else name.rpartition(".")[0]
+    ancestors = set(_ran_by_importing(name)) - {name}
+    found: dict[str, int] = {}
+    for node in ast.walk(tree):
+        targets = []
+        if isinstance(node, ast.Import):
+            targets = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")
+                base = base[: len(base) - (node.level - 1)]
+                source = ".".join(base + ([node.module] if node.module else []))
+            else:
+                source = node.module or ""
+            # ``from a import b``: b is a module of a, or a name defined in a.
+            targets = [source] + [f"{source}.{alias.name}" for alias in node.names]
+        for target in targets:
+            for module in _ran_by_importing(target):
+                if module != name and module not in ancestors:
+                    found.setdefault(module, node.lineno)
+    return found
+
+
+@cache
+def graph() -> dict[str, dict[str, int]]:
+    return {name: imports_of(name) for name in modules()}
+
+
+def circles(edges: dict[str, dict[str, int]]) -> list[list[str]]:
+    """Each strongly connected group of more than one module (Tarjan), as one circle through it."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    groups: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        for nxt in edges.get(node, {}):
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            group = []
+            while True:
+                member = stack.pop()
+                group.append(member)
+                if member == node:
+                    break
+            if len(group) > 1:
+                groups.append(sorted(group))
+
+    for node in sorted(edges):
+        if node not in index:
+            visit(node)
+    return [_a_circle(group, edges) for group in groups]
+
+
+def _a_circle(group: list[str], edges: dict[str, dict[str, int]]) -> list[str]:
+    """A shortest path from the group's first module back to itself, inside the group (breadth first)."""
+    start, members = group[0], set(group)
+    paths = {start: [start]}
+    queue = [start]
+    while queue:
+        node = queue.pop(0)
+        for nxt in edges[node]:
+            if nxt == start:
+                return paths[node] + [start]
+            if nxt in members and nxt not in paths:
+                paths[nxt] = paths[node] + [nxt]
+                queue.append(nxt)
+    return group
+
+
+def describe(circle: list[str]) -> str:
+    """``a (line 3) -> b (line 9) -> a``: where each import of the circle is written."""
+    steps = [f"{module} (imports {nxt} at line {graph()[module][nxt]})" for module, nxt in pairwise(circle)]
+    return " -> ".join(steps)
+
+
+def offending(importers: str, forbidden: tuple[str, ...]) -> list[str]:
+    """The imports, by modules at or under ``importers``, of a module at or under one of ``forbidden``."""
+    found = []
+    for name, targets in graph().items():
+        if name != importers and not name.startswith(importers + "."):
+            continue
+        for target, line in targets.items():
+            if any(target == f or target.startswith(f + ".") for f in forbidden):
+                found.append(f"{modules()[name].relative_to(PROJECT)}:{line} imports {target}")
+    return found
+
+
+def test_the_graph_sees_the_tree():
+    """A guard for the guard: the parser finds the imports every reader sees (or the rules pass vacuously)."""
+    assert len(modules()) > 100
+    assert "evaluations.worker.pool" in graph()["evaluations.worker.loop"]
+    assert "evaluations.worker" in graph()["evaluations.management.commands.run_worker"]  # its __init__ runs
+    assert "evaluations.environments" in graph()["evaluations.pipeline.steps"]  # `from evaluations import x`
+    assert "evaluations.importers.verify" in graph()["evaluations.importers.swebench"]  # `from . import x`
+    assert "evaluations.importers.build" in graph()["evaluations.importers.verify"]  # `from .build import x`
+    assert "evaluations.lifecycle" in graph()["evaluations.worker.loop"]
+
+
+def test_no_import_circles():
+    found = circles(graph())
+    assert not found, "import circles in the tree (break each; a function-level import is still an edge):\n" + (
+        "\n".join(describe(circle) for circle in found)
+    )
+
+
+def test_config_imports_no_app_module():
+    """config.py is read by settings before the apps load (settings_loader.py adds the checks needing them)."""
+    found = offending("executor_project.config", ("evaluations",))
+    assert not found, "config.py must import no app module:\n" + "\n".join(found)
+
+
+def test_the_runtime_stands_alone():
+    """The runtime is below the pipeline, the API, the worker and the models: it imports none of them."""
+    forbidden = (
+        "evaluations.pipeline",
+        "evaluations.api",
+        "evaluations.admin",
+        "evaluations.worker",
+        "evaluations.models",
+        "evaluations.lifecycle",
+    )
+    found = offending("evaluations.runtime", forbidden) + third_party(
+        "evaluations.runtime", ("django", "rest_framework")
+    )
+    assert not found, "the runtime must not import the layers above it, nor Django:\n" + "\n".join(found)
+
+
+def third_party(importers: str, forbidden: tuple[str, ...]) -> list[str]:
+    """The imports of a library outside the tree (``django``...), by modules at or under ``importers``."""
+    found = []
+    for name, path in modules().items():
+        if name != importers and not name.startswith(importers + "."):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            sources = [alias.name for alias in node.names] if isinstance(node, ast.Import) else []
+            if isinstance(node, ast.ImportFrom) and not node.level:
+                sources = [node.module or ""]
+            for source in sources:
+                if source.split(".")[0] in forbidden:
+                    found.append(f"{path.relative_to(PROJECT)}:{node.lineno} imports {source}")
+    return found
+
+
+def test_the_pipeline_reaches_no_view():
+    """Data flows down from the API: the pipeline does not import the API or the admin."""
+    found = offending("evaluations.pipeline", ("evaluations.api", "evaluations.admin"))
+    assert not found, "the pipeline must not import the API or the admin:\n" + "\n".join(found)

@@ -1,0 +1,56 @@
+"""The worker's loop (evaluations/worker/loop.py), one method at a time on the test database."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from django.conf import settings
+
+from evaluations import lifecycle
+from evaluations.models import TTL_EXPIRED, Evaluation, Status
+from evaluations.worker.claim import claim
+from evaluations.worker.loop import Worker
+from evaluations.worker.pool import Running
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+class PoolThatCannotStart:
+    """The pool's start as it fails when the forkserver is gone or the host is out of processes."""
+
+    capacity = free = 2
+    running: dict = {}
+
+    def start(self, eval_id):
+        raise OSError(11, "Resource temporarily unavailable")
+
+
+def worker_with(pool) -> Worker:
+    return Worker(settings.EXECUTOR, pool, worker_id="test-worker")
+
+
+def test_an_evaluation_whose_process_cannot_start_fails_at_once_with_the_cause():
+    ids = [Evaluation.objects.create(task_url="https://example.com/t.tar.gz", agent_code="x").id for _ in range(2)]
+    claimed = claim("test-worker", 2)
+    assert sorted(map(str, claimed)) == sorted(map(str, ids))
+    worker_with(PoolThatCannotStart()).start_claimed(claimed)
+    for row in Evaluation.objects.filter(id__in=ids):
+        # Not left running under a live worker, where nothing would ever end it.
+        assert row.status == Status.FAILED
+        assert row.error == (
+            "queued: could not start the evaluation process: BlockingIOError: [Errno 11] Resource temporarily unavailable"
+        )
+
+
+def test_the_ttl_keeps_the_reason_of_a_cancel_already_asked_for():
+    deleted = Evaluation.objects.create(task_url="https://example.com/t.tar.gz", agent_code="x")
+    expired = Evaluation.objects.create(task_url="https://example.com/t.tar.gz", agent_code="x")
+    claim("test-worker", 2)
+    lifecycle.cancel(deleted.id, "cancelled by DELETE")
+    long_ago = time.monotonic() - settings.EXECUTOR.session_ttl_secs - 5
+    pool = PoolThatCannotStart()
+    pool.running = {str(row.id): Running(str(row.id), None, None, started=long_ago) for row in (deleted, expired)}
+    worker_with(pool).expire_sessions()
+    reasons = dict(Evaluation.objects.values_list("id", "cancel_reason"))
+    assert reasons == {deleted.id: "cancelled by DELETE", expired.id: TTL_EXPIRED}
