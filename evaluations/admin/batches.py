@@ -12,7 +12,7 @@ from django.utils.html import format_html
 
 from evaluations import representation
 from evaluations.admin import format as fmt
-from evaluations.admin.detail import OwnerFilter, ReadOnlyInline, detail_url, without_owner_when_single_tenant
+from evaluations.admin.detail import OwnerColumn, OwnerFilter, ReadOnlyInline, detail_url
 from evaluations.models import AgentArchive, Batch, Evaluation
 
 
@@ -45,7 +45,7 @@ class BatchEvaluationInline(ReadOnlyInline):
 
 
 @admin.register(Batch)
-class BatchAdmin(admin.ModelAdmin):
+class BatchAdmin(OwnerColumn, admin.ModelAdmin):
     list_display = ("short_id", "state", "progress", "reward_text", "owner_text", "created", "finished_time")
     list_display_links = ("short_id",)
     list_filter = ("status", OwnerFilter, ("created_at", admin.DateFieldListFilter))
@@ -60,12 +60,6 @@ class BatchAdmin(admin.ModelAdmin):
         "timeout_secs", "env", "callback_url", "callback_state", "metadata", "idempotency_key",
     )  # fmt: skip
     readonly_fields = fields
-
-    def get_list_display(self, request):
-        return without_owner_when_single_tenant(super().get_list_display(request))
-
-    def get_list_filter(self, request):
-        return without_owner_when_single_tenant(super().get_list_filter(request))
 
     def get_queryset(self, request):
         # The counts in one query with the rows; the agent's code is never read for the list.
@@ -107,10 +101,6 @@ class BatchAdmin(admin.ModelAdmin):
         code = Batch.objects.values_list("agent_code", flat=True).get(id=obj.id)  # deferred by the queryset
         size = len(code.encode("utf-8", errors="surrogatepass"))
         return f"one file, {fmt.size(size)}, sha256 {obj.agent_sha256}"
-
-    @admin.display(description="owner", ordering="owner")
-    def owner_text(self, obj):
-        return fmt.owner(obj.owner)
 
     @admin.display(description="created", ordering="created_at")
     def created(self, obj):

@@ -40,14 +40,6 @@ def tenant_names() -> list[str]:
     return sorted({name for name, _token in settings.EXECUTOR.tenant_tokens} | set(stored))
 
 
-def without_owner_when_single_tenant(fields: tuple) -> tuple:
-    """A list's columns or filters without the owner's while no tenant is configured: every row's
-    owner is then null, and the column would only cost the width a 1024 px screen lacks."""
-    if tenant_names():
-        return fields
-    return tuple(f for f in fields if f not in ("owner_text", OwnerFilter))
-
-
 class OwnerFilter(admin.SimpleListFilter):
     """Filter a list by owner: the tenants AUTH_TOKENS and the Token rows name, and "operator" for rows
     no tenant owns.
@@ -69,6 +61,28 @@ class OwnerFilter(admin.SimpleListFilter):
         if value is None:
             return queryset
         return queryset.filter(owner=None) if value == self.OPERATOR else queryset.filter(owner=value)
+
+
+class OwnerColumn:
+    """A list's owner column and filter (``owner_text``, ``OwnerFilter``), the evaluations' and the
+    batches' alike: shown only where a tenant is configured. Every owner is null otherwise, and the
+    column would only cost the width a 1024 px screen lacks."""
+
+    @admin.display(description="owner", ordering="owner")
+    def owner_text(self, obj):
+        return fmt.owner(obj.owner)
+
+    def get_list_display(self, request):
+        return self._without_owner(super().get_list_display(request))
+
+    def get_list_filter(self, request):
+        return self._without_owner(super().get_list_filter(request))
+
+    @staticmethod
+    def _without_owner(fields) -> tuple:
+        if tenant_names():
+            return tuple(fields)
+        return tuple(f for f in fields if f not in ("owner_text", OwnerFilter))
 
 
 class ReadOnlyInline(admin.TabularInline):

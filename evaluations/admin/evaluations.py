@@ -32,11 +32,11 @@ from evaluations.admin.dashboard import dashboard
 from evaluations.admin.detail import (
     CallbackAttemptInline,
     DetailFields,
+    OwnerColumn,
     OwnerFilter,
     TestResultInline,
     TransitionInline,
     detail_url,
-    without_owner_when_single_tenant,
 )
 from evaluations.models import (
     Evaluation,
@@ -62,7 +62,7 @@ WHOLE_FIELDS = ("agent_output", "agent_patch", "test_output", "task_prompt", "or
 
 
 @admin.register(Evaluation)
-class EvaluationAdmin(DetailFields, admin.ModelAdmin):
+class EvaluationAdmin(OwnerColumn, DetailFields, admin.ModelAdmin):
     list_display = (
         "short_id", "state", "passed_text", "task", "language", "error_text", "owner_text", "created_short", "time",
     )  # fmt: skip
@@ -78,12 +78,6 @@ class EvaluationAdmin(DetailFields, admin.ModelAdmin):
     show_full_result_count = False
     inlines = [TransitionInline, TestResultInline, CallbackAttemptInline]
     actions = ["cancel_evaluations", "rerun_evaluations"]
-
-    def get_list_display(self, request):
-        return without_owner_when_single_tenant(super().get_list_display(request))
-
-    def get_list_filter(self, request):
-        return without_owner_when_single_tenant(super().get_list_filter(request))
 
     change_list_template = "admin/evaluations/evaluation/change_list.html"
     change_form_template = "admin/evaluations/evaluation/change_form.html"
@@ -296,10 +290,6 @@ class EvaluationAdmin(DetailFields, admin.ModelAdmin):
             return ""
         badge = format_html('<span class="te-kind">{}</span> ', kind) if kind else ""
         return format_html('{}<span title="{}">{}</span>', badge, obj.error, sentence)
-
-    @admin.display(description="owner", ordering="owner")
-    def owner_text(self, obj):
-        return fmt.owner(obj.owner)
 
     @admin.display(description="created", ordering="created_at")
     def created(self, obj):
