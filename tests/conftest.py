@@ -5,6 +5,8 @@ import dataclasses
 import hashlib
 import os
 import shutil
+import tempfile
+from pathlib import Path
 
 import pytest
 from rest_framework.test import APIClient
@@ -142,3 +144,13 @@ def debian_environment(debian_build):
     root, built = debian_build
     assert built.returncode == 0, built.stdout[-4000:] + built.stderr
     return resolve(root, environment_helpers.NAME)
+
+
+@pytest.fixture
+def workspace_base():
+    """Session folders where the sandbox uid can reach them (pytest's tmp_path is 0700): a folder made
+    under /tmp, removed after the test."""
+    base = Path(tempfile.mkdtemp(prefix="te-sessions-", dir="/tmp"))
+    os.chmod(base, 0o711)
+    yield base
+    shutil.rmtree(base, ignore_errors=True)

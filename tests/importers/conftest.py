@@ -7,7 +7,7 @@ import pytest
 from tests.helpers.cli import EvaluateCli
 from tests.helpers.httpserver import TestHTTPServer
 from tests.helpers.swebench import Instances
-from tests.worker.conftest import worker_service, workspace_base  # noqa: F401  (gunicorn + run_worker)
+from tests.worker.conftest import worker_service  # noqa: F401  (gunicorn + run_worker)
 
 
 @pytest.fixture

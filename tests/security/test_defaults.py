@@ -66,27 +66,19 @@ def fresh_path():
     shutil.rmtree(folder, ignore_errors=True)
 
 
-@pytest.fixture
-def workspace():
-    base = Path(tempfile.mkdtemp(prefix="te-fresh-sessions-", dir="/tmp"))
-    os.chmod(base, 0o711)
-    yield base
-    shutil.rmtree(base, ignore_errors=True)
-
-
 @pytest.mark.parametrize("command", ["run_worker", "serve"])
-def test_without_bubblewrap_the_worker_and_serve_refuse_to_start(fresh_path, workspace, tmp_path, command):
+def test_without_bubblewrap_the_worker_and_serve_refuse_to_start(fresh_path, workspace_base, tmp_path, command):
     env = {"PATH": str(fresh_path), "SANDBOX": "auto", "DATA_DIR": str(tmp_path / "data"),
-           "WORKSPACE_BASE": str(workspace)}  # fmt: skip
+           "WORKSPACE_BASE": str(workspace_base)}  # fmt: skip
     result = start(command, env)
     assert result.returncode == 2, (result.stdout, result.stderr)
     assert result.stderr.strip().splitlines()[-1] == REFUSAL
     assert "started" not in result.stderr + result.stdout  # no worker, no gunicorn
 
 
-def test_unset_sandbox_is_auto_and_refuses_too(fresh_path, workspace, tmp_path):
+def test_unset_sandbox_is_auto_and_refuses_too(fresh_path, workspace_base, tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith(("DJANGO_", "PYTEST_")) and k != "SANDBOX"}
-    env.update(PATH=str(fresh_path), DATA_DIR=str(tmp_path / "data"), WORKSPACE_BASE=str(workspace))
+    env.update(PATH=str(fresh_path), DATA_DIR=str(tmp_path / "data"), WORKSPACE_BASE=str(workspace_base))
     result = subprocess.run([sys.executable, "manage.py", "run_worker"], cwd=PROJECT, env=env, capture_output=True,
                             text=True, timeout=60)  # fmt: skip
     assert result.returncode == 2 and result.stderr.strip().splitlines()[-1] == REFUSAL, result.stderr
@@ -122,9 +114,9 @@ def stop(service: LiveService, process: subprocess.Popen) -> None:
     service.database.drop()
 
 
-def test_sandbox_none_said_explicitly_starts_and_status_says_so(fresh_path, workspace, tmp_path):
+def test_sandbox_none_said_explicitly_starts_and_status_says_so(fresh_path, workspace_base, tmp_path):
     service = LiveService(tmp_path / "svc", env={"PATH": str(fresh_path), "SANDBOX": "none",
-                                                 "WORKSPACE_BASE": str(workspace)})  # fmt: skip
+                                                 "WORKSPACE_BASE": str(workspace_base)})  # fmt: skip
     service.manage("migrate", "--noinput")
     process = serve(service, sys.executable, "manage.py", "serve")
     try:
@@ -163,10 +155,10 @@ def fake_apt(fresh_path: Path, log: Path) -> None:
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="bin/serve installs packages only as root")
-def test_bin_serve_installs_the_sandbox_packages_and_runs_sandboxed(fresh_path, workspace, tmp_path):
+def test_bin_serve_installs_the_sandbox_packages_and_runs_sandboxed(fresh_path, workspace_base, tmp_path):
     log = tmp_path / "apt.log"
     fake_apt(fresh_path, log)
-    env = {"PATH": str(fresh_path), "SANDBOX": "auto", "WORKSPACE_BASE": str(workspace)}
+    env = {"PATH": str(fresh_path), "SANDBOX": "auto", "WORKSPACE_BASE": str(workspace_base)}
     service = LiveService(tmp_path / "svc", env=env)
     process = serve(service, "bin/serve")
     try:

@@ -1,10 +1,5 @@
 """Fixtures for the tests of the running worker: a task server, session folders, gunicorn + run_worker."""
 
-import os
-import shutil
-import tempfile
-from pathlib import Path
-
 import pytest
 
 from tests.helpers.httpserver import TestHTTPServer
@@ -19,16 +14,6 @@ def tasks(tmp_path):
     www.mkdir()
     with TestHTTPServer(www) as server:
         yield TaskFactory(www, server.url("/"))
-
-
-@pytest.fixture
-def workspace_base():
-    """Session folders where the sandbox uid can reach them (pytest's tmp_path is 0700): a folder made
-    under /tmp, removed after the test."""
-    base = Path(tempfile.mkdtemp(prefix="te-sessions-", dir="/tmp"))
-    os.chmod(base, 0o711)
-    yield base
-    shutil.rmtree(base, ignore_errors=True)
 
 
 @pytest.fixture
