@@ -33,19 +33,12 @@ from pathlib import Path
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "executor_project.settings")
 
+from bench.spawner import LIMITS  # noqa: E402  (the same limits as the spawner's bench)
 from evaluations.pipeline import toolchains  # noqa: E402
 from evaluations.pipeline.session import Session  # noqa: E402
-from evaluations.runtime import Bubblewrap, Limits, NoSandbox, Spawner, probe_bwrap, sandbox_uid  # noqa: E402
+from evaluations.runtime import Bubblewrap, NoSandbox, Spawner, probe_bwrap, sandbox_uid  # noqa: E402
 from evaluations.runtime.sandbox import SYSTEM_PATH  # noqa: E402
 
-LIMITS = Limits(
-    timeout_secs=60,
-    memory_bytes=2**30,
-    disk_quota_bytes=2**30,
-    max_processes=512,
-    max_output_bytes=2**20,
-    max_files=10**6,
-)
 # pytest as `pip install pytest` leaves it: the packages and their metadata.
 PYTEST_PARTS = ("pytest", "_pytest", "pluggy", "iniconfig", "packaging", "pygments", "py.py")
 
