@@ -12,8 +12,8 @@ since 5.19) shows root's files as the evaluation's uid without touching
 them: the whole restore is three mounts, about 7 ms.
 
 1. ``userns_fd(uid)``: a user namespace whose map is "0 -> uid", the
-   mapping an idmapped mount takes. One short-lived child per uid and
-   process (fork, unshare, the parent writes the maps), no exec.
+   mapping an idmapped mount takes (made by runtime/idmap.py, once per uid
+   and process).
 2. ``bind_idmapped(source, target, ns_fd, writable)``: ``open_tree`` a
    private copy of the mount, ``mount_setattr(MOUNT_ATTR_IDMAP)``, attach it
    at ``target``; nosuid and nodev always. Files created through a writable
@@ -30,8 +30,9 @@ from __future__ import annotations
 import ctypes
 import errno
 import os
-import threading
 from pathlib import Path
+
+from evaluations.runtime import idmap
 
 _libc = ctypes.CDLL(None, use_errno=True)
 _libc.syscall.restype = ctypes.c_long
@@ -39,7 +40,14 @@ _libc.syscall.restype = ctypes.c_long
 # x86_64 and aarch64 share these numbers (the new mount API came after the table was unified).
 _SYS_OPEN_TREE = 428
 _SYS_MOVE_MOUNT = 429
+_SYS_FSOPEN = 430
+_SYS_FSCONFIG = 431
+_SYS_FSMOUNT = 432
 _SYS_MOUNT_SETATTR = 442
+_FSOPEN_CLOEXEC = 0x1
+_FSCONFIG_SET_STRING = 1
+_FSCONFIG_CMD_CREATE = 6
+_FSMOUNT_CLOEXEC = 0x1
 _AT_FDCWD = -100
 _OPEN_TREE_CLONE = 1
 _OPEN_TREE_CLOEXEC = os.O_CLOEXEC
@@ -53,7 +61,6 @@ _MOUNT_ATTR_IDMAP = 0x100000
 _MS_NOSUID = 0x2
 _MS_NODEV = 0x4
 _MNT_DETACH = 0x2
-_CLONE_NEWUSER = 0x10000000
 # Characters overlayfs' option parser gives a meaning to.
 _OPTION_SPECIALS = frozenset(",:\\=\n")
 
@@ -78,48 +85,9 @@ def _check(result: int, what: str) -> int:
     return result
 
 
-_namespaces: dict[int, int] = {}
-_namespaces_lock = threading.Lock()
-
-
 def userns_fd(uid: int) -> int:
     """An fd of a user namespace mapping uid and gid 0 to ``uid`` (kept for this process)."""
-    with _namespaces_lock:
-        fd = _namespaces.get(uid)
-        if fd is None:
-            fd = _namespaces[uid] = _make_userns(uid)
-        return fd
-
-
-def _make_userns(uid: int) -> int:
-    ready_r, ready_w = os.pipe()
-    done_r, done_w = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # the child only unshares and waits: nothing that could take a lock
-        code = 1
-        try:
-            os.close(ready_r)
-            os.close(done_w)
-            if _libc.unshare(_CLONE_NEWUSER) == 0:
-                os.write(ready_w, b"1")
-                os.read(done_r, 1)
-                code = 0
-        finally:
-            os._exit(code)
-    os.close(ready_w)
-    os.close(done_r)
-    try:
-        if os.read(ready_r, 1) != b"1":
-            raise MountError(errno.EPERM, "could not create a user namespace for an idmapped mount")
-        proc = Path(f"/proc/{pid}")
-        (proc / "uid_map").write_text(f"0 {uid} 1\n")
-        (proc / "setgroups").write_text("deny\n")
-        (proc / "gid_map").write_text(f"0 {uid} 1\n")
-        return os.open(proc / "ns" / "user", os.O_RDONLY | os.O_CLOEXEC)
-    finally:
-        os.close(ready_r)
-        os.close(done_w)  # the child reads EOF and exits
-        os.waitpid(pid, 0)
+    return idmap.userns_fd(f"0 {uid} 1\n", f"0 {uid} 1\n", os.geteuid())
 
 
 def bind_idmapped(source: Path, target: Path, ns_fd: int, *, writable: bool = False) -> None:
@@ -158,6 +126,35 @@ def mount_overlay(lower: Path, upper: Path, work: Path, target: Path) -> None:
         _libc.mount(b"overlay", os.fsencode(target), b"overlay", ctypes.c_ulong(_MS_NOSUID | _MS_NODEV), options),
         f"overlay at {target}",
     )
+
+
+def mount_overlay_layers(lowers: list[Path], upper: Path, work: Path, target: Path) -> None:
+    """``target`` becomes the layers ``lowers`` (top first) with every change going to ``upper``.
+
+    Through the new mount API, one ``lowerdir+`` per layer: ``mount(2)``'s options are one page
+    (4096 bytes), which a long image's layer paths outgrow. nosuid, nodev.
+    """
+    fs = _check(_libc.syscall(_SYS_FSOPEN, b"overlay", _FSOPEN_CLOEXEC), "fsopen overlay")
+    try:
+        options = [*(("lowerdir+", lower) for lower in lowers), ("upperdir", upper), ("workdir", work)]
+        for key, value in [*options, ("redirect_dir", "on")]:
+            _check(
+                _libc.syscall(_SYS_FSCONFIG, fs, _FSCONFIG_SET_STRING, key.encode(), os.fsencode(str(value)), 0),
+                f"overlay option {key}={value}",
+            )
+        _check(_libc.syscall(_SYS_FSCONFIG, fs, _FSCONFIG_CMD_CREATE, None, None, 0), f"overlay at {target}")
+        mount = _check(
+            _libc.syscall(_SYS_FSMOUNT, fs, _FSMOUNT_CLOEXEC, _MOUNT_ATTR_NOSUID | _MOUNT_ATTR_NODEV), "fsmount overlay"
+        )
+        try:
+            _check(
+                _libc.syscall(_SYS_MOVE_MOUNT, mount, b"", _AT_FDCWD, os.fsencode(target), _MOVE_MOUNT_F_EMPTY_PATH),
+                f"attaching the overlay at {target}",
+            )
+        finally:
+            os.close(mount)
+    finally:
+        os.close(fs)
 
 
 def unmount(target: Path) -> None:

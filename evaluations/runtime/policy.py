@@ -32,7 +32,7 @@ from evaluations.network.egress.relay import (
     relay_wrapper,
 )
 from evaluations.runtime.cgroups import join_prefix
-from evaluations.runtime.types import Mount
+from evaluations.runtime.types import ImageRoot, Mount
 
 COMMAND_NICENESS = 10  # below the service and the other evaluations' bookkeeping
 NICE_BY_THREAD = os.geteuid() == 0  # only root can raise its thread's priority back afterwards
@@ -54,6 +54,22 @@ ROOT_SKIPPED = frozenset({"proc", "dev", "sys", "tmp", "run", "mnt", "media", "l
 # whatever root filesystem they see (the pipeline points SSL_CERT_FILE and the like here).
 SANDBOX_CA_BUNDLE = "/run/term-executor/ca-certificates.crt"
 DISTRIBUTION_CA_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"
+# What a container's root gets by default (Docker's set, less MKNOD and NET_RAW): root in the
+# image's user namespace can install packages, chown, switch users; none of it reaches the host.
+CONTAINER_CAPABILITIES = (
+    "CAP_CHOWN",
+    "CAP_DAC_OVERRIDE",
+    "CAP_FOWNER",
+    "CAP_FSETID",
+    "CAP_KILL",
+    "CAP_SETGID",
+    "CAP_SETUID",
+    "CAP_SETPCAP",
+    "CAP_SETFCAP",
+    "CAP_NET_BIND_SERVICE",
+    "CAP_SYS_CHROOT",
+    "CAP_AUDIT_WRITE",
+)
 
 
 @dataclass(frozen=True)
@@ -80,6 +96,7 @@ class SandboxPolicy:
     writable: tuple[Path, ...] = ()  # bound read-write at the same path
     mounts: tuple[Mount, ...] = ()  # extra binds (assets at /static, the agent's folder)
     root: Path | None = None  # a root filesystem (an environment); None: the host's system folders
+    image: ImageRoot | None = None  # an image's writable root, its commands root in name only (SPEC §16)
     # The executor's own commands (clone, patch): a /tmp made empty for this command alone, never
     # the session's tmp/, which the agent writes (see sandbox.prepare_mount_points).
     fresh_tmp: bool = False
@@ -113,6 +130,7 @@ def render(
     tools: Tools,
     outer_env: Mapping[str, str] | None = None,
     info_fd: int | None = None,
+    userns_fd: int | None = None,
 ) -> Rendered:
     """The whole argv of one command under ``policy``; the only place a policy becomes flags."""
     chain = join_prefix(policy.cgroup_procs) if policy.cgroup_procs else []  # as root, before the uid switch
@@ -127,7 +145,7 @@ def render(
         # variables that send clients to it. Without a socket the command has no network at all.
         argv = [*relay_wrapper(SANDBOX_SOCKET, socat=_socat(policy)), *argv]
         env = {**proxy_env(), **env}  # the caller may say NO_PROXY (the executor's own fetch of 127.0.0.1)
-    flags = bwrap_flags(policy, cwd=Path(cwd), env=env)
+    flags = bwrap_flags(policy, cwd=Path(cwd), env=env, userns_fd=userns_fd)
     # bwrap's own environment: nothing the caller chose (no LD_PRELOAD before the namespaces exist).
     return Rendered([*chain, tools.bwrap, *report, *flags, "--", *argv], dict(outer_env or {}), Path("/"))
 
@@ -162,11 +180,14 @@ def _rlimit_prefix(policy: SandboxPolicy, tools: Tools) -> list[str]:
     return prefix
 
 
-def bwrap_flags(policy: SandboxPolicy, *, cwd: Path, env: Mapping[str, str]) -> list[str]:
+def bwrap_flags(policy: SandboxPolicy, *, cwd: Path, env: Mapping[str, str], userns_fd: int | None = None) -> list[str]:
     """The bwrap options, one flag per line, each with its reason."""
     a: list[str] = []
-    a += ["--unshare-user"]  # own user namespace: the uid inside is the host uid bwrap runs as
-    a += ["--disable-userns"]  # no nested user namespaces: less kernel surface to attack
+    if policy.image is None:
+        a += ["--unshare-user"]  # own user namespace: the uid inside is the host uid bwrap runs as
+        a += ["--disable-userns"]  # no nested user namespaces: less kernel surface to attack
+    else:
+        a += _image_user_flags(policy.image, userns_fd)
     a += ["--unshare-pid"]  # host processes invisible; killing its pid 1 ends every process inside
     a += ["--unshare-ipc"]  # no SysV IPC or POSIX queues shared with the host
     a += ["--unshare-uts"]  # own hostname
@@ -174,17 +195,28 @@ def bwrap_flags(policy: SandboxPolicy, *, cwd: Path, env: Mapping[str, str]) -> 
     a += ["--unshare-net"]  # only a loopback of its own, whatever the step: egress goes through the proxy
     a += ["--die-with-parent"]  # the sandbox dies if the spawner does
     a += ["--new-session"]  # setsid: cannot push keystrokes into a terminal (TIOCSTI)
+    if policy.image is not None:
+        a += ["--bind", str(policy.image.rootfs), "/"]  # the image and the evaluation's layer: first, under all
     a += ["--proc", "/proc"]  # a /proc of the new pid namespace only
     a += ["--dev", "/dev"]  # null, zero, random, urandom, tty, pts: no host devices
     a += ["--perms", "1777", "--size", str(SHM_BYTES), "--tmpfs", "/dev/shm"]  # POSIX shm works, RAM capped
-    a += _host_root_flags(policy) if policy.root is None else _environment_root_flags(policy, policy.root)
+    if policy.image is not None:
+        pass  # bound above
+    elif policy.root is None:
+        a += _host_root_flags(policy)
+    else:
+        a += _environment_root_flags(policy, policy.root)
     if policy.ca_bundle is not None:
         a += ["--ro-bind", str(policy.ca_bundle), SANDBOX_CA_BUNDLE]  # the host's trust, at a fixed path
     if policy.private_tmp is not None:
         a += ["--bind", str(policy.private_tmp), "/tmp"]  # /tmp on disk, in the session, under its quota
-        if policy.root is None:
+        if policy.root is None and policy.image is None:
             a += ["--symlink", "/tmp", "/var/tmp"]  # the other temp folder tools expect, same place
-        elif os.path.isdir(policy.root / "var/tmp") and not os.path.islink(policy.root / "var/tmp"):
+        elif (
+            policy.root is not None
+            and os.path.isdir(policy.root / "var/tmp")
+            and not os.path.islink(policy.root / "var/tmp")
+        ):
             a += ["--bind", str(policy.private_tmp), "/var/tmp"]  # the environment's own is read-only
     for path in policy.writable:
         a += ["--bind", _host_path(path), _host_path(path)]  # session folders, same path inside
@@ -192,10 +224,11 @@ def bwrap_flags(policy: SandboxPolicy, *, cwd: Path, env: Mapping[str, str]) -> 
         a += ["--bind" if mount.writable else "--ro-bind", str(mount.source), _sandbox_target(mount.target)]
     if _egress(policy):
         a += ["--bind", str(policy.egress_socket), SANDBOX_SOCKET]  # the proxy; connecting needs write
-        if policy.root is not None:
+        if _own_root(policy):
             a += ["--ro-bind", str(policy.relay_bundle), BUNDLE_TARGET]  # socat for a root without it
     a += ["--remount-ro", "/dev"]  # /dev is a tmpfs: files there would be RAM no limit sees
-    a += ["--remount-ro", "/"]  # so is the root: writable only through the binds above
+    if policy.image is None:
+        a += ["--remount-ro", "/"]  # so is the root: writable only through the binds above
     a += ["--chdir", str(cwd)]  # start where the caller asked
     a += ["--clearenv"]  # nothing of bwrap's own environment leaks in
     for key, value in env.items():
@@ -220,16 +253,33 @@ def _host_root_flags(policy: SandboxPolicy) -> list[str]:
     return a
 
 
+def _image_user_flags(image: ImageRoot, userns_fd: int | None) -> list[str]:
+    """Join the evaluation's namespace (runtime/idmap.py) as the image's user; root keeps a container's caps."""
+    if userns_fd is None:
+        raise ValueError("a policy with an image needs the user namespace's fd")
+    idmap = image.idmap
+    a = ["--userns", str(userns_fd)]  # ids 0-65535 inside, the evaluation's own on the host
+    a += ["--uid", str(idmap.user), "--gid", str(idmap.group)]  # the image's User
+    if idmap.user == 0:
+        for capability in CONTAINER_CAPABILITIES:
+            a += ["--cap-add", capability]  # apt, chown, su: as root in a container, in the namespace only
+    return a
+
+
+def _own_root(policy: SandboxPolicy) -> bool:
+    return policy.root is not None or policy.image is not None
+
+
 def _egress(policy: SandboxPolicy) -> bool:
     if not (policy.network and policy.egress_socket is not None):
         return False
-    if policy.root is not None and policy.relay_bundle is None:
+    if _own_root(policy) and policy.relay_bundle is None:
         raise ValueError("a policy with network under another root needs relay_bundle (the relay's socat)")
     return True
 
 
 def _socat(policy: SandboxPolicy) -> list[str]:
-    return bundle_prefix(policy.relay_bundle) if policy.root is not None else [SOCAT]
+    return bundle_prefix(policy.relay_bundle) if _own_root(policy) else [SOCAT]
 
 
 def _environment_root_flags(policy: SandboxPolicy, root: Path) -> list[str]:

@@ -60,6 +60,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from evaluations.runtime import idmap
 from evaluations.runtime.cgroupfs import CgroupSupport
 from evaluations.runtime.killer import TAG_VAR
 from evaluations.runtime.policy import HOST_SYSTEM_ROOTS, NICE_BY_THREAD, SandboxPolicy, Tools, render
@@ -138,10 +139,12 @@ class Launch:
     env: dict[str, str]
     cwd: Path
     info: InfoPipe | None = None
+    userns_fd: int | None = None  # an image's namespace (runtime/idmap.py): kept open by idmap, not closed here
 
     @property
     def pass_fds(self) -> tuple[int, ...]:
-        return () if self.info is None else (self.info.write_fd,)
+        fds = () if self.info is None else (self.info.write_fd,)
+        return fds if self.userns_fd is None else (*fds, self.userns_fd)
 
     def close(self) -> None:
         if self.info is not None:
@@ -180,6 +183,7 @@ class Runtime:
             bwrap=self.bwrap,
         )
         info = InfoPipe() if self.contains_processes else None
+        userns = idmap.image_userns_fd(policy.image.idmap) if policy.image is not None else None
         # bwrap's own environment: the tag alone, for the sweep (killer.py).
         outer_env = {"PATH": SYSTEM_PATH, TAG_VAR: env[TAG_VAR]} if TAG_VAR in env else {"PATH": SYSTEM_PATH}
         rendered = render(
@@ -190,8 +194,9 @@ class Runtime:
             tools=tools,
             outer_env=outer_env,
             info_fd=None if info is None else info.write_fd,
+            userns_fd=userns,
         )
-        return Launch(rendered.argv, rendered.env, rendered.cwd, info)
+        return Launch(rendered.argv, rendered.env, rendered.cwd, info, userns)
 
 
 class NoSandbox(Runtime):

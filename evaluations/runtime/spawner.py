@@ -240,7 +240,7 @@ class Spawner:
             uid=self.uid,
             rlimits=RLimits(fsize_bytes=limits.disk_quota_bytes, nproc=nproc),
             private_tmp=tmp,
-            runtimes=self.runtime.language_runtimes if policy.root is None else (),
+            runtimes=self.runtime.language_runtimes if policy.root is None and policy.image is None else (),
             cgroup_procs=tuple(self.cgroup.procs_files()) if self.cgroup is not None else (),
         )
         prepare_mount_points(policy)

@@ -42,6 +42,15 @@ class Mount:
 
 
 @dataclass(frozen=True)
+class ImageRoot:
+    """An evaluation's root in an image: the merged overlay (its layers and its own writable layer)
+    and the id map its commands run under (runtime/idmap.py; images/rootfs.py mounts it)."""
+
+    rootfs: Path
+    idmap: object  # an idmap.IdMap (types imports nothing of the runtime)
+
+
+@dataclass(frozen=True)
 class Verdict:
     """A limit crossed, with the figures for the error sentence."""
 

@@ -1,0 +1,70 @@
+"""An evaluation's root in an image: the image's layers, read-only and shared, under a writable
+layer of its own in the session (SPEC §16).
+
+``mount_root(layers, session_root, idmap)``:
+
+1. Each layer tree (the store's, owned on disk by the image's own ids) is bound at
+   ``<session>/.image/lower/<n>`` through an idmapped mount onto the evaluation's ids
+   (runtime/idmap.py), read-only: inside the namespace its files are the image's root's and
+   users' again, on the host nobody's but the evaluation's, and no layer is ever copied.
+2. An overlay of them (top layer first) with ``<session>/.image/upper`` as its upper folder is
+   mounted at ``<session>/rootfs``: everything the evaluation writes, anywhere in the image,
+   lands in the session, where the disk quota and the file count see it (their walk does not
+   cross into the overlay's own mount) and where it goes with the session.
+3. The idmapped binds are detached at once: the overlay keeps its own private clone of each,
+   so a layer is reachable only through the overlay.
+
+``unmount_root`` (and the session's ``unmount_below``) take it down; the layers are untouched.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from evaluations.cache import mounts
+from evaluations.runtime.idmap import IdMap, image_userns_fd
+from evaluations.runtime.types import ImageRoot
+
+IMAGE_DIR = ".image"  # <session>/.image/{lower/<n>,upper,work}: root's, 0700
+ROOTFS = "rootfs"  # <session>/rootfs: the merged root the sandbox binds as /
+
+
+def mount_root(layers: list[Path], session_root: Path, idmap: IdMap) -> ImageRoot:
+    """The merged root of ``layers`` (bottom first, as an image lists them) for one evaluation."""
+    base = session_root / IMAGE_DIR
+    base.mkdir(mode=0o700)
+    lower_base, upper, work = base / "lower", base / "upper", base / "work"
+    for folder in (lower_base, upper, work):
+        folder.mkdir(mode=0o700)
+    # The merged root takes its owner and mode from the upper folder: the image's root's, 0755.
+    os.chown(upper, idmap.host_uid(0), idmap.host_gid(0))
+    os.chmod(upper, 0o755)
+    if not layers:  # FROM scratch: overlayfs needs one lower folder
+        empty = base / "empty"
+        empty.mkdir(mode=0o755)
+        layers = [empty]
+    target = session_root / ROOTFS
+    target.mkdir(mode=0o755)
+    namespace = image_userns_fd(idmap)
+    lowers = []
+    try:
+        for position, layer in enumerate(reversed(layers)):
+            point = lower_base / str(position)
+            point.mkdir(mode=0o700)
+            mounts.bind_idmapped(layer, point, namespace)
+            lowers.append(point)
+        mounts.mount_overlay_layers(lowers, upper, work, target)
+    finally:
+        for point in lowers:
+            mounts.unmount(point)  # the overlay holds its own clones
+    return ImageRoot(rootfs=target, idmap=idmap)
+
+
+def upper_of(session_root: Path) -> Path:
+    """The evaluation's own layer: what it changed in the image, in overlayfs' format."""
+    return session_root / IMAGE_DIR / "upper"
+
+
+def unmount_root(session_root: Path) -> None:
+    mounts.unmount(session_root / ROOTFS)

@@ -1,0 +1,146 @@
+"""An evaluation's root in an image (SPEC §16): the layers shared and read-only, the evaluation's own
+writable layer in its session, its commands root in name only.
+
+The layer is the suite's Debian tree (owned by host root, as a layer the store unpacked is owned by
+the image's root); the commands run through the real Spawner and bubblewrap.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import stat
+import tempfile
+import uuid
+from pathlib import Path
+
+import pytest
+
+from evaluations.cache import mounts
+from evaluations.images import rootfs
+from evaluations.runtime import Bubblewrap, SandboxPolicy, Spawner, probe_bwrap
+from evaluations.runtime.idmap import ID_COUNT, IdMap
+from evaluations.runtime.sandbox import usable_language_runtimes
+from tests.runtime.support import DEFAULT_LIMITS, UID
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="an image's root needs root (mounts)")
+
+# A range far from every uid of the suite, one per xdist worker.
+_WORKER = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw") or 0)
+RANGE = 400_000_000 + _WORKER * 4 * ID_COUNT
+
+
+@pytest.fixture(scope="module")
+def bwrap_runtime():
+    works, detail = probe_bwrap()
+    if not works:
+        if os.environ.get("REQUIRE_SANDBOX") == "1":
+            pytest.fail(f"REQUIRE_SANDBOX=1 but bubblewrap does not work here: {detail}")
+        pytest.skip(f"bubblewrap does not work here: {detail}")
+    return Bubblewrap(usable_language_runtimes(UID))
+
+
+@pytest.fixture
+def image_session(bwrap_runtime):
+    """A factory: image_session(user=0, base=RANGE) -> (spawner, ImageRoot, session folder)."""
+    made = []
+
+    def make(user=0, group=None, base=RANGE, layers=None):
+        session = Path(tempfile.mkdtemp(prefix="te-image-", dir="/tmp"))
+        os.chmod(session, 0o710)
+        os.chown(session, 0, UID)
+        idmap = IdMap(lease=UID, base=base, user=user, group=user if group is None else group)
+        root = rootfs.mount_root(layers, session, idmap)
+        spawner = Spawner(eval_id=f"img-{uuid.uuid4().hex[:8]}", session_dir=session, runtime=bwrap_runtime, uid=UID)
+        made.append((spawner, session))
+        return spawner, root, session
+
+    yield make
+    for spawner, session in made:
+        spawner.close()
+        mounts.unmount_below(session)
+        shutil.rmtree(session)
+
+
+def run(spawner, root, script, **env):
+    policy = SandboxPolicy(image=root)
+    result = spawner.run(
+        ["/bin/sh", "-c", script],
+        cwd=Path("/"),
+        env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", **env},
+        limits=DEFAULT_LIMITS,
+        policy=policy,
+    )
+    return result
+
+
+@pytest.fixture(scope="module")
+def layer(debian_environment):
+    return [debian_environment.root]
+
+
+def test_root_in_name_only_can_install_chown_and_switch_users(image_session, layer):
+    spawner, root, session = image_session(layers=layer)
+    result = run(
+        spawner,
+        root,
+        "id -u; mkdir -p /srv/app && chown 1000:1000 /srv/app && stat -c %u:%g /srv/app;"
+        " echo changed > /etc/motd; rm /usr/bin/tree; su -s /bin/sh nobody -c 'id -un';"
+        " unshare -U true 2>/dev/null && echo NESTED || echo no-nested",
+    )
+    assert result.exit_code == 0, result.output
+    lines = result.output.split()
+    assert lines == ["0", "1000:1000", "nobody", "no-nested"], result.output
+    upper = rootfs.upper_of(session)
+    # On the host: the image's root is the evaluation's uid, its user 1000 a uid of its range.
+    assert os.lstat(upper / "srv/app").st_uid == RANGE + 1000
+    assert os.lstat(upper / "etc/motd").st_uid == UID
+    # The layer is untouched: the change and the removal are the evaluation's layer only.
+    assert (layer[0] / "usr/bin/tree").exists()
+    assert (layer[0] / "etc/motd").read_text() != "changed\n"
+
+
+def test_every_file_written_belongs_to_the_evaluations_ids(image_session, layer):
+    spawner, root, session = image_session(layers=layer)
+    script = (
+        "for u in 0 1 42 100 1000 65534 65535; do mkdir -p /data/$u && chown $u:$u /data/$u &&"
+        ' su -s /bin/sh -c "echo x > /data/$u/f" $(getent passwd $u | cut -d: -f1) 2>/dev/null'
+        ' || setpriv --reuid=$u --regid=$u --clear-groups sh -c "echo x > /data/$u/f"; done; true'
+    )
+    result = run(spawner, root, script)
+    assert result.exit_code == 0, result.output
+    idmap = root.idmap
+    owners = set()
+    for folder, dirs, files in os.walk(rootfs.upper_of(session)):
+        for name in [*dirs, *files]:
+            st = os.lstat(os.path.join(folder, name))
+            owners.add(st.st_uid)
+            # overlayfs makes its whiteouts (character devices 0/0) as the mounter, root: no command's file
+            whiteout = stat.S_ISCHR(st.st_mode) and st.st_rdev == 0
+            assert idmap.owns_uid(st.st_uid) or whiteout, (folder, name, st.st_uid)
+    assert {UID, RANGE + 1, RANGE + 42, RANGE + 65535} <= owners
+
+
+def test_two_evaluations_on_one_image_never_see_each_others_writes(image_session, layer):
+    first, root_a, _ = image_session(layers=layer)
+    second, root_b, _ = image_session(layers=layer, base=RANGE + ID_COUNT)
+    assert run(first, root_a, "echo mine > /etc/secret && rm /etc/hostname").exit_code == 0
+    seen = run(second, root_b, "cat /etc/secret 2>&1; test -e /etc/hostname && echo hostname-there")
+    assert "No such file" in seen.output and "hostname-there" in seen.output
+
+
+def test_a_non_root_user_writes_as_the_lease_and_cannot_change_the_system(image_session, layer):
+    spawner, root, session = image_session(layers=layer, user=1000, group=1000)
+    result = run(spawner, root, "id -u; touch /usr/bin/planted 2>&1; mkdir /tmp/ok && echo fine")
+    assert result.output.splitlines()[0] == "1000"
+    assert "Permission denied" in result.output and "fine" in result.output
+    assert not os.path.lexists(rootfs.upper_of(session) / "usr/bin/planted")
+
+
+def test_the_maps_put_the_user_at_the_lease():
+    idmap = IdMap(lease=60001, base=1_000_000, user=1000, group=1000)
+    assert idmap.uid_lines() == "0 1000000 1000\n1000 60001 1\n1001 1001001 64535\n"
+    assert idmap.host_uid(0) == 1_000_000 and idmap.host_uid(1000) == 60001 and idmap.host_uid(1001) == 1_001_001
+    assert not idmap.owns_uid(1_001_000) and idmap.owns_uid(60001)
+    assert IdMap(lease=5, base=100).uid_lines() == "0 5 1\n1 101 65535\n"
+    assert IdMap(lease=5, base=100, user=65535).uid_lines() == "0 100 65535\n65535 5 1\n"
