@@ -18,7 +18,8 @@ import os
 from pathlib import Path
 
 from evaluations import environments, languages, livelog
-from evaluations.images import rootfs
+from evaluations.environments import inside
+from evaluations.images import diff, rootfs
 from evaluations.images.errors import ImageError
 from evaluations.models import ErrorKind, Evaluation
 from evaluations.pipeline.context import Context, StepFailed
@@ -87,6 +88,7 @@ def _image(ctx: Context, spec: ImageEnvironment) -> None:
         ctx.image_pin = ctx.closing.enter_context(store.pin(record.digest, ctx.eval_id))
         store.touch(record.digest)
         ctx.image_config = record.config
+        ctx.image_digest = record.digest
         ctx.image = _mount(ctx, store, record)
         ctx.closing.callback(rootfs.unmount_root, ctx.session.root)
     except ImageError as exc:
@@ -125,7 +127,54 @@ def _mount(ctx: Context, store, record):
             rootfs.unmount_root(ctx.session.root, remove=True)
             root = rootfs.mount_root(layers, ctx.session.root, IdMap(lease=lease, base=base, user=uid, group=gid))
     _trust_host_ca(ctx, root)
+    _make_workdir(root, (record.config or {}).get("WorkingDir") or "/")
     return root
+
+
+def _make_workdir(root, workdir: str) -> None:
+    """WorkingDir exists, as a container runtime makes it (owned by the image's root)."""
+    if inside(root.rootfs, workdir) is not None:
+        return
+    host = root.rootfs
+    for part in [p for p in workdir.split("/") if p not in ("", ".", "..")]:
+        host = host / part
+        if not os.path.lexists(host):
+            os.mkdir(host, 0o755)
+            os.chown(host, root.idmap.host_uid(0), root.idmap.host_gid(0))
+        elif not host.is_dir() or host.is_symlink():
+            raise ImageError(f"the image's WorkingDir {workdir} is not a folder")
+
+
+def agent_patch(ctx: Context) -> str:
+    """For a task without a repository: what the agent changed under WorkingDir, against the image."""
+    from evaluations.images.store import ImageStore
+
+    store = ImageStore(ctx.config.images_dir)
+    record = store.image(ctx.image_digest)
+    layers = [store.layer_tree(layer) for layer in record.layers]
+    exclude = _executor_paths(ctx)
+    with rootfs.image_base(layers, ctx.session.root) as base:
+        return diff.image_patch(
+            rootfs.upper_of(ctx.session.root),
+            base,
+            ctx.workdir,
+            max_bytes=ctx.config.max_output_bytes * 8,
+            exclude=exclude,
+        )
+
+
+def _executor_paths(ctx: Context) -> tuple[str, ...]:
+    """What the executor and the sandbox put in the image's root, relative to WorkingDir: not the agent's."""
+    workdir = ctx.workdir.strip("/")
+    made = ["tmp", "proc", "dev", "sys", "run/term-executor", DISTRIBUTION_CA_BUNDLE.lstrip("/")]
+    made.append(str(ctx.config.workspace_base).strip("/"))
+    found = []
+    for path in made:
+        if not workdir:
+            found.append(path)
+        elif path.startswith(workdir + "/"):
+            found.append(path[len(workdir) + 1 :])
+    return tuple(found)
 
 
 def _trust_host_ca(ctx: Context, root) -> None:
