@@ -182,11 +182,11 @@ def _layer(registry: Registry, endpoint, store: ImageStore, descriptor: dict, di
             raw = DigestReader(_Network(response, keep, digest), limit=size, what=f"Layer {digest}")
             counts = unpack_layer(raw, tree, layer=digest, diff_id=diff_id)
             raw.drain()
-        if raw.digest != digest or raw.bytes != size:
-            raise ImageError(
-                f"Layer {digest} does not match its manifest: got {raw.bytes} bytes with digest {raw.digest}, "
-                f"expected {size} bytes."
-            )
+            if raw.digest != digest or raw.bytes != size:  # inside: the blob is kept only if it matches
+                raise ImageError(
+                    f"Layer {digest} does not match its manifest: got {raw.bytes} bytes with digest {raw.digest}, "
+                    f"expected {size} bytes."
+                )
         got.append(raw.bytes)
         return counts.as_meta()
 

@@ -169,7 +169,8 @@ class Registry:
     @contextmanager
     def _get(self, endpoint: Endpoint, path: str, *, accept: str) -> Iterator[http.client.HTTPResponse]:
         url = f"{endpoint.base}/v2/{self.ref.repository}/{path}"
-        what = f"{path.split('/')[0][:-1]} {path.split('/', 1)[1]} of {self.ref.name} at {endpoint.host}"
+        kind, _, name = path.partition("/")
+        what = f"{kind[:-1]} {name} of {self.ref.repository}"
         for attempt in range(2):
             auth = self._authorization(endpoint)
             conn, response = self._follow(url, {"Accept": accept, **auth}, endpoint, what)
