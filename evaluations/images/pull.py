@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from evaluations.images.errors import ImageError, ImageUnavailable
 from evaluations.images.reference import Reference, parse
 from evaluations.images.registry import INDEX_TYPES, Registry
-from evaluations.images.store import ImageRecord, ImageStore, hex_of, now_iso
+from evaluations.images.store import ImageRecord, ImageStore, disk_error, hex_of, now_iso
 from evaluations.images.unpack import DigestReader, unpack_layer
 
 MAX_CONFIG_BYTES = 16 * 1024 * 1024
@@ -213,7 +213,7 @@ class _Network:
             try:
                 self.keep.write(data)
             except OSError as exc:
-                raise ImageUnavailable(f"The host cannot store blob {self.digest} ({exc.strerror}).") from None
+                raise disk_error(exc, f"storing blob {self.digest}") from None
         return data
 
 

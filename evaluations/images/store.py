@@ -143,7 +143,7 @@ class ImageStore:
                     safefs.remove_tree_nofollow(final)
                 os.rename(tmp, final)
             except OSError as exc:
-                raise _disk_error(exc, f"storing layer {layer_id}") from None
+                raise disk_error(exc, f"storing layer {layer_id}") from None
             finally:
                 if tmp.exists():
                     safefs.remove_tree_nofollow(tmp)
@@ -174,7 +174,7 @@ class ImageStore:
                 yield out
             os.rename(tmp, self.blob_path(digest))
         except OSError as exc:
-            raise _disk_error(exc, f"storing blob {digest}") from None
+            raise disk_error(exc, f"storing blob {digest}") from None
         finally:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(tmp)
@@ -380,10 +380,10 @@ class ImageStore:
         except OSError as exc:
             with contextlib.suppress(FileNotFoundError):
                 tmp.unlink()
-            raise _disk_error(exc, f"writing {path.name}") from None
+            raise disk_error(exc, f"writing {path.name}") from None
 
 
-def _disk_error(exc: OSError, doing: str) -> OSError | ImageUnavailable:
+def disk_error(exc: OSError, doing: str) -> OSError | ImageUnavailable:
     """ENOSPC and EDQUOT are the host's problem, not the image's: ImageUnavailable; others pass on."""
     if exc.errno in (errno.ENOSPC, errno.EDQUOT):
         return ImageUnavailable(f"The host's disk is full while {doing} in the image store.")
