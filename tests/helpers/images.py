@@ -124,10 +124,12 @@ def uncompressed(blob: bytes) -> bytes:
 
 
 def tree_layer(tree: Path, out: Path) -> None:
-    """``tree`` as one gzip'd layer tar at ``out`` (as root, owners and modes kept), by GNU tar."""
+    """``tree`` as one gzip'd layer tar at ``out`` (as root, owners and modes kept), by GNU tar; what
+    is below dev/, proc/ and sys/ left out (an image brings no device nodes: the sandbox makes /dev)."""
     tmp = out.with_name(out.name + f".{os.getpid()}.tmp")
+    skipped = [f"--exclude=./{folder}/*" for folder in ("dev", "proc", "sys")]
     subprocess.run(
-        ["tar", "--numeric-owner", "--xattrs", "--sort=name", "-C", str(tree), "-czf", str(tmp), "."],
+        ["tar", "--numeric-owner", "--xattrs", "--sort=name", *skipped, "-C", str(tree), "-czf", str(tmp), "."],
         check=True,
         capture_output=True,
     )
