@@ -113,7 +113,7 @@ def _manifest(registry: Registry, ref: Reference):
     manifest = _json(body, f"The manifest of {ref}")
     media_type = manifest.get("mediaType") or media_type
     if media_type in INDEX_TYPES or "manifests" in manifest:
-        chosen = _choose_platform(manifest, ref)
+        chosen = choose_platform(manifest, ref)
         body, _, endpoint = registry.manifest(chosen)
         digest = _sha256(body)
         if digest != chosen:
@@ -126,7 +126,7 @@ def _manifest(registry: Registry, ref: Reference):
     return digest, manifest, body, endpoint
 
 
-def _choose_platform(index: dict, ref: Reference) -> str:
+def choose_platform(index: dict, ref: Reference) -> str:
     arch, variant = this_platform()
     entries = [entry for entry in index.get("manifests") or [] if isinstance(entry, dict)]
     fits = []

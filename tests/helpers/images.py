@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import base64
 import contextlib
-import dataclasses
 import gzip
 import hashlib
 import http.client
@@ -359,10 +358,6 @@ def image_config(registry: RegistryServer | None = None, **env: str):
             values["SSL_CERT_FILE"] = str(registry.ca)
     values.update(env)
     return load(values)
-
-
-def replace(config, **fields):
-    return dataclasses.replace(config, **fields)
 
 
 # -- a fake registry, for what a real one never does ------------------------------------
