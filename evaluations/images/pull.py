@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import hashlib
+import http.client
 import json
 import os
 from collections.abc import Callable
@@ -89,7 +90,7 @@ def pull(
         )
         record = store.save_image(record, refs=[str(ref)])
     with store.pin(record.digest, f"pull-{os.getpid()}"):
-        store.evict(config.images_max_bytes)
+        store.evict(config.images_max_bytes, wait=False)
     return PullResult(record, cached=downloaded == 0)
 
 
@@ -207,7 +208,7 @@ class _Network:
     def read(self, size: int = -1) -> bytes:
         try:
             data = self.response.read1(size if size and size > 0 else 1 << 20)
-        except Exception as exc:  # OSError, TimeoutError, http.client.IncompleteRead
+        except (OSError, http.client.HTTPException) as exc:  # reset, timeout, IncompleteRead
             raise ImageUnavailable(f"Downloading blob {self.digest} failed ({type(exc).__name__}: {exc}).") from None
         if self.keep is not None and data:
             try:

@@ -115,8 +115,8 @@ class Registry:
             cafile = str(config.ca_bundle) if getattr(config, "ca_bundle", None) else None
             ssl_context = ssl.create_default_context(cafile=cafile)
         self.ssl_context = ssl_context
-        insecure = set(config.image_insecure_registries)
-        hosts = [*config.registry_mirrors.get(ref.registry, ()), ref.registry]
+        insecure = set(config.image_insecure_registries)  # lower case, as the mirrors' keys
+        hosts = [*config.registry_mirrors.get(ref.registry.lower(), ()), ref.registry.lower()]
         self.endpoints = [
             Endpoint(
                 host,

@@ -14,7 +14,7 @@ import pytest
 from evaluations.images.errors import ImageError, ImageUnavailable
 from evaluations.images.pull import pull
 from evaluations.images.store import ImageStore
-from tests.helpers.images import layer, member, push_image
+from tests.helpers.images import image_config, layer, member, push_image
 from tests.helpers.service import PROJECT
 
 pytestmark = pytest.mark.slow
@@ -115,3 +115,14 @@ def test_a_full_disk_is_reported_as_ours(registry, pull_config, tmp_path):
         assert caught.value.kind == "infrastructure"
     finally:
         subprocess.run(["umount", str(small)], check=True)
+
+
+def test_a_pull_evicts_older_images_beyond_the_limit_but_never_itself(registry, store):
+    config = image_config(registry, IMAGES_MAX_BYTES="1")
+    old = push_image(registry, "store/old:v1", layers=[layer(member("old", b"o" * 10000))])
+    new = push_image(registry, "store/new:v1", layers=[layer(member("new", b"n" * 10000))])
+    assert pull(old.ref, store=store, config=config).record.digest == old.digest
+    assert [record.digest for record in store.images()] == [old.digest]  # alone over the limit: kept
+    pull(new.ref, store=store, config=config)
+    assert [record.digest for record in store.images()] == [new.digest]
+    assert not store.has_layer(old.diff_ids[0]) and store.has_layer(new.diff_ids[0])

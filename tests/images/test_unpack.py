@@ -222,3 +222,22 @@ def test_whiteouts_and_opaque_folders_through_a_real_overlay(tmp_path):
 def test_a_whiteout_that_names_nothing_is_refused(tree, name):
     with pytest.raises(ImageError, match="is a whiteout naming no file"):
         unpack(layer(member(f"etc/{name}")), tree)
+
+
+def test_a_later_member_never_writes_through_an_earlier_link(tree, tmp_path):
+    outside = tmp_path / "outside"
+    outside.write_bytes(b"untouched")
+    unpack(
+        layer(
+            member("a", b"first"),
+            member("b", type="hardlink", target="a"),
+            member("b", b"second"),  # replaces the link; "a" keeps its bytes
+            member("x", type="symlink", target=str(outside)),
+            member("x", b"a file now"),  # replaces the symlink, never follows it
+        ),
+        tree,
+    )
+    assert (tree / "a").read_bytes() == b"first" and (tree / "b").read_bytes() == b"second"
+    assert (tree / "a").stat().st_nlink == 1
+    assert not (tree / "x").is_symlink() and (tree / "x").read_bytes() == b"a file now"
+    assert outside.read_bytes() == b"untouched"
