@@ -20,7 +20,7 @@ import json
 import re
 import ssl
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlencode, urljoin
@@ -148,21 +148,17 @@ class Registry:
         """A response streaming the blob ``digest`` (the caller verifies it), from ``endpoint``
         when it has it, else from the others in order."""
         order = [endpoint, *(other for other in self.endpoints if other is not endpoint)]
-        last: ImageError | None = None
-        for candidate in order:
-            try:
-                context = self._get(candidate, f"blobs/{digest}", accept="*/*")
-                response = context.__enter__()
-            except ImageError as exc:
-                last = exc
-                continue
-            try:
-                yield response
-            finally:
-                context.__exit__(None, None, None)
-            return
-        assert last is not None
-        raise last
+        with ExitStack() as stack:
+            errors: list[ImageError] = []
+            for candidate in order:
+                try:
+                    response = stack.enter_context(self._get(candidate, f"blobs/{digest}", accept="*/*"))
+                    break
+                except ImageError as exc:
+                    errors.append(exc)
+            else:
+                raise errors[-1]
+            yield response
 
     # -- HTTP -------------------------------------------------------------------------------
 
