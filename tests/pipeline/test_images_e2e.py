@@ -14,7 +14,7 @@ import shutil
 import pytest
 
 from tests.helpers.images import layer, member, push_image
-from tests.helpers.tasks import ADD_TEST, SOLVER
+from tests.helpers.tasks import ADD_TEST, BUGGY, SOLVER
 from tests.pipeline.test_e2e import evaluate
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
@@ -55,9 +55,35 @@ def test_a_task_runs_in_the_image_it_names_and_the_second_pull_is_a_hit(tasks, c
     assert "+    return a + b" in first.agent_patch
     steps = [t.step for t in first.transitions.all()]
     assert steps[:4] == ["queued", "downloading_task", "preparing_environment", "cloning_repo"]
+    assert first.cache == "miss" and f"image {ref}: {digest}" in first.log
     second = evaluate(url, SOLVER, config=config, sandbox="bwrap")
     assert (second.status, second.passed) == ("completed", True), second.error
     assert second.environment == {"kind": "image", "ref": ref, "digest": digest, "cached": True}
+    assert second.cache == "hit"  # the workspace cache works on an image as on a named environment
+
+
+AS_THE_USER = """set -e
+test "$(id -u):$(id -g)" = "1000:1000"
+test "$FROM_IMAGE" = "image" && test "$OVERRIDDEN" = "by the task"
+touch written-by-the-user && test -O written-by-the-user
+! touch /usr/bin/planted 2>/dev/null
+"""
+
+
+def test_commands_run_as_the_images_user_with_its_env_under_the_tasks(tasks, config, base_image, base_layer):
+    registry, _, _ = base_image
+    passwd = b"root:x:0:0:root:/root:/bin/bash\nrunner:x:1000:1000::/home/runner:/bin/bash\n"
+    extra = layer(member("etc/passwd", passwd))
+    image = {**BASE_CONFIG, "User": "runner", "Env": [*BASE_CONFIG["Env"], "FROM_IMAGE=image", "OVERRIDDEN=image"]}
+    pushed = push_image(registry, "test/as-runner:latest", layers=[base_layer, extra], config=image)
+    repo_url, shas = tasks.repo([{"calc.py": BUGGY}])
+    workspace = (
+        f"repo: {repo_url}\nbase_commit: {shas[0]}\nenvironment: {{image: '{pushed.ref}'}}\n"
+        "env: {OVERRIDDEN: by the task}\n"
+    )
+    url = tasks.task(workspace=workspace, tests={"fail_to_pass_add.sh": ADD_TEST, "pass_to_pass_user.sh": AS_THE_USER})
+    evaluation = evaluate(url, SOLVER, config=config, sandbox="bwrap")
+    assert (evaluation.status, evaluation.passed) == ("completed", True), (evaluation.error, evaluation.test_output)
 
 
 AGENT_INSTALLS = """\
