@@ -229,6 +229,17 @@ class Config:
     cache_max_bytes: int = integer("CACHE_MAX_BYTES", 20 * 1024**3, minimum=0)
     cache_max_files: int = integer("CACHE_MAX_FILES", 2000000, minimum=0)  # inodes, as CACHE_MAX_BYTES bytes
     cache_max_age_secs: int = integer("CACHE_MAX_AGE_SECS", 604800, minimum=1)
+    # Images (SPEC §16): where references without a host go, mirrors (registry=mirror,...), registries
+    # reached over plain HTTP (host:port,...), credentials, the store and its size, how long a tag holds.
+    image_default_registry: str = text("IMAGE_DEFAULT_REGISTRY", "docker.io")
+    image_registry_mirrors: tuple[str, ...] = strings("IMAGE_REGISTRY_MIRRORS", lower=True)
+    image_insecure_registries: tuple[str, ...] = strings("IMAGE_INSECURE_REGISTRIES", lower=True)
+    registry_auth_file: Path | None = optional_path("REGISTRY_AUTH_FILE")
+    images_dir: Path | None = optional_path("IMAGES_DIR")  # unset: DATA_DIR/images (see images_root)
+    images_max_bytes: int = integer("IMAGES_MAX_BYTES", 50 * 1024**3, minimum=0)
+    image_tag_ttl_secs: int = integer("IMAGE_TAG_TTL_SECS", 3600, minimum=0)
+    build_timeout_secs: int = integer("BUILD_TIMEOUT_SECS", 1800, minimum=1)
+    build_network: str = choice("BUILD_NETWORK", "on", ("on", "off"))
     # The CAs commands trust: unset, the distribution's bundle, found once at import.
     ca_bundle: Path | None = optional_path("SSL_CERT_FILE", distribution_ca_bundle())
     # Not a variable: the executor's group of assets, read from STATIC_ASSETS_CONFIG by load().
@@ -265,6 +276,19 @@ class Config:
     @property
     def cache_root(self) -> Path:
         return self.cache_dir or self.data_dir / "cache"
+
+    @property
+    def images_root(self) -> Path:
+        return self.images_dir or self.data_dir / "images"
+
+    @property
+    def registry_mirrors(self) -> dict[str, tuple[str, ...]]:
+        """IMAGE_REGISTRY_MIRRORS as {registry: (mirror, ...)}, in the order given (checked by load)."""
+        mirrors: dict[str, tuple[str, ...]] = {}
+        for item in self.image_registry_mirrors:
+            registry, _, mirror = item.partition("=")
+            mirrors[registry.strip()] = (*mirrors.get(registry.strip(), ()), mirror.strip())
+        return mirrors
 
     @property
     def wake_socket(self) -> Path:
@@ -317,8 +341,27 @@ def _check_together(config: Config) -> None:
             f"SANDBOX_UID_COUNT: must be at least MAX_CONCURRENT_EVALS ({config.max_concurrent_evals}): "
             f"each running evaluation needs a uid of its own, got {config.sandbox_uid_count}"
         )
+    _check_images(config)
     if config.static_assets_config and not config.static_assets_root:
         raise ConfigError("STATIC_ASSETS_CONFIG: needs STATIC_ASSETS_ROOT, the base of its paths")
+
+
+_REGISTRY_HOST = re.compile(r"[a-z0-9]([a-z0-9.-]*[a-z0-9])?(:[0-9]{1,5})?|\[[0-9a-f:.]+\](:[0-9]{1,5})?")
+
+
+def _check_images(config: Config) -> None:
+    """Registry hosts are host[:port]; a mirror entry is registry=mirror; the auth file exists."""
+    if not _REGISTRY_HOST.fullmatch(config.image_default_registry.lower()):
+        raise ConfigError(f"IMAGE_DEFAULT_REGISTRY: expected host[:port], got {config.image_default_registry!r}")
+    for item in config.image_registry_mirrors:
+        registry, equals, mirror = (part.strip() for part in item.partition("="))
+        if not equals or not _REGISTRY_HOST.fullmatch(registry) or not _REGISTRY_HOST.fullmatch(mirror):
+            raise ConfigError(f"IMAGE_REGISTRY_MIRRORS: each entry is registry=mirror (host[:port] each), got {item!r}")
+    for host in config.image_insecure_registries:
+        if not _REGISTRY_HOST.fullmatch(host):
+            raise ConfigError(f"IMAGE_INSECURE_REGISTRIES: expected host[:port] entries, got {host!r}")
+    if config.registry_auth_file and not config.registry_auth_file.is_file():
+        raise ConfigError(f"REGISTRY_AUTH_FILE: no such file {config.registry_auth_file}")
 
 
 def close_to_others(folder: Path) -> None:

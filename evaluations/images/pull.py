@@ -1,0 +1,238 @@
+"""``pull(ref)``: an image from its registry into the store, each layer verified and unpacked once.
+
+1. A tag resolved less than IMAGE_TAG_TTL_SECS ago, or a digest reference the store has, is
+   answered from the store with no network at all.
+2. Otherwise the manifest is fetched (an index or manifest list is narrowed to linux and this
+   machine's architecture), then the image config, whose ``rootfs.diff_ids`` tell which layers
+   the store already has *before* any layer is downloaded.
+3. A missing layer is streamed once: its compressed bytes are hashed (against the manifest's
+   digest and size) and kept as a blob for export, its uncompressed bytes hashed (against the
+   diff_id) and unpacked, in one pass. The store's flock per layer makes a second process pulling
+   the same image wait and reuse it instead of downloading it again.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from evaluations.images.errors import ImageError, ImageUnavailable
+from evaluations.images.reference import Reference, parse
+from evaluations.images.registry import INDEX_TYPES, Registry
+from evaluations.images.store import ImageRecord, ImageStore, hex_of, now_iso
+from evaluations.images.unpack import DigestReader, unpack_layer
+
+MAX_CONFIG_BYTES = 16 * 1024 * 1024
+# os.uname().machine -> (OCI architecture, variant)
+_PLATFORMS = {
+    "x86_64": ("amd64", None),
+    "aarch64": ("arm64", "v8"),
+    "armv7l": ("arm", "v7"),
+    "armv6l": ("arm", "v6"),
+    "i686": ("386", None),
+    "ppc64le": ("ppc64le", None),
+    "s390x": ("s390x", None),
+    "riscv64": ("riscv64", None),
+}
+
+
+@dataclass
+class PullResult:
+    record: ImageRecord
+    cached: bool  # nothing was downloaded: every layer was in the store already
+
+
+def this_platform() -> tuple[str, str | None]:
+    machine = os.uname().machine
+    return _PLATFORMS.get(machine, (machine, None))
+
+
+def pull(
+    ref_text: str,
+    *,
+    store: ImageStore,
+    config,
+    progress: Callable[[str], None] | None = None,
+    ssl_context=None,
+) -> PullResult:
+    """Pull ``ref_text`` into ``store``; ImageError / ImageUnavailable with one sentence on failure."""
+    ref = parse(ref_text, config.image_default_registry)
+    say = progress or (lambda text: None)
+    known = _from_store(ref, store, config)
+    if known is not None:
+        store.touch(known.digest)
+        return PullResult(store.image(known.digest) or known, cached=True)
+    registry = Registry(ref, config, ssl_context=ssl_context)
+    with store.using():
+        digest, manifest, body, endpoint = _manifest(registry, ref)
+        config_json = _image_config(registry, endpoint, store, ref, manifest)
+        diff_ids = (config_json.get("rootfs") or {}).get("diff_ids") or []
+        layers = manifest.get("layers") or []
+        if len(diff_ids) != len(layers):
+            raise ImageError(f"The image {ref} lists {len(layers)} layers but its config {len(diff_ids)} diff_ids.")
+        downloaded = 0
+        for descriptor, diff_id in zip(layers, diff_ids, strict=True):
+            downloaded += _layer(registry, endpoint, store, descriptor, diff_id, say)
+        store.put_blob(digest, body)
+        record = ImageRecord(
+            digest=digest,
+            refs=[],
+            config=config_json.get("config") or {},
+            layers=list(diff_ids),
+            size_bytes=sum(store.layer_meta(layer)["size_bytes"] for layer in diff_ids),
+            source="pull",
+            created_at=now_iso(),
+            last_used_at=now_iso(),
+        )
+        record = store.save_image(record, refs=[str(ref)])
+    with store.pin(record.digest, f"pull-{os.getpid()}"):
+        store.evict(config.images_max_bytes)
+    return PullResult(record, cached=downloaded == 0)
+
+
+def _from_store(ref: Reference, store: ImageStore, config) -> ImageRecord | None:
+    if ref.digest:
+        record = store.image(ref.digest)
+        if record is not None:
+            return record
+        digest = store.resolve_tag(str(ref))  # an index digest, resolved to this platform's manifest
+    else:
+        digest = store.resolve_tag(str(ref), max_age_secs=config.image_tag_ttl_secs)
+    return store.image(digest) if digest else None
+
+
+def _manifest(registry: Registry, ref: Reference):
+    """(digest, manifest, body, endpoint) of the image manifest for this platform."""
+    body, media_type, endpoint = registry.manifest(ref.digest or ref.tag)
+    digest = _sha256(body)
+    if ref.digest and digest != ref.digest:
+        raise ImageError(f"The manifest the registry gave for {ref} has the digest {digest}.")
+    manifest = _json(body, f"The manifest of {ref}")
+    media_type = manifest.get("mediaType") or media_type
+    if media_type in INDEX_TYPES or "manifests" in manifest:
+        chosen = _choose_platform(manifest, ref)
+        body, _, endpoint = registry.manifest(chosen)
+        digest = _sha256(body)
+        if digest != chosen:
+            raise ImageError(
+                f"The manifest the registry gave for {ref} (platform entry {chosen}) has the digest {digest}."
+            )
+        manifest = _json(body, f"The manifest {chosen} of {ref}")
+    if "layers" not in manifest or "config" not in manifest:
+        raise ImageError(f"The manifest of {ref} is not an image manifest (schema 2 or OCI).")
+    return digest, manifest, body, endpoint
+
+
+def _choose_platform(index: dict, ref: Reference) -> str:
+    arch, variant = this_platform()
+    entries = [entry for entry in index.get("manifests") or [] if isinstance(entry, dict)]
+    fits = []
+    offered = []
+    for entry in entries:
+        platform = entry.get("platform") or {}
+        name = "/".join(str(platform[key]) for key in ("os", "architecture", "variant") if platform.get(key))
+        if name:
+            offered.append(name)
+        if platform.get("os") == "linux" and platform.get("architecture") == arch:
+            if platform.get("variant") in (None, variant):
+                fits.append(entry)
+    if not fits:
+        wanted = f"linux/{arch}" + (f"/{variant}" if variant else "")
+        has = ", ".join(dict.fromkeys(offered)) or "no platform"
+        raise ImageError(f"There is no manifest for {wanted} in {ref} (has: {has}).")
+    digest = str(fits[0].get("digest", ""))
+    _check_digest(digest, f"The platform entry of {ref}")
+    return digest
+
+
+def _image_config(registry: Registry, endpoint, store: ImageStore, ref: Reference, manifest: dict) -> dict:
+    descriptor = manifest.get("config") or {}
+    digest = str(descriptor.get("digest", ""))
+    _check_digest(digest, f"The config of {ref}")
+    if store.has_blob(digest):
+        body = store.blob_path(digest).read_bytes()
+    else:
+        size = int(descriptor.get("size") or 0)
+        if size > MAX_CONFIG_BYTES:
+            raise ImageError(f"The config of {ref} is larger than {MAX_CONFIG_BYTES} bytes.")
+        with registry.blob(endpoint, digest) as response:
+            reader = DigestReader(_Network(response, None, digest), limit=MAX_CONFIG_BYTES, what=f"The config of {ref}")
+            body = b"".join(iter(lambda: reader.read(1 << 20), b""))
+        if reader.digest != digest:
+            raise ImageError(f"The config of {ref} does not match its digest {digest} (got {reader.digest}).")
+        store.put_blob(digest, body)
+    return _json(body, f"The config of {ref}")
+
+
+def _layer(registry: Registry, endpoint, store: ImageStore, descriptor: dict, diff_id: str, say) -> int:
+    """Make sure the store has ``diff_id``; the bytes downloaded for it (0: it was there)."""
+    digest = str(descriptor.get("digest", ""))
+    _check_digest(digest, f"A layer of {registry.ref}")
+    _check_digest(str(diff_id), f"A diff_id of {registry.ref}")
+    size = descriptor.get("size")
+    if not isinstance(size, int) or size < 0:
+        raise ImageError(f"Layer {digest} of {registry.ref} has no valid size in its manifest.")
+    got = []
+
+    def populate(tree):
+        with registry.blob(endpoint, digest) as response, store.new_blob(digest) as keep:
+            raw = DigestReader(_Network(response, keep, digest), limit=size, what=f"Layer {digest}")
+            counts = unpack_layer(raw, tree, layer=digest, diff_id=diff_id)
+            raw.drain()
+        if raw.digest != digest or raw.bytes != size:
+            raise ImageError(
+                f"Layer {digest} does not match its manifest: got {raw.bytes} bytes with digest {raw.digest}, "
+                f"expected {size} bytes."
+            )
+        got.append(raw.bytes)
+        return counts.as_meta()
+
+    if not store.has_layer(diff_id):
+        store.add_layer(diff_id, populate)
+    short = f"{digest[:19]}…"
+    say(f"layer {short} {got[0] / 1e6:.1f} MB pulled" if got else f"layer {short} cached")
+    return got[0] if got else 0
+
+
+class _Network:
+    """Reads a blob's response, keeping a copy in ``keep``; a failing connection or a full disk
+    become ImageUnavailable here, so the unpacker never mistakes them for a broken layer."""
+
+    def __init__(self, response, keep, digest: str):
+        self.response, self.keep, self.digest = response, keep, digest
+
+    def read(self, size: int = -1) -> bytes:
+        try:
+            data = self.response.read1(size if size and size > 0 else 1 << 20)
+        except Exception as exc:  # OSError, TimeoutError, http.client.IncompleteRead
+            raise ImageUnavailable(f"Downloading blob {self.digest} failed ({type(exc).__name__}: {exc}).") from None
+        if self.keep is not None and data:
+            try:
+                self.keep.write(data)
+            except OSError as exc:
+                raise ImageUnavailable(f"The host cannot store blob {self.digest} ({exc.strerror}).") from None
+        return data
+
+
+def _check_digest(digest: str, what: str) -> None:
+    try:
+        hex_of(digest)
+    except ValueError:
+        raise ImageError(f"{what} has the digest {digest[:80]!r}, not sha256:<64 hex>.") from None
+
+
+def _sha256(data: bytes) -> str:
+    return "sha256:" + hashlib.sha256(data).hexdigest()
+
+
+def _json(body: bytes, what: str) -> dict:
+    try:
+        value = json.loads(body)
+    except ValueError:
+        raise ImageError(f"{what} is not valid JSON.") from None
+    if not isinstance(value, dict):
+        raise ImageError(f"{what} is not a JSON object.")
+    return value

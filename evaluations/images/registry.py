@@ -1,0 +1,323 @@
+"""A client of the OCI distribution API (``/v2/``): manifests, blobs, token and basic auth, mirrors.
+
+Ours, in Python, rather than skopeo: every connection goes through the URL guard, as the
+executor's other fetches do (evaluations/network/urlguard.py). The registry's name is resolved
+once, every address checked (a registry on a private address is reached only when
+``ALLOWED_PRIVATE_HOSTS`` or ``ALLOW_PRIVATE_URLS`` allows it), and the connection pinned to a
+checked address; every redirect (blob CDNs, token realms) is checked again from the start.
+skopeo would resolve and follow on its own. Blobs are handed to the caller as a stream, so the
+puller verifies and unpacks them as they arrive, with nothing staged.
+
+Errors are ImageError (the reference is wrong: 404, no such repository, malformed answers) or
+ImageUnavailable (unreachable, 5xx, timeouts, credentials the operator gave refused).
+"""
+
+from __future__ import annotations
+
+import base64
+import http.client
+import json
+import re
+import ssl
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import urlencode, urljoin
+
+from evaluations.images.errors import ImageError, ImageUnavailable
+from evaluations.images.reference import DOCKER_HUB, Reference
+from evaluations.network.urlguard import FetchError, URLPolicy, URLRefused, pinned_connection
+
+MANIFEST_TYPES = (
+    "application/vnd.oci.image.index.v1+json",
+    "application/vnd.docker.distribution.manifest.list.v2+json",
+    "application/vnd.oci.image.manifest.v1+json",
+    "application/vnd.docker.distribution.manifest.v2+json",
+)
+INDEX_TYPES = MANIFEST_TYPES[:2]
+MAX_MANIFEST_BYTES = 4 * 1024 * 1024
+_REDIRECTS = {301, 302, 303, 307, 308}
+_MAX_REDIRECTS = 5
+_CHALLENGE_PARAM = re.compile(r'(\w+)=(?:"([^"]*)"|([^,\s]*))')
+
+
+@dataclass(frozen=True)
+class Credentials:
+    username: str
+    password: str
+
+    def basic(self) -> str:
+        return "Basic " + base64.b64encode(f"{self.username}:{self.password}".encode()).decode()
+
+
+def load_credentials(auth_file: Path | None, registry: str, repository: str = "") -> Credentials | None:
+    """Credentials for ``registry`` (and ``repository``) from a containers ``auth.json`` or a Docker
+    ``config.json``: the ``auths`` entry that names the longest prefix of ``registry/repository``."""
+    if auth_file is None:
+        return None
+    try:
+        auths = json.loads(Path(auth_file).read_text()).get("auths") or {}
+    except (OSError, ValueError, AttributeError) as exc:
+        raise ImageUnavailable(f"REGISTRY_AUTH_FILE {auth_file} cannot be read ({exc}).") from None
+    wanted = f"{_hub_alias(registry)}/{repository}".rstrip("/")
+    best: tuple[int, dict] | None = None
+    for key, entry in auths.items():
+        name = re.sub(r"^[a-z]+://", "", key.strip().lower()).rstrip("/")
+        host, _, path = name.partition("/")
+        name = _hub_alias(host) + (
+            "/" + path if path and not path.startswith("v1") and not path.startswith("v2") else ""
+        )
+        if (wanted == name or wanted.startswith(name + "/")) and (best is None or len(name) > best[0]):
+            best = (len(name), entry if isinstance(entry, dict) else {})
+    if best is None:
+        return None
+    entry = best[1]
+    if entry.get("auth"):
+        try:
+            username, _, password = base64.b64decode(entry["auth"]).decode().partition(":")
+        except ValueError:
+            raise ImageUnavailable(
+                f"REGISTRY_AUTH_FILE: the 'auth' of {registry} is not base64 user:password."
+            ) from None
+        return Credentials(username, password)
+    if entry.get("username"):
+        return Credentials(entry["username"], entry.get("password", ""))
+    return None
+
+
+def _hub_alias(host: str) -> str:
+    return DOCKER_HUB if host in ("index.docker.io", "registry-1.docker.io", "docker.io") else host
+
+
+@dataclass
+class Endpoint:
+    """One place to ask for a repository: the registry itself or one of its mirrors."""
+
+    host: str  # host[:port] as configured
+    scheme: str
+    credentials: Credentials | None
+
+    @property
+    def base(self) -> str:
+        api_host = "registry-1.docker.io" if self.host == DOCKER_HUB else self.host
+        return f"{self.scheme}://{api_host}"
+
+
+class Registry:
+    """The endpoints serving one reference's repository, tried in order (mirrors first)."""
+
+    def __init__(self, ref: Reference, config, *, ssl_context: ssl.SSLContext | None = None):
+        self.ref = ref
+        self.policy = URLPolicy(("http", "https"), config.allow_private_urls, tuple(config.allowed_private_hosts))
+        self.timeout = float(config.download_timeout_secs)
+        if ssl_context is None:
+            cafile = str(config.ca_bundle) if getattr(config, "ca_bundle", None) else None
+            ssl_context = ssl.create_default_context(cafile=cafile)
+        self.ssl_context = ssl_context
+        insecure = set(config.image_insecure_registries)
+        hosts = [*config.registry_mirrors.get(ref.registry, ()), ref.registry]
+        self.endpoints = [
+            Endpoint(
+                host,
+                "http" if host in insecure else "https",
+                load_credentials(config.registry_auth_file, host, ref.repository),
+            )
+            for host in hosts
+        ]
+        self._tokens: dict[str, str] = {}  # endpoint base -> bearer token
+
+    # -- what the puller asks ---------------------------------------------------------------
+
+    def manifest(self, reference: str) -> tuple[bytes, str, Endpoint]:
+        """The manifest (or index) named by a tag or digest, its media type, and who served it."""
+        last: ImageError | None = None
+        for endpoint in self.endpoints:
+            try:
+                with self._get(endpoint, f"manifests/{reference}", accept=", ".join(MANIFEST_TYPES)) as response:
+                    body = _read_capped(response, MAX_MANIFEST_BYTES, f"The manifest of {self.ref}")
+                    media_type = (response.getheader("Content-Type") or "").split(";")[0].strip()
+                return body, media_type, endpoint
+            except ImageError as exc:
+                last = exc  # a mirror that lacks it or is down: the next one, then the registry
+        assert last is not None
+        raise last
+
+    @contextmanager
+    def blob(self, endpoint: Endpoint, digest: str) -> Iterator[http.client.HTTPResponse]:
+        """A response streaming the blob ``digest`` (the caller verifies it), from ``endpoint``
+        when it has it, else from the others in order."""
+        order = [endpoint, *(other for other in self.endpoints if other is not endpoint)]
+        last: ImageError | None = None
+        for candidate in order:
+            try:
+                context = self._get(candidate, f"blobs/{digest}", accept="*/*")
+                response = context.__enter__()
+            except ImageError as exc:
+                last = exc
+                continue
+            try:
+                yield response
+            finally:
+                context.__exit__(None, None, None)
+            return
+        assert last is not None
+        raise last
+
+    # -- HTTP -------------------------------------------------------------------------------
+
+    @contextmanager
+    def _get(self, endpoint: Endpoint, path: str, *, accept: str) -> Iterator[http.client.HTTPResponse]:
+        url = f"{endpoint.base}/v2/{self.ref.repository}/{path}"
+        what = f"{path.split('/')[0][:-1]} {path.split('/', 1)[1]} of {self.ref.name} at {endpoint.host}"
+        for attempt in range(2):
+            auth = self._authorization(endpoint)
+            conn, response = self._follow(url, {"Accept": accept, **auth}, endpoint, what)
+            try:
+                if response.status == 401 and attempt == 0:
+                    challenge = response.getheader("WWW-Authenticate") or ""
+                    response.read()
+                    self._authenticate(endpoint, challenge, what)
+                    continue
+                self._check_status(response, endpoint, what)
+                yield response
+                return
+            finally:
+                conn.close()
+
+    def _follow(self, url: str, headers: dict, endpoint: Endpoint, what: str):
+        """GET ``url``, following redirects by hand: each hop checked by the URL guard again, and the
+        registry's Authorization never sent to another host."""
+        first_host = None
+        for _hop in range(_MAX_REDIRECTS + 1):
+            resolved = self._check(url, what)
+            first_host = first_host or resolved.host
+            sent = (
+                headers if resolved.host == first_host else {k: v for k, v in headers.items() if k != "Authorization"}
+            )
+            conn = pinned_connection(resolved, timeout_secs=self.timeout, ssl_context=self.ssl_context)
+            try:
+                conn.request("GET", resolved.target, headers={"User-Agent": "term-executor", **sent})
+                response = conn.getresponse()
+            except (OSError, http.client.HTTPException) as exc:
+                conn.close()
+                raise ImageUnavailable(
+                    f"The registry {endpoint.host} cannot be reached for the {what} ({_describe(exc)})."
+                ) from None
+            if response.status not in _REDIRECTS:
+                return conn, response
+            location = response.getheader("Location")
+            response.read()
+            conn.close()
+            if not location:
+                raise ImageUnavailable(f"The registry {endpoint.host} redirected the {what} nowhere.")
+            url = urljoin(url, location)
+        raise ImageUnavailable(f"The registry {endpoint.host} redirected the {what} more than {_MAX_REDIRECTS} times.")
+
+    def _check(self, url: str, what: str):
+        try:
+            return self.policy.check(url, label="registry")
+        except URLRefused as exc:
+            if exc.transient:
+                raise ImageUnavailable(f"The {what} cannot be fetched: {exc}.") from None
+            raise ImageError(f"The {what} cannot be fetched: {exc}.") from None
+
+    def _check_status(self, response: http.client.HTTPResponse, endpoint: Endpoint, what: str) -> None:
+        status = response.status
+        if status == 200:
+            return
+        detail = _error_detail(response)
+        if status == 404:
+            raise ImageError(f"The registry {endpoint.host} has no {what}{detail}.")
+        if status in (401, 403):
+            if endpoint.credentials is not None:
+                raise ImageUnavailable(
+                    f"The registry {endpoint.host} refused the credentials of REGISTRY_AUTH_FILE for the {what}{detail}."
+                )
+            raise ImageError(
+                f"The registry {endpoint.host} refused the {what}: it does not exist or needs credentials{detail}."
+            )
+        if status >= 500 or status in (408, 425, 429):
+            raise ImageUnavailable(f"The registry {endpoint.host} answered HTTP {status} for the {what}{detail}.")
+        raise ImageError(f"The registry {endpoint.host} answered HTTP {status} for the {what}{detail}.")
+
+    # -- auth -------------------------------------------------------------------------------
+
+    def _authorization(self, endpoint: Endpoint) -> dict:
+        token = self._tokens.get(endpoint.base)
+        if token == "basic" and endpoint.credentials:
+            return {"Authorization": endpoint.credentials.basic()}
+        return {"Authorization": f"Bearer {token}"} if token else {}
+
+    def _authenticate(self, endpoint: Endpoint, challenge: str, what: str) -> None:
+        """Answer a 401's ``WWW-Authenticate``: Basic with the operator's credentials, or a Bearer
+        token from the realm (anonymous, or with the credentials)."""
+        scheme, _, params_text = challenge.strip().partition(" ")
+        params = {key.lower(): quoted or bare for key, quoted, bare in _CHALLENGE_PARAM.findall(params_text)}
+        if scheme.lower() == "basic":
+            if endpoint.credentials is None:
+                raise ImageError(
+                    f"The registry {endpoint.host} needs credentials for the {what}, and REGISTRY_AUTH_FILE has none."
+                )
+            self._tokens[endpoint.base] = "basic"
+            return
+        if scheme.lower() != "bearer" or not params.get("realm"):
+            raise ImageUnavailable(
+                f"The registry {endpoint.host} asks for an authentication we do not speak ({challenge[:80]!r})."
+            )
+        query = {"scope": params.get("scope") or f"repository:{self.ref.repository}:pull"}
+        if params.get("service"):
+            query["service"] = params["service"]
+        realm = params["realm"] + ("&" if "?" in params["realm"] else "?") + urlencode(query)
+        headers = {"Accept": "application/json"}
+        if endpoint.credentials is not None:
+            headers["Authorization"] = endpoint.credentials.basic()
+        conn, response = self._follow(realm, headers, endpoint, f"token for the {what}")
+        try:
+            if response.status in (401, 403) and endpoint.credentials is not None:
+                raise ImageUnavailable(f"The registry {endpoint.host} refused the credentials of REGISTRY_AUTH_FILE.")
+            self._check_status(response, endpoint, f"token for the {what}")
+            try:
+                answer = json.loads(_read_capped(response, 1 << 20, f"The token of {endpoint.host}"))
+                token = answer.get("token") or answer.get("access_token")
+            except (ValueError, AttributeError):
+                token = None
+            if not token:
+                raise ImageUnavailable(f"The registry {endpoint.host} answered no token for the {what}.")
+            self._tokens[endpoint.base] = token
+        finally:
+            conn.close()
+
+
+def _read_capped(response: http.client.HTTPResponse, limit: int, what: str) -> bytes:
+    try:
+        body = response.read(limit + 1)
+    except (OSError, http.client.HTTPException) as exc:
+        raise ImageUnavailable(f"{what} could not be read ({_describe(exc)}).") from None
+    if len(body) > limit:
+        raise ImageError(f"{what} is larger than {limit} bytes.")
+    return body
+
+
+def _error_detail(response: http.client.HTTPResponse) -> str:
+    """The registry's own error code (MANIFEST_UNKNOWN, NAME_UNKNOWN, ...), when it gives one."""
+    try:
+        errors = json.loads(response.read(65536) or b"{}").get("errors") or []
+        codes = ", ".join(str(error.get("code")) for error in errors if isinstance(error, dict) and error.get("code"))
+    except (ValueError, AttributeError, OSError, http.client.HTTPException):
+        return ""
+    return f" ({codes})" if codes else ""
+
+
+def _describe(exc: BaseException) -> str:
+    if isinstance(exc, FetchError):
+        return str(exc)
+    if isinstance(exc, ssl.SSLCertVerificationError):
+        return f"TLS certificate verification failed: {exc.verify_message}"
+    if isinstance(exc, TimeoutError):
+        return "timed out"
+    if isinstance(exc, ConnectionRefusedError):
+        return "connection refused"
+    if isinstance(exc, OSError) and exc.strerror:
+        return exc.strerror
+    return str(exc)[:200] or type(exc).__name__

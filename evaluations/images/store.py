@@ -1,0 +1,390 @@
+"""The image store: IMAGES_DIR, shared by every process of the executor on this host.
+
+Layout (all below ``root``)::
+
+    blobs/sha256/<hex>          manifests, configs, compressed layers as pulled (kept for export)
+    layers/<hex>/tree/          one unpacked layer (diff_id sha256:<hex>), overlayfs format
+    layers/<hex>/meta.json      {"id", "size_bytes", "files", "created_at"}
+    images/<hex>.json           an ImageRecord, by its manifest digest
+    tags/<sha256 of ref>.json   {"ref", "digest", "resolved_at"}: a reference resolved once
+    pins/<hex>/<holder>         flock'd while an evaluation or a build uses the image
+    locks/, tmp/                flock files; half-made layers and blobs
+
+Why it is safe with several processes:
+
+1. A layer or blob appears by ``rename`` of a complete temporary folder or file, so a reader
+   sees all of it or nothing; one flock per layer makes one process unpack it while the others
+   wait and then reuse it.
+2. Pulls and builds hold the store's ``gc`` lock shared from their first new layer to their
+   saved record; ``prune``, ``evict`` and ``remove`` hold it exclusively, so they never delete a
+   layer a record is about to name.
+3. A pin is an flock, so a pin whose holder died (killed worker) is free without a reaper.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import datetime as dt
+import errno
+import fcntl
+import hashlib
+import json
+import os
+import re
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+from evaluations import safefs
+from evaluations.images.errors import ImageError, ImageUnavailable
+
+_DIGEST = re.compile(r"sha256:([0-9a-f]{64})")
+_HOLDER = re.compile(r"[A-Za-z0-9_.-]{1,128}")
+
+
+def now_iso() -> str:
+    return dt.datetime.now(dt.UTC).isoformat(timespec="microseconds").replace("+00:00", "Z")
+
+
+def parse_iso(text: str) -> float:
+    return dt.datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+
+
+def hex_of(digest: str) -> str:
+    """The hex part of ``sha256:<hex>``; ValueError for anything else (a path is built from it)."""
+    match = _DIGEST.fullmatch(digest or "")
+    if not match:
+        raise ValueError(f"not a sha256 digest: {digest!r}")
+    return match.group(1)
+
+
+@dataclasses.dataclass
+class ImageRecord:
+    digest: str  # manifest digest sha256:...; a built image: sha256 of its canonical manifest JSON
+    refs: list[str]
+    config: dict  # the OCI image config's "config" object (Env, WorkingDir, User, Cmd, ...)
+    layers: list[str]  # diff_ids sha256:<hex>, bottom first
+    size_bytes: int
+    source: str  # "pull" | "build" | "import"
+    created_at: str
+    last_used_at: str
+
+    def to_json(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict) -> ImageRecord:
+        names = {field.name for field in dataclasses.fields(cls)}
+        return cls(**{key: value for key, value in data.items() if key in names})
+
+
+class ImageStore:
+    def __init__(self, root: Path):
+        self.root = Path(root)
+        for sub in ("blobs/sha256", "layers", "images", "tags", "pins", "locks", "tmp"):
+            (self.root / sub).mkdir(parents=True, exist_ok=True)
+
+    # -- locks ------------------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def _lock(self, name: str, *, shared: bool = False) -> Iterator[None]:
+        fd = os.open(self.root / "locks" / name, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH if shared else fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)
+
+    def using(self) -> contextlib.AbstractContextManager[None]:
+        """Held (shared) by a pull or a build while it adds layers and saves its record: no prune meanwhile."""
+        return self._lock("gc", shared=True)
+
+    # -- layers -----------------------------------------------------------------------------
+
+    def layer_dir(self, layer_id: str) -> Path:
+        return self.root / "layers" / hex_of(layer_id)
+
+    def layer_tree(self, layer_id: str) -> Path:
+        return self.layer_dir(layer_id) / "tree"
+
+    def has_layer(self, layer_id: str) -> bool:
+        return (self.layer_dir(layer_id) / "meta.json").is_file()
+
+    def layer_meta(self, layer_id: str) -> dict:
+        return json.loads((self.layer_dir(layer_id) / "meta.json").read_text())
+
+    def add_layer(self, layer_id: str, populate: Callable[[Path], dict | None]) -> Path:
+        """The tree of ``layer_id``, made by ``populate(tmp_tree)`` unless the store has it.
+
+        ``populate`` fills an empty folder inside the store and may return {"files", "size_bytes"}
+        (else the tree is measured). The folder is renamed into place once complete; one process
+        populates while the others for the same id wait on its flock and then reuse it.
+        """
+        final = self.layer_dir(layer_id)
+        with self._lock(f"layer-{hex_of(layer_id)}"):
+            if self.has_layer(layer_id):
+                return final / "tree"
+            tmp = Path(self._tmp_name(f"layer-{hex_of(layer_id)}"))
+            try:
+                (tmp / "tree").mkdir(parents=True)
+                os.chmod(tmp / "tree", 0o755)
+                counts = populate(tmp / "tree")
+                if counts is None:
+                    usage = safefs.tree_usage(tmp / "tree")
+                    counts = {"files": usage.files, "size_bytes": usage.bytes}
+                meta = {
+                    "id": layer_id,
+                    "size_bytes": int(counts["size_bytes"]),
+                    "files": int(counts["files"]),
+                    "created_at": now_iso(),
+                }
+                (tmp / "meta.json").write_text(json.dumps(meta))
+                if final.exists():  # a half-removed layer (a prune killed midway)
+                    safefs.remove_tree_nofollow(final)
+                os.rename(tmp, final)
+            except OSError as exc:
+                raise _disk_error(exc, f"storing layer {layer_id}") from None
+            finally:
+                if tmp.exists():
+                    safefs.remove_tree_nofollow(tmp)
+        return final / "tree"
+
+    # -- blobs ------------------------------------------------------------------------------
+
+    def blob_path(self, digest: str) -> Path:
+        return self.root / "blobs" / "sha256" / hex_of(digest)
+
+    def has_blob(self, digest: str) -> bool:
+        return self.blob_path(digest).is_file()
+
+    def put_blob(self, digest: str, data: bytes) -> None:
+        """Keep ``data`` (a manifest or a config) under its digest, which the caller has checked."""
+        if self.has_blob(digest):
+            return
+        with self.new_blob(digest) as out:
+            out.write(data)
+
+    @contextlib.contextmanager
+    def new_blob(self, digest: str) -> Iterator:
+        """A file to write the blob ``digest`` into; it is renamed into place if the block ends
+        without an exception (the caller has verified the bytes), dropped otherwise."""
+        tmp = self._tmp_name(f"blob-{hex_of(digest)}")
+        try:
+            with open(tmp, "wb") as out:
+                yield out
+            os.rename(tmp, self.blob_path(digest))
+        except OSError as exc:
+            raise _disk_error(exc, f"storing blob {digest}") from None
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
+
+    def _tmp_name(self, prefix: str) -> str:
+        return str(self.root / "tmp" / f"{prefix}.{os.getpid()}.{os.urandom(4).hex()}")
+
+    # -- images and tags --------------------------------------------------------------------
+
+    def _image_path(self, digest: str) -> Path:
+        return self.root / "images" / f"{hex_of(digest)}.json"
+
+    def _tag_path(self, ref: str) -> Path:
+        return self.root / "tags" / f"{hashlib.sha256(ref.encode()).hexdigest()}.json"
+
+    def image(self, digest: str) -> ImageRecord | None:
+        try:
+            return ImageRecord.from_json(json.loads(self._image_path(digest).read_text()))
+        except (FileNotFoundError, ValueError):
+            return None
+
+    def images(self) -> list[ImageRecord]:
+        records = []
+        for path in sorted((self.root / "images").glob("*.json")):
+            record = self.image(f"sha256:{path.stem}")
+            if record is not None:
+                records.append(record)
+        return records
+
+    def resolve_tag(self, ref: str, max_age_secs: float | None = None) -> str | None:
+        """The digest ``ref`` (canonical string) was resolved to; None if unknown, or older than
+        ``max_age_secs`` (a tag is asked again after IMAGE_TAG_TTL_SECS), or its image is gone."""
+        try:
+            entry = json.loads(self._tag_path(ref).read_text())
+        except (FileNotFoundError, ValueError):
+            return None
+        if max_age_secs is not None and parse_iso(entry["resolved_at"]) + max_age_secs < dt.datetime.now().timestamp():
+            return None
+        return entry["digest"] if self._image_path(entry["digest"]).is_file() else None
+
+    def save_image(self, record: ImageRecord, refs: list[str] = ()) -> ImageRecord:
+        """Write ``record`` (refs merged with an existing one's) and point each of ``refs`` at it."""
+        stamp = now_iso()
+        with self._lock(f"image-{hex_of(record.digest)}"):
+            old = self.image(record.digest)
+            known = list(dict.fromkeys([*(old.refs if old else []), *record.refs, *refs]))
+            record = dataclasses.replace(
+                record, refs=known, created_at=old.created_at if old else record.created_at, last_used_at=stamp
+            )
+            self._write_json(self._image_path(record.digest), record.to_json())
+        for ref in refs:
+            self._write_json(self._tag_path(ref), {"ref": ref, "digest": record.digest, "resolved_at": stamp})
+        return record
+
+    def touch(self, digest: str) -> None:
+        with self._lock(f"image-{hex_of(digest)}"):
+            record = self.image(digest)
+            if record is not None:
+                record.last_used_at = now_iso()
+                self._write_json(self._image_path(digest), record.to_json())
+
+    def remove(self, ref_or_digest: str) -> ImageRecord:
+        """Forget a reference (its image goes when no reference is left) or, by digest, the image and
+        all its references. Layers stay until ``prune``. ImageError if unknown or pinned."""
+        with self._lock("gc"):
+            digest = ref_or_digest if _DIGEST.fullmatch(ref_or_digest) else self.resolve_tag(ref_or_digest)
+            record = self.image(digest) if digest else None
+            if record is None:
+                raise ImageError(f"There is no image {ref_or_digest} in the store.")
+            if self.pinned(record.digest):
+                raise ImageError(f"The image {ref_or_digest} is in use by an evaluation or a build.")
+            drop = record.refs if digest == ref_or_digest else [ref_or_digest]
+            for ref in drop:
+                with contextlib.suppress(FileNotFoundError):
+                    self._tag_path(ref).unlink()
+            record.refs = [ref for ref in record.refs if ref not in drop]
+            if record.refs:
+                self._write_json(self._image_path(record.digest), record.to_json())
+            else:
+                self._image_path(record.digest).unlink()
+            return record
+
+    # -- pins -------------------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def pin(self, digest: str, holder: str) -> Iterator[ImageRecord]:
+        """Keep the image ``digest`` from eviction and removal while the block runs (or, if the
+        process dies, until its flock goes with it). ``holder`` names the user (an evaluation id)."""
+        if not _HOLDER.fullmatch(holder):
+            raise ValueError(f"a pin holder is 1 to 128 of A-Z a-z 0-9 _ . -, got {holder!r}")
+        folder = self.root / "pins" / hex_of(digest)
+        with self._lock("gc", shared=True):
+            record = self.image(digest)
+            if record is None:
+                raise ImageError(f"There is no image {digest} in the store.")
+            folder.mkdir(exist_ok=True)
+            fd = os.open(folder / holder, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        try:
+            yield record
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(folder / holder)
+            os.close(fd)
+
+    def pinned(self, digest: str) -> bool:
+        """Whether a live process holds a pin on ``digest``; dead holders' pin files are removed."""
+        folder = self.root / "pins" / hex_of(digest)
+        held = False
+        for path in folder.glob("*") if folder.is_dir() else ():
+            try:
+                fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
+            except FileNotFoundError:
+                continue
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                held = True
+            else:
+                with contextlib.suppress(FileNotFoundError):
+                    path.unlink()
+            finally:
+                os.close(fd)
+        return held
+
+    # -- space ------------------------------------------------------------------------------
+
+    def used_blobs(self, record: ImageRecord) -> set[str]:
+        """The blobs an image needs for export: its manifest, config and compressed layers."""
+        used = {record.digest}
+        try:
+            manifest = json.loads(self.blob_path(record.digest).read_bytes())
+        except (OSError, ValueError):
+            return used
+        for descriptor in [manifest.get("config") or {}, *(manifest.get("layers") or [])]:
+            if _DIGEST.fullmatch(str(descriptor.get("digest", ""))):
+                used.add(descriptor["digest"])
+        return used
+
+    def prune(self) -> int:
+        """Remove layers, blobs, tags and leftovers no image uses; the bytes freed."""
+        with self._lock("gc"):
+            return self._prune()
+
+    def _prune(self) -> int:
+        records = self.images()
+        layers = {hex_of(layer) for record in records for layer in record.layers}
+        blobs = {hex_of(blob) for record in records for blob in self.used_blobs(record)}
+        digests = {record.digest for record in records}
+        freed = 0
+        for path in (self.root / "layers").iterdir():
+            if path.name not in layers:
+                freed += self._layer_bytes(path)
+                safefs.remove_tree_nofollow(path)
+        for path in (self.root / "blobs" / "sha256").iterdir():
+            if path.name not in blobs:
+                freed += path.stat().st_size
+                path.unlink()
+        for path in (self.root / "tags").glob("*.json"):
+            with contextlib.suppress(ValueError, KeyError, FileNotFoundError):
+                if json.loads(path.read_text())["digest"] not in digests:
+                    path.unlink()
+        for path in (self.root / "tmp").iterdir():  # no pull holds "using" now: all are leftovers
+            safefs.remove_tree_nofollow(path)
+        return freed
+
+    def total_bytes(self) -> int:
+        layers = sum(self._layer_bytes(path) for path in (self.root / "layers").iterdir())
+        return layers + sum(path.stat().st_size for path in (self.root / "blobs" / "sha256").iterdir())
+
+    def evict(self, max_bytes: int) -> list[ImageRecord]:
+        """Remove images, least recently used first, until the store holds at most ``max_bytes``;
+        never a pinned image (nor so its layers). Returns the images removed."""
+        removed: list[ImageRecord] = []
+        with self._lock("gc"):
+            self._prune()
+            for record in sorted(self.images(), key=lambda r: r.last_used_at):
+                if self.total_bytes() <= max_bytes:
+                    break
+                if self.pinned(record.digest):
+                    continue
+                for ref in record.refs:
+                    with contextlib.suppress(FileNotFoundError):
+                        self._tag_path(ref).unlink()
+                self._image_path(record.digest).unlink()
+                removed.append(record)
+                self._prune()
+        return removed
+
+    @staticmethod
+    def _layer_bytes(path: Path) -> int:
+        try:
+            return int(json.loads((path / "meta.json").read_text())["size_bytes"])
+        except (OSError, ValueError, KeyError):
+            return safefs.tree_size(path)
+
+    @staticmethod
+    def _write_json(path: Path, data: dict) -> None:
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.{os.urandom(4).hex()}")
+        try:
+            tmp.write_text(json.dumps(data, indent=1, sort_keys=True))
+            os.rename(tmp, path)
+        except OSError as exc:
+            with contextlib.suppress(FileNotFoundError):
+                tmp.unlink()
+            raise _disk_error(exc, f"writing {path.name}") from None
+
+
+def _disk_error(exc: OSError, doing: str) -> OSError | ImageUnavailable:
+    """ENOSPC and EDQUOT are the host's problem, not the image's: ImageUnavailable; others pass on."""
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        return ImageUnavailable(f"The host's disk is full while {doing} in the image store.")
+    return exc

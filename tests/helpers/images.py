@@ -1,0 +1,363 @@
+"""Images for tests: layers built in Python, a real registry on 127.0.0.1, pushing to it.
+
+* ``layer(member(...), ...)``: the bytes of a layer tar (gzip, zstd or plain) from members
+  described in Python; ``tree_layer(path)``: a folder as one layer.
+* ``RegistryServer``: Debian's ``docker-registry`` (distribution 2.8) on a free port of
+  127.0.0.1 with its config and storage in a temp folder; plain HTTP, or HTTPS with a
+  certificate a test CA signs (``tls=True``), or with htpasswd users (``users={...}``).
+* ``push_image(registry, "name:tag", layers=[...], config={...})``: pushes blobs and a
+  manifest with the registry API itself (no skopeo needed); ``push_index`` pushes a
+  manifest list. Both return digests, so tests can pull by digest.
+* ``image_config(...)``: the executor's Config for pulling from such a registry.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import dataclasses
+import gzip
+import hashlib
+import http.client
+import io
+import json
+import os
+import shutil
+import socket
+import ssl
+import subprocess
+import tarfile
+import tempfile
+import time
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from executor_project.config import load
+from tests.helpers.httpserver import make_tls_files
+from tests.helpers.service import PROJECT
+
+MANIFEST_V2 = "application/vnd.docker.distribution.manifest.v2+json"
+MANIFEST_LIST = "application/vnd.docker.distribution.manifest.list.v2+json"
+OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
+OCI_INDEX = "application/vnd.oci.image.index.v1+json"
+LAYER_GZIP = "application/vnd.docker.image.rootfs.diff.tar.gzip"
+OCI_LAYER = {"gzip": "application/vnd.oci.image.layer.v1.tar+gzip", "zstd": "application/vnd.oci.image.layer.v1.tar+zstd",
+             None: "application/vnd.oci.image.layer.v1.tar"}  # fmt: skip
+IMAGE_CACHE = PROJECT / "data" / "cache" / "images"
+
+
+def sha256(data: bytes) -> str:
+    return "sha256:" + hashlib.sha256(data).hexdigest()
+
+
+# -- layers ------------------------------------------------------------------------------
+
+
+def member(
+    path: str,
+    data: bytes | None = None,
+    *,
+    type: str | None = None,  # noqa: A002 - the tar's word
+    mode: int | None = None,
+    uid: int = 0,
+    gid: int = 0,
+    target: str = "",
+    devmajor: int = 0,
+    devminor: int = 0,
+    pax: dict | None = None,
+) -> tuple[tarfile.TarInfo, bytes | None]:
+    """One tar member: type file (the default with data), dir, symlink, hardlink, fifo, char, block."""
+    kind = type or ("file" if data is not None or not path.endswith("/") else "dir")
+    types = {
+        "file": tarfile.REGTYPE,
+        "dir": tarfile.DIRTYPE,
+        "symlink": tarfile.SYMTYPE,
+        "hardlink": tarfile.LNKTYPE,
+        "fifo": tarfile.FIFOTYPE,
+        "char": tarfile.CHRTYPE,
+        "block": tarfile.BLKTYPE,
+    }
+    info = tarfile.TarInfo(path)
+    info.type = types[kind]
+    info.mode = mode if mode is not None else (0o755 if kind == "dir" else 0o644)
+    info.uid, info.gid = uid, gid
+    info.uname = info.gname = ""
+    info.mtime = 1700000000
+    info.linkname = target
+    info.devmajor, info.devminor = devmajor, devminor
+    if pax:
+        info.pax_headers = dict(pax)
+    if kind == "file":
+        data = data or b""
+        info.size = len(data)
+    return info, data
+
+
+def layer(*members: tuple[tarfile.TarInfo, bytes | None], compression: str | None = "gzip") -> bytes:
+    """The layer blob (tar, then gzip / zstd / none) holding ``members`` in order."""
+    raw = io.BytesIO()
+    with tarfile.open(fileobj=raw, mode="w", format=tarfile.PAX_FORMAT) as archive:
+        for info, data in members:
+            archive.addfile(info, io.BytesIO(data) if data is not None and info.isreg() else None)
+    return compress(raw.getvalue(), compression)
+
+
+def compress(tar_bytes: bytes, compression: str | None) -> bytes:
+    if compression == "gzip":
+        return gzip.compress(tar_bytes, mtime=0)
+    if compression == "zstd":
+        import zstandard
+
+        return zstandard.ZstdCompressor().compress(tar_bytes)
+    return tar_bytes
+
+
+def uncompressed(blob: bytes) -> bytes:
+    if blob[:2] == b"\x1f\x8b":
+        return gzip.decompress(blob)
+    if blob[:4] == b"\x28\xb5\x2f\xfd":
+        import zstandard
+
+        return zstandard.ZstdDecompressor().decompressobj().decompress(blob)
+    return blob
+
+
+def tree_layer(tree: Path, out: Path) -> None:
+    """``tree`` as one gzip'd layer tar at ``out`` (as root, owners and modes kept), by GNU tar."""
+    tmp = out.with_name(out.name + f".{os.getpid()}.tmp")
+    subprocess.run(
+        ["tar", "--numeric-owner", "--xattrs", "--sort=name", "-C", str(tree), "-czf", str(tmp), "."],
+        check=True,
+        capture_output=True,
+    )
+    os.rename(tmp, out)
+
+
+# -- a real registry ---------------------------------------------------------------------
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@dataclass
+class RegistryServer:
+    """Debian's docker-registry on 127.0.0.1; ``host`` is what a reference names (host:port)."""
+
+    tls: bool = False
+    users: dict[str, str] = field(default_factory=dict)  # htpasswd users: Basic auth demanded
+    folder: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="te-registry-")))
+    port: int = 0
+    ca: Path | None = None
+    process: subprocess.Popen | None = None
+
+    @property
+    def host(self) -> str:
+        return f"{'localhost' if self.tls else '127.0.0.1'}:{self.port}"
+
+    @property
+    def scheme(self) -> str:
+        return "https" if self.tls else "http"
+
+    def start(self) -> RegistryServer:
+        if shutil.which("docker-registry") is None:
+            raise RuntimeError("docker-registry is not installed (apt-get install -y docker-registry)")
+        self.port = _free_port()
+        lines = [
+            "version: 0.1",
+            "log: {level: warn}",
+            f"storage: {{filesystem: {{rootdirectory: {self.folder / 'data'}}}, delete: {{enabled: true}}}}",
+            "http:",
+            f"  addr: 127.0.0.1:{self.port}",
+            f"  secret: {os.urandom(8).hex()}",
+        ]
+        if self.tls:
+            self.ca, cert, key = make_tls_files(self.folder / "tls", ("localhost",))
+            lines += ["  tls:", f"    certificate: {cert}", f"    key: {key}"]
+        if self.users:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", DeprecationWarning)
+                import crypt  # bcrypt through libxcrypt; the registry reads only bcrypt hashes
+
+                entries = [
+                    f"{user}:{crypt.crypt(pw, crypt.mksalt(crypt.METHOD_BLOWFISH))}" for user, pw in self.users.items()
+                ]
+            (self.folder / "htpasswd").write_text("\n".join(entries) + "\n")
+            lines += ["auth:", "  htpasswd:", "    realm: test-realm", f"    path: {self.folder / 'htpasswd'}"]
+        (self.folder / "config.yml").write_text("\n".join(lines) + "\n")
+        self.log = open(self.folder / "registry.log", "wb")  # noqa: SIM115 - closed by stop()
+        self.process = subprocess.Popen(
+            ["docker-registry", "serve", str(self.folder / "config.yml")], stdout=self.log, stderr=subprocess.STDOUT
+        )
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError("docker-registry stopped: " + (self.folder / "registry.log").read_text()[-2000:])
+            with contextlib.suppress(OSError):
+                socket.create_connection(("127.0.0.1", self.port), timeout=1).close()
+                return self
+            time.sleep(0.05)
+        raise RuntimeError("docker-registry did not listen within 30 s")
+
+    def stop(self) -> None:
+        if self.process is not None:
+            self.process.terminate()
+            try:
+                self.process.wait(10)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+            self.log.close()
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+    def __enter__(self) -> RegistryServer:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    # -- the registry API, as a pusher ------------------------------------------------------
+
+    def request(self, method: str, path: str, body: bytes | None = None, headers: dict | None = None):
+        """(status, headers, body) of one request to the registry, with Basic auth as its first user."""
+        if self.tls:
+            context = ssl.create_default_context(cafile=str(self.ca))
+            conn = http.client.HTTPSConnection("localhost", self.port, context=context, timeout=60)
+        else:
+            conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=60)
+        sent = dict(headers or {})
+        if self.users:
+            user, password = next(iter(self.users.items()))
+            sent["Authorization"] = "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()
+        try:
+            conn.request(method, path, body=body, headers=sent)
+            response = conn.getresponse()
+            return response.status, dict(response.getheaders()), response.read()
+        finally:
+            conn.close()
+
+    def put_blob(self, repository: str, data: bytes) -> str:
+        digest = sha256(data)
+        status, _, _ = self.request("HEAD", f"/v2/{repository}/blobs/{digest}")
+        if status == 200:
+            return digest
+        status, headers, body = self.request("POST", f"/v2/{repository}/blobs/uploads/")
+        assert status == 202, (status, body)
+        location = headers["Location"]
+        path = location.split("://", 1)[-1].split("/", 1)[-1] if "://" in location else location.lstrip("/")
+        separator = "&" if "?" in path else "?"
+        status, _, body = self.request(
+            "PUT",
+            f"/{path}{separator}digest={digest}",
+            body=data,
+            headers={"Content-Type": "application/octet-stream", "Content-Length": str(len(data))},
+        )
+        assert status == 201, (status, body)
+        return digest
+
+    def put_manifest(self, repository: str, reference: str, manifest: dict, media_type: str) -> str:
+        body = json.dumps(manifest, indent=1).encode()
+        status, _, answer = self.request(
+            "PUT", f"/v2/{repository}/manifests/{reference}", body=body, headers={"Content-Type": media_type}
+        )
+        assert status == 201, (status, answer)
+        return sha256(body)
+
+
+@dataclass
+class Pushed:
+    ref: str  # host:port/name:tag
+    digest: str  # manifest digest
+    layers: list[str]  # blob digests
+    diff_ids: list[str]
+    config_digest: str
+
+
+def push_image(
+    registry: RegistryServer,
+    name_tag: str,
+    *,
+    layers: list[bytes],
+    config: dict | None = None,
+    oci: bool = False,
+    architecture: str = "amd64",
+    diff_ids: list[str] | None = None,
+) -> Pushed:
+    """Push ``layers`` (blobs, bottom first) and an image config whose ``config`` is ``config``.
+
+    ``diff_ids`` overrides the computed ones (to push a lying config). Returns the digests."""
+    repository, _, tag = name_tag.partition(":")
+    tag = tag or "latest"
+    computed = [sha256(uncompressed(blob)) for blob in layers]
+    image_config = {
+        "architecture": architecture,
+        "os": "linux",
+        "config": config or {},
+        "rootfs": {"type": "layers", "diff_ids": diff_ids or computed},
+        "history": [{"created_by": "tests/helpers/images.py"} for _ in layers],
+    }
+    config_bytes = json.dumps(image_config, sort_keys=True).encode()
+    config_digest = registry.put_blob(repository, config_bytes)
+    descriptors = []
+    for blob in layers:
+        digest = registry.put_blob(repository, blob)
+        kind = "gzip" if blob[:2] == b"\x1f\x8b" else "zstd" if blob[:4] == b"\x28\xb5\x2f\xfd" else None
+        descriptors.append({"mediaType": OCI_LAYER[kind] if oci else LAYER_GZIP, "size": len(blob), "digest": digest})
+    manifest = {
+        "schemaVersion": 2,
+        "mediaType": OCI_MANIFEST if oci else MANIFEST_V2,
+        "config": {
+            "mediaType": "application/vnd.oci.image.config.v1+json"
+            if oci
+            else "application/vnd.docker.container.image.v1+json",
+            "size": len(config_bytes),
+            "digest": config_digest,
+        },
+        "layers": descriptors,
+    }
+    digest = registry.put_manifest(repository, tag, manifest, manifest["mediaType"])
+    return Pushed(
+        f"{registry.host}/{repository}:{tag}", digest, [d["digest"] for d in descriptors], computed, config_digest
+    )
+
+
+def push_index(
+    registry: RegistryServer, name_tag: str, entries: list[tuple[Pushed, dict]], *, oci: bool = False
+) -> str:
+    """A manifest list (or OCI index) at ``name_tag`` of (image, platform) pairs; its digest. The images
+    must have been pushed to the same repository (a registry links only its own manifests)."""
+    repository, _, tag = name_tag.partition(":")
+    media = OCI_INDEX if oci else MANIFEST_LIST
+    manifests = []
+    for pushed, platform in entries:
+        status, headers, body = registry.request(
+            "GET", f"/v2/{repository}/manifests/{pushed.digest}", headers={"Accept": f"{MANIFEST_V2}, {OCI_MANIFEST}"}
+        )
+        assert status == 200, (status, body)
+        manifests.append(
+            {"mediaType": headers["Content-Type"], "size": len(body), "digest": pushed.digest, "platform": platform}
+        )
+    return registry.put_manifest(
+        repository, tag, {"schemaVersion": 2, "mediaType": media, "manifests": manifests}, media
+    )
+
+
+def image_config(registry: RegistryServer | None = None, **env: str):
+    """A Config whose registry settings reach ``registry`` (plain HTTP unless TLS; its address
+    allowed as a private one), with ``env`` on top (variable names as keys)."""
+    values = {"DATA_DIR": tempfile.gettempdir(), "DOWNLOAD_TIMEOUT_SECS": "30"}
+    if registry is not None:
+        values["ALLOWED_PRIVATE_HOSTS"] = "127.0.0.1,localhost,::1"
+        if not registry.tls:
+            values["IMAGE_INSECURE_REGISTRIES"] = registry.host
+        else:
+            values["SSL_CERT_FILE"] = str(registry.ca)
+    values.update(env)
+    return load(values)
+
+
+def replace(config, **fields):
+    return dataclasses.replace(config, **fields)
