@@ -200,3 +200,36 @@ def _metric(api, name: str) -> float:
     found = re.search(rf"^{name} ([0-9.e+]+)$", text, re.M)
     assert found, f"{name} not in /metrics"
     return float(found.group(1))
+
+
+def test_build_tags_the_image_and_a_rebuild_is_cached(image_cli, base_image, bwrap_runtime, tmp_path):
+    """`image build` through the worker's sandbox as a leased uid, egress proxy on (BUILD_NETWORK's default)."""
+    _registry, base_ref, _digest = base_image
+    cli = image_cli()
+    _ok(cli.manage("image", "pull", base_ref, timeout=600))
+    context = tmp_path / "context"
+    context.mkdir()
+    (context / "note.txt").write_text("from the context\n")
+    (context / "Dockerfile.ops").write_text(
+        f'FROM {base_ref}\nARG GREETING=hello\nCOPY note.txt /opt/note.txt\nRUN echo "$GREETING" > /opt/greeting\n'
+    )
+    args = ("image", "build", str(context), "--file", str(context / "Dockerfile.ops"), "--tag", "localhost/ops/built:v1",
+            "--build-arg", "GREETING=hi there")  # fmt: skip
+    built = _ok(cli.manage(*args, timeout=600))
+    final = re.fullmatch(r"built localhost/ops/built:v1: (sha256:[0-9a-f]{64})", built[-1])
+    assert final, built
+    store = ImageStore(cli.images)
+    record = store.image(final.group(1))
+    assert record.source == "build" and record.refs == ["localhost/ops/built:v1"]
+    top = store.layer_tree(record.layers[-1])
+    assert (top / "opt" / "greeting").read_text() == "hi there\n"
+    assert (store.layer_tree(record.layers[-2]) / "opt" / "note.txt").read_text() == "from the context\n"
+    assert _ok(cli.manage(*args, timeout=600))[-1] == f"built localhost/ops/built:v1: {record.digest} (cached)"
+    # base pulled; the first build's FROM a cache hit, its build a build; the second: FROM and build both hits
+    assert store.counts() == {"pulls": 1, "builds": 1, "cache_hits": 3}
+    assert list((cli.images / "builds").iterdir()) == []  # a build leaves nothing behind
+
+    failing = context / "Dockerfile.fails"
+    failing.write_text(f"FROM {base_ref}\nRUN echo broken >&2; exit 3\n")
+    message = _error(cli.manage("image", "build", str(context), "--file", str(failing), timeout=600))
+    assert message.startswith("Dockerfile line 2 (RUN): "), message

@@ -17,6 +17,7 @@ IMAGES_MAX_BYTES (store.using). Errors are one sentence and exit status 1.
 from __future__ import annotations
 
 import json
+import logging
 import re
 from pathlib import Path
 
@@ -57,6 +58,9 @@ class Command(BaseCommand):
         export.add_argument("--format", choices=("docker", "oci"), default="docker")
 
     def handle(self, *args, action, **options):
+        if options["verbosity"] < 2:  # the sandbox's start-up notes (as the worker logs them) say nothing of images
+            for name in ("term_executor", "evaluations"):
+                logging.getLogger(name).setLevel(logging.ERROR)
         config = settings.EXECUTOR
         store = ImageStore.of(config)
         try:
