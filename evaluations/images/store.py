@@ -366,15 +366,16 @@ class ImageStore:
 
     def remove_dead_pins(self) -> int:
         """Pin files whose holder died (an evaluation's worker killed), and the pin folders left empty;
-        the number of files removed. The folders go only while no pull or build holds ``using`` (a
-        pin is made under it), else at the next pass."""
+        the number of files removed. Only while no pull or build holds ``using``, else at the next
+        pass: ``pin`` creates its file and then locks it under ``using``, and a sweep between the two
+        would take a live pin for a dead one (``evict`` and ``remove`` sweep under the same lock)."""
         removed = 0
-        folders = [path for path in (self.root / "pins").iterdir() if _HEX.fullmatch(path.name)]
-        for folder in folders:
-            removed += self._sweep_pins(folder)[1]
         with self._lock("gc", wait=False) as held:
-            if held:
-                for folder in folders:
+            if not held:
+                return 0
+            for folder in (self.root / "pins").iterdir():
+                if _HEX.fullmatch(folder.name):
+                    removed += self._sweep_pins(folder)[1]
                     with contextlib.suppress(OSError):  # not empty: a live pin
                         folder.rmdir()
         return removed

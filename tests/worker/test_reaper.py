@@ -185,6 +185,9 @@ def test_the_reaper_removes_pins_whose_holder_died_but_not_live_ones(settings, t
         _killed(dead)
         pins = store.root / "pins"
         assert (pins / digests[0].removeprefix("sha256:") / "eval-dead").exists()
+        with store.using():  # a pull adding layers (and perhaps making a pin): no sweep meanwhile
+            assert reaper.tend_images(config) == (0, 0)
+        assert (pins / digests[0].removeprefix("sha256:") / "eval-dead").exists()
         assert reaper.tend_images(config) == (0, 1)
         assert sorted(p.name for p in pins.iterdir()) == [digests[1].removeprefix("sha256:")]  # empty folder gone
         assert store.pinned(digests[1])
