@@ -35,8 +35,11 @@ IMAGE_DIR = ".image"  # <session>/.image/{lower/<n>,upper,work}: root's, 0700
 ROOTFS = "rootfs"  # <session>/rootfs: the merged root the sandbox binds as /
 
 
-def mount_root(layers: list[Path], session_root: Path, idmap: IdMap) -> ImageRoot:
-    """The merged root of ``layers`` (bottom first, as an image lists them) for one evaluation."""
+def mount_root(layers: list[Path], session_root: Path, idmap: IdMap, *, redirect_dir: bool = True) -> ImageRoot:
+    """The merged root of ``layers`` (bottom first, as an image lists them) for one evaluation.
+
+    ``redirect_dir=False`` when the upper will become a layer (a build's step: mounts.py says why).
+    """
     base = session_root / IMAGE_DIR
     base.mkdir(mode=0o700)
     lower_base, upper, work = base / "lower", base / "upper", base / "work"
@@ -59,7 +62,7 @@ def mount_root(layers: list[Path], session_root: Path, idmap: IdMap) -> ImageRoo
             point.mkdir(mode=0o700)
             mounts.bind_idmapped(layer, point, namespace)
             lowers.append(point)
-        mounts.mount_overlay_layers(lowers, upper, work, target)
+        mounts.mount_overlay_layers(lowers, upper, work, target, redirect_dir=redirect_dir)
     finally:
         for point in lowers:
             mounts.unmount(point)  # the overlay holds its own clones

@@ -75,7 +75,7 @@ def _image(ctx: Context, spec: ImageEnvironment) -> None:
         )
     from evaluations.images.store import ImageStore
 
-    store = ImageStore(config.images_root)
+    store = ImageStore.of(config)  # IMAGES_DIR (default DATA_DIR/images), evicting down to IMAGES_MAX_BYTES
     progress = _progress(ctx)
     try:
         if spec.image is not None:
@@ -149,7 +149,7 @@ def agent_patch(ctx: Context) -> str:
     """For a task without a repository: what the agent changed under WorkingDir, against the image."""
     from evaluations.images.store import ImageStore
 
-    store = ImageStore(ctx.config.images_root)
+    store = ImageStore.of(ctx.config)
     record = store.image(ctx.image_digest)
     layers = [store.layer_tree(layer) for layer in record.layers]
     exclude = _executor_paths(ctx)

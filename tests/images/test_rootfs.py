@@ -18,9 +18,8 @@ import pytest
 
 from evaluations.cache import mounts
 from evaluations.images import rootfs
-from evaluations.runtime import Bubblewrap, SandboxPolicy, Spawner, probe_bwrap
+from evaluations.runtime import SandboxPolicy, Spawner
 from evaluations.runtime.idmap import ID_COUNT, IdMap
-from evaluations.runtime.sandbox import usable_language_runtimes
 from tests.runtime.support import DEFAULT_LIMITS, UID
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="an image's root needs root (mounts)")
@@ -28,16 +27,6 @@ pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="an image's root needs
 # A range far from every uid of the suite, one per xdist worker.
 _WORKER = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw") or 0)
 RANGE = 400_000_000 + _WORKER * 4 * ID_COUNT
-
-
-@pytest.fixture(scope="module")
-def bwrap_runtime():
-    works, detail = probe_bwrap()
-    if not works:
-        if os.environ.get("REQUIRE_SANDBOX") == "1":
-            pytest.fail(f"REQUIRE_SANDBOX=1 but bubblewrap does not work here: {detail}")
-        pytest.skip(f"bubblewrap does not work here: {detail}")
-    return Bubblewrap(usable_language_runtimes(UID))
 
 
 @pytest.fixture
