@@ -21,7 +21,10 @@ from evaluations import environments, languages, livelog
 from evaluations.environments import inside
 from evaluations.images import diff, rootfs
 from evaluations.images.errors import ImageError
+from evaluations.images.pull import pull
+from evaluations.images.store import ImageStore
 from evaluations.models import ErrorKind, Evaluation
+from evaluations.pipeline.agentenv import find_interpreter
 from evaluations.pipeline.context import Context, StepFailed
 from evaluations.pipeline.taskspec import ImageEnvironment
 from evaluations.runtime.idmap import IdMap, image_id_base
@@ -73,14 +76,10 @@ def _image(ctx: Context, spec: ImageEnvironment) -> None:
             "this executor has neither",
             kind=ErrorKind.INFRASTRUCTURE,
         )
-    from evaluations.images.store import ImageStore
-
     store = ImageStore.of(config)  # IMAGES_DIR (default DATA_DIR/images), evicting down to IMAGES_MAX_BYTES
     progress = _progress(ctx)
     try:
         if spec.image is not None:
-            from evaluations.images.pull import pull
-
             result = pull(spec.image, store=store, config=config, progress=progress)
         else:
             result = _build(ctx, spec, store, progress)
@@ -147,8 +146,6 @@ def _make_workdir(root, workdir: str) -> None:
 
 def agent_patch(ctx: Context) -> str:
     """For a task without a repository: what the agent changed under WorkingDir, against the image."""
-    from evaluations.images.store import ImageStore
-
     store = ImageStore.of(ctx.config)
     record = store.image(ctx.image_digest)
     layers = [store.layer_tree(layer) for layer in record.layers]
@@ -200,7 +197,7 @@ def _check_programs(ctx: Context) -> None:
     """What the task's commands and the agent need from a root of their own, checked before any runs."""
     environment = ctx.environment
     if environment is None:
-        ctx.agent_interpreter = _agent_interpreter(ctx)
+        ctx.agent_interpreter = find_interpreter(ctx)  # the executor's, before any folder of the task exists
         return
     language = languages.ALL.get(ctx.evaluation.language)
     needed = {"bash": "the shell of install commands and tests"}
@@ -210,13 +207,7 @@ def _check_programs(ctx: Context) -> None:
     for program, role in needed.items():
         if environments.find_interpreter(environment, program) is None:
             raise StepFailed(f"{what} has no {program} ({role})")
-    ctx.agent_interpreter = _agent_interpreter(ctx)
-
-
-def _agent_interpreter(ctx: Context) -> str | None:
-    from evaluations.pipeline.agentenv import find_interpreter
-
-    return find_interpreter(ctx)
+    ctx.agent_interpreter = find_interpreter(ctx)  # the executor's, before any folder of the task exists
 
 
 def _progress(ctx: Context):
