@@ -182,8 +182,12 @@ class Context:
             return {}
         fields = {"egress_socket": Path(self.egress.socket_path)}
         if own_root:  # its root has no socat of ours: the host's, with its libraries, made once per host
-            fields["relay_bundle"] = ensure_socat_bundle(self.config.workspace_base / RELAY_BUNDLE)
+            fields["relay_bundle"] = self.relay_bundle()
         return fields
+
+    def relay_bundle(self) -> Path:
+        """The host's socat with its libraries, for the egress relay in a root of its own (made once per host)."""
+        return ensure_socat_bundle(self.config.workspace_base / RELAY_BUNDLE)
 
     def run(self, argv: list[str], *, env: dict[str, str], timeout_secs: float, policy: SandboxPolicy) -> CommandResult:
         """Run one command of this evaluation through the spawner; a cancel raises Cancelled."""

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from evaluations import environments, languages, livelog
 from evaluations.environments import inside
-from evaluations.images import diff, rootfs
+from evaluations.images import build, diff, rootfs
 from evaluations.images.errors import ImageError
 from evaluations.images.pull import pull
 from evaluations.images.store import ImageStore
@@ -27,6 +27,7 @@ from evaluations.models import ErrorKind, Evaluation
 from evaluations.pipeline.agentenv import find_interpreter
 from evaluations.pipeline.context import Context, StepFailed
 from evaluations.pipeline.taskspec import ImageEnvironment
+from evaluations.pipeline.toolchains import CA_VARIABLES
 from evaluations.runtime.idmap import IdMap, image_id_base
 from evaluations.runtime.policy import DISTRIBUTION_CA_BUNDLE
 from executor_project.config import Config
@@ -106,10 +107,32 @@ def _image(ctx: Context, spec: ImageEnvironment) -> None:
     )
 
 
-def _build(ctx: Context, spec: ImageEnvironment, store, progress):
-    from evaluations.images import build
-
-    return build.build_for_evaluation(ctx, spec, store=store, progress=progress)
+def _build(ctx: Context, spec: ImageEnvironment, store: ImageStore, progress) -> build.BuildResult:
+    """The task's Dockerfile built as ``manage.py image build`` builds one: every RUN through the
+    sandbox as this evaluation's uid, root in name only over its id range, egress through this
+    evaluation's proxy (BUILD_NETWORK), within BUILD_TIMEOUT_SECS."""
+    config = ctx.config
+    lease = ctx.session.uid
+    network = config.build_network == "on" and ctx.egress is not None
+    ca = ctx.trusted_ca
+    environment = build.BuildEnvironment(
+        runtime=ctx.runtime,
+        uid=lease,
+        id_base=image_id_base(config.image_uid_base, lease, config.sandbox_uid),
+        config=config,
+        progress=progress,
+        egress_socket=Path(ctx.egress.socket_path) if network else None,
+        relay_bundle=ctx.relay_bundle() if network else None,
+        ca_bundle=ca.host if ca is not None else None,
+        extra_env=dict.fromkeys(CA_VARIABLES, ca.sandbox) if ca is not None else {},
+        eval_id=ctx.eval_id,
+        cancel_event=ctx.cancel,
+        exclusive_uid=True,
+    )
+    root = ctx.task.root
+    return build.build(
+        root / spec.dockerfile, root / spec.context, spec.build_args, spec.target, store=store, env=environment
+    )
 
 
 def _mount(ctx: Context, store, record):

@@ -9,7 +9,11 @@ The image is the suite's Debian tree pushed as one layer (``base_image``); the h
 from __future__ import annotations
 
 import dataclasses
+import os
 import shutil
+import subprocess
+import tempfile
+from pathlib import Path
 
 import pytest
 
@@ -145,3 +149,72 @@ def test_an_unknown_tag_is_the_tasks_fault_and_an_unreachable_registry_the_hosts
     url = tasks.task(environment="{image: '127.0.0.1:9/base/debian:bookworm'}")
     unreachable = evaluate(url, SOLVER, config=closed, sandbox="bwrap")
     assert (unreachable.status, unreachable.error_kind) == ("failed", "infrastructure"), unreachable.error
+
+
+DOCKERFILE = """\
+ARG BASE
+FROM ${BASE} AS tools
+RUN apt-get update -q && apt-get install -y -q --no-install-recommends hello && hello > /greeting.txt
+
+FROM ${BASE}
+COPY --from=tools /greeting.txt /usr/bin/hello /opt/
+ENV GREETING_FILE=/opt/greeting.txt
+WORKDIR /work
+COPY data.txt ./
+"""
+
+BUILT_TEST = """\
+set -e
+test "$(cat "$GREETING_FILE")" = "Hello, world!"
+/opt/hello | grep -q Hello
+test "$(cat /work/data.txt)" = "from the context"
+"""
+
+
+def test_a_task_builds_its_dockerfile_and_the_second_evaluation_reuses_every_step(tasks, config, base_image):
+    """A multi-stage Dockerfile whose RUN installs a Debian package through the egress proxy (the
+    mirror allowed for this test alone); the second evaluation builds nothing."""
+    _, ref, _ = base_image
+    images = Path(tempfile.mkdtemp(prefix="te-images-", dir="/tmp"))
+    os.chmod(images, 0o711)  # a build's RUN is started as the evaluation's uid, which reaches its root there
+    config = dataclasses.replace(config, images_dir=images, egress_allow=("deb.debian.org",))
+    repo_url, shas = tasks.repo([{"calc.py": BUGGY}])
+    workspace = (
+        f"repo: {repo_url}\nbase_commit: {shas[0]}\n"
+        f"environment: {{dockerfile: environment/Dockerfile, build_args: {{BASE: '{ref}'}}}}\n"
+    )
+    url = tasks.task(
+        workspace=workspace,
+        tests={"fail_to_pass_add.sh": ADD_TEST, "pass_to_pass_built.sh": BUILT_TEST},
+        extra={"environment/Dockerfile": DOCKERFILE, "environment/data.txt": "from the context\n"},
+    )
+    try:
+        first = evaluate(url, SOLVER, config=config, sandbox="bwrap")
+        assert (first.status, first.passed) == ("completed", True), (first.error, first.test_output, first.log[-3000:])
+        assert first.environment["kind"] == "dockerfile" and first.environment["cached"] is False
+        assert first.environment["ref"] == "environment/Dockerfile"
+        assert "RUN apt-get update" in first.log
+        second = evaluate(url, SOLVER, config=config, sandbox="bwrap")
+        assert (second.status, second.passed) == ("completed", True), second.error
+        assert second.environment == {**first.environment, "cached": True}
+        assert "RUN apt-get update" not in second.log.split("=== preparing_environment ===")[1].split("===")[0]
+    finally:
+        subprocess.run(["rm", "-rf", "--one-file-system", str(images)], check=False)
+
+
+def test_a_failing_run_is_the_tasks_fault_with_its_line(tasks, config, base_image, tmp_path):
+    _, ref, _ = base_image
+    images = Path(tempfile.mkdtemp(prefix="te-images-", dir="/tmp"))
+    os.chmod(images, 0o711)
+    config = dataclasses.replace(config, images_dir=images)
+    url = tasks.task(
+        workspace="environment: {dockerfile: Dockerfile}\n",
+        extra={"Dockerfile": f"FROM {ref}\nENV A=1\nRUN echo building; exit 3\n"},
+    )
+    try:
+        evaluation = evaluate(url, SOLVER, config=config, sandbox="bwrap")
+    finally:
+        subprocess.run(["rm", "-rf", "--one-file-system", str(images)], check=False)
+    assert (evaluation.status, evaluation.error_kind) == ("failed", "task_invalid"), evaluation.error
+    assert evaluation.error.startswith("preparing_environment: ") and "line 3" in evaluation.error
+    assert "building" in evaluation.error
