@@ -151,6 +151,7 @@ class _Builder:
         self.stack = contextlib.ExitStack()
         self.cache_dir = store.root / "build-cache"
         self.global_args = self._global_args()
+        self.pinned: set[str] = set()  # the images this build holds pins on
         self.states: dict[int, _State] = {}  # the stages built so far, by index (FROM and COPY --from use them)
 
     # -- the build's folder, lock and spawner ----------------------------------------------------
@@ -165,6 +166,12 @@ class _Builder:
         fcntl.flock(lock, fcntl.LOCK_EX)
         self.folder = builds / self.id
         self.folder.mkdir(mode=0o711)  # the lease's bwrap reaches each step's rootfs through it
+        # The RUNs' /tmp (the spawner's private tmp): 1777 as an image's own /tmp, not the lease's
+        # 0700, since a RUN's tools switch users (apt verifies signatures as _apt there).
+        tmp = self.folder / "tmp"
+        tmp.mkdir()
+        os.chown(tmp, self.env.uid, self.env.uid)
+        os.chmod(tmp, 0o1777)
         self.stack.callback(safefs.remove_tree_nofollow, self.folder)
         self.stack.callback(mounts.unmount_below, self.folder)
         self.stack.enter_context(self.store.using())  # no prune between a layer and the record naming it
@@ -304,7 +311,9 @@ class _Builder:
             raise
         except ImageError as exc:
             raise instruction.error(str(exc)) from None
-        self.stack.enter_context(self.store.pin(record.digest, f"build-{self.id}"))
+        if record.digest not in self.pinned:  # one pin per image: a second flock of it would wait on the first
+            self.stack.enter_context(self.store.pin(record.digest, f"build-{self.id}"))
+            self.pinned.add(record.digest)
         return record
 
     # -- instructions that only change the config ------------------------------------------------
@@ -585,7 +594,7 @@ class _Builder:
         key = _key(state.key, instruction.keyword, spec, sorted(state.args.items()), content)
         entry = self._cached(key)
         if entry is None:
-            with self._key_lock(key):  # a second build of this key waits here, then finds the entry
+            with self._key_lock(key, instruction):  # a second build of this key waits, then finds the entry
                 entry = self._cached(key)
                 if entry is None:
                     self.all_hits = False
@@ -610,10 +619,14 @@ class _Builder:
         return entry
 
     @contextlib.contextmanager
-    def _key_lock(self, key: str) -> Iterator[None]:
+    def _key_lock(self, key: str, instruction: df.Instruction) -> Iterator[None]:
         fd = os.open(self.cache_dir / f"{key}.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                self.env.progress(f"line {instruction.line}: {instruction.keyword} waits for another build of it")
+                fcntl.flock(fd, fcntl.LOCK_EX)
             yield
         finally:
             os.close(fd)
