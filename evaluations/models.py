@@ -32,6 +32,7 @@ SHUTTING_DOWN = "executor shutting down"
 class Step(models.TextChoices):
     QUEUED = "queued"
     DOWNLOADING_TASK = "downloading_task"
+    PREPARING_ENVIRONMENT = "preparing_environment"
     CLONING_REPO = "cloning_repo"
     INSTALLING_DEPS = "installing_deps"
     INSTALLING_AGENT = "installing_agent"
@@ -230,6 +231,9 @@ class Evaluation(Submission, IdempotencyColumns, CallbackColumns):
     # evaluation used ({peak_memory_bytes, cpu_seconds, peak_processes, peak_disk_bytes, peak_files}).
     egress = models.JSONField(default=list, blank=True)
     resources = models.JSONField(null=True, blank=True)
+    # SPEC §16: what the task's commands ran in, set by preparing_environment:
+    # {kind: host|name|image|dockerfile, ref, digest, cached}; null until then.
+    environment = models.JSONField(null=True, blank=True)
 
     # SPEC §13: whether the install step's state came from the workspace cache; "" until cloning_repo.
     cache = models.CharField(max_length=4, blank=True, default="", choices=CacheUse.choices)

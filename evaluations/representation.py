@@ -12,7 +12,7 @@ EVALUATION_COLUMNS = (
     "id", "status", "step", "passed", "error", "duration_ms", "task_url", "language", "agent_sha256", "metadata",
     "created_at",
     "started_at", "finished_at", "agent_output", "agent_exit_code", "agent_patch", "test_output", "results_sha256",
-    "egress", "resources", "error_kind", "retry_of_id", "owner",
+    "egress", "resources", "error_kind", "retry_of_id", "owner", "environment",
 
     "cache",
 )  # fmt: skip
@@ -68,6 +68,7 @@ def evaluation_document(evaluation, transitions, test_results) -> dict:
         "egress": evaluation.egress or [],
         "resources": evaluation.resources,
         "cache": evaluation.cache or None,
+        "environment": evaluation.environment,
         "retry_of": str(evaluation.retry_of_id) if evaluation.retry_of_id else None,
         "owner": evaluation.owner,
     }

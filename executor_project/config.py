@@ -200,6 +200,9 @@ class Config:
     # The first of the per-evaluation uids (runtime/uids.py), and how many there are.
     sandbox_uid: int = integer("SANDBOX_UID", 60000, minimum=1, maximum=2**32 - 2)
     sandbox_uid_count: int = integer("SANDBOX_UID_COUNT", 64, minimum=1, maximum=65536)
+    # Commands in an image (SPEC §16): each uid of the pool owns 65536 host ids from here on
+    # (runtime/idmap.py), its image's ids other than its User's; no account may use them.
+    image_uid_base: int = integer("IMAGE_UID_BASE", 100_000_000, minimum=65536, maximum=2**32 - 2)
     agent_network: bool = boolean("AGENT_NETWORK", True)
     test_network: bool = boolean("TEST_NETWORK", False)
     allow_file_urls: bool = boolean("ALLOW_FILE_URLS", False)
@@ -336,6 +339,15 @@ def _check_together(config: Config) -> None:
         raise ConfigError(f"STATIC_ASSETS_ROOT: no such folder {config.static_assets_root}")
     if config.sandbox_uid + config.sandbox_uid_count - 1 > 2**32 - 2:
         raise ConfigError("SANDBOX_UID_COUNT: SANDBOX_UID + SANDBOX_UID_COUNT - 1 must stay below 4294967295")
+    image_ids_end = config.image_uid_base + config.sandbox_uid_count * 65536
+    if image_ids_end > 2**32 - 1:
+        raise ConfigError("IMAGE_UID_BASE: IMAGE_UID_BASE + SANDBOX_UID_COUNT x 65536 must stay below 4294967295")
+    pool = range(config.sandbox_uid, config.sandbox_uid + config.sandbox_uid_count)
+    if pool.start < image_ids_end and config.image_uid_base < pool.stop:
+        raise ConfigError(
+            f"IMAGE_UID_BASE: the image id ranges ({config.image_uid_base}-{image_ids_end - 1}) overlap "
+            f"the SANDBOX_UID pool ({pool.start}-{pool.stop - 1})"
+        )
     if config.sandbox_uid_count < config.max_concurrent_evals:
         raise ConfigError(
             f"SANDBOX_UID_COUNT: must be at least MAX_CONCURRENT_EVALS ({config.max_concurrent_evals}): "

@@ -145,7 +145,7 @@ def test_the_graph_sees_the_tree():
     assert len(modules()) > 100
     assert "evaluations.worker.pool" in graph()["evaluations.worker.loop"]
     assert "evaluations.worker" in graph()["evaluations.management.commands.run_worker"]  # its __init__ runs
-    assert "evaluations.environments" in graph()["evaluations.pipeline.steps"]  # `from evaluations import x`
+    assert "evaluations.environments" in graph()["evaluations.pipeline.imageenv"]  # `from evaluations import x`
     assert "evaluations.importers.verify" in graph()["evaluations.importers.swebench"]  # `from . import x`
     assert "evaluations.importers.build" in graph()["evaluations.importers.verify"]  # `from .build import x`
     assert "evaluations.lifecycle" in graph()["evaluations.worker.loop"]

@@ -209,6 +209,23 @@ class ResourcesSerializer(serializers.Serializer):
     )
 
 
+class EvaluationEnvironmentSerializer(serializers.Serializer):
+    kind = serializers.ChoiceField(
+        choices=["host", "name", "image", "dockerfile"],
+        help_text="host: the executor's own system folders; name: an environment under ENVIRONMENTS_ROOT; "
+        "image: an image pulled from a registry; dockerfile: an image built from the task's Dockerfile.",
+    )
+    ref = serializers.CharField(
+        allow_null=True, help_text="The environment's name, the image reference or the Dockerfile's path."
+    )
+    digest = serializers.CharField(
+        allow_null=True, help_text="The image's manifest digest (sha256:...); null for host and name."
+    )
+    cached = serializers.BooleanField(
+        help_text="The image was in the store already (a pull or build that fetched or ran nothing)."
+    )
+
+
 class EvaluationSerializer(serializers.Serializer):
     eval_id = serializers.UUIDField()
     status = serializers.ChoiceField(choices=Status.choices)
@@ -246,6 +263,9 @@ class EvaluationSerializer(serializers.Serializer):
         allow_null=True,
         help_text="hit: started from a workspace snapshot (no clone, no install); miss: cloned and installed; "
         "off: the cache was not used (WORKSPACE_CACHE=off, workspace.yaml `cache: false`). null before cloning_repo.",
+    )
+    environment = EvaluationEnvironmentSerializer(
+        allow_null=True, help_text="What the task's commands ran in (SPEC §16); null before preparing_environment."
     )
     retry_of = serializers.UUIDField(
         allow_null=True, help_text="The evaluation this one re-runs (POST /evaluate/{id}/retry, the admin's re-run)."

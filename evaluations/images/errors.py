@@ -1,21 +1,16 @@
-"""The two ways an image step fails, as the evaluation's error kinds (SPEC §16).
-
-A message is one human sentence naming the thing at fault (the reference, the layer digest, the
-member path), so it can be shown to the task's author as it is.
-"""
+"""The two ways preparing an image fails (SPEC §16): the task's fault, or the host's."""
 
 from __future__ import annotations
 
 
 class ImageError(Exception):
-    """The task's image is wrong: a bad reference, an unknown image or tag, no manifest for this
-    platform, a hostile layer, a Dockerfile error, a failing RUN. Another try gives the same answer."""
+    """The task's fault: a bad reference, an unknown image or tag, no manifest for this platform, a
+    hostile layer, a Dockerfile error, a failing RUN. The message is one sentence naming the thing."""
 
     kind = "task_invalid"
 
 
 class ImageUnavailable(ImageError):
-    """Ours or the registry's fault: unreachable, HTTP 5xx, a timeout, our disk full, or the registry
-    refusing credentials the operator gave. Another try may succeed."""
+    """Neither's fault: the registry unreachable, HTTP 5xx, a timeout, the host's disk full."""
 
     kind = "infrastructure"

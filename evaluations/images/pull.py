@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import hashlib
+import http.client
 import json
 import os
 from collections.abc import Callable
@@ -22,7 +23,7 @@ from dataclasses import dataclass
 from evaluations.images.errors import ImageError, ImageUnavailable
 from evaluations.images.reference import Reference, parse
 from evaluations.images.registry import INDEX_TYPES, Registry
-from evaluations.images.store import ImageRecord, ImageStore, hex_of, now_iso
+from evaluations.images.store import ImageRecord, ImageStore, disk_error, hex_of, now_iso
 from evaluations.images.unpack import DigestReader, unpack_layer
 
 MAX_CONFIG_BYTES = 16 * 1024 * 1024
@@ -89,7 +90,7 @@ def pull(
         )
         record = store.save_image(record, refs=[str(ref)])
     with store.pin(record.digest, f"pull-{os.getpid()}"):
-        store.evict(config.images_max_bytes)
+        store.evict(config.images_max_bytes, wait=False)
     return PullResult(record, cached=downloaded == 0)
 
 
@@ -113,7 +114,7 @@ def _manifest(registry: Registry, ref: Reference):
     manifest = _json(body, f"The manifest of {ref}")
     media_type = manifest.get("mediaType") or media_type
     if media_type in INDEX_TYPES or "manifests" in manifest:
-        chosen = _choose_platform(manifest, ref)
+        chosen = choose_platform(manifest, ref)
         body, _, endpoint = registry.manifest(chosen)
         digest = _sha256(body)
         if digest != chosen:
@@ -126,7 +127,7 @@ def _manifest(registry: Registry, ref: Reference):
     return digest, manifest, body, endpoint
 
 
-def _choose_platform(index: dict, ref: Reference) -> str:
+def choose_platform(index: dict, ref: Reference) -> str:
     arch, variant = this_platform()
     entries = [entry for entry in index.get("manifests") or [] if isinstance(entry, dict)]
     fits = []
@@ -182,11 +183,11 @@ def _layer(registry: Registry, endpoint, store: ImageStore, descriptor: dict, di
             raw = DigestReader(_Network(response, keep, digest), limit=size, what=f"Layer {digest}")
             counts = unpack_layer(raw, tree, layer=digest, diff_id=diff_id)
             raw.drain()
-        if raw.digest != digest or raw.bytes != size:
-            raise ImageError(
-                f"Layer {digest} does not match its manifest: got {raw.bytes} bytes with digest {raw.digest}, "
-                f"expected {size} bytes."
-            )
+            if raw.digest != digest or raw.bytes != size:  # inside: the blob is kept only if it matches
+                raise ImageError(
+                    f"Layer {digest} does not match its manifest: got {raw.bytes} bytes with digest {raw.digest}, "
+                    f"expected {size} bytes."
+                )
         got.append(raw.bytes)
         return counts.as_meta()
 
@@ -207,13 +208,13 @@ class _Network:
     def read(self, size: int = -1) -> bytes:
         try:
             data = self.response.read1(size if size and size > 0 else 1 << 20)
-        except Exception as exc:  # OSError, TimeoutError, http.client.IncompleteRead
+        except (OSError, http.client.HTTPException) as exc:  # reset, timeout, IncompleteRead
             raise ImageUnavailable(f"Downloading blob {self.digest} failed ({type(exc).__name__}: {exc}).") from None
         if self.keep is not None and data:
             try:
                 self.keep.write(data)
             except OSError as exc:
-                raise ImageUnavailable(f"The host cannot store blob {self.digest} ({exc.strerror}).") from None
+                raise disk_error(exc, f"storing blob {self.digest}") from None
         return data
 
 

@@ -20,7 +20,7 @@ import json
 import re
 import ssl
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlencode, urljoin
@@ -115,8 +115,8 @@ class Registry:
             cafile = str(config.ca_bundle) if getattr(config, "ca_bundle", None) else None
             ssl_context = ssl.create_default_context(cafile=cafile)
         self.ssl_context = ssl_context
-        insecure = set(config.image_insecure_registries)
-        hosts = [*config.registry_mirrors.get(ref.registry, ()), ref.registry]
+        insecure = set(config.image_insecure_registries)  # lower case, as the mirrors' keys
+        hosts = [*config.registry_mirrors.get(ref.registry.lower(), ()), ref.registry.lower()]
         self.endpoints = [
             Endpoint(
                 host,
@@ -148,28 +148,25 @@ class Registry:
         """A response streaming the blob ``digest`` (the caller verifies it), from ``endpoint``
         when it has it, else from the others in order."""
         order = [endpoint, *(other for other in self.endpoints if other is not endpoint)]
-        last: ImageError | None = None
-        for candidate in order:
-            try:
-                context = self._get(candidate, f"blobs/{digest}", accept="*/*")
-                response = context.__enter__()
-            except ImageError as exc:
-                last = exc
-                continue
-            try:
-                yield response
-            finally:
-                context.__exit__(None, None, None)
-            return
-        assert last is not None
-        raise last
+        with ExitStack() as stack:
+            errors: list[ImageError] = []
+            for candidate in order:
+                try:
+                    response = stack.enter_context(self._get(candidate, f"blobs/{digest}", accept="*/*"))
+                    break
+                except ImageError as exc:
+                    errors.append(exc)
+            else:
+                raise errors[-1]
+            yield response
 
     # -- HTTP -------------------------------------------------------------------------------
 
     @contextmanager
     def _get(self, endpoint: Endpoint, path: str, *, accept: str) -> Iterator[http.client.HTTPResponse]:
         url = f"{endpoint.base}/v2/{self.ref.repository}/{path}"
-        what = f"{path.split('/')[0][:-1]} {path.split('/', 1)[1]} of {self.ref.name} at {endpoint.host}"
+        kind, _, name = path.partition("/")
+        what = f"{kind[:-1]} {name} of {self.ref.repository}"
         for attempt in range(2):
             auth = self._authorization(endpoint)
             conn, response = self._follow(url, {"Accept": accept, **auth}, endpoint, what)

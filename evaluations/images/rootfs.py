@@ -23,8 +23,11 @@ import os
 from pathlib import Path
 
 from evaluations.cache import mounts
-from evaluations.runtime.idmap import IdMap, image_userns_fd
+from evaluations.environments import inside
+from evaluations.images.errors import ImageError
+from evaluations.runtime.idmap import ID_COUNT, IdMap, image_userns_fd
 from evaluations.runtime.types import ImageRoot
+from evaluations.safefs import remove_tree_nofollow
 
 IMAGE_DIR = ".image"  # <session>/.image/{lower/<n>,upper,work}: root's, 0700
 ROOTFS = "rootfs"  # <session>/rootfs: the merged root the sandbox binds as /
@@ -69,5 +72,47 @@ def upper_of(session_root: Path) -> Path:
     return session_root / IMAGE_DIR / "upper"
 
 
-def unmount_root(session_root: Path) -> None:
+def unmount_root(session_root: Path, *, remove: bool = False) -> None:
+    """Take the merged root down; ``remove``: the evaluation's layer too (a root mounted again)."""
     mounts.unmount(session_root / ROOTFS)
+    if remove:
+        remove_tree_nofollow(session_root / IMAGE_DIR)
+        os.rmdir(session_root / ROOTFS)
+
+
+def resolve_user(root: Path, user: str) -> tuple[int, int]:
+    """The image's ``User`` (``name``, ``uid``, ``name:group``, ``uid:gid``) as ids, from its own
+    /etc/passwd and /etc/group as Docker reads them; ImageError naming what is missing."""
+    name, _, group = user.partition(":")
+    passwd = _table(root, "/etc/passwd")
+    if name.isdigit():
+        uid = int(name)
+        gid = next((int(row[3]) for row in passwd if row[2] == name and row[3].isdigit()), 0)
+    else:
+        row = next((row for row in passwd if row[0] == name), None)
+        if row is None or not (row[2].isdigit() and row[3].isdigit()):
+            raise ImageError(f"the image's user {name!r} is not in its /etc/passwd")
+        uid, gid = int(row[2]), int(row[3])
+    if group:
+        if group.isdigit():
+            gid = int(group)
+        else:
+            found = next((row for row in _table(root, "/etc/group") if row[0] == group and row[2].isdigit()), None)
+            if found is None:
+                raise ImageError(f"the image's group {group!r} is not in its /etc/group")
+            gid = int(found[2])
+    if uid >= ID_COUNT or gid >= ID_COUNT:
+        raise ImageError(f"the image's user {user!r} is outside the ids 0-{ID_COUNT - 1} an image may use")
+    return uid, gid
+
+
+def _table(root: Path, path: str) -> list[list[str]]:
+    inner = inside(root, path)
+    if inner is None:
+        return []
+    try:
+        with open(root / inner.lstrip("/"), encoding="utf-8", errors="replace") as handle:
+            text = handle.read(4 * 1024 * 1024)
+    except OSError:
+        return []
+    return [line.split(":") for line in text.splitlines() if line.count(":") >= 3]

@@ -87,15 +87,20 @@ class ImageStore:
     # -- locks ------------------------------------------------------------------------------
 
     @contextlib.contextmanager
-    def _lock(self, name: str, *, shared: bool = False) -> Iterator[None]:
+    def _lock(self, name: str, *, shared: bool = False, wait: bool = True) -> Iterator[bool]:
+        """Hold the flock ``name``; yields False (not held) when ``wait`` is off and another has it."""
         fd = os.open(self.root / "locks" / name, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
         try:
-            fcntl.flock(fd, fcntl.LOCK_SH if shared else fcntl.LOCK_EX)
-            yield
+            try:
+                fcntl.flock(fd, (fcntl.LOCK_SH if shared else fcntl.LOCK_EX) | (0 if wait else fcntl.LOCK_NB))
+            except BlockingIOError:
+                yield False
+                return
+            yield True
         finally:
             os.close(fd)
 
-    def using(self) -> contextlib.AbstractContextManager[None]:
+    def using(self) -> contextlib.AbstractContextManager[bool]:
         """Held (shared) by a pull or a build while it adds layers and saves its record: no prune meanwhile."""
         return self._lock("gc", shared=True)
 
@@ -143,7 +148,7 @@ class ImageStore:
                     safefs.remove_tree_nofollow(final)
                 os.rename(tmp, final)
             except OSError as exc:
-                raise _disk_error(exc, f"storing layer {layer_id}") from None
+                raise disk_error(exc, f"storing layer {layer_id}") from None
             finally:
                 if tmp.exists():
                     safefs.remove_tree_nofollow(tmp)
@@ -174,7 +179,7 @@ class ImageStore:
                 yield out
             os.rename(tmp, self.blob_path(digest))
         except OSError as exc:
-            raise _disk_error(exc, f"storing blob {digest}") from None
+            raise disk_error(exc, f"storing blob {digest}") from None
         finally:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(tmp)
@@ -345,11 +350,18 @@ class ImageStore:
         layers = sum(self._layer_bytes(path) for path in (self.root / "layers").iterdir())
         return layers + sum(path.stat().st_size for path in (self.root / "blobs" / "sha256").iterdir())
 
-    def evict(self, max_bytes: int) -> list[ImageRecord]:
+    def evict(self, max_bytes: int, *, wait: bool = True) -> list[ImageRecord]:
         """Remove images, least recently used first, until the store holds at most ``max_bytes``;
-        never a pinned image (nor so its layers). Returns the images removed."""
+        never a pinned image (nor so its layers). Returns the images removed.
+
+        ``wait=False`` (after a pull): give up at once while another pull or build is adding
+        layers, rather than wait for it; the next pull evicts."""
         removed: list[ImageRecord] = []
-        with self._lock("gc"):
+        if self.total_bytes() <= max_bytes:
+            return removed
+        with self._lock("gc", wait=wait) as held:
+            if not held:
+                return removed
             self._prune()
             for record in sorted(self.images(), key=lambda r: r.last_used_at):
                 if self.total_bytes() <= max_bytes:
@@ -380,10 +392,10 @@ class ImageStore:
         except OSError as exc:
             with contextlib.suppress(FileNotFoundError):
                 tmp.unlink()
-            raise _disk_error(exc, f"writing {path.name}") from None
+            raise disk_error(exc, f"writing {path.name}") from None
 
 
-def _disk_error(exc: OSError, doing: str) -> OSError | ImageUnavailable:
+def disk_error(exc: OSError, doing: str) -> OSError | ImageUnavailable:
     """ENOSPC and EDQUOT are the host's problem, not the image's: ImageUnavailable; others pass on."""
     if exc.errno in (errno.ENOSPC, errno.EDQUOT):
         return ImageUnavailable(f"The host's disk is full while {doing} in the image store.")

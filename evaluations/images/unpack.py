@@ -197,7 +197,7 @@ class _LayerWriter:
                     child = os.open(part, _DIR_FLAGS, dir_fd=fd)
                 except OSError as exc:
                     where = "/".join(parts[:depth])
-                    if exc.errno == errno.ELOOP:
+                    if exc.errno in (errno.ELOOP, errno.ENOTDIR) and _is_link(fd, part):
                         raise self.refuse(member, f"lies below {where}, which is a symbolic link") from None
                     if exc.errno == errno.ENOTDIR:
                         raise self.refuse(member, f"lies below {where}, which is not a folder") from None
@@ -310,6 +310,11 @@ class _LayerWriter:
             safefs.remove_entry_nofollow(parent_fd, parts[-1])
             size = len(parts)
             self.regular = {path for path in self.regular if list(path[:size]) != parts}
+
+
+def _is_link(dir_fd: int, name: str) -> bool:
+    found = _lstat(dir_fd, name)
+    return found is not None and stat.S_ISLNK(found.st_mode)
 
 
 def _lstat(dir_fd: int, name: str) -> os.stat_result | None:

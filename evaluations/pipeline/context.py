@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -21,6 +22,7 @@ from evaluations.pipeline.taskspec import TaskSpec
 from evaluations.pipeline.warm import WorkspaceCache
 from evaluations.runtime import CommandResult, Limit, Limits, Mount, Runtime, SandboxPolicy, Spawner
 from evaluations.runtime.sandbox import SYSTEM_PATH
+from evaluations.runtime.types import ImageRoot
 from executor_project.config import Config
 
 
@@ -67,7 +69,10 @@ class Context:
     step: str = "queued"
     asset_excludes: list[str] = field(default_factory=list)
     static_assets: AssetView | None = None  # set by downloading_task (pipeline/static.py)
-    environment: Environment | None = None  # the root filesystem of the task's commands (downloading_task)
+    environment: Environment | None = None  # the root filesystem of the task's commands (preparing_environment)
+    image: ImageRoot | None = None  # when that root is an image's: mounted in the session (images/rootfs.py)
+    image_config: dict | None = None  # the image's config: Env, WorkingDir, User...
+    closing: contextlib.ExitStack = field(default_factory=contextlib.ExitStack)  # closed at cleanup
     egress: EgressProxy | None = None  # the evaluation's proxy: its commands' only way out (sandbox only)
     agent_interpreter: str | None = None  # absolute, chosen by downloading_task (pipeline/agentenv.py)
 
@@ -84,8 +89,10 @@ class Context:
         )
 
     def base_env(self) -> dict[str, str]:
-        """The clean environment every command starts from: nothing of the service's."""
+        """The clean environment every command starts from: nothing of the service's; in an image,
+        the image's ``Env`` under ours (its PATH is the system PATH, SPEC §16)."""
         return {
+            **self.image_env(),
             "PATH": self.command_path,
             "HOME": str(self.session.home),
             "LANG": "C.UTF-8",
@@ -99,9 +106,16 @@ class Context:
             **toolchains.command_env(self.session, self.command_path, self.trusted_ca),
         }
 
+    def image_env(self) -> dict[str, str]:
+        """The image's ``Env`` ("NAME=value" items) as a mapping; empty without an image."""
+        items = (self.image_config or {}).get("Env") or []
+        return dict(item.split("=", 1) for item in items if isinstance(item, str) and "=" in item)
+
     @property
     def command_path(self) -> str:
-        """The system PATH of the task's commands: the environment's own, or the host's runtimes'."""
+        """The system PATH of the task's commands: the image's, the environment's, or the host's runtimes'."""
+        if self.image is not None:
+            return self.image_env().get("PATH") or SYSTEM_PATH
         return SYSTEM_PATH if self.environment else self.runtime.command_path()
 
     @property
@@ -117,9 +131,10 @@ class Context:
             network=network,
             writable=(session.repo, session.home, session.tmp, session.venv),
             mounts=tuple(mounts),
-            root=environment.root if environment else None,
+            root=environment.root if environment and self.image is None else None,
+            image=self.image,
             ca_bundle=ca.host if ca is not None and self.runtime.isolated else None,
-            **self._egress_fields(network, environment is not None),
+            **self._egress_fields(network, environment is not None or self.image is not None),
         )
 
     def repository_env(self) -> dict[str, str]:

@@ -23,6 +23,7 @@ from evaluations.pipeline.context import Cancelled, StepFailed
 STEP_KINDS = {
     Step.QUEUED: ErrorKind.INFRASTRUCTURE,
     Step.DOWNLOADING_TASK: ErrorKind.TASK_INVALID,
+    Step.PREPARING_ENVIRONMENT: ErrorKind.TASK_INVALID,
     Step.CLONING_REPO: ErrorKind.TASK_INVALID,
     Step.INSTALLING_DEPS: ErrorKind.TASK_INVALID,
     Step.INSTALLING_AGENT: ErrorKind.AGENT_INVALID,

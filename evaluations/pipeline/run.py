@@ -137,6 +137,10 @@ def _cleanup(ctx: Context, lease: uids.UidLease | None, ending: Ending, log) -> 
     status, error = ending.status, ending.error
     spawner.sweep()
     try:
+        ctx.closing.close()  # the image's root unmounted, its pin let go (pipeline/imageenv.py)
+    except OSError as exc:
+        log.warning("could not unmount the image's root (the session's removal will): %s", exc)
+    try:
         ctx.cache.release()  # the session's overlays unmounted, the cache's locks dropped
     except OSError as exc:
         log.warning("could not release the workspace cache (the reaper will): %s", exc)

@@ -9,11 +9,11 @@ from pathlib import Path
 
 from django.db import transaction
 
-from evaluations import environments, languages, livelog
+from evaluations import languages, livelog
 from evaluations.models import ErrorKind, Evaluation, TestResult
 from evaluations.network import urlguard
 from evaluations.pipeline import archive, gitrepo, outcome, patch, static, taskspec, toolchains
-from evaluations.pipeline.agentenv import agent_argv, find_interpreter, installing_agent, task_env_for_agent
+from evaluations.pipeline.agentenv import agent_argv, installing_agent, task_env_for_agent
 from evaluations.pipeline.context import (
     Cancelled,
     Context,
@@ -23,9 +23,9 @@ from evaluations.pipeline.context import (
     limit_failure,
     remaining,
 )
+from evaluations.pipeline.imageenv import preparing_environment
 from evaluations.runtime import Limit, Mount
 from evaluations.safefs import SafeFSError, clear_way, write_file_nofollow
-from executor_project.config import Config
 
 
 def _policy(config) -> urlguard.URLPolicy:
@@ -65,40 +65,7 @@ def downloading_task(ctx: Context) -> None:
     Evaluation.objects.filter(id=ctx.eval_id).update(
         task_prompt=ctx.task.prompt, original_pr=ctx.task.original_pr or ""
     )
-    ctx.environment = _environment(ctx)
-    ctx.agent_interpreter = find_interpreter(ctx)  # the executor's, before any folder of the task exists
     static.prepare(ctx)  # the three asset groups checked, merged and staged
-
-
-def choose_environment(config: Config, task: taskspec.TaskSpec) -> environments.Environment | None:
-    """The environment a task's commands run in: its ``environment:``, else DEFAULT_ENVIRONMENT, else none."""
-    name = task.environment or config.default_environment
-    if not name:
-        return None
-    return environments.resolve(config.environments_root, name)
-
-
-def _environment(ctx: Context) -> environments.Environment | None:
-    """The task's root filesystem, checked now for what its commands will need (SPEC §11)."""
-    try:
-        environment = choose_environment(ctx.config, ctx.task)
-    except environments.BadEnvironment as exc:
-        raise StepFailed(str(exc)) from None
-    if environment is None:
-        return None
-    if not ctx.runtime.isolated:
-        raise StepFailed(
-            f"environment {environment.name} needs the sandbox, and this executor runs without one",
-            kind=ErrorKind.INFRASTRUCTURE,
-        )
-    language = languages.ALL.get(ctx.evaluation.language)
-    needed = {"bash": "the shell of install commands and tests"}
-    if language is not None:
-        needed.setdefault(language.interpreter, f"the {language.name} agent's interpreter")
-    for program, role in needed.items():
-        if environments.find_interpreter(environment, program) is None:
-            raise StepFailed(f"environment {environment.name} has no {program} ({role})")
-    return environment
 
 
 def cloning_repo(ctx: Context) -> None:
@@ -360,6 +327,7 @@ def _run_test(ctx: Context, position: int, test: taskspec.TestSpec, env, policy,
 
 STEPS = (
     ("downloading_task", downloading_task),
+    ("preparing_environment", preparing_environment),  # pipeline/imageenv.py
     ("cloning_repo", cloning_repo),
     ("installing_deps", installing_deps),
     ("installing_agent", installing_agent),  # pipeline/agentenv.py

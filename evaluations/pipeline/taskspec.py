@@ -69,10 +69,32 @@ class SupportFile(NamedTuple):
 
 
 @dataclass(frozen=True)
+class ImageEnvironment:
+    """``environment: {image: REF}`` or ``{dockerfile: PATH, context: DIR, build_args, target}`` (SPEC §16).
+
+    ``dockerfile`` and ``context`` are relative to the task root, checked to stay inside it.
+    """
+
+    image: str | None = None
+    dockerfile: str | None = None
+    context: str | None = None  # the Dockerfile's folder when not given
+    build_args: dict[str, str] = field(default_factory=dict)
+    target: str | None = None
+
+    @property
+    def kind(self) -> str:
+        return "image" if self.image is not None else "dockerfile"
+
+    @property
+    def ref(self) -> str:
+        return self.image if self.image is not None else self.dockerfile
+
+
+@dataclass(frozen=True)
 class TaskSpec:
     root: Path
-    repo: str
-    base_commit: str
+    repo: str | None  # None: no repository; the task runs in its image's WorkingDir (SPEC §16)
+    base_commit: str | None
     version: str | None
     language: str | None
     install: list[str]
@@ -82,7 +104,8 @@ class TaskSpec:
     original_pr: str | None
     tests: list[TestSpec] = field(default_factory=list)  # scripts (name order), then checks
     support_files: list[SupportFile] = field(default_factory=list)
-    environment: str | None = None  # a name under ENVIRONMENTS_ROOT; whether it exists is checked at downloading_task
+    # A name under ENVIRONMENTS_ROOT (whether it exists is checked at preparing_environment), or an image.
+    environment: str | ImageEnvironment | None = None
     cache: bool = True  # workspace.yaml `cache: false`: never served from nor stored in the workspace cache
 
 
@@ -110,10 +133,12 @@ def load_task(
     for check in checks:
         if check.name in taken:
             raise TaskError(f"tests/{check.name}.sh has the same test name as the command at {check.source}")
+    environment = _environment(data, root)
+    repo = _repo(data, allow_file_urls, image=isinstance(environment, ImageEnvironment))
     return TaskSpec(
         root=root,
-        repo=_repo(data, allow_file_urls),
-        base_commit=_base_commit(data, node),
+        repo=repo,
+        base_commit=_base_commit(data, node) if repo is not None else _no_base_commit(data),
         version=_version(data, node),
         language=_optional_str(data, "language"),
         install=_install(data),
@@ -131,7 +156,7 @@ def load_task(
         ),
         tests=scripts + checks,
         support_files=_support_files(root / "tests"),
-        environment=_environment(data),
+        environment=environment,
         cache=_cache(data),
     )
 
@@ -234,9 +259,13 @@ def _is_number(value: object) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool)
 
 
-def _repo(data: dict, allow_file_urls: bool) -> str:
+def _repo(data: dict, allow_file_urls: bool, *, image: bool = False) -> str | None:
     if "repo" not in data or data["repo"] is None:
-        raise TaskError("workspace.yaml: missing required key 'repo'")
+        if image:
+            return None  # the image is the workspace: its WorkingDir
+        raise TaskError(
+            "workspace.yaml: missing required key 'repo' (only a task with an image environment may omit it)"
+        )
     repo = data["repo"]
     if not isinstance(repo, str):
         raise TaskError("workspace.yaml: 'repo' must be a string (a git URL)")
@@ -245,6 +274,12 @@ def _repo(data: dict, allow_file_urls: bool) -> str:
     except URLRefused as exc:
         raise TaskError(str(exc)) from None
     return repo
+
+
+def _no_base_commit(data: dict) -> None:
+    if data.get("base_commit") is not None:
+        raise TaskError("workspace.yaml: 'base_commit' without 'repo': a base commit needs a repository")
+    return None
 
 
 def _base_commit(data: dict, node: yaml.Node) -> str:
@@ -282,16 +317,80 @@ def _optional_str(data: dict, key: str) -> str | None:
     return value
 
 
-def _environment(data: dict) -> str | None:
+def _environment(data: dict, root: Path) -> str | ImageEnvironment | None:
     value = data.get("environment")
     if value is None:
         return None
+    if isinstance(value, dict):
+        return _image_environment(value, root)
     if not isinstance(value, str):
-        raise TaskError("workspace.yaml: 'environment' must be a string (an environment name)")
+        raise TaskError(
+            "workspace.yaml: 'environment' must be an environment name, {image: REF} "
+            "or {dockerfile: PATH, context: DIR, build_args: {...}, target: STAGE}"
+        )
     try:
         return check_name(value)
     except BadEnvironment as exc:
         raise TaskError(f"workspace.yaml: 'environment': {exc}") from None
+
+
+_IMAGE_KEYS = {"image", "dockerfile", "context", "build_args", "target"}
+MAX_IMAGE_REF_CHARS = 512  # Docker's own limit on a reference is 255 per name; a digest adds 72
+
+
+def _image_environment(value: dict, root: Path) -> ImageEnvironment:
+    where = "workspace.yaml: 'environment'"
+    unknown = sorted(str(key) for key in value if key not in _IMAGE_KEYS)
+    if unknown:
+        raise TaskError(f"{where}: unknown key {unknown[0]!r} (allowed: {', '.join(sorted(_IMAGE_KEYS))})")
+    if ("image" in value) == ("dockerfile" in value):
+        raise TaskError(f"{where}: give exactly one of 'image' (a reference) and 'dockerfile' (a path)")
+    if "image" in value:
+        for key in ("context", "build_args", "target"):
+            if key in value:
+                raise TaskError(f"{where}: {key!r} goes with 'dockerfile', not with 'image'")
+        image = value["image"]
+        if not isinstance(image, str) or not image.strip():
+            raise TaskError(f"{where}: 'image' must be an image reference such as python:3.12-slim")
+        if len(image) > MAX_IMAGE_REF_CHARS or _CONTROL.search(image) or any(c.isspace() for c in image):
+            raise TaskError(f"{where}: 'image' {image[:80]!r} is not an image reference")
+        return ImageEnvironment(image=image)
+    dockerfile = _inside_task(value["dockerfile"], root, "dockerfile", want_dir=False)
+    context = _inside_task(value.get("context", str(Path(dockerfile).parent)), root, "context", want_dir=True)
+    build_args = value.get("build_args") or {}
+    if not isinstance(build_args, dict):
+        raise TaskError(f"{where}: 'build_args' must be a mapping of names to values")
+    args = {}
+    for key, arg in build_args.items():
+        if not isinstance(key, str) or not key:
+            raise TaskError(f"{where}: 'build_args' names must be non-empty strings")
+        if isinstance(arg, bool) or not isinstance(arg, str | int | float):
+            raise TaskError(f"{where}: build arg {key!r} must be a string or a number, got {_type_name(arg)}")
+        args[key] = str(arg)
+    target = value.get("target")
+    if target is not None and (not isinstance(target, str) or not target):
+        raise TaskError(f"{where}: 'target' must be a stage name")
+    return ImageEnvironment(dockerfile=dockerfile, context=context, build_args=args, target=target)
+
+
+def _inside_task(path: object, root: Path, key: str, *, want_dir: bool) -> str:
+    """``path`` relative to the task root, normalised; it must name a file (or folder) inside it."""
+    where = f"workspace.yaml: 'environment': {key!r}"
+    if not isinstance(path, str) or not path:
+        raise TaskError(f"{where} must be a path inside the task")
+    parts = [part for part in path.split("/") if part not in ("", ".")]
+    if path.startswith("/") or ".." in parts:
+        raise TaskError(f"{where} {path!r} must be a relative path inside the task, without '..'")
+    relative = "/".join(parts) or "."
+    real_root = os.path.realpath(root)
+    real = os.path.realpath(root / relative)
+    if real != real_root and not real.startswith(real_root + "/"):
+        raise TaskError(f"{where} {path!r} leads outside the task (a symbolic link)")
+    if want_dir and not os.path.isdir(real):
+        raise TaskError(f"{where} {path!r} is not a folder of the task")
+    if not want_dir and not os.path.isfile(real):
+        raise TaskError(f"{where} {path!r} is not a file of the task")
+    return relative
 
 
 def _cache(data: dict) -> bool:

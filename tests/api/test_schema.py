@@ -68,8 +68,9 @@ def test_the_documented_fields_are_the_api_fields(document):
         "eval_id", "status", "step", "passed", "error", "duration_ms", "task_url", "language", "agent_sha256", "metadata",
         "created_at", "started_at", "finished_at", "test_results", "agent_output", "agent_exit_code",
         "agent_patch", "test_output", "transitions", "results_sha256", "egress", "resources", "cache",
-        "error_kind", "retry_of", "owner",
+        "error_kind", "retry_of", "owner", "environment",
     }  # fmt: skip
+    assert set(schemas["EvaluationEnvironment"]["properties"]) == {"kind", "ref", "digest", "cached"}
     assert set(schemas["ErrorKindEnum"]["enum"]) == {
         "tests_failed", "agent_timeout", "limit_exceeded", "agent_invalid", "task_invalid", "infrastructure",
         "cancelled",

@@ -24,6 +24,7 @@ pytestmark = pytest.mark.slow
 CALC = PROJECT / "examples" / "calc"
 STEPS = [
     "downloading_task",
+    "preparing_environment",
     "cloning_repo",
     "installing_deps",
     "installing_agent",

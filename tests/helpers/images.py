@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import base64
 import contextlib
-import dataclasses
 import gzip
 import hashlib
 import http.client
@@ -124,10 +123,12 @@ def uncompressed(blob: bytes) -> bytes:
 
 
 def tree_layer(tree: Path, out: Path) -> None:
-    """``tree`` as one gzip'd layer tar at ``out`` (as root, owners and modes kept), by GNU tar."""
+    """``tree`` as one gzip'd layer tar at ``out`` (as root, owners and modes kept), by GNU tar; what
+    is below dev/, proc/ and sys/ left out (an image brings no device nodes: the sandbox makes /dev)."""
     tmp = out.with_name(out.name + f".{os.getpid()}.tmp")
+    skipped = [f"--exclude=./{folder}/*" for folder in ("dev", "proc", "sys")]
     subprocess.run(
-        ["tar", "--numeric-owner", "--xattrs", "--sort=name", "-C", str(tree), "-czf", str(tmp), "."],
+        ["tar", "--numeric-owner", "--xattrs", "--sort=name", *skipped, "-C", str(tree), "-czf", str(tmp), "."],
         check=True,
         capture_output=True,
     )
@@ -359,5 +360,112 @@ def image_config(registry: RegistryServer | None = None, **env: str):
     return load(values)
 
 
-def replace(config, **fields):
-    return dataclasses.replace(config, **fields)
+# -- a fake registry, for what a real one never does ------------------------------------
+
+
+class FakeRegistry:
+    """Serves one image from ``server`` (a started TestHTTPServer) as a registry would, with the
+    misbehaviour a test asks for: a blob whose bytes do not match its digest (``corrupt``), a slow
+    blob (``delay``), a Bearer token demanded (``token``), blobs redirected to ``cdn`` (another
+    TestHTTPServer). ``blob_gets`` counts the GETs of each blob; ``authorizations`` records the
+    Authorization header of each request."""
+
+    def __init__(self, server, repository: str, tag: str, layers: list[bytes], *, config: dict | None = None,
+                 corrupt: int | None = None, delay: float = 0.0, token: str | None = None, cdn=None):  # fmt: skip
+        self.server, self.repository, self.tag = server, repository, tag
+        self.blob_gets: dict[str, int] = {}
+        self.authorizations: list[str] = []
+        self.token, self.delay = token, delay
+        diff_ids = [sha256(uncompressed(blob)) for blob in layers]
+        config_bytes = json.dumps(
+            {
+                "architecture": "amd64",
+                "os": "linux",
+                "config": config or {},
+                "rootfs": {"type": "layers", "diff_ids": diff_ids},
+            }
+        ).encode()
+        self.blobs = {sha256(config_bytes): config_bytes, **{sha256(blob): blob for blob in layers}}
+        self.layer_digests = [sha256(blob) for blob in layers]
+        if corrupt is not None:  # the manifest names the real digest; the server sends the same tar
+            real = self.layer_digests[corrupt]  # gzip'd with another mtime: valid, same size, other digest
+            self.blobs[real] = gzip.compress(uncompressed(self.blobs[real]), mtime=12345)
+        manifest = {
+            "schemaVersion": 2,
+            "mediaType": MANIFEST_V2,
+            "config": {"mediaType": "application/vnd.docker.container.image.v1+json", "size": len(config_bytes),
+                       "digest": sha256(config_bytes)},
+            "layers": [{"mediaType": LAYER_GZIP, "size": len(blob), "digest": sha256(blob)} for blob in layers],
+        }  # fmt: skip
+        self.manifest = json.dumps(manifest).encode()
+        self.digest = sha256(self.manifest)
+        server.route(f"/v2/{repository}/manifests/{tag}", self._manifest)
+        server.route(f"/v2/{repository}/manifests/{self.digest}", self._manifest)
+        server.route("/token", self._token)
+        for digest, body in self.blobs.items():
+            path = f"/v2/{repository}/blobs/{digest}"
+            if cdn is not None and digest in self.layer_digests:
+                cdn.route(f"/cdn/{digest}", self._blob(digest, body))
+                server.route(path, self._redirect(cdn.url(f"/cdn/{digest}")))
+            else:
+                server.route(path, self._blob(digest, body))
+
+    @property
+    def ref(self) -> str:
+        return f"127.0.0.1:{self.server.port}/{self.repository}:{self.tag}"
+
+    def _authorized(self, req) -> bool:
+        self.authorizations.append(req.headers.get("Authorization", ""))
+        if self.token is None or req.headers.get("Authorization") == f"Bearer {self.token}":
+            return True
+        realm = self.server.url("/token")
+        req.send_response(401)
+        req.send_header(
+            "WWW-Authenticate", f'Bearer realm="{realm}",service="fake",scope="repository:{self.repository}:pull"'
+        )
+        req.send_header("Content-Length", "0")
+        req.end_headers()
+        return False
+
+    def _token(self, req) -> None:
+        body = json.dumps({"token": self.token}).encode()
+        req.send_response(200)
+        req.send_header("Content-Type", "application/json")
+        req.send_header("Content-Length", str(len(body)))
+        req.end_headers()
+        req.wfile.write(body)
+
+    def _manifest(self, req) -> None:
+        if not self._authorized(req):
+            return
+        req.send_response(200)
+        req.send_header("Content-Type", MANIFEST_V2)
+        req.send_header("Content-Length", str(len(self.manifest)))
+        req.end_headers()
+        req.wfile.write(self.manifest)
+
+    def _redirect(self, location: str):
+        def handle(req) -> None:
+            if self._authorized(req):
+                req.send_response(307)
+                req.send_header("Location", location)
+                req.send_header("Content-Length", "0")
+                req.end_headers()
+
+        return handle
+
+    def _blob(self, digest: str, body: bytes):
+        def handle(req) -> None:
+            if req.path.startswith("/v2/") and not self._authorized(req):
+                return
+            self.blob_gets[digest] = self.blob_gets.get(digest, 0) + 1
+            req.send_response(200)
+            req.send_header("Content-Length", str(len(body)))
+            req.end_headers()
+            half = len(body) // 2
+            req.wfile.write(body[:half])
+            req.wfile.flush()
+            time.sleep(self.delay)
+            req.wfile.write(body[half:])
+
+        return handle

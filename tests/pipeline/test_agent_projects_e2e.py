@@ -19,7 +19,7 @@ from tests.helpers.tasks import ADD_TEST
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
-STEPS = ["queued", "downloading_task", "cloning_repo", "installing_deps", "installing_agent", "running_agent",
+STEPS = ["queued", "downloading_task", "preparing_environment", "cloning_repo", "installing_deps", "installing_agent", "running_agent",
          "running_tests", "cleanup", "done"]  # fmt: skip
 
 # The agent's package must not be importable by the tests: they run with the task's venv only.

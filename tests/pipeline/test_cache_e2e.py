@@ -72,7 +72,7 @@ def test_the_second_evaluation_of_a_task_starts_from_the_snapshot(tasks, e2e_con
     assert second.cache == "hit"
     assert "INSTALL-RAN" not in second.log  # neither cloned nor installed: the snapshot's state
     steps = [t.step for t in second.transitions.all()]
-    assert steps == ["queued", "downloading_task", "cloning_repo", "installing_deps", "installing_agent",
+    assert steps == ["queued", "downloading_task", "preparing_environment", "cloning_repo", "installing_deps", "installing_agent",
                      "running_agent", "running_tests", "cleanup", "done"]  # fmt: skip
     assert second.agent_patch == first.agent_patch  # the same diff, from the same base and install
     (entry,) = _store(e2e_config).all_entries()

@@ -51,7 +51,7 @@ def test_solving_agent_passes(tasks, e2e_config, sandbox):
     assert "-    return a - b" in evaluation.agent_patch and "+    return a + b" in evaluation.agent_patch
     assert "=== fail_to_pass_add (exit 0) ===\nadd-ok" in evaluation.test_output
     steps = [t.step for t in evaluation.transitions.all()]
-    assert steps == ["queued", "downloading_task", "cloning_repo", "installing_deps", "installing_agent",
+    assert steps == ["queued", "downloading_task", "preparing_environment", "cloning_repo", "installing_deps", "installing_agent",
                      "running_agent", "running_tests", "cleanup", "done"]  # fmt: skip
     assert evaluation.results_sha256 and evaluation.duration_ms is not None
     assert evaluation.error_kind is None

@@ -55,11 +55,14 @@ def test_the_tasks_commands_run_in_the_environment_it_names(tasks, config, debia
     assert "+    return a + b" in evaluation.agent_patch  # the executor's own git work ran on the host's tools
 
 
-def test_an_unknown_environment_fails_the_download_step(tasks, config, sandbox, debian_environment):
+def test_an_unknown_environment_fails_the_environment_step(tasks, config, sandbox, debian_environment):
     evaluation = evaluate(tasks.task(environment="nope"), SOLVER, config=config, sandbox=sandbox)
     assert evaluation.status == "failed"
-    assert evaluation.error == f"downloading_task: unknown environment: nope (available: {debian_environment.name})"
-    assert [t.step for t in evaluation.transitions.all()][-3:] == ["downloading_task", "cleanup", "done"]
+    assert (
+        evaluation.error == f"preparing_environment: unknown environment: nope (available: {debian_environment.name})"
+    )
+    assert evaluation.error_kind == "task_invalid"
+    assert [t.step for t in evaluation.transitions.all()][-3:] == ["preparing_environment", "cleanup", "done"]
 
 
 def test_an_agent_interpreter_missing_from_the_environment_is_named(tasks, config, debian_environment):
@@ -69,7 +72,7 @@ def test_an_agent_interpreter_missing_from_the_environment_is_named(tasks, confi
     evaluation = evaluate(url, "console.log('hi')", language="node", config=config, sandbox="bwrap")
     assert evaluation.status == "failed"
     assert evaluation.error == (
-        f"downloading_task: environment {debian_environment.name} has no node (the node agent's interpreter)"
+        f"preparing_environment: environment {debian_environment.name} has no node (the node agent's interpreter)"
     )
 
 
@@ -77,5 +80,5 @@ def test_an_environment_without_the_sandbox_is_refused(tasks, config, debian_env
     evaluation = evaluate(tasks.task(environment=debian_environment.name), SOLVER, config=config, sandbox="none")
     assert evaluation.status == "failed"
     assert evaluation.error == (
-        f"downloading_task: environment {debian_environment.name} needs the sandbox, and this executor runs without one"
+        f"preparing_environment: environment {debian_environment.name} needs the sandbox, and this executor runs without one"
     )

@@ -9,9 +9,14 @@ from pathlib import Path
 
 import pytest
 
-from evaluations.pipeline.taskspec import MAX_YAML_BYTES, SupportFile, TaskError, TestSpec, load_task
+from evaluations.pipeline.taskspec import MAX_YAML_BYTES, ImageEnvironment, SupportFile, TaskError, TestSpec, load_task
 
 GOOD_YAML = "repo: https://github.com/org/repo.git\nbase_commit: 1a2b3c4d\n"
+MISSING_REPO = "workspace.yaml: missing required key 'repo' (only a task with an image environment may omit it)"
+BAD_ENVIRONMENT = (
+    "workspace.yaml: 'environment' must be an environment name, {image: REF} "
+    "or {dockerfile: PATH, context: DIR, build_args: {...}, target: STAGE}"
+)
 
 
 def make_task(root: Path, files: dict[str, str | bytes], *, executable: tuple[str, ...] = ()) -> Path:
@@ -104,7 +109,7 @@ def test_environment_names_a_root_filesystem(tmp_path):
     assert load_task(task_with_yaml(tmp_path, GOOD_YAML)).environment is None
     assert load_task(task_with_yaml(tmp_path / "2", GOOD_YAML + "environment:\n")).environment is None
     spec = load_task(task_with_yaml(tmp_path / "3", GOOD_YAML + "environment: debian-12.slim_py\n"))
-    assert spec.environment == "debian-12.slim_py"  # existence is checked at downloading_task, not here
+    assert spec.environment == "debian-12.slim_py"  # existence is checked at preparing_environment, not here
 
 
 # -- YAML safety -------------------------------------------------------------------
@@ -208,8 +213,8 @@ def test_invalid_yaml_names_the_line(tmp_path):
 @pytest.mark.parametrize(
     ("text", "message"),
     [
-        ("base_commit: abc\n", "workspace.yaml: missing required key 'repo'"),
-        ("repo:\nbase_commit: abc\n", "workspace.yaml: missing required key 'repo'"),
+        ("base_commit: abc\n", MISSING_REPO),
+        ("repo:\nbase_commit: abc\n", MISSING_REPO),
         ("repo: https://example.com/r.git\n", "workspace.yaml: missing required key 'base_commit'"),
         ("repo: 42\nbase_commit: abc\n", "workspace.yaml: 'repo' must be a string (a git URL)"),
         ("repo: [a]\nbase_commit: abc\n", "workspace.yaml: 'repo' must be a string (a git URL)"),
@@ -243,8 +248,8 @@ def test_invalid_yaml_names_the_line(tmp_path):
         (GOOD_YAML + "env: {A: [x]}\n", "workspace.yaml: 'env' value of A must be a string"),
         (GOOD_YAML + "env: {A: }\n", "workspace.yaml: 'env' value of A must be a string"),
         (GOOD_YAML + 'env: {A: "x\\0y"}\n', "workspace.yaml: 'env' value of A contains a NUL byte"),
-        (GOOD_YAML + "environment: 12\n", "workspace.yaml: 'environment' must be a string (an environment name)"),
-        (GOOD_YAML + "environment: [a]\n", "workspace.yaml: 'environment' must be a string (an environment name)"),
+        (GOOD_YAML + "environment: 12\n", BAD_ENVIRONMENT),
+        (GOOD_YAML + "environment: [a]\n", BAD_ENVIRONMENT),
         (GOOD_YAML + "environment: ''\n", "workspace.yaml: 'environment': an environment name must not be empty"),
         (
             GOOD_YAML + "environment: a/b\n",
@@ -414,3 +419,73 @@ def test_max_tests_counts_scripts_and_checks_together(tmp_path):
         load_task(make_task(tmp_path / "b", {**files, "checks.txt": "true\ntrue\ntrue\n"}), max_tests=4)
     with pytest.raises(TaskError, match="^tests/b.sh is test 2, over the cap of 1 tests"):
         load_task(make_task(tmp_path / "c", files), max_tests=1)
+
+
+# -- image environments (SPEC §16) ----------------------------------------------------------
+
+
+def test_an_image_environment_may_stand_without_a_repository(tmp_path):
+    spec = load_task(task_with_yaml(tmp_path, "environment:\n  image: python:3.12-slim\n"))
+    assert spec.environment == ImageEnvironment(image="python:3.12-slim")
+    assert (spec.repo, spec.base_commit, spec.environment.kind) == (None, None, "image")
+    with_repo = load_task(
+        task_with_yaml(tmp_path / "b", GOOD_YAML + "environment: {image: 'ghcr.io/o/n@sha256:" + "a" * 64 + "'}\n")
+    )
+    assert with_repo.repo == "https://github.com/org/repo.git" and with_repo.environment.kind == "image"
+
+
+def test_a_dockerfile_environment_reads_its_paths_inside_the_task(tmp_path):
+    root = make_task(
+        tmp_path / "task",
+        {
+            "workspace.yaml": "environment:\n  dockerfile: environment/Dockerfile\n  build_args: {V: 3, NAME: x}\n"
+            "  target: final\n",
+            "prompt.md": "Do it.\n",
+            "environment/Dockerfile": "FROM scratch\n",
+        },
+    )
+    spec = load_task(root)
+    assert spec.environment == ImageEnvironment(
+        dockerfile="environment/Dockerfile", context="environment", build_args={"V": "3", "NAME": "x"}, target="final"
+    )
+    assert spec.environment.kind == "dockerfile" and spec.environment.ref == "environment/Dockerfile"
+
+
+@pytest.mark.parametrize(
+    ("environment", "message"),
+    [
+        ("{image: a, dockerfile: b}", "give exactly one of 'image' (a reference) and 'dockerfile' (a path)"),
+        ("{}", "give exactly one of 'image' (a reference) and 'dockerfile' (a path)"),
+        ("{image: a, registry: b}", "unknown key 'registry' (allowed: build_args, context, dockerfile, image, target)"),
+        ("{image: a, target: b}", "'target' goes with 'dockerfile', not with 'image'"),
+        ("{image: ''}", "'image' must be an image reference such as python:3.12-slim"),
+        ("{image: 'a b'}", "'image' 'a b' is not an image reference"),
+        ("{image: 12}", "'image' must be an image reference such as python:3.12-slim"),
+        (
+            "{dockerfile: ../Dockerfile}",
+            "'dockerfile' '../Dockerfile' must be a relative path inside the task, without '..'",
+        ),
+        (
+            "{dockerfile: /etc/passwd}",
+            "'dockerfile' '/etc/passwd' must be a relative path inside the task, without '..'",
+        ),
+        ("{dockerfile: missing}", "'dockerfile' 'missing' is not a file of the task"),
+        ("{dockerfile: Dockerfile, context: nowhere}", "'context' 'nowhere' is not a folder of the task"),
+        ("{dockerfile: Dockerfile, build_args: [a]}", "'build_args' must be a mapping of names to values"),
+        ("{dockerfile: Dockerfile, build_args: {A: [1]}}", "build arg 'A' must be a string or a number, got a list"),
+        ("{dockerfile: Dockerfile, target: ''}", "'target' must be a stage name"),
+        ("{dockerfile: escape}", "'dockerfile' 'escape' leads outside the task (a symbolic link)"),
+    ],
+)
+def test_bad_image_environments_are_named(tmp_path, environment, message):
+    root = task_with_yaml(tmp_path, f"environment: {environment}\n")
+    (root / "Dockerfile").write_text("FROM scratch\n")
+    os.symlink("/etc/hostname", root / "escape")
+    with pytest.raises(TaskError) as info:
+        load_task(root)
+    assert str(info.value) == f"workspace.yaml: 'environment': {message}"
+
+
+def test_a_base_commit_needs_a_repository(tmp_path):
+    error = yaml_error(tmp_path, "base_commit: abc\nenvironment: {image: alpine}\n")
+    assert error == "workspace.yaml: 'base_commit' without 'repo': a base commit needs a repository"

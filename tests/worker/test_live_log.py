@@ -50,6 +50,7 @@ def test_a_client_tails_the_live_log_while_the_agent_prints(worker_service, task
     # (the tests here) may only show up in the final chunk, so markers are checked on the whole.
     for marker in (
         "downloading_task",
+        "preparing_environment",
         "cloning_repo",
         "installing_deps",
         "installing_agent",

@@ -22,6 +22,7 @@ pytestmark = pytest.mark.slow
 TRIVIAL_AGENT = "print('ok')\n"
 STEPS = [
     "downloading_task",
+    "preparing_environment",
     "cloning_repo",
     "installing_deps",
     "installing_agent",

@@ -1,0 +1,178 @@
+"""The step ``preparing_environment`` (SPEC §16): what the task's commands will run in.
+
+1. No ``environment:`` and no DEFAULT_ENVIRONMENT: the host's system folders (kind ``host``).
+2. A name: a root filesystem under ENVIRONMENTS_ROOT (SPEC §11, kind ``name``).
+3. ``{image: REF}``: pulled into the image store (images/pull.py) unless a fresh copy is there;
+   ``{dockerfile: ...}``: built (images/build.py), each instruction from the build cache when it can.
+   The image is pinned for the evaluation (no eviction takes it meanwhile) and its root mounted
+   in the session (images/rootfs.py): the image's layers, idmapped onto the evaluation's ids,
+   under the evaluation's own writable layer. Its ``User`` becomes the evaluation's uid inside.
+
+The evaluation's ``environment`` records ``{kind, ref, digest, cached}``; progress (layers pulled,
+instructions built) goes to the live log as it happens.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from evaluations import environments, languages, livelog
+from evaluations.images import rootfs
+from evaluations.images.errors import ImageError
+from evaluations.models import ErrorKind, Evaluation
+from evaluations.pipeline.context import Context, StepFailed
+from evaluations.pipeline.taskspec import ImageEnvironment
+from evaluations.runtime.idmap import IdMap, image_id_base
+from evaluations.runtime.policy import DISTRIBUTION_CA_BUNDLE
+from executor_project.config import Config
+
+
+def choose_environment(config: Config, task) -> environments.Environment | None:
+    """A named environment: the task's ``environment:``, else DEFAULT_ENVIRONMENT, else none."""
+    name = task.environment or config.default_environment
+    if not name or isinstance(name, ImageEnvironment):
+        return None
+    return environments.resolve(config.environments_root, name)
+
+
+def preparing_environment(ctx: Context) -> None:
+    spec = ctx.task.environment
+    if isinstance(spec, ImageEnvironment):
+        _image(ctx, spec)
+    else:
+        _named(ctx)
+    _check_programs(ctx)
+
+
+def _named(ctx: Context) -> None:
+    try:
+        environment = choose_environment(ctx.config, ctx.task)
+    except environments.BadEnvironment as exc:
+        raise StepFailed(str(exc)) from None
+    if environment is not None and not ctx.runtime.isolated:
+        raise StepFailed(
+            f"environment {environment.name} needs the sandbox, and this executor runs without one",
+            kind=ErrorKind.INFRASTRUCTURE,
+        )
+    ctx.environment = environment
+    record = (
+        {"kind": "name", "ref": environment.name, "digest": None, "cached": True}
+        if environment is not None
+        else {"kind": "host", "ref": None, "digest": None, "cached": True}
+    )
+    Evaluation.objects.filter(id=ctx.eval_id).update(environment=record)
+
+
+def _image(ctx: Context, spec: ImageEnvironment) -> None:
+    config = ctx.config
+    if not ctx.runtime.isolated or ctx.session.uid is None:
+        raise StepFailed(
+            f"image {spec.ref} needs the sandbox and the service running as root (user namespaces, mounts); "
+            "this executor has neither",
+            kind=ErrorKind.INFRASTRUCTURE,
+        )
+    from evaluations.images.store import ImageStore
+
+    store = ImageStore(config.images_dir)
+    progress = _progress(ctx)
+    try:
+        if spec.image is not None:
+            from evaluations.images.pull import pull
+
+            result = pull(spec.image, store=store, config=config, progress=progress)
+        else:
+            result = _build(ctx, spec, store, progress)
+        record = result.record
+        ctx.image_pin = ctx.closing.enter_context(store.pin(record.digest, ctx.eval_id))
+        store.touch(record.digest)
+        ctx.image_config = record.config
+        ctx.image = _mount(ctx, store, record)
+        ctx.closing.callback(rootfs.unmount_root, ctx.session.root)
+    except ImageError as exc:
+        raise StepFailed(str(exc), kind=exc.kind) from None
+    except OSError as exc:
+        kind = ErrorKind.INFRASTRUCTURE
+        raise StepFailed(f"could not prepare image {spec.ref}: {exc}", kind=kind) from None
+    root = ctx.image.rootfs
+    versions = environments.runtimes(root)
+    ctx.environment = environments.Environment(
+        spec.ref, root, record.digest.removeprefix("sha256:")[:24], versions["python"], versions["node"]
+    )
+    livelog.append_text(ctx.session.log, f"image {spec.ref}: {record.digest}{' (cached)' if result.cached else ''}\n")
+    Evaluation.objects.filter(id=ctx.eval_id).update(
+        environment={"kind": spec.kind, "ref": spec.ref, "digest": record.digest, "cached": result.cached}
+    )
+
+
+def _build(ctx: Context, spec: ImageEnvironment, store, progress):
+    from evaluations.images import build
+
+    return build.build_for_evaluation(ctx, spec, store=store, progress=progress)
+
+
+def _mount(ctx: Context, store, record):
+    """The image's root for this evaluation, its User the evaluation's uid (runtime/idmap.py)."""
+    config = ctx.config
+    lease = ctx.session.uid
+    base = image_id_base(config.image_uid_base, lease, config.sandbox_uid)
+    layers = [store.layer_tree(layer) for layer in record.layers]
+    root = rootfs.mount_root(layers, ctx.session.root, IdMap(lease=lease, base=base))
+    user = (record.config or {}).get("User") or ""
+    if user and user not in ("root", "0", "0:0", "root:root"):
+        uid, gid = rootfs.resolve_user(root.rootfs, user)
+        if (uid, gid) != (0, 0):
+            rootfs.unmount_root(ctx.session.root, remove=True)
+            root = rootfs.mount_root(layers, ctx.session.root, IdMap(lease=lease, base=base, user=uid, group=gid))
+    _trust_host_ca(ctx, root)
+    return root
+
+
+def _trust_host_ca(ctx: Context, root) -> None:
+    """The image's CA bundle, if it has one where Debian-like systems keep it, becomes the host's
+    (written into the evaluation's layer, owned by the image's root): tools that read only that
+    file trust what the host trusts, and ``update-ca-certificates`` may still replace it."""
+    ca = ctx.trusted_ca
+    if ca is None:
+        return
+    inner = environments.inside(root.rootfs, DISTRIBUTION_CA_BUNDLE)
+    if inner is None or inner != DISTRIBUTION_CA_BUNDLE:
+        return
+    target = root.rootfs / inner.lstrip("/")
+    if not target.is_file() or target.is_symlink():
+        return
+    data = Path(ca.host).read_bytes()
+    with open(target, "wb") as handle:  # copied up into the evaluation's layer
+        handle.write(data)
+    os.chown(target, root.idmap.host_uid(0), root.idmap.host_gid(0))
+
+
+def _check_programs(ctx: Context) -> None:
+    """What the task's commands and the agent need from a root of their own, checked before any runs."""
+    environment = ctx.environment
+    if environment is None:
+        ctx.agent_interpreter = _agent_interpreter(ctx)
+        return
+    language = languages.ALL.get(ctx.evaluation.language)
+    needed = {"bash": "the shell of install commands and tests"}
+    if language is not None:
+        needed.setdefault(language.interpreter, f"the {language.name} agent's interpreter")
+    what = f"image {environment.name}" if ctx.image is not None else f"environment {environment.name}"
+    for program, role in needed.items():
+        if environments.find_interpreter(environment, program) is None:
+            raise StepFailed(f"{what} has no {program} ({role})")
+    ctx.agent_interpreter = _agent_interpreter(ctx)
+
+
+def _agent_interpreter(ctx: Context) -> str | None:
+    from evaluations.pipeline.agentenv import find_interpreter
+
+    return find_interpreter(ctx)
+
+
+def _progress(ctx: Context):
+    def report(text: str) -> None:
+        livelog.append_text(ctx.session.log, text.rstrip("\n") + "\n")
+        ctx.check_cancelled()
+
+    return report
