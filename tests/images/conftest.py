@@ -131,4 +131,3 @@ def debian_image(build_store, base_image) -> ImageRecord:
     registry, ref, _ = base_image
     record = pull(ref, store=build_store, config=image_config(registry)).record
     return build_store.save_image(record, refs=[BASE_REF])
-
