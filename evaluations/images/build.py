@@ -135,7 +135,12 @@ def build(
     if not context.is_dir():
         raise ImageError(f"The build context {context.name} is not a folder.")
     with _Builder(parsed, context, dict(build_args or {}), store, env) as builder:
-        return builder.build(target, tag)
+        result = builder.build(target, tag)
+    # As after a pull: the store back under IMAGES_MAX_BYTES, the new image kept; given up at once
+    # while another pull or build is adding layers (the next one evicts).
+    with store.pin(result.record.digest, f"build-{os.getpid()}"):
+        store.evict(env.config.images_max_bytes, wait=False)
+    return result
 
 
 class _Builder:
@@ -154,10 +159,19 @@ class _Builder:
         self.global_args = self._global_args()
         self.pinned: set[str] = set()  # the images this build holds pins on
         self.states: dict[int, _State] = {}  # the stages built so far, by index (FROM and COPY --from use them)
+        self._spawner: Spawner | None = None
 
     # -- the build's folder, lock and spawner ----------------------------------------------------
 
     def __enter__(self) -> _Builder:
+        try:
+            self._enter()
+        except BaseException:
+            self.stack.close()
+            raise
+        return self
+
+    def _enter(self) -> None:
         builds = self.store.root / "builds"
         builds.mkdir(mode=0o711, exist_ok=True)
         self.cache_dir.mkdir(mode=0o700, exist_ok=True)
@@ -176,8 +190,6 @@ class _Builder:
         self.stack.callback(safefs.remove_tree_nofollow, self.folder)
         self.stack.callback(mounts.unmount_below, self.folder)
         self.stack.enter_context(self.store.using())  # no prune between a layer and the record naming it
-        self._spawner: Spawner | None = None
-        return self
 
     def __exit__(self, *exc) -> None:
         if self._spawner is not None:
