@@ -135,12 +135,7 @@ def build(
     if not context.is_dir():
         raise ImageError(f"The build context {context.name} is not a folder.")
     with _Builder(parsed, context, dict(build_args or {}), store, env) as builder:
-        result = builder.build(target, tag)
-    # As after a pull: the store back under IMAGES_MAX_BYTES, the new image kept; given up at once
-    # while another pull or build is adding layers (the next one evicts).
-    with store.pin(result.record.digest, f"build-{os.getpid()}"):
-        store.evict(env.config.images_max_bytes, wait=False)
-    return result
+        return builder.build(target, tag)
 
 
 class _Builder:
