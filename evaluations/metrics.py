@@ -2,7 +2,9 @@
 
 The evaluation figures are collected at scrape time from the database, so
 whichever gunicorn worker answers, the numbers are the same, and a restart
-loses nothing. The request metrics are per process; with several gunicorn
+loses nothing. The image figures are read at scrape time from the image store
+(IMAGES_DIR/counters.json and its size), which every process that pulls or
+builds on this host shares: the worker, `manage.py image`, a build's FROM. The request metrics are per process; with several gunicorn
 workers they are merged through PROMETHEUS_MULTIPROC_DIR (gunicorn.conf.py).
 """
 
@@ -17,6 +19,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 
 from evaluations import stats
 from evaluations.cache.store import Store
+from evaluations.images.store import ImageStore, read_counts
 from evaluations.models import Status
 
 
@@ -66,6 +69,7 @@ class EvaluationCollector:
             "Bytes the workspace cache holds on this host (snapshots and mirrors), read from its folder.",
             value=Store(settings.EXECUTOR.cache_root).size_bytes(),
         )
+        yield from _image_families(settings.EXECUTOR.images_root)
         histogram = HistogramMetricFamily(
             "term_executor_step_duration_seconds", "Time spent in each pipeline step.", labels=["step"]
         )
@@ -74,6 +78,27 @@ class EvaluationCollector:
             buckets.append(("+Inf", figures["count"]))
             histogram.add_metric([step], buckets, figures["sum_seconds"])
         yield histogram
+
+
+def _image_families(root):
+    """The image store's counters (store.count) and size; zeros before the first image."""
+    counts = read_counts(root)
+    for name, key, help_text in (
+        ("term_executor_image_pulls", "pulls", "Image pulls that downloaded at least one layer."),
+        ("term_executor_image_builds", "builds", "Dockerfile builds that ran or copied at least one instruction."),
+        (
+            "term_executor_image_cache_hits",
+            "cache_hits",
+            "Images asked for (pulled or built) that the store had whole: nothing downloaded, nothing run.",
+        ),
+    ):
+        yield CounterMetricFamily(name, help_text, value=counts[key])
+    size = ImageStore(root).total_bytes() if root.is_dir() else 0
+    yield GaugeMetricFamily(
+        "term_executor_image_bytes",
+        "Bytes the image store holds (unpacked layers and blobs), read from its folder.",
+        value=size,
+    )
 
 
 _collector = EvaluationCollector()

@@ -12,6 +12,7 @@ import pytest
 from rest_framework.test import APIClient
 
 from tests.helpers import environments as environment_helpers
+from tests.helpers import images as images_helpers
 from tests.helpers.httpserver import TestHTTPServer
 from tests.helpers.service import PROJECT, LiveService
 
@@ -154,3 +155,34 @@ def workspace_base():
     os.chmod(base, 0o711)
     yield base
     shutil.rmtree(base, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def registry():
+    """docker-registry on 127.0.0.1 over plain HTTP, for the whole run (tests push to their own names)."""
+    images_helpers.need_registry()
+    with images_helpers.RegistryServer() as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def base_layer(request) -> bytes:
+    """The suite's Debian tree as one gzip'd layer (cached in data/cache/images between runs)."""
+    images_helpers.need_root()
+    return images_helpers.base_layer_tarball(lambda: request.getfixturevalue("debian_environment").root).read_bytes()
+
+
+@pytest.fixture(scope="session")
+def base_image(registry, base_layer):
+    """(registry, ref, digest): the suite's Debian tree pushed as ``base/debian:bookworm``.
+
+    Cheap on re-runs: the layer tarball is cached, so debootstrap runs only the first time.
+    """
+    blob = base_layer
+    pushed = images_helpers.push_image(
+        registry,
+        "base/debian:bookworm",
+        layers=[blob],
+        config={"Env": ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"], "Cmd": ["bash"]},
+    )
+    return registry, pushed.ref, pushed.digest

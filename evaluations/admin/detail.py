@@ -254,6 +254,28 @@ class DetailFields:
             body,
         )
 
+    @admin.display(description="environment")
+    def environment_summary(self, obj):
+        """What the task's commands ran in (SPEC §16), as preparing_environment recorded it: its kind,
+        name or image reference, the image's digest, and whether the store had it already."""
+        env = obj.environment
+        if not env:
+            return "not recorded (the evaluation did not reach preparing_environment)"
+        kind = env.get("kind")
+        if kind == "host":
+            return "host: the executor's own system folders"
+        if kind == "name":
+            return format_html("name: {} (under ENVIRONMENTS_ROOT)", env.get("ref"))
+        made = "pulled" if kind == "image" else "built"
+        cached = "cached: the image store had it, nothing was " + made if env.get("cached") else f"{made} now"
+        return format_html(
+            '{}: {}<br>digest <code class="te-digest">{}</code><br>{}',
+            kind,
+            env.get("ref") or "-",
+            env.get("digest") or "-",
+            cached,
+        )
+
     @admin.display(description="resources")
     def resources_summary(self, obj):
         figures = obj.resources

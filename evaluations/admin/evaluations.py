@@ -84,6 +84,7 @@ class EvaluationAdmin(OwnerColumn, DetailFields, admin.ModelAdmin):
     fieldsets = (
         (None, {"fields": ("id", "status", "step", "passed_text", "error_text_full", "time", "reruns")}),
         ("Steps", {"fields": ("step_durations",)}),
+        ("Environment", {"fields": ("environment_summary",)}),
         ("Network and resources", {"fields": ("egress_table", "resources_summary")}),
         ("Log", {"fields": ("log_box",)}),
         (

@@ -19,7 +19,7 @@ from drf_spectacular.utils import (
     extend_schema_view,
 )
 
-from evaluations.api import assets, batches, environments, logs, views
+from evaluations.api import assets, batches, environments, images, logs, views
 from evaluations.api.serializers import MAX_ENV_NAMES, BatchRequestSerializer, EvaluateRequestSerializer
 from evaluations.api.shapes import (
     AcceptedSerializer,
@@ -33,6 +33,7 @@ from evaluations.api.shapes import (
     EvaluationSerializer,
     EvaluationSummarySerializer,
     HealthSerializer,
+    ImageSerializer,
     RetryAcceptedSerializer,
     StatusSerializer,
     UnhealthySerializer,
@@ -328,6 +329,16 @@ def document_views() -> None:
             responses={200: EnvironmentSerializer(many=True), 401: UNAUTHORIZED},
         )
     )(environments.EnvironmentListView)
+    extend_schema_view(
+        get=extend_schema(
+            tags=[TAG_SERVICE],
+            summary="The images this host's store holds",
+            description="One row per reference, most recently used first (an image with two tags is two rows; "
+            "one no reference names has ref null), read from IMAGES_DIR on each request. Pulls, builds and "
+            "imports add images; IMAGES_MAX_BYTES evicts the least recently used.",
+            responses={200: ImageSerializer(many=True), 401: UNAUTHORIZED},
+        )
+    )(images.ImageListView)
 
 
 def _links_from_eval_id() -> dict:

@@ -71,6 +71,22 @@ class EnvironmentSerializer(RuntimesSerializer):
     name = serializers.CharField(help_text="What workspace.yaml `environment:` names.")
 
 
+class ImageSerializer(serializers.Serializer):
+    ref = serializers.CharField(
+        allow_null=True,
+        help_text="A reference to the image in its canonical form (`docker.io/library/python:3.12-slim`); an "
+        "image with two tags is two rows; null for an image no reference names (built without a tag, imported "
+        "from an untagged archive).",
+    )
+    digest = serializers.CharField(
+        help_text="The image's manifest digest, `sha256:...` (a built image's: of its manifest)."
+    )
+    size_bytes = serializers.IntegerField(
+        min_value=0, help_text="Its unpacked layers' bytes (shared layers counted in each)."
+    )
+    last_used_at = serializers.DateTimeField(help_text="Last pulled, built, imported or used by an evaluation.")
+
+
 class StatusSerializer(serializers.Serializer):
     version = serializers.CharField()
     uptime_secs = serializers.IntegerField(min_value=0)

@@ -4,6 +4,7 @@ from drf_spectacular.views import SpectacularJSONAPIView, SpectacularSwaggerView
 from evaluations.api import batches, logs, openapi, views  # noqa: F401  (openapi documents the views as it loads)
 from evaluations.api.assets import AssetListView
 from evaluations.api.environments import EnvironmentListView
+from evaluations.api.images import ImageListView
 from evaluations.metrics import metrics_view
 
 urlpatterns = [
@@ -19,6 +20,7 @@ urlpatterns = [
     path("batches/<str:batch_id>", batches.BatchDetailView.as_view(), name="batch-detail"),
     path("assets", AssetListView.as_view(), name="asset-list"),
     path("environments", EnvironmentListView.as_view(), name="environment-list"),
+    path("images", ImageListView.as_view(), name="image-list"),
     path("api/schema", SpectacularJSONAPIView.as_view(), name="api-schema"),
     path("api/docs", SpectacularSwaggerView.as_view(url_name="api-schema"), name="api-docs"),
 ]

@@ -129,9 +129,10 @@ def mount_overlay(lower: Path, upper: Path, work: Path, target: Path) -> None:
 
 
 def mount_overlay_layers(
-    lowers: list[Path], upper: Path, work: Path, target: Path, *, redirect_dir: bool = True
+    lowers: list[Path], upper: Path | None, work: Path | None, target: Path, *, redirect_dir: bool = True
 ) -> None:
-    """``target`` becomes the layers ``lowers`` (top first) with every change going to ``upper``.
+    """``target`` becomes the layers ``lowers`` (top first) with every change going to ``upper``
+    (None: read-only, no upper and no work folder).
 
     Through the new mount API, one ``lowerdir+`` per layer: ``mount(2)``'s options are one page
     (4096 bytes), which a long image's layer paths outgrow. nosuid, nodev.
@@ -144,9 +145,11 @@ def mount_overlay_layers(
     """
     fs = _check(_libc.syscall(_SYS_FSOPEN, b"overlay", _FSOPEN_CLOEXEC), "fsopen overlay")
     try:
-        options = [*(("lowerdir+", lower) for lower in lowers), ("upperdir", upper), ("workdir", work)]
-        settings = [("redirect_dir", "on")] if redirect_dir else [("redirect_dir", "off"), ("metacopy", "off")]
-        for key, value in [*options, *settings]:
+        options = [("lowerdir+", lower) for lower in lowers]
+        if upper is not None:
+            options += [("upperdir", upper), ("workdir", work)]
+            options += [("redirect_dir", "on")] if redirect_dir else [("redirect_dir", "off"), ("metacopy", "off")]
+        for key, value in options:
             _check(
                 _libc.syscall(_SYS_FSCONFIG, fs, _FSCONFIG_SET_STRING, key.encode(), os.fsencode(str(value)), 0),
                 f"overlay option {key}={value}",

@@ -52,8 +52,10 @@ def import_archive(path: Path | str, store: ImageStore) -> list[ImageRecord]:
     """Every image of the archive at ``path`` into ``store``; ImageError naming what is wrong."""
     try:
         archive = tarfile.open(path, "r:*")
-    except (OSError, tarfile.TarError) as exc:
-        raise ImageError(f"The image archive {path} cannot be read as a tar file ({exc}).") from None
+    except OSError as exc:
+        raise ImageError(f"The image archive {path} cannot be read ({exc.strerror}).") from None
+    except tarfile.TarError:  # its text lists each compression tried, one per line
+        raise ImageError(f"The image archive {path} cannot be read as a tar file (plain, gzip, bzip2 or xz).") from None
     with archive, store.using():
         members = {_clean(member.name): member for member in archive.getmembers() if member.isreg()}
         reader = _ArchiveReader(archive, members, str(path))

@@ -135,7 +135,9 @@ def build(
     if not context.is_dir():
         raise ImageError(f"The build context {context.name} is not a folder.")
     with _Builder(parsed, context, dict(build_args or {}), store, env) as builder:
-        return builder.build(target, tag)
+        result = builder.build(target, tag)
+    store.count("cache_hits" if result.cached else "builds")  # for /metrics, as pull counts pulls
+    return result
 
 
 class _Builder:

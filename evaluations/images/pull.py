@@ -9,6 +9,8 @@
    digest and size) and kept as a blob for export, its uncompressed bytes hashed (against the
    diff_id) and unpacked, in one pass. The store's flock per layer makes a second process pulling
    the same image wait and reuse it instead of downloading it again.
+4. A pull that downloaded no layer counts as a cache hit (``term_executor_image_cache_hits_total``),
+   any other as a pull; the store then evicts down to IMAGES_MAX_BYTES (store.using).
 """
 
 from __future__ import annotations
@@ -65,6 +67,7 @@ def pull(
     known = _from_store(ref, store, config)
     if known is not None:
         store.touch(known.digest)
+        store.count("cache_hits")
         return PullResult(store.image(known.digest) or known, cached=True)
     registry = Registry(ref, config, ssl_context=ssl_context)
     with store.using():
@@ -88,9 +91,8 @@ def pull(
             created_at=now_iso(),
             last_used_at=now_iso(),
         )
-        record = store.save_image(record, refs=[str(ref)])
-    with store.pin(record.digest, f"pull-{os.getpid()}"):
-        store.evict(config.images_max_bytes, wait=False)
+        record = store.save_image(record, refs=[str(ref)])  # the store evicts as using() ends
+    store.count("pulls" if downloaded else "cache_hits")
     return PullResult(record, cached=downloaded == 0)
 
 

@@ -20,6 +20,8 @@ layer of its own in the session (SPEC §16).
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from evaluations.cache import mounts
@@ -65,6 +67,27 @@ def mount_root(layers: list[Path], session_root: Path, idmap: IdMap, *, redirect
         for point in lowers:
             mounts.unmount(point)  # the overlay holds its own clones
     return ImageRoot(rootfs=target, idmap=idmap)
+
+
+@contextmanager
+def image_base(layers: list[Path], session_root: Path) -> Iterator[Path]:
+    """The image's own root, read-only, for the ``with`` block: its layers as an overlay with no
+    upper folder (one layer: that tree itself). What the agent patch compares against."""
+    if len(layers) == 1:
+        yield layers[0]
+        return
+    point = session_root / IMAGE_DIR / "base"
+    point.mkdir(mode=0o700)
+    if not layers:
+        yield point
+        point.rmdir()
+        return
+    mounts.mount_overlay_layers(list(reversed(layers)), None, None, point)
+    try:
+        yield point
+    finally:
+        mounts.unmount(point)
+        point.rmdir()
 
 
 def upper_of(session_root: Path) -> Path:

@@ -8,6 +8,8 @@ Layout (all below ``root``)::
     images/<hex>.json           an ImageRecord, by its manifest digest
     tags/<sha256 of ref>.json   {"ref", "digest", "resolved_at"}: a reference resolved once
     pins/<hex>/<holder>         flock'd while an evaluation or a build uses the image
+    builds/<id>/, builds/<id>.lock   a build's steps (images/build.py), its lock held while it runs
+    counters.json               pulls, builds, cache hits (for /metrics)
     locks/, tmp/                flock files; half-made layers and blobs
 
 Why it is safe with several processes:
@@ -19,6 +21,11 @@ Why it is safe with several processes:
    saved record; ``prune``, ``evict`` and ``remove`` hold it exclusively, so they never delete a
    layer a record is about to name.
 3. A pin is an flock, so a pin whose holder died (killed worker) is free without a reaper.
+
+The store keeps itself under IMAGES_MAX_BYTES (``max_bytes``) in one place: when the outermost
+``using()`` of a pull, a build or an import ends, with what it saved pinned meanwhile.
+It also counts what it served (``count``: pulls, builds, cache hits) in ``counters.json``, for
+/metrics: every process of the host that pulls or builds shares this folder, and nothing else.
 """
 
 from __future__ import annotations
@@ -30,16 +37,22 @@ import errno
 import fcntl
 import hashlib
 import json
+import logging
 import os
 import re
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from evaluations import safefs
+from evaluations.cache import mounts
 from evaluations.images.errors import ImageError, ImageUnavailable
 
 _DIGEST = re.compile(r"sha256:([0-9a-f]{64})")
+_HEX = re.compile(r"[0-9a-f]{64}")
 _HOLDER = re.compile(r"[A-Za-z0-9_.-]{1,128}")
+COUNTERS = ("pulls", "builds", "cache_hits")
+
+logger = logging.getLogger("term_executor.images")
 
 
 def now_iso() -> str:
@@ -79,10 +92,20 @@ class ImageRecord:
 
 
 class ImageStore:
-    def __init__(self, root: Path):
+    """IMAGES_DIR. One object per thread (a pull, a build, a request): ``using`` keeps count of its own nesting."""
+
+    def __init__(self, root: Path, max_bytes: int | None = None):
         self.root = Path(root)
+        self.max_bytes = max_bytes  # IMAGES_MAX_BYTES; None: no eviction after additions (tests, read-only uses)
+        self._using = 0  # how deep in using() this object is
+        self._added: list[str] = []  # digests saved under the current using()
         for sub in ("blobs/sha256", "layers", "images", "tags", "pins", "locks", "tmp"):
             (self.root / sub).mkdir(parents=True, exist_ok=True)
+
+    @classmethod
+    def of(cls, config) -> ImageStore:
+        """The store the settings name: IMAGES_DIR (default DATA_DIR/images), capped at IMAGES_MAX_BYTES."""
+        return cls(config.images_root, max_bytes=config.images_max_bytes)
 
     # -- locks ------------------------------------------------------------------------------
 
@@ -100,9 +123,36 @@ class ImageStore:
         finally:
             os.close(fd)
 
-    def using(self) -> contextlib.AbstractContextManager[bool]:
-        """Held (shared) by a pull or a build while it adds layers and saves its record: no prune meanwhile."""
-        return self._lock("gc", shared=True)
+    @contextlib.contextmanager
+    def using(self) -> Iterator[bool]:
+        """Held (shared) by a pull, a build or an import while it adds layers and saves its record: no
+        prune meanwhile. When the outermost one of this object ends well, the store is brought under
+        ``max_bytes``: a build's FROM pulls nest inside the build's, so it evicts once, at its end."""
+        with self._lock("gc", shared=True) as held:
+            self._using += 1
+            try:
+                yield held
+            finally:
+                self._using -= 1
+        if self._using == 0 and self._added:
+            added, self._added = self._added, []
+            self._keep_under_cap(added)
+
+    def _keep_under_cap(self, added: list[str]) -> None:
+        """Evict down to ``max_bytes``, never the images just added (pinned meanwhile). Gives up at once
+        while another pull or build is adding layers (the next one to end evicts); a failure is logged,
+        not raised: the image the caller asked for is there."""
+        if self.max_bytes is None:
+            return
+        with contextlib.ExitStack() as pins:
+            for digest in dict.fromkeys(added):
+                with contextlib.suppress(ImageError):  # already gone (removed by another process)
+                    pins.enter_context(self.pin(digest, f"added-{os.getpid()}-{os.urandom(4).hex()}"))
+            try:
+                for record in self.evict(self.max_bytes, wait=False):
+                    logger.info("image store over IMAGES_MAX_BYTES: evicted %s (%s)", record.digest, record.refs)
+            except OSError as exc:
+                logger.warning("image store eviction failed: %s", exc)
 
     # -- layers -----------------------------------------------------------------------------
 
@@ -232,6 +282,8 @@ class ImageStore:
             self._write_json(self._image_path(record.digest), record.to_json())
         for ref in refs:
             self._write_json(self._tag_path(ref), {"ref": ref, "digest": record.digest, "resolved_at": stamp})
+        if self._using:
+            self._added.append(record.digest)
         return record
 
     def touch(self, digest: str) -> None:
@@ -287,12 +339,16 @@ class ImageStore:
 
     def pinned(self, digest: str) -> bool:
         """Whether a live process holds a pin on ``digest``; dead holders' pin files are removed."""
-        folder = self.root / "pins" / hex_of(digest)
-        held = False
+        return self._sweep_pins(self.root / "pins" / hex_of(digest))[0]
+
+    @staticmethod
+    def _sweep_pins(folder: Path) -> tuple[bool, int]:
+        """(whether a live holder pins the image of ``folder``, how many dead holders' files went)."""
+        held, removed = False, 0
         for path in folder.glob("*") if folder.is_dir() else ():
             try:
-                fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
-            except FileNotFoundError:
+                fd = os.open(path, os.O_RDWR | os.O_CLOEXEC | os.O_NOFOLLOW)
+            except (FileNotFoundError, OSError):
                 continue
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -301,9 +357,61 @@ class ImageStore:
             else:
                 with contextlib.suppress(FileNotFoundError):
                     path.unlink()
+                    removed += 1
             finally:
                 os.close(fd)
-        return held
+        return held, removed
+
+    # -- what dead processes left (the reaper) ----------------------------------------------
+
+    def remove_dead_pins(self) -> int:
+        """Pin files whose holder died (an evaluation's worker killed), and the pin folders left empty;
+        the number of files removed. Only while no pull or build holds ``using``, else at the next
+        pass: ``pin`` creates its file and then locks it under ``using``, and a sweep between the two
+        would take a live pin for a dead one (``evict`` and ``remove`` sweep under the same lock)."""
+        removed = 0
+        with self._lock("gc", wait=False) as held:
+            if not held:
+                return 0
+            for folder in (self.root / "pins").iterdir():
+                if _HEX.fullmatch(folder.name):
+                    removed += self._sweep_pins(folder)[1]
+                    with contextlib.suppress(OSError):  # not empty: a live pin
+                        folder.rmdir()
+        return removed
+
+    def remove_dead_builds(self) -> int:
+        """Build folders ``builds/<id>/`` (images/build.py) whose ``builds/<id>.lock`` no process holds: a
+        killed build's. What is mounted below one (its steps' overlays) is unmounted first; then the
+        folder and its lock go. A live build holds its lock from before its folder exists until after
+        it is gone, so a free lock beside a folder means a dead build. Returns how many went."""
+        builds = self.root / "builds"
+        removed = 0
+        for entry in sorted(builds.iterdir()) if builds.is_dir() else ():
+            if entry.is_symlink() or not entry.is_dir():
+                continue
+            lock = builds / f"{entry.name}.lock"
+            try:
+                fd = os.open(lock, os.O_RDWR | os.O_CLOEXEC | os.O_NOFOLLOW)
+            except FileNotFoundError:
+                fd = None  # its lock went first (a crash in its own cleanup): nobody holds it
+            try:
+                if fd is not None:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                if os.geteuid() == 0:
+                    mounts.unmount_below(entry)
+                safefs.remove_tree_nofollow(entry)
+                with contextlib.suppress(FileNotFoundError):
+                    lock.unlink()
+                removed += 1
+            except BlockingIOError:
+                continue  # a live build
+            except OSError as exc:  # left for the next pass
+                logger.warning("could not remove the dead build %s yet: %s", entry, exc)
+            finally:
+                if fd is not None:
+                    os.close(fd)
+        return removed
 
     # -- space ------------------------------------------------------------------------------
 
@@ -376,6 +484,41 @@ class ImageStore:
                 self._prune()
         return removed
 
+    def listing(self) -> list[dict]:
+        """What ``manage.py image list`` and GET /images show: one row per reference (an image with two
+        tags is two rows), most recently used first; an image no reference names (built without a
+        tag, imported from an untagged archive) is one row whose ref is None."""
+        rows = []
+        for record in sorted(self.images(), key=lambda r: (r.last_used_at, r.digest), reverse=True):
+            for ref in sorted(record.refs) or [None]:
+                rows.append(
+                    {
+                        "ref": ref,
+                        "digest": record.digest,
+                        "size_bytes": record.size_bytes,
+                        "last_used_at": record.last_used_at,
+                    }
+                )
+        return rows
+
+    # -- counters ---------------------------------------------------------------------------
+
+    def count(self, name: str) -> None:
+        """One more of ``name`` (pulls, builds, cache_hits) in ``counters.json``: a failure to write
+        it is logged, never raised (a metric is not worth a failed pull)."""
+        if name not in COUNTERS:
+            raise ValueError(f"unknown image counter {name!r}")
+        try:
+            with self._lock("counters"):
+                counts = self.counts()
+                counts[name] += 1
+                self._write_json(self.root / "counters.json", counts)
+        except (OSError, ImageUnavailable) as exc:
+            logger.warning("could not count an image %s: %s", name, exc)
+
+    def counts(self) -> dict[str, int]:
+        return read_counts(self.root)
+
     @staticmethod
     def _layer_bytes(path: Path) -> int:
         try:
@@ -393,6 +536,16 @@ class ImageStore:
             with contextlib.suppress(FileNotFoundError):
                 tmp.unlink()
             raise disk_error(exc, f"writing {path.name}") from None
+
+
+def read_counts(root: Path) -> dict[str, int]:
+    """The counters of the store at ``root``, 0 each when it has none (nothing is created: /metrics
+    reads them from the web process)."""
+    try:
+        saved = json.loads((Path(root) / "counters.json").read_text())
+    except (OSError, ValueError):
+        saved = {}
+    return {name: int(saved.get(name, 0)) if isinstance(saved, dict) else 0 for name in COUNTERS}
 
 
 def disk_error(exc: OSError, doing: str) -> OSError | ImageUnavailable:

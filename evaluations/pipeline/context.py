@@ -10,7 +10,7 @@ from pathlib import Path
 
 from assets import AssetView
 from evaluations import livelog
-from evaluations.environments import Environment
+from evaluations.environments import Environment, inside
 from evaluations.models import CANCEL_KINDS, ErrorKind, Evaluation
 from evaluations.network import urlguard
 from evaluations.network.egress import EgressProxy
@@ -72,6 +72,7 @@ class Context:
     environment: Environment | None = None  # the root filesystem of the task's commands (preparing_environment)
     image: ImageRoot | None = None  # when that root is an image's: mounted in the session (images/rootfs.py)
     image_config: dict | None = None  # the image's config: Env, WorkingDir, User...
+    image_digest: str = ""  # its manifest digest (the store's key)
     closing: contextlib.ExitStack = field(default_factory=contextlib.ExitStack)  # closed at cleanup
     egress: EgressProxy | None = None  # the evaluation's proxy: its commands' only way out (sandbox only)
     agent_interpreter: str | None = None  # absolute, chosen by downloading_task (pipeline/agentenv.py)
@@ -105,6 +106,29 @@ class Context:
             # SPEC §11: PATH with the venv first, caches and prefixes in HOME, the host's CAs.
             **toolchains.command_env(self.session, self.command_path, self.trusted_ca),
         }
+
+    @property
+    def workdir(self) -> str:
+        """Where the task's commands start, as they see it: the repository, or for a task without
+        one (SPEC §16) its image's WorkingDir."""
+        if self.task is not None and self.task.repo is None and self.image is not None:
+            return (self.image_config or {}).get("WorkingDir") or "/"
+        return str(self.session.repo)
+
+    def workdir_host(self) -> Path:
+        """``workdir`` as the executor reaches it: the session's repo/, or the folder inside the image's
+        root with every link resolved inside the root (the executor writes there only when no
+        command of the evaluation runs)."""
+        if self.task is not None and self.task.repo is None and self.image is not None:
+            inner = inside(self.image.rootfs, self.workdir)
+            if inner is None:
+                raise StepFailed(f"the image's WorkingDir {self.workdir} is gone", kind=ErrorKind.TASK_INVALID)
+            return self.image.rootfs / inner.lstrip("/")
+        return self.session.repo
+
+    def workdir_owner(self) -> int | None:
+        """The host uid files the executor writes for the commands belong to (the image's user is the lease)."""
+        return self.session.uid
 
     def image_env(self) -> dict[str, str]:
         """The image's ``Env`` ("NAME=value" items) as a mapping; empty without an image."""
@@ -163,7 +187,9 @@ class Context:
 
     def run(self, argv: list[str], *, env: dict[str, str], timeout_secs: float, policy: SandboxPolicy) -> CommandResult:
         """Run one command of this evaluation through the spawner; a cancel raises Cancelled."""
-        result = self.spawner.run(argv, cwd=self.session.repo, env=env, limits=self.limits(timeout_secs), policy=policy)
+        result = self.spawner.run(
+            argv, cwd=Path(self.workdir), env=env, limits=self.limits(timeout_secs), policy=policy
+        )
         self._log_kill(result)
         if result.limit is Limit.CANCELLED:
             self.raise_cancelled()

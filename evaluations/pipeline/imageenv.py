@@ -18,9 +18,13 @@ import os
 from pathlib import Path
 
 from evaluations import environments, languages, livelog
-from evaluations.images import rootfs
+from evaluations.environments import inside
+from evaluations.images import diff, rootfs
 from evaluations.images.errors import ImageError
+from evaluations.images.pull import pull
+from evaluations.images.store import ImageStore
 from evaluations.models import ErrorKind, Evaluation
+from evaluations.pipeline.agentenv import find_interpreter
 from evaluations.pipeline.context import Context, StepFailed
 from evaluations.pipeline.taskspec import ImageEnvironment
 from evaluations.runtime.idmap import IdMap, image_id_base
@@ -72,14 +76,10 @@ def _image(ctx: Context, spec: ImageEnvironment) -> None:
             "this executor has neither",
             kind=ErrorKind.INFRASTRUCTURE,
         )
-    from evaluations.images.store import ImageStore
-
-    store = ImageStore(config.images_dir)
+    store = ImageStore.of(config)  # IMAGES_DIR (default DATA_DIR/images), evicting down to IMAGES_MAX_BYTES
     progress = _progress(ctx)
     try:
         if spec.image is not None:
-            from evaluations.images.pull import pull
-
             result = pull(spec.image, store=store, config=config, progress=progress)
         else:
             result = _build(ctx, spec, store, progress)
@@ -87,6 +87,7 @@ def _image(ctx: Context, spec: ImageEnvironment) -> None:
         ctx.image_pin = ctx.closing.enter_context(store.pin(record.digest, ctx.eval_id))
         store.touch(record.digest)
         ctx.image_config = record.config
+        ctx.image_digest = record.digest
         ctx.image = _mount(ctx, store, record)
         ctx.closing.callback(rootfs.unmount_root, ctx.session.root)
     except ImageError as exc:
@@ -125,7 +126,52 @@ def _mount(ctx: Context, store, record):
             rootfs.unmount_root(ctx.session.root, remove=True)
             root = rootfs.mount_root(layers, ctx.session.root, IdMap(lease=lease, base=base, user=uid, group=gid))
     _trust_host_ca(ctx, root)
+    _make_workdir(root, (record.config or {}).get("WorkingDir") or "/")
     return root
+
+
+def _make_workdir(root, workdir: str) -> None:
+    """WorkingDir exists, as a container runtime makes it (owned by the image's root)."""
+    if inside(root.rootfs, workdir) is not None:
+        return
+    host = root.rootfs
+    for part in [p for p in workdir.split("/") if p not in ("", ".", "..")]:
+        host = host / part
+        if not os.path.lexists(host):
+            os.mkdir(host, 0o755)
+            os.chown(host, root.idmap.host_uid(0), root.idmap.host_gid(0))
+        elif not host.is_dir() or host.is_symlink():
+            raise ImageError(f"the image's WorkingDir {workdir} is not a folder")
+
+
+def agent_patch(ctx: Context) -> str:
+    """For a task without a repository: what the agent changed under WorkingDir, against the image."""
+    store = ImageStore.of(ctx.config)
+    record = store.image(ctx.image_digest)
+    layers = [store.layer_tree(layer) for layer in record.layers]
+    exclude = _executor_paths(ctx)
+    with rootfs.image_base(layers, ctx.session.root) as base:
+        return diff.image_patch(
+            rootfs.upper_of(ctx.session.root),
+            base,
+            ctx.workdir,
+            max_bytes=ctx.config.max_output_bytes * 8,
+            exclude=exclude,
+        )
+
+
+def _executor_paths(ctx: Context) -> tuple[str, ...]:
+    """What the executor and the sandbox put in the image's root, relative to WorkingDir: not the agent's."""
+    workdir = ctx.workdir.strip("/")
+    made = ["tmp", "proc", "dev", "sys", "run/term-executor", DISTRIBUTION_CA_BUNDLE.lstrip("/")]
+    made.append(str(ctx.config.workspace_base).strip("/"))
+    found = []
+    for path in made:
+        if not workdir:
+            found.append(path)
+        elif path.startswith(workdir + "/"):
+            found.append(path[len(workdir) + 1 :])
+    return tuple(found)
 
 
 def _trust_host_ca(ctx: Context, root) -> None:
@@ -151,7 +197,7 @@ def _check_programs(ctx: Context) -> None:
     """What the task's commands and the agent need from a root of their own, checked before any runs."""
     environment = ctx.environment
     if environment is None:
-        ctx.agent_interpreter = _agent_interpreter(ctx)
+        ctx.agent_interpreter = find_interpreter(ctx)  # the executor's, before any folder of the task exists
         return
     language = languages.ALL.get(ctx.evaluation.language)
     needed = {"bash": "the shell of install commands and tests"}
@@ -161,13 +207,7 @@ def _check_programs(ctx: Context) -> None:
     for program, role in needed.items():
         if environments.find_interpreter(environment, program) is None:
             raise StepFailed(f"{what} has no {program} ({role})")
-    ctx.agent_interpreter = _agent_interpreter(ctx)
-
-
-def _agent_interpreter(ctx: Context) -> str | None:
-    from evaluations.pipeline.agentenv import find_interpreter
-
-    return find_interpreter(ctx)
+    ctx.agent_interpreter = find_interpreter(ctx)  # the executor's, before any folder of the task exists
 
 
 def _progress(ctx: Context):

@@ -99,7 +99,7 @@ def materialise(ctx: Context) -> None:
     budget = ctx.config.disk_quota_bytes
     try:
         for asset in current.assets:
-            budget -= assets.copy_asset(asset, ctx.session.repo, owner=ctx.session.uid, max_bytes=budget)
+            budget -= assets.copy_asset(asset, ctx.workdir_host(), owner=ctx.workdir_owner(), max_bytes=budget)
             ctx.asset_excludes.append(asset.save_path)
     except assets.AssetError as exc:
         # Before the agent runs, what stands at a save_path is the task's (its base commit, its

@@ -12,7 +12,7 @@ from django.db import transaction
 from evaluations import languages, livelog
 from evaluations.models import ErrorKind, Evaluation, TestResult
 from evaluations.network import urlguard
-from evaluations.pipeline import archive, gitrepo, outcome, patch, static, taskspec, toolchains
+from evaluations.pipeline import archive, gitrepo, imageenv, outcome, patch, static, taskspec, toolchains
 from evaluations.pipeline.agentenv import agent_argv, installing_agent, task_env_for_agent
 from evaluations.pipeline.context import (
     Cancelled,
@@ -69,6 +69,9 @@ def downloading_task(ctx: Context) -> None:
 
 
 def cloning_repo(ctx: Context) -> None:
+    if ctx.task.repo is None:  # SPEC §16: the image's WorkingDir is the workspace; nothing to clone or cache
+        ctx.cache.clone(ctx, ctx.task, lambda: None, None)  # recorded as "off"
+        return
     policy = ctx.egress.policy if ctx.egress is not None else None
     try:
         _clone(ctx)
@@ -204,7 +207,7 @@ def running_agent(ctx: Context) -> None:
         **task_env_for_agent(ctx),
         **evaluation.env,  # the agent's own (its secrets): its process tree alone gets them
         "TASK_PROMPT": str(prompt_file),
-        "REPO_DIR": str(ctx.session.repo),
+        "REPO_DIR": ctx.workdir,
         "TASK_ID": ctx.eval_id,
     }
     static.materialise(ctx)  # the agent's own copy of each asset, in repo/<save_path>
@@ -220,6 +223,8 @@ def running_agent(ctx: Context) -> None:
             failure = Cancelled(f"agent timed out after {timeout} s", kind=ErrorKind.AGENT_TIMEOUT)
         elif result.limit is not None:
             failure = StepFailed(result.limit_detail, kind=ErrorKind.LIMIT_EXCEEDED)
+        elif ctx.task.repo is None:
+            produced["agent_patch"] = imageenv.agent_patch(ctx)  # the changes under WorkingDir, against the image
         else:
             produced["agent_patch"] = _agent_patch(ctx)
     finally:  # one write: the output whatever happened, and the patch when there is one
@@ -266,9 +271,10 @@ def running_tests(ctx: Context) -> None:
             # The task's file wins over whatever the agent left at its path (a folder, a link,
             # a FIFO, a file where a folder goes), as it does over a regular file: the tests
             # run with the task's files and judge the rest.
-            clear_way(session.repo, support.relpath)
-            write_file_nofollow(session.repo, support.relpath, support.data, support.mode)
-            _chown(session, support.relpath)
+            workdir = ctx.workdir_host()
+            clear_way(workdir, support.relpath)
+            write_file_nofollow(workdir, support.relpath, support.data, support.mode)
+            _chown(ctx, workdir, support.relpath)
     except (SafeFSError, OSError) as exc:  # what is left: the host (a full disk)
         raise StepFailed(f"could not write test support files: {exc}", kind=ErrorKind.INFRASTRUCTURE) from None
     session.tests.mkdir(mode=0o755, exist_ok=True)
@@ -291,9 +297,10 @@ def running_tests(ctx: Context) -> None:
         Evaluation.objects.filter(id=ctx.eval_id).update(test_output="\n".join(blocks))
 
 
-def _chown(session, relpath: str) -> None:
-    if session.uid is not None:
-        os.chown(session.repo / relpath, session.uid, session.uid, follow_symlinks=False)
+def _chown(ctx: Context, workdir: Path, relpath: str) -> None:
+    owner = ctx.workdir_owner()
+    if owner is not None:
+        os.chown(workdir / relpath, owner, owner, follow_symlinks=False)
 
 
 def _run_test(ctx: Context, position: int, test: taskspec.TestSpec, env, policy, deadline) -> TestResult:

@@ -24,6 +24,8 @@ from typing import NamedTuple
 import yaml
 
 from evaluations.environments import BadEnvironment, check_name
+from evaluations.images import reference
+from evaluations.images.errors import ImageError
 from evaluations.network.urlguard import URLRefused, check_git_url
 from executor_project.config import Config
 
@@ -354,6 +356,10 @@ def _image_environment(value: dict, root: Path) -> ImageEnvironment:
             raise TaskError(f"{where}: 'image' must be an image reference such as python:3.12-slim")
         if len(image) > MAX_IMAGE_REF_CHARS or _CONTROL.search(image) or any(c.isspace() for c in image):
             raise TaskError(f"{where}: 'image' {image[:80]!r} is not an image reference")
+        try:
+            reference.parse(image)  # its form; the registry it names is IMAGE_DEFAULT_REGISTRY's business
+        except ImageError as exc:
+            raise TaskError(f"{where}: {exc}") from None
         return ImageEnvironment(image=image)
     dockerfile = _inside_task(value["dockerfile"], root, "dockerfile", want_dir=False)
     context = _inside_task(value.get("context", str(Path(dockerfile).parent)), root, "context", want_dir=True)

@@ -117,7 +117,7 @@ class WorkspaceCache:
         self.repo = task.repo
 
     def _choose(self, task: TaskSpec, material: Callable[[], dict | None]) -> tuple[str, Store | None, dict]:
-        if self.config.workspace_cache == "off" or not task.cache:
+        if self.config.workspace_cache == "off" or not task.cache or task.repo is None:
             return CacheUse.OFF, None, {}
         if os.geteuid() != 0 or self.session.uid is None:
             log.info("the workspace cache needs root (idmapped mounts, a uid per evaluation); not used")

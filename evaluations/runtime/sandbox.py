@@ -220,8 +220,10 @@ class Bubblewrap(Runtime):
         self.bwrap = found
 
 
-def private_tmp(session_dir: Path, uid: int | None) -> Path:
-    """``<session>/tmp``, a real folder (not a link) owned by the command uid, mode 0700."""
+def private_tmp(session_dir: Path, uid: int | None, *, sticky: bool = False) -> Path:
+    """``<session>/tmp``, a real folder (not a link) owned by the command uid, mode 0700; ``sticky``:
+    1777, as a container's /tmp, where an image's other users (apt's ``_apt``) write too (the
+    session folder around it keeps every other host uid out)."""
     tmp = session_dir / "tmp"
     try:
         os.mkdir(tmp, 0o700)
@@ -233,6 +235,8 @@ def private_tmp(session_dir: Path, uid: int | None) -> Path:
         if uid is not None and os.fstat(fd).st_uid != uid:
             os.fchown(fd, uid, uid)
             os.fchmod(fd, 0o700)
+        if sticky and stat.S_IMODE(os.fstat(fd).st_mode) != 0o1777:
+            os.fchmod(fd, 0o1777)
     finally:
         os.close(fd)
     return tmp

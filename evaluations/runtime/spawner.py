@@ -233,7 +233,7 @@ class Spawner:
             tmp = fresh_tmp(self.session_dir, self.uid)
             closing.callback(remove_tree_nofollow, tmp)
         elif isolated:
-            tmp = private_tmp(self.session_dir, self.uid)
+            tmp = private_tmp(self.session_dir, self.uid, sticky=policy.image is not None)
         policy = dataclasses.replace(
             policy,
             namespaces=isolated,

@@ -14,14 +14,19 @@
    (pipeline/cancel.py).
 5. Several tasks are a batch (SPEC §14): its evaluations are created claimed at
    once and run here one after the other, each as one task is.
+6. ``manage.py image build`` builds a Dockerfile here (``build_image``) with what an evaluation's
+   build gets from the pipeline: the worker's sandbox (``prepare_to_run``), a uid of the pool leased
+   as the pipeline leases one, and an egress proxy under the EGRESS rules for its RUNs.
 """
 
 from __future__ import annotations
 
 import base64
+import contextlib
 import gzip
 import os
 import re
+import shutil
 import socket
 import tarfile
 import tempfile
@@ -48,7 +53,7 @@ from evaluations.models import (
     WorkerHeartbeat,
 )
 from evaluations.pipeline.cancel import CancelState, start_watching
-from evaluations.pipeline.run import run_pipeline
+from evaluations.pipeline.run import EGRESS_SOCKET, _lease_uid, run_pipeline
 from evaluations.runtime import Runtime
 
 _URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
@@ -328,3 +333,62 @@ class LocalRun:
             error = f"{row['step']}: internal error: {cause}"
             lifecycle.finish(self.eval_id, Status.FAILED, error=error, kind=ErrorKind.INFRASTRUCTURE)
         return Evaluation.objects.prefetch_related("transitions", "test_results").get(id=self.eval_id)
+
+
+def build_image(
+    dockerfile: Path,
+    context: Path,
+    build_args: dict[str, str],
+    target: str | None,
+    *,
+    tag: str | None,
+    store,
+    config,
+    progress,
+):
+    """Build ``dockerfile`` (images/build.py) as an evaluation's build runs: every RUN in the sandbox as a
+    leased uid of the pool (root in name only over its image id range), egress through a proxy of
+    its own under the EGRESS rules when BUILD_NETWORK is on. LocalRunError when this host cannot
+    (no sandbox, not root); ImageError for what the Dockerfile or its images get wrong."""
+    from evaluations.images.build import BuildEnvironment, build
+    from evaluations.network.egress import EgressProxy, egress_policy
+    from evaluations.network.egress.relay import ensure_socat_bundle
+    from evaluations.pipeline.context import RELAY_BUNDLE
+    from evaluations.pipeline.toolchains import CA_VARIABLES, host_ca
+    from evaluations.runtime.idmap import image_id_base
+    from evaluations.worker.startup import StartupError, prepare_to_run
+
+    try:
+        runtime = prepare_to_run(config)
+    except StartupError as exc:
+        raise LocalRunError(str(exc)) from exc
+    if not runtime.isolated or os.geteuid() != 0:
+        raise LocalRunError("Building an image needs the sandbox (SANDBOX=bwrap) and root (user namespaces, mounts).")
+    with contextlib.ExitStack() as stack:
+        lease = _lease_uid(config)
+        stack.callback(lease.release)  # not marked clean: the next holder scrubs it
+        folder = Path(tempfile.mkdtemp(prefix="te-image-build-", dir=config.workspace_base))
+        stack.callback(shutil.rmtree, folder, ignore_errors=True)
+        os.chmod(folder, 0o711)  # the lease passes through to its proxy's socket
+        fields = {}
+        if config.build_network == "on":
+            proxy = EgressProxy(folder / EGRESS_SOCKET, egress_policy(config), allowed_uid=lease.uid).start()
+            stack.callback(proxy.close)
+            fields = {
+                "egress_socket": Path(proxy.socket_path),
+                "relay_bundle": ensure_socat_bundle(config.workspace_base / RELAY_BUNDLE),
+            }
+        ca = host_ca(config, sandboxed=True)
+        environment = BuildEnvironment(
+            runtime=runtime,
+            uid=lease.uid,
+            id_base=image_id_base(config.image_uid_base, lease.uid, config.sandbox_uid),
+            config=config,
+            progress=progress,
+            ca_bundle=ca.host if ca is not None else None,
+            extra_env=dict.fromkeys(CA_VARIABLES, ca.sandbox) if ca is not None else {},
+            eval_id=f"cli-{os.getpid()}",
+            exclusive_uid=True,
+            **fields,
+        )
+        return build(dockerfile, context, build_args, target, store=store, env=environment, tag=tag)

@@ -49,12 +49,15 @@ class ReapSummary:
     purged: int = 0
     processes_killed: int = 0
     cgroups_removed: int = 0
+    image_builds_removed: int = 0
+    image_pins_removed: int = 0
 
     def line(self, dry_run: bool = False) -> str:
         prefix = "reap_sessions (dry run):" if dry_run else "reap_sessions:"
         return (
             f"{prefix} expired={self.expired} lost={self.lost} folders_removed={self.folders_removed} "
-            f"purged={self.purged} processes_killed={self.processes_killed} cgroups_removed={self.cgroups_removed}"
+            f"purged={self.purged} processes_killed={self.processes_killed} cgroups_removed={self.cgroups_removed} "
+            f"image_builds_removed={self.image_builds_removed} image_pins_removed={self.image_pins_removed}"
         )
 
 
@@ -224,6 +227,7 @@ def reap(config, *, dry_run: bool = False) -> ReapSummary:
     summary.cgroups_removed = remove_stale_cgroups(config, dry_run=dry_run)
     if not dry_run:
         tend_cache(config)
+        summary.image_builds_removed, summary.image_pins_removed = tend_images(config)
         if ended := lifecycle.settle_stranded():
             logger.warning("ended %d batch(es) whose last evaluation ended without ending them", ended)
     return summary
@@ -272,6 +276,23 @@ def tend_cache(config) -> int:
     except OSError as exc:
         logger.warning("workspace cache eviction failed: %s", exc)
     return removed
+
+
+def tend_images(config) -> tuple[int, int]:
+    """The image store (SPEC §16): build folders of builds whose process died (their lock free;
+    unmounted, then removed) and pins whose holder died. (builds removed, pin files removed);
+    nothing when there is no store yet."""
+    root = config.images_root
+    if not root.is_dir():
+        return 0, 0
+    from evaluations.images.store import ImageStore
+
+    store = ImageStore(root)
+    try:
+        return store.remove_dead_builds(), store.remove_dead_pins()
+    except OSError as exc:
+        logger.warning("image store upkeep failed: %s", exc)
+        return 0, 0
 
 
 def _is_uuid(text: str) -> bool:

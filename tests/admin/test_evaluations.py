@@ -82,3 +82,33 @@ def test_detail_shows_the_resources_with_peak_files_and_without_for_older_rows(a
     Evaluation.objects.filter(id=finished.id).update(resources=figures)  # recorded before peak_files existed
     html = admin_client.get(f"/admin/evaluations/evaluation/{finished.id}/change/").content.decode()
     assert "peak disk 1.0 MiB" in html and "peak files" not in html
+
+
+def test_detail_shows_the_environment_and_the_list_does_not(admin_client, finished):
+    detail = f"/admin/evaluations/evaluation/{finished.id}/change/"
+    assert (
+        "not recorded (the evaluation did not reach preparing_environment)" in admin_client.get(detail).content.decode()
+    )
+    digest = "sha256:" + "ab" * 32
+    Evaluation.objects.filter(id=finished.id).update(
+        environment={"kind": "image", "ref": "python:3.12-slim", "digest": digest, "cached": True}
+    )
+    html = admin_client.get(detail).content.decode()
+    assert (
+        f'image: python:3.12-slim<br>digest <code class="te-digest">{digest}</code><br>'
+        "cached: the image store had it, nothing was pulled"
+    ) in html
+    assert digest not in admin_client.get("/admin/evaluations/evaluation/").content.decode()
+    Evaluation.objects.filter(id=finished.id).update(
+        environment={"kind": "dockerfile", "ref": "env/Dockerfile", "digest": digest, "cached": False}
+    )
+    assert "dockerfile: env/Dockerfile<br>" in admin_client.get(detail).content.decode()
+    assert "built now" in admin_client.get(detail).content.decode()
+    Evaluation.objects.filter(id=finished.id).update(
+        environment={"kind": "name", "ref": "<bookworm>", "digest": None, "cached": True}
+    )
+    assert "name: &lt;bookworm&gt; (under ENVIRONMENTS_ROOT)" in admin_client.get(detail).content.decode()
+    Evaluation.objects.filter(id=finished.id).update(
+        environment={"kind": "host", "ref": None, "digest": None, "cached": True}
+    )
+    assert "host: the executor&#x27;s own system folders" in admin_client.get(detail).content.decode()

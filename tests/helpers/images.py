@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import fcntl
 import gzip
 import hashlib
 import http.client
@@ -32,7 +33,10 @@ import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import pytest
+
 from executor_project.config import load
+from tests.helpers import environments as environment_helpers
 from tests.helpers.httpserver import make_tls_files
 from tests.helpers.service import PROJECT
 
@@ -469,3 +473,34 @@ class FakeRegistry:
             req.wfile.write(body[half:])
 
         return handle
+
+
+# -- the suite's registry and base image (fixtures in tests/conftest.py) -----------------------
+
+
+def need_registry() -> None:
+    if shutil.which("docker-registry") is None:
+        reason = "docker-registry is not installed (apt-get install -y docker-registry)"
+        if os.environ.get("REQUIRE_SANDBOX") == "1":
+            pytest.fail(f"REQUIRE_SANDBOX=1 but {reason}")
+        pytest.skip(reason)
+
+
+def need_root() -> None:
+    if os.geteuid() != 0:
+        if os.environ.get("REQUIRE_SANDBOX") == "1":
+            pytest.fail("REQUIRE_SANDBOX=1 but the image tests need root (owners, device nodes, overlay xattrs)")
+        pytest.skip("unpacking layers needs root (owners, whiteout devices, trusted.* xattrs)")
+
+
+def base_layer_tarball(debian_root) -> Path:
+    """The suite's Debian tree as one gzip'd layer tar, kept in data/cache/images between runs (named
+    after the debootstrap tarball it comes from); built from ``debian_environment`` only when missing."""
+    debootstrap = environment_helpers.cached_tarball()
+    out = IMAGE_CACHE / f"{debootstrap.name.removesuffix('.tar.gz')}-layer.tar.gz"
+    IMAGE_CACHE.mkdir(parents=True, exist_ok=True)
+    with open(IMAGE_CACHE / ".build.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not out.is_file():
+            tree_layer(debian_root(), out)
+    return out

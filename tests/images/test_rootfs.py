@@ -18,9 +18,8 @@ import pytest
 
 from evaluations.cache import mounts
 from evaluations.images import rootfs
-from evaluations.runtime import Bubblewrap, SandboxPolicy, Spawner, probe_bwrap
+from evaluations.runtime import SandboxPolicy, Spawner
 from evaluations.runtime.idmap import ID_COUNT, IdMap
-from evaluations.runtime.sandbox import usable_language_runtimes
 from tests.runtime.support import DEFAULT_LIMITS, UID
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="an image's root needs root (mounts)")
@@ -28,16 +27,6 @@ pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="an image's root needs
 # A range far from every uid of the suite, one per xdist worker.
 _WORKER = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw") or 0)
 RANGE = 400_000_000 + _WORKER * 4 * ID_COUNT
-
-
-@pytest.fixture(scope="module")
-def bwrap_runtime():
-    works, detail = probe_bwrap()
-    if not works:
-        if os.environ.get("REQUIRE_SANDBOX") == "1":
-            pytest.fail(f"REQUIRE_SANDBOX=1 but bubblewrap does not work here: {detail}")
-        pytest.skip(f"bubblewrap does not work here: {detail}")
-    return Bubblewrap(usable_language_runtimes(UID))
 
 
 @pytest.fixture
@@ -144,3 +133,31 @@ def test_the_maps_put_the_user_at_the_lease():
     assert not idmap.owns_uid(1_001_000) and idmap.owns_uid(60001)
     assert IdMap(lease=5, base=100).uid_lines() == "0 5 1\n1 101 65535\n"
     assert IdMap(lease=5, base=100, user=65535).uid_lines() == "0 100 65535\n65535 5 1\n"
+
+
+def test_the_evaluations_layer_counts_in_its_disk_quota_and_file_count(image_session, layer):
+    """What a command writes anywhere in the image lands in the session, where the limits look."""
+    import dataclasses
+
+    from evaluations.runtime import Limit
+
+    spawner, root, session = image_session(layers=layer)
+    limits = dataclasses.replace(DEFAULT_LIMITS, disk_quota_bytes=20 * 1024 * 1024, max_files=5000)
+    policy = SandboxPolicy(image=root)
+    env = {"PATH": "/usr/bin:/bin"}
+    disk = spawner.run(
+        ["/bin/sh", "-c", "for i in 1 2 3 4 5 6; do head -c 5M /dev/zero > /var/big$i; done; sleep 30"],
+        cwd=Path("/"),
+        env=env,
+        limits=limits,
+        policy=policy,
+    )
+    assert disk.limit is Limit.DISK, disk
+    files = spawner.run(
+        ["/bin/sh", "-c", "rm -f /var/big*; mkdir -p /srv/many && cd /srv/many && seq 1 8000 | xargs touch; sleep 30"],
+        cwd=Path("/"),
+        env=env,
+        limits=limits,
+        policy=policy,
+    )
+    assert files.limit is Limit.FILES, files

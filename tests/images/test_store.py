@@ -118,7 +118,8 @@ def test_a_full_disk_is_reported_as_ours(registry, pull_config, tmp_path):
 
 
 def test_a_pull_evicts_older_images_beyond_the_limit_but_never_itself(registry, store):
-    config = image_config(registry, IMAGES_MAX_BYTES="1")
+    config = image_config(registry, IMAGES_MAX_BYTES="1", IMAGES_DIR=str(store.root))
+    store = ImageStore.of(config)
     old = push_image(registry, "store/old:v1", layers=[layer(member("old", b"o" * 10000))])
     new = push_image(registry, "store/new:v1", layers=[layer(member("new", b"n" * 10000))])
     assert pull(old.ref, store=store, config=config).record.digest == old.digest

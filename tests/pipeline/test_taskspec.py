@@ -461,6 +461,7 @@ def test_a_dockerfile_environment_reads_its_paths_inside_the_task(tmp_path):
         ("{image: ''}", "'image' must be an image reference such as python:3.12-slim"),
         ("{image: 'a b'}", "'image' 'a b' is not an image reference"),
         ("{image: 12}", "'image' must be an image reference such as python:3.12-slim"),
+        ("{image: 'Python:3'}", "The image reference 'Python:3' must be lower case in its repository name."),
         (
             "{dockerfile: ../Dockerfile}",
             "'dockerfile' '../Dockerfile' must be a relative path inside the task, without '..'",

@@ -1,17 +1,24 @@
 """The reaper (evaluations/worker/reaper.py): RETENTION_DAYS purges old rows (the counters /metrics and
-/status report never go down), and session folders a dead process left are removed."""
+/status report never go down), and session folders, image builds and image pins a dead process left
+are removed."""
 
 import dataclasses
+import signal
+import subprocess
+import sys
+import textwrap
 import uuid
 
 import pytest
 from django.utils import timezone
 
 from evaluations import lifecycle, stats
+from evaluations.images.store import ImageRecord, ImageStore, now_iso
 from evaluations.models import Evaluation, PurgedTotals, Status
 from evaluations.pipeline.session import RETIRED_PREFIX, Session
 from evaluations.runtime import sandbox_uid
 from evaluations.worker import reaper
+from tests.helpers.service import PROJECT
 
 pytestmark = pytest.mark.django_db
 
@@ -99,3 +106,93 @@ def test_the_reaper_removes_retired_folders_a_dead_process_left_but_not_fresh_on
     assert first.exists() and second.exists()
     assert reaper.remove_orphan_folders(base) == (2, 0)
     assert sorted(p.name for p in base.iterdir()) == [not_ours.name]
+
+
+# -- the image store (SPEC §16): builds and pins of dead processes ----------------------------------
+
+DEAD_BUILD = """
+import fcntl, os, subprocess, sys, time
+builds, name = sys.argv[1], sys.argv[2]
+lock = os.open(f"{builds}/{name}.lock", os.O_RDWR | os.O_CREAT, 0o600)
+fcntl.flock(lock, fcntl.LOCK_EX)
+os.makedirs(f"{builds}/{name}/1/rootfs")
+open(f"{builds}/{name}/1/file", "w").write("x")
+if os.geteuid() == 0:  # a step's root, mounted as a build's overlay is
+    subprocess.run(["mount", "-t", "tmpfs", "tmpfs", f"{builds}/{name}/1/rootfs"], check=True)
+    open(f"{builds}/{name}/1/rootfs/inside", "w").write("x")
+print("building", flush=True)
+time.sleep(600)
+"""
+
+
+def _started(code, *args):
+    child = subprocess.Popen([sys.executable, "-c", textwrap.dedent(code), *map(str, args)], cwd=PROJECT,
+                             stdout=subprocess.PIPE, text=True)  # fmt: skip
+    assert child.stdout.readline() != "", "the child died before it was ready"
+    return child
+
+
+def _killed(child):
+    child.send_signal(signal.SIGKILL)
+    child.wait()
+
+
+def _mounted_below(folder) -> bool:
+    with open("/proc/self/mountinfo") as info:
+        return any(line.split()[4].startswith(str(folder) + "/") for line in info)
+
+
+def test_the_reaper_removes_builds_whose_process_died_unmounting_them_but_not_live_ones(settings, tmp_path):
+    config = dataclasses.replace(settings.EXECUTOR, images_dir=tmp_path / "images")
+    builds = ImageStore(config.images_root).root / "builds"
+    builds.mkdir()
+    dead, live = _started(DEAD_BUILD, builds, "deadbuild"), _started(DEAD_BUILD, builds, "livebuild")
+    try:
+        _killed(dead)
+        assert (builds / "deadbuild.lock").exists()  # a killed build leaves its folder and lock
+        assert reaper.tend_images(config) == (1, 0)
+        assert sorted(p.name for p in builds.iterdir()) == ["livebuild", "livebuild.lock"]
+        assert not _mounted_below(builds / "deadbuild")
+        assert reaper.tend_images(config) == (0, 0)  # idempotent; the live one untouched
+        assert (builds / "livebuild" / "1" / "file").exists()
+    finally:
+        _killed(live)
+    summary = reaper.reap(dataclasses.replace(config, workspace_base=tmp_path / "sessions"))
+    assert summary.image_builds_removed == 1 and "image_builds_removed=1" in summary.line()
+    assert list(builds.iterdir()) == [] and not _mounted_below(builds)
+
+
+PINNER = """
+import sys, time
+from evaluations.images.store import ImageStore
+with ImageStore(sys.argv[1]).pin(sys.argv[2], sys.argv[3]):
+    print("pinned", flush=True)
+    time.sleep(600)
+"""
+
+
+def test_the_reaper_removes_pins_whose_holder_died_but_not_live_ones(settings, tmp_path):
+    config = dataclasses.replace(settings.EXECUTOR, images_dir=tmp_path / "images")
+    store = ImageStore(config.images_root)
+    digests = []
+    for n in range(2):
+        digest = "sha256:" + f"{n}" * 64
+        store.save_image(ImageRecord(digest, [], {}, [], 0, "import", now_iso(), now_iso()), refs=[f"local/x{n}:v1"])
+        digests.append(digest)
+    dead = _started(PINNER, store.root, digests[0], "eval-dead")
+    live = _started(PINNER, store.root, digests[1], "eval-live")
+    try:
+        _killed(dead)
+        pins = store.root / "pins"
+        assert (pins / digests[0].removeprefix("sha256:") / "eval-dead").exists()
+        with store.using():  # a pull adding layers (and perhaps making a pin): no sweep meanwhile
+            assert reaper.tend_images(config) == (0, 0)
+        assert (pins / digests[0].removeprefix("sha256:") / "eval-dead").exists()
+        assert reaper.tend_images(config) == (0, 1)
+        assert sorted(p.name for p in pins.iterdir()) == [digests[1].removeprefix("sha256:")]  # empty folder gone
+        assert store.pinned(digests[1])
+        assert reaper.tend_images(config) == (0, 0)
+    finally:
+        _killed(live)
+    assert reaper.tend_images(config) == (0, 1)
+    assert list((store.root / "pins").iterdir()) == []

@@ -63,11 +63,11 @@ class Command(BaseCommand):
         for row in rows:
             files = "?" if row["files"] is None else row["files"]  # built before files were counted
             self.stdout.write(
-                f"{row['key']:32}  {_size(row['size_bytes']):>9}  {files:>9}  {row['last_used']:20}  {row['hits']:>5}  "
+                f"{row['key']:32}  {human_size(row['size_bytes']):>9}  {files:>9}  {row['last_used']:20}  {row['hits']:>5}  "
                 f"{row['base_commit'][:11]:11}  {row['repository']}"
             )
         self.stdout.write(
-            f"{len(rows)} snapshots; {_size(total.bytes)} and {total.files} files with the mirrors, in {store.root}"
+            f"{len(rows)} snapshots; {human_size(total.bytes)} and {total.files} files with the mirrors, in {store.root}"
         )
 
     def _clear(self, store: Store, keys: list[str]) -> None:
@@ -87,7 +87,7 @@ def _iso(seconds: float) -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(seconds))
 
 
-def _size(size: int) -> str:
+def human_size(size: int) -> str:
     for unit in ("B", "KiB", "MiB", "GiB"):
         if size < 1024 or unit == "GiB":
             return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"

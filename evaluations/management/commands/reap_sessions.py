@@ -7,6 +7,8 @@
 3. Deletes session folders under WORKSPACE_BASE that belong to no live
    evaluation, never following a link out of it.
 4. Purges evaluations older than RETENTION_DAYS (0 keeps them).
+5. Tends the workspace cache and the image store: builds a dead process left
+   (unmounted and removed) and image pins whose holder died.
 Every part is conditional on the state it expects: safe twice, safe beside a worker.
 """
 
@@ -17,7 +19,10 @@ from evaluations.worker.reaper import reap
 
 
 class Command(BaseCommand):
-    help = "Cancel expired evaluations, fail lost workers' ones, delete orphan session folders, purge old rows."
+    help = (
+        "Cancel expired evaluations, fail lost workers' ones, delete orphan session folders, purge old rows, "
+        "remove dead builds and pins of the image store."
+    )
 
     def add_arguments(self, parser):
         parser.add_argument("--dry-run", action="store_true", help="count what would be done, change nothing")
