@@ -309,3 +309,36 @@ def test_a_build_past_build_timeout_secs_is_stopped_in_its_run(
         build(context / "Dockerfile", context, None, None, store=build_store, env=env)
     assert str(caught.value) == "Dockerfile line 2 (RUN): the build took longer than BUILD_TIMEOUT_SECS (2 s)."
     assert not list((build_images_dir / "builds").iterdir())  # the build folder and its lock went with it
+
+
+def test_links_in_the_image_and_in_a_tar_never_lead_the_builder_onto_the_host(builder, store):
+    """The builder writes as host root through the step's mount: an image's absolute link is
+    resolved inside the image, and a tar member through a link leaving its folder is refused."""
+    marker = f"te-build-{os.getpid()}"
+    dockerfile = f"FROM {BASE_REF}\nRUN ln -s /etc /x && ln -s ../../../../tmp /etc/up\nCOPY {marker} /x/up/\n"
+    result, _ = builder({"Dockerfile": dockerfile, marker: "inside\n"})
+    assert read(store, result.record, f"/tmp/{marker}") == "inside\n"  # the image's /tmp, via its /etc/up
+    assert not os.path.lexists(f"/tmp/{marker}") and not os.path.lexists(f"/etc/{marker}")
+
+    def tar_bytes(*members) -> bytes:
+        out = io.BytesIO()
+        with tarfile.open(fileobj=out, mode="w") as tar:
+            for name, kind, target in members:
+                info = tarfile.TarInfo(name)
+                if kind == "link":
+                    info.type, info.linkname = tarfile.SYMTYPE, target
+                    tar.addfile(info)
+                else:
+                    info.size = 2
+                    tar.addfile(info, io.BytesIO(b"x\n"))
+        return out.getvalue()
+
+    for members, sentence in (
+        ([("../../escape", "file", "")], "has a member outside its folder: ../../escape."),
+        ([("lnk", "link", "/etc"), (f"lnk/{marker}", "file", "")], f"has a member outside its folder: lnk/{marker}."),
+    ):
+        files = {"Dockerfile": f"FROM {BASE_REF}\nADD evil.tar /unpacked/\n", "evil.tar": tar_bytes(*members)}
+        with pytest.raises(ImageError) as caught:
+            builder(files)
+        assert str(caught.value) == f"Dockerfile line 2 (ADD): the archive evil.tar {sentence}"
+    assert not os.path.lexists(f"/etc/{marker}")
