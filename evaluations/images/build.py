@@ -42,10 +42,11 @@ from pathlib import Path
 
 from evaluations import safefs
 from evaluations.cache import mounts
+from evaluations.environments import inside
 from evaluations.images import context as ctx
 from evaluations.images import dockerfile as df
 from evaluations.images import rootfs
-from evaluations.images.commit import OPAQUE, commit
+from evaluations.images.commit import commit
 from evaluations.images.errors import ImageError, ImageUnavailable
 from evaluations.images.pull import pull, this_platform
 from evaluations.images.reference import parse as parse_reference
@@ -153,11 +154,21 @@ class _Builder:
         self.stack = contextlib.ExitStack()
         self.cache_dir = store.root / "build-cache"
         self.global_args = self._global_args()
+        self.pinned: set[str] = set()  # the images this build holds pins on
         self.states: dict[int, _State] = {}  # the stages built so far, by index (FROM and COPY --from use them)
+        self._spawner: Spawner | None = None
 
     # -- the build's folder, lock and spawner ----------------------------------------------------
 
     def __enter__(self) -> _Builder:
+        try:
+            self._enter()
+        except BaseException:
+            self.stack.close()
+            raise
+        return self
+
+    def _enter(self) -> None:
         builds = self.store.root / "builds"
         builds.mkdir(mode=0o711, exist_ok=True)
         self.cache_dir.mkdir(mode=0o700, exist_ok=True)
@@ -167,11 +178,15 @@ class _Builder:
         fcntl.flock(lock, fcntl.LOCK_EX)
         self.folder = builds / self.id
         self.folder.mkdir(mode=0o711)  # the lease's bwrap reaches each step's rootfs through it
+        # The RUNs' /tmp (the spawner's private tmp): 1777 as an image's own /tmp, not the lease's
+        # 0700, since a RUN's tools switch users (apt verifies signatures as _apt there).
+        tmp = self.folder / "tmp"
+        tmp.mkdir()
+        os.chown(tmp, self.env.uid, self.env.uid)
+        os.chmod(tmp, 0o1777)
         self.stack.callback(safefs.remove_tree_nofollow, self.folder)
         self.stack.callback(mounts.unmount_below, self.folder)
         self.stack.enter_context(self.store.using())  # no prune between a layer and the record naming it
-        self._spawner: Spawner | None = None
-        return self
 
     def __exit__(self, *exc) -> None:
         if self._spawner is not None:
@@ -306,7 +321,9 @@ class _Builder:
             raise
         except ImageError as exc:
             raise instruction.error(str(exc)) from None
-        self.stack.enter_context(self.store.pin(record.digest, f"build-{self.id}"))
+        if record.digest not in self.pinned:  # one pin per image: a second flock of it would wait on the first
+            self.stack.enter_context(self.store.pin(record.digest, f"build-{self.id}"))
+            self.pinned.add(record.digest)
         return record
 
     # -- instructions that only change the config ------------------------------------------------
@@ -446,12 +463,12 @@ class _Builder:
             _mkdirs(root.rootfs, workdir, 0, 0, idmap)
             self._run_command(instruction, root, idmap, argv, workdir, state)
 
-        return self._layer_step(state, instruction, argv, None, action, user=lambda: self._user_of(state, instruction))
+        return self._layer_step(state, instruction, argv, None, action, user=state.config.get("User") or "")
 
     def _run_command(self, instruction, root, idmap: IdMap, argv, workdir: str, state: _State) -> None:
         env = {**self.env.extra_env, **state.args, **_env_dict(state.config)}
         env.setdefault("PATH", df.DEFAULT_PATH)
-        env.setdefault("HOME", _home(self.store, state.layers, idmap.user))
+        env.setdefault("HOME", _home(root.rootfs, idmap.user))
         network = self.config.build_network == "on" and self.env.egress_socket is not None
         policy = SandboxPolicy(
             image=root,
@@ -465,7 +482,7 @@ class _Builder:
         result = self.spawner.run(argv, cwd=Path(workdir), env=env, limits=self._limits(), policy=policy)
         if result.limit is Limit.CANCELLED:
             raise ImageUnavailable("The build was cancelled.")
-        if result.limit is Limit.TIMEOUT and time.monotonic() >= self.deadline - 0.5:
+        if result.limit is Limit.TIMEOUT:  # each RUN's timeout is what is left of the build's
             raise self._timeout(instruction)
         if result.limit is not None or result.exit_code != 0:
             why = result.limit_detail if result.limit is not None else f"exited with status {result.exit_code}"
@@ -507,7 +524,7 @@ class _Builder:
         spec = {"sources": names, "dest": dest, "folder": into_folder, "chown": chown, "chmod": chmod}
 
         def action(root: rootfs.ImageRoot, idmap: IdMap) -> None:
-            owner = (*self._owner(state, instruction, chown), chmod)
+            owner = (*self._owner(instruction, root.rootfs, chown), chmod)
             with contextlib.ExitStack() as stack:
                 found = copies
                 if from_layers is not None:
@@ -583,17 +600,16 @@ class _Builder:
 
     # -- a layer step: cache, mount, action, commit ------------------------------------------------
 
-    def _layer_step(self, state, instruction, spec, content, action, *, user=(0, 0)) -> _State:
+    def _layer_step(self, state, instruction, spec, content, action, *, user: str = "") -> _State:
         key = _key(state.key, instruction.keyword, spec, sorted(state.args.items()), content)
         entry = self._cached(key)
         if entry is None:
-            with self._key_lock(key):  # a second build of this key waits here, then finds the entry
+            with self._key_lock(key, instruction):  # a second build of this key waits, then finds the entry
                 entry = self._cached(key)
                 if entry is None:
                     self.all_hits = False
-                    user = user() if callable(user) else user
-                    idmap = IdMap(lease=self.env.uid, base=self.env.id_base, user=user[0], group=user[1])
-                    entry = {"layer": self._make_layer(state.layers, idmap, action), "created_at": now_iso()}
+                    layer = self._make_layer(instruction, state.layers, user, action)
+                    entry = {"layer": layer, "created_at": now_iso()}
                     _write_json(self.cache_dir / f"{key}.json", entry)
                     layers = [*state.layers, entry["layer"]] if entry["layer"] else list(state.layers)
                     return _State(layers, state.config, key, state.args)
@@ -612,22 +628,37 @@ class _Builder:
         return entry
 
     @contextlib.contextmanager
-    def _key_lock(self, key: str) -> Iterator[None]:
+    def _key_lock(self, key: str, instruction: df.Instruction) -> Iterator[None]:
         fd = os.open(self.cache_dir / f"{key}.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                self.env.progress(f"line {instruction.line}: {instruction.keyword} waits for another build of it")
+                fcntl.flock(fd, fcntl.LOCK_EX)
             yield
         finally:
             os.close(fd)
 
-    def _make_layer(self, layers: list[str], idmap: IdMap, action) -> str | None:
+    def _make_layer(self, instruction: df.Instruction, layers: list[str], user: str, action) -> str | None:
+        """Mount ``layers`` with a writable upper, run ``action(root, idmap)``, commit the upper.
+
+        The map puts ``user`` (the stage's USER, read from the image's own /etc/passwd once it is
+        mounted) at the lease: the root is mounted again under that map when it is not root.
+        """
         self.steps += 1
         folder = self.folder / str(self.steps)
         folder.mkdir(mode=0o711)
+        trees = [self.store.layer_tree(layer) for layer in layers]
+        idmap = IdMap(lease=self.env.uid, base=self.env.id_base)
         try:
             try:
-                root = rootfs.mount_root([self.store.layer_tree(layer) for layer in layers], folder, idmap,
-                                         redirect_dir=False)  # fmt: skip
+                root = rootfs.mount_root(trees, folder, idmap, redirect_dir=False)
+                uid, gid = self._resolve(instruction, root.rootfs, user) if user else (0, 0)
+                if (uid, gid) != (0, 0):
+                    rootfs.unmount_root(folder, remove=True)
+                    idmap = IdMap(lease=self.env.uid, base=self.env.id_base, user=uid, group=gid)
+                    root = rootfs.mount_root(trees, folder, idmap, redirect_dir=False)
                 action(root, idmap)
             finally:
                 mounts.unmount_below(folder)
@@ -684,23 +715,19 @@ class _Builder:
             else:
                 _copy_file(entry.host, final, host_uid, host_gid, mode, entry.mtime_ns)
 
-    def _owner(self, state: _State, instruction, chown: str | None) -> tuple[int, int]:
-        """--chown=user[:group] as ids inside the image, names through its /etc/passwd and /etc/group."""
+    def _owner(self, instruction, root: Path, chown: str | None) -> tuple[int, int]:
+        """--chown=user[:group] as ids inside the image, names through its /etc/passwd and /etc/group;
+        a user alone is also the group, by its number (Docker's rule)."""
         if not chown:
             return 0, 0
-        user, _, group = chown.partition(":")
-        uid, _ = _lookup_user(self.store, state.layers, user, instruction)
-        if not group:  # Docker: a user alone is also the group, by its number
-            return uid, uid
-        return uid, _lookup_group(self.store, state.layers, group, instruction)
+        uid, gid = self._resolve(instruction, root, chown)
+        return (uid, gid) if ":" in chown else (uid, uid)
 
-    def _user_of(self, state: _State, instruction) -> tuple[int, int]:
-        spec = state.config.get("User") or ""
-        if not spec:
-            return 0, 0
-        user, _, group = spec.partition(":")
-        uid, primary = _lookup_user(self.store, state.layers, user, instruction)
-        return uid, _lookup_group(self.store, state.layers, group, instruction) if group else primary
+    def _resolve(self, instruction, root: Path, user: str) -> tuple[int, int]:
+        try:
+            return rootfs.resolve_user(root, user)
+        except ImageError as exc:
+            raise instruction.error(f"{exc}.") from None
 
     # -- the end ----------------------------------------------------------------------------------
 
@@ -876,74 +903,13 @@ def _unpack(instruction: df.Instruction, archive: Path, target: Path, idmap: IdM
         raise instruction.error(f"the archive cannot be unpacked: {exc}.") from None
 
 
-# -- users and groups, read from the image's layers ---------------------------------------------
-
-
-def _image_file(store: ImageStore, layers: list[str], relpath: str) -> bytes | None:
-    """A file of the image as its merged root shows it, read from its layers top down (a
-    whiteout or an opaque folder on the way hides the layers below). Links are not followed:
-    for /etc/passwd and /etc/group."""
-    parts = relpath.strip("/").split("/")
-    for layer in reversed(layers):
-        current = store.layer_tree(layer)
-        for position, part in enumerate(parts):
-            current = current / part
-            try:
-                st = os.lstat(current)
-            except OSError:
-                break
-            if stat.S_ISCHR(st.st_mode) and st.st_rdev == 0:
-                return None  # deleted by this layer
-            if position == len(parts) - 1:
-                return current.read_bytes() if stat.S_ISREG(st.st_mode) else None
-            if not stat.S_ISDIR(st.st_mode):
-                return None
-            if _opaque(current):
-                # nothing below this layer shows through this folder
-                rest = current.joinpath(*parts[position + 1 :])
-                return rest.read_bytes() if rest.is_file() and not rest.is_symlink() else None
-    return None
-
-
-def _opaque(path: Path) -> bool:
-    try:
-        return os.getxattr(path, OPAQUE, follow_symlinks=False) == b"y"
-    except OSError:
-        return False
-
-
-def _table(store: ImageStore, layers: list[str], relpath: str) -> list[list[str]]:
-    data = _image_file(store, layers, relpath) or b""
-    return [line.split(":") for line in data.decode(errors="replace").splitlines() if line and not line.startswith("#")]
-
-
-def _lookup_user(store: ImageStore, layers: list[str], user: str, instruction) -> tuple[int, int]:
-    """(uid, primary gid) of ``user``, a name or a number (a number need not be in /etc/passwd)."""
-    for fields in _table(store, layers, "etc/passwd"):
-        if len(fields) >= 4 and (fields[0] == user or (user.isdigit() and fields[2] == user)):
-            return _id(fields[2], instruction), _id(fields[3], instruction)
-    if user.isdigit():
-        return _id(user, instruction), 0
-    raise instruction.error(f"the user {user!r} is not in the image's /etc/passwd.")
-
-
-def _lookup_group(store: ImageStore, layers: list[str], group: str, instruction) -> int:
-    if group.isdigit():
-        return _id(group, instruction)
-    for fields in _table(store, layers, "etc/group"):
-        if len(fields) >= 3 and fields[0] == group:
-            return _id(fields[2], instruction)
-    raise instruction.error(f"the group {group!r} is not in the image's /etc/group.")
-
-
-def _home(store: ImageStore, layers: list[str], uid: int) -> str:
-    for fields in _table(store, layers, "etc/passwd"):
-        if len(fields) >= 6 and fields[2] == str(uid) and fields[5]:
-            return fields[5]
+def _home(root: Path, uid: int) -> str:
+    """HOME for a RUN as ``uid``: its /etc/passwd entry's, as a container runtime sets it."""
+    passwd = inside(root, "/etc/passwd")
+    if passwd is not None:
+        with contextlib.suppress(OSError):
+            for line in (root / passwd.lstrip("/")).read_text(errors="replace").splitlines():
+                fields = line.split(":")
+                if len(fields) >= 6 and fields[2] == str(uid) and fields[5]:
+                    return fields[5]
     return "/root" if uid == 0 else "/"
-
-
-def _id(text: str, instruction) -> int:
-    if not text.isdigit() or int(text) > 65535:
-        raise instruction.error(f"the id {text!r} is not one of 0-65535.")
-    return int(text)

@@ -30,7 +30,7 @@ from evaluations.images.errors import ImageError
 from evaluations.images.store import ImageStore
 from evaluations.runtime.idmap import ID_COUNT, IdMap
 
-OPAQUE = "trusted.overlay.opaque"
+OPAQUE = "trusted.overlay.opaque"  # overlayfs' mark of a folder replaced whole (unpack.py writes it too)
 _OVERFLOW_ID = 65534
 _OVERLAY_PREFIX = "trusted.overlay."
 _KEPT_ON_CHOWN = ("security.capability",)

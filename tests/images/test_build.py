@@ -17,6 +17,7 @@ import pytest
 
 from evaluations.images.build import build
 from evaluations.images.errors import ImageError
+from tests.helpers.httpserver import TestHTTPServer
 from tests.images.build_support import BASE_REF, config_for, environment, write_context
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="builds mount image roots: root only")
@@ -250,12 +251,12 @@ BAD = [
     ("FROM {base}\nCOPY ../outside /x\n", {}, "Dockerfile line 2 (COPY): the source '../outside' leads outside the build context."),
     ("FROM {base}\nCOPY escape/passwd /x\n", {"escape": Path("/etc")}, "Dockerfile line 2 (COPY): the source 'escape/passwd' leads outside the build context."),
     ("FROM {base}\nCOPY a b /x\n", {"a": "a", "b": "b"}, "Dockerfile line 2 (COPY): with several sources, the destination must be a folder ending in /."),
-    ("FROM {base}\nCOPY --chown=nosuchuser a /x\n", {"a": "a"}, "Dockerfile line 2 (COPY): the user 'nosuchuser' is not in the image's /etc/passwd."),
+    ("FROM {base}\nCOPY --chown=nosuchuser a /x\n", {"a": "a"}, "Dockerfile line 2 (COPY): the image's user 'nosuchuser' is not in its /etc/passwd."),
     ("FROM {base}\nCOPY --link a /x\n", {"a": "a"}, "Dockerfile line 2 (COPY): the flag --link is not supported."),
     ("FROM {base}\nADD --from=0 a /x\n", {"a": "a"}, "Dockerfile line 2 (ADD): the flag --from is not supported."),
     ("FROM --platform=linux/s390x {base}\n", {}, "Dockerfile line 1 (FROM): the platform linux/s390x is not this machine's"),
     ("FROM {base}\nSHELL /bin/bash -c\n", {}, "Dockerfile line 2 (SHELL): SHELL takes the JSON form"),
-    ("FROM {base}\nUSER nobody\nRUN true\nUSER ghost\nRUN true\n", {}, "Dockerfile line 5 (RUN): the user 'ghost' is not in the image's /etc/passwd."),
+    ("FROM {base}\nUSER nobody\nRUN true\nUSER ghost\nRUN true\n", {}, "Dockerfile line 5 (RUN): the image's user 'ghost' is not in its /etc/passwd."),
     ("FROM {base}\nRUN echo first && echo 'it broke' >&2 && exit 3\n", {},
      "Dockerfile line 2 (RUN): the command \"echo first && echo 'it broke' >&2 && exit 3\" exited with status 3; its output ends: first\nit broke"),
     ("FROM {base} AS first\nCOPY --from=later /x /y\nFROM {base} AS later\nCOPY --from=first /x /y\n", {},
@@ -274,3 +275,70 @@ def test_each_bad_dockerfile_fails_with_its_sentence(builder, tmp_path, dockerfi
         builder(files, links=links)
     assert caught.value.kind == "task_invalid"
     assert str(caught.value).startswith(sentence), str(caught.value)
+
+
+def test_add_of_a_url_is_fetched_under_the_url_rules_and_kept_as_a_file(
+    bwrap_runtime, build_store, build_images_dir, debian_image, tmp_path
+):
+    www = tmp_path / "www"
+    www.mkdir()
+    (www / "tool.tar.gz").write_bytes(b"\x1f\x8b not unpacked: a URL's file is kept as it is")
+    with TestHTTPServer(www) as server:
+        dockerfile = f"FROM {BASE_REF}\nADD {server.url('/tool.tar.gz')} /downloads/\n"
+        context = write_context(tmp_path / "ctx", {"Dockerfile": dockerfile})
+        allowed = environment(bwrap_runtime, config_for(build_images_dir, ALLOWED_PRIVATE_HOSTS="127.0.0.1"))
+        record = build(context / "Dockerfile", context, None, None, store=build_store, env=allowed).record
+        with pytest.raises(ImageError) as caught:
+            refused = environment(bwrap_runtime, config_for(build_images_dir))
+            build(context / "Dockerfile", context, None, None, store=build_store, env=refused)
+    fetched = image_path(build_store, record, "/downloads/tool.tar.gz")
+    assert (
+        fetched.read_bytes().startswith(b"\x1f\x8b not unpacked") and stat.S_IMODE(os.lstat(fetched).st_mode) == 0o600
+    )
+    assert str(caught.value).startswith("Dockerfile line 2 (ADD): ADD URL host 127.0.0.1 resolves to a loopback"), str(
+        caught.value
+    )
+
+
+def test_a_build_past_build_timeout_secs_is_stopped_in_its_run(
+    bwrap_runtime, build_store, build_images_dir, debian_image, tmp_path
+):
+    context = write_context(tmp_path / "ctx", {"Dockerfile": f"FROM {BASE_REF}\nRUN echo started && sleep 600\n"})
+    env = environment(bwrap_runtime, config_for(build_images_dir, BUILD_TIMEOUT_SECS="2"))
+    with pytest.raises(ImageError) as caught:
+        build(context / "Dockerfile", context, None, None, store=build_store, env=env)
+    assert str(caught.value) == "Dockerfile line 2 (RUN): the build took longer than BUILD_TIMEOUT_SECS (2 s)."
+    assert not list((build_images_dir / "builds").iterdir())  # the build folder and its lock went with it
+
+
+def test_links_in_the_image_and_in_a_tar_never_lead_the_builder_onto_the_host(builder, store):
+    """The builder writes as host root through the step's mount: an image's absolute link is
+    resolved inside the image, and a tar member through a link leaving its folder is refused."""
+    marker = f"te-build-{os.getpid()}"
+    dockerfile = f"FROM {BASE_REF}\nRUN ln -s /etc /x && ln -s ../../../../tmp /etc/up\nCOPY {marker} /x/up/\n"
+    result, _ = builder({"Dockerfile": dockerfile, marker: "inside\n"})
+    assert read(store, result.record, f"/tmp/{marker}") == "inside\n"  # the image's /tmp, via its /etc/up
+    assert not os.path.lexists(f"/tmp/{marker}") and not os.path.lexists(f"/etc/{marker}")
+
+    def tar_bytes(*members) -> bytes:
+        out = io.BytesIO()
+        with tarfile.open(fileobj=out, mode="w") as tar:
+            for name, kind, target in members:
+                info = tarfile.TarInfo(name)
+                if kind == "link":
+                    info.type, info.linkname = tarfile.SYMTYPE, target
+                    tar.addfile(info)
+                else:
+                    info.size = 2
+                    tar.addfile(info, io.BytesIO(b"x\n"))
+        return out.getvalue()
+
+    for members, sentence in (
+        ([("../../escape", "file", "")], "has a member outside its folder: ../../escape."),
+        ([("lnk", "link", "/etc"), (f"lnk/{marker}", "file", "")], f"has a member outside its folder: lnk/{marker}."),
+    ):
+        files = {"Dockerfile": f"FROM {BASE_REF}\nADD evil.tar /unpacked/\n", "evil.tar": tar_bytes(*members)}
+        with pytest.raises(ImageError) as caught:
+            builder(files)
+        assert str(caught.value) == f"Dockerfile line 2 (ADD): the archive evil.tar {sentence}"
+    assert not os.path.lexists(f"/etc/{marker}")
