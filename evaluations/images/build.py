@@ -50,7 +50,7 @@ from evaluations.images.commit import commit
 from evaluations.images.errors import ImageError, ImageUnavailable
 from evaluations.images.pull import pull, this_platform
 from evaluations.images.reference import parse as parse_reference
-from evaluations.images.store import ImageRecord, ImageStore, now_iso
+from evaluations.images.store import BUILD_REACH, ImageRecord, ImageStore, now_iso
 from evaluations.network import urlguard
 from evaluations.runtime import SandboxPolicy, Spawner
 from evaluations.runtime.idmap import IdMap
@@ -111,6 +111,16 @@ class _State:
     def env(self) -> dict[str, str]:
         """The variables substitution sees: the stage's ARGs, its ENV over them (Docker's order)."""
         return {**self.args, **_env_dict(self.config)}
+
+
+def reach_folder(config, build_id: str) -> Path:
+    """``WORKSPACE_BASE/.image-builds/<build_id>``, made (root's, 0711 on the way) for one build."""
+    parent = Path(config.workspace_base) / BUILD_REACH
+    parent.mkdir(mode=0o711, parents=True, exist_ok=True)
+    os.chmod(parent, 0o711)
+    folder = parent / build_id
+    folder.mkdir(mode=0o711)
+    return folder
 
 
 def build(
@@ -176,16 +186,21 @@ class _Builder:
         self.stack.callback(os.close, lock)
         self.stack.callback(_unlink, builds / f"{self.id}.lock")
         fcntl.flock(lock, fcntl.LOCK_EX)
-        self.folder = builds / self.id
-        self.folder.mkdir(mode=0o711)  # the lease's bwrap reaches each step's rootfs through it
+        self.folder = builds / self.id  # the steps' upper folders: in the store, layers by rename
+        self.folder.mkdir(mode=0o700)
+        self.stack.callback(safefs.remove_tree_nofollow, self.folder)
+        self.stack.callback(mounts.unmount_below, self.folder)
+        # Where the lease's bwrap reaches each step's root and the RUNs' /tmp: WORKSPACE_BASE, which
+        # the sandbox uids can pass through (start-up checks it); IMAGES_DIR may sit in a 0700 DATA_DIR.
+        self.reach = reach_folder(self.env.config, self.id)
+        self.stack.callback(safefs.remove_tree_nofollow, self.reach)
+        self.stack.callback(mounts.unmount_below, self.reach)
         # The RUNs' /tmp (the spawner's private tmp): 1777 as an image's own /tmp, not the lease's
         # 0700, since a RUN's tools switch users (apt verifies signatures as _apt there).
-        tmp = self.folder / "tmp"
+        tmp = self.reach / "tmp"
         tmp.mkdir()
         os.chown(tmp, self.env.uid, self.env.uid)
         os.chmod(tmp, 0o1777)
-        self.stack.callback(safefs.remove_tree_nofollow, self.folder)
-        self.stack.callback(mounts.unmount_below, self.folder)
         self.stack.enter_context(self.store.using())  # no prune between a layer and the record naming it
 
     def __exit__(self, *exc) -> None:
@@ -198,7 +213,8 @@ class _Builder:
         if self._spawner is None:
             self._spawner = Spawner(
                 eval_id=f"{self.env.eval_id}-build-{self.id[:8]}",
-                session_dir=self.folder,
+                session_dir=self.reach,
+                measured=(self.folder,),  # the layers in the making count against the disk and file limits
                 runtime=self.env.runtime,
                 uid=self.env.uid,
                 cancel_event=self.env.cancel_event,
@@ -648,23 +664,29 @@ class _Builder:
         """
         self.steps += 1
         folder = self.folder / str(self.steps)
-        folder.mkdir(mode=0o711)
+        folder.mkdir(mode=0o700)
+        target = self.reach / f"{self.steps}-rootfs"
         trees = [self.store.layer_tree(layer) for layer in layers]
         idmap = IdMap(lease=self.env.uid, base=self.env.id_base)
         try:
             try:
-                root = rootfs.mount_root(trees, folder, idmap, redirect_dir=False)
+                root = rootfs.mount_root(trees, folder, idmap, redirect_dir=False, target=target)
                 uid, gid = self._resolve(instruction, root.rootfs, user) if user else (0, 0)
                 if (uid, gid) != (0, 0):
-                    rootfs.unmount_root(folder, remove=True)
+                    mounts.unmount(target)
+                    target.rmdir()
+                    safefs.remove_tree_nofollow(folder / rootfs.IMAGE_DIR)
                     idmap = IdMap(lease=self.env.uid, base=self.env.id_base, user=uid, group=gid)
-                    root = rootfs.mount_root(trees, folder, idmap, redirect_dir=False)
+                    root = rootfs.mount_root(trees, folder, idmap, redirect_dir=False, target=target)
                 action(root, idmap)
             finally:
+                mounts.unmount_below(target)
                 mounts.unmount_below(folder)
             return commit(rootfs.upper_of(folder), idmap, self.store)
         finally:
             safefs.remove_tree_nofollow(folder)
+            if target.is_dir():
+                target.rmdir()
 
     @contextlib.contextmanager
     def _mounted_read(self, layers: list[str]) -> Iterator[Path]:

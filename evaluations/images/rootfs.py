@@ -35,10 +35,15 @@ IMAGE_DIR = ".image"  # <session>/.image/{lower/<n>,upper,work}: root's, 0700
 ROOTFS = "rootfs"  # <session>/rootfs: the merged root the sandbox binds as /
 
 
-def mount_root(layers: list[Path], session_root: Path, idmap: IdMap, *, redirect_dir: bool = True) -> ImageRoot:
+def mount_root(
+    layers: list[Path], session_root: Path, idmap: IdMap, *, redirect_dir: bool = True, target: Path | None = None
+) -> ImageRoot:
     """The merged root of ``layers`` (bottom first, as an image lists them) for one evaluation.
 
     ``redirect_dir=False`` when the upper will become a layer (a build's step: mounts.py says why).
+    ``target``: where the merged root is mounted (made here), when not ``<session_root>/rootfs``:
+    a build keeps its layers in the making in the store, where they become layers by rename, and
+    mounts their root where the sandbox uid can reach it.
     """
     base = session_root / IMAGE_DIR
     base.mkdir(mode=0o700)
@@ -52,7 +57,7 @@ def mount_root(layers: list[Path], session_root: Path, idmap: IdMap, *, redirect
         empty = base / "empty"
         empty.mkdir(mode=0o755)
         layers = [empty]
-    target = session_root / ROOTFS
+    target = target or session_root / ROOTFS
     target.mkdir(mode=0o755)
     namespace = image_userns_fd(idmap)
     lowers = []

@@ -51,6 +51,7 @@ _DIGEST = re.compile(r"sha256:([0-9a-f]{64})")
 _HEX = re.compile(r"[0-9a-f]{64}")
 _HOLDER = re.compile(r"[A-Za-z0-9_.-]{1,128}")
 COUNTERS = ("pulls", "builds", "cache_hits")
+BUILD_REACH = ".image-builds"  # WORKSPACE_BASE/.image-builds/<id>/: a build's roots and /tmp (images/build.py)
 
 logger = logging.getLogger("term_executor.images")
 
@@ -380,38 +381,52 @@ class ImageStore:
                         folder.rmdir()
         return removed
 
-    def remove_dead_builds(self) -> int:
+    def remove_dead_builds(self, reach: Path | None = None) -> int:
         """Build folders ``builds/<id>/`` (images/build.py) whose ``builds/<id>.lock`` no process holds: a
         killed build's. What is mounted below one (its steps' overlays) is unmounted first; then the
         folder and its lock go. A live build holds its lock from before its folder exists until after
-        it is gone, so a free lock beside a folder means a dead build. Returns how many went."""
+        it is gone, so a free lock beside a folder means a dead build. ``reach``: the folder of the
+        builds' roots and /tmp (``WORKSPACE_BASE/`` BUILD_REACH), whose ``<id>/`` go with the same
+        rule. Returns how many builds went."""
         builds = self.root / "builds"
         removed = 0
+        for entry in sorted(reach.iterdir()) if reach is not None and reach.is_dir() else ():
+            if not entry.is_symlink() and entry.is_dir() and not (builds / entry.name).is_dir():
+                removed += self._remove_dead_build(entry, builds / f"{entry.name}.lock")
         for entry in sorted(builds.iterdir()) if builds.is_dir() else ():
             if entry.is_symlink() or not entry.is_dir():
                 continue
             lock = builds / f"{entry.name}.lock"
-            try:
-                fd = os.open(lock, os.O_RDWR | os.O_CLOEXEC | os.O_NOFOLLOW)
-            except FileNotFoundError:
-                fd = None  # its lock went first (a crash in its own cleanup): nobody holds it
-            try:
-                if fd is not None:
-                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                if os.geteuid() == 0:
-                    mounts.unmount_below(entry)
-                safefs.remove_tree_nofollow(entry)
+            if reach is not None and (reach / entry.name).is_dir():
+                self._remove_dead_build(reach / entry.name, lock, keep_lock=True)
+            removed += self._remove_dead_build(entry, lock)
+        return removed
+
+    @staticmethod
+    def _remove_dead_build(entry: Path, lock: Path, *, keep_lock: bool = False) -> int:
+        """``entry`` unmounted and removed (with ``lock``) if no process holds ``lock``: 1, else 0."""
+        try:
+            fd = os.open(lock, os.O_RDWR | os.O_CLOEXEC | os.O_NOFOLLOW)
+        except FileNotFoundError:
+            fd = None  # its lock went first (a crash in its own cleanup): nobody holds it
+        try:
+            if fd is not None:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            if os.geteuid() == 0:
+                mounts.unmount_below(entry)
+            safefs.remove_tree_nofollow(entry)
+            if not keep_lock:
                 with contextlib.suppress(FileNotFoundError):
                     lock.unlink()
-                removed += 1
-            except BlockingIOError:
-                continue  # a live build
-            except OSError as exc:  # left for the next pass
-                logger.warning("could not remove the dead build %s yet: %s", entry, exc)
-            finally:
-                if fd is not None:
-                    os.close(fd)
-        return removed
+            return 1
+        except BlockingIOError:
+            return 0  # a live build
+        except OSError as exc:  # left for the next pass
+            logger.warning("could not remove the dead build %s yet: %s", entry, exc)
+            return 0
+        finally:
+            if fd is not None:
+                os.close(fd)
 
     # -- space ------------------------------------------------------------------------------
 

@@ -84,6 +84,7 @@ class Spawner:
         live_log: Path | None = None,
         cancel_event: CancelEvent | None = None,
         exclusive_uid: bool = False,
+        measured: tuple[Path, ...] = (),
     ):
         if not eval_id:
             raise ValueError("eval_id must not be empty: it is the tag every process carries")
@@ -95,6 +96,9 @@ class Spawner:
         self.uid = uid
         self.live_log = live_log
         self.cancel_event = cancel_event
+        # Folders outside the session whose bytes and files count with it (an image build's
+        # layers in the making, images/build.py), walked as the session folder is.
+        self.measured = tuple(Path(path) for path in measured)
         # True only for a uid leased from the pool (uids.py): no other process may run as it.
         self.exclusive_uid = exclusive_uid and uid is not None
         # True while every command has run in a sandbox seen to end with all its processes.
@@ -318,11 +322,17 @@ class Spawner:
         if self.runtime.isolated:
             # /tmp is <session>/tmp and /dev/shm a capped tmpfs, both of the sandbox; its
             # SysV shared memory lives in its own IPC namespace, read there.
-            return {"extra_memory": self._sandbox_shm_bytes, "extra_disk": self._sandbox_shm_files}
+            return {"extra_memory": self._sandbox_shm_bytes, "extra_disk": self._sandbox_disk}
         uid = self._own_uid
         if uid is None:
             return {}  # a shared uid: what it owns is not this evaluation's alone
         return {"extra_disk": lambda: uids.owned_usage(uid), "extra_memory": lambda: sysvipc.owned_shm_bytes(uid)}
+
+    def _sandbox_disk(self) -> TreeUsage:
+        used = self._sandbox_shm_files()
+        for folder in self.measured:
+            used += folder_usage(folder)
+        return used
 
     def scrub(self) -> None:
         """With its own uid: kill the uid's processes, remove its files in the host's shared

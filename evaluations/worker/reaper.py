@@ -285,11 +285,11 @@ def tend_images(config) -> tuple[int, int]:
     root = config.images_root
     if not root.is_dir():
         return 0, 0
-    from evaluations.images.store import ImageStore
+    from evaluations.images.store import BUILD_REACH, ImageStore
 
     store = ImageStore(root)
     try:
-        return store.remove_dead_builds(), store.remove_dead_pins()
+        return store.remove_dead_builds(config.workspace_base / BUILD_REACH), store.remove_dead_pins()
     except OSError as exc:
         logger.warning("image store upkeep failed: %s", exc)
         return 0, 0

@@ -18,7 +18,16 @@ BASE_REF = "localhost/test/debian:base"
 
 
 def config_for(images_dir: Path, **env: str):
-    values = {"IMAGES_DIR": str(images_dir), "BUILD_NETWORK": "off", "BUILD_TIMEOUT_SECS": "600"}
+    """A Config with IMAGES_DIR ``images_dir`` and, inside it, a WORKSPACE_BASE of the test's own
+    (0711 as a real one: a build mounts its roots there, where the sandbox uid reaches them)."""
+    sessions = images_dir / "sessions"
+    sessions.mkdir(mode=0o711, exist_ok=True)
+    values = {
+        "IMAGES_DIR": str(images_dir),
+        "WORKSPACE_BASE": str(sessions),
+        "BUILD_NETWORK": "off",
+        "BUILD_TIMEOUT_SECS": "600",
+    }
     return image_config(**{**values, **env})
 
 

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from tests.helpers.service import PROJECT
-from tests.images.build_support import BASE_REF, write_context
+from tests.images.build_support import BASE_REF, config_for, write_context
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="builds mount image roots: root only")
 
@@ -89,7 +89,8 @@ RUN date +%s%N > /after
 """
     context = write_context(tmp_path / "ctx", {"Dockerfile": dockerfile})
     first = Builder(build_images_dir, context)
-    started = wait_for_path("builds/*/tmp/started", build_images_dir)
+    # A RUN's /tmp is in WORKSPACE_BASE/.image-builds/<build>/ (what the sandbox uid reaches).
+    started = wait_for_path(".image-builds/*/tmp/started", config_for(build_images_dir).workspace_base)
     second = Builder(build_images_dir, context)
     second.wait_for("line 2: RUN waits for another build of it")
     (started.parent / "go").touch()

@@ -171,12 +171,11 @@ test "$(cat /work/data.txt)" = "from the context"
 """
 
 
-def test_a_task_builds_its_dockerfile_and_the_second_evaluation_reuses_every_step(tasks, config, base_image):
+def test_a_task_builds_its_dockerfile_and_the_second_evaluation_reuses_every_step(tasks, config, base_image, tmp_path):
     """A multi-stage Dockerfile whose RUN installs a Debian package through the egress proxy (the
     mirror allowed for this test alone); the second evaluation builds nothing."""
     _, ref, _ = base_image
-    images = Path(tempfile.mkdtemp(prefix="te-images-", dir="/tmp"))
-    os.chmod(images, 0o711)  # a build's RUN is started as the evaluation's uid, which reaches its root there
+    images = tmp_path / "images"  # 0700 on the way, as a DATA_DIR: a build's roots are mounted in WORKSPACE_BASE
     config = dataclasses.replace(config, images_dir=images, egress_allow=("deb.debian.org",))
     repo_url, shas = tasks.repo([{"calc.py": BUGGY}])
     workspace = (
@@ -198,6 +197,7 @@ def test_a_task_builds_its_dockerfile_and_the_second_evaluation_reuses_every_ste
         assert (second.status, second.passed) == ("completed", True), second.error
         assert second.environment == {**first.environment, "cached": True}
         assert "RUN apt-get update" not in second.log.split("=== preparing_environment ===")[1].split("===")[0]
+        assert not any((config.workspace_base / ".image-builds").iterdir())  # each build's roots went with it
     finally:
         subprocess.run(["rm", "-rf", "--one-file-system", str(images)], check=False)
 

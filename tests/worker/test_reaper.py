@@ -13,7 +13,7 @@ import pytest
 from django.utils import timezone
 
 from evaluations import lifecycle, stats
-from evaluations.images.store import ImageRecord, ImageStore, now_iso
+from evaluations.images.store import BUILD_REACH, ImageRecord, ImageStore, now_iso
 from evaluations.models import Evaluation, PurgedTotals, Status
 from evaluations.pipeline.session import RETIRED_PREFIX, Session
 from evaluations.runtime import sandbox_uid
@@ -112,14 +112,15 @@ def test_the_reaper_removes_retired_folders_a_dead_process_left_but_not_fresh_on
 
 DEAD_BUILD = """
 import fcntl, os, subprocess, sys, time
-builds, name = sys.argv[1], sys.argv[2]
+builds, name, reach = sys.argv[1], sys.argv[2], sys.argv[3]
 lock = os.open(f"{builds}/{name}.lock", os.O_RDWR | os.O_CREAT, 0o600)
 fcntl.flock(lock, fcntl.LOCK_EX)
-os.makedirs(f"{builds}/{name}/1/rootfs")
-open(f"{builds}/{name}/1/file", "w").write("x")
+os.makedirs(f"{builds}/{name}/1/.image/upper")
+open(f"{builds}/{name}/1/.image/upper/file", "w").write("x")
+os.makedirs(f"{reach}/{name}/1-rootfs")  # where the build mounts a step's root, the sandbox uid reaching it
 if os.geteuid() == 0:  # a step's root, mounted as a build's overlay is
-    subprocess.run(["mount", "-t", "tmpfs", "tmpfs", f"{builds}/{name}/1/rootfs"], check=True)
-    open(f"{builds}/{name}/1/rootfs/inside", "w").write("x")
+    subprocess.run(["mount", "-t", "tmpfs", "tmpfs", f"{reach}/{name}/1-rootfs"], check=True)
+    open(f"{reach}/{name}/1-rootfs/inside", "w").write("x")
 print("building", flush=True)
 time.sleep(600)
 """
@@ -143,23 +144,30 @@ def _mounted_below(folder) -> bool:
 
 
 def test_the_reaper_removes_builds_whose_process_died_unmounting_them_but_not_live_ones(settings, tmp_path):
-    config = dataclasses.replace(settings.EXECUTOR, images_dir=tmp_path / "images")
+    config = dataclasses.replace(
+        settings.EXECUTOR, images_dir=tmp_path / "images", workspace_base=tmp_path / "sessions"
+    )
     builds = ImageStore(config.images_root).root / "builds"
     builds.mkdir()
-    dead, live = _started(DEAD_BUILD, builds, "deadbuild"), _started(DEAD_BUILD, builds, "livebuild")
+    reach = config.workspace_base / BUILD_REACH
+    reach.mkdir(parents=True)
+    dead = _started(DEAD_BUILD, builds, "deadbuild", reach)
+    live = _started(DEAD_BUILD, builds, "livebuild", reach)
     try:
         _killed(dead)
-        assert (builds / "deadbuild.lock").exists()  # a killed build leaves its folder and lock
+        assert (builds / "deadbuild.lock").exists()  # a killed build leaves its folders and lock
         assert reaper.tend_images(config) == (1, 0)
         assert sorted(p.name for p in builds.iterdir()) == ["livebuild", "livebuild.lock"]
-        assert not _mounted_below(builds / "deadbuild")
+        assert [p.name for p in reach.iterdir()] == ["livebuild"]
+        assert not _mounted_below(builds / "deadbuild") and not _mounted_below(reach / "deadbuild")
         assert reaper.tend_images(config) == (0, 0)  # idempotent; the live one untouched
-        assert (builds / "livebuild" / "1" / "file").exists()
+        assert (builds / "livebuild" / "1" / ".image" / "upper" / "file").exists()
     finally:
         _killed(live)
-    summary = reaper.reap(dataclasses.replace(config, workspace_base=tmp_path / "sessions"))
+    summary = reaper.reap(config)
     assert summary.image_builds_removed == 1 and "image_builds_removed=1" in summary.line()
     assert list(builds.iterdir()) == [] and not _mounted_below(builds)
+    assert list(reach.iterdir()) == [] and not _mounted_below(reach)
 
 
 PINNER = """
