@@ -25,7 +25,7 @@ from pathlib import Path
 from evaluations.images.errors import ImageError
 from evaluations.images.pull import choose_platform
 from evaluations.images.reference import parse
-from evaluations.images.store import ImageRecord, ImageStore, disk_error, hex_of, now_iso
+from evaluations.images.store import ImageRecord, ImageStore, disk_error, hex_of
 from evaluations.images.unpack import OPAQUE, WHITEOUT, DigestReader, decompressed, unpack_layer
 
 OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
@@ -180,17 +180,7 @@ def _save(store, manifest: bytes, config_bytes: bytes, config_json: dict, diff_i
     digest = _sha256(manifest)
     store.put_blob(digest, manifest)
     store.put_blob(_sha256(config_bytes), config_bytes)
-    record = ImageRecord(
-        digest=digest,
-        refs=[],
-        config=config_json.get("config") or {},
-        layers=list(diff_ids),
-        size_bytes=sum(store.layer_meta(layer)["size_bytes"] for layer in diff_ids),
-        source="import",
-        created_at=now_iso(),
-        last_used_at=now_iso(),
-    )
-    return store.save_image(record, refs=refs)
+    return store.save_layers_as_image(digest, config_json.get("config") or {}, diff_ids, "import", refs)
 
 
 class _Tee:

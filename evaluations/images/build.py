@@ -754,16 +754,7 @@ class _Builder:
     # -- the end ----------------------------------------------------------------------------------
 
     def _limits(self) -> Limits:
-        config = self.config
-        return Limits(
-            timeout_secs=max(0.001, self.deadline - time.monotonic()),
-            memory_bytes=config.memory_limit_bytes,
-            disk_quota_bytes=config.disk_quota_bytes,
-            max_processes=config.max_processes,
-            max_output_bytes=config.max_output_bytes,
-            max_files=config.max_files,
-            monitor_interval_ms=config.monitor_interval_ms,
-        )
+        return Limits.of(self.config, self.deadline - time.monotonic())
 
     def _timeout(self, instruction: df.Instruction) -> ImageError:
         return instruction.error(f"the build took longer than BUILD_TIMEOUT_SECS ({self.config.build_timeout_secs} s).")

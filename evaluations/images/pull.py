@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from evaluations.images.errors import ImageError, ImageUnavailable
 from evaluations.images.reference import Reference, parse
 from evaluations.images.registry import INDEX_TYPES, Registry
-from evaluations.images.store import ImageRecord, ImageStore, disk_error, hex_of, now_iso
+from evaluations.images.store import ImageRecord, ImageStore, disk_error, hex_of
 from evaluations.images.unpack import DigestReader, unpack_layer
 
 MAX_CONFIG_BYTES = 16 * 1024 * 1024
@@ -81,17 +81,8 @@ def pull(
         for descriptor, diff_id in zip(layers, diff_ids, strict=True):
             downloaded += _layer(registry, endpoint, store, descriptor, diff_id, say)
         store.put_blob(digest, body)
-        record = ImageRecord(
-            digest=digest,
-            refs=[],
-            config=config_json.get("config") or {},
-            layers=list(diff_ids),
-            size_bytes=sum(store.layer_meta(layer)["size_bytes"] for layer in diff_ids),
-            source="pull",
-            created_at=now_iso(),
-            last_used_at=now_iso(),
-        )
-        record = store.save_image(record, refs=[str(ref)])  # the store evicts as using() ends
+        config = config_json.get("config") or {}
+        record = store.save_layers_as_image(digest, config, diff_ids, "pull", [str(ref)])  # evicts as using() ends
     store.count("pulls" if downloaded else "cache_hits")
     return PullResult(record, cached=downloaded == 0)
 

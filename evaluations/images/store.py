@@ -271,6 +271,20 @@ class ImageStore:
             return None
         return entry["digest"] if self._image_path(entry["digest"]).is_file() else None
 
+    def save_layers_as_image(self, digest: str, config: dict, layers: list[str], source: str, refs) -> ImageRecord:
+        """The record of an image whose layers are in the store (a pull, an import), saved under ``refs``."""
+        record = ImageRecord(
+            digest=digest,
+            refs=[],
+            config=config,
+            layers=list(layers),
+            size_bytes=sum(self.layer_meta(layer)["size_bytes"] for layer in layers),
+            source=source,
+            created_at=now_iso(),
+            last_used_at=now_iso(),
+        )
+        return self.save_image(record, refs=refs)
+
     def save_image(self, record: ImageRecord, refs: list[str] = ()) -> ImageRecord:
         """Write ``record`` (refs merged with an existing one's) and point each of ``refs`` at it."""
         stamp = now_iso()

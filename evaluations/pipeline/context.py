@@ -78,16 +78,7 @@ class Context:
     agent_interpreter: str | None = None  # absolute, chosen by downloading_task (pipeline/agentenv.py)
 
     def limits(self, timeout_secs: float) -> Limits:
-        config = self.config
-        return Limits(
-            timeout_secs=max(0.001, timeout_secs),
-            memory_bytes=config.memory_limit_bytes,
-            disk_quota_bytes=config.disk_quota_bytes,
-            max_processes=config.max_processes,
-            max_output_bytes=config.max_output_bytes,
-            max_files=config.max_files,
-            monitor_interval_ms=config.monitor_interval_ms,
-        )
+        return Limits.of(self.config, timeout_secs)
 
     def base_env(self) -> dict[str, str]:
         """The clean environment every command starts from: nothing of the service's; in an image,

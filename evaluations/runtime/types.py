@@ -31,6 +31,19 @@ class Limits:
     max_files: int  # inodes under the session folder (files, folders, links), as the disk quota
     monitor_interval_ms: int = 100
 
+    @classmethod
+    def of(cls, config, timeout_secs: float) -> Limits:
+        """An evaluation's limits from its Config (any object with those settings), for ``timeout_secs``."""
+        return cls(
+            timeout_secs=max(0.001, timeout_secs),
+            memory_bytes=config.memory_limit_bytes,
+            disk_quota_bytes=config.disk_quota_bytes,
+            max_processes=config.max_processes,
+            max_output_bytes=config.max_output_bytes,
+            max_files=config.max_files,
+            monitor_interval_ms=config.monitor_interval_ms,
+        )
+
 
 @dataclass(frozen=True)
 class Mount:
