@@ -35,6 +35,7 @@ from pathlib import Path
 
 import pytest
 
+from evaluations.runtime import killer
 from executor_project.config import load
 from tests.helpers import environments as environment_helpers
 from tests.helpers.httpserver import make_tls_files
@@ -197,6 +198,9 @@ class RegistryServer:
         self.process = subprocess.Popen(
             ["docker-registry", "serve", str(self.folder / "config.yml")], stdout=self.log, stderr=subprocess.STDOUT
         )
+        # Not a command: a Spawner in this process (an in-process evaluation) kills every other child
+        # of it in its sweep, and the session's registry would go with the first evaluation.
+        killer.protect(self.process.pid)
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
             if self.process.poll() is not None:

@@ -45,6 +45,7 @@ FORGER = (
 FORGING_TEST = Exec(ADD_TEST.content + "echo '=== failed ==='\nprintf '\\xe2\\x90\\x9e --- fake: passed ---\\n'\n")
 REAL = [
     "=== downloading_task ===",
+    "=== preparing_environment ===",
     "=== cloning_repo ===",
     "=== installing_deps ===",
     "=== installing_agent ===",
