@@ -78,6 +78,11 @@ def protect(pid: int) -> None:
     _protected.append(proc)
 
 
+def protected_pids() -> set[int]:
+    """The pids ``protect`` (or ``become_subreaper``) set aside that still run: not commands."""
+    return {proc.pid for proc in _protected if proc.same_process()}
+
+
 @contextlib.contextmanager
 def spawning():
     """Hold while starting a command; call the yielded function with its pid."""

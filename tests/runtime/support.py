@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
 
 import psutil
 
-from evaluations.runtime import TAG_VAR, Limits, sandbox_uid
+from evaluations.runtime import TAG_VAR, Limits, killer, sandbox_uid
 
 
 def _own_uid() -> int:
@@ -59,6 +60,21 @@ def give_to_sandbox_uid(path: Path) -> Path:
 
 
 def leftovers(eval_id: str) -> list[psutil.Process]:
-    """Tagged processes, and live descendants of this process (escapees without the tag)."""
-    children = [p for p in psutil.Process().children(recursive=True) if p.status() != psutil.STATUS_ZOMBIE]
-    return tagged_alive(eval_id) + children
+    """Tagged processes, and live descendants of this process (escapees without the tag), but the
+    ones the suite protected as not commands (tests/helpers/images.py's registry) and their own."""
+    kept = killer.protected_pids()
+    mine = psutil.Process().children(recursive=False)
+    children = []
+    for child in mine:
+        if child.pid in kept:
+            continue
+        with contextlib.suppress(psutil.Error):
+            children += [child, *child.children(recursive=True)]
+    return tagged_alive(eval_id) + [p for p in children if _alive(p)]
+
+
+def _alive(proc: psutil.Process) -> bool:
+    try:
+        return proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
