@@ -58,7 +58,7 @@ def _prepare(
     eval_id: str, config: Config, runtime: Runtime, cancel: CancelState
 ) -> tuple[Context, uids.UidLease | None]:
     evaluation = Evaluation.objects.get(id=eval_id)
-    lease = _lease_uid(config)  # a uid no other evaluation has (runtime/uids.py)
+    lease = lease_uid(config)  # a uid no other evaluation has (runtime/uids.py)
     session = egress = None
     try:
         uid = lease.uid if lease else None
@@ -189,7 +189,7 @@ def _keep_usage(ctx: Context, log) -> None:
     Evaluation.objects.filter(id=ctx.eval_id).update(**fields)
 
 
-def _lease_uid(config: Config) -> uids.UidLease | None:
+def lease_uid(config: Config) -> uids.UidLease | None:
     """As root, a uid of the pool, scrubbed and held until the evaluation ends; else None."""
     if sandbox_uid(config.sandbox_uid) is None:
         return None  # not root: commands run as the service's own uid

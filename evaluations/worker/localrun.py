@@ -53,7 +53,7 @@ from evaluations.models import (
     WorkerHeartbeat,
 )
 from evaluations.pipeline.cancel import CancelState, start_watching
-from evaluations.pipeline.run import EGRESS_SOCKET, _lease_uid, run_pipeline
+from evaluations.pipeline.run import EGRESS_SOCKET, lease_uid, run_pipeline
 from evaluations.runtime import Runtime
 
 _URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
@@ -365,7 +365,7 @@ def build_image(
     if not runtime.isolated or os.geteuid() != 0:
         raise LocalRunError("Building an image needs the sandbox (SANDBOX=bwrap) and root (user namespaces, mounts).")
     with contextlib.ExitStack() as stack:
-        lease = _lease_uid(config)
+        lease = lease_uid(config)
         stack.callback(lease.release)  # not marked clean: the next holder scrubs it
         folder = Path(tempfile.mkdtemp(prefix="te-image-build-", dir=config.workspace_base))
         stack.callback(shutil.rmtree, folder, ignore_errors=True)
