@@ -28,6 +28,7 @@ import ssl
 import subprocess
 import tarfile
 import tempfile
+import threading
 import time
 import warnings
 from dataclasses import dataclass, field
@@ -373,17 +374,21 @@ def image_config(registry: RegistryServer | None = None, **env: str):
 
 class FakeRegistry:
     """Serves one image from ``server`` (a started TestHTTPServer) as a registry would, with the
-    misbehaviour a test asks for: a blob whose bytes do not match its digest (``corrupt``), a slow
-    blob (``delay``), a Bearer token demanded (``token``), blobs redirected to ``cdn`` (another
+    misbehaviour a test asks for: a blob whose bytes do not match its digest (``corrupt``), every
+    blob held half sent until that many manifests were asked for (``hold_until_manifests``: two
+    pullers are then both under way, whatever the machine's load), a Bearer token demanded (``token``), blobs redirected to ``cdn`` (another
     TestHTTPServer). ``blob_gets`` counts the GETs of each blob; ``authorizations`` records the
     Authorization header of each request."""
 
     def __init__(self, server, repository: str, tag: str, layers: list[bytes], *, config: dict | None = None,
-                 corrupt: int | None = None, delay: float = 0.0, token: str | None = None, cdn=None):  # fmt: skip
+                 corrupt: int | None = None, hold_until_manifests: int = 0, token: str | None = None,
+                 cdn=None):  # fmt: skip
         self.server, self.repository, self.tag = server, repository, tag
         self.blob_gets: dict[str, int] = {}
         self.authorizations: list[str] = []
-        self.token, self.delay = token, delay
+        self.token, self.hold_until_manifests = token, hold_until_manifests
+        self.manifest_gets = 0
+        self.changed = threading.Condition()
         diff_ids = [sha256(uncompressed(blob)) for blob in layers]
         config_bytes = json.dumps(
             {
@@ -446,6 +451,9 @@ class FakeRegistry:
     def _manifest(self, req) -> None:
         if not self._authorized(req):
             return
+        with self.changed:
+            self.manifest_gets += 1
+            self.changed.notify_all()
         req.send_response(200)
         req.send_header("Content-Type", MANIFEST_V2)
         req.send_header("Content-Length", str(len(self.manifest)))
@@ -473,7 +481,9 @@ class FakeRegistry:
             half = len(body) // 2
             req.wfile.write(body[:half])
             req.wfile.flush()
-            time.sleep(self.delay)
+            with self.changed:
+                held = self.changed.wait_for(lambda: self.manifest_gets >= self.hold_until_manifests, timeout=120)
+            assert held, f"{self.hold_until_manifests} manifest requests never came ({self.manifest_gets})"
             req.wfile.write(body[half:])
 
         return handle

@@ -257,7 +257,9 @@ pull(sys.argv[1], store=ImageStore(sys.argv[2]), config=config, progress=lambda 
 def test_two_processes_pulling_one_image_download_each_layer_once(store):
     layers = [base_layer(), layer(member("a", os.urandom(200000))), layer(member("b", b"b"))]
     with TestHTTPServer() as server:
-        fake = FakeRegistry(server, "conc/img", "v1", layers, delay=0.3)
+        # Every blob is held half sent until both children have the manifest: the second is then
+        # under way while the first downloads, and finds each layer there once it has its lock.
+        fake = FakeRegistry(server, "conc/img", "v1", layers, hold_until_manifests=2)
         argv = [sys.executable, "-c", textwrap.dedent(CHILD), fake.ref, str(store.root), f"127.0.0.1:{server.port}"]
         children = [
             subprocess.Popen(argv, cwd=PROJECT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

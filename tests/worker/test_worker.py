@@ -6,6 +6,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import psutil
 import pytest
@@ -157,13 +158,23 @@ def test_serve_runs_each_process_once_and_sigterm_stops_them_all(tmp_path, tasks
         service.database.drop()
 
 
+# The agent runs until the test says go (a file in its repository), so the forkserver dies while it runs.
+WAITS_FOR_GO = """\
+import os, time
+deadline = time.monotonic() + 120
+while not os.path.exists(os.path.join(os.environ["REPO_DIR"], "go")) and time.monotonic() < deadline:
+    time.sleep(0.05)
+"""
+
+
 def test_the_forkserver_dying_alone_loses_no_running_evaluation(worker_service, tasks):
     service = worker_service()
-    eval_id = submit(service, tasks.task(), "import time; time.sleep(4)\n" + SOLVER)
+    eval_id = submit(service, tasks.task(), WAITS_FOR_GO + SOLVER)
     wait_for(lambda: evaluation(service, eval_id)["step"] == "running_agent", 30, what="running_agent")
     forkservers = [proc for proc in psutil.Process(service.worker.pid).children() if proc.name() == "te-forkserver"]
     assert len(forkservers) == 1
     forkservers[0].kill()  # the evaluation's parent: the worker, a subreaper, adopts it
+    (Path(service.env["WORKSPACE_BASE"]) / eval_id / "repo" / "go").touch()  # the agent goes on only now
     body = wait_terminal(service, eval_id, timeout=60)
     assert (body["status"], body["passed"], body["error"]) == ("completed", True, None)
     # And the worker goes on: a new evaluation still runs (multiprocessing starts a forkserver again).
