@@ -23,7 +23,7 @@ import tempfile
 from pathlib import Path
 
 from evaluations.images.errors import ImageError
-from evaluations.images.pull import choose_platform
+from evaluations.images.pull import choose_platform, json_object, sha256_of
 from evaluations.images.reference import parse
 from evaluations.images.store import ImageRecord, ImageStore, disk_error, hex_of
 from evaluations.images.unpack import OPAQUE, WHITEOUT, DigestReader, decompressed, unpack_layer
@@ -89,7 +89,7 @@ class _ArchiveReader:
 
     def blob(self, digest: str) -> bytes:
         data = self.open(f"blobs/sha256/{_hex(digest, self.name)}").read()
-        if _sha256(data) != digest:
+        if sha256_of(data) != digest:
             raise ImageError(f"The blob {digest} of the image archive {self.name} does not match its digest.")
         return data
 
@@ -107,14 +107,14 @@ def _import_docker(reader: _ArchiveReader, store: ImageStore) -> list[ImageRecor
     for entry in entries:
         config_bytes = reader.open(str(entry.get("Config", ""))).read(MAX_JSON_BYTES)
         layers = [(str(name), reader.digest_of(str(name))) for name in entry.get("Layers") or []]
-        config_json = _loads(config_bytes, f"The config of the image archive {reader.name}")
+        config_json = json_object(config_bytes, f"The config of the image archive {reader.name}")
         diff_ids = _diff_ids(config_json, len(layers), reader.name)
         for (name, blob), diff_id in zip(layers, diff_ids, strict=True):
             _add_layer(store, reader, name, blob, diff_id)
         manifest = {
             "schemaVersion": 2,
             "mediaType": DOCKER_MANIFEST,
-            "config": {"mediaType": DOCKER_CONFIG, "size": len(config_bytes), "digest": _sha256(config_bytes)},
+            "config": {"mediaType": DOCKER_CONFIG, "size": len(config_bytes), "digest": sha256_of(config_bytes)},
             "layers": [
                 {
                     "mediaType": _DOCKER_LAYER.get(_compression(store, blob), _DOCKER_LAYER[""]),
@@ -137,14 +137,14 @@ def _import_oci(reader: _ArchiveReader, store: ImageStore) -> list[ImageRecord]:
     for entry in index.get("manifests") or []:
         digest = str(entry.get("digest", ""))
         body = reader.blob(digest)
-        manifest = _loads(body, f"The manifest {digest} of the image archive {reader.name}")
+        manifest = json_object(body, f"The manifest {digest} of the image archive {reader.name}")
         if "manifests" in manifest:  # a nested index: this platform's image
             digest = choose_platform(manifest, reader.name)
             body = reader.blob(digest)
-            manifest = _loads(body, f"The manifest {digest} of the image archive {reader.name}")
+            manifest = json_object(body, f"The manifest {digest} of the image archive {reader.name}")
         config_digest = str((manifest.get("config") or {}).get("digest", ""))
         config_bytes = reader.blob(config_digest)
-        config_json = _loads(config_bytes, f"The config of the image archive {reader.name}")
+        config_json = json_object(config_bytes, f"The config of the image archive {reader.name}")
         layers = [str(layer.get("digest", "")) for layer in manifest.get("layers") or []]
         diff_ids = _diff_ids(config_json, len(layers), reader.name)
         for blob, diff_id in zip(layers, diff_ids, strict=True):
@@ -177,9 +177,9 @@ def _add_layer(store: ImageStore, reader: _ArchiveReader, name: str, blob: str, 
 
 
 def _save(store, manifest: bytes, config_bytes: bytes, config_json: dict, diff_ids, refs) -> ImageRecord:
-    digest = _sha256(manifest)
+    digest = sha256_of(manifest)
     store.put_blob(digest, manifest)
-    store.put_blob(_sha256(config_bytes), config_bytes)
+    store.put_blob(sha256_of(config_bytes), config_bytes)
     return store.save_layers_as_image(digest, config_json.get("config") or {}, diff_ids, "import", refs)
 
 
@@ -352,7 +352,7 @@ def _plain(blob: str, file: Path, compression: str, scratch: Path) -> tuple[str,
 
 
 def _write_docker(out: tarfile.TarFile, record: ImageRecord, layers, config_bytes: bytes) -> None:
-    config_name = f"blobs/sha256/{hex_of(_sha256(config_bytes))}"
+    config_name = f"blobs/sha256/{hex_of(sha256_of(config_bytes))}"
     _add_bytes(out, config_name, config_bytes)
     names = []
     for blob, file, _compression_name in layers:
@@ -369,7 +369,7 @@ def _write_oci(out: tarfile.TarFile, record: ImageRecord, layers, config_bytes: 
         {
             "schemaVersion": 2,
             "mediaType": OCI_MANIFEST,
-            "config": {"mediaType": OCI_CONFIG, "size": len(config_bytes), "digest": _sha256(config_bytes)},
+            "config": {"mediaType": OCI_CONFIG, "size": len(config_bytes), "digest": sha256_of(config_bytes)},
             "layers": [
                 {"mediaType": _OCI_LAYER[compression], "size": file.stat().st_size, "digest": blob}
                 for blob, file, compression in layers
@@ -377,13 +377,13 @@ def _write_oci(out: tarfile.TarFile, record: ImageRecord, layers, config_bytes: 
         }
     )
     _add_bytes(out, "oci-layout", b'{"imageLayoutVersion":"1.0.0"}')
-    entry = {"mediaType": OCI_MANIFEST, "size": len(manifest), "digest": _sha256(manifest)}
+    entry = {"mediaType": OCI_MANIFEST, "size": len(manifest), "digest": sha256_of(manifest)}
     tags = [ref for ref in record.refs if "@" not in ref]
     if tags:
         entry["annotations"] = {"org.opencontainers.image.ref.name": tags[0]}
     _add_bytes(out, "index.json", _canonical({"schemaVersion": 2, "mediaType": OCI_INDEX, "manifests": [entry]}))
-    _add_bytes(out, "blobs/sha256/" + hex_of(_sha256(manifest)), manifest)
-    _add_bytes(out, "blobs/sha256/" + hex_of(_sha256(config_bytes)), config_bytes)
+    _add_bytes(out, "blobs/sha256/" + hex_of(sha256_of(manifest)), manifest)
+    _add_bytes(out, "blobs/sha256/" + hex_of(sha256_of(config_bytes)), config_bytes)
     written = set()
     for blob, file, _compression_name in layers:
         if blob not in written:
@@ -435,19 +435,5 @@ def _clean(name: str) -> str:
     return "/".join(part for part in name.split("/") if part not in ("", "."))
 
 
-def _loads(data: bytes, what: str) -> dict:
-    try:
-        value = json.loads(data)
-    except ValueError:
-        raise ImageError(f"{what} is not valid JSON.") from None
-    if not isinstance(value, dict):
-        raise ImageError(f"{what} is not a JSON object.")
-    return value
-
-
 def _canonical(value) -> bytes:
     return json.dumps(value, sort_keys=True, separators=(",", ":")).encode()
-
-
-def _sha256(data: bytes) -> str:
-    return "sha256:" + hashlib.sha256(data).hexdigest()

@@ -101,20 +101,20 @@ def _from_store(ref: Reference, store: ImageStore, config) -> ImageRecord | None
 def _manifest(registry: Registry, ref: Reference):
     """(digest, manifest, body, endpoint) of the image manifest for this platform."""
     body, media_type, endpoint = registry.manifest(ref.digest or ref.tag)
-    digest = _sha256(body)
+    digest = sha256_of(body)
     if ref.digest and digest != ref.digest:
         raise ImageError(f"The manifest the registry gave for {ref} has the digest {digest}.")
-    manifest = _json(body, f"The manifest of {ref}")
+    manifest = json_object(body, f"The manifest of {ref}")
     media_type = manifest.get("mediaType") or media_type
     if media_type in INDEX_TYPES or "manifests" in manifest:
         chosen = choose_platform(manifest, ref)
         body, _, endpoint = registry.manifest(chosen)
-        digest = _sha256(body)
+        digest = sha256_of(body)
         if digest != chosen:
             raise ImageError(
                 f"The manifest the registry gave for {ref} (platform entry {chosen}) has the digest {digest}."
             )
-        manifest = _json(body, f"The manifest {chosen} of {ref}")
+        manifest = json_object(body, f"The manifest {chosen} of {ref}")
     if "layers" not in manifest or "config" not in manifest:
         raise ImageError(f"The manifest of {ref} is not an image manifest (schema 2 or OCI).")
     return digest, manifest, body, endpoint
@@ -158,7 +158,7 @@ def _image_config(registry: Registry, endpoint, store: ImageStore, ref: Referenc
         if reader.digest != digest:
             raise ImageError(f"The config of {ref} does not match its digest {digest} (got {reader.digest}).")
         store.put_blob(digest, body)
-    return _json(body, f"The config of {ref}")
+    return json_object(body, f"The config of {ref}")
 
 
 def _layer(registry: Registry, endpoint, store: ImageStore, descriptor: dict, diff_id: str, say) -> int:
@@ -218,11 +218,12 @@ def _check_digest(digest: str, what: str) -> None:
         raise ImageError(f"{what} has the digest {digest[:80]!r}, not sha256:<64 hex>.") from None
 
 
-def _sha256(data: bytes) -> str:
+def sha256_of(data: bytes) -> str:
     return "sha256:" + hashlib.sha256(data).hexdigest()
 
 
-def _json(body: bytes, what: str) -> dict:
+def json_object(body: bytes, what: str) -> dict:
+    """``body`` as a JSON object; ImageError saying ``what`` is not one (pulls and archives alike)."""
     try:
         value = json.loads(body)
     except ValueError:
