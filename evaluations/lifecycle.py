@@ -109,6 +109,8 @@ def finish(
         fields.update(callback_state=CallbackState.PENDING, callback_next_at=now)
     results = list(TestResult.objects.filter(evaluation_id=eval_id).values("name", "passed", "exit_code"))
     passed = status == Status.COMPLETED
+    if "reward" not in fields:  # SPEC §17: graders other than reward_file; null when nothing was graded
+        fields["reward"] = 1.0 if passed else 0.0 if kind == ErrorKind.TESTS_FAILED else None
     ended = record(
         eval_id,
         step=Step.DONE,

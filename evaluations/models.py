@@ -171,6 +171,8 @@ class Batch(Submission, IdempotencyColumns, CallbackColumns):
     created_at = models.DateTimeField(default=timezone.now)
     finished_at = models.DateTimeField(null=True, blank=True)
     cancel_requested = models.BooleanField(default=False)
+    # SPEC §17 pass@k: how many times each task URL runs (1..MAX_ATTEMPTS).
+    attempts = models.PositiveSmallIntegerField(default=1)
 
     class Meta:
         ordering = ("-created_at", "-id")
@@ -234,6 +236,21 @@ class Evaluation(Submission, IdempotencyColumns, CallbackColumns):
     # SPEC §16: what the task's commands ran in, set by preparing_environment:
     # {kind: host|name|image|dockerfile, ref, digest, cached}; null until then.
     environment = models.JSONField(null=True, blank=True)
+    # SPEC §17: the grade as a number (reward_file: the task's headline reward; other graders 1.0
+    # passed, 0.0 failed; null when nothing was graded) and the reward file's whole object.
+    reward = models.FloatField(null=True, blank=True)
+    rewards = models.JSONField(null=True, blank=True)
+    # The task's own format (workspace, harbor, terminal-bench) and what it asked for beyond SPEC §4:
+    # the limits applied (its request capped by the operator's), task.toml's [metadata] and unknown keys.
+    task_format = models.CharField(max_length=16, blank=True, default="")
+    limits_applied = models.JSONField(null=True, blank=True)
+    task_metadata = models.JSONField(null=True, blank=True)
+    # What the agent changed outside its working directory ({count, paths, suspicious}), and the files
+    # it left under /logs/agent that were kept ([{path, size_bytes, sha256}]).
+    system_changes = models.JSONField(null=True, blank=True)
+    artifacts = models.JSONField(default=list, blank=True)
+    # Which run of its task this is within its batch (SPEC §17 attempts), from 1.
+    attempt = models.PositiveSmallIntegerField(default=1)
 
     # SPEC §13: whether the install step's state came from the workspace cache; "" until cloning_repo.
     cache = models.CharField(max_length=4, blank=True, default="", choices=CacheUse.choices)

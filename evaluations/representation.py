@@ -12,7 +12,8 @@ EVALUATION_COLUMNS = (
     "id", "status", "step", "passed", "error", "duration_ms", "task_url", "language", "agent_sha256", "metadata",
     "created_at",
     "started_at", "finished_at", "agent_output", "agent_exit_code", "agent_patch", "test_output", "results_sha256",
-    "egress", "resources", "error_kind", "retry_of_id", "owner", "environment",
+    "egress", "resources", "error_kind", "retry_of_id", "owner", "environment", "reward", "rewards", "task_format",
+    "limits_applied", "task_metadata", "system_changes", "artifacts", "attempt", "batch_id",
 
     "cache",
 )  # fmt: skip
@@ -35,10 +36,13 @@ def evaluation_document(evaluation, transitions, test_results) -> dict:
         "status": evaluation.status,
         "step": evaluation.step,
         "passed": evaluation.passed,
+        "reward": evaluation.reward,
+        "rewards": evaluation.rewards,
         "error": evaluation.error or None,
         "error_kind": evaluation.error_kind,
         "duration_ms": evaluation.duration_ms,
         "task_url": evaluation.task_url,
+        "task_format": evaluation.task_format or None,
         "language": evaluation.language,
         "agent_sha256": evaluation.agent_sha256 or None,  # the agent itself is never returned
         "metadata": evaluation.metadata,
@@ -69,6 +73,12 @@ def evaluation_document(evaluation, transitions, test_results) -> dict:
         "resources": evaluation.resources,
         "cache": evaluation.cache or None,
         "environment": evaluation.environment,
+        "limits_applied": evaluation.limits_applied,
+        "task_metadata": evaluation.task_metadata,
+        "system_changes": evaluation.system_changes,
+        "artifacts": evaluation.artifacts or [],
+        "batch_id": str(evaluation.batch_id) if evaluation.batch_id else None,
+        "attempt": evaluation.attempt,
         "retry_of": str(evaluation.retry_of_id) if evaluation.retry_of_id else None,
         "owner": evaluation.owner,
     }

@@ -185,6 +185,9 @@ class Config:
     max_agent_archive_bytes: int = integer("MAX_AGENT_ARCHIVE_BYTES", 10485760, minimum=1)  # decoded, SPEC §14
     max_batch_tasks: int = integer("MAX_BATCH_TASKS", 100, minimum=1, maximum=10000)
     max_open_batches: int = integer("MAX_OPEN_BATCHES", 4, minimum=1)
+    max_attempts: int = integer("MAX_ATTEMPTS", 10, minimum=1, maximum=100)  # SPEC §17 pass@k, per task URL
+    # SPEC §17: what the agent leaves under /logs/agent, kept per evaluation (bytes, all files together).
+    max_artifact_bytes: int = integer("MAX_ARTIFACT_BYTES", 50 * 1024 * 1024, minimum=0)
     max_output_bytes: int = integer("MAX_OUTPUT_BYTES", 1048576, minimum=1024)
     max_task_archive_bytes: int = integer("MAX_TASK_ARCHIVE_BYTES", 104857600, minimum=1)
     max_extracted_bytes: int = integer("MAX_EXTRACTED_BYTES", 524288000, minimum=1)

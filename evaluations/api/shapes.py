@@ -287,6 +287,36 @@ class EvaluationSerializer(serializers.Serializer):
         allow_null=True, help_text="The evaluation this one re-runs (POST /evaluate/{id}/retry, the admin's re-run)."
     )
     owner = serializers.CharField(allow_null=True, help_text=OWNER_HELP)
+    reward = serializers.FloatField(
+        allow_null=True,
+        help_text="SPEC §17: the reward file's headline (grader reward_file), else 1.0 passed, 0.0 tests failed; "
+        "null when nothing was graded.",
+    )
+    rewards = serializers.DictField(
+        child=serializers.FloatField(), allow_null=True, help_text="The task's reward.json (or {reward: n}) as read."
+    )
+    task_format = serializers.ChoiceField(
+        choices=["workspace", "harbor", "terminal-bench"], allow_null=True, help_text="null before downloading_task."
+    )
+    limits_applied = serializers.DictField(
+        allow_null=True,
+        help_text="What a Harbor or Terminal-Bench task asked for, capped by the operator's settings (the smaller "
+        "wins): agent_timeout_secs, verifier_timeout_secs, build_timeout_secs, cpus, memory_mb, storage_mb, "
+        "network, allowed_hosts.",
+    )
+    task_metadata = serializers.DictField(allow_null=True, help_text="task.toml's [metadata] and its unknown keys.")
+    system_changes = serializers.DictField(
+        allow_null=True,
+        help_text="In an image: {count, paths (the first 200, sorted), suspicious}: what the agent created, changed "
+        "or removed outside its working directory and /logs/agent.",
+    )
+    artifacts = serializers.ListField(
+        child=serializers.DictField(),
+        help_text="Files the agent left under /logs/agent, kept: [{path, size_bytes, sha256}]; "
+        "GET /evaluate/{id}/artifacts/{path} serves one.",
+    )
+    batch_id = serializers.UUIDField(allow_null=True, help_text="The batch this evaluation is part of.")
+    attempt = serializers.IntegerField(help_text="Which run of its task URL this is within its batch, from 1.")
 
 
 class EvaluationSummarySerializer(serializers.Serializer):

@@ -93,6 +93,36 @@ class ImageEnvironment:
 
 
 @dataclass(frozen=True)
+class Verifier:
+    """How a Harbor or Terminal-Bench task's tests run (SPEC §17): after the agent, in a fresh sandbox on
+    the file system it left, ``files`` at /tests, /logs/verifier empty, ``bash /tests/<script>`` from the
+    working directory, with ``env`` on top of the task's."""
+
+    script: str  # relative to /tests: "test.sh" (Harbor) or "run-tests.sh" (Terminal-Bench 1.x)
+    files: list[SupportFile] = field(default_factory=list)  # every file of /tests, the script included
+    env: dict[str, str] = field(default_factory=dict)
+    isolated: bool = False  # [verifier] isolated: the image plus only the working directory the agent left
+
+
+@dataclass(frozen=True)
+class TaskRequest:
+    """What a task asks for beyond SPEC §4 (task.toml, task.yaml); each capped by the operator's own
+    setting when applied (the smaller wins). None: the task did not say."""
+
+    agent_timeout_secs: float | None = None
+    verifier_timeout_secs: float | None = None
+    build_timeout_secs: float | None = None
+    cpus: float | None = None
+    memory_mb: int | None = None
+    storage_mb: int | None = None
+    network: str | None = None  # no-network | public | allowlist
+    allowed_hosts: tuple[str, ...] = ()
+
+
+GRADERS = ("exit_code", "reward_file", "pytest", "swebench")
+
+
+@dataclass(frozen=True)
 class TaskSpec:
     root: Path
     repo: str | None  # None: no repository; the task runs in its image's WorkingDir (SPEC §16)
@@ -109,6 +139,14 @@ class TaskSpec:
     # A name under ENVIRONMENTS_ROOT (whether it exists is checked at preparing_environment), or an image.
     environment: str | ImageEnvironment | None = None
     cache: bool = True  # workspace.yaml `cache: false`: never served from nor stored in the workspace cache
+    # SPEC §17: the folder's format, how test output becomes a result, and (Harbor, Terminal-Bench) how
+    # the verifier runs, what the task asks for, its metadata and its reference solution (a bash script).
+    format: str = "workspace"  # workspace | harbor | terminal-bench
+    grader: str = "exit_code"  # one of GRADERS
+    verifier: Verifier | None = None
+    request: TaskRequest = field(default_factory=TaskRequest)
+    metadata: dict | None = None
+    solution: str | None = None
 
 
 def load_task(

@@ -68,7 +68,8 @@ def test_the_documented_fields_are_the_api_fields(document):
         "eval_id", "status", "step", "passed", "error", "duration_ms", "task_url", "language", "agent_sha256", "metadata",
         "created_at", "started_at", "finished_at", "test_results", "agent_output", "agent_exit_code",
         "agent_patch", "test_output", "transitions", "results_sha256", "egress", "resources", "cache",
-        "error_kind", "retry_of", "owner", "environment",
+        "error_kind", "retry_of", "owner", "environment", "reward", "rewards", "task_format", "limits_applied",
+        "task_metadata", "system_changes", "artifacts", "batch_id", "attempt",
     }  # fmt: skip
     assert set(schemas["EvaluationEnvironment"]["properties"]) == {"kind", "ref", "digest", "cached"}
     assert set(schemas["ErrorKindEnum"]["enum"]) == {
