@@ -104,6 +104,7 @@ class Ending(NamedTuple):
     status: str
     error: str
     kind: str | None  # SPEC §14 error_kind (pipeline/outcome.py)
+    fields: dict | None = None  # written with the final state: the grade's reward and rewards (SPEC §17)
 
 
 def _steps(ctx: Context, log) -> Ending:
@@ -121,7 +122,7 @@ def _steps(ctx: Context, log) -> Ending:
             livelog.append_step_marker(ctx.session.log, name)
             ctx.check_cancelled()
             step(ctx)
-        return _verdict(eval_id)
+        return _verdict(ctx)
     except (StepFailed, WorkerLost) as exc:
         return Ending(Status.FAILED, f"{ctx.step}: {exc}", outcome.of_exception(ctx.step, exc))
     except Cancelled as exc:
@@ -163,7 +164,7 @@ def _cleanup(ctx: Context, lease: uids.UidLease | None, ending: Ending, log) -> 
                 clean = True
             finally:
                 lease.release(clean=clean)  # clean: the next evaluation need not scrub it
-    lifecycle.finish(eval_id, status, error=error, kind=ending.kind)
+    lifecycle.finish(eval_id, status, error=error, kind=ending.kind, **(ending.fields or {}))
     log.info("finished %s%s", status, f": {error}" if error else "")
     if retired is not None:
         try:
@@ -220,8 +221,22 @@ def _keep_log(eval_id: str, session: Session, config: Config) -> None:
     Evaluation.objects.filter(id=eval_id).update(log=text)
 
 
-def _verdict(eval_id: str) -> Ending:
-    """completed only if there is at least one test and every one passed (a timed-out one failed)."""
+def _verdict(ctx: Context) -> Ending:
+    """completed only if there is at least one test and every one passed (a timed-out one failed); for a
+    task graded by a reward (SPEC §17), only if the reward is at least 1."""
+    eval_id = ctx.eval_id
+    grade = ctx.grade
+    if grade is not None and ctx.task.grader == "reward_file":
+        fields = {"reward": grade.reward, "rewards": grade.rewards}
+        if grade.error:
+            return Ending(Status.FAILED, f"running_tests: {grade.error}", ErrorKind.TESTS_FAILED, fields)
+        if grade.reward < 1:
+            where = f"/logs/verifier/{grade.source}"
+            error = f"running_tests: reward {grade.reward:g} < 1 ({where})"
+            return Ending(Status.FAILED, error, ErrorKind.TESTS_FAILED, fields)
+        return Ending(Status.COMPLETED, "", None, fields)
+    if grade is not None and grade.error:  # the verifier's own grader (pytest, exit_code)
+        return Ending(Status.FAILED, f"running_tests: {grade.error}", ErrorKind.TESTS_FAILED, {"reward": 0.0})
     results = list(TestResult.objects.filter(evaluation_id=eval_id).values_list("name", "passed"))
     failed = [name for name, passed in results if not passed]
     if not results:

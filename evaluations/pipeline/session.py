@@ -11,6 +11,9 @@ venv/     the task's Python venv (pipeline/toolchains.py); the sandbox uid's onc
 tmp/      /tmp (and TMPDIR) of every command, so it counts against the disk quota
 tests/    test scripts, written by the executor after the agent step
 saved/    root only: HOME and venv/ as the install step left them, given back to the tests
+agent-logs/  /logs/agent in an image (SPEC §17): the sandbox uid's; what the agent leaves there is kept
+verifier/ root's: tests/ (the verifier's /tests) and logs/ (its /logs/verifier, the sandbox uid's),
+          written after the agent (pipeline/verifier.py)
 log.txt   the live combined log (GET /evaluate/{id}/logs)
 
 The session folder is root's, mode 0710, group = the evaluation's own uid
@@ -68,6 +71,14 @@ class Session:
     @property
     def agent_home(self) -> Path:
         return self.root / "agent" / "home"
+
+    @property
+    def agent_logs(self) -> Path:
+        return self.root / "agent-logs"
+
+    @property
+    def verifier(self) -> Path:
+        return self.root / "verifier"
 
     @property
     def home(self) -> Path:

@@ -12,7 +12,18 @@ from django.db import transaction
 from evaluations import languages, livelog
 from evaluations.models import ErrorKind, Evaluation, TestResult
 from evaluations.network import urlguard
-from evaluations.pipeline import archive, gitrepo, imageenv, outcome, patch, static, taskspec, toolchains
+from evaluations.pipeline import (
+    archive,
+    gitrepo,
+    graders,
+    imageenv,
+    outcome,
+    patch,
+    static,
+    taskspec,
+    toolchains,
+    verifier,
+)
 from evaluations.pipeline.agentenv import agent_argv, installing_agent, task_env_for_agent
 from evaluations.pipeline.context import (
     Cancelled,
@@ -65,6 +76,7 @@ def downloading_task(ctx: Context) -> None:
     Evaluation.objects.filter(id=ctx.eval_id).update(
         task_prompt=ctx.task.prompt, original_pr=ctx.task.original_pr or ""
     )
+    verifier.apply_request(ctx)  # SPEC §17: the task's limits, capped by the operator's
     static.prepare(ctx)  # the three asset groups checked, merged and staged
 
 
@@ -213,7 +225,9 @@ def running_agent(ctx: Context) -> None:
     static.materialise(ctx)  # the agent's own copy of each asset, in repo/<save_path>
     timeout = evaluation.timeout_secs or config.agent_timeout_secs
     agent_folder = Mount(ctx.session.agent, str(ctx.session.agent), writable=False)
-    policy = ctx.task_policy(network=config.agent_network, mounts=[agent_folder, *static.mounts(ctx)])
+    mounts = [agent_folder, *static.mounts(ctx), *verifier.agent_mounts(ctx)]  # in an image, /logs/agent
+    verifier.narrow_egress(ctx)  # a task's allowlist, from here on
+    policy = ctx.task_policy(network=verifier.agent_network(ctx), mounts=mounts)
     result = ctx.run(agent_argv(ctx, language, prompt), env=env, timeout_secs=timeout, policy=policy)
     produced = {"agent_output": result.output, "agent_exit_code": result.exit_code}
     failure = None
@@ -229,6 +243,10 @@ def running_agent(ctx: Context) -> None:
             produced["agent_patch"] = _agent_patch(ctx)
     finally:  # one write: the output whatever happened, and the patch when there is one
         Evaluation.objects.filter(id=ctx.eval_id).update(**produced)
+    try:
+        verifier.after_agent(ctx)  # in an image: system_changes and artifacts, whatever the agent's end
+    except (OSError, SafeFSError) as exc:
+        raise StepFailed(f"could not read what the agent left: {exc}", kind=ErrorKind.INFRASTRUCTURE) from None
     if failure is not None:
         raise failure
 
@@ -257,7 +275,7 @@ def running_tests(ctx: Context) -> None:
     config = ctx.config
     session = ctx.session
     tests = static.fill_tests(ctx, ctx.task.tests)
-    if not tests:
+    if not tests and ctx.task.verifier is None:
         raise StepFailed("task defines no tests", kind=ErrorKind.TASK_INVALID)
     ctx.spawner.sweep()
     try:
@@ -277,10 +295,19 @@ def running_tests(ctx: Context) -> None:
             _chown(ctx, workdir, support.relpath)
     except (SafeFSError, OSError) as exc:  # what is left: the host (a full disk)
         raise StepFailed(f"could not write test support files: {exc}", kind=ErrorKind.INFRASTRUCTURE) from None
-    session.tests.mkdir(mode=0o755, exist_ok=True)
     env = {**ctx.base_env(), **static.task_env(ctx)}
-    scripts = Mount(session.tests, str(session.tests), writable=False)
-    policy = ctx.task_policy(network=config.test_network, mounts=[scripts, *static.mounts(ctx)])
+    if ctx.task.verifier is not None:  # Harbor, Terminal-Bench: the task's verifier (pipeline/verifier.py)
+        results, block = verifier.run_verifier(ctx, env)
+        with transaction.atomic():
+            TestResult.objects.bulk_create(results)
+            Evaluation.objects.filter(id=ctx.eval_id).update(test_output=block)
+        return
+    session.tests.mkdir(mode=0o755, exist_ok=True)
+    mounts = [Mount(session.tests, str(session.tests), writable=False), *static.mounts(ctx)]
+    logs = verifier.reward_folder(ctx)  # grader reward_file: /logs/verifier for the scripts
+    if logs is not None:
+        mounts.append(Mount(logs, verifier.VERIFIER_LOGS, writable=True))
+    policy = ctx.task_policy(network=config.test_network, mounts=mounts)
     deadline = deadline_in(config.test_timeout_secs)
     results = []
     for position, test in enumerate(tests):
@@ -289,6 +316,8 @@ def running_tests(ctx: Context) -> None:
         livelog.append_text(session.log, livelog.test_verdict(row.name, row.passed, row.exit_code, row.timed_out))
         results.append(row)
         ctx.spawner.sweep()
+    if logs is not None:
+        verifier.grade_reward_folder(ctx, logs, results)
     blocks = [
         f"=== {r.name} (exit {r.exit_code if r.exit_code is not None else 'none'}) ===\n{r.output}" for r in results
     ]
@@ -329,6 +358,11 @@ def _run_test(ctx: Context, position: int, test: taskspec.TestSpec, env, policy,
             f"\n[executor: killed, the test budget TEST_TIMEOUT_SECS={ctx.config.test_timeout_secs} s ran out]"
         )
     row.passed = result.ok
+    if ctx.task.grader == "pytest" and row.passed:  # the exit status agrees; the summary must say so too
+        verdict = graders.grade_pytest(result.output, result.exit_code)
+        row.passed = verdict.passed
+        if not verdict.passed:
+            row.output += f"\n[executor: pytest grader: {verdict.reason}]"
     return row
 
 

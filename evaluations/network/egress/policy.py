@@ -37,6 +37,7 @@ ALLOWED = "allowed"
 ALLOWED_BY_RULE = "allowed by EGRESS_ALLOW"
 DENIED_BY_RULE = "denied by EGRESS_DENY"
 NOT_ALLOWED = "not in EGRESS_ALLOW"  # EGRESS_DEFAULT=deny
+NOT_IN_TASK_LIST = "not in the task's allowed_hosts"  # SPEC §17 network_mode allowlist
 RESOLUTION_FAILED = "resolution failed"
 OWN_ADDRESS = "host's own address"
 BAD_HOST = "bad host"
@@ -202,6 +203,17 @@ class EgressPolicy:
         self.default = default
         self.resolver = resolver
         self.own_addresses = own_addresses or HostAddresses().get
+        self.narrowing: tuple[Rule, ...] | None = None  # only (SPEC §17): a task's own list, on top
+        self.narrowing_label = ""
+
+    def _narrowed_in(self, host: str, port: int) -> bool:
+        """Whether the task's list names ``host`` (by name; an address entry by the literal address)."""
+        if any(rule.matches_name(host, port) for rule in self.narrowing):
+            return True
+        if _is_address(host):
+            ip = parse_address(host)
+            return any(rule.matches_address(ip, port) for rule in self.narrowing)
+        return False
 
     @classmethod
     def from_strings(cls, allow: str = "", deny: str = "", **kwargs) -> EgressPolicy:
@@ -212,13 +224,27 @@ class EgressPolicy:
         """This policy, plus ``addresses`` at ``port`` allowed (an address the executor checked itself)."""
         entries = ",".join(f"[{a}]:{port}" if ":" in a else f"{a}:{port}" for a in addresses)
         extra = parse_rules(entries, label) if entries else ()
-        return EgressPolicy(
+        wider = EgressPolicy(
             (*self.allow, *extra),
             self.deny,
             default=self.default,
             resolver=self.resolver,
             own_addresses=self.own_addresses,
         )
+        if self.narrowing is not None:
+            wider.narrowing = (*self.narrowing, *extra)
+            wider.narrowing_label = self.narrowing_label
+        return wider
+
+    def only(self, rules: Iterable[Rule], label: str = "the task's allowed_hosts") -> EgressPolicy:
+        """This policy narrowed to ``rules`` (a task's allowlist, SPEC §17): a destination they do not
+        name is refused; one they name is then decided by this policy as before (the smaller wins)."""
+        narrowed = EgressPolicy(
+            self.allow, self.deny, default=self.default, resolver=self.resolver, own_addresses=self.own_addresses
+        )
+        narrowed.narrowing = tuple(rules)
+        narrowed.narrowing_label = label
+        return narrowed
 
     def decide(self, host: str, port: int) -> Decision:
         """Whether a connection to ``host:port`` may be made, and to which addresses."""
@@ -230,6 +256,8 @@ class EgressPolicy:
             return Decision(False, BAD_HOST)
         if any(rule.matches_name(host, port) for rule in self.deny):
             return Decision(False, DENIED_BY_RULE)
+        if self.narrowing is not None and not self._narrowed_in(host, port):
+            return Decision(False, NOT_IN_TASK_LIST)
         if _is_address(host):
             addresses = [host]
         else:

@@ -1,0 +1,332 @@
+"""Harbor and Terminal-Bench tasks (SPEC §17): what the task asks for, /logs/agent, and the verifier.
+
+1. ``apply_request`` (downloading_task): the task's timeouts, memory, storage and network, each capped by
+   the operator's setting (the smaller wins), become the evaluation's Config; ``limits_applied`` records
+   them.
+2. ``agent_mounts`` (running_agent): in an image, ``/logs/agent`` is the session's ``agent-logs/``, the
+   sandbox uid's; ``after_agent`` then, with no process of the agent alive, records what it changed
+   outside its working directory (``system_changes``) and keeps what it left in /logs/agent
+   (``artifacts``).
+3. ``run_verifier`` (running_tests): a fresh sandbox on the file system the agent left (or, for
+   ``[verifier] isolated``, on the image plus only its working directory), the task's tests at ``/tests``
+   (root's, read-only), an empty ``/logs/verifier``, ``bash /tests/<script>`` from the working directory.
+   The agent never saw any of the three: they exist only in the verifier's sandbox.
+4. Grading is the executor's, on what it captured and read after the verifier ended (pipeline/graders.py):
+   ``reward_file`` reads /logs/verifier from the session's fresh folder, ``pytest`` parses the output and
+   checks the exit status, ``exit_code`` is the exit status.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import time
+
+from evaluations import artifacts, livelog
+from evaluations.images import changes, rootfs
+from evaluations.images.store import ImageStore
+from evaluations.models import ErrorKind, Evaluation, TestResult
+from evaluations.network.egress.policy import parse_rules
+from evaluations.pipeline import graders
+from evaluations.pipeline.context import Context, Grade, StepFailed
+from evaluations.pipeline.taskspec import SupportFile
+from evaluations.runtime import Mount
+from evaluations.runtime.policy import DISTRIBUTION_CA_BUNDLE
+from evaluations.safefs import SafeFSError, clear_way, remove_tree_nofollow, write_file_nofollow
+
+AGENT_LOGS = "/logs/agent"
+VERIFIER_LOGS = "/logs/verifier"
+TESTS = "/tests"
+NO_NETWORK, PUBLIC, ALLOWLIST = "no-network", "public", "allowlist"
+
+
+# -- 1. what the task asks for --------------------------------------------------------------------
+
+
+def apply_request(ctx: Context) -> None:
+    """The task's request capped by the operator's settings, as the evaluation's Config; recorded."""
+    task = ctx.task
+    if task.format == "workspace":
+        Evaluation.objects.filter(id=ctx.eval_id).update(task_format=task.format)
+        return
+    request = task.request
+    config = ctx.config
+    timeout = ctx.evaluation.timeout_secs or config.agent_timeout_secs
+
+    def capped(asked, limit):
+        return limit if asked is None else max(1, min(limit, math.ceil(asked)))
+
+    ctx.config = dataclasses.replace(
+        config,
+        agent_timeout_secs=capped(request.agent_timeout_secs, min(timeout, config.agent_timeout_secs)),
+        test_timeout_secs=capped(request.verifier_timeout_secs, config.test_timeout_secs),
+        build_timeout_secs=capped(request.build_timeout_secs, config.build_timeout_secs),
+        memory_limit_mb=capped(request.memory_mb, config.memory_limit_mb),
+        disk_quota_mb=capped(request.storage_mb, config.disk_quota_mb),
+    )
+    ctx.evaluation.timeout_secs = ctx.config.agent_timeout_secs
+    applied = ctx.config
+    cpus = os.cpu_count() or 1
+    network = request.network or PUBLIC
+    if network == ALLOWLIST:
+        try:
+            parse_rules(",".join(request.allowed_hosts), "task.toml: [environment] allowed_hosts")
+        except ValueError as exc:
+            raise StepFailed(str(exc), kind=ErrorKind.TASK_INVALID) from None
+    limits = {
+        "agent_timeout_secs": applied.agent_timeout_secs,
+        "verifier_timeout_secs": applied.test_timeout_secs,
+        "build_timeout_secs": applied.build_timeout_secs,
+        "memory_mb": applied.memory_limit_mb,
+        "storage_mb": applied.disk_quota_mb,
+        # Not enforced as a quota: the host's cores are shared by MAX_CONCURRENT_EVALS (docs/tasks.md).
+        "cpus": min(float(request.cpus), float(cpus)) if request.cpus is not None else None,
+        "network": network,
+        "agent_network": agent_network(ctx),
+        "verifier_network": verifier_network(ctx),
+        "allowed_hosts": list(request.allowed_hosts) if network == ALLOWLIST else None,
+    }
+    Evaluation.objects.filter(id=ctx.eval_id).update(
+        task_format=task.format, limits_applied=limits, task_metadata=task.metadata
+    )
+
+
+def agent_network(ctx: Context) -> bool:
+    return ctx.config.agent_network and ctx.task.request.network != NO_NETWORK
+
+
+def verifier_network(ctx: Context) -> bool:
+    return ctx.config.test_network and ctx.task.request.network != NO_NETWORK
+
+
+def narrow_egress(ctx: Context) -> None:
+    """``allowlist``: from the agent on, the proxy lets through only the task's hosts, and of those only
+    what the operator's rules allow (after the build: its RUN steps fetch packages as BUILD_NETWORK says)."""
+    request = ctx.task.request
+    if request.network != ALLOWLIST or ctx.egress is None:
+        return
+    rules = parse_rules(",".join(request.allowed_hosts), "allowed_hosts")
+    ctx.egress.policy = ctx.egress.policy.only(rules, "the task's allowed_hosts")
+
+
+# -- 2. /logs/agent, and after the agent --------------------------------------------------------
+
+
+def agent_mounts(ctx: Context) -> list[Mount]:
+    """In an image: /logs/agent, writable (the session's agent-logs/, counted by its disk quota)."""
+    if ctx.image is None:
+        return []
+    folder = ctx.session.agent_logs
+    if not folder.exists():
+        folder.mkdir(mode=0o755)
+        os.chown(folder, ctx.session.uid, ctx.session.uid)
+    _mount_point(ctx, AGENT_LOGS)
+    return [Mount(folder, AGENT_LOGS, writable=True)]
+
+
+def after_agent(ctx: Context) -> None:
+    """With no process of the agent alive: what it changed outside its folder, and its artifacts."""
+    if ctx.image is None:
+        return
+    fields = {
+        "system_changes": changes.system_changes(
+            rootfs.upper_of(ctx.session.root),
+            workdir=ctx.workdir,
+            exclude=executor_paths(ctx),
+            path_dirs=tuple(p for p in ctx.command_path.split(":") if p.startswith("/")),
+        ),
+        "artifacts": artifacts.keep(ctx.eval_id, ctx.session.agent_logs, ctx.config, owner_uid=ctx.session.uid),
+    }
+    Evaluation.objects.filter(id=ctx.eval_id).update(**fields)
+
+
+def executor_paths(ctx: Context) -> tuple[str, ...]:
+    """What the executor and the sandbox put in the image's root, relative to it: never the agent's."""
+    made = ["tmp", "proc", "dev", "sys", "run/term-executor", "logs/agent", DISTRIBUTION_CA_BUNDLE.lstrip("/")]
+    made.append(str(ctx.config.workspace_base).strip("/"))
+    return tuple(made + ctx.made_mount_points)
+
+
+def _mount_point(ctx: Context, target: str) -> None:
+    """A real folder at ``target`` in the image's root, made by the executor, nothing followed: an agent
+    root in its image may have put a link where /logs goes; bwrap would follow it on the host."""
+    root = ctx.image.rootfs
+    owner = ctx.image.idmap.host_uid(0), ctx.image.idmap.host_gid(0)
+    parts = target.strip("/").split("/")
+    for depth in range(1, len(parts) + 1):
+        relpath = "/".join(parts[:depth])
+        path = root / relpath
+        if os.path.isdir(path) and not os.path.islink(path):
+            continue
+        try:
+            if os.path.lexists(path):
+                clear_way(root, relpath)
+                if os.path.lexists(path):
+                    os.unlink(path)
+            os.mkdir(path, 0o755)
+        except (OSError, SafeFSError) as exc:
+            raise StepFailed(f"could not make {target} in the image: {exc}", kind=ErrorKind.INFRASTRUCTURE) from None
+        os.chown(path, *owner, follow_symlinks=False)
+        ctx.made_mount_points.append(relpath)
+
+
+# -- 3. the verifier ------------------------------------------------------------------------------
+
+
+def run_verifier(ctx: Context, env: dict[str, str]) -> tuple[list[TestResult], str]:
+    """Harbor / Terminal-Bench: the task's verifier after the agent; its rows and its output block
+    (the grade on ``ctx.grade``)."""
+    verifier = ctx.task.verifier
+    config = ctx.config
+    if verifier.isolated:
+        _isolate(ctx)
+    tests, logs = _verifier_folders(ctx, verifier.files)
+    mounts = [Mount(tests, TESTS), Mount(logs, VERIFIER_LOGS, writable=True)]
+    if ctx.image is not None and ctx.session.agent_logs.exists():
+        _mount_point(ctx, AGENT_LOGS)
+        mounts.append(Mount(ctx.session.agent_logs, AGENT_LOGS))  # what the agent left, read-only
+    for target in (TESTS, VERIFIER_LOGS):
+        if ctx.image is not None:
+            _mount_point(ctx, target)
+    policy = ctx.task_policy(network=verifier_network(ctx), mounts=mounts)
+    env = {**env, **verifier.env}
+    script = f"{TESTS}/{verifier.script}"
+    livelog.append_text(ctx.session.log, livelog.test_marker(verifier.script))
+    started = time.monotonic()
+    result = ctx.run(["bash", script], env=env, timeout_secs=config.test_timeout_secs, policy=policy)
+    duration = int((time.monotonic() - started) * 1000)
+    ctx.spawner.sweep()
+    output = result.output
+    if result.timed_out:
+        output += f"\n[executor: killed, the verifier's timeout ({config.test_timeout_secs} s) ran out]"
+    elif result.limit_detail:
+        output += f"\n[executor: {result.limit_detail}]"
+    rows = grade(ctx, verifier.script, result, output, duration, logs)
+    for row in rows:
+        livelog.append_text(ctx.session.log, livelog.test_verdict(row.name, row.passed, row.exit_code, row.timed_out))
+    return rows, f"=== {verifier.script} (exit {_exit(result.exit_code)}) ===\n{output}"
+
+
+def grade(ctx: Context, name: str, result, output: str, duration: int, logs) -> list[TestResult]:
+    """The rows and ``ctx.grade`` of one verifier command's result, by the task's grader."""
+    row = TestResult(
+        evaluation_id=ctx.eval_id,
+        position=0,
+        name=name,
+        kind="test",
+        passed=False,
+        exit_code=result.exit_code,
+        timed_out=result.timed_out,
+        duration_ms=duration,
+        output=output,
+    )
+    grader = ctx.task.grader
+    if result.timed_out or result.limit is not None:
+        why = "timed out" if result.timed_out else result.limit_detail
+        ctx.grade = Grade(reward=0.0, rewards=None, error=f"the verifier {name} {why}")
+        return [row]
+    if grader == "reward_file":
+        try:
+            reward = graders.read_reward(logs)
+        except graders.GradeError as exc:
+            ctx.grade = Grade(reward=None, rewards=None, error=str(exc))
+            return [row]
+        row.passed = reward.reward >= 1
+        ctx.grade = Grade(reward=reward.reward, rewards=reward.rewards, error="", source=reward.source)
+        return [row]
+    if grader == "pytest":
+        verdict = graders.grade_pytest(result.output, result.exit_code)
+        rows = [
+            TestResult(
+                evaluation_id=ctx.eval_id,
+                position=position,
+                name=test[:255],
+                kind="test",
+                passed=passed,
+                exit_code=result.exit_code,
+                duration_ms=0,
+                output="",
+            )
+            for position, (test, passed) in enumerate(verdict.results[: ctx.config.max_tests])
+        ]
+        ctx.grade = Grade(
+            reward=1.0 if verdict.passed else 0.0, rewards=None, error="" if verdict.passed else verdict.reason
+        )
+        if not rows:
+            return [row]
+        rows[0].output = output  # the verifier's whole output, once
+        return rows
+    row.passed = result.ok
+    ctx.grade = Grade(
+        reward=1.0 if row.passed else 0.0, rewards=None, error="" if row.passed else f"{name} exited {result.exit_code}"
+    )
+    return [row]
+
+
+def reward_folder(ctx: Context):
+    """A workspace.yaml task graded by ``reward_file``: its scripts' /logs/verifier, empty (None: another grader)."""
+    if ctx.task.grader != "reward_file":
+        return None
+    if not ctx.runtime.isolated:
+        raise StepFailed(
+            "grader reward_file needs the sandbox (/logs/verifier is a mount); this executor runs without one",
+            kind=ErrorKind.INFRASTRUCTURE,
+        )
+    _tests, logs = _verifier_folders(ctx, [])
+    if ctx.image is not None:
+        _mount_point(ctx, VERIFIER_LOGS)
+    return logs
+
+
+def grade_reward_folder(ctx: Context, logs, rows: list[TestResult]) -> None:
+    """After a workspace task's scripts: the reward they left decides, not their exit statuses."""
+    try:
+        reward = graders.read_reward(logs)
+    except graders.GradeError as exc:
+        ctx.grade = Grade(reward=None, rewards=None, error=str(exc))
+        return
+    ctx.grade = Grade(reward=reward.reward, rewards=reward.rewards, error="", source=reward.source)
+
+
+def _exit(code) -> str:
+    return "none" if code is None else str(code)
+
+
+def _verifier_folders(ctx: Context, files: list[SupportFile]):
+    """verifier/tests (root's, the task's files) and verifier/logs (empty, the sandbox uid's), made fresh."""
+    folder = ctx.session.verifier
+    try:
+        if os.path.lexists(folder):
+            remove_tree_nofollow(folder)
+        folder.mkdir(mode=0o755)
+        tests = folder / "tests"
+        tests.mkdir(mode=0o755)
+        for support in files:
+            write_file_nofollow(tests, support.relpath, support.data, support.mode)
+        _open_folders(tests)
+        logs = folder / "logs"
+        logs.mkdir(mode=0o755)
+        if ctx.session.uid is not None:
+            os.chown(logs, ctx.session.uid, ctx.session.uid)
+    except (OSError, SafeFSError) as exc:
+        raise StepFailed(f"could not write the verifier's files: {exc}", kind=ErrorKind.INFRASTRUCTURE) from None
+    return tests, logs
+
+
+def _open_folders(tests) -> None:
+    for folder, subdirs, _files in os.walk(tests):
+        for name in subdirs:
+            os.chmod(os.path.join(folder, name), 0o755)
+
+
+def _isolate(ctx: Context) -> None:
+    """``[verifier] isolated``: the image plus only the working directory as the agent left it."""
+    store = ImageStore.of(ctx.config)
+    record = store.image(ctx.image_digest)
+    layers = [store.layer_tree(layer) for layer in record.layers]
+    try:
+        ctx.image = changes.isolate_workdir(ctx.session.root, layers, ctx.image.idmap, ctx.workdir)
+    except OSError as exc:
+        raise StepFailed(f"could not isolate the working directory: {exc}", kind=ErrorKind.INFRASTRUCTURE) from None
+    ctx.made_mount_points.clear()
