@@ -147,7 +147,7 @@ def test_the_graph_sees_the_tree():
     assert "evaluations.worker" in graph()["evaluations.management.commands.run_worker"]  # its __init__ runs
     assert "evaluations.environments" in graph()["evaluations.pipeline.imageenv"]  # `from evaluations import x`
     assert "evaluations.importers.verify" in graph()["evaluations.importers.swebench"]  # `from . import x`
-    assert "evaluations.importers.build" in graph()["evaluations.importers.verify"]  # `from .build import x`
+    assert "evaluations.importers.rows" in graph()["evaluations.importers.swebench"]  # `from .rows import x`
     assert "evaluations.lifecycle" in graph()["evaluations.worker.loop"]
 
 

@@ -88,7 +88,13 @@ def import_file(
         write_index(out, result.built, [])
         if verify_jobs is not None and result.built:
             patches = {i.instance_id: i.patch for i in instances}
-            result.verifications = verify.verify(result.built, patches, out, scratch, verify_jobs, report)
+            checks = [
+                verify.Check(
+                    task.instance_id, out / task.archive, verify.gold_agent(task.instance_id, patches[task.instance_id])
+                )
+                for task in result.built
+            ]
+            result.verifications = verify.verify(checks, scratch, verify_jobs, report, verify.SWEBENCH)
             write_index(out, result.built, result.verifications)
             write_verification(out, result.verifications)
     finally:
@@ -101,7 +107,7 @@ def _id_of(row: object) -> object:
 
 
 def write_index(out: Path, built: list[build.Built], verifications: list[verify.Verification]) -> None:
-    checked = {v.instance_id: v for v in verifications}
+    checked = {v.task: v for v in verifications}
     entries = []
     for task in built:
         entry = {
@@ -121,7 +127,8 @@ def write_index(out: Path, built: list[build.Built], verifications: list[verify.
 
 
 def write_verification(out: Path, verifications: list[verify.Verification]) -> None:
-    _merge_into(out / "verification.json", [v.as_json() for v in verifications])
+    entries = [{"instance_id": v.task, **v.as_json(verify.SWEBENCH)} for v in verifications]
+    _merge_into(out / "verification.json", entries)
 
 
 def _merge_into(path: Path, entries: list[dict], keep=lambda entry: True) -> None:

@@ -1,54 +1,71 @@
-"""--verify: each imported task through the executor's own pipeline, twice (SPEC §15).
+"""Oracle checks: each task through the executor's own pipeline, with its reference solution as the agent
+and with a no-op agent (SPEC §15 --verify, §17 verify_tasks).
 
 1. Each run is ``manage.py evaluate --json ARCHIVE AGENT`` (localrun.py): the
    worker's pipeline, sandbox, limits and database, file:// allowed for that
    run only. A process per run because the spawner owns its process (it is
    the child subreaper of its evaluation's commands): ``--jobs N`` is N such
    processes at once, never N pipelines in one.
-2. The gold run's agent applies the row's ``patch`` as SWE-bench's harness
-   does (``git apply``, then ``patch --fuzz``); the patch travels base64
-   encoded in a quoted here-document, so no byte of it is shell syntax.
-   Every test must pass.
-3. The no-op run's agent changes nothing: every fail_to_pass script must
-   fail (a test that passes without the fix grades nobody).
-4. A task is verified when both hold; else the reason names what did not.
+2. The solution run's agent is a bash script carrying the solution base64
+   encoded in quoted here-documents, so no byte of it is shell syntax:
+   SWE-bench's gold patch (``gold_agent``: ``git apply``, then ``patch
+   --fuzz``, as SWE-bench's harness applies it) or a Harbor / Terminal-Bench
+   reference solution (``solution_agent``: its files in /solution, then
+   ``bash solve.sh`` from the working directory, as Harbor's oracle agent).
+3. The no-op run's agent changes nothing.
+4. A task is verified when the solution's reward is 1 and the no-op's is not,
+   the no-op's having been graded (its tests ran); when the task's tests
+   include fail_to_pass ones (SWE-bench), each of those must fail without the
+   solution. Else the reason names what did not hold.
 """
 
 from __future__ import annotations
 
 import base64
 import json
+import os
+import shlex
 import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from django.conf import settings
 
-from .build import Built
+NOOP = "noop"
+NOOP_AGENT = "#!/bin/bash\n# the no-op agent of an oracle check (manage.py verify_tasks): changes nothing\necho no-op\n"
+_HEREDOC_END = "GOLD_PATCH_END"  # '_' is not in base64's alphabet: no line of the payload can end the document
+SOLUTION_DIR = "/solution"
 
-RUNS = ("gold", "noop")
-NOOP_AGENT = "#!/bin/bash\n# the no-op agent of manage.py import_swebench --verify: changes nothing\necho no-op\n"
-_HEREDOC_END = "GOLD_PATCH_END"  # '_' is not in base64's alphabet: no line of the patch can end the document
+
+@dataclass(frozen=True)
+class Words:
+    """How a kind of check names its runs, in progress lines, the table and the reasons."""
+
+    solution_run: str  # the solution run's name: progress lines, verification.json's key
+    task_column: str  # the table's first header
+    solution_column: str
+    with_solution: str  # starts a reason about the solution run
+    without_solution: str  # starts a reason about the no-op run
 
 
-def gold_agent(instance_id: str, patch: str) -> str:
-    encoded = base64.encodebytes(patch.encode("utf-8")).decode("ascii")
-    return (
-        "#!/bin/bash\n"
-        f"# the gold patch of {instance_id}, applied by manage.py import_swebench --verify\n"
-        "set -u\n"
-        'cd "$REPO_DIR" || exit 1\n'
-        "patch_file=$(mktemp) || exit 1\n"
-        f"base64 -d > \"$patch_file\" <<'{_HEREDOC_END}' || exit 1\n"
-        f"{encoded}{_HEREDOC_END}\n"
-        'if git apply --verbose "$patch_file"; then exit 0; fi\n'
-        'echo "git apply failed; trying patch --fuzz=5"\n'
-        'exec patch --batch --fuzz=5 -p1 -i "$patch_file"\n'
-    )
+SWEBENCH = Words("gold", "instance", "gold", "with the gold patch", "without the fix")
+ORACLE = Words("solution", "task", "solution", "with the reference solution", "with the no-op agent")
+
+
+@dataclass(frozen=True)
+class Check:
+    """One task to check: its archive and its solution agent, or why it cannot be checked (not run)."""
+
+    name: str
+    archive: Path | None
+    solution_agent: str | None  # bash text
+    problem: str | None = None  # set: neither run happens; this is the reason
+    format: str | None = None  # workspace | harbor | terminal-bench, when known
 
 
 @dataclass
@@ -60,31 +77,102 @@ class RunOutcome:
     eval_id: str | None = None
     duration_ms: int | None = None
     tests: list[dict] = field(default_factory=list)  # name, kind, passed, exit_code, timed_out
+    reward: float | None = None
+    rewards: dict | None = None
+
+    @property
+    def graded(self) -> bool:
+        """The tests ran and judged the run: it passed, or failed by its tests (not by the agent,
+        a limit, the task or the host)."""
+        return self.status == "completed" or self.error_kind == "tests_failed"
 
 
 @dataclass
 class Verification:
-    instance_id: str
+    task: str
     verified: bool
     reason: str | None
-    runs: dict[str, RunOutcome]
+    runs: dict[str, RunOutcome]  # the solution run (by its Words name) and "noop"; empty when not run
+    format: str | None = None
 
-    def as_json(self) -> dict:
+    def reward(self, run: str) -> float | None:
+        outcome = self.runs.get(run)
+        return outcome.reward if outcome is not None else None
+
+    def as_json(self, words: Words = ORACLE) -> dict:
         runs = {run: asdict(outcome) for run, outcome in self.runs.items()}
-        return {"instance_id": self.instance_id, "verified": self.verified, "reason": self.reason, **runs}
+        return {
+            "task": self.task,
+            "verified": self.verified,
+            "reason": self.reason,
+            "solution_reward": self.reward(words.solution_run),
+            "noop_reward": self.reward(NOOP),
+            **({"format": self.format} if self.format else {}),
+            **runs,
+        }
 
 
-def verdict(gold: RunOutcome, noop: RunOutcome) -> tuple[bool, str | None]:
-    reasons = []
-    if not gold.passed:
-        reasons.append(f"with the gold patch: {gold.error or gold.status}")
-    fail_to_pass = [t for t in noop.tests if t["kind"] == "fail_to_pass"]
-    if not fail_to_pass:
-        reasons.append(f"without the fix the tests did not run: {noop.error or noop.status}")
-    passing = [t["name"] for t in fail_to_pass if t["passed"]]
-    if passing:
-        reasons.append(f"without the fix {', '.join(passing)} passes")
-    return not reasons, "; ".join(reasons) or None
+# -- the agents -----------------------------------------------------------------------------------
+
+
+def _heredoc(data: bytes, target: str) -> str:
+    encoded = base64.encodebytes(data).decode("ascii")
+    return f"base64 -d > {target} <<'{_HEREDOC_END}' || exit 1\n{encoded}{_HEREDOC_END}\n"
+
+
+def gold_agent(instance_id: str, patch: str) -> str:
+    return (
+        "#!/bin/bash\n"
+        f"# the gold patch of {instance_id}, applied by manage.py import_swebench --verify\n"
+        "set -u\n"
+        'cd "$REPO_DIR" || exit 1\n'
+        "patch_file=$(mktemp) || exit 1\n"
+        + _heredoc(patch.encode("utf-8"), '"$patch_file"')
+        + 'if git apply --verbose "$patch_file"; then exit 0; fi\n'
+        'echo "git apply failed; trying patch --fuzz=5"\n'
+        'exec patch --batch --fuzz=5 -p1 -i "$patch_file"\n'
+    )
+
+
+def solution_agent(task: str, files: dict[str, bytes], script: str = "solve.sh") -> str:
+    """Harbor's oracle as a bash agent: ``files`` (relative path -> bytes, ``script`` among them) written
+    to /solution, ``bash /solution/<script>`` run from the working directory.
+
+    The agent runs as the image's user, not as root: when /solution cannot be made (or written), the
+    files go to a new folder under $TMPDIR, and a line says so.
+    """
+    if script not in files:
+        raise ValueError(f"the solution has no {script}")
+    lines = [
+        "#!/bin/bash",
+        f"# the reference solution of {_one_line(task)}, run by manage.py verify_tasks as Harbor's oracle runs it",
+        "set -u",
+        'cd "$REPO_DIR" || exit 1',
+        f"solution={SOLUTION_DIR}",
+        'if ! mkdir -p "$solution" 2>/dev/null || [ ! -w "$solution" ]; then',
+        '    solution=$(mktemp -d "${TMPDIR:-/tmp}/solution.XXXXXX") || exit 1',
+        f'    echo "verify_tasks: {SOLUTION_DIR} cannot be made by this user; the solution is in $solution"',
+        "fi",
+    ]
+    for relpath in sorted(files):
+        quoted = shlex.quote(relpath)
+        parent = str(Path(relpath).parent)
+        if parent != ".":
+            lines.append(f'mkdir -p "$solution"/{shlex.quote(parent)} || exit 1')
+        lines.append(_heredoc(files[relpath], f'"$solution"/{quoted}').rstrip("\n"))
+    lines += [
+        f'chmod +x "$solution"/{shlex.quote(script)}',
+        "export DEBIAN_FRONTEND=noninteractive",
+        f'exec bash "$solution"/{shlex.quote(script)}',
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.split())
+
+
+# -- the runs -------------------------------------------------------------------------------------
 
 
 def evaluate(archive: Path, agent: Path) -> RunOutcome:
@@ -101,6 +189,11 @@ def evaluate(archive: Path, agent: Path) -> RunOutcome:
     except json.JSONDecodeError:
         lines = [line for line in done.stderr.splitlines() if line.strip()]
         return RunOutcome("not_started", False, lines[-1] if lines else f"manage.py evaluate exited {done.returncode}")
+    return outcome_of(document)
+
+
+def outcome_of(document: dict) -> RunOutcome:
+    """An evaluation object (GET /evaluate/{id}, ``evaluate --json``) summed up."""
     return RunOutcome(
         status=document["status"],
         passed=bool(document["passed"]),
@@ -112,55 +205,101 @@ def evaluate(archive: Path, agent: Path) -> RunOutcome:
             {key: t[key] for key in ("name", "kind", "passed", "exit_code", "timed_out")}
             for t in document["test_results"]
         ],
+        reward=document.get("reward"),
+        rewards=document.get("rewards"),
     )
 
 
-def verify(built: list[Built], patches: dict[str, str], out: Path, scratch: Path, jobs: int, report) -> list:
-    """Run every task twice, ``jobs`` runs at once; a progress line per run as it ends."""
+Evaluate = Callable[[Path, Path], RunOutcome]
+
+
+def verify(
+    checks: list[Check],
+    scratch: Path,
+    jobs: int,
+    report: Callable[[str], None],
+    words: Words = ORACLE,
+    run: Evaluate = evaluate,
+) -> list[Verification]:
+    """Run every runnable check twice, ``jobs`` runs at once; a progress line per run as it ends.
+
+    ``run`` is ``evaluate`` (a `manage.py evaluate` process); a test may give another.
+    """
     noop = scratch / "noop.sh"
     noop.write_text(NOOP_AGENT)
+    runnable = [check for check in checks if check.problem is None]
     agents = {}
-    for task in built:
-        agents[task.instance_id] = scratch / f"gold-{task.instance_id}.sh"
-        agents[task.instance_id].write_text(gold_agent(task.instance_id, patches[task.instance_id]))
-    # Every gold run before any no-op run: a task's second run then starts from the workspace cache
-    # its first one filled (SPEC §13), instead of both installing at once.
-    work = [(task, run) for run in RUNS for task in built]
+    for number, check in enumerate(runnable):
+        agents[check.name] = scratch / f"solution-{number}.sh"
+        agents[check.name].write_text(check.solution_agent)
+    # Every solution run before any no-op run: a task's second run then starts from the workspace
+    # cache (and the image store) its first one filled (SPEC §13), instead of both preparing at once.
+    work = [(check, name) for name in (words.solution_run, NOOP) for check in runnable]
     outcomes: dict[tuple[str, str], RunOutcome] = {}
     lock = threading.Lock()
     started = time.monotonic()
 
-    def one(task: Built, run: str) -> None:
-        agent = agents[task.instance_id] if run == "gold" else noop
+    def one(check: Check, name: str) -> None:
         began = time.monotonic()
-        outcome = evaluate(out / task.archive, agent)
+        outcome = run(check.archive, agents[check.name] if name != NOOP else noop)
         with lock:
-            outcomes[task.instance_id, run] = outcome
-            shown = "passed" if outcome.passed else f"{outcome.status}: {outcome.error or ''}"
+            outcomes[check.name, name] = outcome
             report(
-                f"[{len(outcomes)}/{len(work)}] {task.instance_id} {run}: {shown} ({time.monotonic() - began:.1f} s)"
+                f"[{len(outcomes)}/{len(work)}] {check.name} {name}: {_shown(outcome)} ({time.monotonic() - began:.1f} s)"
             )
 
     with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
-        for future in [pool.submit(one, task, run) for task, run in work]:
+        for future in [pool.submit(one, check, name) for check, name in work]:
             future.result()
-    report(f"verified {len(built)} task(s) in {time.monotonic() - started:.1f} s")
+    report(f"verified {len(runnable)} task(s) in {time.monotonic() - started:.1f} s")
     results = []
-    for task in built:
-        runs = {run: outcomes[task.instance_id, run] for run in RUNS}
-        verified, reason = verdict(runs["gold"], runs["noop"])
-        results.append(Verification(task.instance_id, verified, reason, runs))
+    for check in checks:
+        if check.problem is not None:
+            results.append(Verification(check.name, False, check.problem, {}, check.format))
+            continue
+        runs = {name: outcomes[check.name, name] for name in (words.solution_run, NOOP)}
+        verified, reason = verdict(runs[words.solution_run], runs[NOOP], words)
+        results.append(Verification(check.name, verified, reason, runs, check.format))
     return results
 
 
-def table(results: list[Verification]) -> str:
-    rows = [("instance", "gold", "no-op", "verified", "reason")]
+def _shown(outcome: RunOutcome) -> str:
+    shown = "passed" if outcome.passed else f"{outcome.status}: {outcome.error or ''}"
+    return shown if outcome.reward is None else f"{shown} (reward {outcome.reward:g})"
+
+
+# -- the verdict ----------------------------------------------------------------------------------
+
+
+def verdict(solution: RunOutcome, noop: RunOutcome, words: Words = ORACLE) -> tuple[bool, str | None]:
+    reasons = []
+    if solution.reward != 1:
+        why = solution.error or solution.status
+        if solution.reward is not None and solution.reward > 1:
+            why = f"reward {solution.reward:g}, not 1"
+        reasons.append(f"{words.with_solution}: {why}")
+    if not noop.graded:
+        reasons.append(f"{words.without_solution} the tests did not run: {noop.error or noop.status}")
+    else:
+        passing = [t["name"] for t in noop.tests if t["kind"] == "fail_to_pass" and t["passed"]]
+        if passing:
+            reasons.append(f"{words.without_solution} {', '.join(passing)} passes")
+        elif noop.reward == 1:
+            reasons.append(f"{words.without_solution} the reward is 1: the tests pass with nothing done")
+    return not reasons, "; ".join(reasons) or None
+
+
+# -- the table ------------------------------------------------------------------------------------
+
+
+def table(results: list[Verification], words: Words = ORACLE) -> str:
+    rows = [(words.task_column, words.solution_column, "no-op", "verified", "reason")]
     for item in results:
-        gold, noop = item.runs["gold"], item.runs["noop"]
+        solution, noop = item.runs.get(words.solution_run), item.runs.get(NOOP)
         rows.append(
             (
-                item.instance_id,
-                "passed" if gold.passed else "FAILED",
+                item.task,
+                _solution_cell(solution),
                 _noop_cell(noop),
                 "yes" if item.verified else "NO",
                 item.reason or "",
@@ -168,13 +307,40 @@ def table(results: list[Verification]) -> str:
         )
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]) - 1)]
     return "".join(
-        "  " + "  ".join(cell.ljust(w) for cell, w in zip(row[:-1], widths, strict=True)) + "  " + row[-1] + "\n"
+        ("  " + "  ".join(cell.ljust(w) for cell, w in zip(row[:-1], widths, strict=True)) + "  " + row[-1]).rstrip()
+        + "\n"
         for row in rows
     )
 
 
-def _noop_cell(noop: RunOutcome) -> str:
+def _reward_note(outcome: RunOutcome) -> str:
+    """`` (reward 0.5)`` or `` (no reward)`` when the word alone does not say it."""
+    if outcome.reward is None:
+        return " (no reward)"
+    return "" if outcome.reward in (0, 1) else f" (reward {outcome.reward:g})"
+
+
+def _solution_cell(solution: RunOutcome | None) -> str:
+    if solution is None:
+        return "-"
+    return "passed" if solution.reward == 1 else "FAILED" + _reward_note(solution)
+
+
+def _noop_cell(noop: RunOutcome | None) -> str:
+    if noop is None:
+        return "-"
     fail_to_pass = [t for t in noop.tests if t["kind"] == "fail_to_pass"]
-    if not fail_to_pass:
-        return "no tests"
-    return f"{sum(not t['passed'] for t in fail_to_pass)}/{len(fail_to_pass)} f2p fail"
+    if fail_to_pass:
+        return f"{sum(not t['passed'] for t in fail_to_pass)}/{len(fail_to_pass)} f2p fail"
+    if not noop.graded:
+        return "not graded"
+    return "PASSED" if noop.reward == 1 else "failed" + _reward_note(noop)
+
+
+def write_json(path: Path, results: list[Verification], words: Words = ORACLE) -> Path:
+    """``[{task, verified, reason, solution_reward, noop_reward, format, <runs>}]``, replaced whole."""
+    temporary = path.with_name(f".{path.name}.tmp")
+    document = [result.as_json(words) for result in results]
+    temporary.write_text(json.dumps(document, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    os.replace(temporary, path)
+    return path

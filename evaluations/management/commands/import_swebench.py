@@ -101,7 +101,7 @@ class Command(BaseCommand):
         except (OSError, UnicodeDecodeError, ValueError) as exc:
             raise CommandError(f"FILE {options['file']}: {exc}", returncode=2) from exc
         if result.verifications:
-            say("\n" + verify.table(result.verifications).rstrip("\n"))
+            say("\n" + verify.table(result.verifications, verify.SWEBENCH).rstrip("\n"))
         summary = f"imported {len(result.built)} task(s) into {options['out']}, skipped {len(result.skipped)}"
         if options["verify"]:
             summary += f", {len(result.verifications) - len(result.unverified)} verified"
