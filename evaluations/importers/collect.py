@@ -130,8 +130,8 @@ def prepare(given: Given, scratch: Path, config) -> verify.Check:
     if task.solution is None:
         problem = NO_SOLUTION.get(task.format, "the task has no reference solution")
         return verify.Check(given.name, task_archive, None, problem, task.format)
-    files, script = solution_files(root, task.format, task.solution)
-    agent = verify.solution_agent(given.name, files, script)
+    files, executables, script = solution_files(root, task.format, task.solution)
+    agent = verify.solution_agent(given.name, files, script, executables=executables)
     size = len(agent.encode("utf-8"))
     if size > config.max_agent_code_bytes:
         problem = (
@@ -142,15 +142,19 @@ def prepare(given: Given, scratch: Path, config) -> verify.Check:
     return verify.Check(given.name, task_archive, agent, None, task.format)
 
 
-def solution_files(root: Path, task_format: str, solution: str) -> tuple[dict[str, bytes], str]:
-    """(relative path -> bytes, the script to run) of a task's reference solution."""
+def solution_files(root: Path, task_format: str, solution: str) -> tuple[dict[str, bytes], frozenset[str], str]:
+    """(relative path -> bytes, the executable ones, the script to run) of a task's reference solution."""
     if task_format == "terminal-bench":
-        return {"solution.sh": solution.encode("utf-8")}, "solution.sh"
+        return {"solution.sh": solution.encode("utf-8")}, frozenset(), "solution.sh"
     files = {"solve.sh": solution.encode("utf-8")}
+    executables = set()
     folder = root / HARBOR_SOLUTION
     if task_format == "harbor" and folder.is_dir():
         for parent, _subdirs, names in os.walk(folder):  # extract_archive wrote only files and folders
             for name in names:
                 path = Path(parent) / name
-                files[path.relative_to(folder).as_posix()] = path.read_bytes()
-    return files, "solve.sh"
+                relpath = path.relative_to(folder).as_posix()
+                files[relpath] = path.read_bytes()
+                if path.stat().st_mode & 0o111:
+                    executables.add(relpath)
+    return files, frozenset(executables), "solve.sh"

@@ -134,9 +134,17 @@ def gold_agent(instance_id: str, patch: str) -> str:
     )
 
 
-def solution_agent(task: str, files: dict[str, bytes], script: str = "solve.sh") -> str:
-    """Harbor's oracle as a bash agent: ``files`` (relative path -> bytes, ``script`` among them) written
-    to /solution, ``bash /solution/<script>`` run from the working directory.
+def solution_agent(
+    task: str,
+    files: dict[str, bytes],
+    script: str = "solve.sh",
+    *,
+    executables: frozenset[str] = frozenset(),
+    where: str = SOLUTION_DIR,
+) -> str:
+    """Harbor's oracle as a bash agent: ``files`` (relative path -> bytes, ``script`` among them; those
+    in ``executables`` made executable) written to ``where`` (/solution), then ``bash /solution/<script>``
+    from the working directory, with DEBIAN_FRONTEND=noninteractive as Harbor's oracle sets it.
 
     The agent runs as the image's user, not as root: when /solution cannot be made (or written), the
     files go to a new folder under $TMPDIR, and a line says so.
@@ -148,10 +156,11 @@ def solution_agent(task: str, files: dict[str, bytes], script: str = "solve.sh")
         f"# the reference solution of {_one_line(task)}, run by manage.py verify_tasks as Harbor's oracle runs it",
         "set -u",
         'cd "$REPO_DIR" || exit 1',
-        f"solution={SOLUTION_DIR}",
+        f"wanted={shlex.quote(where)}",
+        "solution=$wanted",
         'if ! mkdir -p "$solution" 2>/dev/null || [ ! -w "$solution" ]; then',
         '    solution=$(mktemp -d "${TMPDIR:-/tmp}/solution.XXXXXX") || exit 1',
-        f'    echo "verify_tasks: {SOLUTION_DIR} cannot be made by this user; the solution is in $solution"',
+        '    echo "verify_tasks: $wanted cannot be made by this user; the solution is in $solution"',
         "fi",
     ]
     for relpath in sorted(files):
@@ -160,8 +169,9 @@ def solution_agent(task: str, files: dict[str, bytes], script: str = "solve.sh")
         if parent != ".":
             lines.append(f'mkdir -p "$solution"/{shlex.quote(parent)} || exit 1')
         lines.append(_heredoc(files[relpath], f'"$solution"/{quoted}').rstrip("\n"))
+        if relpath in executables or relpath == script:
+            lines.append(f'chmod +x "$solution"/{quoted}')
     lines += [
-        f'chmod +x "$solution"/{shlex.quote(script)}',
         "export DEBIAN_FRONTEND=noninteractive",
         f'exec bash "$solution"/{shlex.quote(script)}',
     ]
@@ -219,12 +229,13 @@ def verify(
     jobs: int,
     report: Callable[[str], None],
     words: Words = ORACLE,
-    run: Evaluate = evaluate,
+    run: Evaluate | None = None,
 ) -> list[Verification]:
     """Run every runnable check twice, ``jobs`` runs at once; a progress line per run as it ends.
 
-    ``run`` is ``evaluate`` (a `manage.py evaluate` process); a test may give another.
+    ``run`` is ``evaluate`` (a `manage.py evaluate` process) unless given.
     """
+    run = run or evaluate
     noop = scratch / "noop.sh"
     noop.write_text(NOOP_AGENT)
     runnable = [check for check in checks if check.problem is None]
