@@ -1,8 +1,11 @@
 """Reading and validating an extracted task folder (SPEC section 4).
 
 ``load_task`` turns the folder into a ``TaskSpec`` or raises ``TaskError``
-with one sentence naming the file or key at fault. ``workspace.yaml`` is
-parsed with PyYAML's safe loader, after three guards:
+with one sentence naming the file or key at fault. A folder holding
+``task.toml`` (Harbor) or ``task.yaml`` (Terminal-Bench 1.x) is read by
+taskformats.py (SPEC §17) with this module's readers. YAML (``workspace.yaml``,
+``task.yaml``, ``docker-compose.yaml``) is parsed with PyYAML's safe loader
+(``load_yaml_mapping``), after three guards:
 
 1. the file is at most ``MAX_YAML_BYTES``;
 2. every tag is a plain YAML one (``!!python/...`` is named and refused,
@@ -36,7 +39,7 @@ MAX_BASE_COMMIT_LENGTH = 256
 # (MAX_ARG_STRLEN), so that file is held to this whatever MAX_PROMPT_BYTES says.
 MAX_INSTRUCTION_BYTES = 128 * 1024 - 1
 
-_ENV_NAME = re.compile(r"[A-Z_][A-Z0-9_]*")
+ENV_NAME = re.compile(r"[A-Z_][A-Z0-9_]*")
 _CONTROL = re.compile(r"[\x00-\x20\x7f]")
 _YAML_TAG = "tag:yaml.org,2002:"
 _PLAIN_TAGS = {
@@ -147,6 +150,9 @@ class TaskSpec:
     request: TaskRequest = field(default_factory=TaskRequest)
     metadata: dict | None = None
     solution: str | None = None
+    # What the reference solution finds at /solution (Harbor: every file of solution/, solve.sh
+    # included, as its OracleAgent uploads them); empty when the script needs nothing beside it.
+    solution_files: list[SupportFile] = field(default_factory=list)
 
 
 def load_task(
@@ -166,7 +172,12 @@ def load_task(
     counted it), the tests as they are counted; nothing over a cap reaches memory or the row.
     """
     root = Path(task_root)
-    data, node = _load_workspace(root / "workspace.yaml")
+    if os.path.lexists(root / "task.toml") or os.path.lexists(root / "task.yaml"):
+        # taskformats reads with this module's helpers, so it is imported here, not at the top.
+        from evaluations.pipeline import taskformats
+
+        return taskformats.load_other_format(root, max_prompt_bytes=max_prompt_bytes)
+    data, node = load_yaml_mapping(root / "workspace.yaml", "workspace.yaml")
     scripts = _scripts(root / "tests", max_tests)
     checks = _checks(root / "checks.txt", max_tests, len(scripts))
     taken = {t.name for t in scripts}
@@ -184,54 +195,65 @@ def load_task(
         install=_install(data),
         static_assets=_static_assets(data),
         env=_env(data, node),
-        prompt=_read_text(
-            root / "prompt.md", "prompt.md", required=True, cap=_prompt_cap("prompt.md", max_prompt_bytes)
+        prompt=read_text(
+            root / "prompt.md", "prompt.md", required=True, cap=prompt_cap(max_prompt_bytes, instruction=True)
         ),
-        original_pr=_read_text(
+        original_pr=read_text(
             root / "original_pr.md",
             "original_pr.md",
             required=False,
             lenient=True,
-            cap=_prompt_cap("original_pr.md", max_prompt_bytes),
+            cap=prompt_cap(max_prompt_bytes, instruction=False),
         ),
         tests=scripts + checks,
         support_files=_support_files(root / "tests"),
         environment=environment,
         cache=_cache(data),
+        grader=_grader(data),
     )
 
 
 # -- workspace.yaml ---------------------------------------------------------
 
 
-def _load_workspace(path: Path) -> tuple[dict, yaml.MappingNode]:
-    raw = _read_bytes(path, "workspace.yaml", required=True, cap=_Cap(MAX_YAML_BYTES))
+def load_yaml_mapping(path: Path, shown: str) -> tuple[dict, yaml.MappingNode]:
+    """The YAML file ``shown`` (required) as a mapping, and its node, after the three guards."""
+    data, node = load_yaml(path, shown)
+    if node is None:
+        raise TaskError(f"{shown} is empty; it must be a mapping of keys to values")
+    if not isinstance(data, dict):
+        raise TaskError(f"{shown} must be a mapping of keys to values, not {type_name(data)}")
+    return data, node
+
+
+def load_yaml(path: Path, shown: str) -> tuple[object, yaml.Node | None]:
+    """The YAML file ``shown`` (required), and its node (None: the file holds no document), after
+    the three guards."""
+    raw = read_bytes(path, shown, required=True, cap=Cap(MAX_YAML_BYTES))
     loader = None
     try:
         loader = yaml.SafeLoader(raw)  # checks the encoding already
         node = loader.get_single_node()
         if node is None:
-            raise TaskError("workspace.yaml is empty; it must be a mapping of keys to values")
-        _check_nodes(node)
+            return None, None
+        _check_nodes(node, shown)
         data = loader.construct_document(node)
     except yaml.reader.ReaderError:
-        raise TaskError("workspace.yaml is not valid UTF-8 text") from None
+        raise TaskError(f"{shown} is not valid UTF-8 text") from None
     except yaml.MarkedYAMLError as exc:
         where = f"line {exc.problem_mark.line + 1}: " if exc.problem_mark else ""
-        raise TaskError(f"workspace.yaml is not valid YAML ({where}{exc.problem})") from None
+        raise TaskError(f"{shown} is not valid YAML ({where}{exc.problem})") from None
     except yaml.YAMLError as exc:
-        raise TaskError(f"workspace.yaml is not valid YAML ({' '.join(str(exc).split())})") from None
+        raise TaskError(f"{shown} is not valid YAML ({' '.join(str(exc).split())})") from None
     except RecursionError:
-        raise TaskError("workspace.yaml is nested too deeply") from None
+        raise TaskError(f"{shown} is nested too deeply") from None
     finally:
         if loader is not None:
             loader.dispose()
-    if not isinstance(data, dict):
-        raise TaskError(f"workspace.yaml must be a mapping of keys to values, not {_type_name(data)}")
     return data, node
 
 
-def _check_nodes(root: yaml.Node) -> None:
+def _check_nodes(root: yaml.Node, shown: str) -> None:
     """Refuse non-plain tags, recursive aliases and too big an expanded document.
 
     Aliases make the node graph a DAG (or a cycle); the expanded size is
@@ -252,21 +274,21 @@ def _check_nodes(root: yaml.Node) -> None:
         if key in sizes:
             continue
         if key in open_nodes:
-            raise TaskError(f"workspace.yaml has a recursive alias (line {node.start_mark.line + 1})")
+            raise TaskError(f"{shown} has a recursive alias (line {node.start_mark.line + 1})")
         if node.tag not in _PLAIN_TAGS:
-            shown = node.tag.replace(_YAML_TAG, "!!")
+            tag = node.tag.replace(_YAML_TAG, "!!")
             raise TaskError(
-                f"workspace.yaml uses the YAML tag {shown} (line {node.start_mark.line + 1}); only plain values are allowed"
+                f"{shown} uses the YAML tag {tag} (line {node.start_mark.line + 1}); only plain values are allowed"
             )
         open_nodes.add(key)
         stack.append((node, True))
         for child in _children(node):
             if id(child) in open_nodes:
-                raise TaskError(f"workspace.yaml has a recursive alias (line {child.start_mark.line + 1})")
+                raise TaskError(f"{shown} has a recursive alias (line {child.start_mark.line + 1})")
             if id(child) not in sizes:
                 stack.append((child, False))
     if sizes[id(root)] > MAX_YAML_NODES:
-        raise TaskError(f"workspace.yaml expands to more than {MAX_YAML_NODES} values (alias bomb?)")
+        raise TaskError(f"{shown} expands to more than {MAX_YAML_NODES} values (alias bomb?)")
 
 
 def _children(node: yaml.Node) -> list[yaml.Node]:
@@ -389,18 +411,11 @@ def _image_environment(value: dict, root: Path) -> ImageEnvironment:
         for key in ("context", "build_args", "target"):
             if key in value:
                 raise TaskError(f"{where}: {key!r} goes with 'dockerfile', not with 'image'")
-        image = value["image"]
-        if not isinstance(image, str) or not image.strip():
-            raise TaskError(f"{where}: 'image' must be an image reference such as python:3.12-slim")
-        if len(image) > MAX_IMAGE_REF_CHARS or _CONTROL.search(image) or any(c.isspace() for c in image):
-            raise TaskError(f"{where}: 'image' {image[:80]!r} is not an image reference")
-        try:
-            reference.parse(image)  # its form; the registry it names is IMAGE_DEFAULT_REGISTRY's business
-        except ImageError as exc:
-            raise TaskError(f"{where}: {exc}") from None
-        return ImageEnvironment(image=image)
-    dockerfile = _inside_task(value["dockerfile"], root, "dockerfile", want_dir=False)
-    context = _inside_task(value.get("context", str(Path(dockerfile).parent)), root, "context", want_dir=True)
+        return image_environment(value["image"], f"{where}: 'image'", where)
+    dockerfile = inside_task(value["dockerfile"], root, f"{where}: 'dockerfile'", want_dir=False)
+    context = inside_task(
+        value.get("context", str(Path(dockerfile).parent)), root, f"{where}: 'context'", want_dir=True
+    )
     build_args = value.get("build_args") or {}
     if not isinstance(build_args, dict):
         raise TaskError(f"{where}: 'build_args' must be a mapping of names to values")
@@ -409,7 +424,7 @@ def _image_environment(value: dict, root: Path) -> ImageEnvironment:
         if not isinstance(key, str) or not key:
             raise TaskError(f"{where}: 'build_args' names must be non-empty strings")
         if isinstance(arg, bool) or not isinstance(arg, str | int | float):
-            raise TaskError(f"{where}: build arg {key!r} must be a string or a number, got {_type_name(arg)}")
+            raise TaskError(f"{where}: build arg {key!r} must be a string or a number, got {type_name(arg)}")
         args[key] = str(arg)
     target = value.get("target")
     if target is not None and (not isinstance(target, str) or not target):
@@ -417,9 +432,24 @@ def _image_environment(value: dict, root: Path) -> ImageEnvironment:
     return ImageEnvironment(dockerfile=dockerfile, context=context, build_args=args, target=target)
 
 
-def _inside_task(path: object, root: Path, key: str, *, want_dir: bool) -> str:
-    """``path`` relative to the task root, normalised; it must name a file (or folder) inside it."""
-    where = f"workspace.yaml: 'environment': {key!r}"
+def image_environment(image: object, key: str, where: str) -> ImageEnvironment:
+    """``ImageEnvironment(image=...)`` for a reference of the right form; ``key`` names the key,
+    ``where`` prefixes the reference parser's own sentence (which names the reference)."""
+    if not isinstance(image, str) or not image.strip():
+        raise TaskError(f"{key} must be an image reference such as python:3.12-slim")
+    if len(image) > MAX_IMAGE_REF_CHARS or _CONTROL.search(image) or any(c.isspace() for c in image):
+        raise TaskError(f"{key} {image[:80]!r} is not an image reference")
+    try:
+        reference.parse(image)  # its form; the registry it names is IMAGE_DEFAULT_REGISTRY's business
+    except ImageError as exc:
+        raise TaskError(f"{where}: {exc}") from None
+    return ImageEnvironment(image=image)
+
+
+def inside_task(path: object, root: Path, where: str, *, want_dir: bool) -> str:
+    """``path`` relative to the task root, normalised; it must name a file (or folder) inside it.
+
+    ``where`` names the key that gave it ("workspace.yaml: 'environment': 'dockerfile'")."""
     if not isinstance(path, str) or not path:
         raise TaskError(f"{where} must be a path inside the task")
     parts = [part for part in path.split("/") if part not in ("", ".")]
@@ -440,8 +470,25 @@ def _inside_task(path: object, root: Path, key: str, *, want_dir: bool) -> str:
 def _cache(data: dict) -> bool:
     value = data.get("cache", True)
     if not isinstance(value, bool):
-        raise TaskError(f"workspace.yaml: 'cache' must be true or false, got {_type_name(value)}")
+        raise TaskError(f"workspace.yaml: 'cache' must be true or false, got {type_name(value)}")
     return value
+
+
+# SPEC §19's swebench grader is named by the contract but not built yet.
+WORKSPACE_GRADERS = ("exit_code", "reward_file", "pytest")
+
+
+def _grader(data: dict) -> str:
+    value = data.get("grader", "exit_code")
+    if value in WORKSPACE_GRADERS:
+        return value
+    if value == "swebench":
+        raise TaskError(
+            "workspace.yaml: 'grader' swebench is not available in this executor yet; "
+            f"it grades with {', '.join(WORKSPACE_GRADERS)}"
+        )
+    shown = repr(value) if isinstance(value, str) else type_name(value)
+    raise TaskError(f"workspace.yaml: 'grader' must be one of {', '.join(WORKSPACE_GRADERS)}, got {shown}")
 
 
 def _install(data: dict) -> list[str]:
@@ -474,7 +521,7 @@ def _env(data: dict, node: yaml.Node) -> dict[str, str]:
     env_node = _value_node(node, "env")
     env: dict[str, str] = {}
     for name, item in value.items():
-        if not isinstance(name, str) or not _ENV_NAME.fullmatch(name):
+        if not isinstance(name, str) or not ENV_NAME.fullmatch(name):
             raise TaskError(f"workspace.yaml: 'env' name {name!r} is not a valid variable name ([A-Z_][A-Z0-9_]*)")
         if isinstance(item, bool | int | float):  # FOO: 1 or CI: true, kept as written
             item = _raw_scalar(env_node, name) or str(item).lower()
@@ -486,7 +533,7 @@ def _env(data: dict, node: yaml.Node) -> dict[str, str]:
     return env
 
 
-def _type_name(value: object) -> str:
+def type_name(value: object) -> str:
     if value is None:
         return "empty"
     return {list: "a list", str: "a string", int: "a number", float: "a number", bool: "a boolean"}.get(
@@ -497,18 +544,20 @@ def _type_name(value: object) -> str:
 # -- the other files ---------------------------------------------------------
 
 
-class _Cap(NamedTuple):
+class Cap(NamedTuple):
     """The most bytes a file may hold, and the setting that says so (named in the refusal)."""
 
     limit: int
     setting: str = ""
 
 
-def _prompt_cap(shown: str, max_prompt_bytes: int) -> _Cap:
-    if shown == "prompt.md" and max_prompt_bytes > MAX_INSTRUCTION_BYTES:
+def prompt_cap(max_prompt_bytes: int, *, instruction: bool) -> Cap:
+    """MAX_PROMPT_BYTES; for the agent's instruction (prompt.md, instruction.md, task.yaml's
+    ``instruction``) at most MAX_INSTRUCTION_BYTES too."""
+    if instruction and max_prompt_bytes > MAX_INSTRUCTION_BYTES:
         why = f"the most an agent's --instruction argument holds; MAX_PROMPT_BYTES is {max_prompt_bytes}"
-        return _Cap(MAX_INSTRUCTION_BYTES, why)
-    return _Cap(max_prompt_bytes, "MAX_PROMPT_BYTES")
+        return Cap(MAX_INSTRUCTION_BYTES, why)
+    return Cap(max_prompt_bytes, "MAX_PROMPT_BYTES")
 
 
 def _too_many_tests(where: str, max_tests: int) -> TaskError:
@@ -518,7 +567,7 @@ def _too_many_tests(where: str, max_tests: int) -> TaskError:
     )
 
 
-def _regular_file(path: Path, shown: str, *, required: bool) -> os.stat_result | None:
+def regular_file(path: Path, shown: str, *, required: bool) -> os.stat_result | None:
     try:
         st = os.lstat(path)
     except FileNotFoundError:
@@ -530,9 +579,9 @@ def _regular_file(path: Path, shown: str, *, required: bool) -> os.stat_result |
     return st
 
 
-def _read_bytes(path: Path, shown: str, *, required: bool, cap: _Cap | None = None) -> bytes | None:
+def read_bytes(path: Path, shown: str, *, required: bool, cap: Cap | None = None) -> bytes | None:
     """The file's bytes; over ``cap`` it is refused from its size, before a byte is read."""
-    st = _regular_file(path, shown, required=required)
+    st = regular_file(path, shown, required=required)
     if st is None:
         return None
     if cap is not None and st.st_size > cap.limit:
@@ -541,8 +590,8 @@ def _read_bytes(path: Path, shown: str, *, required: bool, cap: _Cap | None = No
         return f.read()
 
 
-def _read_text(path: Path, shown: str, *, required: bool, lenient: bool = False, cap: _Cap | None = None) -> str | None:
-    raw = _read_bytes(path, shown, required=required, cap=cap)
+def read_text(path: Path, shown: str, *, required: bool, lenient: bool = False, cap: Cap | None = None) -> str | None:
+    raw = read_bytes(path, shown, required=required, cap=cap)
     if raw is None:
         return None
     try:
@@ -558,7 +607,7 @@ def _read_text(path: Path, shown: str, *, required: bool, lenient: bool = False,
 def _checks(path: Path, max_tests: int, scripts: int) -> list[TestSpec]:
     """The commands of checks.txt, read a line at a time: the one past MAX_TESTS (counting the
     ``scripts`` before them) is refused before the lines after it are read."""
-    if _regular_file(path, "checks.txt", required=False) is None:
+    if regular_file(path, "checks.txt", required=False) is None:
         return []
     tests = []
     line_number = 0
@@ -583,12 +632,17 @@ def _checks(path: Path, max_tests: int, scripts: int) -> list[TestSpec]:
 
 
 def _tests_dir(tests_dir: Path) -> bool:
+    return is_folder(tests_dir, "tests")
+
+
+def is_folder(path: Path, shown: str) -> bool:
+    """False if nothing is there; True for a folder; anything else (a link too) is refused, named."""
     try:
-        st = os.lstat(tests_dir)
+        st = os.lstat(path)
     except FileNotFoundError:
         return False
     if not stat.S_ISDIR(st.st_mode):
-        raise TaskError("tests is not a folder")
+        raise TaskError(f"{shown} is not a folder")
     return True
 
 
@@ -607,7 +661,7 @@ def _scripts(tests_dir: Path, max_tests: int) -> list[TestSpec]:
         if not name:
             raise TaskError("tests/.sh has no name")
         shown = f"tests/{entry.name}"
-        text = _read_text(Path(entry.path), shown, required=True)
+        text = read_text(Path(entry.path), shown, required=True)
         kind = next((k for prefix, k in _KINDS if name.startswith(prefix)), "test")
         scripts.append(TestSpec(name, kind, text, None, shown))
     return scripts
@@ -617,20 +671,24 @@ def _support_files(tests_dir: Path) -> list[SupportFile]:
     """Every file under tests/ but the top-level *.sh scripts, by relative path."""
     if not _tests_dir(tests_dir):
         return []
+    return [f for f in folder_files(tests_dir, "tests") if "/" in f.relpath or not f.relpath.endswith(".sh")]
+
+
+def folder_files(folder: Path, shown: str) -> list[SupportFile]:
+    """Every file under ``folder`` (shown as ``shown``), by path relative to it, sorted; a link or
+    anything but a plain file or folder is refused, named."""
     files = []
-    for dirpath, dirnames, filenames in os.walk(tests_dir, followlinks=False):
+    for dirpath, dirnames, filenames in os.walk(folder, followlinks=False):
         here = Path(dirpath)
         for name in dirnames + filenames:
             st = os.lstat(here / name)
-            rel = (here / name).relative_to(tests_dir).as_posix()
+            rel = (here / name).relative_to(folder).as_posix()
             if stat.S_ISLNK(st.st_mode):
-                raise TaskError(f"tests/{rel} is a symbolic link")
+                raise TaskError(f"{shown}/{rel} is a symbolic link")
             if name in dirnames:
                 continue
             if not stat.S_ISREG(st.st_mode):
-                raise TaskError(f"tests/{rel} is not a regular file")
-            if here == tests_dir and name.endswith(".sh"):
-                continue  # a test script
+                raise TaskError(f"{shown}/{rel} is not a regular file")
             data = (here / name).read_bytes()
             files.append(SupportFile(rel, data, 0o755 if st.st_mode & 0o111 else 0o644))
     files.sort(key=lambda f: f.relpath)
