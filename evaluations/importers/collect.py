@@ -17,27 +17,25 @@
    executor cannot read) raises ``NotATask``: the command's exit 2, before
    anything runs. A task that the reader refuses, or that has no reference
    solution, is still a task: its check carries the reason and is not run.
-4. The solution: Harbor's ``solution/`` folder, every file of it (solve.sh
-   may read its neighbours, as it may under Harbor's oracle, which uploads
-   the folder); Terminal-Bench's ``solution.sh``; for another format the
-   TaskSpec's ``solution`` as ``solve.sh``.
+4. The solution is what the reader found (TaskSpec ``solution``,
+   ``solution_files``): Harbor's ``solution/solve.sh`` and every file beside
+   it (solve.sh may read its neighbours, as under Harbor's oracle, which
+   uploads the folder); Terminal-Bench's ``solution.sh`` (or its
+   ``solution.yaml`` as one script).
 """
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
 from evaluations.pipeline import archive
-from evaluations.pipeline.taskspec import TaskError, load_task
+from evaluations.pipeline.taskspec import TaskError, TaskSpec, load_task
 from evaluations.worker.localrun import pack_folder
 
 from . import verify
 
-TASK_FILES = ("task.toml", "task.yaml", "workspace.yaml")
 ARCHIVE_SUFFIXES = (".tar.gz", ".tgz", ".tar", ".zip")
-HARBOR_SOLUTION = "solution"
 NO_SOLUTION = {
     "harbor": "the task has no reference solution (solution/solve.sh)",
     "terminal-bench": "the task has no reference solution (solution.sh)",
@@ -60,11 +58,11 @@ def find(arguments: list[str]) -> list[Given]:
     seen: set[Path] = set()
     for argument in arguments:
         path = Path(argument)
-        if path.is_dir() and not is_task_folder(path):
+        if path.is_dir() and not archive.is_task_root(path):
             inside = _folder_of_tasks(path)
             if not inside:
                 raise NotATask(
-                    f"{argument}: not a task folder (no {', '.join(TASK_FILES)} at its root) "
+                    f"{argument}: not a task folder (no {', '.join(archive.TASK_FILES)} at its root) "
                     f"and no task folder or archive ({', '.join(ARCHIVE_SUFFIXES)}) in it"
                 )
         elif path.is_dir() or path.is_file():
@@ -79,15 +77,13 @@ def find(arguments: list[str]) -> list[Given]:
     return found
 
 
-def is_task_folder(path: Path) -> bool:
-    return any((path / name).is_file() for name in TASK_FILES)
-
-
 def _folder_of_tasks(folder: Path) -> list[Path]:
     entries = sorted(entry for entry in folder.iterdir() if not entry.name.startswith("."))
     archives = [entry for entry in entries if entry.is_file() and entry.name.lower().endswith(ARCHIVE_SUFFIXES)]
     archived = {_stem(entry.name) for entry in archives}
-    folders = [entry for entry in entries if entry.is_dir() and is_task_folder(entry) and entry.name not in archived]
+    folders = [
+        entry for entry in entries if entry.is_dir() and archive.is_task_root(entry) and entry.name not in archived
+    ]
     return sorted(archives + folders, key=lambda entry: (_stem(entry.name), entry.name))
 
 
@@ -129,8 +125,11 @@ def prepare(given: Given, scratch: Path, config) -> verify.Check:
         return verify.Check(given.name, task_archive, None, f"the task is invalid (task_invalid): {exc}")
     if task.solution is None:
         problem = NO_SOLUTION.get(task.format, "the task has no reference solution")
+        why_not = (task.metadata or {}).get("solution_not_converted")  # Terminal-Bench's solution.yaml
+        if why_not:
+            problem += f": {why_not}"
         return verify.Check(given.name, task_archive, None, problem, task.format)
-    files, executables, script = solution_files(root, task.format, task.solution)
+    files, executables, script = solution_files(task)
     agent = verify.solution_agent(given.name, files, script, executables=executables)
     size = len(agent.encode("utf-8"))
     if size > config.max_agent_code_bytes:
@@ -142,19 +141,14 @@ def prepare(given: Given, scratch: Path, config) -> verify.Check:
     return verify.Check(given.name, task_archive, agent, None, task.format)
 
 
-def solution_files(root: Path, task_format: str, solution: str) -> tuple[dict[str, bytes], frozenset[str], str]:
-    """(relative path -> bytes, the executable ones, the script to run) of a task's reference solution."""
-    if task_format == "terminal-bench":
-        return {"solution.sh": solution.encode("utf-8")}, frozenset(), "solution.sh"
-    files = {"solve.sh": solution.encode("utf-8")}
+def solution_files(task: TaskSpec) -> tuple[dict[str, bytes], frozenset[str], str]:
+    """(relative path -> bytes, the executable ones, the script to run) of a task's reference solution:
+    the script (Terminal-Bench: solution.sh, else solve.sh) and the files beside it (Harbor's solution/)."""
+    script = "solution.sh" if task.format == "terminal-bench" else "solve.sh"
+    files = {script: task.solution.encode("utf-8")}
     executables = set()
-    folder = root / HARBOR_SOLUTION
-    if task_format == "harbor" and folder.is_dir():
-        for parent, _subdirs, names in os.walk(folder):  # extract_archive wrote only files and folders
-            for name in names:
-                path = Path(parent) / name
-                relpath = path.relative_to(folder).as_posix()
-                files[relpath] = path.read_bytes()
-                if path.stat().st_mode & 0o111:
-                    executables.add(relpath)
-    return files, frozenset(executables), "solve.sh"
+    for file in task.solution_files:
+        files[file.relpath] = file.data
+        if file.mode & 0o111:
+            executables.add(file.relpath)
+    return files, frozenset(executables), script
