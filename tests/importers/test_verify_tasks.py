@@ -8,6 +8,7 @@ import dataclasses
 import io
 import json
 import os
+import re
 import tarfile
 from pathlib import Path
 
@@ -300,3 +301,45 @@ def test_the_command_line_exits_2_on_a_database_that_is_not_migrated(cli, tmp_pa
     assert not (tmp_path / "out").exists()
     missing = cli.manage("verify_tasks", str(tmp_path / "nope"))
     assert missing.returncode == 2 and f"{tmp_path}/nope: no such file or folder" in missing.stderr
+
+
+# -- the real pipeline -----------------------------------------------------------------------------
+
+
+@pytest.fixture
+def bubblewrap():
+    from evaluations.runtime.sandbox import probe_bwrap
+
+    works, detail = probe_bwrap()
+    if not works:
+        if os.environ.get("REQUIRE_SANDBOX") == "1":
+            pytest.fail(f"REQUIRE_SANDBOX=1 but bubblewrap does not work here: {detail}")
+        pytest.skip(f"bubblewrap does not work here: {detail}")
+
+
+@pytest.mark.slow
+def test_harbor_tasks_run_through_the_pipeline_with_their_solution_and_with_nothing(
+    cli, base_image, bubblewrap, tmp_path
+):
+    """A Harbor task on the suite's Debian image: the solution (solve.sh and the answer.txt beside it,
+    from /solution) earns reward 1, the no-op 0: verified. One whose test.sh rewards everyone is not."""
+    registry, ref, _digest = base_image
+    tasks = tmp_path / "tasks"
+    harbor_task(tasks / "answer", image=ref)
+    harbor_task(tasks / "lenient", image=ref, **{"tests/test.sh": "#!/bin/bash\necho 1 > /logs/verifier/reward.txt\n"})
+    cli.migrate()
+    cli.env["IMAGE_INSECURE_REGISTRIES"] = registry.host
+    out = tmp_path / "out"
+    done = cli.manage("verify_tasks", str(tasks), "--jobs", "2", "--out", str(out), timeout=600)
+    assert done.returncode == 1, done.stdout + done.stderr
+    entries = {Path(e["task"]).name: e for e in json.loads((out / "verification.json").read_text())}
+    answer, lenient = entries["answer"], entries["lenient"]
+    assert (answer["verified"], answer["reason"]) == (True, None), done.stdout
+    assert (answer["solution_reward"], answer["noop_reward"]) == (1.0, 0.0)
+    assert answer["solution"]["status"] == "completed" and answer["noop"]["error_kind"] == "tests_failed"
+    assert answer["noop"]["error"] == "running_tests: reward 0 < 1 (/logs/verifier/reward.txt)"
+    assert (lenient["verified"], lenient["solution_reward"], lenient["noop_reward"]) == (False, 1.0, 1.0)
+    assert lenient["reason"] == "with the no-op agent the reward is 1: the tests pass with nothing done"
+    assert re.search(rf"^  {re.escape(str(tasks))}/answer +passed +failed +yes$", done.stdout, re.M), done.stdout
+    assert re.search(rf"^  {re.escape(str(tasks))}/lenient +passed +PASSED +NO +with the no-op", done.stdout, re.M)
+    assert done.stdout.splitlines()[-1] == f"1 verified, 1 not verified; results in {out}/verification.json"
