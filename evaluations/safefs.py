@@ -131,6 +131,50 @@ def write_file_nofollow(root: Path, relpath: str, data: bytes, mode: int = 0o644
         os.close(dir_fd)
 
 
+def read_file_at(dir_fd: int, name: str, *, max_bytes: int, shown: str) -> bytes | None:
+    """The bytes of the regular file ``name`` in the folder open as ``dir_fd``; None if nothing has that name.
+
+    For files untrusted code wrote: a link is refused, never followed (``O_NOFOLLOW``); a FIFO
+    cannot block the reader (``O_NONBLOCK``) nor a device be opened (refused from ``lstat``
+    first); a file over ``max_bytes`` is refused from its size, before a byte is read, and one
+    that grows past it while being read is refused too. Every refusal is a ``SafeFSError``
+    whose sentence names the file as ``shown``.
+    """
+    try:
+        mode = os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mode
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise SafeFSError(f"{shown} cannot be read: {_reason(exc)}") from None
+    if not stat.S_ISREG(mode):
+        raise SafeFSError(f"{shown} is {_kind_of(mode)}, not a file")
+    try:
+        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dir_fd)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:  # ELOOP: swapped for a link since the lstat
+        raise SafeFSError(f"{shown} cannot be read: {_reason(exc)}") from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise SafeFSError(f"{shown} is {_kind_of(st.st_mode)}, not a file")
+        if st.st_size > max_bytes:
+            raise SafeFSError(f"{shown} is {st.st_size} bytes, over the cap of {max_bytes} bytes")
+        chunks, left = [], max_bytes + 1
+        while left > 0 and (chunk := os.read(fd, min(left, 1 << 16))):
+            chunks.append(chunk)
+            left -= len(chunk)
+        if left <= 0:
+            raise SafeFSError(f"{shown} grew over the cap of {max_bytes} bytes while it was read")
+        return b"".join(chunks)
+    except SafeFSError:
+        raise
+    except OSError as exc:
+        raise SafeFSError(f"{shown} cannot be read: {_reason(exc)}") from None
+    finally:
+        os.close(fd)
+
+
 def clear_way(root: Path | str, relpath: str) -> None:
     """Make room for a file the service writes at ``root/relpath``, whatever stands in its way.
 
@@ -467,6 +511,20 @@ def _kind_at(dir_fd: int, name: str) -> str:
     if stat.S_ISLNK(mode):
         return "a symbolic link"
     return "not a folder"
+
+
+def _kind_of(mode: int) -> str:
+    for test, name in (
+        (stat.S_ISLNK, "a symbolic link"),
+        (stat.S_ISDIR, "a folder"),
+        (stat.S_ISFIFO, "a FIFO"),
+        (stat.S_ISSOCK, "a socket"),
+        (stat.S_ISCHR, "a device"),
+        (stat.S_ISBLK, "a device"),
+    ):
+        if test(mode):
+            return name
+    return "a special file"
 
 
 def _reason(exc: OSError) -> str:

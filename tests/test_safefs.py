@@ -12,7 +12,14 @@ from pathlib import Path
 
 import pytest
 
-from evaluations.safefs import SafeFSError, clear_way, remove_tree_nofollow, tree_size, write_file_nofollow
+from evaluations.safefs import (
+    SafeFSError,
+    clear_way,
+    read_file_at,
+    remove_tree_nofollow,
+    tree_size,
+    write_file_nofollow,
+)
 
 
 @pytest.fixture
@@ -241,3 +248,28 @@ def test_remove_folders_made_unreadable_by_their_unprivileged_owner():
         assert result.stdout.strip() == "False"
     finally:
         shutil.rmtree(top)
+
+
+# -- read_file_at (more in tests/pipeline/test_graders.py, its first user) ---------------------
+
+
+def test_read_file_at_reads_a_file_and_says_none_for_a_missing_name(repo):
+    (repo / "f").write_bytes(b"abc")
+    fd = os.open(repo, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        assert read_file_at(fd, "f", max_bytes=3, shown="F") == b"abc"
+        assert read_file_at(fd, "missing", max_bytes=3, shown="F") is None
+        with pytest.raises(SafeFSError, match=r"^F is 3 bytes, over the cap of 2 bytes$"):
+            read_file_at(fd, "f", max_bytes=2, shown="F")
+    finally:
+        os.close(fd)
+
+
+def test_read_file_at_refuses_a_file_larger_than_its_size_said():
+    # /proc files say 0 bytes and hold more: what a file growing while it is read looks like.
+    fd = os.open("/proc/self", os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        with pytest.raises(SafeFSError, match=r"^status grew over the cap of 16 bytes while it was read$"):
+            read_file_at(fd, "status", max_bytes=16, shown="status")
+    finally:
+        os.close(fd)
