@@ -1,0 +1,495 @@
+"""What the agent leaves under ``/logs/agent``, kept after the evaluation (SPEC §17 "Artifacts").
+
+DATA_DIR/artifacts/ (the service's, 0700: no sandbox uid reaches anything here by path)
+  <eval_id>/<path>                  the kept files, the agent's own relative paths, 0600
+  .keeping-<eval_id>-<hex>/         a copy being made; renamed to <eval_id>/ once complete
+
+1. ``keep`` copies the folder the agent wrote (after it ended, no process of it alive) into the
+   store and returns what it kept, ``[{path, size_bytes, sha256}]`` sorted by path, for the
+   evaluation's ``artifacts``. The folder was written by untrusted code: it is walked with
+   directory descriptors, nothing is opened through a symbolic link (``O_NOFOLLOW`` on every
+   component, safefs), and only regular files are copied. Links, FIFOs, sockets, devices,
+   hard-linked files (a second name for a file the agent may not have been able to read),
+   files and folders not owned by the evaluation's uid, unsafe names (not UTF-8, control or
+   invisible characters, a backslash) and paths too deep or too long are left out, each with
+   its reason.
+2. Bounds: ``MAX_ARTIFACT_BYTES`` for the bytes of all kept files together (0 keeps none),
+   ``MAX_FILES`` files, ``MAX_PARTS`` components and ``MAX_PATH_BYTES`` bytes a path,
+   ``MAX_ENTRIES`` entries walked. Files are taken in path order; one that would take the total
+   past MAX_ARTIFACT_BYTES is left out whole (never cut), and later smaller ones may still fit.
+   Bytes are counted while copying, not trusted from ``stat``: a file that grew is left out too.
+3. What was left out is on ``Kept.omitted``; ``Kept.summary()`` is the sentence for the
+   evaluation's log, so the evaluation says what it did not keep.
+4. The store is read only through paths listed on the evaluation (``open_artifact``, the API
+   checks the list first) and is removed with the row (reaper.purge_old) or as an orphan
+   (reaper.remove_orphan_artifacts).
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import logging
+import os
+import stat
+import unicodedata
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import BinaryIO
+
+from evaluations.safefs import SafeFSError, open_root_dir, open_subdir, remove_entry_nofollow
+
+logger = logging.getLogger("term_executor.artifacts")
+
+STORE_FOLDER = "artifacts"
+KEEPING_PREFIX = ".keeping-"
+MAX_FILES = 1000  # listed on every GET /evaluate/{id}: ~150 bytes each
+MAX_PARTS = 16  # components of a path: a file at most 15 folders below /logs/agent
+MAX_PATH_BYTES = 1024  # UTF-8 bytes of a whole path
+MAX_NAME_BYTES = 255  # of one component, as every Linux file system
+MAX_ENTRIES = 100_000  # files, folders and others walked before the walk stops (as MAX_FILES' default)
+MAX_SHOWN_OMISSIONS = 20  # named in the summary sentence; the rest counted
+_CHUNK = 1024 * 1024
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+# O_NONBLOCK: a FIFO swapped in after the walk's lstat must not hang the open.
+_READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
+_ODD_CATEGORIES = ("Cc", "Cf", "Cs", "Zl", "Zp")  # control, format (U+202E...), surrogates, separators
+
+
+class UnsafeName(ValueError):
+    """A path that is not a safe artifact name; the message says why."""
+
+
+@dataclass(frozen=True)
+class Omission:
+    path: str  # as safe to print: an unsafe name is shown escaped
+    reason: str
+
+
+@dataclass
+class Kept:
+    """What ``keep`` did: the files kept (the evaluation's ``artifacts``) and what it left out."""
+
+    artifacts: list[dict] = field(default_factory=list)
+    omitted: list[Omission] = field(default_factory=list)
+    error: str = ""  # the store could not be written: nothing kept
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(entry["size_bytes"] for entry in self.artifacts)
+
+    def summary(self) -> str:
+        """One sentence for the evaluation's log: what was kept and what was not, and why."""
+        files = len(self.artifacts)
+        text = f"artifacts: kept {files} file{'' if files == 1 else 's'} ({self.total_bytes} bytes) from /logs/agent"
+        if self.error:
+            return f"{text}; {self.error}"
+        if self.omitted:
+            shown = "; ".join(f"{o.path} ({o.reason})" for o in self.omitted[:MAX_SHOWN_OMISSIONS])
+            more = len(self.omitted) - MAX_SHOWN_OMISSIONS
+            text += f"; left out {len(self.omitted)}: {shown}" + (f"; and {more} more" if more > 0 else "")
+        return text
+
+
+def store_root(config) -> Path:
+    return config.data_dir / STORE_FOLDER
+
+
+def check_path(path: str) -> list[str]:
+    """The components of ``path`` if it is a safe artifact name, else ``UnsafeName`` saying why.
+
+    Safe: relative, ``/``-separated, 1 to MAX_PARTS components, none empty, ``.`` or ``..``, each
+    at most MAX_NAME_BYTES and the whole at most MAX_PATH_BYTES of valid UTF-8, with no control or
+    invisible character and no backslash. What ``keep`` lists and the only names the API serves.
+    """
+    if not isinstance(path, str) or not path:
+        raise UnsafeName("the path is empty")
+    try:
+        size = len(path.encode("utf-8"))  # a name of undecodable bytes holds surrogates: refused here
+    except UnicodeEncodeError:
+        raise UnsafeName("the path is not valid UTF-8") from None
+    if size > MAX_PATH_BYTES:
+        raise UnsafeName(f"the path is longer than {MAX_PATH_BYTES} bytes")
+    parts = path.split("/")
+    if len(parts) > MAX_PARTS:
+        raise UnsafeName(f"the path is more than {MAX_PARTS} names deep")
+    for part in parts:
+        _check_name(part)
+    return parts
+
+
+def _check_name(name: str) -> None:
+    if name == "":
+        raise UnsafeName("the path has an empty name (a leading, trailing or double '/')")
+    if name in (".", ".."):
+        raise UnsafeName(f"the path names '{name}'")
+    try:
+        encoded = name.encode("utf-8")
+    except UnicodeEncodeError:
+        raise UnsafeName("the path is not valid UTF-8") from None
+    if len(encoded) > MAX_NAME_BYTES:
+        raise UnsafeName(f"a name is longer than {MAX_NAME_BYTES} bytes")
+    for char in name:
+        if char == "\\":
+            raise UnsafeName("the path contains a backslash")
+        if unicodedata.category(char) in _ODD_CATEGORIES:
+            raise UnsafeName(f"the path contains the control or invisible character U+{ord(char):04X}")
+
+
+def _shown(parts: list[str] | tuple[str, ...]) -> str:
+    """A path for a log line: safe names as they are, others escaped (no control character gets out)."""
+    text = "/".join(parts)
+    try:
+        check_path(text)
+    except UnsafeName:
+        text = ascii(text)
+    return text if len(text) <= 200 else text[:200] + "..."
+
+
+def _eval_folder_name(eval_id) -> str:
+    return str(uuid.UUID(str(eval_id)))  # canonical: nothing but hex and dashes reaches a path
+
+
+# -- keeping ------------------------------------------------------------------------------------
+
+
+def keep(eval_id, folder: Path, config, *, owner_uid: int | None) -> Kept:
+    """Copy the files the agent left in ``folder`` (its ``/logs/agent``) into the store.
+
+    Call it after the agent ended and no process of it is alive. ``owner_uid``: the evaluation's
+    leased uid; files and folders owned by anyone else are left out (None: no owner check, for a
+    service without the sandbox). Returns the kept files sorted by path and what was left out;
+    never raises for what the folder holds. A store that cannot be written (disk full) keeps
+    nothing: ``Kept.error`` says why, and the evaluation goes on.
+    """
+    name = _eval_folder_name(eval_id)
+    kept = Kept()
+    if config.max_artifact_bytes <= 0:
+        return kept
+    try:
+        root_fd = os.open(folder, _DIR_FLAGS)
+    except FileNotFoundError:
+        return kept  # the agent's folder was never made: nothing to keep
+    except OSError as exc:
+        kept.omitted.append(Omission("/logs/agent", f"cannot be opened: {_reason(exc)}"))
+        return kept
+    try:
+        candidates = _Walk(root_fd, owner_uid, kept.omitted).files()
+        if candidates:
+            _copy_all(name, root_fd, candidates, config, owner_uid, kept)
+    finally:
+        os.close(root_fd)
+    kept.omitted.sort(key=lambda o: o.path)
+    if kept.artifacts or kept.omitted or kept.error:
+        log = logger.warning if kept.error else logger.info
+        log("evaluation %s: %s", name, kept.summary())
+    return kept
+
+
+@dataclass(frozen=True)
+class _Candidate:
+    parts: tuple[str, ...]
+
+    @property
+    def path(self) -> str:
+        return "/".join(self.parts)
+
+
+class _Walk:
+    """The regular files below an open folder that may be kept, and why each other entry may not."""
+
+    def __init__(self, root_fd: int, owner_uid: int | None, omitted: list[Omission]):
+        self.root_fd = root_fd
+        self.owner_uid = owner_uid
+        self.omitted = omitted
+        self.device = os.fstat(root_fd).st_dev
+        self.seen = 0
+        self.found: list[_Candidate] = []
+
+    def files(self) -> list[_Candidate]:
+        self._scan(self.root_fd, ())
+        if self.seen > MAX_ENTRIES:
+            self.omitted.append(
+                Omission("/logs/agent", f"holds over {MAX_ENTRIES} entries: the rest were not looked at")
+            )
+        return sorted(self.found, key=lambda c: c.path)
+
+    def _omit(self, parts: tuple[str, ...], reason: str) -> None:
+        self.omitted.append(Omission(_shown(parts) if parts else "/logs/agent", reason))
+
+    def _scan(self, dir_fd: int, prefix: tuple[str, ...]) -> None:
+        """One folder, then its sub-folders (recursion is bounded by MAX_PARTS)."""
+        try:
+            with os.scandir(dir_fd) as entries:
+                listed = []
+                for entry in entries:
+                    self.seen += 1
+                    if self.seen > MAX_ENTRIES:
+                        break
+                    listed.append(entry)
+        except OSError as exc:
+            self._omit(prefix, f"folder cannot be listed: {_reason(exc)}")
+            return
+        for entry in listed:  # those counted, even once the bound is reached: the rest were never seen
+            parts = (*prefix, entry.name)
+            try:
+                st = entry.stat(follow_symlinks=False)
+            except OSError:
+                continue  # vanished since the listing
+            reason = self._refusal(parts, st)
+            if reason:
+                self._omit(parts, reason)
+            elif stat.S_ISDIR(st.st_mode):
+                self._enter(dir_fd, parts)
+            else:
+                self.found.append(_Candidate(parts))
+
+    def _refusal(self, parts: tuple[str, ...], st: os.stat_result) -> str:
+        mode = st.st_mode
+        if stat.S_ISLNK(mode):
+            return "a symbolic link"
+        if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
+            return _kind(mode)
+        try:
+            _check_name(parts[-1])
+        except UnsafeName as exc:
+            return f"unsafe name: {exc}"
+        if self.owner_uid is not None and st.st_uid != self.owner_uid:
+            return f"owned by uid {st.st_uid}, not the evaluation's"
+        if stat.S_ISDIR(mode):
+            if st.st_dev != self.device:
+                return "a folder on another file system"
+            if len(parts) >= MAX_PARTS:
+                return f"a folder more than {MAX_PARTS - 1} levels deep"
+            return ""
+        if st.st_nlink > 1:
+            return f"a file with {st.st_nlink} hard links"
+        if len("/".join(parts).encode()) > MAX_PATH_BYTES:
+            return f"a path longer than {MAX_PATH_BYTES} bytes"
+        return ""
+
+    def _enter(self, dir_fd: int, parts: tuple[str, ...]) -> None:
+        try:
+            child = os.open(parts[-1], _DIR_FLAGS, dir_fd=dir_fd)
+        except OSError as exc:
+            self._omit(parts, f"folder cannot be opened: {_reason(exc)}")
+            return
+        try:
+            self._scan(child, parts)
+        finally:
+            os.close(child)
+
+
+def _copy_all(name: str, root_fd: int, candidates: list[_Candidate], config, owner_uid, kept: Kept) -> None:
+    """Copy the candidates in path order into a new folder, then publish it by a rename."""
+    store = store_root(config)
+    budget = config.max_artifact_bytes
+    staging = f"{KEEPING_PREFIX}{name}-{os.urandom(4).hex()}"
+    try:
+        store.mkdir(mode=0o700, parents=True, exist_ok=True)
+        store_fd = open_root_dir(store)
+    except OSError as exc:
+        kept.error = f"the artifact store {store} cannot be used: {_reason(exc)}"
+        return
+    try:
+        os.mkdir(staging, 0o700, dir_fd=store_fd)
+        stage_fd = os.open(staging, _DIR_FLAGS, dir_fd=store_fd)
+        try:
+            used = 0
+            for candidate in candidates:
+                if len(kept.artifacts) >= MAX_FILES:
+                    kept.omitted.append(Omission(_shown(candidate.parts), f"over {MAX_FILES} files"))
+                    continue
+                entry = _copy_one(root_fd, stage_fd, candidate, budget - used, owner_uid, kept.omitted)
+                if entry is not None:
+                    kept.artifacts.append(entry)
+                    used += entry["size_bytes"]
+        finally:
+            os.close(stage_fd)
+        if kept.artifacts:
+            remove_entry_nofollow(store_fd, name)  # an earlier keep of the same evaluation
+            os.rename(staging, name, src_dir_fd=store_fd, dst_dir_fd=store_fd)
+        else:
+            remove_entry_nofollow(store_fd, staging)
+    except OSError as exc:
+        kept.error = f"nothing kept: the artifact store {store} could not be written: {_reason(exc)}"
+        kept.artifacts.clear()
+        try:
+            remove_entry_nofollow(store_fd, staging)
+        except OSError:
+            pass  # left for the reaper (remove_orphan_artifacts)
+    finally:
+        os.close(store_fd)
+
+
+def _copy_one(root_fd, stage_fd, candidate: _Candidate, room: int, owner_uid, omitted: list) -> dict | None:
+    """Copy one file if it still is what the walk saw and fits in ``room`` bytes; else note why not.
+
+    Reading errors are the agent's folder's (noted); writing errors are the store's (raised).
+    """
+    parts = candidate.parts
+    try:
+        parent_fd = open_subdir(root_fd, list(parts[:-1]), create=False)
+    except SafeFSError:
+        omitted.append(Omission(_shown(parts), "its folder changed after it was listed"))
+        return None
+    try:
+        src = os.open(parts[-1], _READ_FLAGS, dir_fd=parent_fd)
+    except OSError as exc:
+        omitted.append(Omission(_shown(parts), f"cannot be opened: {_reason(exc)}"))
+        return None
+    finally:
+        os.close(parent_fd)
+    try:
+        st = os.fstat(src)
+        if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1 or (owner_uid is not None and st.st_uid != owner_uid):
+            omitted.append(Omission(_shown(parts), "it changed after it was listed"))
+            return None
+        if st.st_size > room:
+            omitted.append(Omission(_shown(parts), f"{st.st_size} bytes: {_over_cap(room)}"))
+            return None
+        dest_dir = open_subdir(stage_fd, list(parts[:-1]), create=True)
+        try:
+            return _stream(src, dest_dir, candidate, room, omitted)
+        finally:
+            os.close(dest_dir)
+    finally:
+        os.close(src)
+
+
+def _stream(src: int, dest_dir: int, candidate: _Candidate, room: int, omitted: list) -> dict | None:
+    """Read ``src`` into a new file while hashing and counting; past ``room`` bytes it is dropped."""
+    name = candidate.parts[-1]
+    dest = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=dest_dir)
+    digest = hashlib.sha256()
+    size = 0
+    try:
+        while True:
+            try:
+                chunk = os.read(src, min(_CHUNK, room - size + 1))
+            except OSError as exc:
+                omitted.append(Omission(_shown(candidate.parts), f"cannot be read: {_reason(exc)}"))
+                break
+            if not chunk:
+                return {"path": candidate.path, "size_bytes": size, "sha256": digest.hexdigest()}
+            size += len(chunk)
+            if size > room:
+                omitted.append(Omission(_shown(candidate.parts), f"grew while copied: {_over_cap(room)}"))
+                break
+            digest.update(chunk)
+            view = memoryview(chunk)
+            while view:
+                view = view[os.write(dest, view) :]
+    finally:
+        os.close(dest)
+    os.unlink(name, dir_fd=dest_dir)
+    return None
+
+
+def _over_cap(room: int) -> str:
+    return f"over MAX_ARTIFACT_BYTES, {room} bytes were left"
+
+
+def _kind(mode: int) -> str:
+    if stat.S_ISFIFO(mode):
+        return "a FIFO"
+    if stat.S_ISSOCK(mode):
+        return "a socket"
+    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+        return "a device"
+    return "not a regular file"
+
+
+def _reason(exc: OSError) -> str:
+    return exc.strerror or str(exc)
+
+
+# -- serving and removing -----------------------------------------------------------------------
+
+
+def open_artifact(eval_id, path: str, config) -> BinaryIO:
+    """One kept file, open for reading. ``UnsafeName`` for a path ``keep`` never lists;
+    ``FileNotFoundError`` when the store does not hold it. The caller checks first that the
+    evaluation lists ``path`` (the store is the service's own, but the list is the contract)."""
+    parts = check_path(path)
+    missing = FileNotFoundError(errno.ENOENT, f"artifact {path} of evaluation {eval_id} is not stored")
+    try:
+        folder_fd = open_root_dir(store_root(config) / _eval_folder_name(eval_id))
+    except SafeFSError:
+        raise missing from None
+    try:
+        parent_fd = open_subdir(folder_fd, parts[:-1], create=False)
+    except SafeFSError:
+        raise missing from None
+    finally:
+        os.close(folder_fd)
+    try:
+        fd = os.open(parts[-1], _READ_FLAGS, dir_fd=parent_fd)
+    except OSError:
+        raise missing from None
+    finally:
+        os.close(parent_fd)
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise missing
+    os.set_blocking(fd, True)
+    return os.fdopen(fd, "rb")
+
+
+def remove(eval_ids, config) -> int:
+    """Remove the kept files of these evaluations (their rows are going); how many folders went."""
+    store = store_root(config)
+    try:
+        store_fd = open_root_dir(store)
+    except SafeFSError:
+        return 0  # no store yet
+    removed = 0
+    try:
+        for eval_id in eval_ids:
+            name = _eval_folder_name(eval_id)
+            try:
+                os.stat(name, dir_fd=store_fd, follow_symlinks=False)
+            except FileNotFoundError:
+                continue
+            remove_entry_nofollow(store_fd, name)
+            removed += 1
+    finally:
+        os.close(store_fd)
+    return removed
+
+
+@dataclass(frozen=True)
+class StoredFolder:
+    name: str
+    eval_id: uuid.UUID
+    complete: bool  # False: a copy ``keep`` was making (its process may have died)
+
+
+def stored_folders(config) -> list[StoredFolder]:
+    """The store's folders named for an evaluation (anything else in it is left alone)."""
+    try:
+        names = os.listdir(store_root(config))
+    except FileNotFoundError:
+        return []
+    found = []
+    for name in names:
+        complete = not name.startswith(KEEPING_PREFIX)
+        id_text = name if complete else name[len(KEEPING_PREFIX) :].rpartition("-")[0]
+        try:
+            eval_id = uuid.UUID(id_text)
+        except ValueError:
+            continue
+        if complete and name != str(eval_id):
+            continue
+        found.append(StoredFolder(name, eval_id, complete))
+    return found
+
+
+def remove_folder(config, name: str) -> None:
+    """Remove one folder ``stored_folders`` listed, never following a link."""
+    store_fd = open_root_dir(store_root(config))
+    try:
+        remove_entry_nofollow(store_fd, name)
+    finally:
+        os.close(store_fd)
