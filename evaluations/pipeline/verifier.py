@@ -129,6 +129,9 @@ def after_agent(ctx: Context) -> None:
     """With no process of the agent alive: what it changed outside its folder, and its artifacts."""
     if ctx.image is None:
         return
+    kept = artifacts.keep(ctx.eval_id, ctx.session.agent_logs, ctx.config, owner_uid=ctx.session.uid)
+    if kept.artifacts or kept.omitted or kept.error:
+        livelog.append_text(ctx.session.log, livelog.executor_line(kept.summary()))
     fields = {
         "system_changes": changes.system_changes(
             rootfs.upper_of(ctx.session.root),
@@ -136,7 +139,7 @@ def after_agent(ctx: Context) -> None:
             exclude=executor_paths(ctx),
             path_dirs=tuple(p for p in ctx.command_path.split(":") if p.startswith("/")),
         ),
-        "artifacts": artifacts.keep(ctx.eval_id, ctx.session.agent_logs, ctx.config, owner_uid=ctx.session.uid),
+        "artifacts": kept.artifacts,
     }
     Evaluation.objects.filter(id=ctx.eval_id).update(**fields)
 
