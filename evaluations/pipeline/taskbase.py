@@ -92,6 +92,9 @@ class ImageEnvironment:
     context: str | None = None  # the Dockerfile's folder when not given
     build_args: dict[str, str] = field(default_factory=dict)
     target: str | None = None
+    # Harbor's [environment] workdir: where the agent and the tests run, over the image's WorkingDir
+    # (an absolute, normalised path); None: the image's.
+    workdir: str | None = None
 
     @property
     def kind(self) -> str:

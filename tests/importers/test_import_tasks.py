@@ -12,6 +12,7 @@ import pytest
 from evaluations.importers.harborlayout import TEST_SH, toml_value
 from evaluations.pipeline.archive import extract_archive, find_task_root
 from evaluations.pipeline.taskspec import ImageEnvironment, SupportFile, TaskRequest, load_task
+from evaluations.worker.localrun import LocalRunError, task_url_for
 from tests.pipeline.test_taskformats import HARBOR_TOML, harbor, terminal_bench, write
 
 
@@ -242,3 +243,17 @@ def test_bad_arguments_exit_2(cli, args, message):
 )
 def test_the_toml_writer_round_trips(value):
     assert tomllib.loads(f"key = {toml_value(value)}\n") == {"key": value}
+
+
+def test_manage_py_evaluate_packs_harbor_and_terminal_bench_folders(tmp_path):
+    for root, task_format in ((harbor(tmp_path / "h"), "harbor"), (terminal_bench(tmp_path / "t"), "terminal-bench")):
+        url = task_url_for(str(root), tmp_path)
+        assert url.startswith("file://") and url.endswith("/task.tar.gz")
+        assert from_archive(url[len("file://") :], tmp_path / f"{task_format}-out").format == task_format
+    (tmp_path / "none").mkdir()
+    with pytest.raises(LocalRunError) as info:
+        task_url_for(str(tmp_path / "none"), tmp_path)
+    assert (
+        str(info.value)
+        == f"TASK {tmp_path / 'none'}: the folder has no workspace.yaml, task.toml or task.yaml (is it the task's root?)"
+    )

@@ -4,13 +4,16 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
+import posixpath
 import re
 import tomllib
 from pathlib import Path
 
 from evaluations.network.egress.policy import parse_rule
 from evaluations.pipeline.taskbase import (
+    CONTROL_CHARS,
     ENV_NAME,
     MAX_YAML_BYTES,
     Cap,
@@ -162,11 +165,6 @@ def _harbor_environment(root: Path, table: _Table, agent: _Table) -> tuple[Image
         raise TaskError(f"task.toml: [environment] gpus = {gpus}: this executor has no GPUs")
     if table.take("tpu") is not None:
         raise TaskError("task.toml: [environment] tpu: this executor has no TPUs")
-    if table.take("workdir") is not None:
-        raise TaskError(
-            "task.toml: [environment] workdir is not supported here: the agent and the tests run in the "
-            "image's working directory (set it with WORKDIR in environment/Dockerfile)"
-        )
     image = table.take("docker_image")
     if image is not None:
         where = table.where("docker_image")
@@ -178,6 +176,7 @@ def _harbor_environment(root: Path, table: _Table, agent: _Table) -> tuple[Image
         raise TaskError(
             "task has neither environment/Dockerfile nor task.toml [environment] docker_image: it has no environment"
         )
+    environment = dataclasses.replace(environment, workdir=_workdir(table))
     request = {
         "build_timeout_secs": table.number("build_timeout_sec"),
         "cpus": table.number("cpus"),
@@ -190,6 +189,16 @@ def _harbor_environment(root: Path, table: _Table, agent: _Table) -> tuple[Image
         network, hosts = agent_network, agent_hosts
     env = _literal_env(table.table("env"))
     return environment, env, {**request, "network": network, "allowed_hosts": hosts}
+
+
+def _workdir(table: _Table) -> str | None:
+    value = table.string("workdir")
+    if value is None:
+        return None
+    where = table.where("workdir")
+    if not value.startswith("/") or ".." in value.split("/") or CONTROL_CHARS.search(value.replace(" ", "")):
+        raise TaskError(f"{where} must be an absolute path without '..' or control characters, got {value[:80]!r}")
+    return posixpath.normpath(value)
 
 
 def _megabytes(table: _Table, name: str) -> int | None:
