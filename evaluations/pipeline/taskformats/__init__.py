@@ -13,9 +13,10 @@ the file and the key.
    ``[metadata]`` sits under ``"metadata"`` and an unknown ``[agent] user``
    under ``"agent"``; Terminal-Bench: ``task.yaml``'s other keys).
 3. What would run differently here than where the task was written is
-   refused, not approximated: a Windows task, GPUs, several services, a
-   working directory other than the image's, a verifier container of its
-   own, multi-step tasks, environment values taken from the host.
+   refused, not approximated: a Windows task, GPUs or TPUs, several
+   services, multi-step tasks, a verifier container of its own, a compose
+   service's own working directory, entrypoint or user, environment values
+   taken from the host (``${VAR}``).
 4. Harbor tasks are graded by their reward file; ``[verifier] grader =
    "pytest"`` (written by ``manage.py import_tasks`` for a converted
    Terminal-Bench task, ignored by Harbor itself) keeps Terminal-Bench's
