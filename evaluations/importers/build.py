@@ -239,12 +239,12 @@ def build_task(instance: Instance, files: TestFiles, url: str, options: Options,
         archive = Path(scratch) / f"{label}.tar.gz"
         pack_folder(folder, archive)
         digest = hashlib.sha256(archive.read_bytes()).hexdigest()
-        _replace(folder, out / label)
+        replace_folder(folder, out / label)
         os.replace(archive, out / f"{label}.tar.gz")
     return Built(label, label, f"{label}.tar.gz", digest, url)
 
 
-def _replace(new: Path, target: Path) -> None:
+def replace_folder(new: Path, target: Path) -> None:
     """Rename ``new`` to ``target``; an earlier folder there is moved aside first, then deleted."""
     old = None
     if target.exists() or target.is_symlink():

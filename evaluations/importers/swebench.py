@@ -14,14 +14,13 @@
 
 from __future__ import annotations
 
-import json
-import os
 import shutil
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import build, verify
+from .index import merge_index
 from .rows import BadRow, Instance, parse_instance, read_rows
 
 
@@ -117,23 +116,10 @@ def write_index(out: Path, built: list[build.Built], verifications: list[verify.
                 entry["reason"] = checked[task.instance_id].reason
         entries.append(entry)
     # An earlier entry stays while its archive does; a verification of it is dropped with a re-import.
-    _merge_into(out / "index.json", entries, keep=lambda e: (out / str(e.get("archive", ""))).is_file())
+    merge_index(
+        out / "index.json", entries, key="instance_id", keep=lambda e: (out / str(e.get("archive", ""))).is_file()
+    )
 
 
 def write_verification(out: Path, verifications: list[verify.Verification]) -> None:
-    _merge_into(out / "verification.json", [v.as_json() for v in verifications])
-
-
-def _merge_into(path: Path, entries: list[dict], keep=lambda entry: True) -> None:
-    """``{"tasks": [...]}``: the file's earlier entries of other ids, then ``entries``, by id; replaced whole."""
-    try:
-        earlier = json.loads(path.read_text(encoding="utf-8")).get("tasks", [])
-    except (OSError, ValueError, AttributeError):
-        earlier = []
-    merged = {e["instance_id"]: e for e in earlier if isinstance(e, dict) and isinstance(e.get("instance_id"), str)}
-    merged = {name: e for name, e in merged.items() if keep(e)}
-    merged.update({e["instance_id"]: e for e in entries})
-    temporary = path.with_name(f".{path.name}.tmp")
-    document = {"tasks": [merged[name] for name in sorted(merged)]}
-    temporary.write_text(json.dumps(document, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
-    os.replace(temporary, path)
+    merge_index(out / "verification.json", [v.as_json() for v in verifications], key="instance_id")

@@ -158,17 +158,29 @@ def _read(archive_path: Path | str, max_members: int, max_bytes: int, dest_dir: 
         raise ArchiveError("task archive is corrupt (headers nested too deeply)") from None
 
 
+# The file that makes a folder a task root: ours (SPEC §4), Harbor's, Terminal-Bench 1.x's (SPEC §17).
+TASK_FILES = ("workspace.yaml", "task.toml", "task.yaml")
+
+
+def is_task_root(folder: Path | str) -> bool:
+    """``folder`` holds one of TASK_FILES as a regular file."""
+    return any(_is_regular(Path(folder) / name) for name in TASK_FILES)
+
+
 def find_task_root(dest_dir: Path | str) -> Path:
-    """The archive root if it holds workspace.yaml, else its single top-level folder."""
+    """The archive root if it holds a task file (TASK_FILES), else its single top-level folder."""
     root = Path(dest_dir)
-    if _is_regular(root / "workspace.yaml"):
+    if is_task_root(root):
         return root
     entries = [e for e in os.scandir(root) if e.name not in _IGNORED_TOP_LEVEL]
     if len(entries) == 1 and entries[0].is_dir(follow_symlinks=False):
         top = root / entries[0].name
-        if _is_regular(top / "workspace.yaml"):
+        if is_task_root(top):
             return top
-    raise ArchiveError("task archive has no workspace.yaml at its root or in its single top-level folder")
+    raise ArchiveError(
+        "task archive has no workspace.yaml, task.toml (Harbor) or task.yaml (Terminal-Bench) "
+        "at its root or in its single top-level folder"
+    )
 
 
 # -- recognising the format -------------------------------------------------

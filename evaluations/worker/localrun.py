@@ -52,6 +52,7 @@ from evaluations.models import (
     Transition,
     WorkerHeartbeat,
 )
+from evaluations.pipeline.archive import is_task_root
 from evaluations.pipeline.cancel import CancelState, start_watching
 from evaluations.pipeline.run import EGRESS_SOCKET, lease_uid, run_pipeline
 from evaluations.runtime import Runtime
@@ -126,8 +127,10 @@ def task_url_for(task: str, scratch: Path) -> str:
         task = unquote(parts.path)
     path = Path(task).expanduser()
     if path.is_dir():
-        if not (path / "workspace.yaml").is_file():
-            raise LocalRunError(f"TASK {task}: the folder has no workspace.yaml (is it the task's root?)")
+        if not is_task_root(path):
+            raise LocalRunError(
+                f"TASK {task}: the folder has no workspace.yaml, task.toml or task.yaml (is it the task's root?)"
+            )
         archive = Path(tempfile.mkdtemp(dir=scratch)) / "task.tar.gz"  # several tasks, several archives
         pack_folder(path.resolve(), archive)
         return archive.as_uri()

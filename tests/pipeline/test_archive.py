@@ -110,8 +110,20 @@ def test_dot_slash_names_are_fine(tmp_path):
 
 def test_missing_workspace_yaml_is_named(tmp_path):
     dest = extract(write_archive(tmp_path / "a", {"prompt.md": "p"}, "zip"), tmp_path / "out")
-    with pytest.raises(ArchiveError, match="no workspace.yaml at its root or in its single top-level folder"):
+    with pytest.raises(ArchiveError) as info:
         find_task_root(dest)
+    assert str(info.value) == (
+        "task archive has no workspace.yaml, task.toml (Harbor) or task.yaml (Terminal-Bench) "
+        "at its root or in its single top-level folder"
+    )
+
+
+@pytest.mark.parametrize("name", ["task.toml", "task.yaml"])
+def test_harbor_and_terminal_bench_roots_are_found(tmp_path, name):
+    at_root = extract(write_archive(tmp_path / "a", {name: "x", "instruction.md": "p"}), tmp_path / "a-out")
+    assert find_task_root(at_root) == at_root
+    nested = extract(write_archive(tmp_path / "b", {name: "x"}, top="t"), tmp_path / "b-out")
+    assert find_task_root(nested) == nested / "t"
 
 
 def test_two_top_level_folders_are_not_a_task_root(tmp_path):

@@ -1,0 +1,609 @@
+"""Harbor and Terminal-Bench 1.x task folders read into a TaskSpec (SPEC §17), and workspace.yaml's grader."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+from evaluations.pipeline.taskspec import (
+    ImageEnvironment,
+    SupportFile,
+    TaskError,
+    TaskRequest,
+    Verifier,
+    load_task,
+)
+
+HARBOR_TOML = """\
+version = "1.0"
+
+[metadata]
+difficulty = "easy"
+created = 2025-01-02
+
+[agent]
+timeout_sec = 300
+user = "root"
+
+[verifier]
+timeout_sec = 60.5
+isolated = true
+
+[verifier.env]
+MODE = "strict"
+
+[environment]
+cpus = 2
+memory = "2G"
+storage_mb = 4096
+build_timeout_sec = 900
+network_mode = "allowlist"
+allowed_hosts = ["PyPI.org.", "*.pythonhosted.org", "10.0.0.0/8"]
+mcp_servers = []
+
+[environment.env]
+LANG = "C.UTF-8"
+"""
+
+TB_YAML = """\
+instruction: |
+  Create hello.txt saying hello.
+author_name: someone
+difficulty: easy
+tags: [file, beginner]
+parser_name: pytest
+max_agent_timeout_sec: 120
+max_test_timeout_sec: 30
+run_tests_in_same_shell: false
+"""
+
+TB_COMPOSE = """\
+services:
+  client:
+    build:
+      dockerfile: Dockerfile
+    image: ${T_BENCH_TASK_DOCKER_CLIENT_IMAGE_NAME}
+    container_name: ${T_BENCH_TASK_DOCKER_CLIENT_CONTAINER_NAME}
+    command: [ "sh", "-c", "sleep infinity" ]
+    environment:
+      - TEST_DIR=${T_BENCH_TEST_DIR}
+    volumes:
+      - ${T_BENCH_TASK_LOGS_PATH}:${T_BENCH_CONTAINER_LOGS_PATH}
+"""
+
+
+def write(root: Path, files: dict[str, str | bytes], *, executable: tuple[str, ...] = ()) -> Path:
+    for name, content in files.items():
+        path = root / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(content.encode() if isinstance(content, str) else content)
+        os.chmod(path, 0o755 if name in executable else 0o644)
+    return root
+
+
+def harbor(tmp_path, toml: str = HARBOR_TOML, **extra: str | None) -> Path:
+    files = {
+        "task.toml": toml,
+        "instruction.md": "Make the tests pass.\n",
+        "environment/Dockerfile": "FROM debian:bookworm\nRUN apt-get install -y python3\n",
+        "tests/test.sh": "#!/bin/bash\necho 1 > /logs/verifier/reward.txt\n",
+        "tests/data/expected.json": '{"a": 1}\n',
+        "solution/solve.sh": "#!/bin/bash\ncp /solution/answer.txt .\n",
+        "solution/answer.txt": "42\n",
+    }
+    files.update(extra)
+    root = write(
+        tmp_path / "harbor-task", {k: v for k, v in files.items() if v is not None}, executable=("tests/test.sh",)
+    )
+    return root
+
+
+def terminal_bench(tmp_path, task_yaml: str = TB_YAML, **extra: str | None) -> Path:
+    files = {
+        "task.yaml": task_yaml,
+        "Dockerfile": "FROM python:3.12-slim\nWORKDIR /app\n",
+        "docker-compose.yaml": TB_COMPOSE,
+        "run-tests.sh": "#!/bin/bash\npytest $TEST_DIR/test_outputs.py -rA\n",
+        "tests/test_outputs.py": "def test_hello():\n    assert open('/app/hello.txt').read() == 'hello\\n'\n",
+        "solution.sh": "#!/bin/bash\necho hello > hello.txt\n",
+    }
+    files.update(extra)
+    return write(tmp_path / "tb-task", {k: v for k, v in files.items() if v is not None}, executable=("run-tests.sh",))
+
+
+def error(root: Path, **kwargs) -> str:
+    with pytest.raises(TaskError) as info:
+        load_task(root, **kwargs)
+    return str(info.value)
+
+
+# -- Harbor ------------------------------------------------------------------------------------
+
+
+def test_a_full_harbor_task(tmp_path):
+    spec = load_task(harbor(tmp_path))
+    assert (spec.format, spec.grader, spec.repo, spec.base_commit, spec.cache) == (
+        "harbor",
+        "reward_file",
+        None,
+        None,
+        False,
+    )
+    assert spec.tests == [] and spec.support_files == []
+    assert spec.prompt == "Make the tests pass.\n"
+    assert spec.environment == ImageEnvironment(dockerfile="environment/Dockerfile", context="environment")
+    assert spec.env == {"LANG": "C.UTF-8"}
+    assert spec.verifier == Verifier(
+        script="test.sh",
+        files=[
+            SupportFile("data/expected.json", b'{"a": 1}\n', 0o644),
+            SupportFile("test.sh", b"#!/bin/bash\necho 1 > /logs/verifier/reward.txt\n", 0o755),
+        ],
+        env={"MODE": "strict"},
+        isolated=True,
+    )
+    assert spec.request == TaskRequest(
+        agent_timeout_secs=300.0,
+        verifier_timeout_secs=60.5,
+        build_timeout_secs=900.0,
+        cpus=2.0,
+        memory_mb=2048,
+        storage_mb=4096,
+        network="allowlist",
+        allowed_hosts=("pypi.org", "*.pythonhosted.org", "10.0.0.0/8"),
+    )
+    # [metadata] and what was not read, in task.toml's own shape; a TOML date as ISO text.
+    assert spec.metadata == {
+        "version": "1.0",
+        "metadata": {"difficulty": "easy", "created": "2025-01-02"},
+        "agent": {"user": "root"},
+        "environment": {"mcp_servers": []},
+    }
+    assert spec.solution == "#!/bin/bash\ncp /solution/answer.txt .\n"
+    assert [f.relpath for f in spec.solution_files] == ["answer.txt", "solve.sh"]
+
+
+def test_a_minimal_harbor_task_asks_for_nothing(tmp_path):
+    root = harbor(tmp_path, "", **{"solution/solve.sh": None, "solution/answer.txt": None})
+    spec = load_task(root)
+    assert spec.request == TaskRequest()
+    assert spec.metadata == {} and spec.env == {} and spec.verifier.env == {} and not spec.verifier.isolated
+    assert spec.solution is None and spec.solution_files == []
+
+
+def test_workdir_overrides_the_images(tmp_path):
+    spec = load_task(harbor(tmp_path, '[environment]\nworkdir = "/app//src/"\n'))
+    assert spec.environment == ImageEnvironment(
+        dockerfile="environment/Dockerfile", context="environment", workdir="/app/src"
+    )
+
+
+def test_docker_image_wins_over_the_dockerfile(tmp_path):
+    spec = load_task(harbor(tmp_path, '[environment]\ndocker_image = "ghcr.io/org/task:1"\n'))
+    assert spec.environment == ImageEnvironment(image="ghcr.io/org/task:1")
+    root = harbor(
+        tmp_path / "b", '[environment]\ndocker_image = "python:3.12-slim"\n', **{"environment/Dockerfile": None}
+    )
+    assert load_task(root).environment == ImageEnvironment(image="python:3.12-slim")
+
+
+@pytest.mark.parametrize(
+    ("environment", "agent", "network", "hosts"),
+    [
+        ("allow_internet = false", "", "no-network", ()),
+        ("allow_internet = true", "", "public", ()),
+        ('allow_internet = false\nnetwork_mode = "public"', "", "public", ()),  # network_mode wins
+        ('allowed_hosts = ["example.com"]', "", "allowlist", ("example.com",)),  # hosts alone: an allowlist
+        ('network_mode = "public"', 'network_mode = "no-network"', "no-network", ()),  # the agent's phase
+        ("", 'network_mode = "allowlist"\nallowed_hosts = ["a.org"]', "allowlist", ("a.org",)),
+        ("", "", None, ()),
+    ],
+)
+def test_network_modes(tmp_path, environment, agent, network, hosts):
+    spec = load_task(harbor(tmp_path, f"[environment]\n{environment}\n[agent]\n{agent}\n"))
+    assert (spec.request.network, spec.request.allowed_hosts) == (network, hosts)
+
+
+@pytest.mark.parametrize(
+    ("environment", "memory", "storage"),
+    [
+        ('memory = "512M"\nstorage = "1G"', 512, 1024),
+        ('memory = "2048K"', 2, None),
+        ('memory = "1G"\nmemory_mb = 1024', 1024, None),
+    ],
+)
+def test_harbor_sizes(tmp_path, environment, memory, storage):
+    spec = load_task(harbor(tmp_path, f"[environment]\n{environment}\n"))
+    assert (spec.request.memory_mb, spec.request.storage_mb) == (memory, storage)
+
+
+@pytest.mark.parametrize(
+    ("toml", "message"),
+    [
+        ('[agent]\ntimeout_sec = "300"\n', "task.toml: [agent] timeout_sec must be a positive number, got a string"),
+        ("[agent]\ntimeout_sec = 0\n", "task.toml: [agent] timeout_sec must be a positive number, got 0"),
+        ("[agent]\ntimeout_sec = -5.5\n", "task.toml: [agent] timeout_sec must be a positive number, got -5.5"),
+        ("[agent]\ntimeout_sec = nan\n", "task.toml: [agent] timeout_sec must be a positive number, got nan"),
+        (
+            "[verifier]\ntimeout_sec = true\n",
+            "task.toml: [verifier] timeout_sec must be a positive number, got a boolean",
+        ),
+        ("[environment]\ncpus = [2]\n", "task.toml: [environment] cpus must be a positive number, got a list"),
+        (
+            "[environment]\nmemory_mb = 1.5\n",
+            "task.toml: [environment] memory_mb must be a positive whole number, got 1.5",
+        ),
+        (
+            "[environment]\nstorage_mb = 0\n",
+            "task.toml: [environment] storage_mb must be a positive whole number, got 0",
+        ),
+        (
+            '[environment]\nmemory = "lots"\n',
+            "task.toml: [environment] memory must be a size such as '2G', '512M' or '1024K', got 'lots'",
+        ),
+        ('[environment]\nmemory = "0M"\n', "task.toml: [environment] memory must be at least 1M, got '0M'"),
+        (
+            '[environment]\nmemory = "1G"\nmemory_mb = 512\n',
+            "task.toml: [environment] memory = '1G' (1024 MB) disagrees with memory_mb = 512",
+        ),
+        (
+            "[environment]\nbuild_timeout_sec = {}\n",
+            "task.toml: [environment] build_timeout_sec must be a positive number, got dict",
+        ),
+        ('agent = "fast"\n', "task.toml: [agent] must be a table, got a string"),
+        ("metadata = 3\n", "task.toml: [metadata] must be a table, got a number"),
+        ("[verifier]\nenv = []\n", "task.toml: [verifier.env] must be a table, got a list"),
+        ("version = 2\n", "task.toml: version must be a string, got a number"),
+        ("[verifier]\nisolated = 1\n", "task.toml: [verifier] isolated must be true or false, got a number"),
+        (
+            '[environment]\nallow_internet = "no"\n',
+            "task.toml: [environment] allow_internet must be true or false, got a string",
+        ),
+        (
+            '[environment]\nnetwork_mode = "host"\n',
+            "task.toml: [environment] network_mode must be one of no-network, public, allowlist, got 'host'",
+        ),
+        (
+            "[agent]\nnetwork_mode = 1\n",
+            "task.toml: [agent] network_mode must be one of no-network, public, allowlist, got a number",
+        ),
+        (
+            '[environment]\nnetwork_mode = "public"\nallowed_hosts = ["a.org"]\n',
+            "task.toml: [environment] allowed_hosts goes with network_mode = 'allowlist', not 'public'",
+        ),
+        (
+            '[environment]\nallowed_hosts = "a.org"\n',
+            "task.toml: [environment] allowed_hosts must be a list of host names",
+        ),
+        (
+            '[environment]\nallowed_hosts = ["https://a.org/x"]\n',
+            "task.toml: [environment] allowed_hosts: 'https://a.org/x' is a URL; give a host name, an address or a CIDR",
+        ),
+        (
+            '[environment]\nallowed_hosts = ["a.org:443"]\n',
+            "task.toml: [environment] allowed_hosts: 'a.org:443' names a port; give a host name, an address or a CIDR",
+        ),
+        (
+            '[environment]\nos = "windows"\n',
+            "task.toml: [environment] os = 'windows': Windows tasks cannot run here (Linux only)",
+        ),
+        (
+            '[environment]\nos = "Windows"\n',
+            "task.toml: [environment] os = 'windows': Windows tasks cannot run here (Linux only)",
+        ),
+        ('[environment]\nos = "macos"\n', "task.toml: [environment] os must be linux or windows, got 'macos'"),
+        ("[environment]\ngpus = 1\n", "task.toml: [environment] gpus = 1: this executor has no GPUs"),
+        ('[environment]\ngpus = "1"\n', "task.toml: [environment] gpus must be a whole number, got a string"),
+        ('[environment.tpu]\ntype = "v6e"\n', "task.toml: [environment] tpu: this executor has no TPUs"),
+        (
+            '[environment]\nworkdir = "app"\n',
+            "task.toml: [environment] workdir must be an absolute path without '..' or control characters, got 'app'",
+        ),
+        (
+            '[environment]\nworkdir = "/app/../etc"\n',
+            "task.toml: [environment] workdir must be an absolute path without '..' or control characters, "
+            "got '/app/../etc'",
+        ),
+        ("[environment]\nworkdir = 1\n", "task.toml: [environment] workdir must be a string, got a number"),
+        ('[[steps]]\nname = "one"\n', "task.toml: [[steps]] (a multi-step task) is not supported here"),
+        (
+            '[verifier.env]\nOPENAI_API_KEY = "${OPENAI_API_KEY}"\n',
+            "task.toml: [verifier.env] OPENAI_API_KEY takes its value from the host's environment "
+            "(${OPENAI_API_KEY}); this executor passes nothing of its own environment to a task",
+        ),
+        (
+            '[environment.env]\nlower = "x"\n',
+            "task.toml: [environment.env] lower is not a valid variable name ([A-Z_][A-Z0-9_]*)",
+        ),
+        ("[environment.env]\nN = 1\n", "task.toml: [environment.env] N must be a string, got a number"),
+        (
+            '[verifier]\nenvironment_mode = "separate"\n',
+            "task.toml: [verifier] environment_mode = 'separate' is not supported here: the tests run on the file "
+            "system the agent left ([verifier] isolated = true: on the image and the working directory only)",
+        ),
+        (
+            '[verifier.environment]\ndocker_image = "x"\n',
+            "task.toml: [verifier.environment] (a verifier container of its own) is not supported here",
+        ),
+        (
+            '[verifier]\ngrader = "exit_code"\n',
+            "task.toml: [verifier] grader must be one of reward_file, pytest, got 'exit_code'",
+        ),
+        (
+            '[environment]\ndocker_image = "Python:3"\n',
+            "task.toml: [environment] docker_image: The image reference 'Python:3' must be lower case in its "
+            "repository name.",
+        ),
+        (
+            '[environment]\ndocker_image = ""\n',
+            "task.toml: [environment] docker_image must be an image reference such as python:3.12-slim",
+        ),
+        (
+            "[agent\n",
+            "task.toml is not valid TOML (Expected ']' at the end of a table declaration (at line 1, column 7))",
+        ),
+    ],
+)
+def test_bad_task_toml_is_named(tmp_path, toml, message):
+    assert error(harbor(tmp_path, toml)) == message
+
+
+@pytest.mark.parametrize(
+    ("missing", "message"),
+    [
+        ("instruction.md", "task has no instruction.md (required)"),
+        ("tests/test.sh", "task has no tests/test.sh (required)"),
+        (
+            "environment/Dockerfile",
+            "task has neither environment/Dockerfile nor task.toml [environment] docker_image: it has no environment",
+        ),
+    ],
+)
+def test_a_missing_harbor_file_is_named(tmp_path, missing, message):
+    assert error(harbor(tmp_path, **{missing: None})) == message
+
+
+def test_a_harbor_task_without_tests_is_refused(tmp_path):
+    root = harbor(tmp_path)
+    shutil.rmtree(root / "tests")
+    assert error(root) == "task has no tests/test.sh (required)"
+    (root / "tests").write_text("not a folder")
+    assert error(root) == "tests is not a folder"
+
+
+def test_several_compose_services_are_refused(tmp_path):
+    compose = "services:\n  main: {build: .}\n  db: {image: postgres}\n"
+    root = harbor(tmp_path, **{"environment/docker-compose.yaml": compose})
+    assert error(root) == "environment/docker-compose.yaml has 2 services (db, main); a task runs in one container here"
+    one = harbor(tmp_path / "one", **{"environment/docker-compose.yaml": "services:\n  main: {build: .}\n"})
+    assert load_task(one).format == "harbor"
+
+
+def test_harbor_files_are_held_to_the_caps_and_rules(tmp_path):
+    root = harbor(tmp_path, **{"instruction.md": "x" * 101})
+    assert error(root, max_prompt_bytes=100) == "instruction.md is larger than 100 bytes (MAX_PROMPT_BYTES)"
+    root = harbor(tmp_path / "b", **{"instruction.md": b"\xff\xfe"})
+    assert error(root) == "instruction.md is not valid UTF-8 text"
+    root = harbor(tmp_path / "c")
+    os.symlink("/etc/passwd", root / "tests" / "passwd")
+    assert error(root) == "tests/passwd is a symbolic link"
+    root = harbor(tmp_path / "d")
+    os.symlink("/etc/passwd", root / "solution" / "passwd")
+    assert error(root) == "solution/passwd is a symbolic link"
+    root = harbor(tmp_path / "e", **{"task.toml": b"version = \xff"})
+    assert error(root) == "task.toml is not valid UTF-8 text"
+
+
+def test_task_toml_beside_task_yaml_is_harbor(tmp_path):
+    root = harbor(tmp_path, **{"task.yaml": "instruction: ignored\n"})
+    assert load_task(root).format == "harbor"
+
+
+# -- Terminal-Bench 1.x --------------------------------------------------------------------------------
+
+
+def test_a_full_terminal_bench_task(tmp_path):
+    spec = load_task(terminal_bench(tmp_path))
+    assert (spec.format, spec.grader, spec.repo, spec.cache) == ("terminal-bench", "pytest", None, False)
+    assert spec.prompt == "Create hello.txt saying hello.\n"
+    assert spec.environment == ImageEnvironment(dockerfile="Dockerfile", context=".")
+    assert spec.env == {"TEST_DIR": "/tests"}  # the compose service's environment, ${T_BENCH_TEST_DIR} set
+    assert spec.verifier == Verifier(
+        script="run-tests.sh",
+        files=[
+            SupportFile("run-tests.sh", b"#!/bin/bash\npytest $TEST_DIR/test_outputs.py -rA\n", 0o755),
+            SupportFile(
+                "test_outputs.py", b"def test_hello():\n    assert open('/app/hello.txt').read() == 'hello\\n'\n", 0o644
+            ),
+        ],
+        env={"TEST_DIR": "/tests", "T_BENCH_TEST_DIR": "/tests"},
+    )
+    assert spec.request == TaskRequest(agent_timeout_secs=120.0, verifier_timeout_secs=30.0)
+    assert spec.metadata == {
+        "author_name": "someone",
+        "difficulty": "easy",
+        "tags": ["file", "beginner"],
+        "run_tests_in_same_shell": False,
+    }
+    assert spec.solution == "#!/bin/bash\necho hello > hello.txt\n" and spec.solution_files == []
+
+
+def test_terminal_bench_without_compose_builds_the_root(tmp_path):
+    spec = load_task(
+        terminal_bench(
+            tmp_path, "instruction: Do it.\n", **{"docker-compose.yaml": None, "tests/test_outputs.py": None}
+        )
+    )
+    assert spec.environment == ImageEnvironment(dockerfile="Dockerfile", context=".")
+    assert spec.env == {} and spec.metadata == {} and spec.request == TaskRequest()
+    assert [f.relpath for f in spec.verifier.files] == ["run-tests.sh"]
+
+
+def test_compose_build_context_image_and_environment(tmp_path):
+    compose = (
+        "services:\n  client:\n    build:\n      context: docker\n      dockerfile: Dockerfile.client\n"
+        "      args: {PY: 3.12}\n    environment:\n      DATA: $${T_BENCH_TEST_DIR}/data\n      LEVEL: 3\n"
+    )
+    root = terminal_bench(tmp_path, **{"docker-compose.yaml": compose, "docker/Dockerfile.client": "FROM scratch\n"})
+    spec = load_task(root)
+    assert spec.environment == ImageEnvironment(
+        dockerfile="docker/Dockerfile.client", context="docker", build_args={"PY": "3.12"}
+    )
+    assert spec.env == {"DATA": "${T_BENCH_TEST_DIR}/data", "LEVEL": "3"}  # $$ is a literal $
+    compose = "services:\n  client:\n    image: ghcr.io/org/tb-task:2\n"
+    spec = load_task(terminal_bench(tmp_path / "b", **{"docker-compose.yaml": compose, "Dockerfile": None}))
+    assert spec.environment == ImageEnvironment(image="ghcr.io/org/tb-task:2")
+
+
+def test_solution_yaml_is_converted_as_harbor_does(tmp_path):
+    solution = "- command: echo hello > hello.txt\n- {command: cat hello.txt, min_timeout_sec: 5}\n"
+    spec = load_task(terminal_bench(tmp_path, **{"solution.sh": None, "solution.yaml": solution}))
+    assert spec.solution == (
+        "#!/bin/bash\n# solution.yaml's commands, one a line (Terminal-Bench typed each and pressed Enter)\n"
+        "echo hello > hello.txt\ncat hello.txt\n"
+    )
+    assert "solution_not_converted" not in spec.metadata
+
+
+@pytest.mark.parametrize(
+    ("solution", "why"),
+    [
+        (
+            "- command: vim x\n- {command: ':wq', append_enter: false}\n",
+            "solution.yaml entry 2 types keys without Enter, which no bash script can do",
+        ),
+        ("- keys: ls\n", "solution.yaml entry 1 has no 'command' string"),
+        ("command: ls\n", "solution.yaml must be a list of {command: ...} entries"),
+        ("", "solution.yaml must be a list of {command: ...} entries"),
+        (
+            "- !!python/object:os.system ls\n",
+            "solution.yaml uses the YAML tag !!python/object:os.system (line 1); only plain values are allowed",
+        ),
+    ],
+)
+def test_a_solution_yaml_that_is_no_script_leaves_no_solution(tmp_path, solution, why):
+    spec = load_task(terminal_bench(tmp_path, **{"solution.sh": None, "solution.yaml": solution}))
+    assert spec.solution is None
+    assert spec.metadata["solution_not_converted"] == why
+
+
+@pytest.mark.parametrize(
+    ("files", "message"),
+    [
+        ({"task.yaml": "difficulty: easy\n"}, "task.yaml: missing required key 'instruction'"),
+        ({"task.yaml": "instruction: [a]\n"}, "task.yaml: 'instruction' must be a string, got a list"),
+        (
+            {"task.yaml": "instruction: x\nparser_name: swebench\n"},
+            "task.yaml: 'parser_name' 'swebench' is not supported here; only pytest is",
+        ),
+        (
+            {"task.yaml": "instruction: x\nmax_agent_timeout_sec: soon\n"},
+            "task.yaml: 'max_agent_timeout_sec' must be a positive number, got a string",
+        ),
+        (
+            {"task.yaml": "instruction: x\nmax_test_timeout_sec: -1\n"},
+            "task.yaml: 'max_test_timeout_sec' must be a positive number, got -1",
+        ),
+        ({"task.yaml": "- instruction: x\n"}, "task.yaml must be a mapping of keys to values, not a list"),
+        (
+            {"task.yaml": "a: &a [1]\nb: *a\nc: !!python/name:os.system x\n"},
+            "task.yaml uses the YAML tag !!python/name:os.system (line 3); only plain values are allowed",
+        ),
+        ({"run-tests.sh": None}, "task has no run-tests.sh (required)"),
+        ({"docker-compose.yaml": None, "Dockerfile": None}, "task has no Dockerfile (required)"),
+        (
+            {"tests/run-tests.sh": "x"},
+            "tests/run-tests.sh would replace run-tests.sh at /tests (Terminal-Bench copies both there)",
+        ),
+        (
+            {"docker-compose.yaml": "services:\n  client: {build: .}\n  redis: {image: redis}\n"},
+            "docker-compose.yaml has 2 services (client, redis); a task runs in one container here",
+        ),
+        (
+            {"docker-compose.yaml": "services: {}\n"},
+            "docker-compose.yaml: 'services' must be a mapping of service names to services",
+        ),
+        (
+            {"docker-compose.yaml": "services:\n  client: {build: ., working_dir: /srv}\n"},
+            "docker-compose.yaml: service 'client': 'working_dir' is not supported here (the task runs as its image says)",
+        ),
+        (
+            {"docker-compose.yaml": "services:\n  client:\n    build: .\n    environment:\n      - KEY=${API_KEY}\n"},
+            "docker-compose.yaml: service 'client': 'environment' value of KEY takes ${API_KEY} from the host's "
+            "environment; only ${T_BENCH_TEST_DIR} is set here",
+        ),
+        (
+            {"docker-compose.yaml": "services:\n  client: {build: {context: ../..}}\n"},
+            "docker-compose.yaml: service 'client': 'build.context' '../..' must be a relative path inside the task, without '..'",
+        ),
+        (
+            {"docker-compose.yaml": "services:\n  client: {build: {dockerfile: Nope}}\n"},
+            "docker-compose.yaml: service 'client': 'build.dockerfile' 'Nope' is not a file of the task",
+        ),
+    ],
+)
+def test_bad_terminal_bench_tasks_are_named(tmp_path, files, message):
+    assert error(terminal_bench(tmp_path, **files)) == message
+
+
+def test_terminal_bench_instruction_is_held_to_the_prompt_cap(tmp_path):
+    root = terminal_bench(tmp_path, "instruction: " + "x" * 101 + "\n")
+    assert error(root, max_prompt_bytes=100) == "task.yaml: 'instruction' is larger than 100 bytes (MAX_PROMPT_BYTES)"
+
+
+def test_the_yaml_guards_are_shared(tmp_path):
+    bomb = "a: &a [x, x, x, x, x, x, x, x, x, x]\n" + "".join(
+        f"{chr(98 + i)}: &{chr(98 + i)} [{', '.join(['*' + chr(97 + i)] * 10)}]\n" for i in range(6)
+    )
+    root = terminal_bench(tmp_path, "instruction: x\n" + bomb)
+    assert error(root) == "task.yaml expands to more than 100000 values (alias bomb?)"
+    compose = "services:\n  client: &c {build: ., labels: [*c]}\n"
+    assert error(terminal_bench(tmp_path / "b", **{"docker-compose.yaml": compose})) == (
+        "docker-compose.yaml has a recursive alias (line 2)"
+    )
+
+
+# -- workspace.yaml's grader ----------------------------------------------------------------------------
+
+
+def workspace(tmp_path, extra: str) -> Path:
+    return write(
+        tmp_path / "ws",
+        {
+            "workspace.yaml": "repo: https://github.com/org/repo.git\nbase_commit: abc123\n" + extra,
+            "prompt.md": "Do it.\n",
+        },
+    )
+
+
+@pytest.mark.parametrize(
+    ("extra", "grader"),
+    [
+        ("", "exit_code"),
+        ("grader: exit_code\n", "exit_code"),
+        ("grader: reward_file\n", "reward_file"),
+        ("grader: pytest\n", "pytest"),
+    ],
+)
+def test_workspace_graders(tmp_path, extra, grader):
+    spec = load_task(workspace(tmp_path, extra))
+    assert (spec.format, spec.grader, spec.verifier, spec.metadata) == ("workspace", grader, None, None)
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (
+            "grader: swebench\n",
+            "workspace.yaml: 'grader' swebench is not available in this executor yet; it grades with exit_code, "
+            "reward_file, pytest",
+        ),
+        ("grader: junit\n", "workspace.yaml: 'grader' must be one of exit_code, reward_file, pytest, got 'junit'"),
+        ("grader: [pytest]\n", "workspace.yaml: 'grader' must be one of exit_code, reward_file, pytest, got a list"),
+    ],
+)
+def test_bad_workspace_graders(tmp_path, extra, message):
+    assert error(workspace(tmp_path, extra)) == message
