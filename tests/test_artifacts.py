@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import os
+import shutil
 import socket
 import stat
 import uuid
@@ -445,3 +446,46 @@ def test_open_artifact_serves_only_stored_regular_files(config, agent, secret):
         open_artifact(eval_id, "dir/link", config)
     with pytest.raises(ValueError):
         open_artifact("../../etc", "x", config)  # not an eval id: no path is built from it
+
+
+AGENT_SCRIPT = r"""
+cd "$1"
+printf '{"step": 1}\n' > trajectory.jsonl
+mkdir -p deep/er && printf notes > deep/er/notes.txt
+ln -s /etc/shadow shadow
+mkfifo fifo
+printf 'two names' > pair-a && ln pair-a pair-b
+printf x > "$(printf 'new\nline')"
+echo written
+"""
+
+
+def test_what_a_real_process_of_another_uid_wrote(config):
+    """The agent as it runs: a process of its own uid writing the folder; the executor (root) keeps it."""
+    needs_root()
+    import subprocess
+    import tempfile
+
+    base = Path(tempfile.mkdtemp(prefix="artifacts-agent-"))
+    try:
+        base.chmod(0o755)  # pytest's tmp_path is root's 0700: the agent's uid could not reach it
+        folder = base / "logs-agent"
+        folder.mkdir()
+        os.chown(folder, OTHER_UID, OTHER_UID)
+        done = subprocess.run(
+            ["/bin/sh", "-ec", AGENT_SCRIPT, "agent", str(folder)],
+            user=OTHER_UID, group=OTHER_UID, extra_groups=[], capture_output=True, text=True, timeout=60, cwd="/",
+        )  # fmt: skip
+        assert done.stdout == "written\n", done.stderr
+        eval_id = uuid.uuid4()
+        kept = keep(eval_id, folder, config, owner_uid=OTHER_UID)
+        assert [(a["path"], a["size_bytes"]) for a in kept.artifacts] == [
+            ("deep/er/notes.txt", 5),
+            ("trajectory.jsonl", 12),
+        ]
+        assert set(reasons(kept)) == {"fifo", "pair-a", "pair-b", "shadow", ascii("new\nline")}
+        assert stored(config, eval_id) == {"deep/er/notes.txt": b"notes", "trajectory.jsonl": b'{"step": 1}\n'}
+        # Its files are its uid's: kept for its uid, none of them for another's.
+        assert keep(uuid.uuid4(), folder, config, owner_uid=ME).artifacts == []
+    finally:
+        shutil.rmtree(base)

@@ -19,7 +19,8 @@ from drf_spectacular.utils import (
     extend_schema_view,
 )
 
-from evaluations.api import assets, batches, environments, images, logs, views
+from evaluations import artifacts as artifact_store
+from evaluations.api import artifacts, assets, batches, environments, images, logs, views
 from evaluations.api.serializers import MAX_ENV_NAMES, BatchRequestSerializer, EvaluateRequestSerializer
 from evaluations.api.shapes import (
     AcceptedSerializer,
@@ -249,6 +250,32 @@ def document_views() -> None:
             },
         )
     )(logs.EvaluationLogView)
+    extend_schema_view(
+        get=extend_schema(
+            tags=[TAG_EVALUATIONS],
+            summary="Download a file the agent left under /logs/agent",
+            description="One of the evaluation's `artifacts`, by its `path` (slashes as they are), as an attachment: "
+            "`application/octet-stream`, `nosniff`, its sha256 as the `ETag` (`If-None-Match` answers 304). Only a "
+            "listed path is served: any other is 404, and a name that is not safe (empty, `.` or `..` components, "
+            f"more than {artifact_store.MAX_PARTS} names, over {artifact_store.MAX_PATH_BYTES} bytes, a control "
+            "or invisible character, a backslash, not UTF-8) is 400 before anything is looked up.",
+            parameters=[
+                EVAL_ID,
+                OpenApiParameter(
+                    "path", str, OpenApiParameter.PATH, description="The artifact's path, e.g. `trajectory.json`."
+                ),
+                header("ETag", str, "The file's sha256, quoted.", [200, 304]),
+                header("Content-Disposition", str, "`attachment` with the file's name.", [200]),
+            ],
+            responses={
+                (200, "application/octet-stream"): OpenApiResponse(OpenApiTypes.BINARY, description="The file"),
+                304: OpenApiResponse(description="If-None-Match holds the ETag"),
+                400: error("Not a safe artifact name", "invalid_request"),
+                401: UNAUTHORIZED,
+                404: error("No such evaluation (or another tenant's), or no such artifact of it", "not_found"),
+            },
+        )
+    )(artifacts.EvaluationArtifactView)
     extend_schema_view(
         get=extend_schema(
             tags=[TAG_EVALUATIONS],

@@ -1,11 +1,27 @@
-from django.urls import path
+from django.urls import path, register_converter
 from drf_spectacular.views import SpectacularJSONAPIView, SpectacularSwaggerView
 
-from evaluations.api import batches, logs, openapi, views  # noqa: F401  (openapi documents the views as it loads)
+from evaluations.api import artifacts, batches, logs, openapi, views  # noqa: F401  (openapi documents the views as it loads)
 from evaluations.api.assets import AssetListView
 from evaluations.api.environments import EnvironmentListView
 from evaluations.api.images import ImageListView
 from evaluations.metrics import metrics_view
+
+
+class ArtifactPathConverter:
+    """As Django's ``path`` (any characters, ``/`` too), newlines as well: an artifact path holding
+    one reaches the view and gets its 400, not a 404 for no route. The view checks the name."""
+
+    regex = r"[\s\S]+"
+
+    def to_python(self, value: str) -> str:
+        return value
+
+    def to_url(self, value: str) -> str:
+        return value
+
+
+register_converter(ArtifactPathConverter, "artifact_path")
 
 urlpatterns = [
     path("health", views.HealthView.as_view(), name="health"),
@@ -14,6 +30,11 @@ urlpatterns = [
     path("evaluate", views.EvaluateView.as_view(), name="evaluate"),
     path("evaluate/<str:eval_id>", views.EvaluationDetailView.as_view(), name="evaluation-detail"),
     path("evaluate/<str:eval_id>/logs", logs.EvaluationLogView.as_view(), name="evaluation-logs"),
+    path(
+        "evaluate/<str:eval_id>/artifacts/<artifact_path:path>",
+        artifacts.EvaluationArtifactView.as_view(),
+        name="evaluation-artifact",
+    ),
     path("evaluate/<str:eval_id>/retry", views.EvaluationRetryView.as_view(), name="evaluation-retry"),
     path("evaluations", views.EvaluationListView.as_view(), name="evaluation-list"),
     path("batches", batches.BatchListView.as_view(), name="batch-list"),

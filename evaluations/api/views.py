@@ -223,9 +223,11 @@ def _eval_pk(eval_id: str) -> uuid.UUID:
         raise ApiError(404, "not_found", f"no evaluation {eval_id}") from None
 
 
-def get_evaluation(eval_id: str, caller) -> Evaluation:
-    """The evaluation if ``caller`` may see it; another tenant's is not found, as a missing one."""
-    evaluation = caller.visible(Evaluation.objects).filter(id=_eval_pk(eval_id)).order_by().first()
+def get_evaluation(eval_id: str, caller, fields: tuple[str, ...] = ()) -> Evaluation:
+    """The evaluation if ``caller`` may see it; another tenant's is not found, as a missing one.
+    ``fields``: read only these columns (and the id and owner), not the large texts."""
+    found = caller.visible(Evaluation.objects).filter(id=_eval_pk(eval_id)).order_by()
+    evaluation = (found.only("id", "owner", *fields) if fields else found).first()
     if evaluation is None:
         raise ApiError(404, "not_found", f"no evaluation {eval_id}")
     return evaluation

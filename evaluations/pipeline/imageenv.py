@@ -87,7 +87,9 @@ def _image(ctx: Context, spec: ImageEnvironment) -> None:
         record = result.record
         ctx.image_pin = ctx.closing.enter_context(store.pin(record.digest, ctx.eval_id))
         store.touch(record.digest)
-        ctx.image_config = record.config
+        ctx.image_config = dict(record.config or {})
+        if spec.workdir:  # Harbor's [environment] workdir: the task's, over the image's
+            ctx.image_config["WorkingDir"] = spec.workdir
         ctx.image_digest = record.digest
         ctx.image = _mount(ctx, store, record)
         ctx.closing.callback(rootfs.unmount_root, ctx.session.root)
@@ -149,7 +151,7 @@ def _mount(ctx: Context, store, record):
             rootfs.unmount_root(ctx.session.root, remove=True)
             root = rootfs.mount_root(layers, ctx.session.root, IdMap(lease=lease, base=base, user=uid, group=gid))
     _trust_host_ca(ctx, root)
-    _make_workdir(root, (record.config or {}).get("WorkingDir") or "/")
+    _make_workdir(root, ctx.image_config.get("WorkingDir") or "/")
     return root
 
 

@@ -129,6 +129,9 @@ def after_agent(ctx: Context) -> None:
     """With no process of the agent alive: what it changed outside its folder, and its artifacts."""
     if ctx.image is None:
         return
+    kept = artifacts.keep(ctx.eval_id, ctx.session.agent_logs, ctx.config, owner_uid=ctx.session.uid)
+    if kept.artifacts or kept.omitted or kept.error:
+        livelog.append_text(ctx.session.log, livelog.executor_line(kept.summary()))
     fields = {
         "system_changes": changes.system_changes(
             rootfs.upper_of(ctx.session.root),
@@ -136,7 +139,7 @@ def after_agent(ctx: Context) -> None:
             exclude=executor_paths(ctx),
             path_dirs=tuple(p for p in ctx.command_path.split(":") if p.startswith("/")),
         ),
-        "artifacts": artifacts.keep(ctx.eval_id, ctx.session.agent_logs, ctx.config, owner_uid=ctx.session.uid),
+        "artifacts": kept.artifacts,
     }
     Evaluation.objects.filter(id=ctx.eval_id).update(**fields)
 
@@ -227,10 +230,8 @@ def grade(ctx: Context, name: str, result, output: str, duration: int, logs) -> 
         ctx.grade = Grade(reward=0.0, rewards=None, error=f"the verifier {name} {why}")
         return [row]
     if grader == "reward_file":
-        try:
-            reward = graders.read_reward(logs)
-        except graders.GradeError as exc:
-            ctx.grade = Grade(reward=None, rewards=None, error=str(exc))
+        reward = _read_reward(ctx, logs)
+        if reward is None:
             return [row]
         row.passed = reward.reward >= 1
         ctx.grade = Grade(reward=reward.reward, rewards=reward.rewards, error="", source=reward.source)
@@ -281,12 +282,20 @@ def reward_folder(ctx: Context):
 
 def grade_reward_folder(ctx: Context, logs, rows: list[TestResult]) -> None:
     """After a workspace task's scripts: the reward they left decides, not their exit statuses."""
+    reward = _read_reward(ctx, logs)
+    if reward is not None:
+        ctx.grade = Grade(reward=reward.reward, rewards=reward.rewards, error="", source=reward.source)
+
+
+def _read_reward(ctx: Context, logs) -> graders.Reward | None:
+    """The reward the verifier left; None (and ``ctx.grade`` saying why) when there is none to read."""
     try:
-        reward = graders.read_reward(logs)
+        return graders.read_reward(logs)
     except graders.GradeError as exc:
         ctx.grade = Grade(reward=None, rewards=None, error=str(exc))
-        return
-    ctx.grade = Grade(reward=reward.reward, rewards=reward.rewards, error="", source=reward.source)
+        return None
+    except SafeFSError as exc:  # the session's own folder: the host's fault
+        raise StepFailed(f"could not read /logs/verifier: {exc}", kind=ErrorKind.INFRASTRUCTURE) from None
 
 
 def _exit(code) -> str:

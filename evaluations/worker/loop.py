@@ -206,5 +206,5 @@ class Worker:
         """What `manage.py reap_sessions` does, every REAP_INTERVAL_SECS while this worker serves, so a
         lost worker's evaluations are failed by any live one; a log line only when something was done."""
         summary = reaper.reap(self.config)
-        if summary.expired or summary.lost or summary.folders_removed or summary.purged:
+        if summary.expired or summary.lost or summary.folders_removed or summary.purged or summary.artifacts_removed:
             logger.info(summary.line())

@@ -17,7 +17,7 @@ from django.db import transaction
 from django.db.models import Exists, OuterRef
 from django.utils import timezone
 
-from evaluations import lifecycle, stats
+from evaluations import artifacts, lifecycle, stats
 from evaluations.cache import mounts
 from evaluations.cache.store import Store
 from evaluations.models import (
@@ -51,13 +51,15 @@ class ReapSummary:
     cgroups_removed: int = 0
     image_builds_removed: int = 0
     image_pins_removed: int = 0
+    artifacts_removed: int = 0
 
     def line(self, dry_run: bool = False) -> str:
         prefix = "reap_sessions (dry run):" if dry_run else "reap_sessions:"
         return (
             f"{prefix} expired={self.expired} lost={self.lost} folders_removed={self.folders_removed} "
             f"purged={self.purged} processes_killed={self.processes_killed} cgroups_removed={self.cgroups_removed} "
-            f"image_builds_removed={self.image_builds_removed} image_pins_removed={self.image_pins_removed}"
+            f"image_builds_removed={self.image_builds_removed} image_pins_removed={self.image_pins_removed} "
+            f"artifacts_removed={self.artifacts_removed}"
         )
 
 
@@ -182,8 +184,13 @@ def _remove_entry(entry: os.DirEntry, patience_secs: float = REMOVE_PATIENCE_SEC
             time.sleep(0.25)
 
 
-def purge_old(retention_days: int, *, dry_run: bool = False) -> int:
-    """Delete ended evaluations older than the retention; their counts move to PurgedTotals."""
+def purge_old(retention_days: int, *, dry_run: bool = False, config=None) -> int:
+    """Delete ended evaluations older than the retention; their counts move to PurgedTotals.
+
+    Their kept artifacts (``config``'s store; reap passes its own) go first, then the rows: a crash
+    between leaves rows past retention without their files, which the next pass purges, never
+    files without a row. Without ``config`` the orphan sweep (remove_orphan_artifacts) removes them.
+    """
     if retention_days <= 0:
         return 0
     cutoff = timezone.now() - timezone.timedelta(days=retention_days)
@@ -194,6 +201,8 @@ def purge_old(retention_days: int, *, dry_run: bool = False) -> int:
         ids = list(old.values_list("id", flat=True)[:10000])
         if not ids:
             return 0
+        if config is not None:
+            artifacts.remove(ids, config)
         batch = Evaluation.objects.filter(id__in=ids)
         stats.add_to_purged_totals(batch)
         _total, per_model = batch.delete()
@@ -223,7 +232,8 @@ def reap(config, *, dry_run: bool = False) -> ReapSummary:
             summary.processes_killed += _kill_tagged(eval_id)
     summary.folders_removed, killed = remove_orphan_folders(config.workspace_base, dry_run=dry_run)
     summary.processes_killed += killed
-    summary.purged = purge_old(config.retention_days, dry_run=dry_run)
+    summary.purged = purge_old(config.retention_days, dry_run=dry_run, config=config)
+    summary.artifacts_removed = remove_orphan_artifacts(config, dry_run=dry_run)
     summary.cgroups_removed = remove_stale_cgroups(config, dry_run=dry_run)
     if not dry_run:
         tend_cache(config)
@@ -231,6 +241,39 @@ def reap(config, *, dry_run: bool = False) -> ReapSummary:
         if ended := lifecycle.settle_stranded():
             logger.warning("ended %d batch(es) whose last evaluation ended without ending them", ended)
     return summary
+
+
+ORPHAN_QUERY_CHUNK = 500  # ids per query: under SQLite's oldest limit of 999 parameters
+
+
+def remove_orphan_artifacts(config, *, dry_run: bool = False) -> int:
+    """Kept artifacts whose evaluation row is gone (deleted by other means than purge_old, which
+    removes its own), and unfinished copies whose evaluation is no longer running (its worker died
+    in ``artifacts.keep``). Returns how many folders were (or, dry, would be) removed."""
+    folders = artifacts.stored_folders(config)
+    if not folders:
+        return 0
+    ids = sorted({folder.eval_id for folder in folders})
+    existing, active = set(), set()
+    for start in range(0, len(ids), ORPHAN_QUERY_CHUNK):
+        chunk = ids[start : start + ORPHAN_QUERY_CHUNK]
+        for eval_id, status in Evaluation.objects.filter(id__in=chunk).values_list("id", "status"):
+            existing.add(eval_id)
+            if status in ACTIVE_STATUSES:
+                active.add(eval_id)
+    removed = 0
+    for folder in folders:
+        if folder.eval_id in (existing if folder.complete else active):
+            continue
+        removed += 1
+        if dry_run:
+            continue
+        try:
+            artifacts.remove_folder(config, folder.name)
+        except OSError as exc:
+            logger.warning("could not remove artifacts folder %s: %s", folder.name, exc)
+            removed -= 1
+    return removed
 
 
 def remove_stale_cgroups(config, *, dry_run: bool = False) -> int:

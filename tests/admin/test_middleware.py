@@ -124,7 +124,7 @@ def test_the_token_api_replies_as_with_djangos_middleware(executor_config, token
 
 
 def sample_path(pattern) -> str:
-    return "/" + re.sub(r"<str:\w+>", str(uuid.UUID(int=1)), str(pattern.pattern))
+    return "/" + re.sub(r"<\w+:\w+>", str(uuid.UUID(int=1)), str(pattern.pattern))
 
 
 @pytest.mark.parametrize("pattern", api_urls.urlpatterns, ids=lambda p: p.name)

@@ -14,6 +14,7 @@ from evaluations.network.egress.policy import (
     BAD_HOST,
     DENIED_BY_RULE,
     NOT_ALLOWED,
+    NOT_IN_TASK_LIST,
     OWN_ADDRESS,
     RESOLUTION_FAILED,
     Decision,
@@ -310,3 +311,37 @@ def test_an_address_the_executor_allows_for_one_step_is_reached_in_a_closed_list
 def test_an_unknown_default_is_refused():
     with pytest.raises(ValueError, match="EGRESS_DEFAULT"):
         policy(default="closed")
+
+
+# -- a task's allowlist on top (SPEC §17 network_mode allowlist) -----------------------------------
+
+
+def narrowed(hosts: str, *, allow: str = "", default: str = "public"):
+    resolver = fixed_resolver({"pypi.org": [PUBLIC], "evil.example": [PUBLIC], "files.pythonhosted.org": [PUBLIC],
+                               "internal.corp": ["10.0.0.7"]})  # fmt: skip
+    policy = EgressPolicy.from_strings(allow, "", default=default, resolver=resolver, own_addresses=lambda: ())
+    return policy.only(parse_rules(hosts, "allowed_hosts"))
+
+
+def test_a_task_allowlist_refuses_what_it_does_not_name_even_when_public():
+    policy = narrowed("pypi.org,*.pythonhosted.org")
+    assert policy.decide("pypi.org", 443) == Decision(True, ALLOWED, (PUBLIC,))
+    assert policy.decide("files.pythonhosted.org", 443).allowed
+    assert policy.decide("evil.example", 443) == Decision(False, NOT_IN_TASK_LIST)
+    assert policy.decide(PUBLIC, 443) == Decision(False, NOT_IN_TASK_LIST)  # an address it does not list
+
+
+def test_the_operators_rules_still_decide_what_a_task_allowlist_names():
+    private = narrowed("internal.corp")  # named by the task, refused by the operator's default rules
+    assert private.decide("internal.corp", 443) == Decision(False, "private address")
+    denied = EgressPolicy.from_strings("", "pypi.org", resolver=fixed_resolver({"pypi.org": [PUBLIC]}),
+                                       own_addresses=lambda: ()).only(parse_rules("pypi.org"))  # fmt: skip
+    assert denied.decide("pypi.org", 443) == Decision(False, DENIED_BY_RULE)
+    closed = narrowed("pypi.org", default="deny")  # EGRESS_DEFAULT=deny: still a closed list
+    assert closed.decide("pypi.org", 443) == Decision(False, NOT_ALLOWED)
+
+
+def test_an_address_the_executor_allows_for_one_step_passes_the_task_allowlist_too():
+    policy = narrowed("pypi.org").allowing(["10.0.0.9"], 8000, "the task's repository")
+    assert policy.decide("10.0.0.9", 8000).allowed
+    assert policy.decide("evil.example", 443) == Decision(False, NOT_IN_TASK_LIST)

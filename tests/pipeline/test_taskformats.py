@@ -174,6 +174,13 @@ def test_a_minimal_harbor_task_asks_for_nothing(tmp_path):
     assert spec.solution is None and spec.solution_files == []
 
 
+def test_workdir_overrides_the_images(tmp_path):
+    spec = load_task(harbor(tmp_path, '[environment]\nworkdir = "/app//src/"\n'))
+    assert spec.environment == ImageEnvironment(
+        dockerfile="environment/Dockerfile", context="environment", workdir="/app/src"
+    )
+
+
 def test_docker_image_wins_over_the_dockerfile(tmp_path):
     spec = load_task(harbor(tmp_path, '[environment]\ndocker_image = "ghcr.io/org/task:1"\n'))
     assert spec.environment == ImageEnvironment(image="ghcr.io/org/task:1")
@@ -292,10 +299,15 @@ def test_harbor_sizes(tmp_path, environment, memory, storage):
         ('[environment]\ngpus = "1"\n', "task.toml: [environment] gpus must be a whole number, got a string"),
         ('[environment.tpu]\ntype = "v6e"\n', "task.toml: [environment] tpu: this executor has no TPUs"),
         (
-            '[environment]\nworkdir = "/srv"\n',
-            "task.toml: [environment] workdir is not supported here: the agent and the tests run in the image's "
-            "working directory (set it with WORKDIR in environment/Dockerfile)",
+            '[environment]\nworkdir = "app"\n',
+            "task.toml: [environment] workdir must be an absolute path without '..' or control characters, got 'app'",
         ),
+        (
+            '[environment]\nworkdir = "/app/../etc"\n',
+            "task.toml: [environment] workdir must be an absolute path without '..' or control characters, "
+            "got '/app/../etc'",
+        ),
+        ("[environment]\nworkdir = 1\n", "task.toml: [environment] workdir must be a string, got a number"),
         ('[[steps]]\nname = "one"\n', "task.toml: [[steps]] (a multi-step task) is not supported here"),
         (
             '[verifier.env]\nOPENAI_API_KEY = "${OPENAI_API_KEY}"\n',

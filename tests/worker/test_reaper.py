@@ -3,6 +3,7 @@
 are removed."""
 
 import dataclasses
+import os
 import signal
 import subprocess
 import sys
@@ -14,7 +15,7 @@ from django.utils import timezone
 
 from evaluations import lifecycle, stats
 from evaluations.images.store import BUILD_REACH, ImageRecord, ImageStore, now_iso
-from evaluations.models import Evaluation, PurgedTotals, Status
+from evaluations.models import Evaluation, PurgedTotals, Status, WorkerHeartbeat
 from evaluations.pipeline.session import RETIRED_PREFIX, Session
 from evaluations.runtime import sandbox_uid
 from evaluations.worker import reaper
@@ -204,3 +205,61 @@ def test_the_reaper_removes_pins_whose_holder_died_but_not_live_ones(settings, t
         _killed(live)
     assert reaper.tend_images(config) == (0, 1)
     assert list((store.root / "pins").iterdir()) == []
+
+
+# -- kept artifacts (SPEC §17): gone with their row ---------------------------------------------------
+
+
+def _with_artifacts(config, tmp_path, evaluation):
+    from evaluations import artifacts
+
+    folder = tmp_path / f"agent-{evaluation.id}"
+    folder.mkdir()
+    (folder / "trajectory.json").write_text("{}")
+    kept = artifacts.keep(evaluation.id, folder, config, owner_uid=os.getuid())
+    Evaluation.objects.filter(id=evaluation.id).update(artifacts=kept.artifacts)
+    return artifacts.store_root(config) / str(evaluation.id)
+
+
+def test_purge_removes_the_artifacts_of_the_rows_it_deletes(settings, tmp_path):
+    config = dataclasses.replace(settings.EXECUTOR, data_dir=tmp_path / "data", retention_days=7)
+    old, recent = ended(Status.COMPLETED, 10), ended(Status.FAILED, 1)
+    old_files, recent_files = _with_artifacts(config, tmp_path, old), _with_artifacts(config, tmp_path, recent)
+    assert reaper.purge_old(config.retention_days, dry_run=True, config=config) == 1
+    assert old_files.is_dir()
+    assert reaper.purge_old(config.retention_days, config=config) == 1
+    assert not old_files.exists() and (recent_files / "trajectory.json").read_text() == "{}"
+
+
+def test_the_reaper_removes_orphan_artifacts_and_dead_copies_but_nothing_else(settings, tmp_path):
+    from evaluations.artifacts import KEEPING_PREFIX
+
+    config = dataclasses.replace(
+        settings.EXECUTOR, data_dir=tmp_path / "data", workspace_base=tmp_path / "sessions", retention_days=0
+    )
+    kept_row = _with_artifacts(config, tmp_path, ended(Status.COMPLETED, 1))
+    gone = ended(Status.COMPLETED, 1)
+    orphan = _with_artifacts(config, tmp_path, gone)
+    Evaluation.objects.filter(id=gone.id).delete()  # deleted by other means than the purge
+    WorkerHeartbeat.objects.create(worker_id="w-alive", hostname="h", pid=1, capacity=1, sandbox="none")
+    running = Evaluation.objects.create(
+        task_url="https://x/t", agent_code="x", status=Status.RUNNING, worker_id="w-alive"
+    )
+    store = orphan.parent
+    copying = store / f"{KEEPING_PREFIX}{running.id}-0a0b0c0d"  # keep() at work for a running evaluation
+    dead_copy = store / f"{KEEPING_PREFIX}{kept_row.name}-01020304"  # its worker died while copying
+    not_ours = store / "lost+found"
+    for folder in (copying, dead_copy, not_ours):
+        (folder / "sub").mkdir(parents=True)
+        (folder / "sub" / "file").write_text("x")
+    target = tmp_path / "elsewhere"
+    target.mkdir()
+    (target / "precious").write_text("not the store's")
+    os.symlink(target, store / str(uuid.uuid4()))  # a link named like an evaluation: removed as a link
+    assert reaper.remove_orphan_artifacts(config, dry_run=True) == 3
+    assert orphan.exists() and dead_copy.exists()
+    summary = reaper.reap(config)
+    assert summary.artifacts_removed == 3 and "artifacts_removed=3" in summary.line()
+    assert sorted(p.name for p in store.iterdir()) == sorted([kept_row.name, copying.name, not_ours.name])
+    assert (target / "precious").read_text() == "not the store's"  # the link's target untouched
+    assert reaper.remove_orphan_artifacts(config) == 0  # idempotent

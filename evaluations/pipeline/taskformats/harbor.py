@@ -1,0 +1,313 @@
+"""Harbor task folders (``task.toml``, ``instruction.md``, ``environment/``, ``tests/test.sh``,
+``solution/``) -> TaskSpec (SPEC §17). Read against Harbor's own model
+(``harbor/models/task/config.py``, ``paths.py``, ``verifier/verifier.py``)."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import posixpath
+import re
+import tomllib
+from pathlib import Path
+
+from evaluations.network.egress.policy import parse_rule
+from evaluations.pipeline.taskbase import (
+    CONTROL_CHARS,
+    ENV_NAME,
+    MAX_YAML_BYTES,
+    Cap,
+    ImageEnvironment,
+    SupportFile,
+    TaskError,
+    TaskRequest,
+    TaskSpec,
+    Verifier,
+    folder_files,
+    image_environment,
+    is_folder,
+    prompt_cap,
+    read_bytes,
+    read_text,
+    regular_file,
+    type_name,
+)
+
+from .common import image_task, is_number, jsonable, single_service
+
+NETWORK_MODES = ("no-network", "public", "allowlist")
+HARBOR_GRADERS = ("reward_file", "pytest")
+_SIZE = re.compile(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([GMK])\s*", re.IGNORECASE)
+
+
+class _Table:
+    """One table of task.toml: its values read by name, each refusal naming ``[path] key``; what
+    was not read is ``rest()``."""
+
+    def __init__(self, data: dict, path: str = ""):
+        self.data = data
+        self.path = path
+        self.taken: set[str] = set()
+        self.tables: dict[str, _Table] = {}
+
+    def where(self, key: str) -> str:
+        return f"task.toml: [{self.path}] {key}" if self.path else f"task.toml: {key}"
+
+    def take(self, key: str, default: object = None) -> object:
+        self.taken.add(key)
+        return self.data.get(key, default)
+
+    def table(self, key: str) -> _Table:
+        value = self.data.get(key, {})
+        name = f"{self.path}.{key}" if self.path else key
+        if not isinstance(value, dict):
+            raise TaskError(f"task.toml: [{name}] must be a table, got {type_name(value)}")
+        self.tables[key] = _Table(value, name)
+        return self.tables[key]
+
+    def rest(self) -> dict:
+        kept = {key: value for key, value in self.data.items() if key not in self.taken and key not in self.tables}
+        for key, table in self.tables.items():
+            if rest := table.rest():
+                kept[key] = rest
+        return kept
+
+    def number(self, key: str, *, whole: bool = False) -> float | int | None:
+        value = self.take(key)
+        if value is None:
+            return None
+        kind = "a positive whole number" if whole else "a positive number"
+        if not is_number(value) or (whole and not isinstance(value, int)):
+            got = value if is_number(value) else type_name(value)
+            raise TaskError(f"{self.where(key)} must be {kind}, got {got}")
+        if not math.isfinite(value) or value <= 0:
+            raise TaskError(f"{self.where(key)} must be {kind}, got {value}")
+        return value if whole else float(value)
+
+    def string(self, key: str) -> str | None:
+        value = self.take(key)
+        if value is not None and not isinstance(value, str):
+            raise TaskError(f"{self.where(key)} must be a string, got {type_name(value)}")
+        return value
+
+    def boolean(self, key: str) -> bool | None:
+        value = self.take(key)
+        if value is not None and not isinstance(value, bool):
+            raise TaskError(f"{self.where(key)} must be true or false, got {type_name(value)}")
+        return value
+
+
+def load_harbor(root: Path, *, max_prompt_bytes: int) -> TaskSpec:
+    config = _Table(_read_toml(root / "task.toml"))
+    config.string("version")
+    config.string("schema_version")
+    config.taken -= {"version", "schema_version"}  # checked, and kept in the metadata
+    if config.take("steps"):
+        raise TaskError("task.toml: [[steps]] (a multi-step task) is not supported here")
+    config.table("metadata")
+    agent = config.table("agent")
+    verifier_table = config.table("verifier")
+    environment_table = config.table("environment")
+    environment, env, request = _harbor_environment(root, environment_table, agent)
+    request = TaskRequest(
+        agent_timeout_secs=agent.number("timeout_sec"),
+        verifier_timeout_secs=verifier_table.number("timeout_sec"),
+        **request,
+    )
+    grader = verifier_table.take("grader", "reward_file")
+    if grader not in HARBOR_GRADERS:
+        shown = repr(grader) if isinstance(grader, str) else type_name(grader)
+        raise TaskError(f"task.toml: [verifier] grader must be one of {', '.join(HARBOR_GRADERS)}, got {shown}")
+    verifier = _harbor_verifier(root, verifier_table)
+    solution, solution_files = _harbor_solution(root)
+    prompt = read_text(
+        root / "instruction.md", "instruction.md", required=True, cap=prompt_cap(max_prompt_bytes, instruction=True)
+    )
+    single_service(root / "environment", "environment/")
+    return image_task(
+        root,
+        format="harbor",
+        grader=grader,
+        prompt=prompt,
+        environment=environment,
+        env=env,
+        verifier=verifier,
+        request=request,
+        metadata=jsonable(config.rest()),
+        solution=solution,
+        solution_files=solution_files,
+    )
+
+
+def _read_toml(path: Path) -> dict:
+    raw = read_bytes(path, "task.toml", required=True, cap=Cap(MAX_YAML_BYTES))
+    try:
+        return tomllib.loads(raw.decode("utf-8-sig"))
+    except UnicodeDecodeError:
+        raise TaskError("task.toml is not valid UTF-8 text") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise TaskError(f"task.toml is not valid TOML ({exc})") from None
+    except RecursionError:
+        raise TaskError("task.toml is nested too deeply") from None
+
+
+def _harbor_environment(root: Path, table: _Table, agent: _Table) -> tuple[ImageEnvironment, dict, dict]:
+    """The image, the task's environment variables and the [environment] part of the request."""
+    task_os = table.take("os", "linux")
+    if not isinstance(task_os, str) or task_os.lower() not in ("linux", "windows"):
+        raise TaskError(f"{table.where('os')} must be linux or windows, got {task_os!r}")
+    if task_os.lower() == "windows":
+        raise TaskError("task.toml: [environment] os = 'windows': Windows tasks cannot run here (Linux only)")
+    gpus = table.take("gpus")
+    if gpus is not None and (not isinstance(gpus, int) or isinstance(gpus, bool) or gpus < 0):
+        raise TaskError(f"{table.where('gpus')} must be a whole number, got {type_name(gpus)}")
+    if gpus:
+        raise TaskError(f"task.toml: [environment] gpus = {gpus}: this executor has no GPUs")
+    if table.take("tpu") is not None:
+        raise TaskError("task.toml: [environment] tpu: this executor has no TPUs")
+    image = table.take("docker_image")
+    if image is not None:
+        where = table.where("docker_image")
+        environment = image_environment(image, where, where)
+    elif regular_file(root / "environment" / "Dockerfile", "environment/Dockerfile", required=False):
+        is_folder(root / "environment", "environment")
+        environment = ImageEnvironment(dockerfile="environment/Dockerfile", context="environment")
+    else:
+        raise TaskError(
+            "task has neither environment/Dockerfile nor task.toml [environment] docker_image: it has no environment"
+        )
+    environment = dataclasses.replace(environment, workdir=_workdir(table))
+    request = {
+        "build_timeout_secs": table.number("build_timeout_sec"),
+        "cpus": table.number("cpus"),
+        "memory_mb": _megabytes(table, "memory"),
+        "storage_mb": _megabytes(table, "storage"),
+    }
+    network, hosts = _network(table)
+    agent_network, agent_hosts = _network(agent, baseline=False)  # [agent] may override for its phase
+    if agent_network is not None:
+        network, hosts = agent_network, agent_hosts
+    env = _literal_env(table.table("env"))
+    return environment, env, {**request, "network": network, "allowed_hosts": hosts}
+
+
+def _workdir(table: _Table) -> str | None:
+    value = table.string("workdir")
+    if value is None:
+        return None
+    where = table.where("workdir")
+    if not value.startswith("/") or ".." in value.split("/") or CONTROL_CHARS.search(value.replace(" ", "")):
+        raise TaskError(f"{where} must be an absolute path without '..' or control characters, got {value[:80]!r}")
+    return posixpath.normpath(value)
+
+
+def _megabytes(table: _Table, name: str) -> int | None:
+    """``memory_mb`` (``storage_mb``), or Harbor's older ``memory = "2G"`` (``storage``); both must agree."""
+    megabytes = table.number(f"{name}_mb", whole=True)
+    text = table.take(name)
+    if text is None:
+        return megabytes
+    match = _SIZE.fullmatch(text) if isinstance(text, str) else None
+    if match is None:
+        shown = repr(text) if isinstance(text, str) else type_name(text)
+        raise TaskError(f"{table.where(name)} must be a size such as '2G', '512M' or '1024K', got {shown}")
+    amount, unit = float(match[1]), match[2].upper()
+    parsed = int(amount * 1024) if unit == "G" else int(amount) if unit == "M" else int(amount / 1024)
+    if parsed <= 0:
+        raise TaskError(f"{table.where(name)} must be at least 1M, got {text!r}")
+    if megabytes is not None and megabytes != parsed:
+        raise TaskError(f"{table.where(name)} = {text!r} ({parsed} MB) disagrees with {name}_mb = {megabytes}")
+    return parsed
+
+
+def _network(table: _Table, *, baseline: bool = True) -> tuple[str | None, tuple[str, ...]]:
+    """(mode, hosts): ``network_mode`` wins over the older ``allow_internet``; hosts with no mode
+    make an allowlist (as Harbor reads them). (None, ()) when the table says nothing."""
+    mode = table.take("network_mode")
+    if mode is not None and mode not in NETWORK_MODES:
+        shown = repr(mode) if isinstance(mode, str) else type_name(mode)
+        raise TaskError(f"{table.where('network_mode')} must be one of {', '.join(NETWORK_MODES)}, got {shown}")
+    hosts = _allowed_hosts(table)
+    if hosts and mode not in (None, "allowlist"):
+        raise TaskError(f"{table.where('allowed_hosts')} goes with network_mode = 'allowlist', not {mode!r}")
+    allow_internet = table.boolean("allow_internet") if baseline else None
+    if mode is None and hosts:
+        mode = "allowlist"
+    if mode is None and allow_internet is not None:
+        mode = "public" if allow_internet else "no-network"
+    return mode, hosts
+
+
+def _allowed_hosts(table: _Table) -> tuple[str, ...]:
+    value = table.take("allowed_hosts")
+    if value is None:
+        return ()
+    where = table.where("allowed_hosts")
+    if not isinstance(value, list) or not all(isinstance(host, str) for host in value):
+        raise TaskError(f"{where} must be a list of host names")
+    hosts = []
+    for host in value:
+        host = host.strip().lower().rstrip(".")
+        if "://" in host:
+            raise TaskError(f"{where}: {host!r} is a URL; give a host name, an address or a CIDR")
+        try:
+            rule = parse_rule(host)  # the egress proxy's own syntax: a name, *.domain, an address, a CIDR
+        except ValueError as exc:
+            raise TaskError(f"{where}: {host!r} {exc}") from None
+        if rule.port is not None:
+            raise TaskError(f"{where}: {host!r} names a port; give a host name, an address or a CIDR")
+        if host not in hosts:
+            hosts.append(host)
+    return tuple(hosts)
+
+
+def _literal_env(table: _Table) -> dict[str, str]:
+    """A [*.env] table: names as workspace.yaml's, literal string values; a value Harbor would take
+    from the host's environment (``${VAR}``) is refused: nothing of the executor's reaches a task."""
+    env = {}
+    for name, value in table.data.items():
+        table.taken.add(name)
+        where = f"task.toml: [{table.path}] {name}"
+        if not ENV_NAME.fullmatch(name):
+            raise TaskError(f"{where} is not a valid variable name ([A-Z_][A-Z0-9_]*)")
+        if not isinstance(value, str):
+            raise TaskError(f"{where} must be a string, got {type_name(value)}")
+        if "\0" in value:
+            raise TaskError(f"{where} contains a NUL byte")
+        if "${" in value:
+            raise TaskError(
+                f"{where} takes its value from the host's environment ({value}); "
+                "this executor passes nothing of its own environment to a task"
+            )
+        env[name] = value
+    return env
+
+
+def _harbor_verifier(root: Path, table: _Table) -> Verifier:
+    mode = table.take("environment_mode")
+    if mode not in (None, "shared"):
+        raise TaskError(
+            f"task.toml: [verifier] environment_mode = {mode!r} is not supported here: the tests run on the "
+            "file system the agent left ([verifier] isolated = true: on the image and the working directory only)"
+        )
+    if table.take("environment") is not None:
+        raise TaskError("task.toml: [verifier.environment] (a verifier container of its own) is not supported here")
+    if not is_folder(root / "tests", "tests"):
+        raise TaskError("task has no tests/test.sh (required)")
+    regular_file(root / "tests" / "test.sh", "tests/test.sh", required=True)
+    return Verifier(
+        script="test.sh",
+        files=folder_files(root / "tests", "tests"),
+        env=_literal_env(table.table("env")),
+        isolated=bool(table.boolean("isolated")),
+    )
+
+
+def _harbor_solution(root: Path) -> tuple[str | None, list[SupportFile]]:
+    """solution/solve.sh, and every file of solution/ (Harbor's OracleAgent uploads them to /solution)."""
+    if not is_folder(root / "solution", "solution"):
+        return None, []
+    script = read_text(root / "solution" / "solve.sh", "solution/solve.sh", required=False)
+    if script is None:
+        return None, []
+    return script, folder_files(root / "solution", "solution")
