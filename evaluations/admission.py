@@ -231,15 +231,28 @@ BATCH_LOCK = 0x7E57BA7C  # batches count open batches, not evaluations: a lock o
 
 
 def admit_batch(
-    *, fields: dict, task_urls: list[str], max_open: int, scope: str, key: str | None, request_sha256: str, data_dir
+    *,
+    fields: dict,
+    task_urls: list[str],
+    attempts: int = 1,
+    max_open: int,
+    scope: str,
+    key: str | None,
+    request_sha256: str,
+    data_dir,
 ) -> tuple[uuid.UUID, list[uuid.UUID], bool]:
-    """Return (the batch's id, its evaluations' ids in task_urls order, created).
+    """Return (the batch's id, its evaluations' ids in queue order, created).
 
     Raise AtCapacity when MAX_OPEN_BATCHES batches are unfinished, IdempotencyConflict as admit_id.
     The batch, its evaluations and their first transitions are one transaction: all or nothing.
     Through the ORM: a batch is one request for up to MAX_BATCH_TASKS rows, rare beside the
     single evaluations whose cost the SQL above is written for. Each evaluation is created a
     microsecond after the one before, so the worker's claim (oldest first) takes them in order.
+
+    The order is by round (SPEC §17 attempts): attempt 1 of every task URL in task_urls order,
+    then attempt 2 of every one, and so on. A batch cut short (cancelled, or read while it runs)
+    then has every task tried as often as any other, give or take one, and two runs of one task
+    are as far apart in the queue as the batch allows.
     """
     db = connections[DEFAULT_DB_ALIAS]
     now = timezone.now()
@@ -257,20 +270,27 @@ def admit_batch(
         if Batch.objects.filter(finished_at__isnull=True).count() >= max_open:
             raise AtCapacity()
         batch = Batch.objects.create(
-            created_at=now, idempotency_scope=scope, idempotency_key=key, request_sha256=request_sha256, **fields
+            created_at=now,
+            attempts=attempts,
+            idempotency_scope=scope,
+            idempotency_key=key,
+            request_sha256=request_sha256,
+            **fields,
         )
         shared = {name: value for name, value in fields.items() if name not in _BATCH_ONLY}
+        runs = [(attempt, task_url) for attempt in range(1, attempts + 1) for task_url in task_urls]
         evaluations = [
             Evaluation(
                 id=uuid.uuid4(),
                 batch=batch,
                 task_url=task_url,
+                attempt=attempt,
                 created_at=now + timezone.timedelta(microseconds=i),
                 status=Status.PENDING,
                 step=Step.QUEUED,
                 **shared,
             )
-            for i, task_url in enumerate(task_urls)
+            for i, (attempt, task_url) in enumerate(runs)
         ]
         Evaluation.objects.bulk_create(evaluations)
         Transition.objects.bulk_create(

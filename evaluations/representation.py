@@ -3,7 +3,8 @@ admin and the CLI show them."""
 
 from __future__ import annotations
 
-from django.db.models import Count, Exists, OuterRef, Q
+from django.db.models import Count, Exists, OuterRef, Q, Sum, Value
+from django.db.models.functions import Coalesce
 
 from evaluations.models import ACTIVE_STATUSES, Batch, Evaluation, Status
 
@@ -136,11 +137,14 @@ def batch_summaries(queryset):
         passed_count=Count("evaluations", filter=Q(evaluations__passed=True)),
         failed=Count("evaluations", filter=Q(evaluations__status=Status.FAILED)),
         cancelled=Count("evaluations", filter=Q(evaluations__status=Status.CANCELLED)),
+        reward_sum=Sum(Coalesce("evaluations__reward", Value(0.0))),
+        task_count=Count("evaluations__task_url", distinct=True),
+        tasks_passed=Count("evaluations__task_url", distinct=True, filter=Q(evaluations__passed=True)),
     ).defer("agent_code", "env", "metadata")
 
 
 def batch_summary(batch) -> dict:
-    """One row of GET /batches: the batch object without its evaluations (counts from summaries)."""
+    """One row of GET /batches: the batch object without its evaluations and tasks (counts from summaries)."""
     return _batch_object(
         batch,
         total=batch.total,
@@ -149,27 +153,52 @@ def batch_summary(batch) -> dict:
         passed=batch.passed_count,
         failed=batch.failed,
         cancelled=batch.cancelled,
+        reward_sum=batch.reward_sum or 0.0,
+        tasks=batch.task_count,
+        tasks_passed=batch.tasks_passed,
     )
 
 
-def _batch_object(batch: Batch, *, total: int, finished: int, started: int, passed: int, failed: int, cancelled: int):
-    """The batch object from its evaluations' counts: GET /batches' rows and GET /batches/{id} alike."""
+def _batch_object(
+    batch: Batch,
+    *,
+    total: int,
+    finished: int,
+    started: int,
+    passed: int,
+    failed: int,
+    cancelled: int,
+    reward_sum: float,
+    tasks: int,
+    tasks_passed: int,
+):
+    """The batch object from its evaluations' counts: GET /batches' rows and GET /batches/{id} alike.
+
+    SPEC §17: ``mean_reward`` is the mean of the evaluations' rewards, an evaluation with none
+    (it failed before its tests were graded, or was cancelled) counting 0, as ``reward`` counts it
+    as not passed; ``pass_at_k`` the share of task URLs one of whose attempts passed. Like
+    ``reward``, both are null until every evaluation ended.
+    """
+    ended = bool(total) and finished == total
     return {
         "batch_id": str(batch.id),
         "owner": batch.owner,
-        "status": _batch_status(batch, ended=bool(total) and finished == total, started=bool(started)),
+        "status": _batch_status(batch, ended=ended, started=bool(started)),
+        "attempts": batch.attempts,
         "total": total,
         "finished": finished,
         "passed": passed,
         "failed": failed,
         "cancelled": cancelled,
-        "reward": passed / total if total and finished == total else None,
+        "reward": passed / total if ended else None,
+        "mean_reward": reward_sum / total if ended else None,
+        "pass_at_k": tasks_passed / tasks if ended and tasks else None,
         "created_at": iso(batch.created_at),
         "finished_at": iso(batch.finished_at),
     }
 
 
-_BATCH_ROW = ("id", "task_url", "status", "passed", "error_kind", "created_at")
+_BATCH_ROW = ("id", "task_url", "attempt", "status", "passed", "reward", "error_kind", "created_at")
 
 
 def batch_json(batch_id, among=Batch.objects) -> dict | None:
@@ -178,11 +207,42 @@ def batch_json(batch_id, among=Batch.objects) -> dict | None:
     batch = among.filter(id=batch_id).first()
     if batch is None:
         return None
-    evaluations = list(Evaluation.objects.filter(batch_id=batch.id).order_by("created_at", "id").only(*_BATCH_ROW))
-    return batch_document(batch, evaluations)
+    return batch_document(batch, batch_evaluations(batch.id))
+
+
+def batch_evaluations(batch_id) -> list[Evaluation]:
+    """A batch's evaluations in queue order, with the columns the batch object reads."""
+    return list(Evaluation.objects.filter(batch_id=batch_id).order_by("created_at", "id").only(*_BATCH_ROW))
+
+
+def batch_tasks(evaluations) -> list[dict]:
+    """SPEC §17: one entry per task URL, in the order its first attempt queued.
+
+    ``passes`` counts as it goes (as the batch's ``passed``); ``pass_at_k`` (1.0 if an attempt
+    passed, else 0.0) and ``mean_reward`` (a null reward counting 0) are null until every
+    attempt of that task ended.
+    """
+    by_task: dict[str, list] = {}
+    for e in evaluations:
+        by_task.setdefault(e.task_url, []).append(e)
+    tasks = []
+    for task_url, runs in by_task.items():
+        passes = sum(1 for e in runs if e.passed)
+        ended = all(e.status not in ACTIVE_STATUSES for e in runs)
+        tasks.append(
+            {
+                "task_url": task_url,
+                "attempts": len(runs),
+                "passes": passes,
+                "pass_at_k": (1.0 if passes else 0.0) if ended else None,
+                "mean_reward": sum(e.reward or 0.0 for e in runs) / len(runs) if ended else None,
+            }
+        )
+    return tasks
 
 
 def batch_document(batch: Batch, evaluations) -> dict:
+    tasks = batch_tasks(evaluations)
     body = _batch_object(
         batch,
         total=len(evaluations),
@@ -191,13 +251,19 @@ def batch_document(batch: Batch, evaluations) -> dict:
         passed=sum(1 for e in evaluations if e.passed),
         failed=sum(1 for e in evaluations if e.status == Status.FAILED),
         cancelled=sum(1 for e in evaluations if e.status == Status.CANCELLED),
+        reward_sum=sum(e.reward or 0.0 for e in evaluations),
+        tasks=len(tasks),
+        tasks_passed=sum(1 for t in tasks if t["passes"]),
     )
+    body["tasks"] = tasks
     body["evaluations"] = [
         {
             "eval_id": str(e.id),
             "task_url": e.task_url,
+            "attempt": e.attempt,
             "status": e.status,
             "passed": e.passed,
+            "reward": e.reward,
             "error_kind": e.error_kind,
         }
         for e in evaluations

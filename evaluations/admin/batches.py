@@ -1,4 +1,5 @@
-"""Django admin for batches (SPEC §14): listed with their reward, their evaluations inline; read-only.
+"""Django admin for batches (SPEC §14, §17): listed with their reward, mean reward and pass@k, their tasks
+and evaluations on their page; read-only.
 
 Like the evaluation admin, nothing is edited by hand. The agent is shown as its size and
 sha256, never its code or archive. The figures are the API's own (batches.py), so the admin
@@ -8,7 +9,7 @@ and GET /batches/{id} never disagree.
 from __future__ import annotations
 
 from django.contrib import admin
-from django.utils.html import format_html
+from django.utils.html import format_html, format_html_join
 
 from evaluations import representation
 from evaluations.admin import format as fmt
@@ -19,13 +20,17 @@ from evaluations.models import AgentArchive, Batch, Evaluation
 class BatchEvaluationInline(ReadOnlyInline):
     model = Evaluation
     fk_name = "batch"
-    fields = ("evaluation_link", "task", "status", "passed_text", "error_kind_text")
+    fields = ("evaluation_link", "task", "attempt", "status", "passed_text", "reward_text", "error_kind_text")
     readonly_fields = fields
-    ordering = ("created_at", "id")
+    ordering = ("created_at", "id")  # the queue's order: attempt 1 of every task, then attempt 2...
     verbose_name_plural = "evaluations"
 
     def get_queryset(self, request):
-        return super().get_queryset(request).only("id", "task_url", "status", "passed", "error_kind", "batch_id")
+        return (
+            super()
+            .get_queryset(request)
+            .only("id", "task_url", "attempt", "status", "passed", "reward", "error_kind", "batch_id")
+        )
 
     @admin.display(description="evaluation")
     def evaluation_link(self, obj):
@@ -39,6 +44,10 @@ class BatchEvaluationInline(ReadOnlyInline):
     def passed_text(self, obj):
         return fmt.yes_no(obj.passed)
 
+    @admin.display(description="reward")
+    def reward_text(self, obj):
+        return fmt.figure(obj.reward)
+
     @admin.display(description="error kind")
     def error_kind_text(self, obj):
         return obj.error_kind or "-"  # the API's value, not its label
@@ -46,7 +55,10 @@ class BatchEvaluationInline(ReadOnlyInline):
 
 @admin.register(Batch)
 class BatchAdmin(OwnerColumn, admin.ModelAdmin):
-    list_display = ("short_id", "state", "progress", "reward_text", "owner_text", "created", "finished_time")
+    list_display = (
+        "short_id", "state", "attempts", "progress", "reward_text", "mean_reward_text", "pass_at_k_text", "owner_text",
+        "created", "finished_time",
+    )  # fmt: skip
     list_display_links = ("short_id",)
     list_filter = ("status", OwnerFilter, ("created_at", admin.DateFieldListFilter))
     search_fields = ("id",)
@@ -56,8 +68,9 @@ class BatchAdmin(OwnerColumn, admin.ModelAdmin):
     inlines = [BatchEvaluationInline]
     actions = None
     fields = (
-        "id", "owner", "state", "progress", "reward_text", "created", "finished_time", "agent", "language",
-        "timeout_secs", "env", "callback_url", "callback_state", "metadata", "idempotency_key",
+        "id", "owner", "state", "attempts", "progress", "reward_text", "mean_reward_text", "pass_at_k_text",
+        "tasks_table", "created", "finished_time", "agent", "language", "timeout_secs", "env", "callback_url",
+        "callback_state", "metadata", "idempotency_key",
     )  # fmt: skip
     readonly_fields = fields
 
@@ -89,8 +102,41 @@ class BatchAdmin(OwnerColumn, admin.ModelAdmin):
 
     @admin.display(description="reward")
     def reward_text(self, obj):
-        reward = representation.batch_summary(obj)["reward"]
-        return "-" if reward is None else f"{reward:.3f}"
+        return fmt.figure(representation.batch_summary(obj)["reward"])
+
+    @admin.display(description="mean reward")
+    def mean_reward_text(self, obj):
+        return fmt.figure(representation.batch_summary(obj)["mean_reward"])
+
+    @admin.display(description="pass@k")
+    def pass_at_k_text(self, obj):
+        return fmt.figure(representation.batch_summary(obj)["pass_at_k"])
+
+    @admin.display(description="tasks")
+    def tasks_table(self, obj):
+        """Per task URL, as GET /batches/{id}'s tasks: its attempts, passes, pass@k and mean reward."""
+        tasks = representation.batch_tasks(representation.batch_evaluations(obj.id))
+        body = format_html_join(
+            "",
+            '<tr><td><span title="{}">{}</span></td><td class="te-num">{}</td><td class="te-num">{}</td>'
+            '<td class="te-num">{}</td><td class="te-num">{}</td></tr>',
+            (
+                (
+                    t["task_url"],
+                    fmt.task_label(t["task_url"]),
+                    t["attempts"],
+                    t["passes"],
+                    fmt.figure(t["pass_at_k"]),
+                    fmt.figure(t["mean_reward"]),
+                )
+                for t in tasks
+            ),
+        )
+        return format_html(
+            "<table><thead><tr><th>task</th><th>attempts</th><th>passes</th><th>pass@k</th><th>mean reward</th>"
+            "</tr></thead><tbody>{}</tbody></table>",
+            body,
+        )
 
     @admin.display(description="agent")
     def agent(self, obj):

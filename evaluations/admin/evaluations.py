@@ -38,6 +38,7 @@ from evaluations.admin.detail import (
     TransitionInline,
     detail_url,
 )
+from evaluations.admin.outcome import OutcomeFields
 from evaluations.models import (
     Evaluation,
     Status,
@@ -56,13 +57,14 @@ admin.site.enable_nav_sidebar = False  # three models: the sidebar cost the list
 # a walk through their overflow pages (MiBs a row), so even those are left out.
 LIST_COLUMNS = ("id", "status", "step", "passed", "error", "error_kind", "task_url", "language", "created_at",
                 "started_at", "duration_ms", "owner")  # fmt: skip
-# What "Open the whole text" serves for an evaluation, as text/plain.
+# What "Open the whole text" serves for an evaluation, as text/plain (a JSON column indented).
 # Never the agent's code (SPEC §14: size and hash only).
 WHOLE_FIELDS = ("agent_output", "agent_patch", "test_output", "task_prompt", "original_pr")
+WHOLE_JSON_FIELDS = ("task_metadata", "system_changes")
 
 
 @admin.register(Evaluation)
-class EvaluationAdmin(OwnerColumn, DetailFields, admin.ModelAdmin):
+class EvaluationAdmin(OwnerColumn, DetailFields, OutcomeFields, admin.ModelAdmin):
     list_display = (
         "short_id", "state", "passed_text", "task", "language", "error_text", "owner_text", "created_short", "time",
     )  # fmt: skip
@@ -82,10 +84,16 @@ class EvaluationAdmin(OwnerColumn, DetailFields, admin.ModelAdmin):
     change_list_template = "admin/evaluations/evaluation/change_list.html"
     change_form_template = "admin/evaluations/evaluation/change_form.html"
     fieldsets = (
-        (None, {"fields": ("id", "status", "step", "passed_text", "error_text_full", "time", "reruns")}),
+        (
+            None,
+            {"fields": ("id", "status", "step", "passed_text", "error_text_full", "time", "reruns", "batch_attempt")},
+        ),
+        ("Reward", {"fields": ("reward_text", "rewards_table")}),
         ("Steps", {"fields": ("step_durations",)}),
         ("Environment", {"fields": ("environment_summary",)}),
+        ("Task format and limits", {"fields": ("task_format_text", "limits_table", "task_metadata_pre")}),
         ("Network and resources", {"fields": ("egress_table", "resources_summary")}),
+        ("What the agent left", {"fields": ("system_changes_summary", "artifacts_table")}),
         ("Log", {"fields": ("log_box",)}),
         (
             "Request",
@@ -244,13 +252,14 @@ class EvaluationAdmin(OwnerColumn, DetailFields, admin.ModelAdmin):
         return response
 
     def whole_view(self, request, object_id, field):
-        if field not in WHOLE_FIELDS:
+        if field not in WHOLE_FIELDS + WHOLE_JSON_FIELDS:
             return HttpResponse("no such field", status=404, content_type="text/plain")
         try:
             evaluation = self._viewable(request, object_id, field)
         except PermissionError:
             return forbidden()
-        return text_response(getattr(evaluation, field))
+        value = getattr(evaluation, field)
+        return text_response(fmt.json_text(value) if field in WHOLE_JSON_FIELDS else value)
 
     def test_output_view(self, request, object_id, position):
         try:

@@ -6,6 +6,7 @@ are tested once. Every clipped text says how much it left out.
 
 from __future__ import annotations
 
+import json
 from datetime import datetime
 from urllib.parse import unquote, urlsplit
 
@@ -22,6 +23,11 @@ AGENT_OUTPUT_BYTES = 8 * KIB
 PATCH_BYTES = 12 * KIB
 PROMPT_BYTES = 4 * KIB
 ORIGINAL_PR_BYTES = 4 * KIB
+TASK_METADATA_BYTES = 2 * KIB
+SYSTEM_PATHS_BYTES = 5 * KIB  # what the agent changed outside its folder
+SUSPICIOUS_PATHS_BYTES = 2 * KIB  # of those, what the verifier may run
+# Rows of a detail table (rewards, artifacts) before "and N more": their values come from the task or the agent.
+TABLE_ROWS = 50
 # A wrapped line reads as one cell at 1024 px; the whole sentence is in the title and on the detail page.
 ERROR_CHARS = 90
 TASK_CHARS = 36
@@ -41,6 +47,16 @@ def yes_no(value: bool | None, *, unknown: str = "-") -> str:
     if value is None:
         return unknown
     return "yes" if value else "no"
+
+
+def figure(value: float | None) -> str:
+    """A reward or a share to three places; "-" while there is none (null until a batch ended)."""
+    return "-" if value is None else f"{value:.3f}"
+
+
+def json_text(value) -> str:
+    """A JSON column as an operator reads it, indented; "" for null or empty (shown as "none")."""
+    return json.dumps(value, indent=2, ensure_ascii=False) if value else ""
 
 
 def seconds(ms: int | None) -> str:

@@ -37,6 +37,7 @@ class BatchListView(APIView):
             batch_id, eval_ids, _created = admission.admit_batch(
                 fields={**submission_fields(data), "owner": request.user.owner},
                 task_urls=data["task_urls"],
+                attempts=data["attempts"],
                 max_open=config.max_open_batches,
                 scope=request.user.scope,
                 key=key,

@@ -293,8 +293,9 @@ def document_views() -> None:
         post=extend_schema(
             tags=[TAG_BATCHES],
             summary="Submit a batch: one agent on several tasks",
-            description="Its evaluations queue beside the others, in task_urls order; they do not count "
-            "against MAX_QUEUED_EVALS, the batches do against MAX_OPEN_BATCHES (unfinished batches).",
+            description="Each task URL runs `attempts` times (pass@k). Its evaluations queue beside the "
+            "others, by round: attempt 1 of every task URL in task_urls order, then attempt 2, and so on; they do "
+            "not count against MAX_QUEUED_EVALS, the batches do against MAX_OPEN_BATCHES (unfinished batches).",
             request=BatchRequestSerializer,
             parameters=[IDEMPOTENCY_KEY, header("Location", str, "/batches/{batch_id}", [202]), RETRY_AFTER],
             responses={
@@ -321,7 +322,7 @@ def document_views() -> None:
     extend_schema_view(
         get=extend_schema(
             tags=[TAG_BATCHES],
-            summary="One batch, its evaluations and reward",
+            summary="One batch, its tasks, evaluations and rewards",
             parameters=[BATCH_ID],
             responses={200: BatchSerializer, 401: UNAUTHORIZED, 404: NO_BATCH},
         ),

@@ -115,6 +115,11 @@ class TimeoutField(StrictIntegerField):
     pass
 
 
+@extend_schema_field(serializers.IntegerField(min_value=1))
+class AttemptsField(StrictIntegerField):
+    pass
+
+
 @extend_schema_field(serializers.DictField(child=AssetSpecSerializer()))
 class StaticAssetsField(serializers.DictField):
     pass
@@ -315,9 +320,11 @@ class EvaluateRequestSerializer(SubmissionSerializer):
 
 
 class BatchRequestSerializer(SubmissionSerializer):
-    """POST /batches (SPEC §14): one agent, 1 to MAX_BATCH_TASKS distinct task URLs.
+    """POST /batches (SPEC §14, §17): one agent, distinct task URLs, each run ``attempts`` times.
 
     One bad URL refuses the whole batch; the error names its index (``task_urls[3]: ...``).
+    MAX_BATCH_TASKS bounds the evaluations admitted, task URLs x attempts: the work a batch
+    holds, whichever way it is asked for.
     """
 
     task_urls = TaskUrlListField(
@@ -325,6 +332,12 @@ class BatchRequestSerializer(SubmissionSerializer):
         allow_empty=True,
         help_text="1 to MAX_BATCH_TASKS distinct task URLs, each as POST /evaluate's task_url; one bad URL "
         "refuses the whole batch. Their evaluations queue in this order.",
+    )
+    attempts = AttemptsField(
+        required=False,
+        default=1,
+        help_text="How many times each task URL runs (pass@k), 1 to MAX_ATTEMPTS (default 10); task URLs x "
+        "attempts is at most MAX_BATCH_TASKS. The first attempt of every task queues before any second one.",
     )
     callback_url = CallbackUrlField(
         help_text="POSTed the batch object (GET /batches/{batch_id}) once, when the batch ends."
@@ -349,6 +362,26 @@ class BatchRequestSerializer(SubmissionSerializer):
                 raise serializers.ValidationError(f"{where}: the same URL as task_urls[{seen[url]}]")
             seen[url] = i
         return value
+
+    def validate_attempts(self, value: int) -> int:
+        maximum = self.config.max_attempts
+        if not 1 <= value <= maximum:
+            raise serializers.ValidationError(f"must be between 1 and {maximum} (MAX_ATTEMPTS)")
+        return value
+
+    def validate(self, attrs):
+        """Task URLs x attempts within MAX_BATCH_TASKS, before the agent's archive is extracted."""
+        limit, runs = self.config.max_batch_tasks, len(attrs["task_urls"]) * attrs["attempts"]
+        if runs > limit:
+            raise serializers.ValidationError(
+                {
+                    "attempts": [
+                        f"{len(attrs['task_urls'])} task URLs x {attrs['attempts']} attempts is {runs} evaluations; "
+                        f"at most {limit} (MAX_BATCH_TASKS) are allowed"
+                    ]
+                }
+            )
+        return super().validate(attrs)
 
 
 # -- the fast path -----------------------------------------------------------------------------

@@ -121,7 +121,10 @@ class AssetSerializer(serializers.Serializer):
 
 class BatchAcceptedSerializer(serializers.Serializer):
     batch_id = serializers.UUIDField()
-    eval_ids = serializers.ListField(child=serializers.UUIDField(), help_text="In task_urls order.")
+    eval_ids = serializers.ListField(
+        child=serializers.UUIDField(),
+        help_text="In queue order: attempt 1 of every task URL in task_urls order, then attempt 2, and so on.",
+    )
     status = serializers.ChoiceField(choices=BATCH_STATUSES)
 
 
@@ -133,8 +136,10 @@ class BatchCancelledSerializer(serializers.Serializer):
 class BatchEvaluationSerializer(serializers.Serializer):
     eval_id = serializers.UUIDField()
     task_url = serializers.CharField()
+    attempt = serializers.IntegerField(min_value=1, help_text="Which run of its task URL this is, from 1.")
     status = serializers.ChoiceField(choices=Status.choices)
     passed = serializers.BooleanField(allow_null=True)
+    reward = serializers.FloatField(allow_null=True, help_text="As the evaluation's reward.")
     error_kind = serializers.ChoiceField(
         choices=ErrorKind.choices, allow_null=True, help_text="Why it did not pass; null while running or when passed."
     )
@@ -148,18 +153,42 @@ class BatchSummarySerializer(serializers.Serializer):
         help_text="pending: none started; running: one started; completed: all ended; cancelled: DELETE asked "
         "(finished_at is set once its running evaluations stopped).",
     )
-    total = serializers.IntegerField(min_value=0)
+    attempts = serializers.IntegerField(min_value=1, help_text="How many times each task URL runs (pass@k's k).")
+    total = serializers.IntegerField(min_value=0, help_text="Evaluations: task URLs x attempts.")
     finished = serializers.IntegerField(min_value=0)
     passed = serializers.IntegerField(min_value=0)
     failed = serializers.IntegerField(min_value=0)
     cancelled = serializers.IntegerField(min_value=0)
     reward = serializers.FloatField(allow_null=True, help_text="passed / total once all ended, else null.")
+    mean_reward = serializers.FloatField(
+        allow_null=True,
+        help_text="The mean of the evaluations' rewards, a null reward counting 0, once all ended; else null.",
+    )
+    pass_at_k = serializers.FloatField(
+        allow_null=True,
+        help_text="The share of task URLs one of whose attempts passed (the mean of tasks' pass_at_k), once all "
+        "ended; else null.",
+    )
     created_at = serializers.DateTimeField()
     finished_at = serializers.DateTimeField(allow_null=True)
 
 
+class BatchTaskSerializer(serializers.Serializer):
+    task_url = serializers.CharField()
+    attempts = serializers.IntegerField(min_value=1, help_text="Its evaluations in this batch.")
+    passes = serializers.IntegerField(min_value=0, help_text="Those that passed so far.")
+    pass_at_k = serializers.FloatField(
+        allow_null=True, help_text="1 if an attempt passed, else 0; null until every attempt of it ended."
+    )
+    mean_reward = serializers.FloatField(
+        allow_null=True,
+        help_text="The mean of its attempts' rewards, a null reward counting 0; null until every attempt ended.",
+    )
+
+
 class BatchSerializer(BatchSummarySerializer):
-    evaluations = BatchEvaluationSerializer(many=True)
+    tasks = BatchTaskSerializer(many=True, help_text="One per task URL, in task_urls order (not in GET /batches).")
+    evaluations = BatchEvaluationSerializer(many=True, help_text="In queue order, as eval_ids.")
 
 
 class AcceptedSerializer(serializers.Serializer):

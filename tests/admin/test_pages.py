@@ -225,9 +225,11 @@ def test_detail_values_are_neutral_to_the_second_and_say_none(admin_client):
 
 def test_the_detail_page_ships_at_most_128_kib_of_output_and_links_the_whole(admin_client):
     big = "".join(f"line {i:07d} " + "x" * 80 + "\n" for i in range(MIB // 94))
+    paths = [f"/usr/lib/python3/site-packages/p{i:03d}/" + "x" * 900 for i in range(200)]
     evaluation = make(
         Status.RUNNING, agent_output=big, agent_patch=big, test_output=big, task_prompt=big, original_pr=big,
-        agent_code=big, log=big + "END OF LOG\n",
+        agent_code=big, log=big + "END OF LOG\n", task_metadata={"notes": big},
+        system_changes={"count": 200, "paths": paths, "suspicious": paths},
     )  # fmt: skip
     for position in range(40):
         TestResult.objects.create(

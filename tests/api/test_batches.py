@@ -144,7 +144,15 @@ def test_get_shows_counts_and_reward_once_all_finished(api):
     shown = api.get(f"/batches/{batch_id}").json()
     assert shown["status"] == "pending" and shown["reward"] is None and shown["total"] == 3
     assert [e["task_url"] for e in shown["evaluations"]] == URLS
-    assert set(shown["evaluations"][0]) == {"eval_id", "task_url", "status", "passed", "error_kind"}
+    assert set(shown["evaluations"][0]) == {
+        "eval_id",
+        "task_url",
+        "attempt",
+        "status",
+        "passed",
+        "reward",
+        "error_kind",
+    }
     lifecycle.record(ids[0], status=Status.RUNNING, expect=[Status.PENDING])
     assert api.get(f"/batches/{batch_id}").json()["status"] == "running"
     lifecycle.finish(ids[0], Status.COMPLETED, expect=[Status.RUNNING])
@@ -204,7 +212,7 @@ def test_list_pages_like_evaluations_and_filters_by_status(api, executor_config)
     rows = first.json()
     assert set(rows[0]) == {
         "batch_id", "status", "total", "finished", "passed", "failed", "cancelled", "reward", "created_at",
-        "finished_at", "owner",
+        "finished_at", "owner", "attempts", "mean_reward", "pass_at_k",
     }  # fmt: skip
     assert 'rel="next"' in first["Link"] and f"before={rows[-1]['batch_id']}" in first["Link"]
     seen = [r["batch_id"] for r in rows]

@@ -90,9 +90,15 @@ def test_the_batch_routes_are_described(document):
     assert schemas["BatchRequest"]["additionalProperties"] is False
     assert set(schemas["Batch"]["properties"]) == {
         "batch_id", "status", "total", "finished", "passed", "failed", "cancelled", "reward", "created_at",
-        "finished_at", "evaluations", "owner",
+        "finished_at", "evaluations", "owner", "attempts", "mean_reward", "pass_at_k", "tasks",
     }  # fmt: skip
-    assert set(schemas["BatchEvaluation"]["properties"]) == {"eval_id", "task_url", "status", "passed", "error_kind"}
+    assert set(schemas["BatchSummary"]["properties"]) == set(schemas["Batch"]["properties"]) - {"tasks", "evaluations"}
+    assert set(schemas["BatchEvaluation"]["properties"]) == {
+        "eval_id", "task_url", "attempt", "status", "passed", "reward", "error_kind"
+    }  # fmt: skip
+    assert set(schemas["BatchTask"]["properties"]) == {"task_url", "attempts", "passes", "pass_at_k", "mean_reward"}
+    attempts = schemas["BatchRequest"]["properties"]["attempts"]
+    assert (attempts["type"], attempts["minimum"], attempts["default"]) == ("integer", 1, 1)
     post = document["paths"]["/batches"]["post"]
     assert set(post["responses"]) == {"202", "400", "401", "409", "413", "503"}
     assert "Retry-After" in post["responses"]["503"]["headers"]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
+from datetime import datetime
 
 import pytest
 
@@ -96,3 +97,26 @@ def test_delete_of_a_running_batch_cancels_the_running_and_the_queued(worker_ser
     assert request("DELETE", service.url(f"/batches/{batch_id}")).status == 409
     listed = request("GET", service.url("/batches?status=cancelled")).json()
     assert [row["batch_id"] for row in listed] == [batch_id]
+
+
+def test_attempts_run_by_round_and_give_pass_at_k(worker_service, tasks):
+    """SPEC §17: two tasks, two attempts each, on one worker slot: every first attempt runs before any
+    second; the solvable task's attempts both pass, the other's neither."""
+    service = worker_service(MAX_CONCURRENT_EVALS=1)
+    urls = [tasks.task(), tasks.task(base_files=UNSOLVABLE)]
+    reply = request("POST", service.url("/batches"), json_body={"agent_code": SOLVER, "task_urls": urls, "attempts": 2})
+    assert reply.status == 202, reply.body
+    batch_id, eval_ids = reply.json()["batch_id"], reply.json()["eval_ids"]
+    done = wait_batch_ended(service, batch_id, timeout=240)
+    assert [(e["task_url"], e["attempt"], e["passed"], e["reward"]) for e in done["evaluations"]] == [
+        (urls[0], 1, True, 1.0), (urls[1], 1, False, 0.0), (urls[0], 2, True, 1.0), (urls[1], 2, False, 0.0),
+    ]  # fmt: skip
+    started = [datetime.fromisoformat(evaluation(service, i)["started_at"].replace("Z", "+00:00")) for i in eval_ids]
+    assert started == sorted(started)  # the queue's order is eval_ids'
+    assert (done["attempts"], done["reward"], done["mean_reward"], done["pass_at_k"]) == (2, 0.5, 0.5, 0.5)
+    assert done["tasks"] == [
+        {"task_url": urls[0], "attempts": 2, "passes": 2, "pass_at_k": 1.0, "mean_reward": 1.0},
+        {"task_url": urls[1], "attempts": 2, "passes": 0, "pass_at_k": 0.0, "mean_reward": 0.0},
+    ]
+    (row,) = [r for r in request("GET", service.url("/batches")).json() if r["batch_id"] == batch_id]
+    assert row == {name: value for name, value in done.items() if name not in ("tasks", "evaluations")}

@@ -60,4 +60,7 @@ def test_the_readme_batch_example_earns_half(worker_service, tmp_path):
         )
     assert (shown["status"], shown["total"], shown["passed"], shown["reward"]) == ("completed", 2, 1, 0.5)
     assert [e["passed"] for e in shown["evaluations"]] == [True, False]
+    assert [e["reward"] for e in shown["evaluations"]] == [1.0, 0.0]  # the exit_code grader's (SPEC §17)
+    assert (shown["attempts"], shown["mean_reward"], shown["pass_at_k"]) == (1, 0.5, 0.5)
+    assert [(t["passes"], t["pass_at_k"], t["mean_reward"]) for t in shown["tasks"]] == [(1, 1.0, 1.0), (0, 0.0, 0.0)]
     assert shown["evaluations"][1]["task_url"].endswith("/textkit-task.tar.gz")
