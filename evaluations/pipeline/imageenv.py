@@ -24,6 +24,7 @@ from evaluations.images.errors import ImageError
 from evaluations.images.pull import pull
 from evaluations.images.store import ImageStore
 from evaluations.models import ErrorKind, Evaluation
+from evaluations.network.egress.relay import BUNDLE_TARGET, SANDBOX_SOCKET
 from evaluations.pipeline.agentenv import find_interpreter
 from evaluations.pipeline.context import Context, StepFailed
 from evaluations.pipeline.taskspec import ImageEnvironment
@@ -183,13 +184,19 @@ def agent_patch(ctx: Context) -> str:
         )
 
 
+def executor_made(ctx: Context) -> tuple[str, ...]:
+    """What the executor and the sandbox put in the image's root (mount points, the host's CAs),
+    relative to the root: not the agent's."""
+    made = ["tmp", "proc", "dev", "sys", "run/term-executor", DISTRIBUTION_CA_BUNDLE, BUNDLE_TARGET, SANDBOX_SOCKET]
+    made.append(str(ctx.config.workspace_base))
+    return tuple(path.strip("/") for path in made)
+
+
 def _executor_paths(ctx: Context) -> tuple[str, ...]:
-    """What the executor and the sandbox put in the image's root, relative to WorkingDir: not the agent's."""
+    """``executor_made``, relative to WorkingDir."""
     workdir = ctx.workdir.strip("/")
-    made = ["tmp", "proc", "dev", "sys", "run/term-executor", DISTRIBUTION_CA_BUNDLE.lstrip("/")]
-    made.append(str(ctx.config.workspace_base).strip("/"))
     found = []
-    for path in made:
+    for path in executor_made(ctx):
         if not workdir:
             found.append(path)
         elif path.startswith(workdir + "/"):
