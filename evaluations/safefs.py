@@ -209,7 +209,7 @@ def remove_tree_nofollow(path: Path | str) -> None:
     top_fd = open_root_dir(path)
     try:
         _make_usable(top_fd)
-        _walk(top_fd, on_entry=_unlink_entry, on_leave=_rmdir_entry)
+        walk_nofollow(top_fd, on_entry=_unlink_entry, on_leave=_rmdir_entry)
     finally:
         os.close(top_fd)
     try:
@@ -236,7 +236,7 @@ def remove_entry_nofollow(dir_fd: int, name: str) -> None:
         top_fd = _open_forcing_access(dir_fd, name)
     try:
         _make_usable(top_fd)
-        _walk(top_fd, on_entry=_unlink_entry, on_leave=_rmdir_entry)
+        walk_nofollow(top_fd, on_entry=_unlink_entry, on_leave=_rmdir_entry)
     finally:
         os.close(top_fd)
     _rmdir_entry(dir_fd, name)
@@ -325,7 +325,7 @@ def tree_usage(path: Path | str) -> TreeUsage:
     except SafeFSError:
         return top
     try:
-        _walk(top_fd, on_entry=on_entry, on_dir=on_entry, on_leave=None, tolerant=True)
+        walk_nofollow(top_fd, on_entry=on_entry, on_dir=on_entry, on_leave=None, tolerant=True)
     finally:
         os.close(top_fd)
     return TreeUsage(counts[0], counts[1])
@@ -334,7 +334,7 @@ def tree_usage(path: Path | str) -> TreeUsage:
 # -- the walker -------------------------------------------------------------
 
 
-def _walk(
+def walk_nofollow(
     top_fd: int,
     *,
     on_entry: Callable[[int, os.DirEntry], None],

@@ -21,7 +21,7 @@ the way to one of them that the image lacks (``/logs``) was made for it, and is 
 ``paths``: the first ``limit`` paths (absolute, sorted), ``count``: all of them. ``suspicious``:
 those a verifier could be subverted through (``_suspicious``), sorted, at most ``limit`` too,
 startup hooks and the verifier's PATH before library files when there are more. The walk never
-follows a link, holds one folder open at a time (safefs._walk) and keeps at most 2 x ``limit``
+follows a link, holds one folder open at a time (safefs.walk_nofollow) and keeps at most 2 x ``limit``
 paths in memory whatever the layer's size.
 """
 
@@ -35,7 +35,7 @@ from pathlib import Path
 from evaluations.images.diff import excluded, is_opaque, is_whiteout
 from evaluations.images.rootfs import image_path
 from evaluations.runtime.idmap import IdMap
-from evaluations.safefs import _walk, open_root_dir
+from evaluations.safefs import open_root_dir, walk_nofollow
 
 AGENT_LOGS = "logs/agent"  # the agent's artifacts (SPEC §17): its own, never a system change
 LIMIT = 200
@@ -127,7 +127,7 @@ class _Walk:
         top = open_root_dir(upper)
         try:
             self.frames.append(("", True))
-            _walk(
+            walk_nofollow(
                 top, on_entry=self._entry, on_dir=self._dir, on_enter=self._enter, on_leave=self._leave, tolerant=True
             )
         finally:

@@ -19,8 +19,9 @@ from pathlib import Path
 
 from evaluations import environments, languages, livelog
 from evaluations.environments import inside
-from evaluations.images import build, diff, rootfs
+from evaluations.images import build, changes, diff, rootfs
 from evaluations.images.errors import ImageError
+from evaluations.images.isolate import isolate_workdir
 from evaluations.images.pull import pull
 from evaluations.images.store import ImageStore
 from evaluations.models import ErrorKind, Evaluation
@@ -168,11 +169,14 @@ def _make_workdir(root, workdir: str) -> None:
             raise ImageError(f"the image's WorkingDir {workdir} is not a folder")
 
 
+def _layers(ctx: Context) -> list[Path]:
+    store = ImageStore.of(ctx.config)
+    return [store.layer_tree(layer) for layer in store.image(ctx.image_digest).layers]
+
+
 def agent_patch(ctx: Context) -> str:
     """For a task without a repository: what the agent changed under WorkingDir, against the image."""
-    store = ImageStore.of(ctx.config)
-    record = store.image(ctx.image_digest)
-    layers = [store.layer_tree(layer) for layer in record.layers]
+    layers = _layers(ctx)
     exclude = _executor_paths(ctx)
     with rootfs.image_base(layers, ctx.session.root) as base:
         return diff.image_patch(
@@ -182,6 +186,29 @@ def agent_patch(ctx: Context) -> str:
             max_bytes=ctx.config.max_output_bytes * 8,
             exclude=exclude,
         )
+
+
+def system_changes(ctx: Context) -> dict:
+    """``{count, paths, suspicious}``: what the agent changed in the image outside its working
+    directory and /logs/agent (images/changes.py), the verifier's PATH the image's. Read when no
+    process of the agent is alive, before ``isolate``."""
+    layers = _layers(ctx)
+    with rootfs.image_base(layers, ctx.session.root) as base:
+        return changes.system_changes(
+            rootfs.upper_of(ctx.session.root),
+            base,
+            ctx.image.idmap,
+            workdir=ctx.workdir,
+            exclude=executor_made(ctx),
+            path_dirs=tuple(item for item in ctx.command_path.split(":") if item.startswith("/")),
+        )
+
+
+def isolate(ctx: Context) -> None:
+    """``[verifier] isolated``: ``ctx.image`` becomes the image plus only the agent's working
+    directory (images/isolate.py), the host's CAs trusted in it again."""
+    ctx.image = isolate_workdir(ctx.session.root, _layers(ctx), ctx.image.idmap, ctx.workdir)
+    _trust_host_ca(ctx, ctx.image)
 
 
 def executor_made(ctx: Context) -> tuple[str, ...]:

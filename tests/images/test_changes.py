@@ -308,3 +308,34 @@ def test_a_link_in_the_layer_is_never_followed(tmp_path):
     os.symlink(outside, upper / "etc")  # the image's /etc replaced by a link to a host folder
     found = system_changes(upper, base, IdMap(lease=0, base=0), workdir="/app", exclude=(), path_dirs=("/usr/bin",))
     assert found == {"count": 1, "paths": ["/etc"], "suspicious": []}
+
+
+def test_the_pipelines_calls_read_the_image_from_the_store_and_the_path_from_its_env(
+    image_session, build_store, debian_image
+):
+    """imageenv.system_changes and imageenv.isolate, as the pipeline calls them after the agent."""
+    from types import SimpleNamespace
+
+    from evaluations.pipeline import imageenv
+    from tests.helpers.images import image_config
+
+    layers = [build_store.layer_tree(layer) for layer in debian_image.layers]
+    spawner, root, session = image_session(layers=layers)
+    script = (
+        "mkdir -p /srv/app && echo mine > /srv/app/f && printf '#!/bin/sh\\n' > /opt/runner && chmod 755 /opt/runner"
+    )
+    assert run(spawner, root, script).exit_code == 0
+    ctx = SimpleNamespace(
+        config=image_config(IMAGES_DIR=str(build_store.root)),
+        image_digest=debian_image.digest,
+        session=SimpleNamespace(root=session),
+        image=root,
+        workdir="/srv/app",
+        command_path="/opt:/usr/bin:relative",
+        trusted_ca=None,
+    )
+    assert imageenv.system_changes(ctx) == {"count": 1, "paths": ["/opt/runner"], "suspicious": ["/opt/runner"]}
+    imageenv.isolate(ctx)
+    assert ctx.image.rootfs == root.rootfs
+    assert (root.rootfs / "srv/app/f").read_text() == "mine\n"
+    assert not os.path.lexists(root.rootfs / "opt/runner")
