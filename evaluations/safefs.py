@@ -253,7 +253,7 @@ def remove_tree_nofollow(path: Path | str) -> None:
     top_fd = open_root_dir(path)
     try:
         _make_usable(top_fd)
-        _walk(top_fd, on_entry=_unlink_entry, on_leave=_rmdir_entry)
+        walk_nofollow(top_fd, on_entry=_unlink_entry, on_leave=_rmdir_entry)
     finally:
         os.close(top_fd)
     try:
@@ -280,7 +280,7 @@ def remove_entry_nofollow(dir_fd: int, name: str) -> None:
         top_fd = _open_forcing_access(dir_fd, name)
     try:
         _make_usable(top_fd)
-        _walk(top_fd, on_entry=_unlink_entry, on_leave=_rmdir_entry)
+        walk_nofollow(top_fd, on_entry=_unlink_entry, on_leave=_rmdir_entry)
     finally:
         os.close(top_fd)
     _rmdir_entry(dir_fd, name)
@@ -369,7 +369,7 @@ def tree_usage(path: Path | str) -> TreeUsage:
     except SafeFSError:
         return top
     try:
-        _walk(top_fd, on_entry=on_entry, on_dir=on_entry, on_leave=None, tolerant=True)
+        walk_nofollow(top_fd, on_entry=on_entry, on_dir=on_entry, on_leave=None, tolerant=True)
     finally:
         os.close(top_fd)
     return TreeUsage(counts[0], counts[1])
@@ -378,20 +378,23 @@ def tree_usage(path: Path | str) -> TreeUsage:
 # -- the walker -------------------------------------------------------------
 
 
-def _walk(
+def walk_nofollow(
     top_fd: int,
     *,
     on_entry: Callable[[int, os.DirEntry], None],
     on_leave: Callable[[int, str], None] | None,
-    on_dir: Callable[[int, os.DirEntry], None] | None = None,
+    on_dir: Callable[[int, os.DirEntry], bool | None] | None = None,
     tolerant: bool = False,
+    on_enter: Callable[[int, str], None] | None = None,
 ) -> None:
     """Post-order walk below ``top_fd`` holding one directory fd at a time.
 
     1. Each folder is scanned once: ``on_entry(dir_fd, entry)`` for every
-       non-folder, ``on_dir`` for every folder; sub-folders are queued.
+       non-folder, ``on_dir`` for every folder; sub-folders are queued
+       (unless ``on_dir`` returned False: that one is not entered).
     2. A sub-folder is entered with ``openat(O_NOFOLLOW|O_DIRECTORY)``; the
-       parent's (device, inode) is remembered on a stack of plain data.
+       parent's (device, inode) is remembered on a stack of plain data;
+       ``on_enter(its fd, its name)`` runs before it is scanned.
     3. Leaving goes back up through ``..`` and checks the identity, so a
        folder moved during the walk stops it instead of misdirecting it;
        then ``on_leave(parent_fd, name)`` runs (rmdir for removal).
@@ -425,6 +428,8 @@ def _walk(
                 stack.append((pending, name, (parent.st_dev, parent.st_ino)))
                 os.close(fd)
                 fd, name = child_fd, child
+                if on_enter is not None:
+                    on_enter(fd, name)
                 pending = _scan(fd, on_entry, on_dir, tolerant)
                 continue
             if not stack:
@@ -459,9 +464,8 @@ def _scan(dir_fd, on_entry, on_dir, tolerant) -> list[str]:
         except OSError:
             continue
         if is_dir:
-            subdirs.append(entry.name)
-            if on_dir is not None:
-                on_dir(dir_fd, entry)
+            if on_dir is None or on_dir(dir_fd, entry) is not False:
+                subdirs.append(entry.name)
         else:
             on_entry(dir_fd, entry)
     subdirs.reverse()  # popped from the end: visit in scan order

@@ -23,7 +23,8 @@ import stat
 from pathlib import Path
 
 MAX_FILE_BYTES = 1024 * 1024  # a bigger file is shown as binary: a patch is for reading
-_OPAQUE = "trusted.overlay.opaque"
+OPAQUE = "trusted.overlay.opaque"  # "y" on a folder that replaced the lower one
+REDIRECT = "trusted.overlay.redirect"  # on a renamed folder: where its lower folder is
 
 
 def image_patch(upper: Path, base: Path, workdir: str, *, max_bytes: int, exclude: tuple[str, ...] = ()) -> str:
@@ -51,17 +52,17 @@ def _changed(upper: Path, base: Path, prefix: str, exclude: tuple[str, ...]):
         entries = sorted(os.scandir(upper), key=lambda e: e.name)
     except OSError:
         return
-    opaque = _is_opaque(upper)
+    opaque = is_opaque(upper)
     seen = set()
     for entry in entries:
         name = f"{prefix}{entry.name}"
         seen.add(entry.name)
-        if _excluded(name, exclude):
+        if excluded(name, exclude):
             continue
         st = entry.stat(follow_symlinks=False)
         old = base / entry.name
         old_exists = not opaque and os.path.lexists(old)
-        if stat.S_ISCHR(st.st_mode) and st.st_rdev == 0:  # a whiteout: removed
+        if is_whiteout(st):  # removed
             if old_exists:
                 yield from _all(old, name, removed=True, exclude=exclude)
             continue
@@ -82,13 +83,13 @@ def _changed(upper: Path, base: Path, prefix: str, exclude: tuple[str, ...]):
         yield _Change(name, old if old_exists else None, Path(entry.path))
     if opaque and _is_dir(base):  # the folder replaced the image's: what it held is gone
         for entry in sorted(os.scandir(base), key=lambda e: e.name):
-            if entry.name not in seen and not _excluded(f"{prefix}{entry.name}", exclude):
+            if entry.name not in seen and not excluded(f"{prefix}{entry.name}", exclude):
                 yield from _all(Path(entry.path), f"{prefix}{entry.name}", removed=True, exclude=exclude)
 
 
 def _all(path: Path, name: str, *, removed: bool, exclude: tuple[str, ...]):
     """Every file at or below ``path``: all removed, or all new."""
-    if _excluded(name, exclude):
+    if excluded(name, exclude):
         return
     if _is_dir(path):
         try:
@@ -97,14 +98,15 @@ def _all(path: Path, name: str, *, removed: bool, exclude: tuple[str, ...]):
             return
         for entry in entries:
             st = entry.stat(follow_symlinks=False)
-            if stat.S_ISCHR(st.st_mode) and st.st_rdev == 0:
+            if is_whiteout(st):
                 continue  # a whiteout inside a new folder hides nothing the patch shows
             yield from _all(Path(entry.path), f"{name}/{entry.name}", removed=removed, exclude=exclude)
         return
     yield _Change(name, path, None) if removed else _Change(name, None, path)
 
 
-def _excluded(name: str, exclude: tuple[str, ...]) -> bool:
+def excluded(name: str, exclude: tuple[str, ...]) -> bool:
+    """Whether ``name`` (relative, no leading /) is one of ``exclude`` or below one."""
     return any(name == item or name.startswith(item + "/") for item in exclude)
 
 
@@ -115,9 +117,18 @@ def _is_dir(path: Path) -> bool:
         return False
 
 
-def _is_opaque(path: Path) -> bool:
+def is_whiteout(st: os.stat_result) -> bool:
+    """An overlayfs whiteout (a character device 0/0): the lower file at that path was removed."""
+    return stat.S_ISCHR(st.st_mode) and st.st_rdev == 0
+
+
+def is_opaque(path: Path | int) -> bool:
+    """A folder of the upper layer (its path, or an fd open on it) that replaced the lower one:
+    nothing of the lower shows through."""
     try:
-        return os.getxattr(path, _OPAQUE, follow_symlinks=False) == b"y"
+        if isinstance(path, int):
+            return os.getxattr(path, OPAQUE) == b"y"
+        return os.getxattr(path, OPAQUE, follow_symlinks=False) == b"y"
     except OSError:
         return False
 

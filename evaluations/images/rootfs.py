@@ -20,6 +20,7 @@ layer of its own in the session (SPEC §16).
 from __future__ import annotations
 
 import os
+import posixpath
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -45,7 +46,15 @@ def mount_root(
     a build keeps its layers in the making in the store, where they become layers by rename, and
     mounts their root where the sandbox uid can reach it.
     """
-    base = session_root / IMAGE_DIR
+    lower_base, upper, work = layer_folders(session_root / IMAGE_DIR, idmap)
+    target = target or session_root / ROOTFS
+    target.mkdir(mode=0o755)
+    mount_layers(layers, lower_base, upper, work, target, idmap, redirect_dir=redirect_dir)
+    return ImageRoot(rootfs=target, idmap=idmap)
+
+
+def layer_folders(base: Path, idmap: IdMap) -> tuple[Path, Path, Path]:
+    """``base``/{lower,upper,work}, made here (root's, 0700); the upper is the merged root's own folder."""
     base.mkdir(mode=0o700)
     lower_base, upper, work = base / "lower", base / "upper", base / "work"
     for folder in (lower_base, upper, work):
@@ -53,12 +62,17 @@ def mount_root(
     # The merged root takes its owner and mode from the upper folder: the image's root's, 0755.
     os.chown(upper, idmap.host_uid(0), idmap.host_gid(0))
     os.chmod(upper, 0o755)
+    return lower_base, upper, work
+
+
+def mount_layers(
+    layers: list[Path], lower_base: Path, upper: Path, work: Path, target: Path, idmap: IdMap, *, redirect_dir: bool
+) -> None:
+    """The overlay of ``layers`` (bottom first), each bound idmapped at ``lower_base/<n>``, over ``upper``."""
     if not layers:  # FROM scratch: overlayfs needs one lower folder
-        empty = base / "empty"
+        empty = lower_base.parent / "empty"
         empty.mkdir(mode=0o755)
         layers = [empty]
-    target = target or session_root / ROOTFS
-    target.mkdir(mode=0o755)
     namespace = image_userns_fd(idmap)
     lowers = []
     try:
@@ -71,7 +85,6 @@ def mount_root(
     finally:
         for point in lowers:
             mounts.unmount(point)  # the overlay holds its own clones
-    return ImageRoot(rootfs=target, idmap=idmap)
 
 
 @contextmanager
@@ -106,6 +119,15 @@ def unmount_root(session_root: Path, *, remove: bool = False) -> None:
     if remove:
         remove_tree_nofollow(session_root / IMAGE_DIR)
         os.rmdir(session_root / ROOTFS)
+
+
+def image_path(base: Path, path: str) -> str:
+    """``path`` (inside the image) relative to its root, the image's own links resolved in ``base``
+    (image_base); as written, normalised, when the image lacks it (a WorkingDir the executor made)."""
+    resolved = inside(base, path)
+    if resolved is None:
+        resolved = posixpath.normpath("/" + path)
+    return resolved.strip("/")
 
 
 def resolve_user(root: Path, user: str) -> tuple[int, int]:

@@ -19,11 +19,13 @@ from pathlib import Path
 
 from evaluations import environments, languages, livelog
 from evaluations.environments import inside
-from evaluations.images import build, diff, rootfs
+from evaluations.images import build, changes, diff, rootfs
 from evaluations.images.errors import ImageError
+from evaluations.images.isolate import isolate_workdir
 from evaluations.images.pull import pull
 from evaluations.images.store import ImageStore
 from evaluations.models import ErrorKind, Evaluation
+from evaluations.network.egress.relay import BUNDLE_TARGET, SANDBOX_SOCKET
 from evaluations.pipeline.agentenv import find_interpreter
 from evaluations.pipeline.context import Context, StepFailed
 from evaluations.pipeline.taskspec import ImageEnvironment
@@ -169,11 +171,14 @@ def _make_workdir(root, workdir: str) -> None:
             raise ImageError(f"the image's WorkingDir {workdir} is not a folder")
 
 
+def _layers(ctx: Context) -> list[Path]:
+    store = ImageStore.of(ctx.config)
+    return [store.layer_tree(layer) for layer in store.image(ctx.image_digest).layers]
+
+
 def agent_patch(ctx: Context) -> str:
     """For a task without a repository: what the agent changed under WorkingDir, against the image."""
-    store = ImageStore.of(ctx.config)
-    record = store.image(ctx.image_digest)
-    layers = [store.layer_tree(layer) for layer in record.layers]
+    layers = _layers(ctx)
     exclude = _executor_paths(ctx)
     with rootfs.image_base(layers, ctx.session.root) as base:
         return diff.image_patch(
@@ -185,13 +190,42 @@ def agent_patch(ctx: Context) -> str:
         )
 
 
+def system_changes(ctx: Context) -> dict:
+    """``{count, paths, suspicious}``: what the agent changed in the image outside its working
+    directory and /logs/agent (images/changes.py), the verifier's PATH the image's. Read when no
+    process of the agent is alive, before ``isolate``."""
+    layers = _layers(ctx)
+    with rootfs.image_base(layers, ctx.session.root) as base:
+        return changes.system_changes(
+            rootfs.upper_of(ctx.session.root),
+            base,
+            ctx.image.idmap,
+            workdir=ctx.workdir,
+            exclude=executor_made(ctx),
+            path_dirs=tuple(item for item in ctx.command_path.split(":") if item.startswith("/")),
+        )
+
+
+def isolate(ctx: Context) -> None:
+    """``[verifier] isolated``: ``ctx.image`` becomes the image plus only the agent's working
+    directory (images/isolate.py), the host's CAs trusted in it again."""
+    ctx.image = isolate_workdir(ctx.session.root, _layers(ctx), ctx.image.idmap, ctx.workdir)
+    _trust_host_ca(ctx, ctx.image)
+
+
+def executor_made(ctx: Context) -> tuple[str, ...]:
+    """What the executor and the sandbox put in the image's root (mount points, the host's CAs),
+    relative to the root: not the agent's."""
+    made = ["tmp", "proc", "dev", "sys", "run/term-executor", DISTRIBUTION_CA_BUNDLE, BUNDLE_TARGET, SANDBOX_SOCKET]
+    made.append(str(ctx.config.workspace_base))
+    return tuple(path.strip("/") for path in made)
+
+
 def _executor_paths(ctx: Context) -> tuple[str, ...]:
-    """What the executor and the sandbox put in the image's root, relative to WorkingDir: not the agent's."""
+    """``executor_made``, relative to WorkingDir."""
     workdir = ctx.workdir.strip("/")
-    made = ["tmp", "proc", "dev", "sys", "run/term-executor", DISTRIBUTION_CA_BUNDLE.lstrip("/")]
-    made.append(str(ctx.config.workspace_base).strip("/"))
     found = []
-    for path in made:
+    for path in executor_made(ctx):
         if not workdir:
             found.append(path)
         elif path.startswith(workdir + "/"):

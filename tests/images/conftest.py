@@ -20,6 +20,7 @@ from evaluations.runtime import Bubblewrap, probe_bwrap
 from evaluations.runtime.sandbox import usable_language_runtimes
 from tests.helpers.images import image_config, need_root
 from tests.images.build_support import BASE_REF
+from tests.images.rootfs_support import image_sessions
 from tests.runtime.support import UID
 
 
@@ -47,6 +48,12 @@ def bwrap_runtime():
             pytest.fail(f"REQUIRE_SANDBOX=1 but bubblewrap does not work here: {detail}")
         pytest.skip(f"bubblewrap does not work here: {detail}")
     return Bubblewrap(usable_language_runtimes(UID))
+
+
+@pytest.fixture
+def image_session(bwrap_runtime):
+    """A factory: image_session(user=0, base=RANGE, layers=...) -> (spawner, ImageRoot, session folder)."""
+    yield from image_sessions(bwrap_runtime)
 
 
 @pytest.fixture(scope="module")

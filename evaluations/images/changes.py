@@ -1,0 +1,187 @@
+"""``system_changes`` (SPEC §17): what the agent created, changed or removed in an image outside
+its working directory and ``/logs/agent``, read from its writable layer after it ended.
+
+The evaluation's layer (rootfs.upper_of) is the change set, in overlayfs' format (diff.py): each
+entry below it is one of
+
+1. a whiteout (diff.is_whiteout): the image's file or folder there was removed (reported when
+   the image had it);
+2. a folder: reported when it is new (the image has no folder there), replaces the image's
+   (opaque over a folder of the image: its contents there are gone; overlayfs marks a new folder
+   opaque too) or its mode or owner differ from the image's (chmod, chown; the image's ids mapped
+   through the evaluation's IdMap). A folder overlayfs copied up only because something below it
+   changed is not a change itself; its entries are walked;
+3. anything else (a file, a link, a FIFO): created or changed, copy-ups for metadata alone
+   (chmod, touch) included.
+
+Not walked: ``workdir`` (the image's WorkingDir, with the image's own links resolved), ``logs/agent``
+and ``exclude`` (what the executor and the sandbox put there: imageenv.executor_made). A folder on
+the way to one of them that the image lacks (``/logs``) was made for it, and is not reported.
+
+``paths``: the first ``limit`` paths (absolute, sorted), ``count``: all of them. ``suspicious``:
+those a verifier could be subverted through (``_suspicious``), sorted, at most ``limit`` too,
+startup hooks and the verifier's PATH before library files when there are more. The walk never
+follows a link, holds one folder open at a time (safefs.walk_nofollow) and keeps at most 2 x ``limit``
+paths in memory whatever the layer's size.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import stat
+from pathlib import Path
+
+from evaluations.images.diff import excluded, is_opaque, is_whiteout
+from evaluations.images.rootfs import image_path
+from evaluations.runtime.idmap import IdMap
+from evaluations.safefs import open_root_dir, walk_nofollow
+
+AGENT_LOGS = "logs/agent"  # the agent's artifacts (SPEC §17): its own, never a system change
+LIMIT = 200
+
+# A path component naming an interpreter or its library folder: python3, python3.11, pypy3,
+# perl, perl5, perl-base, ruby3.1, php8.2, lua5.4, node, nodejs, node_modules, gems, jvm.
+_INTERPRETER = re.compile(r"(python|pypy|perl|ruby|php|lua|luajit|tcl|tclsh|node|nodejs)[0-9.]*(-base)?")
+_LIBRARIES = frozenset({"site-packages", "dist-packages", "node_modules", "gems", "jvm"})
+_SHELLS = frozenset({"sh", "bash", "rbash", "dash", "zsh", "ksh", "mksh", "fish"})
+# Files a program reads when it starts, wherever they are.
+_HOOK_NAMES = frozenset({"sitecustomize.py", "usercustomize.py"})
+_DOTFILES = frozenset({".bashrc", ".profile", ".bash_profile", ".bash_login", ".zshrc", ".zshenv", ".zprofile"})
+# System files and folders read by shells, the dynamic linker and alternatives (root-relative prefixes).
+_SYSTEM_HOOKS = (
+    "etc/profile",
+    "etc/profile.d",
+    "etc/bash.bashrc",
+    "etc/bashrc",
+    "etc/environment",
+    "etc/zsh",
+    "etc/alternatives",
+    "etc/ld.so.preload",
+    "etc/ld.so.cache",
+)
+
+
+def system_changes(
+    upper: Path,
+    base: Path,
+    idmap: IdMap,
+    *,
+    workdir: str,
+    exclude: tuple[str, ...],
+    path_dirs: tuple[str, ...],
+    limit: int = LIMIT,
+) -> dict:
+    """``{count, paths, suspicious}`` for the layer ``upper`` over the image root ``base``
+    (rootfs.image_base), its owners under ``idmap``. ``exclude``: root-relative paths; ``path_dirs``:
+    the verifier's PATH entries (absolute, resolved in the image). ``workdir`` ``/``: everything
+    is the working directory, nothing is a system change."""
+    inner = image_path(base, workdir)
+    if not inner:
+        return {"count": 0, "paths": [], "suspicious": []}
+    skip = tuple(item.strip("/") for item in (inner, AGENT_LOGS, *exclude) if item.strip("/"))
+    on_path = tuple(sorted({image_path(base, item) for item in path_dirs if item.startswith("/")} - {""}))
+    walk = _Walk(base, idmap, skip, on_path, limit)
+    walk.run(upper)
+    return walk.result()
+
+
+def _suspicious(relpath: str, on_path: tuple[str, ...]) -> int | None:
+    """0 for a startup hook or the verifier's PATH, 1 for an interpreter's or a shell's files, None else."""
+    parts = relpath.split("/")
+    name = parts[-1]
+    if name in _HOOK_NAMES or name.endswith(".pth") or name in _DOTFILES:
+        return 0
+    if relpath.startswith("etc/ld.so.conf") or excluded(relpath, _SYSTEM_HOOKS) or excluded(relpath, on_path):
+        return 0
+    if any(part in _LIBRARIES or part in _SHELLS or _INTERPRETER.fullmatch(part) for part in parts):
+        return 1
+    return None
+
+
+class _Smallest:
+    """The ``limit`` smallest items seen, holding at most 2 x ``limit``."""
+
+    def __init__(self, limit: int):
+        self.limit, self.items = limit, []
+
+    def add(self, item) -> None:
+        self.items.append(item)
+        if len(self.items) >= 2 * self.limit + 1:
+            self.items = sorted(self.items)[: self.limit]
+
+    def result(self) -> list:
+        return sorted(self.items)[: self.limit]
+
+
+class _Walk:
+    def __init__(self, base: Path, idmap: IdMap, skip: tuple[str, ...], on_path: tuple[str, ...], limit: int):
+        self.base, self.idmap, self.skip, self.on_path = base, idmap, skip, on_path
+        self.count = 0
+        self.paths, self.suspicious = _Smallest(limit), _Smallest(limit)
+        # One frame per folder entered: its relpath and whether the image has a folder there to
+        # compare with (False below a new or opaque folder: everything there is new).
+        self.frames: list[tuple[str, bool]] = []
+
+    def run(self, upper: Path) -> None:
+        top = open_root_dir(upper)
+        try:
+            self.frames.append(("", True))
+            walk_nofollow(
+                top, on_entry=self._entry, on_dir=self._dir, on_enter=self._enter, on_leave=self._leave, tolerant=True
+            )
+        finally:
+            os.close(top)
+
+    def result(self) -> dict:
+        suspicious = sorted(path for _, path in self.suspicious.result())
+        return {"count": self.count, "paths": self.paths.result(), "suspicious": suspicious}
+
+    def _report(self, relpath: str) -> None:
+        self.count += 1
+        self.paths.add("/" + relpath)
+        tier = _suspicious(relpath, self.on_path)
+        if tier is not None:
+            self.suspicious.add((tier, "/" + relpath))
+
+    def _child(self, name: str) -> tuple[str, bool]:
+        parent, compared = self.frames[-1]
+        return (f"{parent}/{name}" if parent else name), compared
+
+    def _entry(self, dir_fd: int, entry: os.DirEntry) -> None:
+        relpath, compared = self._child(entry.name)
+        if excluded(relpath, self.skip):
+            return
+        st = entry.stat(follow_symlinks=False)
+        if is_whiteout(st) and not (compared and os.path.lexists(self.base / relpath)):
+            return  # hides nothing of the image
+        self._report(relpath)
+
+    def _dir(self, dir_fd: int, entry: os.DirEntry) -> bool:
+        relpath, _ = self._child(entry.name)
+        return not excluded(relpath, self.skip)  # an excluded folder is not entered
+
+    def _enter(self, fd: int, name: str) -> None:
+        relpath, compared = self._child(name)
+        opaque = is_opaque(fd)
+        image = None
+        if compared:
+            try:
+                image = os.lstat(self.base / relpath)
+            except OSError:
+                image = None
+            if image is not None and not stat.S_ISDIR(image.st_mode):
+                image = None
+        self.frames.append((relpath, image is not None and not opaque))
+        if image is None:  # new (overlayfs marks a new folder opaque too), or in place of a file
+            if not any(item.startswith(relpath + "/") for item in self.skip):
+                self._report(relpath)  # (a folder on the way to the working directory or the executor's: made for it)
+        elif opaque or self._metadata_changed(os.fstat(fd), image):
+            self._report(relpath)  # the image's folder replaced whole, or its mode or owner changed
+
+    def _leave(self, parent_fd: int, name: str) -> None:
+        self.frames.pop()
+
+    def _metadata_changed(self, st: os.stat_result, image: os.stat_result) -> bool:
+        owner = (self.idmap.host_uid(image.st_uid), self.idmap.host_gid(image.st_gid))
+        return stat.S_IMODE(st.st_mode) != stat.S_IMODE(image.st_mode) or (st.st_uid, st.st_gid) != owner
