@@ -88,7 +88,6 @@ class Context:
     egress: EgressProxy | None = None  # the evaluation's proxy: its commands' only way out (sandbox only)
     agent_interpreter: str | None = None  # absolute, chosen by downloading_task (pipeline/agentenv.py)
     grade: Grade | None = None  # set by running_tests when the task's grader is not a plain exit status
-    made_mount_points: list[str] = field(default_factory=list)  # folders the executor made in the image's root
 
     def limits(self, timeout_secs: float) -> Limits:
         return Limits.of(self.config, timeout_secs)

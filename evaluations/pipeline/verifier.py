@@ -24,15 +24,12 @@ import os
 import time
 
 from evaluations import artifacts, livelog
-from evaluations.images import changes, rootfs
-from evaluations.images.store import ImageStore
 from evaluations.models import ErrorKind, Evaluation, TestResult
 from evaluations.network.egress.policy import parse_rules
-from evaluations.pipeline import graders
+from evaluations.pipeline import graders, imageenv
 from evaluations.pipeline.context import Context, Grade, StepFailed
 from evaluations.pipeline.taskspec import SupportFile
 from evaluations.runtime import Mount
-from evaluations.runtime.policy import DISTRIBUTION_CA_BUNDLE
 from evaluations.safefs import SafeFSError, clear_way, remove_tree_nofollow, write_file_nofollow
 
 AGENT_LOGS = "/logs/agent"
@@ -132,23 +129,8 @@ def after_agent(ctx: Context) -> None:
     kept = artifacts.keep(ctx.eval_id, ctx.session.agent_logs, ctx.config, owner_uid=ctx.session.uid)
     if kept.artifacts or kept.omitted or kept.error:
         livelog.append_text(ctx.session.log, livelog.executor_line(kept.summary()))
-    fields = {
-        "system_changes": changes.system_changes(
-            rootfs.upper_of(ctx.session.root),
-            workdir=ctx.workdir,
-            exclude=executor_paths(ctx),
-            path_dirs=tuple(p for p in ctx.command_path.split(":") if p.startswith("/")),
-        ),
-        "artifacts": kept.artifacts,
-    }
+    fields = {"system_changes": imageenv.system_changes(ctx), "artifacts": kept.artifacts}
     Evaluation.objects.filter(id=ctx.eval_id).update(**fields)
-
-
-def executor_paths(ctx: Context) -> tuple[str, ...]:
-    """What the executor and the sandbox put in the image's root, relative to it: never the agent's."""
-    made = ["tmp", "proc", "dev", "sys", "run/term-executor", "logs/agent", DISTRIBUTION_CA_BUNDLE.lstrip("/")]
-    made.append(str(ctx.config.workspace_base).strip("/"))
-    return tuple(made + ctx.made_mount_points)
 
 
 def _mount_point(ctx: Context, target: str) -> None:
@@ -171,7 +153,6 @@ def _mount_point(ctx: Context, target: str) -> None:
         except (OSError, SafeFSError) as exc:
             raise StepFailed(f"could not make {target} in the image: {exc}", kind=ErrorKind.INFRASTRUCTURE) from None
         os.chown(path, *owner, follow_symlinks=False)
-        ctx.made_mount_points.append(relpath)
 
 
 # -- 3. the verifier ------------------------------------------------------------------------------
@@ -331,11 +312,7 @@ def _open_folders(tests) -> None:
 
 def _isolate(ctx: Context) -> None:
     """``[verifier] isolated``: the image plus only the working directory as the agent left it."""
-    store = ImageStore.of(ctx.config)
-    record = store.image(ctx.image_digest)
-    layers = [store.layer_tree(layer) for layer in record.layers]
     try:
-        ctx.image = changes.isolate_workdir(ctx.session.root, layers, ctx.image.idmap, ctx.workdir)
+        imageenv.isolate(ctx)
     except OSError as exc:
         raise StepFailed(f"could not isolate the working directory: {exc}", kind=ErrorKind.INFRASTRUCTURE) from None
-    ctx.made_mount_points.clear()
