@@ -20,8 +20,8 @@ DATA_DIR/artifacts/ (the service's, 0700: no sandbox uid reaches anything here b
    Bytes are counted while copying, not trusted from ``stat``: a file that grew is left out too.
 3. What was left out is on ``Kept.omitted``; ``Kept.summary()`` is the sentence for the
    evaluation's log, so the evaluation says what it did not keep.
-4. The store is read only through paths listed on the evaluation (``open_artifact``, the API
-   checks the list first) and is removed with the row (reaper.purge_old) or as an orphan
+4. The store is read only through paths listed on the evaluation (``open_listed``: the API's
+   route and the admin's page serve nothing else) and is removed with the row (reaper.purge_old) or as an orphan
    (reaper.remove_orphan_artifacts).
 """
 
@@ -406,6 +406,22 @@ def _reason(exc: OSError) -> str:
 
 
 # -- serving and removing -----------------------------------------------------------------------
+
+
+class NotListed(LookupError):
+    """A safe path the evaluation does not list: never served, whatever the store holds."""
+
+
+def open_listed(eval_id, listed: list | None, path: str, config) -> tuple[BinaryIO, dict]:
+    """The kept file ``path`` of an evaluation whose ``artifacts`` are ``listed``, open for reading,
+    and its entry there (``{path, size_bytes, sha256}``). ``UnsafeName`` for an unsafe path,
+    ``NotListed`` for one the evaluation does not list, ``FileNotFoundError`` for one the store
+    no longer holds. What the API and the admin serve, after each checked who may see it."""
+    check_path(path)
+    entry = next((a for a in listed or [] if isinstance(a, dict) and a.get("path") == path), None)
+    if entry is None:
+        raise NotListed(f"evaluation {eval_id} has no artifact {path}")
+    return open_artifact(eval_id, path, config), entry
 
 
 def open_artifact(eval_id, path: str, config) -> BinaryIO:

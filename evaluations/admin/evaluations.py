@@ -26,7 +26,7 @@ from django.urls import path
 from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 
-from evaluations import admission, lifecycle, livelog
+from evaluations import admission, artifacts, lifecycle, livelog
 from evaluations.admin import format as fmt
 from evaluations.admin.dashboard import dashboard
 from evaluations.admin.detail import (
@@ -39,6 +39,7 @@ from evaluations.admin.detail import (
     detail_url,
 )
 from evaluations.admin.outcome import OutcomeFields
+from evaluations.api.artifacts import artifact_response
 from evaluations.models import (
     Evaluation,
     Status,
@@ -227,6 +228,11 @@ class EvaluationAdmin(OwnerColumn, DetailFields, OutcomeFields, admin.ModelAdmin
             path("<uuid:object_id>/log/", view(self.log_view), name="evaluations_evaluation_log"),
             path("<uuid:object_id>/whole/<str:field>/", view(self.whole_view), name="evaluations_evaluation_whole"),
             path(
+                "<uuid:object_id>/artifact/<path:path>",
+                view(self.artifact_view),
+                name="evaluations_evaluation_artifact",
+            ),
+            path(
                 "<uuid:object_id>/test/<int:position>/",
                 view(self.test_output_view),
                 name="evaluations_evaluation_test_output",
@@ -260,6 +266,25 @@ class EvaluationAdmin(OwnerColumn, DetailFields, OutcomeFields, admin.ModelAdmin
             return forbidden()
         value = getattr(evaluation, field)
         return text_response(fmt.json_text(value) if field in WHOLE_JSON_FIELDS else value)
+
+    def artifact_view(self, request, object_id, path):
+        """One kept artifact, as GET /evaluate/{id}/artifacts/{path} serves it (an attachment, never
+        rendered), to staff with the view permission: the API's route needs its token, a browser has none.
+        Only a path the evaluation lists; a name no listed path can have (a control character, ``..``)
+        is 400, one the route never matches (a newline) 404."""
+        try:
+            evaluation = self._viewable(request, object_id, "artifacts")
+        except PermissionError:
+            return forbidden()
+        try:
+            return artifact_response(request, evaluation.id, evaluation.artifacts, path)
+        except artifacts.UnsafeName as exc:
+            return HttpResponse(f"not a safe artifact name: {exc}", status=400, content_type="text/plain")
+        except artifacts.NotListed as exc:
+            return HttpResponse(str(exc), status=404, content_type="text/plain")
+        except FileNotFoundError:
+            message = f"artifact {path} of evaluation {evaluation.id} is no longer stored"
+            return HttpResponse(message, status=404, content_type="text/plain")
 
     def test_output_view(self, request, object_id, position):
         try:

@@ -8,8 +8,6 @@ with the whole a link away.
 
 from __future__ import annotations
 
-from urllib.parse import quote
-
 from django.contrib import admin
 from django.urls import reverse
 from django.utils.html import format_html, format_html_join
@@ -25,8 +23,9 @@ LIMIT_KEYS = (
 
 
 def artifact_url(eval_id, path: str) -> str:
-    """GET /evaluate/{id}/artifacts/{path} (SPEC §17), the path's segments percent-encoded."""
-    return f"/evaluate/{eval_id}/artifacts/{quote(path, safe='/')}"
+    """The admin's copy of GET /evaluate/{id}/artifacts/{path} (SPEC §17), served to a logged-in staff
+    user without the API's token; the path's segments percent-encoded."""
+    return reverse("admin:evaluations_evaluation_artifact", args=[eval_id, path])
 
 
 def _pairs_table(pairs: list[tuple[str, object]], *, what: str):
@@ -121,7 +120,7 @@ class OutcomeFields:
 
     @admin.display(description="artifacts")
     def artifacts_table(self, obj):
-        """The files the agent left under /logs/agent that were kept, each a link to the API's copy."""
+        """The files the agent left under /logs/agent that were kept, each a link to download it."""
         artifacts = obj.artifacts or []
         if not artifacts:
             return "none"
@@ -137,7 +136,7 @@ class OutcomeFields:
             f"; the first {len(shown)} shown (the API lists all)" if more else ""
         )
         return format_html(
-            '<p class="te-note">{} (the API\'s route: a token is needed)</p><table><thead><tr><th>path</th>'
+            '<p class="te-note">{}</p><table><thead><tr><th>path</th>'
             "<th>size</th><th>sha256</th></tr></thead><tbody>{}</tbody></table>",
             note,
             body,

@@ -82,9 +82,9 @@ def test_the_detail_shows_reward_format_limits_changes_and_artifacts(admin_clien
     suspicious = re.search(r'<p class="te-suspicious">2 suspicious.*?</p><pre[^>]*>(.*?)</pre>', changes, re.S)
     assert suspicious.group(1).split("\n") == evaluation.system_changes["suspicious"]
     artifacts = field(html, "artifacts_table")
-    assert f'<a href="/evaluate/{evaluation.id}/artifacts/trajectory.json">trajectory.json</a>' in artifacts
+    assert f'<a href="{CHANGELIST}{evaluation.id}/artifact/trajectory.json">trajectory.json</a>' in artifacts
     assert (
-        f'<a href="/evaluate/{evaluation.id}/artifacts/runs/step%201%20%3Cx%3E.txt">runs/step 1 &lt;x&gt;.txt</a>'
+        f'<a href="{CHANGELIST}{evaluation.id}/artifact/runs/step%201%20%3Cx%3E.txt">runs/step 1 &lt;x&gt;.txt</a>'
         in artifacts
     )
     assert "2 files, 2 KiB" in artifacts and "b" * 64 in artifacts
