@@ -73,7 +73,8 @@ def test_a_harbor_task_built_from_its_dockerfile_is_graded_by_its_reward_json(ta
     assert solved.rewards == {"reward": 1.0, "tests_passed": 3, "tests_total": 3, "fraction": 1.0}
     assert solved.task_format == "harbor"
     assert solved.environment["kind"] == "dockerfile"
-    assert solved.task_metadata["difficulty"] == "easy" and solved.task_metadata["tags"] == ["csv", "json", "python"]
+    metadata = solved.task_metadata["metadata"]
+    assert metadata["difficulty"] == "easy" and metadata["tags"] == ["csv", "json", "python"]
     limits = solved.limits_applied
     assert (limits["agent_timeout_secs"], limits["verifier_timeout_secs"], limits["memory_mb"]) == (300, 120, 2048)
     assert (limits["network"], limits["allowed_hosts"]) == ("allowlist", ["pypi.org", "files.pythonhosted.org"])
