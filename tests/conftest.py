@@ -186,3 +186,17 @@ def base_image(registry, base_layer):
         config={"Env": ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"], "Cmd": ["bash"]},
     )
     return registry, pushed.ref, pushed.digest
+
+
+@pytest.fixture(scope="session")
+def hub_mirror(base_image, base_layer):
+    """The registry on 127.0.0.1 as Docker Hub's mirror, holding ``debian:bookworm`` (the suite's Debian
+    tree): what the example tasks' ``FROM debian:bookworm`` reaches with IMAGE_REGISTRY_MIRRORS."""
+    registry, _, _ = base_image
+    images_helpers.push_image(
+        registry,
+        "library/debian:bookworm",
+        layers=[base_layer],
+        config={"Env": ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"], "Cmd": ["bash"]},
+    )
+    return registry

@@ -343,3 +343,27 @@ def test_harbor_tasks_run_through_the_pipeline_with_their_solution_and_with_noth
     assert re.search(rf"^  {re.escape(str(tasks))}/answer +passed +failed +yes$", done.stdout, re.M), done.stdout
     assert re.search(rf"^  {re.escape(str(tasks))}/lenient +passed +PASSED +NO +with the no-op", done.stdout, re.M)
     assert done.stdout.splitlines()[-1] == f"1 verified, 1 not verified; results in {out}/verification.json"
+
+
+@pytest.mark.slow
+def test_the_example_datasets_verify_through_the_pipeline(cli, hub_mirror, bubblewrap, tmp_path):
+    """examples/harbor and examples/terminal-bench, as a user runs them: built from their Dockerfiles
+    (apt-get and pip through the proxy, the registries allowed by name here), each solved by its reference
+    solution (reward 1) and not by the no-op agent."""
+    cli.migrate()
+    cli.env.update(
+        IMAGE_REGISTRY_MIRRORS=f"docker.io={hub_mirror.host}",
+        IMAGE_INSECURE_REGISTRIES=hub_mirror.host,
+        EGRESS_ALLOW="deb.debian.org,security.debian.org,pypi.org,files.pythonhosted.org",
+    )
+    examples = Path(__file__).resolve().parents[2] / "examples"
+    out = tmp_path / "out"
+    done = cli.manage("verify_tasks", str(examples / "harbor"), str(examples / "terminal-bench"), "--jobs", "2",
+                      "--out", str(out), timeout=900)  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    entries = {Path(e["task"]).name: e for e in json.loads((out / "verification.json").read_text())}
+    assert sorted(entries) == ["fix-greeting", "sales-report", "word-count"]
+    for name, entry in entries.items():
+        assert (entry["verified"], entry["solution_reward"], entry["noop_reward"]) == (True, 1.0, 0.0), (name, entry)
+    assert entries["word-count"]["format"] == "terminal-bench" and entries["sales-report"]["format"] == "harbor"
+    assert done.stdout.splitlines()[-1] == f"3 verified, 0 not verified; results in {out}/verification.json"

@@ -18,7 +18,6 @@ import pytest
 
 from evaluations.models import Evaluation
 from tests.helpers.archives import Exec, write_archive
-from tests.helpers.images import push_image
 from tests.pipeline.test_e2e import evaluate
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
@@ -26,19 +25,16 @@ pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 REGISTRIES = ("deb.debian.org", "security.debian.org", "pypi.org", "files.pythonhosted.org")
 NOOP = "#!/bin/bash\necho doing nothing\n"
-LEAVE_TRAJECTORY = 'mkdir -p /logs/agent/steps && echo \'{"step": 1}\' > /logs/agent/trajectory.json\n'
+LEAVE_TRAJECTORY = "mkdir -p /logs/agent/steps && echo '{\"step\": 1}' > /logs/agent/trajectory.json\n"
 
 
 @pytest.fixture
-def config(e2e_config, base_image, base_layer, tmp_path):
-    registry, _, _ = base_image
-    push_image(registry, "library/debian:bookworm", layers=[base_layer], config={"Env": [
-        "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"]})  # fmt: skip
+def config(e2e_config, hub_mirror, tmp_path):
     return dataclasses.replace(
         e2e_config,
         images_dir=tmp_path / "images",
-        image_registry_mirrors=(f"docker.io={registry.host}",),
-        image_insecure_registries=(registry.host,),
+        image_registry_mirrors=(f"docker.io={hub_mirror.host}",),
+        image_insecure_registries=(hub_mirror.host,),
         allowed_private_hosts=("127.0.0.1",),
         egress_allow=REGISTRIES,
         agent_timeout_secs=300,
@@ -93,7 +89,7 @@ def test_a_harbor_task_built_from_its_dockerfile_is_graded_by_its_reward_json(ta
 def test_the_agent_never_sees_the_tests_the_solution_or_the_verifiers_logs(tasks, config):
     folder = EXAMPLES / "harbor/fix-greeting"
     snoop = (
-        "for p in /tests /solution /logs/verifier; do test -e $p && echo \"SAW $p\"; done\n"
+        'for p in /tests /solution /logs/verifier; do test -e $p && echo "SAW $p"; done\n'
         "id -un\n"
         "echo 1 > /tmp/reward.txt; mkdir -p /logs && ln -sfn /etc /logs/verifier 2>/dev/null || true\n"
     )
@@ -142,3 +138,55 @@ def test_what_the_agent_changed_outside_its_folder_is_on_the_record(tasks, confi
     assert "/usr/local/lib/python3.11/dist-packages/sitecustomize.py" in changes["suspicious"]
     assert not any(path.startswith("/app") or path.startswith("/logs/agent") for path in changes["paths"])
     assert Evaluation.objects.get(id=evaluation.id).status == "completed"  # recorded, not judged
+
+
+ISOLATED_TEST = """\
+#!/bin/bash
+# Rewards 1 only when the agent's answer is there and nothing it planted outside /app is.
+if [ "$(cat /app/answer.txt)" = 42 ] && [ ! -e /usr/local/bin/grade-helper ] && [ ! -e /etc/planted ]; then
+  echo 1 > /logs/verifier/reward.txt
+else
+  echo 0 > /logs/verifier/reward.txt
+fi
+"""
+
+
+def harbor_folder(root: Path, *, toml: str, test: str) -> Path:
+    for relpath, text in {"task.toml": toml, "instruction.md": "Write 42 to /app/answer.txt.\n",
+                          "environment/Dockerfile": "FROM debian:bookworm\nWORKDIR /app\n",
+                          "tests/test.sh": test}.items():  # fmt: skip
+        (root / relpath).parent.mkdir(parents=True, exist_ok=True)
+        (root / relpath).write_text(text)
+    (root / "tests/test.sh").chmod(0o755)
+    return root
+
+
+@pytest.mark.parametrize("isolated", [True, False])
+def test_an_isolated_verifier_sees_the_image_and_only_the_agents_working_directory(tasks, config, tmp_path, isolated):
+    folder = harbor_folder(tmp_path / "isolated", test=ISOLATED_TEST,
+                           toml=f"[verifier]\nisolated = {str(isolated).lower()}\n")  # fmt: skip
+    agent = "echo 42 > /app/answer.txt\ntouch /usr/local/bin/grade-helper /etc/planted\n"
+    evaluation = evaluate(serve(tasks, folder), agent, config=config, sandbox="bwrap", language="bash")
+    assert sorted(evaluation.system_changes["paths"]) == ["/etc/planted", "/usr/local/bin/grade-helper"]
+    assert evaluation.system_changes["suspicious"] == ["/usr/local/bin/grade-helper"]  # on the verifier's PATH
+    assert (evaluation.status, evaluation.reward) == (("completed", 1.0) if isolated else ("failed", 0.0)), (
+        evaluation.error, evaluation.log[-3000:])  # fmt: skip
+
+
+def test_an_allowlist_lets_the_agent_reach_only_the_tasks_hosts(tasks, config):
+    """pypi.org is in sales-report's allowed_hosts; deb.debian.org is allowed by the operator (EGRESS_ALLOW
+    here) but not by the task: refused, and recorded as the task's refusal."""
+    folder = EXAMPLES / "harbor/sales-report"
+    reach = (
+        "for host in pypi.org deb.debian.org; do\n"
+        "  python3 -c \"import sys, urllib.request; urllib.request.urlopen('https://' + sys.argv[1] + '/', timeout=30)\""
+        ' $host >/dev/null 2>&1 && echo "reached $host" || echo "refused $host"\n'
+        "done\n"
+    )
+    evaluation = evaluate(serve(tasks, folder), reach + solution_agent(folder / "solution/solve.sh"), config=config,
+                          sandbox="bwrap", language="bash")  # fmt: skip
+    assert "reached pypi.org" in evaluation.agent_output and "refused deb.debian.org" in evaluation.agent_output, (
+        evaluation.agent_output)  # fmt: skip
+    refused = [r for r in evaluation.egress if r["host"] == "deb.debian.org" and r["step"] == "running_agent"]
+    assert refused and not refused[0]["allowed"] and refused[0]["reason"] == "not in the task's allowed_hosts"
+    assert evaluation.status == "completed"

@@ -41,7 +41,10 @@ def test_the_readme_batch_example_earns_half(worker_service, tmp_path):
     import re
 
     readme = (PROJECT / "README.md").read_text()
-    snippet = re.search(r"\.venv/bin/python -c '(.*?)' > examples/build/batch-request\.json", readme, re.S).group(1)
+    snippet = re.search(
+        r"\.venv/bin/python -c '(import json; r = .*?)' > examples/build/batch-request\.json", readme, re.S
+    )
+    snippet = snippet.group(1)
     build = tmp_path / "examples" / "build"
     build.mkdir(parents=True)
     with TestHTTPServer(build) as server:
@@ -64,3 +67,35 @@ def test_the_readme_batch_example_earns_half(worker_service, tmp_path):
     assert (shown["attempts"], shown["mean_reward"], shown["pass_at_k"]) == (1, 0.5, 0.5)
     assert [(t["passes"], t["pass_at_k"], t["mean_reward"]) for t in shown["tasks"]] == [(1, 1.0, 1.0), (0, 0.0, 0.0)]
     assert shown["evaluations"][1]["task_url"].endswith("/textkit-task.tar.gz")
+
+
+def test_the_readme_harbor_example_earns_its_reward(worker_service, hub_mirror, tmp_path):
+    """The README's Harbor example, as written: import_tasks packs examples/harbor, the README's one-liner
+    makes the request body, the service builds the task's Dockerfile (FROM debian:bookworm through the
+    Docker Hub mirror on 127.0.0.1) and grades the reward.txt its verifier writes."""
+    import re
+
+    readme = (PROJECT / "README.md").read_text()
+    imported = re.search(r"^\.venv/bin/python manage\.py (import_tasks --from harbor [^#\n]*?)\s+#", readme, re.M)
+    snippet = re.search(r"\.venv/bin/python -c '(.*?)' \\\n  > examples/build/harbor-request\.json", readme, re.S)
+    build = tmp_path / "examples" / "build"
+    build.mkdir(parents=True)
+    args = imported.group(1).replace("examples/build/", f"{build}/").split()
+    subprocess.run([sys.executable, "manage.py", *args], cwd=PROJECT, check=True, capture_output=True)
+    assert (build / "harbor" / "fix-greeting.tar.gz").is_file()
+    with TestHTTPServer(build) as server:
+        code = snippet.group(1).replace("http://127.0.0.1:8000", server.url("").rstrip("/"))
+        made = subprocess.run([sys.executable, "-c", code], cwd=PROJECT, capture_output=True, text=True, check=True)
+        service = worker_service(
+            IMAGE_REGISTRY_MIRRORS=f"docker.io={hub_mirror.host}", IMAGE_INSECURE_REGISTRIES=hub_mirror.host
+        )
+        reply = request("POST", service.url("/evaluate"), data=made.stdout.encode(),
+                        headers={"Content-Type": "application/json"})  # fmt: skip
+        assert reply.status == 202, reply.body
+        result = wait_terminal(service, reply.json()["eval_id"], timeout=300)
+    assert (result["status"], result["passed"], result["reward"]) == ("completed", True, 1.0), (
+        result["error"], result["test_output"])  # fmt: skip
+    assert (result["task_format"], result["rewards"], result["environment"]["kind"]) == (
+        "harbor", {"reward": 1.0}, "dockerfile")  # fmt: skip
+    assert result["limits_applied"]["network"] == "no-network"
+    assert [r["name"] for r in result["test_results"]] == ["test.sh"]
