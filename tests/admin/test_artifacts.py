@@ -19,6 +19,7 @@ from django.contrib.auth.models import Permission, User
 
 from evaluations import artifacts
 from evaluations.models import Evaluation
+from tests.helpers.unsafe_paths import UNSAFE_ARTIFACT_PATHS
 
 pytestmark = pytest.mark.django_db
 
@@ -124,23 +125,8 @@ def test_anonymous_users_non_staff_and_staff_without_view_permission_get_nothing
     assert (reply.status_code, reply.content) == (403, b"forbidden")
 
 
-@pytest.mark.parametrize(
-    "path, why",
-    [
-        ("../../../etc/passwd", "'..'"),
-        ("..%2F..%2F..%2Fetc%2Fpasswd", "'..'"),
-        ("%2e%2e/%2e%2e/secret", "'..'"),
-        ("sub/../trajectory.json", "'..'"),
-        ("./trajectory.json", "'.'"),
-        ("%2Fetc%2Fpasswd", "empty name"),
-        ("sub//dir/notes.md", "empty name"),
-        ("sub/dir/", "empty name"),
-        ("a%00b", "U+0000"),
-        ("rtl%E2%80%AEtxt.exe", "U+202E"),
-        ("a%5Cb", "backslash"),
-        ("/".join(["d"] * 17), "more than 16 names deep"),
-    ],
-)
+# A newline matches no admin route at all (a 404, tested below): the rest are refused by name.
+@pytest.mark.parametrize("path, why", [case for case in UNSAFE_ARTIFACT_PATHS if case[0] != "a%0Ab"])
 def test_unsafe_names_are_400(client, evaluation, path, why):
     staff(client, view=True)
     reply = get(client, evaluation.id, path)

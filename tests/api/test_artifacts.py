@@ -17,6 +17,7 @@ import pytest
 
 from evaluations import artifacts
 from evaluations.models import Evaluation
+from tests.helpers.unsafe_paths import UNSAFE_ARTIFACT_PATHS
 
 pytestmark = pytest.mark.django_db
 
@@ -93,24 +94,7 @@ def test_if_none_match_answers_304(api, config, tmp_path):
     assert get(api, evaluation.id, "trajectory.json", HTTP_IF_NONE_MATCH='"other"').status_code == 200
 
 
-@pytest.mark.parametrize(
-    "path, why",
-    [
-        ("../../../etc/passwd", "'..'"),
-        ("..%2F..%2F..%2Fetc%2Fpasswd", "'..'"),
-        ("%2e%2e/%2e%2e/secret", "'..'"),
-        ("sub/../trajectory.json", "'..'"),
-        ("./trajectory.json", "'.'"),
-        ("%2Fetc%2Fpasswd", "empty name"),
-        ("sub//dir/notes.md", "empty name"),
-        ("sub/dir/", "empty name"),
-        ("a%00b", "U+0000"),
-        ("a%0Ab", "U+000A"),
-        ("rtl%E2%80%AEtxt.exe", "U+202E"),
-        ("a%5Cb", "backslash"),
-        ("/".join(["d"] * 17), "more than 16 names deep"),
-    ],
-)
+@pytest.mark.parametrize("path, why", UNSAFE_ARTIFACT_PATHS)
 def test_unsafe_names_are_400_in_the_envelope(api, config, tmp_path, path, why):
     evaluation = with_artifacts(config, tmp_path)
     reply = get(api, evaluation.id, path, HTTP_ACCEPT="application/octet-stream")
