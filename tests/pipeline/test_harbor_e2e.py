@@ -190,3 +190,19 @@ def test_an_allowlist_lets_the_agent_reach_only_the_tasks_hosts(tasks, config):
     refused = [r for r in evaluation.egress if r["host"] == "deb.debian.org" and r["step"] == "running_agent"]
     assert refused and not refused[0]["allowed"] and refused[0]["reason"] == "not in the task's allowed_hosts"
     assert evaluation.status == "completed"
+
+
+def test_links_an_agent_plants_where_the_verifiers_folders_go_are_replaced_not_followed(tasks, config, tmp_path):
+    """Root in its image, the agent puts links at /tests, /logs/verifier and /logs/agent to a folder of
+    its own holding a reward of 1; the executor makes real folders there before the verifier (bwrap would
+    follow a link on the host), and the reward is the verifier's own 0."""
+    folder = harbor_folder(tmp_path / "links", toml="", test="#!/bin/bash\necho 0 > /logs/verifier/reward.txt\n")
+    agent = (
+        "mkdir -p /root/fake && echo 1 > /root/fake/reward.txt && echo 'exit 0' > /root/fake/test.sh\n"
+        "rm -rf /logs/verifier /tests && ln -s /root/fake /logs/verifier && ln -s /root/fake /tests\n"
+        "ls -la /logs /\n"
+    )
+    evaluation = evaluate(serve(tasks, folder), agent, config=config, sandbox="bwrap", language="bash")
+    assert "verifier -> /root/fake" in evaluation.agent_output, evaluation.agent_output
+    assert (evaluation.status, evaluation.reward, evaluation.error_kind) == ("failed", 0.0, "tests_failed"), (
+        evaluation.error, evaluation.log[-3000:])  # fmt: skip
