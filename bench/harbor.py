@@ -37,6 +37,7 @@ import contextlib
 import json
 import os
 import re
+import shlex
 import shutil
 import statistics
 import subprocess
@@ -179,11 +180,13 @@ def _umount(target: Path) -> None:
 
 
 @contextlib.contextmanager
-def overlay(layers: list[Path], scratch: Path) -> Iterator[Path]:
+def overlay(layers: list[Path]) -> Iterator[Path]:
     """``layers`` (bottom first) as an overlay with a fresh upper folder, /proc and /dev bound into it;
-    everything unmounted when the block ends, however it ends. The folder is bound onto itself and
-    made private first, so nothing mounted below it propagates to other mount namespaces."""
-    base = Path(tempfile.mkdtemp(prefix="plain-", dir=scratch))
+    everything unmounted when the block ends, however it ends. The folder (under /tmp, apart from the
+    bench's scratch folder) is bound onto itself and made private first, so nothing mounted below it
+    propagates to other mount namespaces; it is removed only once nothing is mounted below it (a
+    removal through a bound /dev would reach the host's), else a RuntimeError names it."""
+    base = Path(tempfile.mkdtemp(prefix="te-bench-plain-", dir="/tmp"))
     mounted: list[Path] = []
     try:
         _mount("--bind", str(base), str(base))
@@ -203,6 +206,9 @@ def overlay(layers: list[Path], scratch: Path) -> Iterator[Path]:
     finally:
         for target in reversed(mounted):
             _umount(target)
+        still = [str(target) for target in mounted if os.path.ismount(target)]
+        if still:
+            raise RuntimeError(f"could not unmount {', '.join(still)}: {base} left as it is")
         shutil.rmtree(base, ignore_errors=True)
 
 
@@ -248,7 +254,7 @@ class PlainTask:
 
     def chroot(self, root: Path, user: tuple[int, int], script: str, env: dict[str, str]):
         """``bash script`` in ``root`` as ``user`` from the working directory: (ms, exit status, output)."""
-        command = f"cd {self.workdir} && bash {script}"
+        command = f"cd {shlex.quote(self.workdir)} && bash {script}"
         started = time.perf_counter()
         done = subprocess.run(
             ["chroot", f"--userspec={user[0]}:{user[1]}", "--groups=", str(root), "bash", "-c", command],
@@ -256,9 +262,9 @@ class PlainTask:
         )  # fmt: skip
         return (time.perf_counter() - started) * 1000, done.returncode, done.stdout + done.stderr
 
-    def run(self, scratch: Path, *, solve: bool) -> PlainRun:
+    def run(self, *, solve: bool) -> PlainRun:
         started = time.perf_counter()
-        with overlay(self.layers, scratch) as root:
+        with overlay(self.layers) as root:
             user = resolve_user(root, self.image_config["User"]) if self.image_config.get("User") else (0, 0)
             verifier = self.task.verifier
             _copy_in(root, "/tests", {f.relpath: (f.data, f.mode) for f in verifier.files}, None)
@@ -388,6 +394,10 @@ def _ms(value: float | None) -> str:
     return "-" if value is None else f"{value:.0f} ms" if value < 10_000 else f"{value / 1000:.1f} s"
 
 
+def _secs(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1f} s"
+
+
 def _rewards(values: list) -> str:
     return " ".join("-" if v is None else f"{v:g}" for v in values)
 
@@ -417,8 +427,8 @@ def report(figures: dict, runs: int) -> str:
             r = task[run]
             rows.append((
                 _name(name), run,
-                f"{_ms(r['cold']['duration_ms'])} / {r['cold']['wall_secs']:.1f} s",
-                f"{_ms(r['warm_duration_ms_median'])} / {r['warm_wall_secs_median']:.1f} s",
+                f"{_ms(r['cold']['duration_ms'])} / {_secs(r['cold']['wall_secs'])}",
+                f"{_ms(r['warm_duration_ms_median'])} / {_secs(r['warm_wall_secs_median'])}",
                 f"{_rewards([r['cold']['reward']])}; {_rewards([w['reward'] for w in r['warm']])}",
             ))  # fmt: skip
     out += [_table(rows), "", "Where the time goes: the transitions' duration_ms per step (cold; warm median).", ""]
@@ -489,7 +499,7 @@ def main(argv: list[str] | None = None) -> int:
             for number in range(args.runs):
                 for name, task in plain_tasks.items():
                     for run in RUNS:
-                        plain.setdefault((name, run), []).append(task.run(root, solve=run == "solution"))
+                        plain.setdefault((name, run), []).append(task.run(solve=run == "solution"))
                 print(f"  plain baseline {number + 1}/{args.runs} (load {load_average()})", file=sys.stderr, flush=True)
         finally:
             cli.close()
