@@ -442,9 +442,9 @@ def report(figures: dict, runs: int) -> str:
             rows.append((_name(name), run, *cells, f"{_ms(cold_other)}; {_ms(warm_steps['other'])}"))
     out += [_table(rows), ""]
     out += [
-        "The executor against the same solution and verifier as plain processes (chroot into an overlay "
-        f"of the built image's layers, as root, from the image's working directory and user), median of {runs}; "
-        "executor's share = (executor - plain) / executor.",
+        "The executor against the same solution and verifier as plain processes (an overlay of the built "
+        "image's layers mounted by root; chroot as the image's user, from its working directory), "
+        f"median of {runs}; executor's share = (executor - plain) / executor.",
         "",
     ]
     rows = [("task", "run", "executor (warm evaluation)", "plain: solve + verify", "executor's share",
