@@ -248,6 +248,9 @@ class Evaluation(Submission, IdempotencyColumns, CallbackColumns):
     # What the agent changed outside its working directory ({count, paths, suspicious}), and the files
     # it left under /logs/agent that were kept ([{path, size_bytes, sha256}]).
     system_changes = models.JSONField(null=True, blank=True)
+    # SPEC §19: a swebench-graded task's ids per kind ({fail_to_pass: {total, passed, failed, missing},
+    # pass_to_pass: {...}}): test_results holds at most MAX_TESTS of them, these count them all.
+    test_counts = models.JSONField(null=True, blank=True)
     artifacts = models.JSONField(default=list, blank=True)
     # Which run of its task this is within its batch (SPEC §17 attempts), from 1.
     attempt = models.PositiveSmallIntegerField(default=1)

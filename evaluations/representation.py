@@ -14,7 +14,7 @@ EVALUATION_COLUMNS = (
     "created_at",
     "started_at", "finished_at", "agent_output", "agent_exit_code", "agent_patch", "test_output", "results_sha256",
     "egress", "resources", "error_kind", "retry_of_id", "owner", "environment", "reward", "rewards", "task_format",
-    "limits_applied", "task_metadata", "system_changes", "artifacts", "attempt", "batch_id",
+    "limits_applied", "task_metadata", "system_changes", "artifacts", "attempt", "batch_id", "test_counts",
 
     "cache",
 )  # fmt: skip
@@ -77,6 +77,7 @@ def evaluation_document(evaluation, transitions, test_results) -> dict:
         "limits_applied": evaluation.limits_applied,
         "task_metadata": evaluation.task_metadata,
         "system_changes": evaluation.system_changes,
+        "test_counts": evaluation.test_counts,
         "artifacts": evaluation.artifacts or [],
         "batch_id": str(evaluation.batch_id) if evaluation.batch_id else None,
         "attempt": evaluation.attempt,

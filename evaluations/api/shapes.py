@@ -344,6 +344,11 @@ class EvaluationSerializer(serializers.Serializer):
         help_text="Files the agent left under /logs/agent, kept: [{path, size_bytes, sha256}]; "
         "GET /evaluate/{id}/artifacts/{path} serves one.",
     )
+    test_counts = serializers.DictField(
+        allow_null=True,
+        help_text="SPEC §19, a task graded by SWE-bench's rules: per kind (fail_to_pass, pass_to_pass) the ids' "
+        "total, passed, failed and missing (not in the log); test_results holds at most MAX_TESTS of them.",
+    )
     batch_id = serializers.UUIDField(allow_null=True, help_text="The batch this evaluation is part of.")
     attempt = serializers.IntegerField(help_text="Which run of its task URL this is within its batch, from 1.")
 

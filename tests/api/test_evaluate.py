@@ -52,7 +52,7 @@ def test_get_returns_every_field_of_the_evaluation_object(api):
         "created_at", "started_at", "finished_at", "test_results", "agent_output", "agent_exit_code",
         "agent_patch", "test_output", "transitions", "results_sha256", "egress", "resources", "cache",
         "error_kind", "retry_of", "owner", "environment", "reward", "rewards", "task_format", "limits_applied",
-        "task_metadata", "system_changes", "artifacts", "batch_id", "attempt",
+        "task_metadata", "system_changes", "artifacts", "batch_id", "attempt", "test_counts",
     }  # fmt: skip
     assert (body["error_kind"], body["retry_of"], body["owner"]) == (None, None, None)  # null while pending or running
     assert body["cache"] is None  # decided at cloning_repo (SPEC §13)

@@ -69,7 +69,7 @@ def test_the_documented_fields_are_the_api_fields(document):
         "created_at", "started_at", "finished_at", "test_results", "agent_output", "agent_exit_code",
         "agent_patch", "test_output", "transitions", "results_sha256", "egress", "resources", "cache",
         "error_kind", "retry_of", "owner", "environment", "reward", "rewards", "task_format", "limits_applied",
-        "task_metadata", "system_changes", "artifacts", "batch_id", "attempt",
+        "task_metadata", "system_changes", "artifacts", "batch_id", "attempt", "test_counts",
     }  # fmt: skip
     assert set(schemas["EvaluationEnvironment"]["properties"]) == {"kind", "ref", "digest", "cached"}
     assert set(schemas["ErrorKindEnum"]["enum"]) == {
