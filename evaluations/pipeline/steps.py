@@ -35,6 +35,7 @@ from evaluations.pipeline.context import (
     remaining,
 )
 from evaluations.pipeline.imageenv import preparing_environment
+from evaluations.pipeline.swebench import tests as swebench_tests
 from evaluations.runtime import Limit, Mount
 from evaluations.safefs import SafeFSError, clear_way, write_file_nofollow
 
@@ -275,7 +276,7 @@ def running_tests(ctx: Context) -> None:
     config = ctx.config
     session = ctx.session
     tests = static.fill_tests(ctx, ctx.task.tests)
-    if not tests and ctx.task.verifier is None:
+    if not tests and ctx.task.verifier is None and ctx.task.swebench is None:
         raise StepFailed("task defines no tests", kind=ErrorKind.TASK_INVALID)
     ctx.spawner.sweep()
     try:
@@ -301,6 +302,9 @@ def running_tests(ctx: Context) -> None:
         with transaction.atomic():
             TestResult.objects.bulk_create(results)
             Evaluation.objects.filter(id=ctx.eval_id).update(test_output=block)
+        return
+    if ctx.task.swebench is not None:  # SWE-bench's grading: one test command, its log read per id
+        swebench_tests.run_tests(ctx, env, static.mounts(ctx))
         return
     session.tests.mkdir(mode=0o755, exist_ok=True)
     mounts = [Mount(session.tests, str(session.tests), writable=False), *static.mounts(ctx)]

@@ -136,6 +136,21 @@ GRADERS = ("exit_code", "reward_file", "pytest", "swebench")
 
 
 @dataclass(frozen=True)
+class SwebenchTests:
+    """workspace.yaml's ``swebench:`` mapping (SPEC §19, read by pipeline/swebench/spec.py): one test
+    command over the test files, each id's status read from its log by ``parser``."""
+
+    __test__ = False  # not a pytest test class
+
+    test_cmd: str  # shell text; the test files follow it, each quoted
+    test_files: list[str]
+    parser: str  # a name of pipeline/swebench/parsers.PARSERS
+    fail_to_pass: list[str]
+    pass_to_pass: list[str]
+    deleted_files: list[str] = field(default_factory=list)  # removed before the command (the test patch's)
+
+
+@dataclass(frozen=True)
 class TaskSpec:
     root: Path
     repo: str | None  # None: no repository; the task runs in its image's WorkingDir (SPEC §16)
@@ -163,6 +178,7 @@ class TaskSpec:
     # What the reference solution finds at /solution (Harbor: every file of solution/, solve.sh
     # included, as its OracleAgent uploads them); empty when the script needs nothing beside it.
     solution_files: list[SupportFile] = field(default_factory=list)
+    swebench: SwebenchTests | None = None  # grader swebench: what runs and how its log is read
 
 
 def load_yaml_mapping(path: Path, shown: str) -> tuple[dict, yaml.MappingNode]:

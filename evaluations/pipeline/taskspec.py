@@ -17,6 +17,7 @@ import yaml
 from evaluations.environments import BadEnvironment, check_name
 from evaluations.network.urlguard import URLRefused, check_git_url
 from evaluations.pipeline import taskformats
+from evaluations.pipeline.swebench.spec import read_swebench
 from evaluations.pipeline.taskbase import (
     CONTROL_CHARS,
     ENV_NAME,
@@ -94,6 +95,8 @@ def load_task(
             raise TaskError(f"tests/{check.name}.sh has the same test name as the command at {check.source}")
     environment = _environment(data, root)
     repo = _repo(data, allow_file_urls, image=isinstance(environment, ImageEnvironment))
+    grader = _grader(data)
+    swebench = read_swebench(data, grader, scripts=len(scripts), checks=len(checks))
     return TaskSpec(
         root=root,
         repo=repo,
@@ -117,7 +120,8 @@ def load_task(
         support_files=_support_files(root / "tests"),
         environment=environment,
         cache=_cache(data),
-        grader=_grader(data),
+        grader=grader,
+        swebench=swebench,
     )
 
 
@@ -263,21 +267,12 @@ def _cache(data: dict) -> bool:
     return value
 
 
-# SPEC §19's swebench grader is named by the contract but not built yet.
-WORKSPACE_GRADERS = ("exit_code", "reward_file", "pytest")
-
-
 def _grader(data: dict) -> str:
     value = data.get("grader", "exit_code")
-    if value in WORKSPACE_GRADERS:
+    if value in GRADERS:
         return value
-    if value == "swebench":
-        raise TaskError(
-            "workspace.yaml: 'grader' swebench is not available in this executor yet; "
-            f"it grades with {', '.join(WORKSPACE_GRADERS)}"
-        )
     shown = repr(value) if isinstance(value, str) else type_name(value)
-    raise TaskError(f"workspace.yaml: 'grader' must be one of {', '.join(WORKSPACE_GRADERS)}, got {shown}")
+    raise TaskError(f"workspace.yaml: 'grader' must be one of {', '.join(GRADERS)}, got {shown}")
 
 
 def _install(data: dict) -> list[str]:
