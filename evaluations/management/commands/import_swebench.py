@@ -48,7 +48,8 @@ class Command(BaseCommand):
         parser.add_argument(
             "--test-cmd",
             metavar="CMD",
-            help=f"test command the ids are given to (default: the row's test_cmd, else '{build.DEFAULT_TEST_CMD}')",
+            help=f"test command run over the test patch's test files (default: the row's test_cmd, else "
+            f"'{build.DEFAULT_TEST_CMD}')",
         )
         parser.add_argument("--only", metavar="ID", action="append", default=[], help="import only ID (repeatable)")
         parser.add_argument("--environment", metavar="NAME", help="workspace.yaml environment of every task")
