@@ -42,7 +42,7 @@ def test_json_lines_become_task_folders_archives_and_an_index(cli, served, tmp_p
         "grader": "swebench",
         "swebench": {
             "test_cmd": "python -m pytest -rA -p no:cacheprovider",
-            "test_files": ["tests/test_add.py"],
+            "test_files": ["tests/test_add.py", "tests/test_sub.py"],
             "parser": "pytest",
             "fail_to_pass": ADD_IDS,
             "pass_to_pass": ["tests/test_sub.py::test_sub"],
@@ -62,7 +62,7 @@ def test_json_lines_become_task_folders_archives_and_an_index(cli, served, tmp_p
     spec = load_task(task)
     assert (spec.grader, spec.tests) == ("swebench", [])
     assert spec.swebench.fail_to_pass == ADD_IDS and spec.swebench.deleted_files == ["tests/test_old.py"]
-    assert [f.relpath for f in spec.support_files] == ["tests/data/cases.txt", "tests/test_add.py"]
+    assert [f.relpath for f in spec.support_files] == ["tests/data/cases.txt", "tests/test_add.py", "tests/test_sub.py"]
 
     listed = index(out)
     assert set(listed) == {"owner__calc-1", "owner__calc-2"}
@@ -94,7 +94,12 @@ def test_ids_are_kept_as_written_and_the_test_files_reach_the_command_quoted(cli
     assert done.returncode == 0, done.stderr
     spec = load_task(out / "owner__calc-3").swebench
     assert spec.fail_to_pass == odd
-    assert spec.test_files == ["tests/$(touch pwned).py", "tests/it's a (test).py", "tests/test_add.py"]
+    assert spec.test_files == [
+        "tests/$(touch pwned).py",
+        "tests/it's a (test).py",
+        "tests/test_add.py",
+        "tests/test_sub.py",
+    ]
     here = tmp_path / "run"
     here.mkdir()
     (here / "run.sh").write_text(wrapper_script(spec.test_cmd, spec.test_files, spec.deleted_files))
@@ -120,7 +125,7 @@ def test_django_rows_name_test_modules_and_each_repository_its_parser(cli, serve
         "tests/admin_views/tests.py",
     ]  # the data file is a support file, not a test to run
     sympy_spec = load_task(out / "sympy__sympy-1").swebench
-    assert (sympy_spec.parser, sympy_spec.test_files) == ("sympy", ["tests/test_add.py"])
+    assert (sympy_spec.parser, sympy_spec.test_files) == ("sympy", ["tests/test_add.py", "tests/test_sub.py"])
 
 
 def test_a_json_list_with_encoded_lists_and_the_options(cli, served, tmp_path):

@@ -243,7 +243,7 @@ def test_resolved_when_every_id_passes_whatever_else_failed():
     assert shown.passed
     assert (
         shown.results[0].shown
-        == "PASSED (in the log as testing/test_assertrewrite.py::test_get_assertion_exprs[assertion)"
+        == "PASSED, in the log as testing/test_assertrewrite.py::test_get_assertion_exprs[assertion"
     )
 
 

@@ -103,6 +103,8 @@ class Command(BaseCommand):
             raise CommandError(f"FILE {options['file']}: {exc}", returncode=2) from exc
         if result.verifications:
             say("\n" + verify.table(result.verifications, verify.SWEBENCH).rstrip("\n"))
+            if why := verify.details(result.verifications, verify.SWEBENCH):
+                say("\n" + why.rstrip("\n"))
         summary = f"imported {len(result.built)} task(s) into {options['out']}, skipped {len(result.skipped)}"
         if options["verify"]:
             summary += f", {len(result.verifications) - len(result.unverified)} verified"

@@ -108,7 +108,7 @@ class IdResult:
         """What the id's row says: its status (and the log's name for it), or that the log lacks it."""
         if self.status is None:
             return MISSING
-        return self.status + (f" (in the log as {self.logged_as})" if self.logged_as else "")
+        return self.status + (f", in the log as {self.logged_as}" if self.logged_as else "")
 
 
 @dataclass(frozen=True)
