@@ -112,8 +112,12 @@ def test_the_evaluations_layer_counts_in_its_disk_quota_and_file_count(image_ses
         policy=policy,
     )
     assert disk.limit is Limit.DISK, disk
+    # Removed before the next command starts (as the executor, no command running): a command that
+    # removed them itself could be measured, and killed, before its `rm` ran.
+    for big in (root.rootfs / "var").glob("big*"):
+        big.unlink()
     files = spawner.run(
-        ["/bin/sh", "-c", "rm -f /var/big*; mkdir -p /srv/many && cd /srv/many && seq 1 8000 | xargs touch; sleep 30"],
+        ["/bin/sh", "-c", "mkdir -p /srv/many && cd /srv/many && seq 1 8000 | xargs touch; sleep 30"],
         cwd=Path("/"),
         env=env,
         limits=limits,
