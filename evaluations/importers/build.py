@@ -204,6 +204,11 @@ def workspace_yaml(instance: Instance, url: str, options: Options) -> str:
     workspace["install"] = list(options.install or instance.install or DEFAULT_INSTALL)
     if options.environment:
         workspace["environment"] = options.environment
+    if instance.difficulty is not None:  # SWE-Forge's, kept in the evaluation's task_metadata
+        workspace["difficulty"] = instance.difficulty
+    if instance.difficulty_score is not None:
+        workspace["difficulty_score"] = instance.difficulty_score
+    workspace["patch"] = instance.patch  # the gold patch: verify_tasks' reference solution, never the agent's
     return yaml.safe_dump(workspace, sort_keys=False, allow_unicode=True, width=1 << 20)
 
 

@@ -36,6 +36,7 @@ def test_json_lines_become_task_folders_archives_and_an_index(cli, served, tmp_p
         "base_commit": good["base_commit"],
         "version": "1.0",
         "install": ["pip install -e ."],
+        "patch": good["patch"],  # the gold patch: verify_tasks' reference solution
     }
     assert (task / "prompt.md").read_text() == good["problem_statement"]
     # The files the test_patch adds or changes, as they are after it, under tests/; not the one it deletes.
