@@ -227,6 +227,11 @@ def workspace_yaml(instance: Instance, url: str, options: Options, swebench: dic
     if swebench is not None:
         workspace["grader"] = "swebench"
         workspace["swebench"] = swebench
+    if instance.difficulty is not None:  # SWE-Forge's, kept in the evaluation's task_metadata
+        workspace["difficulty"] = instance.difficulty
+    if instance.difficulty_score is not None:
+        workspace["difficulty_score"] = instance.difficulty_score
+    workspace["patch"] = instance.patch  # the gold patch: verify_tasks' reference solution, never the agent's
     return yaml.safe_dump(workspace, sort_keys=False, allow_unicode=True, width=1 << 20)
 
 

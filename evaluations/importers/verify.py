@@ -129,9 +129,10 @@ def _heredoc(data: bytes, target: str) -> str:
 
 
 def gold_agent(instance_id: str, patch: str) -> str:
+    """The gold patch (a row's, or a workspace task's ``patch``) as a bash agent, applied in the repository."""
     return (
         "#!/bin/bash\n"
-        f"# the gold patch of {instance_id}, applied by manage.py import_swebench --verify\n"
+        f"# the gold patch of {_one_line(instance_id)}, applied by manage.py import_swebench --verify or verify_tasks\n"
         "set -u\n"
         'cd "$REPO_DIR" || exit 1\n'
         "patch_file=$(mktemp) || exit 1\n"

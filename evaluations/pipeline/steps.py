@@ -20,6 +20,7 @@ from evaluations.pipeline import (
     outcome,
     patch,
     static,
+    tasklanguage,
     taskspec,
     toolchains,
     verifier,
@@ -78,6 +79,10 @@ def downloading_task(ctx: Context) -> None:
         task_prompt=ctx.task.prompt, original_pr=ctx.task.original_pr or ""
     )
     verifier.apply_request(ctx)  # SPEC §17: the task's limits, capped by the operator's
+    try:  # SPEC §19: the toolchain of the task's language, before anything is cloned
+        ctx.task = tasklanguage.with_toolchain(ctx.task, config, ctx.command_path)
+    except tasklanguage.NoToolchain as exc:
+        raise StepFailed(str(exc), kind=ErrorKind.INFRASTRUCTURE) from None
     static.prepare(ctx)  # the three asset groups checked, merged and staged
 
 

@@ -27,6 +27,7 @@ from typing import NamedTuple
 
 import yaml
 
+from evaluations.environments import BadEnvironment, check_name
 from evaluations.images import reference
 from evaluations.images.errors import ImageError
 
@@ -179,6 +180,9 @@ class TaskSpec:
     # included, as its OracleAgent uploads them); empty when the script needs nothing beside it.
     solution_files: list[SupportFile] = field(default_factory=list)
     swebench: SwebenchTests | None = None  # grader swebench: what runs and how its log is read
+    # SPEC §19: a workspace task's reference solution as a diff of its repository (SWE-Forge's and
+    # import_swebench's ``patch``), applied by verify_tasks' gold-patch agent; never the agent's to see.
+    patch: str | None = None
 
 
 def load_yaml_mapping(path: Path, shown: str) -> tuple[dict, yaml.MappingNode]:
@@ -281,6 +285,18 @@ def image_environment(image: object, key: str, where: str) -> ImageEnvironment:
     return ImageEnvironment(image=image)
 
 
+def environment_choice(value: str, where: str) -> str | ImageEnvironment:
+    """An operator's environment (LANGUAGE_ENVIRONMENTS): an image reference when it has a ``/``, ``:``
+    or ``@`` (``golang:1.22``; environment names have none), else a name under ENVIRONMENTS_ROOT.
+    TaskError (``where`` first) when it is neither."""
+    if any(mark in value for mark in "/:@"):
+        return image_environment(value, where, where)
+    try:
+        return check_name(value)
+    except BadEnvironment as exc:
+        raise TaskError(f"{where}: {exc} (nor is it an image reference such as golang:1.22)") from None
+
+
 def inside_task(path: object, root: Path, where: str, *, want_dir: bool) -> str:
     """``path`` relative to the task root, normalised; it must name a file (or folder) inside it.
 
@@ -300,6 +316,21 @@ def inside_task(path: object, root: Path, where: str, *, want_dir: bool) -> str:
     if not want_dir and not os.path.isfile(real):
         raise TaskError(f"{where} {path!r} is not a file of the task")
     return relative
+
+
+def value_node(mapping: yaml.Node | None, key: str) -> yaml.Node | None:
+    """The node of ``key``'s value in a YAML mapping node, or None."""
+    if isinstance(mapping, yaml.MappingNode):
+        for key_node, node in mapping.value:
+            if isinstance(key_node, yaml.ScalarNode) and key_node.value == key:
+                return node
+    return None
+
+
+def raw_scalar(mapping: yaml.Node | None, key: str) -> str | None:
+    """The text of ``key``'s scalar as written (``0123`` stays ``0123``, ``3.10`` stays ``3.10``)."""
+    node = value_node(mapping, key)
+    return node.value if isinstance(node, yaml.ScalarNode) else None
 
 
 def type_name(value: object) -> str:

@@ -48,6 +48,7 @@ def test_json_lines_become_task_folders_archives_and_an_index(cli, served, tmp_p
             "pass_to_pass": ["tests/test_sub.py::test_sub"],
             "deleted_files": ["tests/test_old.py"],
         },
+        "patch": good["patch"],  # the gold patch: verify_tasks' reference solution
     }
     assert (task / "prompt.md").read_text() == good["problem_statement"]
     # The files the test_patch adds or changes, as they are after it, under tests/; not the one it deletes.
