@@ -29,7 +29,7 @@ import shlex
 import shutil
 import subprocess
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
@@ -38,10 +38,10 @@ from evaluations.pipeline import gitrepo
 from evaluations.pipeline.taskspec import MAX_INSTRUCTION_BYTES, TaskError, load_task
 from evaluations.worker.localrun import pack_folder
 
+from . import recipes
+from .recipes import DEFAULT_INSTALL, DEFAULT_TEST_CMD  # noqa: F401  (the command's help names them)
 from .rows import BadRow, Instance
 
-DEFAULT_TEST_CMD = "python -m pytest -rA -p no:cacheprovider"
-DEFAULT_INSTALL = ("pip install -e .",)
 DEFAULT_REPO_URL = "https://github.com/{repo}.git"
 CLONE_TIMEOUT_SECS = 3600
 GIT_TIMEOUT_SECS = 600
@@ -55,7 +55,10 @@ class Options:
     repo_url: str = DEFAULT_REPO_URL
     install: tuple[str, ...] = ()  # --install: for every row, over the row's own
     test_cmd: str | None = None  # --test-cmd: for every row, over the row's own
-    environment: str | None = None  # --environment: workspace.yaml `environment` of every row
+    environment: str | None = None  # --environment: workspace.yaml `environment` (recipes.environment_for)
+    specs: recipes.Specs = field(default_factory=dict)  # --specs FILE, over SWE-bench's (recipes.py)
+    environment_for: dict = field(default_factory=dict)  # --environment-for: python version -> name or {image}
+    image_template: str | None = None  # --image-template: each row's environment is its SWE-bench image
 
 
 @dataclass(frozen=True)
@@ -195,15 +198,19 @@ def test_script(kind: str, instance: Instance, ids: list[str], command: str, del
     return "\n".join(lines) + "\n"
 
 
-def workspace_yaml(instance: Instance, url: str, options: Options) -> str:
-    workspace = {"repo": url, "base_commit": instance.base_commit}
+def workspace_yaml(instance: Instance, url: str, options: Options, recipe: recipes.Recipe) -> str:
+    """The task's workspace.yaml; with --image-template no repo: the image's /testbed is the workspace."""
+    environment = recipes.environment_for(instance, recipe, options)
+    workspace = {} if options.image_template else {"repo": url, "base_commit": instance.base_commit}
     if instance.version:
         workspace["version"] = instance.version
     if instance.language:
         workspace["language"] = instance.language
-    workspace["install"] = list(options.install or instance.install or DEFAULT_INSTALL)
-    if options.environment:
-        workspace["environment"] = options.environment
+    workspace["install"] = recipe.install
+    if recipe.env:
+        workspace["env"] = recipe.env
+    if environment:
+        workspace["environment"] = environment
     return yaml.safe_dump(workspace, sort_keys=False, allow_unicode=True, width=1 << 20)
 
 
@@ -214,12 +221,13 @@ def build_task(instance: Instance, files: TestFiles, url: str, options: Options,
         raise BadRow(
             label, f"problem_statement is over {MAX_INSTRUCTION_BYTES} bytes, more than an agent's --instruction holds"
         )
-    command = options.test_cmd or instance.test_cmd or DEFAULT_TEST_CMD
+    recipe = recipes.recipe_for(instance, options)
+    command = recipe.test_cmd
     with tempfile.TemporaryDirectory(dir=out, prefix=f".{label}.", suffix=".tmp") as scratch:
         folder = Path(scratch) / label
         tests = folder / "tests"
         tests.mkdir(parents=True)
-        (folder / "workspace.yaml").write_text(workspace_yaml(instance, url, options), encoding="utf-8")
+        (folder / "workspace.yaml").write_text(workspace_yaml(instance, url, options, recipe), encoding="utf-8")
         (folder / "prompt.md").write_text(instance.problem_statement, encoding="utf-8")
         for path, data, mode in files.changed:
             target = tests / path
