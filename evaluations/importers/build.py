@@ -15,7 +15,11 @@
    ``tests/pass_to_pass_1.sh`` every PASS_TO_PASS id (none when that list is
    empty) in one test command each, every id quoted with ``shlex.quote``
    (pytest parametrize ids hold spaces, brackets and quotes).
-4. The folder is written in a scratch folder inside DIR, read back with the
+4. workspace.yaml's ``install``, ``env`` and ``environment`` and the test
+   command are the row's recipe and environment (recipes.py: SWE-bench's
+   specifications, --specs, --install/--test-cmd, --environment-for,
+   --image-template); with --image-template the task has no ``repo``.
+5. The folder is written in a scratch folder inside DIR, read back with the
    pipeline's own ``load_task`` (so what is written is what the executor
    accepts), packed, and only then renamed into place: a task is in DIR
    whole or not at all.
