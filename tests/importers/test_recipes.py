@@ -15,7 +15,9 @@ import yaml
 from evaluations.importers import recipes
 from evaluations.importers.build import Options
 from evaluations.importers.rows import Instance
+from tests.helpers.runtimes import REGISTRIES
 from tests.helpers.swebench import write_jsonl
+from tests.importers.test_verify_tasks import bubblewrap  # noqa: F401  (the fixture)
 
 
 def instance(repo: str = "owner/calc", version: str | None = "1.0", **fields) -> Instance:
@@ -351,3 +353,40 @@ def test_image_template_tasks_have_no_repo_and_a_row_whose_id_makes_no_image_is_
     script = (out / "Owner__calc-1" / "tests" / "fail_to_pass_1.sh").read_text()
     assert f"\n{recipes.TESTBED_ACTIVATE} && python -m pytest -rA -p no:cacheprovider \\\n" in script
     assert (out / "Owner__calc-1" / "tests" / "tests" / "test_add.py").is_file()  # support files, into /testbed
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("bubblewrap")
+def test_a_recipe_installs_through_the_proxy_and_its_env_reaches_the_tests(cli, served, debian_environment, tmp_path):
+    """A --specs recipe for python 3.11, run in the environment --environment-for names for 3.11 (the
+    suite's Debian tree): its pip_packages from PyPI through the egress proxy, its pre_install script,
+    its variables (env and eval_commands' exports) in the test command; gold passes, no-op fails."""
+    instances, _server, template = served
+    row = instances.make("owner__calc-1")
+    recipe = {
+        "python": "3.11",
+        "pip_packages": ["pytest>=7"],
+        "pre_install": ['MARK="pre_install ran"', 'echo "$MARK" > "$HOME/mark.txt"'],
+        "env": {"CALC_MODE": "strict"},
+        "eval_commands": ["export CALC_LANG=C.UTF-8"],
+        "test_cmd": 'test "$CALC_MODE:$CALC_LANG" = strict:C.UTF-8 && grep -q "pre_install ran" "$HOME/mark.txt" '
+        "&& python -m pytest -rA -p no:cacheprovider",
+    }
+    specs = tmp_path / "specs.json"
+    specs.write_text(json.dumps({"owner/calc": {"1.0": recipe}}))
+    cli.migrate()
+    cli.env.update(EGRESS_ALLOW=",".join(REGISTRIES), ENVIRONMENTS_ROOT=str(debian_environment.root.parent))
+    out = tmp_path / "out"
+    done = cli.manage("import_swebench", str(write_jsonl(tmp_path / "rows.jsonl", [row])), "--out", str(out),
+                      "--repo-url", template, "--specs", str(specs), "--environment-for",
+                      f"3.11={debian_environment.name}", "--verify", timeout=600)  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    workspace = yaml.safe_load((out / "owner__calc-1" / "workspace.yaml").read_text())
+    assert workspace["environment"] == debian_environment.name
+    assert workspace["env"] == {"CALC_LANG": "C.UTF-8", "CALC_MODE": "strict"}
+    runs = json.loads((out / "verification.json").read_text())["tasks"][0]
+    assert runs["verified"] is True, runs
+    assert [(t["name"], t["passed"]) for t in runs["gold"]["tests"]] == [
+        ("fail_to_pass_1", True),
+        ("pass_to_pass_1", True),
+    ]
