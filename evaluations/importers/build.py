@@ -16,7 +16,11 @@
    (``test_directives``: SWE-bench's ``get_test_directives``), and each
    FAIL_TO_PASS / PASS_TO_PASS id is read from its log by the repository's
    parser (``parsers.parser_for_repo``), the ids kept as the row has them.
-4. The folder is written in a scratch folder inside DIR, read back with the
+4. workspace.yaml's ``install``, ``env`` and ``environment`` and the test
+   command are the row's recipe and environment (recipes.py: SWE-bench's
+   specifications, --specs, --install/--test-cmd, --environment-for,
+   --image-template); with --image-template the task has no ``repo``.
+5. The folder is written in a scratch folder inside DIR, read back with the
    pipeline's own ``load_task`` (so what is written is what the executor
    accepts), packed, and only then renamed into place: a task is in DIR
    whole or not at all.
@@ -29,7 +33,7 @@ import os
 import shutil
 import subprocess
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
@@ -39,10 +43,10 @@ from evaluations.pipeline.swebench import parsers
 from evaluations.pipeline.taskspec import MAX_INSTRUCTION_BYTES, TaskError, load_task
 from evaluations.worker.localrun import pack_folder
 
+from . import recipes
+from .recipes import DEFAULT_INSTALL, DEFAULT_TEST_CMD  # noqa: F401  (the command's help names them)
 from .rows import BadRow, Instance
 
-DEFAULT_TEST_CMD = "python -m pytest -rA -p no:cacheprovider"
-DEFAULT_INSTALL = ("pip install -e .",)
 DEFAULT_REPO_URL = "https://github.com/{repo}.git"
 CLONE_TIMEOUT_SECS = 3600
 GIT_TIMEOUT_SECS = 600
@@ -56,7 +60,10 @@ class Options:
     repo_url: str = DEFAULT_REPO_URL
     install: tuple[str, ...] = ()  # --install: for every row, over the row's own
     test_cmd: str | None = None  # --test-cmd: for every row, over the row's own
-    environment: str | None = None  # --environment: workspace.yaml `environment` of every row
+    environment: str | None = None  # --environment: workspace.yaml `environment` (recipes.environment_for)
+    specs: recipes.Specs = field(default_factory=dict)  # --specs FILE, over SWE-bench's (recipes.py)
+    environment_for: dict = field(default_factory=dict)  # --environment-for: python version -> name or {image}
+    image_template: str | None = None  # --image-template: each row's environment is its SWE-bench image
 
 
 @dataclass(frozen=True)
@@ -203,10 +210,10 @@ def test_directives(repo: str, paths: list[str]) -> list[str]:
     return modules
 
 
-def swebench_tests(instance: Instance, files: TestFiles, options: Options) -> dict:
+def swebench_tests(instance: Instance, files: TestFiles, recipe: recipes.Recipe) -> dict:
     """workspace.yaml's ``swebench`` mapping of a row (pipeline/swebench/spec.py reads it)."""
     return {
-        "test_cmd": options.test_cmd or instance.test_cmd or DEFAULT_TEST_CMD,
+        "test_cmd": recipe.test_cmd,
         "test_files": test_directives(instance.repo, [path for path, _data, _mode in files.changed]),
         "parser": parsers.parser_for_repo(instance.repo),
         "fail_to_pass": list(instance.fail_to_pass),
@@ -215,15 +222,21 @@ def swebench_tests(instance: Instance, files: TestFiles, options: Options) -> di
     }
 
 
-def workspace_yaml(instance: Instance, url: str, options: Options, swebench: dict | None = None) -> str:
-    workspace = {"repo": url, "base_commit": instance.base_commit}
+def workspace_yaml(
+    instance: Instance, url: str, options: Options, recipe: recipes.Recipe, swebench: dict | None = None
+) -> str:
+    """The task's workspace.yaml; with --image-template no repo: the image's /testbed is the workspace."""
+    environment = recipes.environment_for(instance, recipe, options)
+    workspace = {} if options.image_template else {"repo": url, "base_commit": instance.base_commit}
     if instance.version:
         workspace["version"] = instance.version
     if instance.language:
         workspace["language"] = instance.language
-    workspace["install"] = list(options.install or instance.install or DEFAULT_INSTALL)
-    if options.environment:
-        workspace["environment"] = options.environment
+    workspace["install"] = recipe.install
+    if recipe.env:
+        workspace["env"] = recipe.env
+    if environment:
+        workspace["environment"] = environment
     if swebench is not None:
         workspace["grader"] = "swebench"
         workspace["swebench"] = swebench
@@ -242,11 +255,12 @@ def build_task(instance: Instance, files: TestFiles, url: str, options: Options,
         raise BadRow(
             label, f"problem_statement is over {MAX_INSTRUCTION_BYTES} bytes, more than an agent's --instruction holds"
         )
+    recipe = recipes.recipe_for(instance, options)
     with tempfile.TemporaryDirectory(dir=out, prefix=f".{label}.", suffix=".tmp") as scratch:
         folder = Path(scratch) / label
         tests = folder / "tests"
         tests.mkdir(parents=True)
-        workspace = workspace_yaml(instance, url, options, swebench_tests(instance, files, options))
+        workspace = workspace_yaml(instance, url, options, recipe, swebench_tests(instance, files, recipe))
         (folder / "workspace.yaml").write_text(workspace, encoding="utf-8")
         (folder / "prompt.md").write_text(instance.problem_statement, encoding="utf-8")
         for path, data, mode in files.changed:
