@@ -285,10 +285,8 @@ def test_specs_and_environment_for_choose_each_rows_install_and_environment(cli,
     first = yaml.safe_load((out / "owner__calc-1" / "workspace.yaml").read_text())
     assert first["install"] == ["python -m pip install 'pytest<9'", "python -m pip install -e ."]
     assert (first["env"], first["environment"]) == ({"CALC_MODE": "strict"}, "py39")
-    assert (
-        "\npytest -rA \\\n  'tests/test_add.py::test_add[2 + 3]'"
-        in (out / "owner__calc-1" / "tests" / "fail_to_pass_1.sh").read_text()
-    )
+    assert first["swebench"]["test_cmd"] == "pytest -rA"  # the recipe's, graded as SWE-bench grades
+    assert first["swebench"]["fail_to_pass"] == ["tests/test_add.py::test_add[2 + 3]"]
     second = yaml.safe_load((out / "owner__calc-2" / "workspace.yaml").read_text())
     assert second["environment"] == {"image": "registry.example/py:3.11"} and second["install"] == []
     index = json.loads((out / "index.json").read_text())
@@ -345,13 +343,15 @@ def test_image_template_tasks_have_no_repo_and_a_row_whose_id_makes_no_image_is_
     )
     assert "note:" not in done.stdout  # the image's environment is the recipe when none is known
     workspace = yaml.safe_load((out / "Owner__calc-1" / "workspace.yaml").read_text())
+    graded = workspace.pop("swebench")
     assert workspace == {
         "version": "1.0",
         "install": [],
         "environment": {"image": "registry.example/sweb.eval.x86_64.owner_1776_calc-1:latest"},
+        "grader": "swebench",
+        "patch": workspace["patch"],
     }
-    script = (out / "Owner__calc-1" / "tests" / "fail_to_pass_1.sh").read_text()
-    assert f"\n{recipes.TESTBED_ACTIVATE} && python -m pytest -rA -p no:cacheprovider \\\n" in script
+    assert graded["test_cmd"] == f"{recipes.TESTBED_ACTIVATE} && python -m pytest -rA -p no:cacheprovider"
     assert (out / "Owner__calc-1" / "tests" / "tests" / "test_add.py").is_file()  # support files, into /testbed
 
 
