@@ -120,16 +120,16 @@ def sh_git(*settings: str) -> str:
     return " ".join(shlex.quote(word) for word in git_argv(*settings))
 
 
-def sh_past_tags(where: str = "") -> str:
+def sh_past_tags(where: str = "", fields: str = "%(objectname) %(refname)") -> str:
     """Shell: the tags ``$sha`` (a full commit id) reaches, as packed-refs lines ``<id> refs/tags/<name>``.
 
     A tag of ``$sha`` or of an ancestor is listed (an annotated tag, or a tag of a tag, by the
     commit it peels to), with the id it names itself; a tag of a later commit, of another
     history, of a tree or a blob is not. One command however many tags: ``--merged`` walks the
     history once for all of them. ``where``: git's options naming the repository
-    (``--git-dir=...``), else ``$GIT_DIR``'s.
+    (``--git-dir=...``), else ``$GIT_DIR``'s; ``fields``: for-each-ref's format of a line.
     """
-    return f"{sh_git()} {where} for-each-ref --merged \"$sha\" --format='%(objectname) %(refname)' refs/tags"
+    return f"{sh_git()} {where} for-each-ref --merged \"$sha\" --format='{fields}' refs/tags"
 
 
 SH_PAST_TAGS = sh_past_tags()

@@ -14,7 +14,7 @@ import pytest
 
 from evaluations.pipeline.gitrepo import clone_at
 from evaluations.pipeline.mirror import clone_from_mirror, update_mirror
-from tests.helpers.gitrepos import GIT_TEST_ENV, git, make_bare, serve_dumb_http, subprocess_runner
+from tests.helpers.gitrepos import git, make_bare, make_many_tags, serve_dumb_http, subprocess_runner
 from tests.pipeline.test_gitrepo import _env
 
 FIX_MESSAGE = "v1.1: add() adds at last, THE-FIX-IN-A-TAG-MESSAGE"
@@ -204,47 +204,10 @@ def test_a_base_with_no_tag_before_it_has_no_tags(tmp_path, via):
     assert git(dest, "describe", "--tags", check=False) == ""
 
 
-def _many_tags(tmp_path: Path, per_side: int) -> tuple[Path, str, list[str]]:
-    """A repository of 200 commits with ``per_side`` annotated and ``per_side`` lightweight tags on
-    the first 100 (the base is the 100th) and as many on the last 100, made with one fast-import."""
-    src = tmp_path / "many"
-    src.mkdir()
-    git(src, "init", "--quiet")
-    stream = []
-    for n in range(1, 201):
-        stream += [
-            "commit refs/heads/main",
-            f"mark :{n}",
-            f"committer T <t@example.com> {1700000000 + n} +0000",
-            f"data {len(f'c{n}')}",
-            f"c{n}",
-        ]
-        stream += [] if n == 1 else [f"from :{n - 1}"]
-        stream += ["M 644 inline f.txt", f"data {len(str(n))}", str(n)]
-    for side, first in (("old", 1), ("new", 101)):
-        for i in range(per_side):
-            mark = first + i % 100
-            message = f"{side} {i}"
-            stream += [f"tag {side}-a{i}", f"from :{mark}", f"tagger T <t@example.com> {1700000000 + i} +0000"]
-            stream += [f"data {len(message)}", message]
-            stream += [f"reset refs/tags/{side}-l{i}", f"from :{mark}"]
-    subprocess.run(
-        ["git", "fast-import", "--quiet"],
-        cwd=src,
-        input="\n".join(stream) + "\n",
-        text=True,
-        check=True,
-        env=GIT_TEST_ENV,
-    )
-    base = git(src, "rev-parse", "main~100")
-    kept = sorted(f"old-{kind}{i}" for i in range(per_side) for kind in ("a", "l"))
-    return src, base, kept
-
-
 @pytest.mark.parametrize("via", ["file", "mirror"])
 def test_thousands_of_tags_are_sorted_in_one_pass(tmp_path, via):
     """4000 tags, half on the base's ancestors: exactly those kept, without a command per tag."""
-    src, base, kept = _many_tags(tmp_path, 1000)
+    src, base, kept = make_many_tags(tmp_path / "many", 1000)
     served = make_bare(src, tmp_path / "served.git")
     env = _env(tmp_path)
     dest = tmp_path / "session" / "repo"
