@@ -73,8 +73,10 @@ tags=$({sh_past_tags('--git-dir="$1"')}) || exit 17
 wants=$({sh_past_tags('--git-dir="$1"', "%(objectname)")}) || exit 17
 {sh_git()} init --quiet --template= -- "$GIT_WORK_TREE" || exit 12
 # The base and what its tags name (their tag objects), asked for by id: no ref of the mirror is copied.
-printf '%s\n' "$sha" "$wants" | {sh_git("uploadpack.allowAnySHA1InWant=true")} fetch --quiet --no-tags \\
-    --no-write-fetch-head --stdin -- "file://$1" || exit 13
+# Never an empty line: fetch takes one for the mirror's HEAD, the future.
+{{ printf '%s\n' "$sha"; [ -z "$wants" ] || printf '%s\n' "$wants"; }} |
+  {sh_git("uploadpack.allowAnySHA1InWant=true")} fetch --quiet --no-tags --no-write-fetch-head --stdin \\
+    -- "file://$1" || exit 13
 [ -e "$GIT_DIR/objects/info/alternates" ] && exit 14
 {SH_WRITE_TAGS} || exit 18
 {sh_git("core.logAllRefUpdates=false")} checkout --quiet --detach "$sha" -- || exit 15

@@ -188,7 +188,7 @@ def test_a_base_with_no_tag_before_it_has_no_tags(tmp_path, via):
     src.mkdir()
     git(src, "init", "--quiet")
     base = _commit(src, "a.py", "A = 1\n", "base")
-    _commit(src, "a.py", "A = 2\n", "later")
+    later = _commit(src, "a.py", "A = 2\n", "later")
     git(src, "tag", "-a", "-m", "later", "v9.9")
     served = make_bare(src, tmp_path / "served.git")
     dest = tmp_path / "session" / "repo"
@@ -202,6 +202,10 @@ def test_a_base_with_no_tag_before_it_has_no_tags(tmp_path, via):
     assert git(dest, "for-each-ref") == ""
     assert not (dest / ".git" / "packed-refs").exists()
     assert git(dest, "describe", "--tags", check=False) == ""
+    # No tag to ask for is not "ask for the mirror's HEAD" (an empty line to `fetch --stdin` is).
+    assert subprocess.run(["git", "cat-file", "-e", later], cwd=dest).returncode != 0
+    stored = set(git(dest, "cat-file", "--batch-all-objects", "--batch-check=%(objectname)").split())
+    assert stored == {line.split()[0] for line in git(dest, "rev-list", "--objects", base).splitlines()}
 
 
 @pytest.mark.parametrize("via", ["file", "mirror"])
