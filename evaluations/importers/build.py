@@ -33,7 +33,7 @@ import os
 import shutil
 import subprocess
 import tempfile
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
@@ -44,26 +44,14 @@ from evaluations.pipeline.taskspec import MAX_INSTRUCTION_BYTES, TaskError, load
 from evaluations.worker.localrun import pack_folder
 
 from . import recipes
-from .recipes import DEFAULT_INSTALL, DEFAULT_TEST_CMD  # noqa: F401  (the command's help names them)
+from .recipes import DEFAULT_INSTALL, DEFAULT_REPO_URL, DEFAULT_TEST_CMD, Options  # noqa: F401  (re-exported)
 from .rows import BadRow, Instance
 
-DEFAULT_REPO_URL = "https://github.com/{repo}.git"
 CLONE_TIMEOUT_SECS = 3600
 GIT_TIMEOUT_SECS = 600
 # A transfer slower than 1 KB/s for a minute is a dead one (an unreachable host fails sooner).
 _CLONE_SETTINGS = ("http.lowSpeedLimit=1000", "http.lowSpeedTime=60")
 _MODES = {"100644": 0o644, "100755": 0o755}
-
-
-@dataclass(frozen=True)
-class Options:
-    repo_url: str = DEFAULT_REPO_URL
-    install: tuple[str, ...] = ()  # --install: for every row, over the row's own
-    test_cmd: str | None = None  # --test-cmd: for every row, over the row's own
-    environment: str | None = None  # --environment: workspace.yaml `environment` (recipes.environment_for)
-    specs: recipes.Specs = field(default_factory=dict)  # --specs FILE, over SWE-bench's (recipes.py)
-    environment_for: dict = field(default_factory=dict)  # --environment-for: python version -> name or {image}
-    image_template: str | None = None  # --image-template: each row's environment is its SWE-bench image
 
 
 @dataclass(frozen=True)

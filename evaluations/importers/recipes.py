@@ -38,7 +38,6 @@ import re
 import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from evaluations.environments import BadEnvironment, check_name
 from evaluations.images import reference
@@ -47,11 +46,9 @@ from evaluations.pipeline.taskbase import ENV_NAME
 
 from .rows import BadRow, Instance
 
-if TYPE_CHECKING:
-    from .build import Options
-
 DEFAULT_TEST_CMD = "python -m pytest -rA -p no:cacheprovider"
 DEFAULT_INSTALL = ("pip install -e .",)
+DEFAULT_REPO_URL = "https://github.com/{repo}.git"
 SWEBENCH_SPECS = Path(__file__).with_name("data") / "swebench_specs.json"
 # What SWE-bench's evaluation script runs before the test command in its images.
 TESTBED_ACTIVATE = "source /opt/miniconda3/bin/activate && conda activate testbed"
@@ -76,6 +73,17 @@ _PLACEHOLDER = re.compile(r"\{([^{}]*)\}")
 SAMPLE_ID = "owner__name-1"  # what a template is checked with before any row is read
 
 Specs = dict[str, dict[str, dict]]
+
+
+@dataclass(frozen=True)
+class Options:
+    repo_url: str = DEFAULT_REPO_URL
+    install: tuple[str, ...] = ()  # --install: for every row, over the row's own
+    test_cmd: str | None = None  # --test-cmd: for every row, over the row's own
+    environment: str | None = None  # --environment: workspace.yaml `environment` (recipes.environment_for)
+    specs: Specs = field(default_factory=dict)  # --specs FILE, over SWE-bench's (recipes.py)
+    environment_for: dict = field(default_factory=dict)  # --environment-for: python version -> name or {image}
+    image_template: str | None = None  # --image-template: each row's environment is its SWE-bench image
 
 
 class SpecsError(ValueError):

@@ -286,7 +286,7 @@ def test_specs_and_environment_for_choose_each_rows_install_and_environment(cli,
     assert first["install"] == ["python -m pip install 'pytest<9'", "python -m pip install -e ."]
     assert (first["env"], first["environment"]) == ({"CALC_MODE": "strict"}, "py39")
     assert first["swebench"]["test_cmd"] == "pytest -rA"  # the recipe's, graded as SWE-bench grades
-    assert first["swebench"]["fail_to_pass"] == ["tests/test_add.py::test_add[2 + 3]"]
+    assert "tests/test_add.py::test_add[2 + 3]" in first["swebench"]["fail_to_pass"]
     second = yaml.safe_load((out / "owner__calc-2" / "workspace.yaml").read_text())
     assert second["environment"] == {"image": "registry.example/py:3.11"} and second["install"] == []
     index = json.loads((out / "index.json").read_text())
@@ -386,7 +386,5 @@ def test_a_recipe_installs_through_the_proxy_and_its_env_reaches_the_tests(cli, 
     assert workspace["env"] == {"CALC_LANG": "C.UTF-8", "CALC_MODE": "strict"}
     runs = json.loads((out / "verification.json").read_text())["tasks"][0]
     assert runs["verified"] is True, runs
-    assert [(t["name"], t["passed"]) for t in runs["gold"]["tests"]] == [
-        ("fail_to_pass_1", True),
-        ("pass_to_pass_1", True),
-    ]
+    gold = runs["gold"]["tests"]  # one row per id, graded from the log (SPEC §19)
+    assert gold and all(t["passed"] for t in gold) and {t["kind"] for t in gold} == {"fail_to_pass", "pass_to_pass"}
