@@ -228,12 +228,24 @@ def workspace_yaml(
     if swebench is not None:
         workspace["grader"] = "swebench"
         workspace["swebench"] = swebench
+    elif is_forge(instance):  # SWE-Forge's FAIL_TO_PASS / PASS_TO_PASS are test commands, not ids
+        workspace["fail_to_pass"] = list(instance.fail_to_pass)
+        workspace["pass_to_pass"] = list(instance.pass_to_pass)
     if instance.difficulty is not None:  # SWE-Forge's, kept in the evaluation's task_metadata
         workspace["difficulty"] = instance.difficulty
     if instance.difficulty_score is not None:
         workspace["difficulty_score"] = instance.difficulty_score
     workspace["patch"] = instance.patch  # the gold patch: verify_tasks' reference solution, never the agent's
     return yaml.safe_dump(workspace, sort_keys=False, allow_unicode=True, width=1 << 20)
+
+
+def is_forge(instance: Instance) -> bool:
+    """A SWE-Forge row (SPEC §19): SWE-bench's fields plus its own (``install``, ``language``,
+    ``difficulty``) and no ``test_cmd``; its FAIL_TO_PASS and PASS_TO_PASS are then shell commands
+    (``pytest tests/x.py``) that the task runs. A row with a ``test_cmd`` has ids that command's log names."""
+    if instance.test_cmd is not None:
+        return False
+    return instance.install is not None or instance.language is not None or instance.difficulty is not None
 
 
 def build_task(instance: Instance, files: TestFiles, url: str, options: Options, out: Path) -> Built:
@@ -248,7 +260,8 @@ def build_task(instance: Instance, files: TestFiles, url: str, options: Options,
         folder = Path(scratch) / label
         tests = folder / "tests"
         tests.mkdir(parents=True)
-        workspace = workspace_yaml(instance, url, options, recipe, swebench_tests(instance, files, recipe))
+        graded = None if is_forge(instance) else swebench_tests(instance, files, recipe)
+        workspace = workspace_yaml(instance, url, options, recipe, graded)
         (folder / "workspace.yaml").write_text(workspace, encoding="utf-8")
         (folder / "prompt.md").write_text(instance.problem_statement, encoding="utf-8")
         for path, data, mode in files.changed:

@@ -94,3 +94,22 @@ def test_import_swebench_keeps_swe_forge_rows_fields_and_names_a_bad_one(cli, se
         "skipped owner__calc-2: difficulty_score must be a whole number from 0 to 255, got 'hard'",
         "skipped owner__calc-3: difficulty must be a string",
     ]
+    # SWE-Forge's FAIL_TO_PASS / PASS_TO_PASS are commands: the task runs them, no swebench grader.
+    assert "grader" not in workspace and "swebench" not in workspace
+    assert workspace["fail_to_pass"] == json.loads(forge["FAIL_TO_PASS"]) if isinstance(forge["FAIL_TO_PASS"], str) \
+        else workspace["fail_to_pass"] == forge["FAIL_TO_PASS"]  # fmt: skip
+
+
+def test_a_swebench_row_is_graded_by_ids_and_a_swe_forge_row_by_commands(cli, served, tmp_path):
+    instances, _server, template = served
+    plain = instances.make("owner__calc-1")
+    forge = instances.make("owner__calc-2", install="pip install -e .",
+                           FAIL_TO_PASS=["python -m pytest -rA tests/test_add.py"], PASS_TO_PASS=[])  # fmt: skip
+    out = tmp_path / "out"
+    done = cli.manage("import_swebench", str(write_jsonl(tmp_path / "rows.jsonl", [plain, forge])),
+                      "--out", str(out), "--repo-url", template)  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    graded = yaml.safe_load((out / "owner__calc-1" / "workspace.yaml").read_text())
+    commands = yaml.safe_load((out / "owner__calc-2" / "workspace.yaml").read_text())
+    assert graded["grader"] == "swebench" and "fail_to_pass" not in graded
+    assert commands["fail_to_pass"] == ["python -m pytest -rA tests/test_add.py"] and "grader" not in commands
