@@ -19,6 +19,16 @@ RUN apt-get update \
  && apt-get install -y --no-install-recommends bubblewrap socat git nodejs tini util-linux procps ca-certificates \
  && rm -rf /var/lib/apt/lists/*
 
+# The toolchains of SWE-Forge's task languages (SPEC §19), as the upstream executor's image carries them:
+# Go, Node with npm, yarn and pnpm, Rust with cargo, and a JDK (javac) for Java. A task's commands find
+# them on the system PATH; LANGUAGE_ENVIRONMENTS sends a language elsewhere (another version, an image).
+# Without this layer a task of those languages fails at downloading_task naming its language.
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends golang-go npm rustc cargo default-jdk-headless build-essential \
+ && npm install -g --no-fund --no-audit yarn@1 pnpm@9 \
+ && npm cache clean --force \
+ && rm -rf /var/lib/apt/lists/*
+
 RUN useradd --create-home --uid 10001 --shell /usr/sbin/nologin executor
 WORKDIR /app
 

@@ -131,6 +131,37 @@ def tenants(env: str):
     return _field(env, (), parse, secret=True)
 
 
+# SPEC §19: the languages a task's `language:` may ask a toolchain for, and Python versions
+# (a task's install_config `python`), as LANGUAGE_ENVIRONMENTS keys.
+TASK_LANGUAGES = ("go", "rust", "javascript", "typescript", "java", "python")
+_PYTHON_VERSION_KEY = re.compile(r"python[0-9]+\.[0-9]+")
+
+
+def language_environments(env: str):
+    """``language=name-or-image,...`` (SPEC §19): the environment of a task of that language that names
+    none. A language is one of TASK_LANGUAGES or ``pythonX.Y``, each listed once. The values (an
+    environment name, or an image reference) are checked by settings_loader, which knows both forms."""
+
+    def parse(name: str, raw: str) -> tuple[tuple[str, str], ...]:
+        pairs: list[tuple[str, str]] = []
+        for position, item in enumerate((item.strip() for item in raw.split(",") if item.strip()), start=1):
+            language, equals, value = (part.strip() for part in item.partition("="))
+            language = language.lower()
+            if not equals or not language or not value:
+                raise ConfigError(f"{name}: entry {position} must be language=environment, got {item!r}")
+            if language not in TASK_LANGUAGES and not _PYTHON_VERSION_KEY.fullmatch(language):
+                raise ConfigError(
+                    f"{name}: entry {position}: unknown language {language!r} "
+                    f"(one of {', '.join(TASK_LANGUAGES)}, or pythonX.Y for a Python version)"
+                )
+            if any(language == known for known, _ in pairs):
+                raise ConfigError(f"{name}: the language {language!r} is listed twice")
+            pairs.append((language, value))
+        return tuple(pairs)
+
+    return _field(env, (), parse)
+
+
 def text(env: str, default: str = "", *, strip: bool = True, secret: bool = False):
     def parse(name: str, raw: str) -> str:
         value = raw.strip() if strip else raw
@@ -221,6 +252,8 @@ class Config:
     # Root filesystems a task may run in (evaluations/environments/), and the one used by default.
     environments_root: Path | None = optional_path("ENVIRONMENTS_ROOT")
     default_environment: str | None = text("DEFAULT_ENVIRONMENT", None)
+    # SPEC §19: per task language (go=NAME_OR_IMAGE,...), the environment of a task that names none.
+    language_environments: tuple[tuple[str, str], ...] = language_environments("LANGUAGE_ENVIRONMENTS")
     reap_interval_secs: int = integer("REAP_INTERVAL_SECS", 60, minimum=1)
     retention_days: int = integer("RETENTION_DAYS", 0, minimum=0)
     shutdown_grace_secs: int = integer("SHUTDOWN_GRACE_SECS", 30, minimum=0)
@@ -295,6 +328,11 @@ class Config:
             registry, _, mirror = item.partition("=")
             mirrors[registry.strip()] = (*mirrors.get(registry.strip(), ()), mirror.strip())
         return mirrors
+
+    @property
+    def language_environment(self) -> dict[str, str]:
+        """LANGUAGE_ENVIRONMENTS as {language: name or image reference}."""
+        return dict(self.language_environments)
 
     @property
     def wake_socket(self) -> Path:

@@ -8,6 +8,7 @@ from collections.abc import Mapping
 
 from evaluations import environments
 from evaluations.network.egress import egress_policy
+from evaluations.pipeline.taskbase import TaskError, environment_choice
 from executor_project.config import Config, ConfigError
 from executor_project.config import load as load_values
 
@@ -33,3 +34,18 @@ def _check_environments(config: Config) -> None:
             environments.resolve(config.environments_root, config.default_environment)
         except environments.BadEnvironment as exc:
             raise ConfigError(f"DEFAULT_ENVIRONMENT: {exc}") from None
+    for language, value in config.language_environments:
+        where = f"LANGUAGE_ENVIRONMENTS: {language}"
+        try:
+            choice = environment_choice(value, where)
+        except TaskError as exc:
+            raise ConfigError(str(exc)) from None
+        if isinstance(choice, str):  # a name: it must be there now, as DEFAULT_ENVIRONMENT's
+            if not config.environments_root:
+                raise ConfigError(
+                    f"{where}: environment {value} needs ENVIRONMENTS_ROOT, the folder environments are in"
+                )
+            try:
+                environments.resolve(config.environments_root, choice)
+            except environments.BadEnvironment as exc:
+                raise ConfigError(f"{where}: {exc}") from None

@@ -333,7 +333,11 @@ class EvaluationSerializer(serializers.Serializer):
         "wins): agent_timeout_secs, verifier_timeout_secs, build_timeout_secs, cpus, memory_mb, storage_mb, "
         "network, allowed_hosts.",
     )
-    task_metadata = serializers.DictField(allow_null=True, help_text="task.toml's [metadata] and its unknown keys.")
+    task_metadata = serializers.DictField(
+        allow_null=True,
+        help_text="What the task says about itself: task.toml's [metadata] and its unknown keys (Harbor), "
+        "workspace.yaml's difficulty, difficulty_score and install_config (SWE-Forge).",
+    )
     system_changes = serializers.DictField(
         allow_null=True,
         help_text="In an image: {count, paths (the first 200, sorted), suspicious}: what the agent created, changed "

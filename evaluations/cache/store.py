@@ -50,7 +50,8 @@ from evaluations.safefs import TreeUsage, remove_tree_nofollow, tree_usage
 log = logging.getLogger("term_executor.cache")
 
 # Bumped whenever what an entry holds or how it is laid out changes: older entries become misses.
-CACHE_FORMAT = 1
+# 2: the repository keeps the tags of the base and its ancestors (SPEC §19); format-1 entries have none.
+CACHE_FORMAT = 2
 FOLDERS = ("repo", "venv", "home")
 BUILD_PREFIX = ".build-"
 TRASH_PREFIX = ".trash-"

@@ -7,15 +7,20 @@
    file it adds or changes, as it is after the patch, becomes a support file
    under ``tests/``. The pipeline writes those into the repository after the
    agent, so the agent can neither see nor pre-empt them.
-2. A file the test_patch deletes cannot be a support file: both test scripts
-   start with ``rm -f`` of those paths, so the tests see the tree the
-   test_patch leaves. A symbolic link, a submodule or a top-level ``*.sh``
-   (it would be read as a test script) in the test_patch makes the row bad.
-3. ``tests/fail_to_pass_1.sh`` runs every FAIL_TO_PASS id and
-   ``tests/pass_to_pass_1.sh`` every PASS_TO_PASS id (none when that list is
-   empty) in one test command each, every id quoted with ``shlex.quote``
-   (pytest parametrize ids hold spaces, brackets and quotes).
-4. The folder is written in a scratch folder inside DIR, read back with the
+2. A file the test_patch deletes cannot be a support file: it is listed in
+   ``swebench: deleted_files`` and removed before the tests run, so they see
+   the tree the test_patch leaves. A symbolic link, a submodule or a
+   top-level ``*.sh`` in the test_patch makes the row bad.
+3. The task is graded as SWE-bench grades (SPEC §19, ``grader: swebench``):
+   the test command runs once over the test patch's test files
+   (``test_directives``: SWE-bench's ``get_test_directives``), and each
+   FAIL_TO_PASS / PASS_TO_PASS id is read from its log by the repository's
+   parser (``parsers.parser_for_repo``), the ids kept as the row has them.
+4. workspace.yaml's ``install``, ``env`` and ``environment`` and the test
+   command are the row's recipe and environment (recipes.py: SWE-bench's
+   specifications, --specs, --install/--test-cmd, --environment-for,
+   --image-template); with --image-template the task has no ``repo``.
+5. The folder is written in a scratch folder inside DIR, read back with the
    pipeline's own ``load_task`` (so what is written is what the executor
    accepts), packed, and only then renamed into place: a task is in DIR
    whole or not at all.
@@ -25,7 +30,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import shlex
 import shutil
 import subprocess
 import tempfile
@@ -35,27 +39,19 @@ from pathlib import Path
 import yaml
 
 from evaluations.pipeline import gitrepo
+from evaluations.pipeline.swebench import parsers
 from evaluations.pipeline.taskspec import MAX_INSTRUCTION_BYTES, TaskError, load_task
 from evaluations.worker.localrun import pack_folder
 
+from . import recipes
+from .recipes import DEFAULT_INSTALL, DEFAULT_REPO_URL, DEFAULT_TEST_CMD, Options  # noqa: F401  (re-exported)
 from .rows import BadRow, Instance
 
-DEFAULT_TEST_CMD = "python -m pytest -rA -p no:cacheprovider"
-DEFAULT_INSTALL = ("pip install -e .",)
-DEFAULT_REPO_URL = "https://github.com/{repo}.git"
 CLONE_TIMEOUT_SECS = 3600
 GIT_TIMEOUT_SECS = 600
 # A transfer slower than 1 KB/s for a minute is a dead one (an unreachable host fails sooner).
 _CLONE_SETTINGS = ("http.lowSpeedLimit=1000", "http.lowSpeedTime=60")
 _MODES = {"100644": 0o644, "100755": 0o755}
-
-
-@dataclass(frozen=True)
-class Options:
-    repo_url: str = DEFAULT_REPO_URL
-    install: tuple[str, ...] = ()  # --install: for every row, over the row's own
-    test_cmd: str | None = None  # --test-cmd: for every row, over the row's own
-    environment: str | None = None  # --environment: workspace.yaml `environment` of every row
 
 
 @dataclass(frozen=True)
@@ -182,29 +178,74 @@ def _last_line(stderr: bytes) -> str:
     return gitrepo.git_message(stderr.decode("utf-8", "replace"))
 
 
-def test_script(kind: str, instance: Instance, ids: list[str], command: str, deleted: list[str]) -> str:
-    """A tests/*.sh running ``ids`` with ``command``; the test_patch's deletions first."""
-    lines = [
-        "#!/bin/bash",
-        f"# {kind} of {instance.instance_id}: made by manage.py import_swebench",
-    ]
-    if deleted:
-        lines.append("# files the test_patch deletes (support files can only add or change)")
-        lines += [f"rm -f -- {shlex.quote(path)}" for path in deleted]
-    lines.append(command + "".join(f" \\\n  {shlex.quote(test_id)}" for test_id in ids))
-    return "\n".join(lines) + "\n"
+# SWE-bench's NON_TEST_EXTS: a test patch's files with these endings are data, not tests to run
+# (its "csv" has no dot, so it is kept so).
+NON_TEST_ENDINGS = (".json", ".png", "csv", ".txt", ".md", ".jpg", ".jpeg", ".pkl", ".yml", ".yaml", ".toml")
 
 
-def workspace_yaml(instance: Instance, url: str, options: Options) -> str:
-    workspace = {"repo": url, "base_commit": instance.base_commit}
+def test_directives(repo: str, paths: list[str]) -> list[str]:
+    """What the test command is given (SWE-bench's ``get_test_directives``): the test patch's files but
+    data files; for Django, as module paths (``tests/admin_views/tests.py`` -> ``admin_views.tests``),
+    which its ``runtests.py`` takes."""
+    directives = [path for path in paths if not path.endswith(NON_TEST_ENDINGS)]
+    if repo.lower() != "django/django":
+        return directives
+    modules = []
+    for path in directives:
+        path = path.removesuffix(".py")
+        path = path.removeprefix("tests/")
+        modules.append(path.replace("/", "."))
+    return modules
+
+
+def swebench_tests(instance: Instance, files: TestFiles, recipe: recipes.Recipe) -> dict:
+    """workspace.yaml's ``swebench`` mapping of a row (pipeline/swebench/spec.py reads it)."""
+    return {
+        "test_cmd": recipe.test_cmd,
+        "test_files": test_directives(instance.repo, [path for path, _data, _mode in files.changed]),
+        "parser": parsers.parser_for_repo(instance.repo),
+        "fail_to_pass": list(instance.fail_to_pass),
+        "pass_to_pass": list(instance.pass_to_pass),
+        **({"deleted_files": list(files.deleted)} if files.deleted else {}),
+    }
+
+
+def workspace_yaml(
+    instance: Instance, url: str, options: Options, recipe: recipes.Recipe, swebench: dict | None = None
+) -> str:
+    """The task's workspace.yaml; with --image-template no repo: the image's /testbed is the workspace."""
+    environment = recipes.environment_for(instance, recipe, options)
+    workspace = {} if options.image_template else {"repo": url, "base_commit": instance.base_commit}
     if instance.version:
         workspace["version"] = instance.version
     if instance.language:
         workspace["language"] = instance.language
-    workspace["install"] = list(options.install or instance.install or DEFAULT_INSTALL)
-    if options.environment:
-        workspace["environment"] = options.environment
+    workspace["install"] = recipe.install
+    if recipe.env:
+        workspace["env"] = recipe.env
+    if environment:
+        workspace["environment"] = environment
+    if swebench is not None:
+        workspace["grader"] = "swebench"
+        workspace["swebench"] = swebench
+    elif is_forge(instance):  # SWE-Forge's FAIL_TO_PASS / PASS_TO_PASS are test commands, not ids
+        workspace["fail_to_pass"] = list(instance.fail_to_pass)
+        workspace["pass_to_pass"] = list(instance.pass_to_pass)
+    if instance.difficulty is not None:  # SWE-Forge's, kept in the evaluation's task_metadata
+        workspace["difficulty"] = instance.difficulty
+    if instance.difficulty_score is not None:
+        workspace["difficulty_score"] = instance.difficulty_score
+    workspace["patch"] = instance.patch  # the gold patch: verify_tasks' reference solution, never the agent's
     return yaml.safe_dump(workspace, sort_keys=False, allow_unicode=True, width=1 << 20)
+
+
+def is_forge(instance: Instance) -> bool:
+    """A SWE-Forge row (SPEC §19): SWE-bench's fields plus its own (``install``, ``language``,
+    ``difficulty``) and no ``test_cmd``; its FAIL_TO_PASS and PASS_TO_PASS are then shell commands
+    (``pytest tests/x.py``) that the task runs. A row with a ``test_cmd`` has ids that command's log names."""
+    if instance.test_cmd is not None:
+        return False
+    return instance.install is not None or instance.language is not None or instance.difficulty is not None
 
 
 def build_task(instance: Instance, files: TestFiles, url: str, options: Options, out: Path) -> Built:
@@ -214,24 +255,20 @@ def build_task(instance: Instance, files: TestFiles, url: str, options: Options,
         raise BadRow(
             label, f"problem_statement is over {MAX_INSTRUCTION_BYTES} bytes, more than an agent's --instruction holds"
         )
-    command = options.test_cmd or instance.test_cmd or DEFAULT_TEST_CMD
+    recipe = recipes.recipe_for(instance, options)
     with tempfile.TemporaryDirectory(dir=out, prefix=f".{label}.", suffix=".tmp") as scratch:
         folder = Path(scratch) / label
         tests = folder / "tests"
         tests.mkdir(parents=True)
-        (folder / "workspace.yaml").write_text(workspace_yaml(instance, url, options), encoding="utf-8")
+        graded = None if is_forge(instance) else swebench_tests(instance, files, recipe)
+        workspace = workspace_yaml(instance, url, options, recipe, graded)
+        (folder / "workspace.yaml").write_text(workspace, encoding="utf-8")
         (folder / "prompt.md").write_text(instance.problem_statement, encoding="utf-8")
         for path, data, mode in files.changed:
             target = tests / path
             target.parent.mkdir(parents=True, exist_ok=True)
             target.write_bytes(data)
             target.chmod(mode)
-        scripts = {"fail_to_pass_1.sh": ("FAIL_TO_PASS", instance.fail_to_pass)}
-        if instance.pass_to_pass:
-            scripts["pass_to_pass_1.sh"] = ("PASS_TO_PASS", instance.pass_to_pass)
-        for name, (kind, ids) in scripts.items():
-            (tests / name).write_text(test_script(kind, instance, ids, command, files.deleted), encoding="utf-8")
-            (tests / name).chmod(0o755)
         try:
             load_task(folder, allow_file_urls=True)
         except TaskError as exc:

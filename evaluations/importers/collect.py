@@ -21,7 +21,9 @@
    ``solution_files``): Harbor's ``solution/solve.sh`` and every file beside
    it (solve.sh may read its neighbours, as under Harbor's oracle, which
    uploads the folder); Terminal-Bench's ``solution.sh`` (or its
-   ``solution.yaml`` as one script).
+   ``solution.yaml`` as one script); a workspace task's ``patch`` (SWE-Forge's,
+   and what import_swebench writes: the row's gold patch), applied by
+   ``verify.gold_agent`` as ``import_swebench --verify`` applies it.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ ARCHIVE_SUFFIXES = (".tar.gz", ".tgz", ".tar", ".zip")
 NO_SOLUTION = {
     "harbor": "the task has no reference solution (solution/solve.sh)",
     "terminal-bench": "the task has no reference solution (solution.sh)",
+    "workspace": "the task has no reference solution (workspace.yaml 'patch')",
 }
 
 
@@ -123,14 +126,17 @@ def prepare(given: Given, scratch: Path, config) -> verify.Check:
         )
     except TaskError as exc:
         return verify.Check(given.name, task_archive, None, f"the task is invalid (task_invalid): {exc}")
-    if task.solution is None:
-        problem = NO_SOLUTION.get(task.format, "the task has no reference solution")
+    if task.solution is None and task.patch is None:
+        problem = NO_SOLUTION[task.format]
         why_not = (task.metadata or {}).get("solution_not_converted")  # Terminal-Bench's solution.yaml
         if why_not:
             problem += f": {why_not}"
         return verify.Check(given.name, task_archive, None, problem, task.format)
-    files, executables, script = solution_files(task)
-    agent = verify.solution_agent(given.name, files, script, executables=executables)
+    if task.solution is None:  # SPEC §19: a workspace task's patch, applied as SWE-bench applies the gold patch
+        agent = verify.gold_agent(given.name, task.patch)
+    else:
+        files, executables, script = solution_files(task)
+        agent = verify.solution_agent(given.name, files, script, executables=executables)
     size = len(agent.encode("utf-8"))
     if size > config.max_agent_code_bytes:
         problem = (

@@ -7,9 +7,12 @@ import os
 from pathlib import Path
 
 
-def merge_index(path: Path, entries: list[dict], *, key: str, keep=lambda entry: True) -> None:
+def merge_index(
+    path: Path, entries: list[dict], *, key: str, keep=lambda entry: True, extra: dict | None = None
+) -> None:
     """``{"tasks": [...]}``: the file's earlier entries of other ids (``entry[key]``) that ``keep``
-    accepts, then ``entries``, sorted by id; written to a temporary file and renamed over ``path``."""
+    accepts, then ``entries``, sorted by id, and ``extra``'s keys beside ``tasks`` (this import's
+    alone); written to a temporary file and renamed over ``path``."""
     try:
         earlier = json.loads(path.read_text(encoding="utf-8")).get("tasks", [])
     except (OSError, ValueError, AttributeError):
@@ -18,6 +21,6 @@ def merge_index(path: Path, entries: list[dict], *, key: str, keep=lambda entry:
     merged = {name: e for name, e in merged.items() if keep(e)}
     merged.update({e[key]: e for e in entries})
     temporary = path.with_name(f".{path.name}.tmp")
-    document = {"tasks": [merged[name] for name in sorted(merged)]}
+    document = {"tasks": [merged[name] for name in sorted(merged)], **(extra or {})}
     temporary.write_text(json.dumps(document, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
     os.replace(temporary, path)

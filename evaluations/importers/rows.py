@@ -8,7 +8,10 @@
    as lists of strings or a JSON-encoded string of one (the published
    SWE-bench datasets use the string form), and an ``instance_id`` that is
    a safe folder name (it names ``DIR/<id>/`` and ``DIR/<id>.tar.gz``).
-3. A bad row raises ``BadRow`` naming the row by its id when it has a usable
+3. SWE-Forge's rows are SWE-bench's plus ``install`` (a command or a list),
+   ``language``, ``test_cmd``, ``difficulty`` and ``difficulty_score``, each
+   checked the same way; the task's workspace.yaml keeps them (build.py).
+4. A bad row raises ``BadRow`` naming the row by its id when it has a usable
    one, else by its position; the caller reports it and goes on.
 """
 
@@ -19,6 +22,8 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from evaluations.pipeline import sweforge
+
 REQUIRED = (
     "instance_id", "repo", "base_commit", "patch", "test_patch", "problem_statement", "FAIL_TO_PASS", "PASS_TO_PASS",
 )  # fmt: skip
@@ -26,6 +31,7 @@ REQUIRED = (
 # control character, not so long that `<id>.tar.gz` passes the file system's 255 bytes.
 _SAFE_ID = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._+@=-]{0,199}")
 _RESERVED = {"index.json", "verification.json"}  # the importer's own files in DIR
+MAX_DIFFICULTY_SCORE = sweforge.MAX_DIFFICULTY_SCORE
 _REPO = re.compile(r"[A-Za-z0-9_.-]+(?:/[A-Za-z0-9_.-]+)*")
 
 
@@ -52,6 +58,8 @@ class Instance:
     language: str | None = None
     install: list[str] | None = None  # SWE-Forge's own; --install overrides it
     test_cmd: str | None = None  # SWE-Forge's own; --test-cmd overrides it
+    difficulty: str | None = None  # SWE-Forge's (easy, medium, hard): the task's workspace.yaml keeps it
+    difficulty_score: int | None = None  # SWE-Forge's (its dataset's uint8)
 
 
 def read_rows(path: Path) -> list[tuple[str, object]]:
@@ -123,6 +131,8 @@ def parse_instance(label: str, row: object) -> Instance:
         language=_optional_text(label, row, "language"),
         install=_install(label, row),
         test_cmd=_optional_text(label, row, "test_cmd"),
+        difficulty=_optional_text(label, row, "difficulty"),
+        difficulty_score=_difficulty_score(label, row),
     )
 
 
@@ -168,3 +178,12 @@ def _install(label: str, row: dict) -> list[str] | None:
     if isinstance(value, list) and all(isinstance(item, str) for item in value):
         return list(value)
     raise BadRow(label, "install must be a string or a list of strings (shell commands)")
+
+
+def _difficulty_score(label: str, row: dict) -> int | None:
+    value = row.get("difficulty_score")
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_DIFFICULTY_SCORE:
+        raise BadRow(label, f"difficulty_score must be a whole number from 0 to {MAX_DIFFICULTY_SCORE}, got {value!r}")
+    return value

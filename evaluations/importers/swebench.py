@@ -19,7 +19,7 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import build, verify
+from . import build, recipes, verify
 from .index import merge_index
 from .rows import BadRow, Instance, parse_instance, read_rows
 
@@ -33,6 +33,11 @@ class ImportResult:
     @property
     def unverified(self) -> list[verify.Verification]:
         return [v for v in self.verifications if not v.verified]
+
+    @property
+    def no_environment(self) -> list[BadRow]:
+        """The rows skipped for want of an environment for their Python version (--environment-for)."""
+        return [bad for bad in self.skipped if isinstance(bad, recipes.NoEnvironment)]
 
 
 def import_file(
@@ -49,6 +54,7 @@ def import_file(
     result = ImportResult()
     instances: list[Instance] = []
     seen: set[str] = set()
+    notes: set[str] = set()  # each said once
     rows = read_rows(path)
     for label, row in rows:
         try:
@@ -58,6 +64,11 @@ def import_file(
             if instance.instance_id in seen:
                 raise BadRow(instance.instance_id, f"a second row with instance_id {instance.instance_id}")
             seen.add(instance.instance_id)
+            recipe = recipes.recipe_for(instance, options)
+            recipes.environment_for(instance, recipe, options)  # NoEnvironment: skipped before any clone
+            if recipe.note and recipe.note not in notes:
+                notes.add(recipe.note)
+                report(f"note: {recipe.note}")
             instances.append(instance)
         except BadRow as bad:
             if only and _id_of(row) not in only:
@@ -84,7 +95,7 @@ def import_file(
                 continue
             result.built.append(built)
             report(f"[{number}/{len(instances)}] {built.instance_id}: {built.archive} (sha256 {built.sha256[:12]})")
-        write_index(out, result.built, [])
+        write_index(out, result.built, [], result.skipped)
         if verify_jobs is not None and result.built:
             patches = {i.instance_id: i.patch for i in instances}
             checks = [
@@ -94,7 +105,7 @@ def import_file(
                 for task in result.built
             ]
             result.verifications = verify.verify(checks, scratch, verify_jobs, report, verify.SWEBENCH)
-            write_index(out, result.built, result.verifications)
+            write_index(out, result.built, result.verifications, result.skipped)
             write_verification(out, result.verifications)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
@@ -105,7 +116,9 @@ def _id_of(row: object) -> object:
     return row.get("instance_id") if isinstance(row, dict) else None
 
 
-def write_index(out: Path, built: list[build.Built], verifications: list[verify.Verification]) -> None:
+def write_index(
+    out: Path, built: list[build.Built], verifications: list[verify.Verification], skipped: list[BadRow] = ()
+) -> None:
     checked = {v.task: v for v in verifications}
     entries = []
     for task in built:
@@ -123,7 +136,11 @@ def write_index(out: Path, built: list[build.Built], verifications: list[verify.
         entries.append(entry)
     # An earlier entry stays while its archive does; a verification of it is dropped with a re-import.
     merge_index(
-        out / "index.json", entries, key="instance_id", keep=lambda e: (out / str(e.get("archive", ""))).is_file()
+        out / "index.json",
+        entries,
+        key="instance_id",
+        keep=lambda e: (out / str(e.get("archive", ""))).is_file(),
+        extra={"skipped": [{"row": bad.label, "reason": bad.message} for bad in skipped]},
     )
 
 

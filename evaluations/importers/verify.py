@@ -40,6 +40,8 @@ NOOP = "noop"
 NOOP_AGENT = "#!/bin/bash\n# the no-op agent of an oracle check (manage.py verify_tasks): changes nothing\necho no-op\n"
 _HEREDOC_END = "GOLD_PATCH_END"  # '_' is not in base64's alphabet: no line of the payload can end the document
 SOLUTION_DIR = "/solution"
+LOG_TAIL_LINES = 15  # the test output's last lines kept per run, for a run that did not do as it should
+MISSING = "not found in the log"  # a swebench-graded id's row output when its log lacks it (SPEC §19)
 
 
 @dataclass(frozen=True)
@@ -79,6 +81,12 @@ class RunOutcome:
     tests: list[dict] = field(default_factory=list)  # name, kind, passed, exit_code, timed_out
     reward: float | None = None
     rewards: dict | None = None
+    # SPEC §19 (grader swebench): the ids per kind counted, those that failed and those the log lacked
+    # (as far as test_results lists them, failing ones first), and the test output's last lines.
+    test_counts: dict | None = None
+    failed_ids: list[str] = field(default_factory=list)
+    missing_ids: list[str] = field(default_factory=list)
+    log_tail: list[str] = field(default_factory=list)
 
     @property
     def graded(self) -> bool:
@@ -121,9 +129,10 @@ def _heredoc(data: bytes, target: str) -> str:
 
 
 def gold_agent(instance_id: str, patch: str) -> str:
+    """The gold patch (a row's, or a workspace task's ``patch``) as a bash agent, applied in the repository."""
     return (
         "#!/bin/bash\n"
-        f"# the gold patch of {instance_id}, applied by manage.py import_swebench --verify\n"
+        f"# the gold patch of {_one_line(instance_id)}, applied by manage.py import_swebench --verify or verify_tasks\n"
         "set -u\n"
         'cd "$REPO_DIR" || exit 1\n'
         "patch_file=$(mktemp) || exit 1\n"
@@ -217,7 +226,17 @@ def outcome_of(document: dict) -> RunOutcome:
         ],
         reward=document.get("reward"),
         rewards=document.get("rewards"),
+        test_counts=document.get("test_counts"),
+        failed_ids=[t["name"] for t in document["test_results"] if not t["passed"] and t["output"] != MISSING],
+        missing_ids=[t["name"] for t in document["test_results"] if not t["passed"] and t["output"] == MISSING],
+        log_tail=last_lines(document.get("test_output") or ""),
     )
+
+
+def last_lines(text: str, count: int = LOG_TAIL_LINES) -> list[str]:
+    """The last ``count`` non-blank lines of a test output, each at most 300 characters."""
+    lines = [line.rstrip()[:300] for line in text.splitlines() if line.strip()]
+    return lines[-count:]
 
 
 Evaluate = Callable[[Path, Path], RunOutcome]
@@ -293,8 +312,11 @@ def verdict(solution: RunOutcome, noop: RunOutcome, words: Words = ORACLE) -> tu
         reasons.append(f"{words.without_solution} the tests did not run: {noop.error or noop.status}")
     else:
         passing = [t["name"] for t in noop.tests if t["kind"] == "fail_to_pass" and t["passed"]]
-        if passing:
-            reasons.append(f"{words.without_solution} {', '.join(passing)} passes")
+        counted = ((noop.test_counts or {}).get("fail_to_pass") or {}).get("passed", len(passing))
+        if passing or counted:
+            shown = ", ".join(passing[:_NAMED]) or f"{counted} fail_to_pass ids"
+            more = counted - min(len(passing), _NAMED) if passing else 0
+            reasons.append(f"{words.without_solution} {shown}{f' and {more} more' if more else ''} passes")
         elif noop.reward == 1:
             reasons.append(f"{words.without_solution} the reward is 1: the tests pass with nothing done")
     return not reasons, "; ".join(reasons) or None
@@ -340,12 +362,56 @@ def _solution_cell(solution: RunOutcome | None) -> str:
 def _noop_cell(noop: RunOutcome | None) -> str:
     if noop is None:
         return "-"
+    counts = (noop.test_counts or {}).get("fail_to_pass")
+    if counts:
+        return f"{counts['total'] - counts['passed']}/{counts['total']} f2p fail"
     fail_to_pass = [t for t in noop.tests if t["kind"] == "fail_to_pass"]
     if fail_to_pass:
         return f"{sum(not t['passed'] for t in fail_to_pass)}/{len(fail_to_pass)} f2p fail"
     if not noop.graded:
         return "not graded"
     return "PASSED" if noop.reward == 1 else "failed" + _reward_note(noop)
+
+
+def details(results: list[Verification], words: Words = ORACLE) -> str:
+    """Below the table, for each task not verified: each run that did not do as it should, its ids that
+    failed or were not found in the log (SPEC §19), and its test output's last lines."""
+    blocks = []
+    for item in results:
+        if item.verified:
+            continue
+        solution, noop = item.runs.get(words.solution_run), item.runs.get(NOOP)
+        wrong = [(words.solution_run, solution)] if solution is not None and solution.reward != 1 else []
+        if noop is not None and (not noop.graded or noop.reward == 1 or _f2p_passing(noop)):
+            wrong.append((NOOP, noop))
+        for name, outcome in wrong:
+            lines = [f"{item.task} ({name} run):"]
+            if outcome.failed_ids:
+                lines.append("  failed: " + _named(outcome.failed_ids))
+            if outcome.missing_ids:
+                lines.append(f"  {MISSING}: " + _named(outcome.missing_ids))
+            if name == NOOP and _f2p_passing(noop):
+                lines.append("  fail_to_pass passing: " + _named(_f2p_passing(noop)))
+            if outcome.log_tail:
+                lines.append("  the test output's last lines:")
+                lines += [f"  | {line}" for line in outcome.log_tail]
+            if len(lines) > 1:
+                blocks.append("\n".join(lines))
+    return "".join(block + "\n" for block in blocks)
+
+
+def _f2p_passing(outcome: RunOutcome) -> list[str]:
+    return [t["name"] for t in outcome.tests if t["kind"] == "fail_to_pass" and t["passed"]]
+
+
+def _named(ids: list[str]) -> str:
+    return ", ".join(ids[:_NAMED_DETAILS]) + (
+        f" and {len(ids) - _NAMED_DETAILS} more" if len(ids) > _NAMED_DETAILS else ""
+    )
+
+
+_NAMED = 5  # ids named in a reason
+_NAMED_DETAILS = 20  # ids named below the table
 
 
 def write_json(path: Path, results: list[Verification], words: Words = ORACLE) -> Path:

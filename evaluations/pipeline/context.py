@@ -192,10 +192,23 @@ class Context:
         """The host's socat with its libraries, for the egress relay in a root of its own (made once per host)."""
         return ensure_socat_bundle(self.config.workspace_base / RELAY_BUNDLE)
 
-    def run(self, argv: list[str], *, env: dict[str, str], timeout_secs: float, policy: SandboxPolicy) -> CommandResult:
+    def run(
+        self,
+        argv: list[str],
+        *,
+        env: dict[str, str],
+        timeout_secs: float,
+        policy: SandboxPolicy,
+        stdin_data: bytes | None = None,
+    ) -> CommandResult:
         """Run one command of this evaluation through the spawner; a cancel raises Cancelled."""
         result = self.spawner.run(
-            argv, cwd=Path(self.workdir), env=env, limits=self.limits(timeout_secs), policy=policy
+            argv,
+            cwd=Path(self.workdir),
+            env=env,
+            limits=self.limits(timeout_secs),
+            policy=policy,
+            stdin_data=stdin_data,
         )
         self._log_kill(result)
         if result.limit is Limit.CANCELLED:

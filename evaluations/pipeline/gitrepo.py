@@ -13,8 +13,13 @@ input checks (``check_repo_url``, ``check_base_commit``,
 
 Hiding the future (``clone_at``)
 --------------------------------
-The agent must not be able to read the fix: no ref, tag, reflog entry,
-remote, ``FETCH_HEAD`` or object that is not an ancestor of ``base_commit``.
+The agent must not be able to read the fix: no ref, reflog entry, remote,
+``FETCH_HEAD`` or object that is not an ancestor of ``base_commit``. The
+one exception (SPEC §19): the tags of ``base_commit`` and its ancestors
+stay, so ``git describe`` and setuptools_scm give the release's version
+(without them a project versioned by its tags installs as ``0.1.devN``).
+Such a tag names a commit the agent has anyway; an annotated one brings its
+tag object (name, tagger, message), which names an ancestor too.
 
 1. ``git clone --bare`` straight into ``dest/.git``: every branch is a
    plain ``refs/heads/*`` (so a branch name resolves without ``origin/``),
@@ -23,17 +28,23 @@ remote, ``FETCH_HEAD`` or object that is not an ancestor of ``base_commit``.
 2. resolve ``base_commit`` (short sha, branch, tag, expression) to a full
    sha with ``rev-parse`` (a full sha needs no resolving) and check that it
    names a commit;
-3. delete every ref file (``packed-refs``, ``refs/``, ``logs/``) and
-   ``.keep`` file with one ``rm``: one ``update-ref -d`` per tag is slow;
-4. turn the repository non-bare, drop ``remote.origin``, ``checkout
+3. list the tags it reaches with one ``for-each-ref --merged`` (``sh_past_tags``:
+   one history walk for every tag; a ``merge-base --is-ancestor`` per tag
+   costs a process each, 7.4 s for 2000 tags where this takes 9 ms:
+   bench/RESULTS.md, issue 27);
+4. delete every ref file (``packed-refs``, ``refs/``, ``logs/``) and
+   ``.keep`` file with one ``rm`` (one ``update-ref -d`` per tag is slow),
+   then write the listed tags back as the one ``packed-refs`` file;
+5. turn the repository non-bare, drop ``remote.origin``, ``checkout
    --detach`` without a reflog and, unless the packs already hold exactly
-   what the base reaches (``count-objects`` against ``rev-list``), run
-   ``git repack -a -d``, which writes one pack of what HEAD and the index
-   reach and deletes the clone's packs and the loose objects now packed;
-5. the loose objects left (dumb HTTP stores objects loose) are exactly the
+   what HEAD and the kept tags reach (``count-objects`` against
+   ``rev-list --all``), run ``git repack -a -d``, which writes one pack of
+   what HEAD, the index and the tags reach and deletes the clone's packs and
+   the loose objects now packed;
+6. the loose objects left (dumb HTTP stores objects loose) are exactly the
    unreachable ones: they are deleted, as ``git prune`` would. The tests
    check that the stored objects are exactly those reachable from
-   ``base_commit``.
+   ``base_commit``, plus the kept tags' tag objects.
 
 All of it is one ``sh`` script, so one command through the spawner: every
 command costs a sandbox (bubblewrap's start: bench/RESULTS.md), and
@@ -110,6 +121,24 @@ def sh_git(*settings: str) -> str:
     return " ".join(shlex.quote(word) for word in git_argv(*settings))
 
 
+def sh_past_tags(where: str = "", fields: str = "%(objectname) %(refname)") -> str:
+    """Shell: the tags ``$sha`` (a full commit id) reaches, as packed-refs lines ``<id> refs/tags/<name>``.
+
+    A tag of ``$sha`` or of an ancestor is listed (an annotated tag, or a tag of a tag, by the
+    commit it peels to), with the id it names itself; a tag of a later commit, of another
+    history, of a tree or a blob is not. One command however many tags: ``--merged`` walks the
+    history once for all of them. ``where``: git's options naming the repository
+    (``--git-dir=...``), else ``$GIT_DIR``'s; ``fields``: for-each-ref's format of a line.
+    """
+    return f"{sh_git()} {where} for-each-ref --merged \"$sha\" --format='{fields}' refs/tags"
+
+
+SH_PAST_TAGS = sh_past_tags()
+# Once every ref is gone: $tags (sh_past_tags' lines, maybe none) become $GIT_DIR's packed-refs,
+# one file however many tags (git sorts and peels them as it reads them).
+SH_WRITE_TAGS = '[ -z "$tags" ] || printf "%s\\n" "$tags" > "$GIT_DIR/packed-refs"'
+
+
 # The whole clone, in dest with GIT_DIR (dest/.git) and GIT_WORK_TREE (dest) set. $1 the URL,
 # $2 base_commit, $3 "resolve" when it is not a full sha, $4 the address pin or "". A failing
 # stage exits with its own code: _CLONE_STAGES names it for the message. It prints HEAD's sha last.
@@ -129,11 +158,14 @@ if [ "$3" = resolve ]; then
   sha=$({sh_git()} rev-parse --verify --quiet --end-of-options "$2^{{commit}}") || exit {_NOT_A_COMMIT}
 fi
 {sh_git()} cat-file -e "$sha^{{commit}}" 2>/dev/null || exit {_NOT_A_COMMIT}
-# Every ref, reflog and fetch record goes (HEAD stays); refs/heads and refs/tags are made anew,
-# empty, for the agent's own branches. A kept pack would survive the repack with the future in it.
+tags=$({SH_PAST_TAGS}) || exit 18
+# Every ref, reflog and fetch record goes (HEAD stays); refs/heads and refs/tags are made anew, for
+# the agent's own branches, and the past's tags come back. A kept pack would survive the repack
+# with the future in it.
 cd "$GIT_DIR" || exit 22
 rm -rf -- packed-refs FETCH_HEAD ORIG_HEAD logs refs objects/pack/*.keep || exit 22
 mkdir -p refs/heads refs/tags || exit 22
+{SH_WRITE_TAGS} || exit 19
 cd "$GIT_WORK_TREE" || exit 22
 counts=$({sh_git()} count-objects -v) || exit 16
 loose=-1 packed=-1
@@ -145,10 +177,10 @@ COUNTS
 {sh_git()} config core.bare false || exit 11
 {sh_git()} config --remove-section remote.origin || exit 12
 {sh_git("core.logAllRefUpdates=false")} checkout --quiet --detach "$sha" -- || exit 13
-# Repack unless the packs hold exactly what the base reaches and nothing is loose: a dumb-HTTP
-# pack or a ref ahead of the base brings the future along. Then only unreachable objects are
+# Repack unless the packs hold exactly what HEAD and the kept tags reach and nothing is loose: a
+# dumb-HTTP pack or a ref ahead of the base brings the future along. Then only unreachable objects are
 # left loose: deleted, as git prune would.
-reached=$({sh_git()} rev-list --objects --count "$sha" --) || exit 17
+reached=$({sh_git()} rev-list --objects --count --all --) || exit 17
 if [ "$loose" != 0 ] || [ "$reached" -ne "$packed" ]; then
   {sh_git()} repack -a -d -n -q || exit 14
   rm -rf -- "$GIT_DIR"/objects/[0-9a-f][0-9a-f] || exit 14
@@ -166,6 +198,8 @@ _CLONE_STAGES = {
     15: "git rev-parse of HEAD",
     16: "git count-objects",
     17: "git rev-list",
+    18: "git for-each-ref --merged",
+    19: "writing the tags",
     22: "removing the clone's refs",
 }
 

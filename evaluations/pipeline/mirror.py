@@ -5,11 +5,14 @@ needs a commit it lacks). The evaluation must not see it, so the repository
 it gets is never a clone sharing the mirror's objects (``--reference``,
 ``--shared`` and ``objects/info/alternates`` would all let ``git cat-file``
 read later commits): it is a fresh ``git init`` into which ``base_commit``
-alone is fetched. A fetch over the pack protocol sends exactly the objects
-reachable from what is asked, even from a local mirror, so the result holds
-the same objects as ``gitrepo.clone_at`` leaves, and the same hardening
-applies (hooks off, no template, no remote, no reflog, ``FETCH_HEAD`` not
-written).
+and the tag objects of the tags it reaches (``gitrepo.sh_past_tags``, listed
+in the mirror) are fetched by id; those tags are then written as its
+``packed-refs``, as ``clone_at`` writes them. A fetch over the pack protocol
+sends exactly the objects reachable from what is asked, even from a local
+mirror, so the result holds the same objects and tags as ``gitrepo.clone_at``
+leaves, and the same hardening applies (hooks off, no template, no remote,
+no reflog, ``FETCH_HEAD`` not written). A tag of a later commit, however
+near, stays in the mirror.
 
 These functions only run git (through the caller's ``CommandRunner``, the
 one spawner); who may write the mirror and when is pipeline/warm.py's job
@@ -22,6 +25,7 @@ import time
 from pathlib import Path
 
 from evaluations.pipeline.gitrepo import (
+    SH_WRITE_TAGS,
     CommandRunner,
     Git,
     GitError,
@@ -34,6 +38,7 @@ from evaluations.pipeline.gitrepo import (
     is_full_sha,
     last_sha,
     sh_git,
+    sh_past_tags,
     userinfo,
 )
 from evaluations.safefs import remove_tree_nofollow
@@ -64,10 +69,16 @@ if [ "$3" = resolve ]; then
 fi
 {sh_git()} --git-dir="$1" cat-file -e "$sha^{{commit}}" 2>/dev/null || exit {_MISSING}
 if [ "$4" = resolve-only ]; then printf '%s\n' "$sha"; exit 0; fi
+tags=$({sh_past_tags('--git-dir="$1"')}) || exit 17
+wants=$({sh_past_tags('--git-dir="$1"', "%(objectname)")}) || exit 17
 {sh_git()} init --quiet --template= -- "$GIT_WORK_TREE" || exit 12
-{sh_git("uploadpack.allowAnySHA1InWant=true")} fetch --quiet --no-tags --no-write-fetch-head \\
-    -- "file://$1" "$sha" || exit 13
+# The base and what its tags name (their tag objects), asked for by id: no ref of the mirror is copied.
+# Never an empty line: fetch takes one for the mirror's HEAD, the future.
+{{ printf '%s\n' "$sha"; [ -z "$wants" ] || printf '%s\n' "$wants"; }} |
+  {sh_git("uploadpack.allowAnySHA1InWant=true")} fetch --quiet --no-tags --no-write-fetch-head --stdin \\
+    -- "file://$1" || exit 13
 [ -e "$GIT_DIR/objects/info/alternates" ] && exit 14
+{SH_WRITE_TAGS} || exit 18
 {sh_git("core.logAllRefUpdates=false")} checkout --quiet --detach "$sha" -- || exit 15
 {sh_git()} rev-parse --verify --quiet HEAD || exit 16
 """
@@ -78,6 +89,8 @@ _CLONE_STAGES = {
     14: "checking for alternates",
     15: "git checkout",
     16: "git rev-parse of HEAD",
+    17: "git for-each-ref --merged in the mirror",
+    18: "writing the tags",
 }
 
 

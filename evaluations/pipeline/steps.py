@@ -20,6 +20,7 @@ from evaluations.pipeline import (
     outcome,
     patch,
     static,
+    tasklanguage,
     taskspec,
     toolchains,
     verifier,
@@ -35,6 +36,7 @@ from evaluations.pipeline.context import (
     remaining,
 )
 from evaluations.pipeline.imageenv import preparing_environment
+from evaluations.pipeline.swebench import tests as swebench_tests
 from evaluations.runtime import Limit, Mount
 from evaluations.safefs import SafeFSError, clear_way, write_file_nofollow
 
@@ -77,6 +79,10 @@ def downloading_task(ctx: Context) -> None:
         task_prompt=ctx.task.prompt, original_pr=ctx.task.original_pr or ""
     )
     verifier.apply_request(ctx)  # SPEC §17: the task's limits, capped by the operator's
+    try:  # SPEC §19: the toolchain of the task's language, before anything is cloned
+        ctx.task = tasklanguage.with_toolchain(ctx.task, config, ctx.command_path)
+    except tasklanguage.NoToolchain as exc:
+        raise StepFailed(str(exc), kind=ErrorKind.INFRASTRUCTURE) from None
     static.prepare(ctx)  # the three asset groups checked, merged and staged
 
 
@@ -275,7 +281,7 @@ def running_tests(ctx: Context) -> None:
     config = ctx.config
     session = ctx.session
     tests = static.fill_tests(ctx, ctx.task.tests)
-    if not tests and ctx.task.verifier is None:
+    if not tests and ctx.task.verifier is None and ctx.task.swebench is None:
         raise StepFailed("task defines no tests", kind=ErrorKind.TASK_INVALID)
     ctx.spawner.sweep()
     try:
@@ -301,6 +307,9 @@ def running_tests(ctx: Context) -> None:
         with transaction.atomic():
             TestResult.objects.bulk_create(results)
             Evaluation.objects.filter(id=ctx.eval_id).update(test_output=block)
+        return
+    if ctx.task.swebench is not None:  # SWE-bench's grading: one test command, its log read per id
+        swebench_tests.run_tests(ctx, env, static.mounts(ctx))
         return
     session.tests.mkdir(mode=0o755, exist_ok=True)
     mounts = [Mount(session.tests, str(session.tests), writable=False), *static.mounts(ctx)]

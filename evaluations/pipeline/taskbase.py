@@ -27,6 +27,7 @@ from typing import NamedTuple
 
 import yaml
 
+from evaluations.environments import BadEnvironment, check_name
 from evaluations.images import reference
 from evaluations.images.errors import ImageError
 
@@ -136,6 +137,21 @@ GRADERS = ("exit_code", "reward_file", "pytest", "swebench")
 
 
 @dataclass(frozen=True)
+class SwebenchTests:
+    """workspace.yaml's ``swebench:`` mapping (SPEC §19, read by pipeline/swebench/spec.py): one test
+    command over the test files, each id's status read from its log by ``parser``."""
+
+    __test__ = False  # not a pytest test class
+
+    test_cmd: str  # shell text; the test files follow it, each quoted
+    test_files: list[str]
+    parser: str  # a name of pipeline/swebench/parsers.PARSERS
+    fail_to_pass: list[str]
+    pass_to_pass: list[str]
+    deleted_files: list[str] = field(default_factory=list)  # removed before the command (the test patch's)
+
+
+@dataclass(frozen=True)
 class TaskSpec:
     root: Path
     repo: str | None  # None: no repository; the task runs in its image's WorkingDir (SPEC §16)
@@ -163,6 +179,10 @@ class TaskSpec:
     # What the reference solution finds at /solution (Harbor: every file of solution/, solve.sh
     # included, as its OracleAgent uploads them); empty when the script needs nothing beside it.
     solution_files: list[SupportFile] = field(default_factory=list)
+    swebench: SwebenchTests | None = None  # grader swebench: what runs and how its log is read
+    # SPEC §19: a workspace task's reference solution as a diff of its repository (SWE-Forge's and
+    # import_swebench's ``patch``), applied by verify_tasks' gold-patch agent; never the agent's to see.
+    patch: str | None = None
 
 
 def load_yaml_mapping(path: Path, shown: str) -> tuple[dict, yaml.MappingNode]:
@@ -265,6 +285,18 @@ def image_environment(image: object, key: str, where: str) -> ImageEnvironment:
     return ImageEnvironment(image=image)
 
 
+def environment_choice(value: str, where: str) -> str | ImageEnvironment:
+    """An operator's environment (LANGUAGE_ENVIRONMENTS): an image reference when it has a ``/``, ``:``
+    or ``@`` (``golang:1.22``; environment names have none), else a name under ENVIRONMENTS_ROOT.
+    TaskError (``where`` first) when it is neither."""
+    if any(mark in value for mark in "/:@"):
+        return image_environment(value, where, where)
+    try:
+        return check_name(value)
+    except BadEnvironment as exc:
+        raise TaskError(f"{where}: {exc} (nor is it an image reference such as golang:1.22)") from None
+
+
 def inside_task(path: object, root: Path, where: str, *, want_dir: bool) -> str:
     """``path`` relative to the task root, normalised; it must name a file (or folder) inside it.
 
@@ -284,6 +316,21 @@ def inside_task(path: object, root: Path, where: str, *, want_dir: bool) -> str:
     if not want_dir and not os.path.isfile(real):
         raise TaskError(f"{where} {path!r} is not a file of the task")
     return relative
+
+
+def value_node(mapping: yaml.Node | None, key: str) -> yaml.Node | None:
+    """The node of ``key``'s value in a YAML mapping node, or None."""
+    if isinstance(mapping, yaml.MappingNode):
+        for key_node, node in mapping.value:
+            if isinstance(key_node, yaml.ScalarNode) and key_node.value == key:
+                return node
+    return None
+
+
+def raw_scalar(mapping: yaml.Node | None, key: str) -> str | None:
+    """The text of ``key``'s scalar as written (``0123`` stays ``0123``, ``3.10`` stays ``3.10``)."""
+    node = value_node(mapping, key)
+    return node.value if isinstance(node, yaml.ScalarNode) else None
 
 
 def type_name(value: object) -> str:

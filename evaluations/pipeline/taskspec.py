@@ -16,7 +16,8 @@ import yaml
 
 from evaluations.environments import BadEnvironment, check_name
 from evaluations.network.urlguard import URLRefused, check_git_url
-from evaluations.pipeline import taskformats
+from evaluations.pipeline import sweforge, taskformats
+from evaluations.pipeline.swebench.spec import read_swebench
 from evaluations.pipeline.taskbase import (
     CONTROL_CHARS,
     ENV_NAME,
@@ -38,9 +39,11 @@ from evaluations.pipeline.taskbase import (
     is_folder,
     load_yaml_mapping,
     prompt_cap,
+    raw_scalar,
     read_text,
     regular_file,
     type_name,
+    value_node,
 )
 from executor_project.config import Config
 
@@ -92,20 +95,23 @@ def load_task(
     for check in checks:
         if check.name in taken:
             raise TaskError(f"tests/{check.name}.sh has the same test name as the command at {check.source}")
+    forge = sweforge.read(data, node, prompt_cap(max_prompt_bytes, instruction=True))
+    if not scripts and not checks:
+        checks = forge.tests(max_tests)  # SPEC §19: SWE-Forge's test commands
     environment = _environment(data, root)
     repo = _repo(data, allow_file_urls, image=isinstance(environment, ImageEnvironment))
+    grader = _grader(data)
+    swebench = read_swebench(data, grader, scripts=len(scripts), checks=len(checks))
     return TaskSpec(
         root=root,
         repo=repo,
         base_commit=_base_commit(data, node) if repo is not None else _no_base_commit(data),
         version=_version(data, node),
         language=_optional_str(data, "language"),
-        install=_install(data),
+        install=_install(data) if data.get("install") is not None else forge.install or [],
         static_assets=_static_assets(data),
         env=_env(data, node),
-        prompt=read_text(
-            root / "prompt.md", "prompt.md", required=True, cap=prompt_cap(max_prompt_bytes, instruction=True)
-        ),
+        prompt=_prompt(root, forge.prompt, max_prompt_bytes),
         original_pr=read_text(
             root / "original_pr.md",
             "original_pr.md",
@@ -117,29 +123,25 @@ def load_task(
         support_files=_support_files(root / "tests"),
         environment=environment,
         cache=_cache(data),
-        grader=_grader(data),
+        grader=grader,
+        swebench=swebench,
+        metadata=forge.metadata(),
+        patch=forge.patch,
     )
 
 
+def _prompt(root: Path, from_yaml: str | None, max_prompt_bytes: int) -> str:
+    """prompt.md, else workspace.yaml's ``prompt`` (SWE-Forge's, SPEC §19)."""
+    cap = prompt_cap(max_prompt_bytes, instruction=True)
+    text = read_text(root / "prompt.md", "prompt.md", required=False, cap=cap)
+    if text is not None:
+        return text
+    if from_yaml is None:
+        raise TaskError("task has no prompt.md (required unless workspace.yaml has 'prompt')")
+    return from_yaml
+
+
 # -- workspace.yaml ---------------------------------------------------------
-
-
-def _raw_scalar(mapping: yaml.Node | None, key: str) -> str | None:
-    """The text of a scalar as written (``0123`` stays ``0123``, ``3.10`` stays ``3.10``)."""
-    if not isinstance(mapping, yaml.MappingNode):
-        return None
-    for key_node, value_node in mapping.value:
-        if isinstance(key_node, yaml.ScalarNode) and key_node.value == key:
-            return value_node.value if isinstance(value_node, yaml.ScalarNode) else None
-    return None
-
-
-def _value_node(mapping: yaml.Node, key: str) -> yaml.Node | None:
-    if isinstance(mapping, yaml.MappingNode):
-        for key_node, value_node in mapping.value:
-            if isinstance(key_node, yaml.ScalarNode) and key_node.value == key:
-                return value_node
-    return None
 
 
 def _is_number(value: object) -> bool:
@@ -174,7 +176,7 @@ def _base_commit(data: dict, node: yaml.Node) -> str:
         raise TaskError("workspace.yaml: missing required key 'base_commit'")
     value = data["base_commit"]
     if _is_number(value):  # an all-digit short sha parsed as a number
-        value = _raw_scalar(node, "base_commit") or str(value)
+        value = raw_scalar(node, "base_commit") or str(value)
     if not isinstance(value, str):
         raise TaskError("workspace.yaml: 'base_commit' must be a string (a commit id or ref)")
     if not value:
@@ -193,7 +195,7 @@ def _version(data: dict, node: yaml.Node) -> str | None:
     if value is None or isinstance(value, str):
         return value
     if _is_number(value):
-        return _raw_scalar(node, "version") or str(value)
+        return raw_scalar(node, "version") or str(value)
     raise TaskError("workspace.yaml: 'version' must be a string or a number")
 
 
@@ -263,21 +265,12 @@ def _cache(data: dict) -> bool:
     return value
 
 
-# SPEC §19's swebench grader is named by the contract but not built yet.
-WORKSPACE_GRADERS = ("exit_code", "reward_file", "pytest")
-
-
 def _grader(data: dict) -> str:
     value = data.get("grader", "exit_code")
-    if value in WORKSPACE_GRADERS:
+    if value in GRADERS:
         return value
-    if value == "swebench":
-        raise TaskError(
-            "workspace.yaml: 'grader' swebench is not available in this executor yet; "
-            f"it grades with {', '.join(WORKSPACE_GRADERS)}"
-        )
     shown = repr(value) if isinstance(value, str) else type_name(value)
-    raise TaskError(f"workspace.yaml: 'grader' must be one of {', '.join(WORKSPACE_GRADERS)}, got {shown}")
+    raise TaskError(f"workspace.yaml: 'grader' must be one of {', '.join(GRADERS)}, got {shown}")
 
 
 def _install(data: dict) -> list[str]:
@@ -307,13 +300,13 @@ def _env(data: dict, node: yaml.Node) -> dict[str, str]:
         return {}
     if not isinstance(value, dict):
         raise TaskError("workspace.yaml: 'env' must be a mapping of variable names to strings")
-    env_node = _value_node(node, "env")
+    env_node = value_node(node, "env")
     env: dict[str, str] = {}
     for name, item in value.items():
         if not isinstance(name, str) or not ENV_NAME.fullmatch(name):
             raise TaskError(f"workspace.yaml: 'env' name {name!r} is not a valid variable name ([A-Z_][A-Z0-9_]*)")
         if isinstance(item, bool | int | float):  # FOO: 1 or CI: true, kept as written
-            item = _raw_scalar(env_node, name) or str(item).lower()
+            item = raw_scalar(env_node, name) or str(item).lower()
         if not isinstance(item, str):
             raise TaskError(f"workspace.yaml: 'env' value of {name} must be a string")
         if "\0" in item:

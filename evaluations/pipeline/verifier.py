@@ -44,8 +44,8 @@ NO_NETWORK, PUBLIC, ALLOWLIST = "no-network", "public", "allowlist"
 def apply_request(ctx: Context) -> None:
     """The task's request capped by the operator's settings, as the evaluation's Config; recorded."""
     task = ctx.task
-    if task.format == "workspace":
-        Evaluation.objects.filter(id=ctx.eval_id).update(task_format=task.format)
+    if task.format == "workspace":  # SPEC §19: SWE-Forge's difficulty, difficulty_score, install_config
+        Evaluation.objects.filter(id=ctx.eval_id).update(task_format=task.format, task_metadata=task.metadata)
         return
     request = task.request
     config = ctx.config

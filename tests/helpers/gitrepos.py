@@ -74,6 +74,39 @@ def make_repo(path: Path, commits: list[dict[str, str | None]]) -> list[str]:
     return shas
 
 
+def make_many_tags(path: Path, per_side: int) -> tuple[Path, str, list[str]]:
+    """A repository at ``path`` of 200 commits on main, ``per_side`` annotated (``old-aN``) and as many
+    lightweight (``old-lN``) tags spread over the first 100, and as many (``new-aN``, ``new-lN``) over
+    the last 100, made with one ``git fast-import``. Returns (path, the 100th commit: the base, the
+    names of the tags it reaches). Tag ``old-aN`` is dated N seconds after the first, so the newest
+    annotated tag of the base is ``old-a<per_side - 1>`` when ``per_side`` is a multiple of 100."""
+    path.mkdir(parents=True)
+    git(path, "init", "--quiet")
+    stream = []
+    for n in range(1, 201):
+        stream += ["commit refs/heads/main", f"mark :{n}", f"committer T <t@example.com> {1700000000 + n} +0000"]
+        stream += [f"data {len(f'c{n}')}", f"c{n}"]
+        stream += [] if n == 1 else [f"from :{n - 1}"]
+        stream += ["M 644 inline f.txt", f"data {len(str(n))}", str(n)]
+    for side, first in (("old", 1), ("new", 101)):
+        for i in range(per_side):
+            mark = first + i % 100
+            message = f"{side} {i}"
+            stream += [f"tag {side}-a{i}", f"from :{mark}", f"tagger T <t@example.com> {1700000000 + i} +0000"]
+            stream += [f"data {len(message)}", message]
+            stream += [f"reset refs/tags/{side}-l{i}", f"from :{mark}"]
+    subprocess.run(
+        ["git", "fast-import", "--quiet"],
+        cwd=path,
+        input="\n".join(stream) + "\n",
+        text=True,
+        check=True,
+        env=GIT_TEST_ENV,
+    )
+    kept = sorted(f"old-{kind}{i}" for i in range(per_side) for kind in ("a", "l"))
+    return path, git(path, "rev-parse", "main~100"), kept
+
+
 def make_bare(src: Path, dest: Path, *, loose: bool = False) -> Path:
     """A bare mirror of ``src`` at ``dest``, ready to serve as dumb HTTP files.
 

@@ -36,8 +36,10 @@ ADD_IDS = [
     "tests/test_add.py::test_add[it's [x]]",
     'tests/test_add.py::test_add[say "hi"]',
 ]
+# The test patch touches every file its ids are in (SWE-bench runs only those files): test_sub.py too.
 TEST_COMMIT = {
     "tests/test_add.py": ADD_TESTS,
+    "tests/test_sub.py": BASE_FILES["tests/test_sub.py"] + "\n\ndef test_sub_zero():\n    assert sub(0, 0) == 0\n",
     "tests/data/cases.txt": "support file in a subfolder\n",
     "tests/test_old.py": None,
 }

@@ -9,8 +9,9 @@ import tarfile
 
 import yaml
 
+from evaluations.pipeline.swebench.grading import wrapper_script
 from evaluations.pipeline.taskspec import load_task
-from tests.helpers.swebench import ADD_IDS, ADD_TESTS, write_json_list, write_jsonl
+from tests.helpers.swebench import ADD_IDS, ADD_TESTS, TEST_COMMIT, write_json_list, write_jsonl
 
 
 def index(out) -> dict:
@@ -36,29 +37,33 @@ def test_json_lines_become_task_folders_archives_and_an_index(cli, served, tmp_p
         "base_commit": good["base_commit"],
         "version": "1.0",
         "install": ["pip install -e ."],
+        # Graded as SWE-bench grades: the test patch's test files (not its data file) run once, each id
+        # read from the log by the repository's parser (pytest -rA for a repository SWE-bench does not list).
+        "grader": "swebench",
+        "swebench": {
+            "test_cmd": "python -m pytest -rA -p no:cacheprovider",
+            "test_files": ["tests/test_add.py", "tests/test_sub.py"],
+            "parser": "pytest",
+            "fail_to_pass": ADD_IDS,
+            "pass_to_pass": ["tests/test_sub.py::test_sub"],
+            "deleted_files": ["tests/test_old.py"],
+        },
+        "patch": good["patch"],  # the gold patch: verify_tasks' reference solution
     }
     assert (task / "prompt.md").read_text() == good["problem_statement"]
     # The files the test_patch adds or changes, as they are after it, under tests/; not the one it deletes.
     assert (task / "tests" / "tests" / "test_add.py").read_text() == ADD_TESTS
     assert (task / "tests" / "tests" / "data" / "cases.txt").read_text() == "support file in a subfolder\n"
     assert not (task / "tests" / "tests" / "test_old.py").exists()
-    fail_to_pass = (task / "tests" / "fail_to_pass_1.sh").read_text()
-    assert "\nrm -f -- tests/test_old.py\n" in fail_to_pass
-    assert "\npython -m pytest -rA -p no:cacheprovider \\\n  'tests/test_add.py::test_add[2 + 3]' \\\n" in fail_to_pass
-    assert (
-        (task / "tests" / "pass_to_pass_1.sh")
-        .read_text()
-        .endswith("python -m pytest -rA -p no:cacheprovider \\\n  tests/test_sub.py::test_sub\n")
-    )
-    assert not (out / "owner__calc-2" / "tests" / "pass_to_pass_1.sh").exists()  # empty PASS_TO_PASS
+    assert sorted(p.name for p in (task / "tests").iterdir()) == ["tests"]  # no test script: the grader runs it
+    lone_yaml = yaml.safe_load((out / "owner__calc-2" / "workspace.yaml").read_text())
+    assert lone_yaml["swebench"]["pass_to_pass"] == []
 
-    # The pipeline's own reader accepts the folder: two scripts, the support files, the repo.
+    # The pipeline's own reader accepts the folder: the swebench mapping, the support files, the repo.
     spec = load_task(task)
-    assert [(t.name, t.kind) for t in spec.tests] == [
-        ("fail_to_pass_1", "fail_to_pass"),
-        ("pass_to_pass_1", "pass_to_pass"),
-    ]
-    assert [f.relpath for f in spec.support_files] == ["tests/data/cases.txt", "tests/test_add.py"]
+    assert (spec.grader, spec.tests) == ("swebench", [])
+    assert spec.swebench.fail_to_pass == ADD_IDS and spec.swebench.deleted_files == ["tests/test_old.py"]
+    assert [f.relpath for f in spec.support_files] == ["tests/data/cases.txt", "tests/test_add.py", "tests/test_sub.py"]
 
     listed = index(out)
     assert set(listed) == {"owner__calc-1", "owner__calc-2"}
@@ -68,7 +73,7 @@ def test_json_lines_become_task_folders_archives_and_an_index(cli, served, tmp_p
     assert "verified" not in entry
     with tarfile.open(out / "owner__calc-1.tar.gz") as tar:
         tar.extractall(tmp_path / "unpacked", filter="data")
-    assert load_task(tmp_path / "unpacked" / "owner__calc-1").tests == spec.tests
+    assert load_task(tmp_path / "unpacked" / "owner__calc-1").swebench == spec.swebench
     assert sorted(p.name for p in out.iterdir()) == [
         "index.json", "owner__calc-1", "owner__calc-1.tar.gz", "owner__calc-2", "owner__calc-2.tar.gz",
     ]  # fmt: skip
@@ -79,20 +84,49 @@ def test_json_lines_become_task_folders_archives_and_an_index(cli, served, tmp_p
     assert index(out)["owner__calc-1"]["sha256"] == entry["sha256"]
 
 
-def test_ids_reach_the_test_command_exactly_as_written(cli, served, tmp_path):
+def test_ids_are_kept_as_written_and_the_test_files_reach_the_command_quoted(cli, served, tmp_path):
     instances, _server, template = served
-    odd = [*ADD_IDS, "t.py::test[a\tb]", "t.py::test[$(touch pwned)]", "t.py::test[`id`;\\ ']"]
-    row = instances.make("owner__calc-3", fail_to_pass=odd)
+    odd = [*ADD_IDS, "t.py::test[a\tb]", "t.py::test[$(touch pwned)]", "t.py::test[`id`;\\ ']", "t.py::test[a"]
+    odd_files = {"tests/test_add.py": ADD_TESTS, "tests/it's a (test).py": "x = 1\n", "tests/$(touch pwned).py": ""}
+    row = instances.make("owner__calc-3", fail_to_pass=odd, tests={**TEST_COMMIT, **odd_files})
     out = tmp_path / "out"
     done = cli.manage("import_swebench", str(write_jsonl(tmp_path / "rows.jsonl", [row])), "--out", str(out),
                       "--repo-url", template, "--test-cmd", "printf '<%s>\\n'")  # fmt: skip
     assert done.returncode == 0, done.stderr
+    spec = load_task(out / "owner__calc-3").swebench
+    assert spec.fail_to_pass == odd
+    assert spec.test_files == [
+        "tests/$(touch pwned).py",
+        "tests/it's a (test).py",
+        "tests/test_add.py",
+        "tests/test_sub.py",
+    ]
     here = tmp_path / "run"
     here.mkdir()
-    ran = subprocess.run(["bash", str(out / "owner__calc-3" / "tests" / "fail_to_pass_1.sh")],
-                         cwd=here, capture_output=True, text=True, check=True)  # fmt: skip
-    assert ran.stdout == "".join(f"<{test_id}>\n" for test_id in odd)
-    assert list(here.iterdir()) == []  # nothing in an id ran as shell
+    (here / "run.sh").write_text(wrapper_script(spec.test_cmd, spec.test_files, spec.deleted_files))
+    ran = subprocess.run(["bash", "run.sh"], cwd=here, input="M\n", capture_output=True, text=True, check=True)
+    assert ran.stdout == "M START\n" + "".join(f"<{name}>\n" for name in spec.test_files) + "\nM END\n"
+    assert sorted(p.name for p in here.iterdir()) == ["run.sh"]  # nothing in a name ran as shell
+
+
+def test_django_rows_name_test_modules_and_each_repository_its_parser(cli, served, tmp_path):
+    instances, _server, template = served
+    django_tests = {"tests/admin_views/tests.py": "x = 1\n", "tests/admin_views/fixtures/data.json": "[]\n"}
+    django = instances.make("django__django-1", repo="django/django", tests=django_tests,
+                            fail_to_pass=["test_add (admin_views.tests.AdminViewTest)"])  # fmt: skip
+    sympy = instances.make("sympy__sympy-1", repo="sympy/sympy", fail_to_pass=["test_add"])
+    out = tmp_path / "out"
+    done = cli.manage("import_swebench", str(write_jsonl(tmp_path / "rows.jsonl", [django, sympy])), "--out",
+                      str(out), "--repo-url", template, "--test-cmd", "./tests/runtests.py --verbosity 2")  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    django_spec = load_task(out / "django__django-1").swebench
+    assert (django_spec.parser, django_spec.test_files) == ("django", ["admin_views.tests"])
+    assert [f.relpath for f in load_task(out / "django__django-1").support_files] == [
+        "tests/admin_views/fixtures/data.json",
+        "tests/admin_views/tests.py",
+    ]  # the data file is a support file, not a test to run
+    sympy_spec = load_task(out / "sympy__sympy-1").swebench
+    assert (sympy_spec.parser, sympy_spec.test_files) == ("sympy", ["tests/test_add.py", "tests/test_sub.py"])
 
 
 def test_a_json_list_with_encoded_lists_and_the_options(cli, served, tmp_path):
@@ -113,10 +147,7 @@ def test_a_json_list_with_encoded_lists_and_the_options(cli, served, tmp_path):
     assert done.returncode == 0, done.stderr
     forge_yaml = yaml.safe_load((out / "owner__calc-2" / "workspace.yaml").read_text())
     assert forge_yaml["install"] == ["pip install -r requirements-test.txt"] and forge_yaml["language"] == "python"
-    assert (
-        "\npython -m unittest \\\n  'tests/test_add.py::test_add[2 + 3]'"
-        in (out / "owner__calc-2" / "tests" / "fail_to_pass_1.sh").read_text()
-    )
+    assert forge_yaml["swebench"]["test_cmd"] == "python -m unittest"
     assert yaml.safe_load((out / "owner__calc-3" / "workspace.yaml").read_text())["install"] == ["make deps", "make"]
     first_sha = index(out)["owner__calc-2"]["sha256"]
 
@@ -129,7 +160,7 @@ def test_a_json_list_with_encoded_lists_and_the_options(cli, served, tmp_path):
     workspace = yaml.safe_load((out / "owner__calc-2" / "workspace.yaml").read_text())
     assert workspace["install"] == ["pip install pytest", "pip install -e ."]
     assert workspace["environment"] == "tools"
-    assert "\npytest -x \\\n" in (out / "owner__calc-2" / "tests" / "fail_to_pass_1.sh").read_text()
+    assert workspace["swebench"]["test_cmd"] == "pytest -x"
     assert set(index(out)) == {"owner__calc-1", "owner__calc-2", "owner__calc-3"}
     assert index(out)["owner__calc-2"]["sha256"] != first_sha
     assert not [p for p in out.iterdir() if p.name.startswith(".")]  # no scratch folder or old copy left

@@ -156,6 +156,75 @@ def test_verification_json_is_a_list_of_tasks_with_both_rewards(tmp_path):
     assert not list(tmp_path.glob(".*.tmp"))
 
 
+def swebench_document(rows, counts, error, output="") -> dict:
+    """An evaluation object of a task graded swebench (SPEC §19), as `evaluate --json` prints it."""
+    passed = error is None
+    return {
+        "eval_id": "e",
+        "status": "completed" if passed else "failed",
+        "passed": passed,
+        "error": error,
+        "error_kind": None if passed else "tests_failed",
+        "reward": 1.0 if passed else 0.0,
+        "test_counts": counts,
+        "test_output": output,
+        "test_results": [
+            {"name": n, "kind": k, "passed": p, "exit_code": 1, "timed_out": False, "duration_ms": 0, "output": o}
+            for n, k, p, o in rows
+        ],
+    }
+
+
+def counts(f2p=(1, 0, 0, 0), p2p=(0, 0, 0, 0)) -> dict:
+    keys = ("total", "passed", "failed", "missing")
+    return {"fail_to_pass": dict(zip(keys, f2p, strict=True)), "pass_to_pass": dict(zip(keys, p2p, strict=True))}
+
+
+def test_a_swebench_run_names_its_failed_and_missing_ids_and_keeps_the_logs_last_lines(tmp_path):
+    log = "=== swebench (exit 1) ===\n" + "".join(f"line {n}\n" for n in range(1, 31)) + "\n\n"
+    gold = verify.outcome_of(swebench_document(
+        [("t.py::test_a", "fail_to_pass", False, "FAILED"), ("t.py::test_b[x", "pass_to_pass", False,
+         "not found in the log"), ("t.py::test_c", "pass_to_pass", True, "PASSED")],
+        counts((1, 0, 1, 0), (2, 1, 0, 1)),
+        "running_tests: 2 of 3 test ids did not pass: t.py::test_a (FAILED), t.py::test_b[x (not found in the log)",
+        log,
+    ))  # fmt: skip
+    assert (gold.failed_ids, gold.missing_ids) == (["t.py::test_a"], ["t.py::test_b[x"])
+    assert gold.log_tail == [f"line {n}" for n in range(16, 31)]
+    noop = verify.outcome_of(swebench_document([("t.py::test_a", "fail_to_pass", False, "FAILED")], counts((1, 0, 1, 0)),
+                                               "running_tests: 1 of 1 test ids did not pass: t.py::test_a (FAILED)"))  # fmt: skip
+    ok, reason = verdict(gold, noop, SWEBENCH)
+    assert not ok and reason == (
+        "with the gold patch: running_tests: 2 of 3 test ids did not pass: t.py::test_a (FAILED), "
+        "t.py::test_b[x (not found in the log)"
+    )
+    result = verify.Verification("owner__x-1", ok, reason, {"gold": gold, "noop": noop})
+    assert "1/1 f2p fail" in verify.table([result], SWEBENCH)
+    assert verify.details([result], SWEBENCH) == (
+        "owner__x-1 (gold run):\n"
+        "  failed: t.py::test_a\n"
+        "  not found in the log: t.py::test_b[x\n"
+        "  the test output's last lines:\n" + "".join(f"  | line {n}\n" for n in range(16, 31))
+    )
+    document = verify.write_json(tmp_path / "v.json", [result], SWEBENCH)
+    entry = json.loads(document.read_text())[0]
+    assert entry["gold"]["failed_ids"] == ["t.py::test_a"] and entry["gold"]["missing_ids"] == ["t.py::test_b[x"]
+    assert entry["gold"]["log_tail"][-1] == "line 30" and entry["gold"]["test_counts"]["pass_to_pass"]["missing"] == 1
+
+
+def test_fail_to_pass_ids_passing_without_the_fix_are_counted_beyond_the_rows():
+    gold = verify.outcome_of(swebench_document([("a", "fail_to_pass", True, "PASSED")], counts((9, 9, 0, 0)), None))
+    # MAX_TESTS kept two rows, failing first: the counts say seven more passed.
+    noop = verify.outcome_of(swebench_document(
+        [("a", "fail_to_pass", False, "FAILED"), ("b", "fail_to_pass", True, "PASSED")], counts((9, 8, 1, 0)),
+        "running_tests: 1 of 9 test ids did not pass: a (FAILED)",
+    ))  # fmt: skip
+    assert verdict(gold, noop, SWEBENCH) == (False, "without the fix b and 7 more passes")
+    result = verify.Verification("x", False, "", {"gold": gold, "noop": noop})
+    assert "1/9 f2p fail" in verify.table([result], SWEBENCH)
+    assert verify.details([result], SWEBENCH) == "x (noop run):\n  failed: a\n  fail_to_pass passing: b\n"
+
+
 def test_every_solution_run_comes_before_any_noop_run_and_a_task_that_cannot_run_is_not_run(tmp_path):
     archives = {name: tmp_path / f"{name}.tar.gz" for name in ("a", "b")}
     checks = [

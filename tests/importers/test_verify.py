@@ -13,7 +13,7 @@ from evaluations.importers.verify import gold_agent
 from tests.helpers.gitrepos import git, make_repo
 from tests.helpers.polling import submit, wait_terminal
 from tests.helpers.runtimes import REGISTRIES
-from tests.helpers.swebench import FIXED, SOLVER, write_jsonl
+from tests.helpers.swebench import ADD_IDS, FIXED, SOLVER, write_jsonl
 
 # The tests run with real pytest, installed from PyPI through the egress proxy (allowed by name).
 INSTALL_PYTEST = "pip install pytest"
@@ -47,6 +47,7 @@ def test_verify_marks_good_tasks_verified_and_says_why_the_others_are_not(cli, s
         repo="owner/weak",
         tests={"tests/test_zero.py": "from calc import add\n\n\ndef test_zero():\n    assert add(0, 0) == 0\n"},
         fail_to_pass=["tests/test_zero.py::test_zero"],
+        pass_to_pass=[],
     )
     cli.migrate()
     cli.env["EGRESS_ALLOW"] = ",".join(REGISTRIES)
@@ -59,28 +60,45 @@ def test_verify_marks_good_tasks_verified_and_says_why_the_others_are_not(cli, s
     assert sorted((i, r) for _, i, r in progress) == sorted(
         (i, r) for i in ("owner__good-1", "owner__wrong-1", "owner__weak-1") for r in ("gold", "noop")
     )
-    assert re.search(r"^  owner__good-1 +passed +1/1 f2p fail +yes", done.stdout, re.M), done.stdout
-    assert re.search(r"^  owner__wrong-1 +FAILED +1/1 f2p fail +NO +with the gold patch: ", done.stdout, re.M)
+    assert re.search(r"^  owner__good-1 +passed +3/3 f2p fail +yes", done.stdout, re.M), done.stdout
+    assert re.search(r"^  owner__wrong-1 +FAILED +3/3 f2p fail +NO +with the gold patch: ", done.stdout, re.M)
     assert re.search(
-        r"^  owner__weak-1 +passed +0/1 f2p fail +NO +without the fix fail_to_pass_1 passes", done.stdout, re.M
+        r"^  owner__weak-1 +passed +0/1 f2p fail +NO +without the fix tests/test_zero.py::test_zero passes",
+        done.stdout,
+        re.M,
     )
+    # Below the table: the ids that failed with the gold patch, and the test output's last lines.
+    assert "\nowner__wrong-1 (gold run):\n  failed: tests/test_add.py::test_add[2 + 3], " in done.stdout
+    assert re.search(r"^  \| =+ 3 failed, 2 passed in [\d.]+s =+$", done.stdout, re.M), done.stdout
     assert "1 verified, 2 failed verification" in done.stdout
 
     index = {e["instance_id"]: e for e in json.loads((out / "index.json").read_text())["tasks"]}
     assert index["owner__good-1"]["verified"] is True and "reason" not in index["owner__good-1"]
     assert index["owner__wrong-1"]["verified"] is False
-    assert index["owner__wrong-1"]["reason"].startswith("with the gold patch: running_tests: 1 of 2 tests failed")
+    assert index["owner__wrong-1"]["reason"] == (
+        "with the gold patch: running_tests: 3 of 4 test ids did not pass: "
+        "tests/test_add.py::test_add[2 + 3] (FAILED, in the log as tests/test_add.py::test_add[2), "
+        "tests/test_add.py::test_add[it's [x]] (FAILED, in the log as tests/test_add.py::test_add[it's), "
+        'tests/test_add.py::test_add[say "hi"] (FAILED, in the log as tests/test_add.py::test_add[say)'
+    )
     assert index["owner__weak-1"]["verified"] is False
-    assert index["owner__weak-1"]["reason"] == "without the fix fail_to_pass_1 passes"
+    assert index["owner__weak-1"]["reason"] == "without the fix tests/test_zero.py::test_zero passes"
 
     runs = {e["instance_id"]: e for e in json.loads((out / "verification.json").read_text())["tasks"]}
     gold, noop = runs["owner__good-1"]["gold"], runs["owner__good-1"]["noop"]
     assert (gold["status"], gold["passed"], gold["error"]) == ("completed", True, None)
-    assert [(t["name"], t["passed"]) for t in gold["tests"]] == [("fail_to_pass_1", True), ("pass_to_pass_1", True)]
+    assert [(t["name"], t["passed"]) for t in gold["tests"]] == [(i, True) for i in ADD_IDS] + [
+        ("tests/test_sub.py::test_sub", True)
+    ]
     assert (noop["status"], noop["passed"]) == ("failed", False)
-    assert [(t["name"], t["passed"]) for t in noop["tests"]] == [("fail_to_pass_1", False), ("pass_to_pass_1", True)]
-    assert noop["error"] == "running_tests: 1 of 2 tests failed (fail_to_pass_1)"
-    assert runs["owner__wrong-1"]["verified"] is False and runs["owner__wrong-1"]["gold"]["tests"][0]["passed"] is False
+    assert [(t["name"], t["passed"]) for t in noop["tests"]] == [(i, False) for i in ADD_IDS] + [
+        ("tests/test_sub.py::test_sub", True)
+    ]
+    assert noop["test_counts"]["fail_to_pass"] == {"total": 3, "passed": 0, "failed": 3, "missing": 0}
+    assert noop["error"].startswith("running_tests: 3 of 4 test ids did not pass: tests/test_add.py::test_add[2 + 3]")
+    wrong_gold = runs["owner__wrong-1"]["gold"]
+    assert runs["owner__wrong-1"]["verified"] is False and wrong_gold["failed_ids"] == ADD_IDS
+    assert wrong_gold["missing_ids"] == [] and "3 failed, 2 passed" in wrong_gold["log_tail"][-2]
 
 
 @pytest.mark.slow
@@ -95,10 +113,14 @@ def test_an_imported_archive_passes_on_the_running_service_with_a_solving_agent(
     task_url = server.url("/tasks/owner__calc-1.tar.gz")
     solved = wait_terminal(service, submit(service, task_url, SOLVER), timeout=180)
     assert (solved["status"], solved["passed"]) == ("completed", True), solved["error"]
-    assert [(t["name"], t["passed"]) for t in solved["test_results"]] == [
-        ("fail_to_pass_1", True),
-        ("pass_to_pass_1", True),
+    assert [(t["name"], t["kind"], t["passed"]) for t in solved["test_results"]] == [
+        *((i, "fail_to_pass", True) for i in ADD_IDS),
+        ("tests/test_sub.py::test_sub", "pass_to_pass", True),
     ]
-    assert "3 passed" in solved["test_results"][0]["output"]  # the three parametrize ids, by real pytest
+    assert "5 passed" in solved["test_output"]  # the three parametrize ids and test_sub, by real pytest, in one run
     unsolved = wait_terminal(service, submit(service, task_url, "print('nothing')\n"), timeout=180)
-    assert (unsolved["status"], unsolved["error"]) == ("failed", "running_tests: 1 of 2 tests failed (fail_to_pass_1)")
+    assert unsolved["status"] == "failed"
+    assert unsolved["error"].startswith(
+        "running_tests: 3 of 4 test ids did not pass: tests/test_add.py::test_add[2 + 3]"
+    )
+    assert unsolved["test_counts"]["pass_to_pass"] == {"total": 1, "passed": 1, "failed": 0, "missing": 0}

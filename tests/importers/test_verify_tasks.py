@@ -144,7 +144,7 @@ def test_tasks_that_cannot_be_checked_say_why_and_are_not_run(tmp_path):
     workspace = write(
         tmp_path / "ws", {"workspace.yaml": "repo: null\nenvironment: {image: x/y:1}\n", "prompt.md": "hi"}
     )
-    assert prepare(workspace, tmp_path).problem == "the task has no reference solution"
+    assert prepare(workspace, tmp_path).problem == "the task has no reference solution (workspace.yaml 'patch')"
     small = dataclasses.replace(settings.EXECUTOR, max_agent_code_bytes=1000)
     big = prepare(harbor_task(tmp_path / "big", **{"solution/blob": b"x" * 1000}), tmp_path, small)
     assert big.solution_agent is None

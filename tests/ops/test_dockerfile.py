@@ -100,3 +100,20 @@ def test_the_build_context_leaves_local_state_out():
     ignored = (PROJECT / ".dockerignore").read_text().split()
     for path in (".venv", "data", ".git", "examples/build"):
         assert path in ignored
+
+
+# The Debian package that puts each task language's program on the system PATH (SPEC §19).
+TOOLCHAIN_PACKAGES = {"go": "golang-go", "cargo": "cargo", "node": "nodejs", "javac": "default-jdk-headless"}
+
+
+def test_the_image_carries_every_task_languages_toolchain_and_our_builder_reads_it():
+    from evaluations.images import dockerfile
+    from evaluations.pipeline.tasklanguage import TOOLCHAINS
+
+    assert [i.keyword for stage in dockerfile.parse(DOCKERFILE).stages for i in stage.instructions][0] == "RUN"
+    installs = " ".join(args for kw, args in STEPS if kw == "RUN" and "apt-get install" in args).split()
+    for program in set(TOOLCHAINS.values()):
+        assert TOOLCHAIN_PACKAGES[program] in installs, program
+    assert only("FROM").startswith("python:") and "rustc" in installs and "npm" in installs
+    npm_globals = " ".join(args for kw, args in STEPS if kw == "RUN" and "npm install -g" in args).split()
+    assert "yarn@1" in npm_globals and "pnpm@9" in npm_globals

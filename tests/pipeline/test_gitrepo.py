@@ -200,19 +200,22 @@ def test_future_is_unreachable(history, tmp_path, via):
     assert [line.split()[0] for line in git(dest, "log", "--all", "--format=%H").splitlines()] == past
     for future in (history.fix, history.feature, history.fix_blob):
         assert subprocess.run(["git", "cat-file", "-e", future], cwd=dest).returncode != 0
-    assert git(dest, "for-each-ref") == ""
-    assert git(dest, "tag") == ""
+    # The base's own tag stays (SPEC §19), the fix's tags (v2.0, light-fix) do not.
+    v1 = git(history.src, "rev-parse", "v1.0")
+    assert git(dest, "for-each-ref") == f"{v1} tag\trefs/tags/v1.0"
+    assert git(dest, "tag") == "v1.0"
     assert git(dest, "remote") == ""
     assert git(dest, "branch", "--all") == "* (no branch)"
     assert git(dest, "reflog", "--all", check=False) == ""
     assert git(dest, "fsck", "--unreachable", "--dangling", "--no-progress") == ""
-    # Every object stored is reachable from base.
+    # Every object stored is reachable from base, or is the tag object of v1.0.
     stored = set(git(dest, "cat-file", "--batch-all-objects", "--batch-check=%(objectname)").split())
     reachable = set(line.split()[0] for line in git(dest, "rev-list", "--objects", history.base).splitlines())
-    assert stored == reachable
+    assert stored == reachable | {v1}
     git_dir = dest / ".git"
-    for leftover in ("FETCH_HEAD", "ORIG_HEAD", "logs", "packed-refs", "hooks", "shallow"):
+    for leftover in ("FETCH_HEAD", "ORIG_HEAD", "logs", "hooks", "shallow"):
         assert not (git_dir / leftover).exists(), leftover
+    assert (git_dir / "packed-refs").read_text() == f"{v1} refs/tags/v1.0\n"
     config = (git_dir / "config").read_text()
     assert "remote" not in config and "url" not in config
     assert history.fix not in "".join(p.read_text(errors="replace") for p in git_dir.rglob("*") if p.is_file())

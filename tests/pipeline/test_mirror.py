@@ -62,17 +62,19 @@ def test_the_future_in_the_mirror_stays_out_of_the_repository(history, mirror, t
     assert git(dest, "rev-list", "--all", "--reflog").split() == past
     for future in (history.fix, history.feature, history.fix_blob):
         assert subprocess.run(["git", "cat-file", "-e", future], cwd=dest).returncode != 0
-    assert git(dest, "for-each-ref") == ""
+    v1 = git(history.src, "rev-parse", "v1.0")
+    assert git(dest, "for-each-ref") == f"{v1} tag\trefs/tags/v1.0"  # the base's tag only
     assert git(dest, "remote") == ""
     assert git(dest, "branch", "--all") == "* (no branch)"
     assert git(dest, "reflog", "--all", check=False) == ""
     assert git(dest, "fsck", "--unreachable", "--dangling", "--no-progress") == ""
     stored = set(git(dest, "cat-file", "--batch-all-objects", "--batch-check=%(objectname)").split())
     reachable = set(line.split()[0] for line in git(dest, "rev-list", "--objects", history.base).splitlines())
-    assert stored == reachable
+    assert stored == reachable | {v1}
     git_dir = dest / ".git"
-    for leftover in ("FETCH_HEAD", "ORIG_HEAD", "logs", "packed-refs", "hooks", "shallow"):
+    for leftover in ("FETCH_HEAD", "ORIG_HEAD", "logs", "hooks", "shallow"):
         assert not (git_dir / leftover).exists(), leftover
+    assert (git_dir / "packed-refs").read_text() == f"{v1} refs/tags/v1.0\n"
     assert not (git_dir / "objects" / "info" / "alternates").exists()
     config = (git_dir / "config").read_text()
     assert "remote" not in config and "url" not in config and str(mirror) not in config

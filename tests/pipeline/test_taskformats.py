@@ -598,11 +598,17 @@ def test_workspace_graders(tmp_path, extra, grader):
     [
         (
             "grader: swebench\n",
-            "workspace.yaml: 'grader' swebench is not available in this executor yet; it grades with exit_code, "
-            "reward_file, pytest",
+            "workspace.yaml: 'grader' swebench needs a 'swebench' mapping (test_cmd, test_files, parser, "
+            "fail_to_pass, pass_to_pass)",
         ),
-        ("grader: junit\n", "workspace.yaml: 'grader' must be one of exit_code, reward_file, pytest, got 'junit'"),
-        ("grader: [pytest]\n", "workspace.yaml: 'grader' must be one of exit_code, reward_file, pytest, got a list"),
+        (
+            "grader: junit\n",
+            "workspace.yaml: 'grader' must be one of exit_code, reward_file, pytest, swebench, got 'junit'",
+        ),
+        (
+            "grader: [pytest]\n",
+            "workspace.yaml: 'grader' must be one of exit_code, reward_file, pytest, swebench, got a list",
+        ),
     ],
 )
 def test_bad_workspace_graders(tmp_path, extra, message):

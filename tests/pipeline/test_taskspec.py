@@ -298,7 +298,7 @@ def test_repo_host_is_not_resolved_at_load_time(tmp_path):
 def test_missing_workspace_and_prompt_are_named(tmp_path):
     with pytest.raises(TaskError, match=r"^task has no workspace.yaml \(required\)$"):
         load_task(make_task(tmp_path / "a", {"prompt.md": "x"}))
-    with pytest.raises(TaskError, match=r"^task has no prompt.md \(required\)$"):
+    with pytest.raises(TaskError, match=r"^task has no prompt.md \(required unless workspace.yaml has 'prompt'\)$"):
         load_task(make_task(tmp_path / "b", {"workspace.yaml": GOOD_YAML}))
 
 

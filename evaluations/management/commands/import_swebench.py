@@ -16,7 +16,7 @@ from pathlib import Path
 from django.core.management.base import BaseCommand, CommandError
 
 from evaluations.environments import BadEnvironment, check_name
-from evaluations.importers import build, verify
+from evaluations.importers import build, recipes, verify
 from evaluations.importers.swebench import import_file
 from evaluations.worker import localrun
 
@@ -43,15 +43,40 @@ class Command(BaseCommand):
             metavar="CMD",
             action="append",
             default=[],
-            help="install command for every row (repeatable; default: the row's install, else 'pip install -e .')",
+            help="install command for every row (repeatable; default: the row's install, else its recipe's, "
+            "else 'pip install -e .')",
         )
         parser.add_argument(
             "--test-cmd",
             metavar="CMD",
-            help=f"test command the ids are given to (default: the row's test_cmd, else '{build.DEFAULT_TEST_CMD}')",
+            help="test command for every row (default: the row's test_cmd, else its recipe's, "
+            f"else '{build.DEFAULT_TEST_CMD}')",
+        )
+        parser.add_argument(
+            "--specs",
+            metavar="FILE",
+            help="install recipes per repository and version (JSON, SWE-bench's shape), over SWE-bench's own",
         )
         parser.add_argument("--only", metavar="ID", action="append", default=[], help="import only ID (repeatable)")
-        parser.add_argument("--environment", metavar="NAME", help="workspace.yaml environment of every task")
+        parser.add_argument(
+            "--environment",
+            metavar="NAME",
+            help="environment of every task; with --environment-for, of the rows whose Python version is not known",
+        )
+        parser.add_argument(
+            "--environment-for",
+            metavar="PYVER=NAME_OR_IMAGE",
+            action="append",
+            default=[],
+            help="environment (a name, or an image reference) of the rows whose recipe's Python is PYVER "
+            "(repeatable); a row whose version has none is skipped",
+        )
+        parser.add_argument(
+            "--image-template",
+            metavar="TEMPLATE",
+            help="each row's environment is this image, {id} the instance id as SWE-bench names its images "
+            "(e.g. swebench/sweb.eval.x86_64.{id}:latest); the task runs in its /testbed",
+        )
         parser.add_argument("--verify", action="store_true", help="run each task with the gold patch and a no-op agent")
         parser.add_argument("--jobs", metavar="N", type=int, default=1, help="verification runs at once (default 1)")
 
@@ -68,6 +93,22 @@ class Command(BaseCommand):
                 check_name(options["environment"])
             except BadEnvironment as exc:
                 raise CommandError(f"--environment: {exc}", returncode=2) from exc
+        try:
+            specs = recipes.load_specs(Path(options["specs"])) if options["specs"] else {}
+        except recipes.SpecsError as exc:
+            raise CommandError(f"--specs {exc}", returncode=2) from exc
+        try:
+            environment_for = recipes.parse_environment_for(options["environment_for"])
+            if options["image_template"] is not None:
+                recipes.check_image_template(options["image_template"])
+        except recipes.OptionError as exc:
+            raise CommandError(str(exc), returncode=2) from exc
+        if options["image_template"] is not None and (options["environment"] or environment_for):
+            raise CommandError(
+                "--image-template gives every row its environment: it does not go with --environment "
+                "or --environment-for",
+                returncode=2,
+            )
         if options["verify"]:
             try:
                 localrun.check_database("--verify")
@@ -92,6 +133,9 @@ class Command(BaseCommand):
                     install=tuple(options["install"]),
                     test_cmd=options["test_cmd"],
                     environment=options["environment"],
+                    specs=specs,
+                    environment_for=environment_for,
+                    image_template=options["image_template"],
                 ),
                 only=set(options["only"]) or None,
                 verify_jobs=options["jobs"] if options["verify"] else None,
@@ -102,7 +146,11 @@ class Command(BaseCommand):
             raise CommandError(f"FILE {options['file']}: {exc}", returncode=2) from exc
         if result.verifications:
             say("\n" + verify.table(result.verifications, verify.SWEBENCH).rstrip("\n"))
+            if why := verify.details(result.verifications, verify.SWEBENCH):
+                say("\n" + why.rstrip("\n"))
         summary = f"imported {len(result.built)} task(s) into {options['out']}, skipped {len(result.skipped)}"
+        if result.no_environment:
+            summary += f" ({len(result.no_environment)} with no environment for their python)"
         if options["verify"]:
             summary += f", {len(result.verifications) - len(result.unverified)} verified"
             summary += f", {len(result.unverified)} failed verification"

@@ -83,6 +83,8 @@ class Command(BaseCommand):
             shutil.rmtree(scratch, ignore_errors=True)
         written = verify.write_json(out / RESULT_FILE, results)
         say("\n" + verify.table(results).rstrip("\n"))
+        if why := verify.details(results):
+            say("\n" + why.rstrip("\n"))
         failed = [r for r in results if not r.verified]
         say(f"{len(results) - len(failed)} verified, {len(failed)} not verified; results in {written}")
         if failed:

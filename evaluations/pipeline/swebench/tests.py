@@ -1,0 +1,91 @@
+"""``running_tests`` for a task graded ``swebench`` (SPEC §19), after steps.running_tests wrote the
+task's support files (the test patch's files) into the working directory.
+
+1. ``swebench-tests.sh`` (grading.wrapper_script, in the session's tests/ folder, read-only to the
+   sandbox) runs the test command once over the test files; the per-evaluation marker reaches it on
+   stdin only.
+2. The executor grades the output (grading.grade): ``ctx.grade`` (its error names the first failing
+   or missing ids), one TestResult per id (failing ids first, at most MAX_TESTS rows), the counts of
+   every id on the evaluation (``test_counts``), the whole output in ``test_output``.
+"""
+
+from __future__ import annotations
+
+import time
+
+from django.db import transaction
+
+from evaluations import livelog
+from evaluations.models import Evaluation, TestResult
+from evaluations.pipeline.context import Context, Grade
+from evaluations.runtime import Mount
+from evaluations.safefs import write_file_nofollow
+
+from . import grading
+
+SCRIPT = "swebench-tests.sh"
+NAME = "swebench"  # the test's name in the live log and the output block
+
+
+def run_tests(ctx: Context, env: dict[str, str], mounts: list[Mount]) -> None:
+    spec = ctx.task.swebench
+    config = ctx.config
+    session = ctx.session
+    session.tests.mkdir(mode=0o755, exist_ok=True)
+    script = grading.wrapper_script(spec.test_cmd, spec.test_files, spec.deleted_files)
+    write_file_nofollow(session.tests, SCRIPT, script.encode(), 0o644)
+    mounts = [Mount(session.tests, str(session.tests), writable=False), *mounts]
+    policy = ctx.task_policy(network=config.test_network, mounts=mounts)
+    marker = grading.new_marker()
+    livelog.append_text(session.log, livelog.test_marker(NAME))
+    started = time.monotonic()
+    result = ctx.run(
+        ["bash", str(session.tests / SCRIPT)],
+        env=env,
+        timeout_secs=config.test_timeout_secs,
+        policy=policy,
+        stdin_data=(marker + "\n").encode(),
+    )
+    duration = int((time.monotonic() - started) * 1000)
+    ctx.spawner.sweep()
+    output = result.output
+    verdict = grading.grade(output, result.exit_code, marker, spec.parser, spec.fail_to_pass, spec.pass_to_pass)
+    error = verdict.reason
+    if result.timed_out:
+        output += f"\n[executor: killed, the test budget TEST_TIMEOUT_SECS={config.test_timeout_secs} s ran out]"
+        error = f"the test command timed out (TEST_TIMEOUT_SECS={config.test_timeout_secs} s)"
+    elif result.limit is not None:
+        output += f"\n[executor: {result.limit_detail}]"
+        error = f"the test command was stopped: {result.limit_detail}"
+    passed = verdict.passed and not error
+    ctx.grade = Grade(reward=1.0 if passed else 0.0, rewards=None, error=error)
+    rows = [
+        TestResult(
+            evaluation_id=ctx.eval_id,
+            position=position,
+            name=item.test_id[:255],
+            kind=item.kind,
+            passed=item.passed,
+            exit_code=result.exit_code,
+            timed_out=result.timed_out,
+            duration_ms=duration if position == 0 else 0,
+            output=item.shown,
+        )
+        for position, item in enumerate(verdict.rows_order()[: config.max_tests])
+    ]
+    shown = len(rows)
+    total = len(verdict.results)
+    summary = f"--- {NAME}: {'passed' if passed else 'failed'} (exit {_exit(result.exit_code)}): " + ", ".join(
+        f"{kind} {c['passed']}/{c['total']} passed, {c['missing']} not in the log" for kind, c in verdict.counts.items()
+    )
+    if shown < total:
+        summary += f"; test_results holds {shown} of the {total} ids (MAX_TESTS), failing ones first"
+    livelog.append_text(session.log, livelog.executor_line(summary + " ---"))
+    block = f"=== {NAME} (exit {_exit(result.exit_code)}) ===\n{output}"
+    with transaction.atomic():
+        TestResult.objects.bulk_create(rows)
+        Evaluation.objects.filter(id=ctx.eval_id).update(test_output=block, test_counts=verdict.counts)
+
+
+def _exit(code: int | None) -> str:
+    return "none" if code is None else str(code)
