@@ -87,6 +87,9 @@ class RunOutcome:
     failed_ids: list[str] = field(default_factory=list)
     missing_ids: list[str] = field(default_factory=list)
     log_tail: list[str] = field(default_factory=list)
+    # The connections the egress proxy refused ("github.com:443 during installing_deps: resolution
+    # failed"): why an install or a test that needs the network failed, when its output does not say.
+    refused: list[str] = field(default_factory=list)
 
     @property
     def graded(self) -> bool:
@@ -230,7 +233,17 @@ def outcome_of(document: dict) -> RunOutcome:
         failed_ids=[t["name"] for t in document["test_results"] if not t["passed"] and t["output"] != MISSING],
         missing_ids=[t["name"] for t in document["test_results"] if not t["passed"] and t["output"] == MISSING],
         log_tail=last_lines(document.get("test_output") or ""),
+        refused=refused_connections(document.get("egress") or []),
     )
+
+
+def refused_connections(egress: list[dict]) -> list[str]:
+    """The evaluation's ``egress`` entries the proxy refused, one sentence each."""
+    return [
+        f"{entry.get('host')}:{entry.get('port')} during {entry.get('step')}: {entry.get('reason')}"
+        for entry in egress
+        if not entry.get("allowed")
+    ]
 
 
 def last_lines(text: str, count: int = LOG_TAIL_LINES) -> list[str]:
@@ -375,7 +388,8 @@ def _noop_cell(noop: RunOutcome | None) -> str:
 
 def details(results: list[Verification], words: Words = ORACLE) -> str:
     """Below the table, for each task not verified: each run that did not do as it should, its ids that
-    failed or were not found in the log (SPEC §19), and its test output's last lines."""
+    failed or were not found in the log (SPEC §19), the connections the egress proxy refused it, and
+    its test output's last lines."""
     blocks = []
     for item in results:
         if item.verified:
@@ -392,6 +406,8 @@ def details(results: list[Verification], words: Words = ORACLE) -> str:
                 lines.append(f"  {MISSING}: " + _named(outcome.missing_ids))
             if name == NOOP and _f2p_passing(noop):
                 lines.append("  fail_to_pass passing: " + _named(_f2p_passing(noop)))
+            if outcome.refused:
+                lines.append("  refused connections: " + "; ".join(outcome.refused))
             if outcome.log_tail:
                 lines.append("  the test output's last lines:")
                 lines += [f"  | {line}" for line in outcome.log_tail]

@@ -212,6 +212,42 @@ def test_a_swebench_run_names_its_failed_and_missing_ids_and_keeps_the_logs_last
     assert entry["gold"]["log_tail"][-1] == "line 30" and entry["gold"]["test_counts"]["pass_to_pass"]["missing"] == 1
 
 
+def test_a_run_that_failed_installing_names_the_connections_the_proxy_refused(tmp_path):
+    # A real SWE-bench row (pallets__flask-4045): requirements/dev.txt has git+https://github.com/...,
+    # pip's last line is its "note: ...not a problem with pip." and the tests never ran.
+    error = (
+        "installing_deps: install command 'python -m pip install -r requirements/dev.txt' exited with code 1: "
+        "note: This error originates from a subprocess, and is likely not a problem with pip."
+    )
+    egress = [
+        {"step": "installing_deps", "host": "pypi.org", "port": 443, "allowed": True,
+         "reason": "allowed by EGRESS_ALLOW", "bytes_out": 9, "bytes_in": 9, "count": 3},
+        {"step": "installing_deps", "host": "github.com", "port": 443, "allowed": False,
+         "reason": "resolution failed", "bytes_out": 0, "bytes_in": 0, "count": 1},
+        {"step": "running_tests", "host": "10.0.0.1", "port": 80, "allowed": False,
+         "reason": "a private address", "bytes_out": 0, "bytes_in": 0, "count": 2},
+    ]  # fmt: skip
+    runs = {}
+    for run in ("gold", "noop"):
+        document = {**swebench_document([], None, error), "error_kind": "task_invalid", "reward": None}
+        runs[run] = verify.outcome_of({**document, "egress": egress if run == "gold" else []})
+    assert runs["gold"].refused == [
+        "github.com:443 during installing_deps: resolution failed",
+        "10.0.0.1:80 during running_tests: a private address",
+    ]
+    assert runs["noop"].refused == [] and verify.outcome_of(swebench_document([], None, error)).refused == []
+    ok, reason = verdict(runs["gold"], runs["noop"], SWEBENCH)
+    result = verify.Verification("pallets__flask-4045", ok, reason, runs)
+    assert verify.details([result], SWEBENCH) == (
+        "pallets__flask-4045 (gold run):\n"
+        "  refused connections: github.com:443 during installing_deps: resolution failed; "
+        "10.0.0.1:80 during running_tests: a private address\n"
+    )  # the no-op run, refused nothing and with no output, adds no block
+    entry = json.loads(verify.write_json(tmp_path / "v.json", [result], SWEBENCH).read_text())[0]
+    assert entry["gold"]["refused"][0] == "github.com:443 during installing_deps: resolution failed"
+    assert entry["noop"]["refused"] == []
+
+
 def test_fail_to_pass_ids_passing_without_the_fix_are_counted_beyond_the_rows():
     gold = verify.outcome_of(swebench_document([("a", "fail_to_pass", True, "PASSED")], counts((9, 9, 0, 0)), None))
     # MAX_TESTS kept two rows, failing first: the counts say seven more passed.
