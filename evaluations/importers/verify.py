@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import base64
 import json
+import logging
 import os
 import shlex
 import subprocess
@@ -437,3 +438,15 @@ def write_json(path: Path, results: list[Verification], words: Words = ORACLE) -
     temporary.write_text(json.dumps(document, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
     os.replace(temporary, path)
     return path
+
+
+def command_start(options: dict) -> None:
+    """What import_swebench --verify and verify_tasks do first: the pipeline's log lines only with
+    ``-v 2`` (the progress lines are the output), and ``--jobs`` at least 1 (else exit 2)."""
+    from django.core.management.base import CommandError
+
+    if options["verbosity"] < 2:
+        for name in ("term_executor", "evaluations"):
+            logging.getLogger(name).setLevel(logging.WARNING)
+    if options["jobs"] < 1:
+        raise CommandError("--jobs must be at least 1", returncode=2)

@@ -16,6 +16,7 @@ from evaluations.pipeline.taskspec import (
     Verifier,
     load_task,
 )
+from tests.pipeline.test_taskspec import make_task
 
 HARBOR_TOML = """\
 version = "1.0"
@@ -75,13 +76,7 @@ services:
 """
 
 
-def write(root: Path, files: dict[str, str | bytes], *, executable: tuple[str, ...] = ()) -> Path:
-    for name, content in files.items():
-        path = root / name
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_bytes(content.encode() if isinstance(content, str) else content)
-        os.chmod(path, 0o755 if name in executable else 0o644)
-    return root
+write = make_task  # a task folder from {path: content} (tests/pipeline/test_taskspec.py)
 
 
 def harbor(tmp_path, toml: str = HARBOR_TOML, **extra: str | None) -> Path:

@@ -9,7 +9,6 @@ options, with --verify a database that is not migrated).
 
 from __future__ import annotations
 
-import logging
 import sys
 from pathlib import Path
 
@@ -81,11 +80,7 @@ class Command(BaseCommand):
         parser.add_argument("--jobs", metavar="N", type=int, default=1, help="verification runs at once (default 1)")
 
     def handle(self, *args, **options):
-        if options["verbosity"] < 2:
-            for name in ("term_executor", "evaluations"):
-                logging.getLogger(name).setLevel(logging.WARNING)
-        if options["jobs"] < 1:
-            raise CommandError("--jobs must be at least 1", returncode=2)
+        verify.command_start(options)  # quiet logs below -v 2, --jobs checked
         if "{repo}" not in options["repo_url"]:
             raise CommandError("--repo-url must contain {repo}", returncode=2)
         if options["environment"]:

@@ -13,7 +13,6 @@ is no task, a bad option, a database that is not migrated).
 
 from __future__ import annotations
 
-import logging
 import shutil
 import sys
 import tempfile
@@ -46,11 +45,7 @@ class Command(BaseCommand):
         )
 
     def handle(self, *args, **options):
-        if options["verbosity"] < 2:
-            for name in ("term_executor", "evaluations"):
-                logging.getLogger(name).setLevel(logging.WARNING)
-        if options["jobs"] < 1:
-            raise CommandError("--jobs must be at least 1", returncode=2)
+        verify.command_start(options)  # quiet logs below -v 2, --jobs checked
         out = Path(options["out"])
         if out.exists() and not out.is_dir():
             raise CommandError(f"--out {out}: not a folder", returncode=2)
