@@ -17,9 +17,10 @@ the registries: here they resolve to a TEST-NET address the default rules refuse
    time, and per row the time between its progress lines (the first row's includes the process
    starting; PYTHONUNBUFFERED, the lines are read as they come).
 2. ``... --verify --jobs 1`` on a scratch DATA_DIR (migrated database, WORKSPACE_BASE under /tmp,
-   tests/helpers/cli.py's EvaluateCli): once cold (an empty workspace cache: every gold run clones
-   and installs; the no-op runs, queued after every gold run, start from the snapshot their gold run
-   left), then ``--runs`` times warm (the same command again: every run from the cache). Per task
+   tests/helpers/cli.py's EvaluateCli): ``--runs`` times cold, each on a data folder of its own (an
+   empty workspace cache: every gold run clones and installs; the no-op runs, queued after every gold
+   run, start from the snapshot their gold run left), then ``--runs`` times warm on the last one's
+   (the same command again: every run from the cache). Per task
    and run: the evaluation's duration_ms (verification.json), the wall time of its ``manage.py
    evaluate`` process (the progress line), the cache use, and the transitions' duration_ms per step
    (read from the scratch database with dumpdata, as bench/harbor.py does).
@@ -340,10 +341,15 @@ def by_hand(task_dir: Path, row: dict, url: str, work: Path, python: str, *, gol
 # -- 4. the report ---------------------------------------------------------------------------------
 
 
-def figures_of(imports: list[Imported], passes: list[Pass], stored, rows_info, plain) -> dict:
-    cold, warm = passes[0], passes[1:]
+def _steps_median(runs: list[dict]) -> dict:
+    return {s: _median([r["steps_ms"].get(s, 0) for r in runs]) for s in STEPS} | {
+        "other": _median([r["other_ms"] for r in runs])
+    }
+
+
+def figures_of(imports: list[Imported], colds: list[Pass], warm: list[Pass], stored, rows_info, plain) -> dict:
     tasks = {}
-    for entry in cold.tasks:
+    for entry in colds[0].tasks:
         name = entry["instance_id"]
         per_run = {}
         for run in RUNS:
@@ -361,15 +367,17 @@ def figures_of(imports: list[Imported], passes: list[Pass], stored, rows_info, p
                     "other_ms": found["duration_ms"] - sum(steps.get(s, 0) for s in STEPS),
                 }
 
-            warm_runs = [one(p) for p in warm]
+            cold_runs, warm_runs = [one(p) for p in colds], [one(p) for p in warm]
             by = plain[name, run]
             per_run[run] = {
-                "cold": one(cold),
+                "cold": cold_runs,
+                "cold_duration_ms_median": _median([r["duration_ms"] for r in cold_runs]),
+                "cold_wall_secs_median": _median([r["wall_secs"] for r in cold_runs]),
+                "cold_steps_ms_median": _steps_median(cold_runs),
                 "warm": warm_runs,
                 "warm_duration_ms_median": _median([r["duration_ms"] for r in warm_runs]),
                 "warm_wall_secs_median": _median([r["wall_secs"] for r in warm_runs]),
-                "warm_steps_ms_median": {s: _median([r["steps_ms"].get(s, 0) for r in warm_runs]) for s in STEPS}
-                | {"other": _median([r["other_ms"] for r in warm_runs])},
+                "warm_steps_ms_median": _steps_median(warm_runs),
                 "plain": [asdict(r) | {"total_ms": r.total_ms, "warm_ms": r.warm_ms} for r in by],
                 "plain_phases_ms_median": {
                     p: _median([r.phases_ms[p] for r in by]) for p in (*PLAIN_PHASES, "venv_pipless")
@@ -379,7 +387,7 @@ def figures_of(imports: list[Imported], passes: list[Pass], stored, rows_info, p
                 "plain_warm_ms_median": _median([r.warm_ms for r in by]),
             }
             r = per_run[run]
-            executor_cold, executor_warm = r["cold"]["duration_ms"], r["warm_duration_ms_median"]
+            executor_cold, executor_warm = r["cold_duration_ms_median"], r["warm_duration_ms_median"]
             r["share_cold"] = (executor_cold - r["plain_ms_median"]) / executor_cold if run == "gold" else None
             r["share_cold_pipless"] = (
                 (executor_cold - r["plain_pipless_ms_median"]) / executor_cold if run == "gold" else None
@@ -390,7 +398,7 @@ def figures_of(imports: list[Imported], passes: list[Pass], stored, rows_info, p
         "rows": ROWS,
         "tests_per_repository": TEST_COUNT,
         "import": [asdict(i) for i in imports],
-        "verify_wall_secs": {"cold": cold.wall_secs, "warm": [p.wall_secs for p in warm]},
+        "verify_wall_secs": {"cold": [p.wall_secs for p in colds], "warm": [p.wall_secs for p in warm]},
         "tasks": tasks,
     }
 
@@ -412,37 +420,44 @@ def report(figures: dict, runs: int) -> str:
         + f" s; process start to row 1's line, median {_median([i['first_row_secs'] for i in imports]):.2f} s; "
         f"each further row, median {_median([s for i in imports for s in i['row_secs']]) * 1000:.0f} ms; "
         f"last row to exit, median {_median([i['end_secs'] for i in imports]) * 1000:.0f} ms",
-        f"import_swebench --verify --jobs 1 ({2 * rows} evaluations): cold {wall['cold']:.1f} s "
-        f"({wall['cold'] / rows:.1f} s a task); warm, median of {runs}: {_median(wall['warm']):.1f} s "
+        f"import_swebench --verify --jobs 1 ({2 * rows} evaluations), each on an empty workspace cache, median "
+        f"of {runs}: {_median(wall['cold']):.1f} s ({_median(wall['cold']) / rows:.1f} s a task; each "
+        f"{', '.join(f'{w:.1f}' for w in wall['cold'])} s); then again on the last one's cache, median of {runs}: {_median(wall['warm']):.1f} s "
         f"({_median(wall['warm']) / rows:.1f} s a task; each {', '.join(f'{w:.1f}' for w in wall['warm'])} s)",
         "",
         "Per task and run: the evaluation's duration_ms / the wall time of its `manage.py evaluate` process; "
-        "cache use; passed (cold; each warm).",
+        f"cache use; passed (each cold; each warm); medians of {runs}.",
         "",
     ]
-    table = [("task", "run", "cold", "cold cache", f"warm (median of {runs})", "warm cache", "passed", "python")]
+    table = [("task", "run", "cold", "cold cache", "warm", "warm cache", "passed", "python")]
     for name, task in figures["tasks"].items():
         for run in RUNS:
             r = task[run]
             table.append((
                 name, run,
-                f"{_ms(r['cold']['duration_ms'])} / {_secs(r['cold']['wall_secs'])}", r["cold"]["cache"],
+                f"{_ms(r['cold_duration_ms_median'])} / {_secs(r['cold_wall_secs_median'])}",
+                " ".join(c["cache"] for c in r["cold"]),
                 f"{_ms(r['warm_duration_ms_median'])} / {_secs(r['warm_wall_secs_median'])}",
                 " ".join(w["cache"] for w in r["warm"]),
-                f"{r['cold']['passed']}; " + " ".join(str(w["passed"]) for w in r["warm"]),
-                r["cold"]["python"],
+                " ".join(str(c["passed"]) for c in r["cold"]) + "; " + " ".join(str(w["passed"]) for w in r["warm"]),
+                " ".join(sorted({str(c["python"]) for c in r["cold"] + r["warm"]})),
             ))  # fmt: skip
-    out += [_table(table), "", "Where the time goes: the transitions' duration_ms per step (cold; warm median).", ""]
+    out += [
+        _table(table),
+        "",
+        "Where the time goes: the transitions' duration_ms per step (cold median; warm median).",
+        "",
+    ]
     shown_steps = [
-        s for s in STEPS if any(t[r]["cold"]["steps_ms"].get(s) for t in figures["tasks"].values() for r in RUNS)
+        s for s in STEPS if any(t[r]["cold_steps_ms_median"][s] for t in figures["tasks"].values() for r in RUNS)
     ]
     table = [("task", "run", *shown_steps, "queued + other")]
     for name, task in figures["tasks"].items():
         for run in RUNS:
             r = task[run]
-            cold_steps, warm_steps = r["cold"]["steps_ms"], r["warm_steps_ms_median"]
-            cells = [f"{_ms(cold_steps.get(s, 0))}; {_ms(warm_steps[s])}" for s in shown_steps]
-            table.append((name, run, *cells, f"{_ms(r['cold']['other_ms'])}; {_ms(warm_steps['other'])}"))
+            cold_steps, warm_steps = r["cold_steps_ms_median"], r["warm_steps_ms_median"]
+            cells = [f"{_ms(cold_steps[s])}; {_ms(warm_steps[s])}" for s in shown_steps]
+            table.append((name, run, *cells, f"{_ms(cold_steps['other'])}; {_ms(warm_steps['other'])}"))
     out += [_table(table), ""]
     out += [
         f"By hand (plain processes, fresh HOME, no pip cache), median of {runs}, per phase: "
@@ -460,9 +475,9 @@ def report(figures: dict, runs: int) -> str:
                           " ".join(str(p["resolved"]) for p in r["plain"]), _ms(phases["venv_pipless"])))  # fmt: skip
     out += [_table(table), ""]
     out += [
-        "The executor against by hand; executor's share = (executor - by hand) / executor. Cold: the cold gold "
-        "evaluation against the whole by-hand run, and against it with the pip-less venv in place of "
-        '`python3 -m venv` ("pip-less"). Warm: the warm evaluation (median) against by hand without venv and '
+        f"The executor against by hand (medians of {runs}); executor's share = (executor - by hand) / executor. "
+        "Cold: the cold gold evaluation against the whole by-hand run, and against it with the pip-less venv in place of "
+        '`python3 -m venv` ("pip-less"). Warm: the warm evaluation against by hand without venv and '
         "install (clone + apply + test).",
         "",
     ]
@@ -473,7 +488,7 @@ def report(figures: dict, runs: int) -> str:
             r = task[run]
             cold_cells = (
                 (
-                    _ms(r["cold"]["duration_ms"]),
+                    _ms(r["cold_duration_ms_median"]),
                     _ms(r["plain_ms_median"]),
                     _pct(r["share_cold"]),
                     _ms(r["plain_pipless_ms_median"]),
@@ -512,19 +527,21 @@ def main(argv: list[str] | None = None) -> int:
             specs = root / "specs.json"
             specs.write_text(json.dumps({f"bench/calc-{n}": {VERSION: SPEC} for n in range(ROWS)}))
             template = server.url("/{repo}.git")
-            cli = EvaluateCli(root / "cli", EGRESS_ALLOW=",".join(REGISTRIES)).migrate()
-            try:
-                imports = []
-                for number in range(args.runs):
+            out = root / "out"
+            imports, colds, warm, stored, rows_info = [], [], [], {}, {}
+            for number in range(args.runs):  # each on a data folder of its own: an empty workspace cache
+                cli = EvaluateCli(root / f"cli-{number}", EGRESS_ALLOW=",".join(REGISTRIES)).migrate()
+                try:
                     imports.append(timed_import(cli, path, root / f"import-{number}", template, specs))
-                print(f"  import_swebench x{args.runs} (load {load_average()})", file=sys.stderr, flush=True)
-                out = root / "out"
-                passes = [verify_pass(cli, path, out, template, specs, "cold")]
-                passes += [verify_pass(cli, path, out, template, specs, f"warm {n + 1}") for n in range(args.runs)]
-                stored = stored_evaluations(cli)
-                rows_info = evaluation_rows(cli)
-            finally:
-                cli.close()
+                    colds.append(verify_pass(cli, path, out, template, specs, f"cold {number + 1}"))
+                    if number == args.runs - 1:
+                        warm += [
+                            verify_pass(cli, path, out, template, specs, f"warm {n + 1}") for n in range(args.runs)
+                        ]
+                    stored |= stored_evaluations(cli)
+                    rows_info |= evaluation_rows(cli)
+                finally:
+                    cli.close()
             plain: dict[tuple[str, str], list[PlainRun]] = {}
             for number in range(args.runs):
                 for row in rows:
@@ -535,12 +552,12 @@ def main(argv: list[str] | None = None) -> int:
                         plain.setdefault((row["instance_id"], run), []).append(result)
                         shutil.rmtree(work, ignore_errors=True)
                 print(f"  by hand {number + 1}/{args.runs} (load {load_average()})", file=sys.stderr, flush=True)
-    figures = figures_of(imports, passes, stored, rows_info, plain)
+    figures = figures_of(imports, colds, warm, stored, rows_info, plain)
     figures["machine"] = info
+    if args.json:  # first: the figures outlive a report that fails
+        args.json.write_text(json.dumps(figures, indent=1, default=str))
     print(report(figures, args.runs))
     print(f"\nload average at the end {load_average()}; bench took {time.monotonic() - started:.0f} s")
-    if args.json:
-        args.json.write_text(json.dumps(figures, indent=1, default=str))
     return 0
 
 
