@@ -158,23 +158,28 @@ def test_serve_runs_each_process_once_and_sigterm_stops_them_all(tmp_path, tasks
         service.database.drop()
 
 
-# The agent runs until the test says go (a file in its repository), so the forkserver dies while it runs.
+# The agent blocks on a FIFO in its repository until the test writes to it, so the forkserver dies while
+# it runs (bounded by the agent's timeout if the test never writes). The FIFO goes before the solver runs.
 WAITS_FOR_GO = """\
-import os, time
-deadline = time.monotonic() + 120
-while not os.path.exists(os.path.join(os.environ["REPO_DIR"], "go")) and time.monotonic() < deadline:
-    time.sleep(0.05)
+import os
+go = os.path.join(os.environ["REPO_DIR"], "go")
+os.mkfifo(go)
+with open(go) as fifo:
+    fifo.read()
+os.remove(go)
 """
 
 
 def test_the_forkserver_dying_alone_loses_no_running_evaluation(worker_service, tasks):
     service = worker_service()
     eval_id = submit(service, tasks.task(), WAITS_FOR_GO + SOLVER)
-    wait_for(lambda: evaluation(service, eval_id)["step"] == "running_agent", 30, what="running_agent")
+    go = Path(service.env["WORKSPACE_BASE"]) / eval_id / "repo" / "go"
+    wait_for(lambda: go.is_fifo(), 60, what="the agent's FIFO (it is running)")
     forkservers = [proc for proc in psutil.Process(service.worker.pid).children() if proc.name() == "te-forkserver"]
     assert len(forkservers) == 1
     forkservers[0].kill()  # the evaluation's parent: the worker, a subreaper, adopts it
-    (Path(service.env["WORKSPACE_BASE"]) / eval_id / "repo" / "go").touch()  # the agent goes on only now
+    with open(go, "w") as fifo:  # the agent goes on only now (open waits for its reader, which is there)
+        fifo.write("go\n")
     body = wait_terminal(service, eval_id, timeout=60)
     assert (body["status"], body["passed"], body["error"]) == ("completed", True, None)
     # And the worker goes on: a new evaluation still runs (multiprocessing starts a forkserver again).
