@@ -326,7 +326,7 @@ def running_tests(ctx: Context) -> None:
         results.append(row)
         ctx.spawner.sweep()
     if logs is not None:
-        verifier.grade_reward_folder(ctx, logs, results)
+        verifier.grade_reward_folder(ctx, logs)
     blocks = [
         f"=== {r.name} (exit {r.exit_code if r.exit_code is not None else 'none'}) ===\n{r.output}" for r in results
     ]

@@ -30,7 +30,7 @@ from evaluations.pipeline import graders, imageenv
 from evaluations.pipeline.context import Context, Grade, StepFailed
 from evaluations.pipeline.taskspec import SupportFile
 from evaluations.runtime import Mount
-from evaluations.safefs import SafeFSError, clear_way, remove_tree_nofollow, write_file_nofollow
+from evaluations.safefs import SafeFSError, remove_tree_nofollow, write_file_nofollow
 
 AGENT_LOGS = "/logs/agent"
 VERIFIER_LOGS = "/logs/verifier"
@@ -145,12 +145,10 @@ def _mount_point(ctx: Context, target: str) -> None:
         if os.path.isdir(path) and not os.path.islink(path):
             continue
         try:
-            if os.path.lexists(path):
-                clear_way(root, relpath)
-                if os.path.lexists(path):
-                    os.unlink(path)
+            if os.path.lexists(path):  # a link, a file, a FIFO: its parents are real folders by now
+                os.unlink(path)
             os.mkdir(path, 0o755)
-        except (OSError, SafeFSError) as exc:
+        except OSError as exc:
             raise StepFailed(f"could not make {target} in the image: {exc}", kind=ErrorKind.INFRASTRUCTURE) from None
         os.chown(path, *owner, follow_symlinks=False)
 
@@ -168,11 +166,10 @@ def run_verifier(ctx: Context, env: dict[str, str]) -> tuple[list[TestResult], s
     tests, logs = _verifier_folders(ctx, verifier.files)
     mounts = [Mount(tests, TESTS), Mount(logs, VERIFIER_LOGS, writable=True)]
     if ctx.image is not None and ctx.session.agent_logs.exists():
-        _mount_point(ctx, AGENT_LOGS)
         mounts.append(Mount(ctx.session.agent_logs, AGENT_LOGS))  # what the agent left, read-only
-    for target in (TESTS, VERIFIER_LOGS):
-        if ctx.image is not None:
-            _mount_point(ctx, target)
+    if ctx.image is not None:
+        for mount in mounts:
+            _mount_point(ctx, mount.target)
     policy = ctx.task_policy(network=verifier_network(ctx), mounts=mounts)
     env = {**env, **verifier.env}
     script = f"{TESTS}/{verifier.script}"
@@ -211,11 +208,8 @@ def grade(ctx: Context, name: str, result, output: str, duration: int, logs) -> 
         ctx.grade = Grade(reward=0.0, rewards=None, error=f"the verifier {name} {why}")
         return [row]
     if grader == "reward_file":
-        reward = _read_reward(ctx, logs)
-        if reward is None:
-            return [row]
-        row.passed = reward.reward >= 1
-        ctx.grade = Grade(reward=reward.reward, rewards=reward.rewards, error="", source=reward.source)
+        reward = grade_reward_folder(ctx, logs)
+        row.passed = reward is not None and reward.reward >= 1
         return [row]
     if grader == "pytest":
         verdict = graders.grade_pytest(result.output, result.exit_code)
@@ -261,22 +255,18 @@ def reward_folder(ctx: Context):
     return logs
 
 
-def grade_reward_folder(ctx: Context, logs, rows: list[TestResult]) -> None:
-    """After a workspace task's scripts: the reward they left decides, not their exit statuses."""
-    reward = _read_reward(ctx, logs)
-    if reward is not None:
-        ctx.grade = Grade(reward=reward.reward, rewards=reward.rewards, error="", source=reward.source)
-
-
-def _read_reward(ctx: Context, logs) -> graders.Reward | None:
-    """The reward the verifier left; None (and ``ctx.grade`` saying why) when there is none to read."""
+def grade_reward_folder(ctx: Context, logs) -> graders.Reward | None:
+    """``ctx.grade`` from the reward the verifier (or a workspace task's scripts) left in /logs/verifier,
+    whatever they exited with; the reward, or None when there is none to read (the grade says why)."""
     try:
-        return graders.read_reward(logs)
+        reward = graders.read_reward(logs)
     except graders.GradeError as exc:
         ctx.grade = Grade(reward=None, rewards=None, error=str(exc))
         return None
     except SafeFSError as exc:  # the session's own folder: the host's fault
         raise StepFailed(f"could not read /logs/verifier: {exc}", kind=ErrorKind.INFRASTRUCTURE) from None
+    ctx.grade = Grade(reward=reward.reward, rewards=reward.rewards, error="", source=reward.source)
+    return reward
 
 
 def _exit(code) -> str:
