@@ -229,7 +229,8 @@ def running_agent(ctx: Context) -> None:
         "TASK_ID": ctx.eval_id,
     }
     static.materialise(ctx)  # the agent's own copy of each asset, in repo/<save_path>
-    timeout = evaluation.timeout_secs or config.agent_timeout_secs
+    # The request's own, within AGENT_TIMEOUT_SECS and what the task asked for (verifier.apply_request).
+    timeout = min(evaluation.timeout_secs or config.agent_timeout_secs, config.agent_timeout_secs)
     agent_folder = Mount(ctx.session.agent, str(ctx.session.agent), writable=False)
     mounts = [agent_folder, *static.mounts(ctx), *verifier.agent_mounts(ctx)]  # in an image, /logs/agent
     verifier.narrow_egress(ctx)  # a task's allowlist, from here on

@@ -62,7 +62,6 @@ def apply_request(ctx: Context) -> None:
         memory_limit_mb=capped(request.memory_mb, config.memory_limit_mb),
         disk_quota_mb=capped(request.storage_mb, config.disk_quota_mb),
     )
-    ctx.evaluation.timeout_secs = ctx.config.agent_timeout_secs
     applied = ctx.config
     cpus = os.cpu_count() or 1
     network = request.network or PUBLIC
