@@ -173,6 +173,9 @@ class Batch(Submission, IdempotencyColumns, CallbackColumns):
     cancel_requested = models.BooleanField(default=False)
     # SPEC §17 pass@k: how many times each task URL runs (1..MAX_ATTEMPTS).
     attempts = models.PositiveSmallIntegerField(default=1)
+    # SPEC §18: set by lifecycle.settle as the batch ends, as an evaluation's by finish.
+    executor_version = models.CharField(max_length=32, blank=True, default="")
+    signature = models.JSONField(null=True, blank=True)
 
     class Meta:
         ordering = ("-created_at", "-id")
@@ -233,6 +236,12 @@ class Evaluation(Submission, IdempotencyColumns, CallbackColumns):
     # evaluation used ({peak_memory_bytes, cpu_seconds, peak_processes, peak_disk_bytes, peak_files}).
     egress = models.JSONField(default=list, blank=True)
     resources = models.JSONField(null=True, blank=True)
+    # SPEC §18: the task archive's sha256 as downloaded (downloading_task); the executor version that
+    # ended it and the Ed25519 signature over the ended object (evaluations/signing.py), both set by
+    # lifecycle.finish; signature null until then.
+    task_sha256 = models.CharField(max_length=64, blank=True, default="")
+    executor_version = models.CharField(max_length=32, blank=True, default="")
+    signature = models.JSONField(null=True, blank=True)
     # SPEC §16: what the task's commands ran in, set by preparing_environment:
     # {kind: host|name|image|dockerfile, ref, digest, cached}; null until then.
     environment = models.JSONField(null=True, blank=True)

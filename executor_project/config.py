@@ -195,6 +195,8 @@ class Config:
     port: int = integer("PORT", 8080, minimum=1, maximum=65535)
     gunicorn_bind: str = text("GUNICORN_BIND")  # empty: 0.0.0.0:PORT (see bind)
     web_workers: int = integer("WEB_WORKERS", 2, minimum=1, maximum=64)
+    # API requests one web process serves at once (its threads beyond these serve event streams, SPEC §18).
+    web_threads: int = integer("WEB_THREADS", 4, minimum=1, maximum=256)
     auth_tokens: tuple[str, ...] = strings("AUTH_TOKEN", secret=True)  # operators': they see every evaluation
     tenant_tokens: tuple[tuple[str, str], ...] = tenants("AUTH_TOKENS")  # (name, token): each sees its own
     secret_key: str = text("SECRET_KEY", strip=False, secret=True)  # empty: one kept in DATA_DIR (django_secret_key)
@@ -219,6 +221,13 @@ class Config:
     max_attempts: int = integer("MAX_ATTEMPTS", 10, minimum=1, maximum=100)  # SPEC §17 pass@k, per task URL
     # SPEC §17: what the agent leaves under /logs/agent, kept per evaluation (bytes, all files together).
     max_artifact_bytes: int = integer("MAX_ARTIFACT_BYTES", 50 * 1024 * 1024, minimum=0)
+    # SPEC §18: the Ed25519 key results are signed with (unset: one made in DATA_DIR/signing), and
+    # event streams: how many may be open at once on this host, the keep-alive comment's interval,
+    # how long a write to a client that stopped reading may block before the stream is dropped.
+    signing_key_file: Path | None = optional_path("SIGNING_KEY_FILE")
+    max_event_streams: int = integer("MAX_EVENT_STREAMS", 200, minimum=1, maximum=10000)
+    event_keepalive_secs: int = integer("EVENT_KEEPALIVE_SECS", 15, minimum=1, maximum=3600)
+    event_send_timeout_secs: int = integer("EVENT_SEND_TIMEOUT_SECS", 30, minimum=1, maximum=3600)
     max_output_bytes: int = integer("MAX_OUTPUT_BYTES", 1048576, minimum=1024)
     max_task_archive_bytes: int = integer("MAX_TASK_ARCHIVE_BYTES", 104857600, minimum=1)
     max_extracted_bytes: int = integer("MAX_EXTRACTED_BYTES", 524288000, minimum=1)
