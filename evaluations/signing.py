@@ -117,7 +117,7 @@ class Keyring:
                 st = os.stat(self.private_path)
             except FileNotFoundError:
                 if self.key_file is not None:
-                    raise SigningKeyError(f"SIGNING_KEY_FILE: {self.key_file} does not exist") from None
+                    raise SigningKeyError(f"SIGNING_KEY_FILE: {self.key_file}: does not exist") from None
                 try:
                     self._make_first()
                     st = os.stat(self.private_path)
@@ -136,19 +136,24 @@ class Keyring:
     def public_keys(self) -> list[PublicKey]:
         """Every public key the service has signed with: the current first, then newest first."""
         _private, current = self.current()
+        found = self._recorded()
+        found.sort(key=lambda k: k.created_at, reverse=True)  # ISO times of one format sort as times
+        found.sort(key=lambda k: k.key_id != current)  # stable: the current first, then newest first
+        return found
+
+    def find(self, wanted: str) -> PublicKey | None:
+        """The recorded public key ``wanted`` (no key is made for a look-up: verify_result reads only)."""
+        return next((k for k in self._recorded() if k.key_id == wanted), None)
+
+    def _recorded(self) -> list[PublicKey]:
         found = []
         for path in self.public_folder.glob("*.json"):
             try:
                 record = json.loads(path.read_text())
                 found.append(PublicKey(record["key_id"], record["public_key_pem"], record["created_at"]))
             except (OSError, ValueError, KeyError):
-                continue  # a half-written record cannot be: they are linked whole (_write_exclusive)
-        found.sort(key=lambda k: k.created_at, reverse=True)  # ISO times of one format sort as times
-        found.sort(key=lambda k: k.key_id != current)  # stable: the current first, then newest first
+                continue  # not one of ours: records are linked into place whole (_record_public)
         return found
-
-    def find(self, wanted: str) -> PublicKey | None:
-        return next((k for k in self.public_keys() if k.key_id == wanted), None)
 
     def rotate(self) -> str:
         """Make a new current key; the old one's public half stays listed. Returns the new key_id."""
@@ -289,6 +294,17 @@ class Verdict:
     valid: bool
     key_id: str
     fields: tuple[str, ...]
+
+
+def load_public_key(pem: bytes) -> Ed25519PublicKey:
+    """An Ed25519 public key from PEM; ValueError saying why not."""
+    try:
+        key = serialization.load_pem_public_key(pem)
+    except Exception as exc:  # the backend raises several kinds for bad input
+        raise ValueError(f"not a PEM public key ({exc})") from None
+    if not isinstance(key, Ed25519PublicKey):
+        raise ValueError(f"a {type(key).__name__}, not an Ed25519 public key")
+    return key
 
 
 def signature_of(document) -> dict:
