@@ -16,6 +16,7 @@ from django.db import transaction
 from django.db.models import Case, Exists, OuterRef, Value, When
 from django.utils import timezone
 
+from evaluations import VERSION, representation
 from evaluations.models import (
     ACTIVE_STATUSES,
     CANCEL_KINDS,
@@ -111,25 +112,37 @@ def finish(
     passed = status == Status.COMPLETED
     if "reward" not in fields:  # SPEC §17: graders other than reward_file; null when nothing was graded
         fields["reward"] = 1.0 if passed else 0.0 if kind == ErrorKind.TESTS_FAILED else None
-    ended = record(
-        eval_id,
-        step=Step.DONE,
-        status=status,
-        expect=expect,
-        passed=passed,
-        error=error,
-        error_kind=kind,
-        finished_at=now,
-        duration_ms=_elapsed_ms(row["started_at"] or row["created_at"], now),
-        results_sha256=results_sha256(eval_id, passed, results),
-        **fields,
-    )
+    with transaction.atomic():
+        ended = record(
+            eval_id,
+            step=Step.DONE,
+            status=status,
+            expect=expect,
+            passed=passed,
+            error=error,
+            error_kind=kind,
+            finished_at=now,
+            duration_ms=_elapsed_ms(row["started_at"] or row["created_at"], now),
+            results_sha256=results_sha256(eval_id, passed, results),
+            executor_version=VERSION,
+            **fields,
+        )
+        if ended:
+            _seal_evaluation(eval_id)
     if ended and row["batch_id"] is not None:
         # After record's commit: a batch ends when its last evaluation does, and settle's
         # check must see the other evaluations' own commits (settle says why once).
 
         transaction.on_commit(lambda: settle(row["batch_id"]))
     return ended
+
+
+def _seal_evaluation(eval_id) -> None:
+    """SPEC §18: sign the object the API shows, read back inside the transaction that ended it, and
+    store the signature with the row: a row changed afterwards (by hand) no longer verifies."""
+    evaluation = Evaluation.objects.prefetch_related("transitions", "test_results").get(id=eval_id)
+    document = representation.evaluation_json(evaluation)  # unsigned and ended: signed as it is built
+    Evaluation.objects.filter(id=eval_id).update(signature=document["signature"])
 
 
 def cancel(eval_id, reason: str) -> str | None:
@@ -171,19 +184,24 @@ def settle(batch_id) -> bool:
     time), so the batch's callback is queued once.
     """
     now = timezone.now()
-    ended = (
-        Batch.objects.filter(id=batch_id, finished_at__isnull=True)
-        .filter(~Exists(_active_evaluations()))
-        .update(
-            finished_at=now,
-            status=Case(When(cancel_requested=True, then=Value(Status.CANCELLED)), default=Value(Status.COMPLETED)),
-            # The worker's callback dispatcher delivers it (evaluations/worker/callbacks.py).
-            callback_state=Case(
-                When(callback_url="", then=Value(CallbackState.NONE)), default=Value(CallbackState.PENDING)
-            ),
-            callback_next_at=Case(When(callback_url="", then=None), default=Value(now)),
+    with transaction.atomic():
+        ended = (
+            Batch.objects.filter(id=batch_id, finished_at__isnull=True)
+            .filter(~Exists(_active_evaluations()))
+            .update(
+                finished_at=now,
+                status=Case(When(cancel_requested=True, then=Value(Status.CANCELLED)), default=Value(Status.COMPLETED)),
+                executor_version=VERSION,
+                # The worker's callback dispatcher delivers it (evaluations/worker/callbacks.py).
+                callback_state=Case(
+                    When(callback_url="", then=Value(CallbackState.NONE)), default=Value(CallbackState.PENDING)
+                ),
+                callback_next_at=Case(When(callback_url="", then=None), default=Value(now)),
+            )
         )
-    )
+        if ended == 1:  # signed as _seal_evaluation signs, in the transaction that ended it
+            document = representation.batch_json(batch_id)
+            Batch.objects.filter(id=batch_id).update(signature=document["signature"])
     return ended == 1
 
 

@@ -3,9 +3,12 @@ admin and the CLI show them."""
 
 from __future__ import annotations
 
+import hashlib
+
 from django.db.models import Count, Exists, OuterRef, Q, Sum, Value
 from django.db.models.functions import Coalesce
 
+from evaluations import signing
 from evaluations.models import ACTIVE_STATUSES, Batch, Evaluation, Status
 
 # The columns the evaluation object shows, for readers that fetch only those (evaluations/db/rows.py).
@@ -15,7 +18,7 @@ EVALUATION_COLUMNS = (
     "started_at", "finished_at", "agent_output", "agent_exit_code", "agent_patch", "test_output", "results_sha256",
     "egress", "resources", "error_kind", "retry_of_id", "owner", "environment", "reward", "rewards", "task_format",
     "limits_applied", "task_metadata", "system_changes", "artifacts", "attempt", "batch_id", "test_counts",
-
+    "task_sha256", "executor_version", "signature",
     "cache",
 )  # fmt: skip
 TRANSITION_COLUMNS = ("step", "status", "at", "duration_ms")
@@ -31,8 +34,13 @@ def evaluation_json(evaluation: Evaluation) -> dict:
 
 
 def evaluation_document(evaluation, transitions, test_results) -> dict:
-    """The evaluation object from anything with the *_COLUMNS attributes: model instances or rows."""
-    return {
+    """The evaluation object from anything with the *_COLUMNS attributes: model instances or rows.
+
+    SPEC §18: an ended evaluation's ``signature`` is the one lifecycle.finish stored; one that ended
+    without (before signatures, or finish's own first read) is signed here, not stored: Ed25519
+    signatures are deterministic, so each read gives the same value while the row and key stay.
+    """
+    body = {
         "eval_id": str(evaluation.id),
         "status": evaluation.status,
         "step": evaluation.step,
@@ -43,6 +51,7 @@ def evaluation_document(evaluation, transitions, test_results) -> dict:
         "error_kind": evaluation.error_kind,
         "duration_ms": evaluation.duration_ms,
         "task_url": evaluation.task_url,
+        "task_sha256": evaluation.task_sha256 or None,
         "task_format": evaluation.task_format or None,
         "language": evaluation.language,
         "agent_sha256": evaluation.agent_sha256 or None,  # the agent itself is never returned
@@ -65,6 +74,7 @@ def evaluation_document(evaluation, transitions, test_results) -> dict:
         "agent_output": evaluation.agent_output,
         "agent_exit_code": evaluation.agent_exit_code,
         "agent_patch": evaluation.agent_patch,
+        "agent_patch_sha256": _sha256(evaluation.agent_patch),
         "test_output": evaluation.test_output,
         "transitions": [
             {"step": t.step, "status": t.status, "at": iso(t.at), "duration_ms": t.duration_ms} for t in transitions
@@ -83,7 +93,17 @@ def evaluation_document(evaluation, transitions, test_results) -> dict:
         "attempt": evaluation.attempt,
         "retry_of": str(evaluation.retry_of_id) if evaluation.retry_of_id else None,
         "owner": evaluation.owner,
+        "executor_version": evaluation.executor_version or None,
+        "signature": evaluation.signature,
     }
+    if body["signature"] is None and evaluation.status not in ACTIVE_STATUSES:
+        body["signature"] = signing.sign_if_possible(body, signing.EVALUATION_FIELDS)
+    return body
+
+
+def _sha256(text: str | None) -> str | None:
+    """Of the text's UTF-8 (surrogates as they are: an agent's output may hold any bytes); null when empty."""
+    return hashlib.sha256(text.encode("utf-8", errors="surrogatepass")).hexdigest() if text else None
 
 
 def evaluation_summary(evaluation: Evaluation) -> dict:
@@ -194,8 +214,10 @@ def _batch_object(
         "reward": passed / total if ended else None,
         "mean_reward": reward_sum / total if ended else None,
         "pass_at_k": tasks_passed / tasks if ended and tasks else None,
+        "agent_sha256": batch.agent_sha256 or None,
         "created_at": iso(batch.created_at),
         "finished_at": iso(batch.finished_at),
+        "executor_version": batch.executor_version or None,
     }
 
 
@@ -269,4 +291,8 @@ def batch_document(batch: Batch, evaluations) -> dict:
         }
         for e in evaluations
     ]
+    # SPEC §18, as an evaluation's (evaluation_document says why a missing one is made here).
+    body["signature"] = batch.signature
+    if body["signature"] is None and batch.finished_at is not None:
+        body["signature"] = signing.sign_if_possible(body, signing.BATCH_FIELDS)
     return body

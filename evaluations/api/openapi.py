@@ -19,6 +19,7 @@ from drf_spectacular.utils import (
     extend_schema_view,
 )
 
+from evaluations import VERSION
 from evaluations import artifacts as artifact_store
 from evaluations.api import artifacts, assets, batches, environments, images, logs, views
 from evaluations.api.serializers import MAX_ENV_NAMES, BatchRequestSerializer, EvaluateRequestSerializer
@@ -35,6 +36,7 @@ from evaluations.api.shapes import (
     EvaluationSummarySerializer,
     HealthSerializer,
     ImageSerializer,
+    PublicKeysSerializer,
     RetryAcceptedSerializer,
     StatusSerializer,
     UnhealthySerializer,
@@ -159,6 +161,13 @@ def document_views() -> None:
             tags=[TAG_SERVICE], summary="Counts, capacity, sandbox and auth mode", responses=StatusSerializer
         )
     )(views.StatusView)
+    extend_schema_view(
+        get=extend_schema(
+            tags=[TAG_SERVICE],
+            summary="The public keys results are signed with (the current first)",
+            responses=PublicKeysSerializer,
+        )
+    )(views.PublicKeyView)
     extend_schema_view(
         post=extend_schema(
             tags=[TAG_EVALUATIONS],
@@ -381,7 +390,7 @@ def _links_from_eval_id() -> dict:
 
 def postprocess(result, generator, request, public):
     """What drf-spectacular cannot say from the serializers: /metrics, links, strict request bodies, the version."""
-    result["info"]["version"] = views.VERSION
+    result["info"]["version"] = VERSION
     body = result["components"]["schemas"]["EvaluateRequest"]
     body["additionalProperties"] = False  # unknown fields are refused
     body["properties"]["env"]["maxProperties"] = MAX_ENV_NAMES  # (OpenAPI 3.0 has no propertyNames for the rule)

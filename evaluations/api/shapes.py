@@ -145,6 +145,36 @@ class BatchEvaluationSerializer(serializers.Serializer):
     )
 
 
+class SignatureSerializer(serializers.Serializer):
+    key_id = serializers.CharField(help_text="The key it was made with: GET /public-key lists it.")
+    alg = serializers.ChoiceField(choices=["ed25519"])
+    value = serializers.CharField(help_text="The Ed25519 signature, base64.")
+    fields = serializers.ListField(
+        child=serializers.CharField(),
+        help_text="The object's fields it covers: the signature is over the RFC 8785 canonical JSON of the object "
+        "with only these kept (docs/signatures.md).",
+    )
+
+
+SIGNATURE_HELP = "SPEC §18: Ed25519 over the ended object's listed fields; null until it ended."
+EXECUTOR_VERSION_HELP = (
+    "The executor version that ended it; null until then, and for ones ended before results were signed."
+)
+
+
+class PublicKeySerializer(serializers.Serializer):
+    key_id = serializers.CharField(help_text="The first 16 hex digits of the sha256 of the raw 32-byte key.")
+    alg = serializers.ChoiceField(choices=["ed25519"])
+    public_key_pem = serializers.CharField(help_text="SubjectPublicKeyInfo PEM.")
+    created_at = serializers.DateTimeField()
+
+
+class PublicKeysSerializer(serializers.Serializer):
+    keys = PublicKeySerializer(
+        many=True, help_text="The current key first, then every earlier one, so results they signed still verify."
+    )
+
+
 class BatchSummarySerializer(serializers.Serializer):
     batch_id = serializers.UUIDField()
     owner = serializers.CharField(allow_null=True, help_text=OWNER_HELP)
@@ -169,8 +199,10 @@ class BatchSummarySerializer(serializers.Serializer):
         help_text="The share of task URLs one of whose attempts passed (the mean of tasks' pass_at_k), once all "
         "ended; else null.",
     )
+    agent_sha256 = serializers.CharField(allow_null=True, help_text="sha256 of the batch's agent.")
     created_at = serializers.DateTimeField()
     finished_at = serializers.DateTimeField(allow_null=True)
+    executor_version = serializers.CharField(allow_null=True, help_text=EXECUTOR_VERSION_HELP)
 
 
 class BatchTaskSerializer(serializers.Serializer):
@@ -189,6 +221,7 @@ class BatchTaskSerializer(serializers.Serializer):
 class BatchSerializer(BatchSummarySerializer):
     tasks = BatchTaskSerializer(many=True, help_text="One per task URL, in task_urls order (not in GET /batches).")
     evaluations = BatchEvaluationSerializer(many=True, help_text="In queue order, as eval_ids.")
+    signature = SignatureSerializer(allow_null=True, help_text=SIGNATURE_HELP + " Not in GET /batches.")
 
 
 class AcceptedSerializer(serializers.Serializer):
@@ -280,6 +313,9 @@ class EvaluationSerializer(serializers.Serializer):
     error_kind = serializers.ChoiceField(choices=ErrorKind.choices, allow_null=True, help_text=ERROR_KIND_HELP)
     duration_ms = serializers.IntegerField(allow_null=True)
     task_url = serializers.CharField()
+    task_sha256 = serializers.CharField(
+        allow_null=True, help_text="sha256 of the task archive as downloaded; null before downloading_task."
+    )
     language = serializers.CharField()
     agent_sha256 = serializers.CharField(
         allow_null=True,
@@ -294,6 +330,9 @@ class EvaluationSerializer(serializers.Serializer):
     agent_output = serializers.CharField(allow_blank=True)
     agent_exit_code = serializers.IntegerField(allow_null=True)
     agent_patch = serializers.CharField(allow_blank=True)
+    agent_patch_sha256 = serializers.CharField(
+        allow_null=True, help_text="sha256 of agent_patch's UTF-8; null if empty."
+    )
     test_output = serializers.CharField(allow_blank=True)
     transitions = TransitionSerializer(many=True)
     results_sha256 = serializers.CharField(allow_null=True)
@@ -355,6 +394,8 @@ class EvaluationSerializer(serializers.Serializer):
     )
     batch_id = serializers.UUIDField(allow_null=True, help_text="The batch this evaluation is part of.")
     attempt = serializers.IntegerField(help_text="Which run of its task URL this is within its batch, from 1.")
+    executor_version = serializers.CharField(allow_null=True, help_text=EXECUTOR_VERSION_HELP)
+    signature = SignatureSerializer(allow_null=True, help_text=SIGNATURE_HELP)
 
 
 class EvaluationSummarySerializer(serializers.Serializer):

@@ -26,6 +26,7 @@ register_converter(ArtifactPathConverter, "artifact_path")
 urlpatterns = [
     path("health", views.HealthView.as_view(), name="health"),
     path("status", views.StatusView.as_view(), name="status"),
+    path("public-key", views.PublicKeyView.as_view(), name="public-key"),
     path("metrics", metrics_view, name="metrics"),
     path("evaluate", views.EvaluateView.as_view(), name="evaluate"),
     path("evaluate/<str:eval_id>", views.EvaluationDetailView.as_view(), name="evaluation-detail"),

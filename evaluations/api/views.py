@@ -17,7 +17,7 @@ from rest_framework.permissions import AllowAny
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from evaluations import admission, checks, environments, languages, lifecycle, retry, stats
+from evaluations import VERSION, admission, checks, environments, languages, lifecycle, retry, signing, stats
 from evaluations.api.errors import ApiError, envelope
 from evaluations.api.paging import Page
 from evaluations.api.serializers import submission_fields, validate_evaluate_request
@@ -34,7 +34,6 @@ from evaluations.worker import wakeup
 
 logger = logging.getLogger("term_executor.api")
 
-VERSION = "0.1.0"
 STARTED_AT = time.time()
 MAX_IDEMPOTENCY_KEY = 200
 
@@ -64,6 +63,15 @@ class HealthView(PublicView):
             body.update(envelope("unhealthy", f"database unreachable: {exc}".strip()))
             return Response(body, status=http.HTTP_503_SERVICE_UNAVAILABLE)
         return Response({"status": "ok"})
+
+
+class PublicKeyView(PublicView):
+    """SPEC §18: the keys results are signed with, the current first; public, as a platform
+    verifying a saved result may hold no token of this service."""
+
+    def get(self, request):
+        keys = signing.keyring(settings.EXECUTOR).public_keys()
+        return Response({"keys": [key.as_json() for key in keys]})
 
 
 class StatusView(PublicView):

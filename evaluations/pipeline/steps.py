@@ -56,6 +56,10 @@ def downloading_task(ctx: Context) -> None:
             timeout_secs=config.download_timeout_secs,
             policy=_policy(config),
         )
+        # SPEC §18: what was evaluated, signed with the result; stored now, so a failed extraction's has it too.
+        with open(archive_path, "rb") as downloaded:
+            task_sha256 = hashlib.file_digest(downloaded, "sha256").hexdigest()
+        Evaluation.objects.filter(id=ctx.eval_id).update(task_sha256=task_sha256)
         archive.extract_archive(
             archive_path,
             ctx.session.task,

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from django.db import transaction
-from django.db.models import Exists, OuterRef
+from django.db.models import Exists, OuterRef, Q
 from django.utils import timezone
 
 from evaluations import artifacts, lifecycle, stats
@@ -195,6 +195,9 @@ def purge_old(retention_days: int, *, dry_run: bool = False, config=None) -> int
         return 0
     cutoff = timezone.now() - timezone.timedelta(days=retention_days)
     old = Evaluation.objects.filter(finished_at__lt=cutoff).exclude(status__in=ACTIVE_STATUSES)
+    # A batch's evaluations go with the batch, once it is past retention too: one purged early would
+    # change the batch object its signature (SPEC §18) and its counts were made over.
+    old = old.filter(Q(batch__isnull=True) | Q(batch__finished_at__lt=cutoff))
     if dry_run:
         return old.count()
     with transaction.atomic():

@@ -15,7 +15,9 @@
    (the default) with bubblewrap missing or not working stops start-up with
    a sentence naming the package: agent code runs unsandboxed only when the
    operator set SANDBOX=none (SPEC §20).
-4. The start-up warnings are logged.
+4. The signing key (SPEC §18) is read, or made at first start: a SIGNING_KEY_FILE that is
+   missing, unreadable or not Ed25519 stops start-up with one line naming it.
+5. The start-up warnings are logged.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import stat
 import sys
 from pathlib import Path
 
+from evaluations import signing
 from evaluations.checks import log_startup_warnings
 from evaluations.runtime import Runtime, SandboxUnavailable, become_subreaper, cgroups, sandbox_uid, select_runtime
 from evaluations.runtime.sandbox import can_traverse
@@ -42,12 +45,21 @@ class StartupError(Exception):
 
 def prepare_to_run(config: Config) -> Runtime:
     check_folders(config)
+    check_signing_key(config)
     runtime = choose_runtime(config)
     if os.geteuid() == 0:
         runtime.cgroups = cgroups.detect(config.cgroup_parent)
     log_startup_warnings()
     become_subreaper()  # orphans of a dead evaluation process come to us, not to init
     return runtime
+
+
+def check_signing_key(config: Config) -> None:
+    """The key results are signed with, read (or made) now rather than at the first evaluation's end."""
+    try:
+        signing.keyring(config).current()
+    except signing.SigningKeyError as exc:
+        raise StartupError(str(exc)) from None
 
 
 def choose_runtime(config: Config) -> Runtime:

@@ -212,7 +212,7 @@ def test_list_pages_like_evaluations_and_filters_by_status(api, executor_config)
     rows = first.json()
     assert set(rows[0]) == {
         "batch_id", "status", "total", "finished", "passed", "failed", "cancelled", "reward", "created_at",
-        "finished_at", "owner", "attempts", "mean_reward", "pass_at_k",
+        "finished_at", "owner", "attempts", "mean_reward", "pass_at_k", "agent_sha256", "executor_version",
     }  # fmt: skip
     assert 'rel="next"' in first["Link"] and f"before={rows[-1]['batch_id']}" in first["Link"]
     seen = [r["batch_id"] for r in rows]

@@ -54,7 +54,7 @@ def test_the_bearer_scheme_guards_exactly_the_private_routes(document):
     for route, operations in document["paths"].items():
         for method, operation in operations.items():
             guarded = {"bearerAuth": []} in operation.get("security", [])
-            public = route in ("/health", "/status", "/metrics")
+            public = route in ("/health", "/status", "/metrics", "/public-key")
             assert guarded != public, f"{method.upper()} {route}"
             if guarded:
                 assert "401" in operation["responses"]
@@ -70,6 +70,7 @@ def test_the_documented_fields_are_the_api_fields(document):
         "agent_patch", "test_output", "transitions", "results_sha256", "egress", "resources", "cache",
         "error_kind", "retry_of", "owner", "environment", "reward", "rewards", "task_format", "limits_applied",
         "task_metadata", "system_changes", "artifacts", "batch_id", "attempt", "test_counts",
+        "task_sha256", "agent_patch_sha256", "executor_version", "signature",
     }  # fmt: skip
     assert set(schemas["EvaluationEnvironment"]["properties"]) == {"kind", "ref", "digest", "cached"}
     assert set(schemas["ErrorKindEnum"]["enum"]) == {
@@ -91,8 +92,11 @@ def test_the_batch_routes_are_described(document):
     assert set(schemas["Batch"]["properties"]) == {
         "batch_id", "status", "total", "finished", "passed", "failed", "cancelled", "reward", "created_at",
         "finished_at", "evaluations", "owner", "attempts", "mean_reward", "pass_at_k", "tasks",
+        "agent_sha256", "executor_version", "signature",
     }  # fmt: skip
-    assert set(schemas["BatchSummary"]["properties"]) == set(schemas["Batch"]["properties"]) - {"tasks", "evaluations"}
+    assert set(schemas["BatchSummary"]["properties"]) == set(schemas["Batch"]["properties"]) - {
+        "tasks", "evaluations", "signature"
+    }  # fmt: skip
     assert set(schemas["BatchEvaluation"]["properties"]) == {
         "eval_id", "task_url", "attempt", "status", "passed", "reward", "error_kind"
     }  # fmt: skip

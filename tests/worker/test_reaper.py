@@ -263,3 +263,23 @@ def test_the_reaper_removes_orphan_artifacts_and_dead_copies_but_nothing_else(se
     assert sorted(p.name for p in store.iterdir()) == sorted([kept_row.name, copying.name, not_ours.name])
     assert (target / "precious").read_text() == "not the store's"  # the link's target untouched
     assert reaper.remove_orphan_artifacts(config) == 0  # idempotent
+
+
+def test_purge_keeps_a_batchs_evaluations_until_the_batch_is_past_retention(settings, api):
+    """A batch's signed object (SPEC §18) lists its evaluations: none goes before the batch does."""
+    from evaluations.models import Batch
+
+    body = {"agent_code": "x", "task_urls": ["https://x/a", "https://x/b"]}
+    batch_id = api.post("/batches", data=body, format="json").json()["batch_id"]
+    first, second = Evaluation.objects.filter(batch_id=batch_id).order_by("created_at")
+    for evaluation in (first, second):
+        assert lifecycle.finish(evaluation.id, Status.COMPLETED, expect=[Status.PENDING])
+    assert lifecycle.settle(batch_id)
+    signed = api.get(f"/batches/{batch_id}").json()
+    Evaluation.objects.filter(id=first.id).update(finished_at=timezone.now() - timezone.timedelta(days=30))
+    assert reaper.purge_old(7) == 0  # the batch ended today
+    assert api.get(f"/batches/{batch_id}").json() == signed
+    Evaluation.objects.filter(id=second.id).update(finished_at=timezone.now() - timezone.timedelta(days=21))
+    Batch.objects.filter(id=batch_id).update(finished_at=timezone.now() - timezone.timedelta(days=20))
+    assert reaper.purge_old(7) == 2  # the batch past retention: it and all its evaluations go together
+    assert not Batch.objects.filter(id=batch_id).exists()

@@ -31,7 +31,7 @@ import traceback
 from django.conf import settings
 from django.core.management.base import BaseCommand
 
-from evaluations.worker.startup import StartupError, check_folders, choose_runtime
+from evaluations.worker.startup import StartupError, check_folders, check_signing_key, choose_runtime
 from executor_project.config import PROJECT_DIR
 from executor_project.process import name_process
 
@@ -48,6 +48,7 @@ class Command(BaseCommand):
         config = settings.EXECUTOR
         try:
             check_folders(config)  # before anything starts: one line, exit 2
+            check_signing_key(config)  # SPEC §18: made at first start, or SIGNING_KEY_FILE's
             choose_runtime(config)  # SANDBOX=auto without a working bubblewrap too (the worker chooses its own)
         except StartupError as exc:
             exc.exit()
