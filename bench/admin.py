@@ -18,24 +18,11 @@ import tempfile
 import time
 from pathlib import Path
 
+from bench.common import django_in
+
 MIB = 1024 * 1024
 ROWS = 100
 TESTS = 10
-
-
-def setup(folder: Path) -> None:
-    os.environ.update(
-        DATA_DIR=str(folder / "data"),
-        WORKSPACE_BASE=str(folder / "sessions"),
-        DATABASE_URL=f"sqlite:///{folder / 'bench.sqlite3'}",
-        DJANGO_SETTINGS_MODULE="executor_project.settings",
-    )
-    import django
-
-    django.setup()
-    from django.core.management import call_command
-
-    call_command("migrate", verbosity=0)
 
 
 def populate(folder: Path) -> dict[str, str]:
@@ -108,7 +95,7 @@ def main() -> int:
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="te-bench-admin-") as tmp:
         folder = Path(tmp)
-        setup(folder)
+        django_in(folder)
         pages = populate(folder)
         rows = measure(pages, args.n)
     print(f"{'page':44} {'p50 ms':>8} {'max ms':>8} {'CPU ms':>8} {'page KiB':>9}")

@@ -152,6 +152,23 @@ def run_baseline(task: Task) -> float:
     return elapsed
 
 
+def django_in(folder: Path) -> None:
+    """Django set up in this process on a migrated SQLite database of its own under ``folder``
+    (benchmarks that call the executor's functions rather than its HTTP API)."""
+    os.environ.update(
+        DATA_DIR=str(folder / "data"),
+        WORKSPACE_BASE=str(folder / "sessions"),
+        DATABASE_URL=f"sqlite:///{folder / 'bench.sqlite3'}",
+        DJANGO_SETTINGS_MODULE="executor_project.settings",
+    )
+    import django
+
+    django.setup()
+    from django.core.management import call_command
+
+    call_command("migrate", verbosity=0)
+
+
 def percentile(values: list[float], fraction: float) -> float:
     """Nearest-rank percentile (p50 of 30 values is the 15th smallest)."""
     ordered = sorted(values)

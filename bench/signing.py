@@ -15,29 +15,13 @@ machine; and the sealing step alone (read back, sign, store) on an ended row.
 from __future__ import annotations
 
 import argparse
-import os
 import tempfile
 import time
 from pathlib import Path
 
-from bench.common import load_average, median
+from bench.common import django_in, load_average, median
 
 MIB = 1024 * 1024
-
-
-def setup(folder: Path) -> None:
-    os.environ.update(
-        DATA_DIR=str(folder / "data"),
-        WORKSPACE_BASE=str(folder / "sessions"),
-        DATABASE_URL=f"sqlite:///{folder / 'bench.sqlite3'}",
-        DJANGO_SETTINGS_MODULE="executor_project.settings",
-    )
-    import django
-
-    django.setup()
-    from django.core.management import call_command
-
-    call_command("migrate", verbosity=0)
 
 
 def running(heavy: bool):
@@ -71,7 +55,7 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=200)
     runs = parser.parse_args().runs
     with tempfile.TemporaryDirectory(prefix="bench-signing-") as folder:
-        setup(Path(folder))
+        django_in(Path(folder))
         from evaluations import lifecycle, signing
         from evaluations.models import Evaluation, Status
         from evaluations.representation import evaluation_json

@@ -140,8 +140,10 @@ def finish(
 def _seal_evaluation(eval_id) -> None:
     """SPEC §18: sign the object the API shows, read back inside the transaction that ended it, and
     store the signature with the row: a row changed afterwards (by hand) no longer verifies."""
-    evaluation = Evaluation.objects.prefetch_related("transitions", "test_results").get(id=eval_id)
-    document = representation.evaluation_json(evaluation)  # unsigned and ended: signed as it is built
+    # The shown columns only (not the live log's copy) and no transitions: they are not signed.
+    evaluation = Evaluation.objects.only(*representation.EVALUATION_COLUMNS).get(id=eval_id)
+    tests = evaluation.test_results.all()
+    document = representation.evaluation_document(evaluation, (), tests)  # unsigned and ended: signed as built
     Evaluation.objects.filter(id=eval_id).update(signature=document["signature"])
 
 
