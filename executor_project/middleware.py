@@ -22,7 +22,8 @@ from django.middleware.csrf import CsrfViewMiddleware
 
 # The DRF routes of evaluations/api/urls.py that the bearer token guards, and /health and /status.
 TOKEN_API_PATH = re.compile(
-    r"/(?:evaluate(?:/[^/]+(?:/logs|/retry|/artifacts/[\s\S]+)?)?|evaluations|batches(?:/[^/]+)?|assets|environments"
+    r"/(?:evaluate(?:/[^/]+(?:/logs|/events|/retry|/artifacts/[\s\S]+)?)?|evaluations|batches(?:/[^/]+(?:/events)?)?"
+    r"|assets|environments"
     r"|images|health|status)"
 )
 
