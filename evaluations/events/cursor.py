@@ -69,7 +69,7 @@ def parse_batch(raw: str, evaluations: int) -> list[Position]:
             raise BadCursor("a batch's event id is comma-separated entries T.R or d, each optionally *N")
         count = int(found[2] or 1)
         if len(positions) + count > evaluations:
-            break
+            raise BadCursor(f"a batch's event id has one entry per evaluation of the batch ({evaluations})")
         for _ in range(count):
             if found[1] == ENDED:
                 positions.append(Position(ended=True))

@@ -179,9 +179,17 @@ class BatchFeed:
         frames = []
         for eval_id in open_ids:
             position = self.positions[eval_id]
-            events = _in_order(position, transitions[eval_id], tests[eval_id], {"eval_id": str(eval_id)}, self.event_id)
+            ends = statuses.get(eval_id) in TERMINAL_STATUSES
+            last = (position.transitions + len(transitions[eval_id]), position.tests + len(tests[eval_id]))
+
+            def event_id(position=position, ends=ends, last=last) -> str:
+                # An ended evaluation's last event already says so: the cursor stays short.
+                position.ended = ends and (position.transitions, position.tests) == last
+                return self.event_id()
+
+            events = _in_order(position, transitions[eval_id], tests[eval_id], {"eval_id": str(eval_id)}, event_id)
             frames.extend(frame(*event) for event in events)
-            position.ended = statuses.get(eval_id) in TERMINAL_STATUSES
+            position.ended = ends
         self.ended = finished is not None
         return frames
 
