@@ -131,7 +131,10 @@ def main() -> None:
 
     print(f"load average at the start: {load_average()}", flush=True)
     with bench_folder() as root, trivial_task(root) as task:
-        with live_service(root, "events", worker=True, MAX_CONCURRENT_EVALS=2, MAX_QUEUED_EVALS=10**6) as service:
+        # One slot more than the idle streams: the latency client's, freed only at its stream's next write.
+        slots = args.streams + 1
+        env = {"MAX_CONCURRENT_EVALS": 2, "MAX_QUEUED_EVALS": 10**6, "MAX_EVENT_STREAMS": slots}
+        with live_service(root, "events", worker=True, **env) as service:
             _elapsed, body = one_evaluation(service.port, task)
             _stop_worker(service)  # from here on, only the web side works
             samples = latency(service, args.transitions)
