@@ -17,6 +17,7 @@ from django.db.models import Case, Exists, OuterRef, Value, When
 from django.utils import timezone
 
 from evaluations import VERSION, representation
+from evaluations.events.announce import announce
 from evaluations.models import (
     ACTIVE_STATUSES,
     CANCEL_KINDS,
@@ -48,6 +49,7 @@ def record(
     1. The UPDATE is conditional on the status: a caller that lost a race changes nothing.
     2. The transition stores the step and status the row holds after the UPDATE (a caller
        may change only one of them), and closes the previous transition's duration.
+    3. The event streams following it are told once it commits (events/announce.py).
     """
     now = timezone.now()
     updates = dict(fields)
@@ -64,7 +66,17 @@ def record(
         if previous is not None and previous["duration_ms"] is None:
             Transition.objects.filter(id=previous["id"]).update(duration_ms=_elapsed_ms(previous["at"], now))
         Transition.objects.create(evaluation_id=eval_id, step=current_step, status=current_status, at=now)
+        announce(eval_id)
     return True
+
+
+def store_test_results(eval_id, results: list[TestResult], **fields) -> None:
+    """The tests' rows and the evaluation's columns that go with them (its test_output...), in one
+    commit, and the event streams told; every writer of test results comes through here."""
+    with transaction.atomic():
+        TestResult.objects.bulk_create(results)
+        Evaluation.objects.filter(id=eval_id).update(**fields)
+        announce(eval_id)
 
 
 def results_sha256(eval_id, passed: bool | None, results: Iterable[dict]) -> str:
@@ -204,6 +216,7 @@ def settle(batch_id) -> bool:
         if ended == 1:  # signed as _seal_evaluation signs, in the transaction that ended it
             document = representation.batch_json(batch_id)
             Batch.objects.filter(id=batch_id).update(signature=document["signature"])
+            announce(batch_id)  # once it committed: the streams' done carries the signature
     return ended == 1
 
 

@@ -106,7 +106,7 @@ def append_text(log_path: Path, text: str) -> None:
         os.close(fd)
 
 
-def _open_session_log(workspace_base: Path, eval_id) -> int | None:
+def open_session_log(workspace_base: Path, eval_id) -> int | None:
     """A read fd on the live log, or None when there is no such regular file (links not followed)."""
     flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC
     try:
@@ -127,7 +127,7 @@ def _open_session_log(workspace_base: Path, eval_id) -> int | None:
 
 def read_session_log(workspace_base: Path, eval_id, offset: int, limit: int) -> bytes | None:
     """Up to ``limit`` bytes of the live log from ``offset``; None when there is no log file."""
-    fd = _open_session_log(workspace_base, eval_id)
+    fd = open_session_log(workspace_base, eval_id)
     if fd is None:
         return None
     try:
@@ -137,7 +137,7 @@ def read_session_log(workspace_base: Path, eval_id, offset: int, limit: int) -> 
 
 
 def session_log_size(workspace_base: Path, eval_id) -> int | None:
-    fd = _open_session_log(workspace_base, eval_id)
+    fd = open_session_log(workspace_base, eval_id)
     if fd is None:
         return None
     try:

@@ -1,4 +1,4 @@
-"""gunicorn settings: sync workers, graceful stop, multi-process Prometheus metrics.
+"""gunicorn settings: gthread workers (webthreads.py says why), graceful stop, multi-process Prometheus metrics.
 
 The master imports Django and the app once (``preload_app``) and freezes that heap
 before forking (``gc.freeze``), so the workers share those pages instead of each
@@ -24,7 +24,12 @@ except config_module.ConfigError as exc:
 
 bind = _config.bind
 workers = _config.web_workers
-worker_class = "sync"
+# A thread per request: WEB_THREADS for the API (a semaphore in webthreads.py), one per event stream.
+worker_class = "gthread"
+threads = _config.web_threads + _config.max_event_streams
+# Each stream is a connection: room for all of them, and the API's clients kept alive besides.
+worker_connections = max(1000, threads + 100)
+# The main loop beats the heartbeat whatever the threads do: a stream outliving it is not killed.
 timeout = 60
 graceful_timeout = 30
 keepalive = 5
@@ -81,7 +86,20 @@ def on_exit(server):
 
 
 def post_worker_init(worker):
+    import signal
+
+    from evaluations.events.hub import stop_streams
     from executor_project.memory import release_after_large_responses
+    from executor_project.webthreads import limit_api_requests
 
     # A large response (an evaluation with 1 MiB outputs) is freed once sent, not several requests later.
-    worker.wsgi = release_after_large_responses(worker.wsgi)
+    worker.wsgi = limit_api_requests(release_after_large_responses(worker.wsgi), _config.web_threads)
+    # SIGTERM: the streams end at once (their clients resume with Last-Event-ID), so the graceful
+    # stop waits only for the API's requests, not for graceful_timeout.
+    graceful_exit = signal.getsignal(signal.SIGTERM)
+
+    def stop(signum, frame):
+        stop_streams()
+        graceful_exit(signum, frame)
+
+    signal.signal(signal.SIGTERM, stop)

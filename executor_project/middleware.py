@@ -20,10 +20,11 @@ from django.contrib.messages.middleware import MessageMiddleware
 from django.contrib.sessions.middleware import SessionMiddleware
 from django.middleware.csrf import CsrfViewMiddleware
 
-# The DRF routes of evaluations/api/urls.py that the bearer token guards, and /health and /status.
+# The DRF routes of evaluations/api/urls.py that the bearer token guards, and /health, /status and /public-key.
 TOKEN_API_PATH = re.compile(
-    r"/(?:evaluate(?:/[^/]+(?:/logs|/retry|/artifacts/[\s\S]+)?)?|evaluations|batches(?:/[^/]+)?|assets|environments"
-    r"|images|health|status)"
+    r"/(?:evaluate(?:/[^/]+(?:/logs|/events|/retry|/artifacts/[\s\S]+)?)?|evaluations|batches(?:/[^/]+(?:/events)?)?"
+    r"|assets|environments"
+    r"|images|health|status|public-key)"
 )
 
 

@@ -19,7 +19,7 @@ from evaluations.models import Batch, Status
 from evaluations.worker import wakeup
 
 
-def _batch_pk(batch_id: str) -> uuid.UUID:
+def batch_pk(batch_id: str) -> uuid.UUID:
     try:
         return uuid.UUID(str(batch_id))
     except ValueError:
@@ -70,13 +70,13 @@ class BatchListView(APIView):
 
 class BatchDetailView(APIView):
     def get(self, request, batch_id):
-        body = representation.batch_json(_batch_pk(batch_id), among=request.user.visible(Batch.objects))
+        body = representation.batch_json(batch_pk(batch_id), among=request.user.visible(Batch.objects))
         if body is None:
             raise ApiError(404, "not_found", f"no batch {batch_id}")
         return Response(body)
 
     def delete(self, request, batch_id):
-        pk = _batch_pk(batch_id)
+        pk = batch_pk(batch_id)
         if not request.user.visible(Batch.objects).filter(id=pk).exists():
             raise ApiError(404, "not_found", f"no batch {batch_id}")
         outcomes = lifecycle.cancel_batch(pk, "batch cancelled by DELETE")

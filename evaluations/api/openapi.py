@@ -21,7 +21,7 @@ from drf_spectacular.utils import (
 
 from evaluations import VERSION
 from evaluations import artifacts as artifact_store
-from evaluations.api import artifacts, assets, batches, environments, images, logs, views
+from evaluations.api import artifacts, assets, batches, environments, events, images, logs, views
 from evaluations.api.serializers import MAX_ENV_NAMES, BatchRequestSerializer, EvaluateRequestSerializer
 from evaluations.api.shapes import (
     AcceptedSerializer,
@@ -128,6 +128,20 @@ def header(name: str, kind, description: str, codes: list[int]) -> OpenApiParame
 
 RETRY_AFTER = header(
     "Retry-After", {"type": "integer", "minimum": 1}, "Seconds before a slot is likely to free.", [503]
+)
+
+
+LAST_EVENT_ID = OpenApiParameter(
+    events.LAST_EVENT_ID,
+    str,
+    OpenApiParameter.HEADER,
+    description="Resume after this event (the id of the last one received); `done` answers 204.",
+)
+EVENTS_COMMON = (
+    "`text/event-stream`. Each event has an `id:`; reconnecting with it as `Last-Event-ID` resumes after it, "
+    "on any web process, with nothing missed or repeated. A comment line (`: keep-alive`) every "
+    "EVENT_KEEPALIVE_SECS (15) while nothing else is sent; the stream ends after `done`, and also when the "
+    "service stops (reconnect). At most MAX_EVENT_STREAMS (200) streams are open on a host at once. "
 )
 
 
@@ -262,6 +276,34 @@ def document_views() -> None:
     extend_schema_view(
         get=extend_schema(
             tags=[TAG_EVALUATIONS],
+            summary="Follow an evaluation: server-sent events",
+            description=EVENTS_COMMON
+            + "Events: `step` `{step, status, at}` for each transition, `test` `{name, kind, passed, exit_code}` "
+            "for each test result (before the step that ends the evaluation), `log` `{offset, text}` with "
+            "`logs=1` (the live log's bytes from `offset`, whole UTF-8 characters), and `done`, the "
+            "evaluation object as GET /evaluate/{eval_id} returns it. An event's id is `T.R.O` (transitions, "
+            "tests and log bytes sent); `done`'s is `done`.",
+            parameters=[
+                EVAL_ID,
+                OpenApiParameter(
+                    "logs", {"type": "integer", "enum": [0, 1]}, description="1: log events too. Default 0."
+                ),
+                LAST_EVENT_ID,
+                RETRY_AFTER,
+            ],
+            responses={
+                (200, "text/event-stream"): OpenApiResponse(OpenApiTypes.STR, description="The event stream"),
+                204: OpenApiResponse(description="Last-Event-ID was `done`: the stream had ended; stop reconnecting"),
+                400: error("Bad logs or Last-Event-ID", "invalid_request"),
+                401: UNAUTHORIZED,
+                404: NOT_FOUND,
+                503: error("MAX_EVENT_STREAMS streams are open", "at_capacity"),
+            },
+        )
+    )(events.EvaluationEventsView)
+    extend_schema_view(
+        get=extend_schema(
+            tags=[TAG_EVALUATIONS],
             summary="Download a file the agent left under /logs/agent",
             description="One of the evaluation's `artifacts`, by its `path` (slashes as they are), as an attachment: "
             "`application/octet-stream`, `nosniff`, its sha256 as the `ETag` (`If-None-Match` answers 304). Only a "
@@ -350,6 +392,26 @@ def document_views() -> None:
             },
         ),
     )(batches.BatchDetailView)
+    extend_schema_view(
+        get=extend_schema(
+            tags=[TAG_BATCHES],
+            summary="Follow a batch: server-sent events",
+            description=EVENTS_COMMON
+            + "Events: `step` and `test` of each of its evaluations, as GET /evaluate/{eval_id}/events sends "
+            "them, each with its `eval_id`; `done`, the batch object as GET /batches/{batch_id} returns it. "
+            "No log events (`logs=1` is 400: follow one evaluation's). An event's id holds an entry per "
+            "evaluation in queue order, run-length encoded.",
+            parameters=[BATCH_ID, LAST_EVENT_ID, RETRY_AFTER],
+            responses={
+                (200, "text/event-stream"): OpenApiResponse(OpenApiTypes.STR, description="The event stream"),
+                204: OpenApiResponse(description="Last-Event-ID was `done`: the stream had ended; stop reconnecting"),
+                400: error("Bad logs or Last-Event-ID", "invalid_request"),
+                401: UNAUTHORIZED,
+                404: error("No such batch, or another tenant's", "not_found"),
+                503: error("MAX_EVENT_STREAMS streams are open", "at_capacity"),
+            },
+        )
+    )(events.BatchEventsView)
     extend_schema_view(
         get=extend_schema(
             tags=[TAG_SERVICE],

@@ -1,7 +1,7 @@
 from django.urls import path, register_converter
 from drf_spectacular.views import SpectacularJSONAPIView, SpectacularSwaggerView
 
-from evaluations.api import artifacts, batches, logs, openapi, views  # noqa: F401  (openapi documents the views as it loads)
+from evaluations.api import artifacts, batches, events, logs, openapi, views  # noqa: F401  (openapi documents the views as it loads)
 from evaluations.api.assets import AssetListView
 from evaluations.api.environments import EnvironmentListView
 from evaluations.api.images import ImageListView
@@ -31,6 +31,7 @@ urlpatterns = [
     path("evaluate", views.EvaluateView.as_view(), name="evaluate"),
     path("evaluate/<str:eval_id>", views.EvaluationDetailView.as_view(), name="evaluation-detail"),
     path("evaluate/<str:eval_id>/logs", logs.EvaluationLogView.as_view(), name="evaluation-logs"),
+    path("evaluate/<str:eval_id>/events", events.EvaluationEventsView.as_view(), name="evaluation-events"),
     path(
         "evaluate/<str:eval_id>/artifacts/<artifact_path:path>",
         artifacts.EvaluationArtifactView.as_view(),
@@ -40,6 +41,7 @@ urlpatterns = [
     path("evaluations", views.EvaluationListView.as_view(), name="evaluation-list"),
     path("batches", batches.BatchListView.as_view(), name="batch-list"),
     path("batches/<str:batch_id>", batches.BatchDetailView.as_view(), name="batch-detail"),
+    path("batches/<str:batch_id>/events", events.BatchEventsView.as_view(), name="batch-events"),
     path("assets", AssetListView.as_view(), name="asset-list"),
     path("environments", EnvironmentListView.as_view(), name="environment-list"),
     path("images", ImageListView.as_view(), name="image-list"),

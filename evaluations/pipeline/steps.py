@@ -7,9 +7,7 @@ import os
 import time
 from pathlib import Path
 
-from django.db import transaction
-
-from evaluations import languages, livelog
+from evaluations import languages, lifecycle, livelog
 from evaluations.models import ErrorKind, Evaluation, TestResult
 from evaluations.network import urlguard
 from evaluations.pipeline import (
@@ -309,9 +307,7 @@ def running_tests(ctx: Context) -> None:
     env = {**ctx.base_env(), **static.task_env(ctx)}
     if ctx.task.verifier is not None:  # Harbor, Terminal-Bench: the task's verifier (pipeline/verifier.py)
         results, block = verifier.run_verifier(ctx, env)
-        with transaction.atomic():
-            TestResult.objects.bulk_create(results)
-            Evaluation.objects.filter(id=ctx.eval_id).update(test_output=block)
+        lifecycle.store_test_results(ctx.eval_id, results, test_output=block)
         return
     if ctx.task.swebench is not None:  # SWE-bench's grading: one test command, its log read per id
         swebench_tests.run_tests(ctx, env, static.mounts(ctx))
@@ -335,9 +331,7 @@ def running_tests(ctx: Context) -> None:
     blocks = [
         f"=== {r.name} (exit {r.exit_code if r.exit_code is not None else 'none'}) ===\n{r.output}" for r in results
     ]
-    with transaction.atomic():  # one commit: the results and their output appear together
-        TestResult.objects.bulk_create(results)
-        Evaluation.objects.filter(id=ctx.eval_id).update(test_output="\n".join(blocks))
+    lifecycle.store_test_results(ctx.eval_id, results, test_output="\n".join(blocks))
 
 
 def _chown(ctx: Context, workdir: Path, relpath: str) -> None:

@@ -34,6 +34,10 @@ def test_every_route_is_described(document):
     logs = document["paths"]["/evaluate/{eval_id}/logs"]["get"]
     assert set(logs["responses"]["200"]["content"]) == {"text/plain"}
     assert set(logs["responses"]["200"]["headers"]) == {"X-Log-Offset", "X-Log-Complete"}
+    for stream in ("/evaluate/{eval_id}/events", "/batches/{batch_id}/events"):
+        responses = document["paths"][stream]["get"]["responses"]
+        assert set(responses["200"]["content"]) == {"text/event-stream"}
+        assert {"204", "400", "401", "404", "503"} <= set(responses)
     post = document["paths"]["/evaluate"]["post"]
     assert set(post["responses"]) == {"202", "400", "401", "409", "413", "503"}
     assert "Retry-After" in post["responses"]["503"]["headers"] and "Location" in post["responses"]["202"]["headers"]

@@ -105,7 +105,7 @@ def preload() -> None:
     """Import what gunicorn and the worker will run, once, here; freeze it for the forks to share."""
     import gunicorn.app.wsgiapp  # noqa: F401
     import gunicorn.arbiter  # noqa: F401
-    import gunicorn.workers.sync  # noqa: F401
+    import gunicorn.workers.gthread  # noqa: F401
     from django.db import connections
     from django.urls import get_resolver
 

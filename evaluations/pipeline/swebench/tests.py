@@ -13,10 +13,8 @@ from __future__ import annotations
 
 import time
 
-from django.db import transaction
-
-from evaluations import livelog
-from evaluations.models import Evaluation, TestResult
+from evaluations import lifecycle, livelog
+from evaluations.models import TestResult
 from evaluations.pipeline.context import Context, Grade
 from evaluations.runtime import Mount
 from evaluations.safefs import write_file_nofollow
@@ -82,9 +80,7 @@ def run_tests(ctx: Context, env: dict[str, str], mounts: list[Mount]) -> None:
         summary += f"; test_results holds {shown} of the {total} ids (MAX_TESTS), failing ones first"
     livelog.append_text(session.log, livelog.executor_line(summary + " ---"))
     block = f"=== {NAME} (exit {_exit(result.exit_code)}) ===\n{output}"
-    with transaction.atomic():
-        TestResult.objects.bulk_create(rows)
-        Evaluation.objects.filter(id=ctx.eval_id).update(test_output=block, test_counts=verdict.counts)
+    lifecycle.store_test_results(ctx.eval_id, rows, test_output=block, test_counts=verdict.counts)
 
 
 def _exit(code: int | None) -> str:

@@ -12,9 +12,13 @@ try:
 except (OSError, ET.ParseError, AttributeError, TypeError, ValueError):
     total, failed = 0, 0
 passed = total - failed
-print(json.dumps({
-    "reward": 1.0 if total and not failed else 0.0,
-    "tests_passed": passed,
-    "tests_total": total,
-    "fraction": passed / total if total else 0.0,
-}))
+print(
+    json.dumps(
+        {
+            "reward": 1.0 if total and not failed else 0.0,
+            "tests_passed": passed,
+            "tests_total": total,
+            "fraction": passed / total if total else 0.0,
+        }
+    )
+)

@@ -1,0 +1,123 @@
+"""GET /evaluate/{id}/events and GET /batches/{id}/events: text/event-stream (SPEC §18, evaluations/events/).
+
+Checked before the stream opens, each an error in the one envelope whatever Accept says (as
+logs.py): the token, the id (another tenant's is 404), ``logs`` and ``Last-Event-ID`` (400),
+a stream that already sent ``done`` (204: the EventSource spec's "stop reconnecting") and a
+free slot of MAX_EVENT_STREAMS (503 ``at_capacity``).
+"""
+
+from __future__ import annotations
+
+import socket
+import struct
+
+from django.conf import settings
+from django.http import HttpResponse, StreamingHttpResponse
+from rest_framework.renderers import JSONRenderer
+from rest_framework.views import APIView
+
+from evaluations import representation
+from evaluations.api.batches import batch_pk
+from evaluations.api.errors import ApiError
+from evaluations.api.views import at_capacity, evaluation_body, get_evaluation
+from evaluations.events import cursor, hub, slots
+from evaluations.events.stream import BatchFeed, EvaluationFeed, EventStream
+from evaluations.models import Batch, Evaluation
+
+LAST_EVENT_ID = "Last-Event-ID"
+
+
+def _logs_wanted(request) -> bool:
+    raw = request.query_params.get("logs", "0")
+    if raw not in ("0", "1"):
+        raise ApiError(
+            400, "invalid_request", "the query is invalid: logs must be 0 or 1", fields={"logs": ["must be 0 or 1"]}
+        )
+    return raw == "1"
+
+
+def _bad_cursor(exc: cursor.BadCursor) -> ApiError:
+    message = f"not an event id of this stream: {exc}"
+    return ApiError(
+        400, "invalid_request", f"the {LAST_EVENT_ID} header is invalid: {message}", fields={LAST_EVENT_ID: [message]}
+    )
+
+
+class _EventsView(APIView):
+    def perform_content_negotiation(self, request, force=False):
+        renderer = JSONRenderer()
+        return renderer, renderer.media_type
+
+    def open(self, request, feed) -> StreamingHttpResponse:
+        config = settings.EXECUTOR
+        slot = slots.take(config.data_dir, config.max_event_streams)
+        if slot is None:
+            raise at_capacity(
+                f"{config.max_event_streams} event streams are open on this host (MAX_EVENT_STREAMS); retry later"
+            )
+        try:
+            subscription = hub.hub(config.data_dir).subscribe(feed.keys)
+        except BaseException:
+            slot.release()
+            raise
+        _limit_send_time(request, config.event_send_timeout_secs)
+        stream = EventStream(feed, subscription, slot, config.event_keepalive_secs)
+        response = StreamingHttpResponse(stream, content_type="text/event-stream; charset=utf-8")
+        response["Cache-Control"] = "no-cache"
+        response["X-Accel-Buffering"] = "no"  # a proxy (nginx) passes each event on at once
+        return response
+
+
+class EvaluationEventsView(_EventsView):
+    def get(self, request, eval_id):
+        logs = _logs_wanted(request)
+        evaluation = get_evaluation(eval_id, request.user, fields=("status",))
+        raw = request.headers.get(LAST_EVENT_ID)
+        if raw == cursor.DONE:
+            return HttpResponse(status=204)
+        try:
+            position = cursor.parse_evaluation(raw) if raw else cursor.Position()
+        except cursor.BadCursor as exc:
+            raise _bad_cursor(exc) from None
+        caller = request.user
+        feed = EvaluationFeed(
+            evaluation.id,
+            position,
+            logs=logs,
+            workspace_base=settings.EXECUTOR.workspace_base,
+            done_body=lambda: evaluation_body(str(evaluation.id), caller),
+        )
+        return self.open(request, feed)
+
+
+class BatchEventsView(_EventsView):
+    def get(self, request, batch_id):
+        if request.query_params.get("logs", "0") != "0":
+            message = (
+                "a batch's stream has no log events: follow one evaluation's with GET /evaluate/{id}/events?logs=1"
+            )
+            raise ApiError(400, "invalid_request", f"the query is invalid: {message}", fields={"logs": [message]})
+        visible = request.user.visible(Batch.objects)
+        pk = batch_pk(batch_id)
+        if not visible.filter(id=pk).exists():
+            raise ApiError(404, "not_found", f"no batch {batch_id}")
+        raw = request.headers.get(LAST_EVENT_ID)
+        if raw == cursor.DONE:
+            return HttpResponse(status=204)
+        eval_ids = list(
+            Evaluation.objects.filter(batch_id=pk).order_by("created_at", "id").values_list("id", flat=True)
+        )
+        try:
+            positions = cursor.parse_batch(raw, len(eval_ids)) if raw else [cursor.Position() for _ in eval_ids]
+        except cursor.BadCursor as exc:
+            raise _bad_cursor(exc) from None
+        feed = BatchFeed(pk, eval_ids, positions, done_body=lambda: representation.batch_json(pk, among=visible))
+        return self.open(request, feed)
+
+
+def _limit_send_time(request, seconds: int) -> None:
+    """A write to a client that stopped reading fails after ``seconds`` (SO_SNDTIMEO on gunicorn's
+    socket), which ends the stream and frees its slot: nothing queues up behind it."""
+    sock = request.META.get("gunicorn.socket")
+    if sock is not None:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, struct.pack("ll", seconds, 0))

@@ -1,0 +1,72 @@
+"""Tell the event streams that an evaluation or a batch changed: best effort, after the commit.
+
+1. The writers call ``announce`` inside their transaction; the datagrams go out when it
+   commits (``transaction.on_commit``), so a woken stream finds the rows. A rolled back
+   change announces nothing.
+2. On this host: one datagram with the ids to each hub socket in DATA_DIR/events/ (one per
+   web process that has served a stream). Across hosts on PostgreSQL: ``pg_notify``.
+3. Nothing waits and nothing fails: a full queue or a dead hub's socket is skipped (a
+   dead one's is removed), and a stream re-reads the rows once per keep-alive tick anyway.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from pathlib import Path
+
+from django.conf import settings
+from django.db import DatabaseError, connection, transaction
+
+from evaluations.safefs import unix_address
+
+CHANNEL = "term_executor_events"
+SOCKET_SUFFIX = ".sock"
+
+
+def hub_dir(data_dir: Path) -> Path:
+    return data_dir / "events"
+
+
+def announce(*ids) -> None:
+    """After the current transaction commits (at once outside one): the streams of these
+    evaluation or batch ids re-read them."""
+    payload = " ".join(str(i) for i in ids if i is not None)
+    if payload:
+        transaction.on_commit(lambda: send(settings.EXECUTOR.data_dir, payload))
+
+
+def send(data_dir: Path, payload: str) -> None:
+    if connection.vendor == "postgresql":
+        try:
+            with connection.cursor() as cursor:
+                cursor.execute("SELECT pg_notify(%s, %s)", [CHANNEL, payload])
+        except DatabaseError:
+            pass  # best effort: the hubs on this host get the datagram below
+    try:
+        folder = os.open(hub_dir(data_dir), os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return  # no web process has served a stream yet
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC)
+    sock.setblocking(False)
+    data = payload.encode()
+    try:
+        for name in os.listdir(folder):
+            if not name.endswith(SOCKET_SUFFIX):
+                continue
+            try:
+                sock.sendto(data, unix_address(folder, name))
+            except ConnectionRefusedError:
+                _remove(folder, name)  # nobody bound to it: a hub that died without cleaning up
+            except OSError:
+                pass  # its queue is full (that hub is awake anyway), or it went away meanwhile
+    finally:
+        sock.close()
+        os.close(folder)
+
+
+def _remove(folder: int, name: str) -> None:
+    try:
+        os.unlink(name, dir_fd=folder)
+    except FileNotFoundError:
+        pass
