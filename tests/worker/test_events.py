@@ -15,6 +15,7 @@ import psutil
 import pytest
 from httpx_sse import connect_sse
 
+from evaluations import signing
 from tests.helpers.http import request
 from tests.helpers.polling import submit, wait_for, wait_terminal
 from tests.helpers.tasks import NOOP, SOLVER
@@ -55,6 +56,13 @@ def of_kind(events, kind):
     return [data for _id, event, data in events if event == kind]
 
 
+def assert_signed(service, document: dict) -> None:
+    """done carries the signed object (SPEC §18): it verifies under the key /public-key lists."""
+    keys = {k["key_id"]: k["public_key_pem"] for k in request("GET", service.url("/public-key")).json()["keys"]}
+    public_key = signing.load_public_key(keys[document["signature"]["key_id"]].encode())
+    assert signing.verify(document, public_key).valid
+
+
 def assert_whole_evaluation(events, service, eval_id):
     """Every transition and test once, in order, then done with GET /evaluate/{id}'s body; nothing after."""
     body = request("GET", service.url(f"/evaluate/{eval_id}")).json()
@@ -62,6 +70,7 @@ def assert_whole_evaluation(events, service, eval_id):
     assert of_kind(events, "step") == steps
     assert of_kind(events, "test") == tests
     assert events[-1][:2] == ("done", "done") and events[-1][2] == body
+    assert_signed(service, body)
     assert [e for e in events if e[1] == "done"] == [events[-1]]
     # The tests (if any ran) come before the step that ends the evaluation.
     kinds = [e[1] for e in events if e[1] != "log"]
@@ -181,6 +190,7 @@ def test_a_batch_streams_each_evaluation_then_the_batch_and_resumes(worker_servi
     assert events[-1][:2] == ("done", "done")
     assert events[-1][2] == request("GET", service.url(f"/batches/{batch_id}")).json()
     assert events[-1][2]["status"] == "completed" and events[-1][2]["finished"] == 3
+    assert_signed(service, events[-1][2])
     assert events[-2][0] == "d*3"  # every evaluation ended and sent: the cursor says so in three bytes
 
 
