@@ -34,7 +34,7 @@ BASELINE = PROJECT / "bench" / "baseline.sh"
 TERMINAL = {"completed", "failed", "cancelled"}
 # The second test: the repository's own code still imports (a pass_to_pass test).
 IMPORT_TEST = Exec("#!/bin/bash\npython3 -c 'import calc' && echo import-ok\n")
-# gunicorn as the README starts it (bin/serve): the configured number of (gthread) workers.
+# gunicorn as the README starts it (bin/serve): the configured number of sync workers.
 README_WEB_WORKERS = Config().web_workers
 
 
@@ -90,7 +90,7 @@ class ServedService(LiveService):
 
 @contextlib.contextmanager
 def live_service(root: Path, name: str, *, worker: bool, serve: bool = False, **env) -> Iterator[LiveService]:
-    """gunicorn (README_WEB_WORKERS gthread workers) and optionally run_worker, on a fresh database.
+    """gunicorn (README_WEB_WORKERS sync workers) and optionally run_worker, on a fresh database.
 
     ``serve``: start both through ``manage.py serve`` instead, exactly as bin/serve does."""
     sessions = root / f"{name}-sessions"

@@ -1,6 +1,6 @@
 """HTTP: requests/s and p50/p99 latency of the API under 32 concurrent clients.
 
-gunicorn runs as the README starts it (``WEB_WORKERS`` gthread workers, the
+gunicorn runs as the README starts it (``WEB_WORKERS`` sync workers, the
 configured logging); no worker runs during the load, so the figures are the
 web side's alone:
 

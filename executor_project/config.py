@@ -195,8 +195,6 @@ class Config:
     port: int = integer("PORT", 8080, minimum=1, maximum=65535)
     gunicorn_bind: str = text("GUNICORN_BIND")  # empty: 0.0.0.0:PORT (see bind)
     web_workers: int = integer("WEB_WORKERS", 2, minimum=1, maximum=64)
-    # API requests one web process serves at once (its threads beyond these serve event streams, SPEC §18).
-    web_threads: int = integer("WEB_THREADS", 4, minimum=1, maximum=256)
     auth_tokens: tuple[str, ...] = strings("AUTH_TOKEN", secret=True)  # operators': they see every evaluation
     tenant_tokens: tuple[tuple[str, str], ...] = tenants("AUTH_TOKENS")  # (name, token): each sees its own
     secret_key: str = text("SECRET_KEY", strip=False, secret=True)  # empty: one kept in DATA_DIR (django_secret_key)

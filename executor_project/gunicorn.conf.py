@@ -1,4 +1,5 @@
-"""gunicorn settings: gthread workers (webthreads.py says why), graceful stop, multi-process Prometheus metrics.
+"""gunicorn settings: sync workers whose event streams are written by threads (streamworker.py), graceful stop,
+multi-process Prometheus metrics.
 
 The master imports Django and the app once (``preload_app``) and freezes that heap
 before forking (``gc.freeze``), so the workers share those pages instead of each
@@ -24,12 +25,9 @@ except config_module.ConfigError as exc:
 
 bind = _config.bind
 workers = _config.web_workers
-# A thread per request: WEB_THREADS for the API (a semaphore in webthreads.py), one per event stream.
-worker_class = "gthread"
-threads = _config.web_threads + _config.max_event_streams
-# Each stream is a connection: room for all of them, and the API's clients kept alive besides.
-worker_connections = max(1000, threads + 100)
-# The main loop beats the heartbeat whatever the threads do: a stream outliving it is not killed.
+# The API one request at a time per process; an event stream's body is handed to a thread of its own
+# (SPEC §18), so a stream holds a sync worker only for its checks and this timeout never sees one.
+worker_class = "executor_project.streamworker.StreamingSyncWorker"
 timeout = 60
 graceful_timeout = 30
 keepalive = 5
@@ -90,12 +88,12 @@ def post_worker_init(worker):
 
     from evaluations.events.hub import stop_streams
     from executor_project.memory import release_after_large_responses
-    from executor_project.webthreads import limit_api_requests
+    from executor_project.streamworker import hand_off_streams
 
-    # A large response (an evaluation with 1 MiB outputs) is freed once sent, not several requests later.
-    worker.wsgi = limit_api_requests(release_after_large_responses(worker.wsgi), _config.web_threads)
-    # SIGTERM: the streams end at once (their clients resume with Last-Event-ID), so the graceful
-    # stop waits only for the API's requests, not for graceful_timeout.
+    # A large response (an evaluation with 1 MiB outputs) is freed once sent, not several requests later;
+    # an event stream's is written by a thread of its own once its checks passed.
+    worker.wsgi = hand_off_streams(release_after_large_responses(worker.wsgi))
+    # SIGTERM: the streams end at once (their clients resume with Last-Event-ID on the restarted service).
     graceful_exit = signal.getsignal(signal.SIGTERM)
 
     def stop(signum, frame):

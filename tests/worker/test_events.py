@@ -1,4 +1,4 @@
-"""Event streams (SPEC §18) over the live service (gunicorn gthread + run_worker), with real clients:
+"""Event streams (SPEC §18) over the live service (gunicorn's sync workers, streams handed to threads, + run_worker), with real clients:
 httpx with httpx-sse, curl -N and a raw socket. No sleeps: every wait is on an event or a condition."""
 
 from __future__ import annotations
@@ -295,3 +295,27 @@ def test_a_client_that_stops_reading_is_dropped_and_costs_no_memory(worker_servi
     sock.close()
     request("DELETE", service.url(f"/evaluate/{eval_id}"))
     assert wait_terminal(service, eval_id)["status"] == "cancelled"
+
+
+def test_streams_hold_no_sync_worker_one_web_worker_serves_the_api_beside_five(live_service):
+    """The body of each stream is written by a thread (executor_project/streamworker.py): with one
+    sync worker and five streams open on it, the API still answers, and each stream still gets its events."""
+    service = live_service(env={"EVENT_KEEPALIVE_SECS": "1"}, web_workers=1)
+    eval_id = request(
+        "POST", service.url("/evaluate"), json_body={"task_url": "http://127.0.0.1:9/t.tar.gz", "agent_code": NOOP}
+    ).json()["eval_id"]  # pending for good: no worker runs here
+    path = service.url(f"/evaluate/{eval_id}/events")
+    clients = [httpx.Client(timeout=30) for _ in range(5)]
+    try:
+        opened = [client.send(client.build_request("GET", path), stream=True) for client in clients]
+        assert [r.status_code for r in opened] == [200] * 5
+        assert all(r.headers["connection"] == "close" and "content-length" not in r.headers for r in opened)
+        for _ in range(3):
+            assert request("GET", service.url(f"/evaluate/{eval_id}")).status == 200
+        assert request("DELETE", service.url(f"/evaluate/{eval_id}")).status == 202
+        for response in opened:  # every stream is served: the cancel, then done, then the end
+            events = [line for line in response.iter_lines() if line.startswith("event: ")]
+            assert events[-2:] == ["event: step", "event: done"]
+    finally:
+        for client in clients:
+            client.close()

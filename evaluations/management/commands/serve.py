@@ -105,10 +105,11 @@ def preload() -> None:
     """Import what gunicorn and the worker will run, once, here; freeze it for the forks to share."""
     import gunicorn.app.wsgiapp  # noqa: F401
     import gunicorn.arbiter  # noqa: F401
-    import gunicorn.workers.gthread  # noqa: F401
+    import gunicorn.workers.sync  # noqa: F401
     from django.db import connections
     from django.urls import get_resolver
 
+    import executor_project.streamworker  # noqa: F401  (gunicorn's worker class)
     import executor_project.wsgi  # noqa: F401  (the app gunicorn preloads: found imported)
     from evaluations.management.commands import run_worker as _run_worker  # noqa: F401
     from evaluations.worker import child  # noqa: F401  (Django's models and the whole pipeline)
