@@ -44,6 +44,10 @@ def _bad_cursor(exc: cursor.BadCursor) -> ApiError:
 
 
 class _EventsView(APIView):
+    # No HEAD: Django would answer it with get's response, a stream no client reads, which the
+    # server would write out (nothing) for the evaluation's whole life on a sync worker.
+    http_method_names = ["get", "options"]
+
     def perform_content_negotiation(self, request, force=False):
         renderer = JSONRenderer()
         return renderer, renderer.media_type

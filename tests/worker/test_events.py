@@ -256,6 +256,9 @@ def test_errors_stay_json_and_tenants_see_only_their_own(live_service):
         assert reply.headers["Content-Type"] == "application/json"
         if "Last-Event-ID" in headers:
             assert list(reply.json()["fields"]) == ["Last-Event-ID"]
+    for path in (f"/evaluate/{eval_id}/events", f"/batches/{batch_id}/events"):  # HEAD would stream nothing for ever
+        reply = httpx.head(service.url(path), headers=alice, timeout=30)
+        assert reply.status_code == 405 and "GET" in reply.headers["Allow"]
     with httpx.Client(base_url=service.base_url, headers=alice, timeout=30) as client:
         with connect_sse(client, "GET", f"/batches/{batch_id}/events") as source:
             assert source.response.status_code == 200
