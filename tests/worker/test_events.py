@@ -22,11 +22,9 @@ from tests.helpers.tasks import NOOP, SOLVER
 
 pytestmark = pytest.mark.slow
 
-# An agent that blocks until the test lets it go (a file appears), printing as it starts.
-HELD = (
-    "import pathlib, sys, time\nprint('agent waiting', flush=True)\n"
-    "while not pathlib.Path('/tmp/go').exists() and not pathlib.Path('go').exists():\n    time.sleep(0.05)\n"
-) + SOLVER
+# An agent that prints as it starts, then blocks until the evaluation is cancelled: a read of a pipe
+# whose write end it holds itself never returns (no polling, nothing to wait out).
+HELD = "import os\nprint('agent waiting', flush=True)\nreading, _writing = os.pipe()\nos.read(reading, 1)\n"
 
 
 def stream(service, path, *, headers=None, stop=None, timeout=120.0):
