@@ -11,14 +11,12 @@
 
 from __future__ import annotations
 
-import os
-import socket
 from pathlib import Path
 
 from django.conf import settings
 from django.db import DatabaseError, connection, transaction
 
-from evaluations.safefs import unix_address
+from evaluations import datagrams
 
 CHANNEL = "term_executor_events"
 SOCKET_SUFFIX = ".sock"
@@ -43,30 +41,4 @@ def send(data_dir: Path, payload: str) -> None:
                 cursor.execute("SELECT pg_notify(%s, %s)", [CHANNEL, payload])
         except DatabaseError:
             pass  # best effort: the hubs on this host get the datagram below
-    try:
-        folder = os.open(hub_dir(data_dir), os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    except FileNotFoundError:
-        return  # no web process has served a stream yet
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC)
-    sock.setblocking(False)
-    data = payload.encode()
-    try:
-        for name in os.listdir(folder):
-            if not name.endswith(SOCKET_SUFFIX):
-                continue
-            try:
-                sock.sendto(data, unix_address(folder, name))
-            except ConnectionRefusedError:
-                _remove(folder, name)  # nobody bound to it: a hub that died without cleaning up
-            except OSError:
-                pass  # its queue is full (that hub is awake anyway), or it went away meanwhile
-    finally:
-        sock.close()
-        os.close(folder)
-
-
-def _remove(folder: int, name: str) -> None:
-    try:
-        os.unlink(name, dir_fd=folder)
-    except FileNotFoundError:
-        pass
+    datagrams.send_to_each(hub_dir(data_dir), payload.encode(), suffix=SOCKET_SUFFIX, remove_refused=True)

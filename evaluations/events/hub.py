@@ -16,7 +16,6 @@ import atexit
 import logging
 import os
 import selectors
-import socket
 import threading
 import uuid
 from collections.abc import Iterable
@@ -24,8 +23,8 @@ from pathlib import Path
 
 from django.db import connection
 
+from evaluations import datagrams
 from evaluations.events.announce import CHANNEL, SOCKET_SUFFIX, hub_dir
-from evaluations.safefs import unix_address
 
 logger = logging.getLogger("term_executor.events")
 MAX_DATAGRAM = 4096
@@ -58,15 +57,8 @@ class Hub:
         self.by_key: dict[str, set[Subscription]] = {}
         self.stopping = threading.Event()
         folder = hub_dir(data_dir)
-        folder.mkdir(parents=True, exist_ok=True)
         self.path = folder / f"{os.getpid()}-{uuid.uuid4().hex[:8]}{SOCKET_SUFFIX}"
-        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC)
-        folder_fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-        try:
-            self.sock.bind(unix_address(folder_fd, self.path.name))
-        finally:
-            os.close(folder_fd)
-        self.sock.setblocking(False)
+        self.sock = datagrams.bind(folder, self.path.name)
         self.listener = _listen() if connection.vendor == "postgresql" else None
         atexit.register(self.close)
         threading.Thread(target=self.run, name="te-events-hub", daemon=True).start()

@@ -8,13 +8,11 @@ slow poll is the safety net.
 
 from __future__ import annotations
 
-import os
-import socket
 from pathlib import Path
 
 from django.db import connection
 
-from evaluations.safefs import unix_address
+from evaluations import datagrams
 
 CHANNEL = "term_executor_wake"
 
@@ -28,42 +26,15 @@ def notify(data_dir: Path) -> None:
     if connection.vendor == "postgresql":
         with connection.cursor() as cursor:
             cursor.execute(f"NOTIFY {CHANNEL}")
-    try:
-        folder = os.open(wake_dir(data_dir), os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    except FileNotFoundError:
-        return
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-    sock.setblocking(False)
-    try:
-        for name in os.listdir(folder):
-            if name.endswith(".sock"):
-                try:
-                    sock.sendto(b"!", unix_address(folder, name))
-                except OSError:
-                    pass  # a dead worker's socket, or its queue is full: it is awake anyway
-    finally:
-        sock.close()
-        os.close(folder)
+    datagrams.send_to_each(wake_dir(data_dir), b"!")
 
 
 class WakeSocket:
     """The worker's end: a bound datagram socket to wait on with select/wait()."""
 
     def __init__(self, data_dir: Path, worker_id: str):
-        folder = wake_dir(data_dir)
-        folder.mkdir(parents=True, exist_ok=True)
-        self.path = folder / f"{worker_id}.sock"
-        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-        self.sock.setblocking(False)
-        try:
-            self.path.unlink()
-        except FileNotFoundError:
-            pass
-        folder_fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-        try:
-            self.sock.bind(unix_address(folder_fd, self.path.name))
-        finally:
-            os.close(folder_fd)
+        self.path = wake_dir(data_dir) / f"{worker_id}.sock"
+        self.sock = datagrams.bind(self.path.parent, self.path.name)
 
     def fileno(self) -> int:
         return self.sock.fileno()
