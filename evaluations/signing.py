@@ -173,14 +173,7 @@ class Keyring:
 
     def _make_first(self) -> None:
         """A first key, unless another process linked one first (then that one is kept)."""
-        private = Ed25519PrivateKey.generate()
-        temp = self._write_temp(_private_pem(private))
-        try:
-            os.link(temp, self.private_path)
-        except FileExistsError:
-            pass
-        finally:
-            os.unlink(temp)
+        self._place(_private_pem(Ed25519PrivateKey.generate()), self.private_path)
 
     def _read_private(self) -> Ed25519PrivateKey:
         try:
@@ -207,7 +200,12 @@ class Keyring:
         )
         record = {"key_id": kid, "alg": ALG, "public_key_pem": public_pem(public), "created_at": _iso(when)}
         self.public_folder.mkdir(parents=True, exist_ok=True)
-        temp = self._write_temp(json.dumps(record, indent=1).encode(), mode=0o644)
+        self._place(json.dumps(record, indent=1).encode(), path, mode=0o644)
+
+    def _place(self, data: bytes, path: Path, mode: int = 0o600) -> None:
+        """``data`` as ``path``, whole, unless another process placed one first (then theirs is kept):
+        a complete temp file is linked, and ``link`` fails if the name exists."""
+        temp = self._write_temp(data, mode)
         try:
             os.link(temp, path)
         except FileExistsError:
