@@ -14,7 +14,8 @@ request and every page that says so:
    never cached: a cached "no rows" would leave a process open after the first token was made,
    for as long as the cache lives, with no way to reach every gunicorn worker to invalidate it.
 2. It costs one ``SELECT ... LIMIT 1`` of a small table per request, and only when the config
-   holds no token (bench figures in the report of issue 34): with configured tokens it is never run.
+   holds no token: about 55 us on SQLite and 120 us on PostgreSQL (on a GET /evaluate/{id} of
+   some 400-700 us in process, measured on the 2-core CI host). With a configured token it never runs.
 3. With rows and no configured token there is no operator's token: every token is a tenant's,
    and only the admin sees every evaluation. Set AUTH_TOKEN to have one.
 
