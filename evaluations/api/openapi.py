@@ -58,10 +58,10 @@ class BearerTokenScheme(OpenApiAuthenticationExtension):
             "type": "http",
             "scheme": "bearer",
             "description": "An operator's token (one of AUTH_TOKEN's, comma-separated): it sees every evaluation "
-            "and batch. Or a tenant's (AUTH_TOKENS, `name:token,...`): it sees, lists, cancels and retries only "
-            "the evaluations and batches it created; any other id answers 404 `not_found`, as one that does not "
-            "exist, and its Idempotency-Keys are its own. When both are unset, auth is disabled "
-            '(GET /status says `"auth": "disabled"`).',
+            "and batch. Or a tenant's (AUTH_TOKENS, `name:token,...`, or one made in the admin): it sees, lists, "
+            "cancels and retries only the evaluations and batches it created; any other id answers 404 "
+            "`not_found`, as one that does not exist, and its Idempotency-Keys are its own. When both variables "
+            'are unset and the admin made no token, auth is disabled (GET /status says `"auth": "disabled"`).',
         }
 
 
