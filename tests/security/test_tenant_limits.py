@@ -14,12 +14,15 @@ import json
 import subprocess
 import sys
 
+import httpx
 import pytest
 
 from evaluations.api import auth
 from evaluations.events import slots
 from evaluations.images.store import ImageRecord, ImageStore, now_iso
 from evaluations.models import Evaluation, Token
+from tests.helpers.http import request
+from tests.helpers.polling import wait_for
 from tests.helpers.service import PROJECT
 from tests.security.test_tenants import ALICE, BOB, GOOD, OPERATOR, TENANTS, add_token, bearer
 
@@ -28,40 +31,10 @@ pytestmark = pytest.mark.django_db
 
 @pytest.fixture
 def callers(executor_config, tmp_path):
-    """Three callers, MAX_EVENT_STREAMS=8 (so 2 per named token), a DATA_DIR of the test's own."""
+    """An operator and two tenants, with a DATA_DIR of the test's own."""
     data = tmp_path / "data"
     data.mkdir(mode=0o700)
-    return executor_config(
-        auth_tokens=(OPERATOR,), tenant_tokens=TENANTS, max_event_streams=8, data_dir=data, max_queued_evals=100
-    )
-
-
-class Opened:
-    """The streaming responses a test opened, closed at its end (each frees its slots)."""
-
-    def __init__(self, api):
-        self.api, self.held = api, []
-
-    def open(self, token: str, eval_id: str):
-        reply = self.api.get(f"/evaluate/{eval_id}/events", **bearer(token))
-        if reply.status_code == 200:
-            self.held.append(reply)
-        return reply
-
-    def close(self, reply) -> None:
-        self.held.remove(reply)
-        reply.close()
-
-    def close_all(self) -> None:
-        while self.held:
-            self.close(self.held[-1])
-
-
-@pytest.fixture
-def opened(api):
-    streams = Opened(api)
-    yield streams
-    streams.close_all()
+    return executor_config(auth_tokens=(OPERATOR,), tenant_tokens=TENANTS, data_dir=data, max_queued_evals=100)
 
 
 def submit(api, token) -> str:
@@ -70,42 +43,74 @@ def submit(api, token) -> str:
     return reply.json()["eval_id"]
 
 
+# -- event streams ---------------------------------------------------------------------------------
+
+
+class Streams:
+    """Event streams opened on a live service (gunicorn, two sync workers: the slots are shared by
+    processes, as in production), each on its own connection, closed at the test's end."""
+
+    def __init__(self, service):
+        self.service, self.held = service, []
+
+    def open(self, token: str, eval_id: str) -> httpx.Response:
+        client = httpx.Client(timeout=30, headers={"Authorization": f"Bearer {token}"})
+        reply = client.send(client.build_request("GET", self.service.url(f"/evaluate/{eval_id}/events")), stream=True)
+        if reply.status_code == 200:
+            self.held.append((client, reply))
+        else:
+            reply.read()
+            client.close()
+        return reply
+
+    def close(self, index: int) -> None:
+        client, reply = self.held.pop(index)
+        reply.close()
+        client.close()
+
+    def close_all(self) -> None:
+        while self.held:
+            self.close(-1)
+
+
 def refused(reply, names: str) -> None:
     assert reply.status_code == 503, reply.status_code
     assert reply.json()["error"] == "at_capacity" and names in reply.json()["detail"], reply.json()
-    assert int(reply["Retry-After"]) >= 1
+    assert int(reply.headers["Retry-After"]) >= 1
 
 
-def test_a_named_token_at_its_quota_is_refused_while_others_still_open_streams(api, callers, opened):
-    alices, bobs = submit(api, ALICE), submit(api, BOB)
-    assert [opened.open(ALICE, alices).status_code for _ in range(2)] == [200, 200]
-    refused(opened.open(ALICE, alices), "MAX_EVENT_STREAMS_PER_TOKEN")
-    assert opened.open(BOB, bobs).status_code == 200  # another tenant
-    assert [opened.open(OPERATOR, alices).status_code for _ in range(5)] == [200] * 5  # operators: the host's cap
-    refused(opened.open(OPERATOR, bobs), "(MAX_EVENT_STREAMS)")  # 8 open on the host
-    refused(opened.open(BOB, bobs), "(MAX_EVENT_STREAMS)")  # bob is under his quota; the host is not
-    opened.close(opened.held[-1])  # an operator's stream ends
-    assert opened.open(BOB, bobs).status_code == 200
-    refused(opened.open(ALICE, alices), "MAX_EVENT_STREAMS_PER_TOKEN")  # alice's own cap, whatever the host has
-    opened.close(opened.held[0])  # one of alice's
-    opened.close(opened.held[-1])  # and one more of the host's
-    assert opened.open(ALICE, alices).status_code == 200
-    assert callers.event_streams_per_token == 2  # unset: a quarter of MAX_EVENT_STREAMS
+@pytest.mark.slow
+def test_a_named_token_at_its_quota_is_refused_while_others_still_open_streams(live_service):
+    service = live_service(env={"AUTH_TOKEN": OPERATOR, "AUTH_TOKENS": f"alice:{ALICE},bob:{BOB}",
+                                "MAX_EVENT_STREAMS": "8", "MAX_EVENT_STREAMS_PER_TOKEN": "3", "EVENT_KEEPALIVE_SECS": "1"})  # fmt: skip
+
+    def submitted(token):
+        headers = {"Authorization": f"Bearer {token}"}
+        return request("POST", service.url("/evaluate"), json_body=GOOD, headers=headers).json()["eval_id"]
+
+    alices, bobs = submitted(ALICE), submitted(BOB)  # pending for good: no worker runs here
+    streams = Streams(service)
+    try:
+        assert [streams.open(ALICE, alices).status_code for _ in range(3)] == [200] * 3
+        refused(streams.open(ALICE, alices), "3 event streams open (MAX_EVENT_STREAMS_PER_TOKEN)")
+        assert streams.open(BOB, bobs).status_code == 200  # another tenant
+        assert [streams.open(OPERATOR, alices).status_code for _ in range(4)] == [200] * 4  # the host's cap only
+        refused(streams.open(OPERATOR, bobs), "8 event streams are open on this host (MAX_EVENT_STREAMS)")
+        refused(streams.open(BOB, bobs), "(MAX_EVENT_STREAMS)")  # bob is under his quota; the host is not
+        streams.close(-1)  # an operator's stream ends
+        wait_for(lambda: _opened(streams, BOB, bobs), timeout=30, what="the closed stream's host slot to be free")
+        refused(streams.open(ALICE, alices), "(MAX_EVENT_STREAMS_PER_TOKEN)")  # her own cap, whatever the host has
+        streams.close(0)  # one of alice's
+        streams.close(-1)  # and one more of the host's
+        wait_for(lambda: _opened(streams, ALICE, alices), timeout=30, what="alice's closed stream's slot to be free")
+    finally:
+        streams.close_all()
 
 
-def test_a_token_made_in_the_admin_is_held_to_the_same_quota(api, callers, opened, admin_client):
-    carol = add_token(admin_client, "carol")
-    mine = submit(api, carol)
-    assert [opened.open(carol, mine).status_code for _ in range(2)] == [200, 200]
-    refused(opened.open(carol, mine), "MAX_EVENT_STREAMS_PER_TOKEN")
-    assert opened.open(ALICE, submit(api, ALICE)).status_code == 200
-
-
-def test_the_quota_is_set_by_max_event_streams_per_token(api, callers, opened, executor_config):
-    executor_config(max_event_streams_per_token=1)
-    alices = submit(api, ALICE)
-    assert opened.open(ALICE, alices).status_code == 200
-    refused(opened.open(ALICE, alices), "1 event streams open (MAX_EVENT_STREAMS_PER_TOKEN)")
+def _opened(streams: Streams, token: str, eval_id: str) -> bool:
+    """Whether a stream opens now (a closed one frees its slots at its next write: a keep-alive)."""
+    reply = streams.open(token, eval_id)
+    return reply.status_code == 200
 
 
 def test_a_dead_process_frees_its_tenants_slot(tmp_path):
