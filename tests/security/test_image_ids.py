@@ -23,7 +23,7 @@ import pytest
 from evaluations.runtime.hostids import HostIdFiles, overlaps
 from evaluations.worker.startup import StartupError, check_image_ids
 from executor_project.config import Config
-from tests.helpers.service import PROJECT
+from tests.helpers.service import PROJECT, free_port
 
 BASE = 200_000_000
 CONFIG = dataclasses.replace(Config(), image_uid_base=BASE, sandbox_uid_count=4)  # 200000000-200262143
@@ -109,8 +109,14 @@ def test_the_worker_and_serve_refuse_to_start(etc, tmp_path, workspace_base, com
     host's in a mount namespace only this command lives in."""
     add(etc.passwd, f"intruder:x:{BASE + 65536}:{BASE + 65536}::/nonexistent:/usr/sbin/nologin")
     env = {k: v for k, v in os.environ.items() if not k.startswith(("DJANGO_", "PYTEST_"))}
-    env.update(DATA_DIR=str(tmp_path / "data"), WORKSPACE_BASE=str(workspace_base), IMAGE_UID_BASE=str(BASE),
-               SANDBOX_UID_COUNT="4", MAX_CONCURRENT_EVALS="2")  # fmt: skip
+    env.update(
+        DATA_DIR=str(tmp_path / "data"),
+        WORKSPACE_BASE=str(workspace_base),
+        IMAGE_UID_BASE=str(BASE),
+        SANDBOX_UID_COUNT="4",
+        MAX_CONCURRENT_EVALS="2",
+        GUNICORN_BIND=f"127.0.0.1:{free_port()}",
+    )  # fmt: skip  (should serve start after all)
     script = f'mount --make-rprivate / && mount --bind "$1" /etc/passwd && exec "$2" manage.py {command}'
     done = subprocess.run(
         ["unshare", "--mount", "sh", "-c", script, "sh", str(etc.passwd), sys.executable],
