@@ -115,8 +115,8 @@ def test_the_worker_and_serve_refuse_to_start(etc, tmp_path, workspace_base, com
         IMAGE_UID_BASE=str(BASE),
         SANDBOX_UID_COUNT="4",
         MAX_CONCURRENT_EVALS="2",
-        GUNICORN_BIND=f"127.0.0.1:{free_port()}",
-    )  # fmt: skip  (should serve start after all)
+        GUNICORN_BIND=f"127.0.0.1:{free_port()}",  # should serve start after all: not on 8080
+    )
     script = f'mount --make-rprivate / && mount --bind "$1" /etc/passwd && exec "$2" manage.py {command}'
     done = subprocess.run(
         ["unshare", "--mount", "sh", "-c", script, "sh", str(etc.passwd), sys.executable],
