@@ -37,11 +37,13 @@ logger = logging.getLogger("term_executor.signing")
 
 ALG = "ed25519"
 
-# The fields of an evaluation object (representation.evaluation_document) a signature covers.
+# The fields of an evaluation object (representation.evaluation_document) a signature covers:
+# what makes the result, and what the result says about how it was made (SPEC §21: the agent's
+# changes outside its folder, the limits it ran under, the files it left, whose it is).
 EVALUATION_FIELDS = (
     "eval_id", "task_url", "task_sha256", "agent_sha256", "environment", "status", "passed", "reward",
     "rewards", "error_kind", "test_results", "agent_patch_sha256", "created_at", "started_at", "finished_at",
-    "executor_version", "batch_id", "attempt",
+    "executor_version", "batch_id", "attempt", "system_changes", "limits_applied", "artifacts", "owner",
 )  # fmt: skip
 # ... and of a batch object (representation.batch_document).
 BATCH_FIELDS = (

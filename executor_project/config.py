@@ -224,6 +224,9 @@ class Config:
     # how long a write to a client that stopped reading may block before the stream is dropped.
     signing_key_file: Path | None = optional_path("SIGNING_KEY_FILE")
     max_event_streams: int = integer("MAX_EVENT_STREAMS", 200, minimum=1, maximum=10000)
+    # SPEC §21: how many of those one named token may hold (unset: event_streams_per_token, a quarter);
+    # operators' tokens are held only to MAX_EVENT_STREAMS.
+    max_event_streams_per_token: int | None = integer("MAX_EVENT_STREAMS_PER_TOKEN", None, minimum=1, maximum=10000)
     event_keepalive_secs: int = integer("EVENT_KEEPALIVE_SECS", 15, minimum=1, maximum=3600)
     event_send_timeout_secs: int = integer("EVENT_SEND_TIMEOUT_SECS", 30, minimum=1, maximum=3600)
     max_output_bytes: int = integer("MAX_OUTPUT_BYTES", 1048576, minimum=1024)
@@ -307,6 +310,12 @@ class Config:
         return bool(self.auth_tokens or self.tenant_tokens)
 
     @property
+    def event_streams_per_token(self) -> int:
+        """MAX_EVENT_STREAMS_PER_TOKEN, else a quarter of MAX_EVENT_STREAMS (at least 1): one tenant
+        never holds every stream of the host."""
+        return self.max_event_streams_per_token or max(1, self.max_event_streams // 4)
+
+    @property
     def admission_limit(self) -> int:
         """Pending plus running evaluations at which POST /evaluate answers 503."""
         return self.max_concurrent_evals + self.max_queued_evals
@@ -385,6 +394,11 @@ def _check_together(config: Config) -> None:
         raise ConfigError(f"STATIC_ASSETS_CONFIG: no such file {config.static_assets_config}")
     if config.static_assets_root and not config.static_assets_root.is_dir():
         raise ConfigError(f"STATIC_ASSETS_ROOT: no such folder {config.static_assets_root}")
+    if (config.max_event_streams_per_token or 0) > config.max_event_streams:
+        raise ConfigError(
+            f"MAX_EVENT_STREAMS_PER_TOKEN: must be at most MAX_EVENT_STREAMS ({config.max_event_streams}), "
+            f"got {config.max_event_streams_per_token}"
+        )
     if config.sandbox_uid + config.sandbox_uid_count - 1 > 2**32 - 2:
         raise ConfigError("SANDBOX_UID_COUNT: SANDBOX_UID + SANDBOX_UID_COUNT - 1 must stay below 4294967295")
     image_ids_end = config.image_uid_base + config.sandbox_uid_count * 65536

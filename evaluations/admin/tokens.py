@@ -5,8 +5,9 @@
    session or a cookie). Only its SHA-256 is saved, so no page, log or backup shows it again.
 2. Nothing is edited: to rotate, add a new token, hand it over, delete the old one. Deleting a
    token revokes it at the next request.
-3. The tokens are checked only when auth is on (AUTH_TOKEN or AUTH_TOKENS set): the list says so
-   when it is off, for then every caller sees everything.
+3. A token here turns auth on by itself (SPEC §21), as AUTH_TOKEN or AUTH_TOKENS do: the first one
+   made closes the API to every request without a token. The list says when auth is off (no
+   configured token and no row), for then every caller sees everything.
 """
 
 from __future__ import annotations
@@ -18,12 +19,13 @@ from django.contrib import admin, messages
 from django.template.response import TemplateResponse
 
 from evaluations.admin import format as fmt
-from evaluations.api.auth import token_sha256
+from evaluations.api import auth
 from evaluations.models import Token
 
 AUTH_OFF = (
-    "AUTH_TOKEN and AUTH_TOKENS are unset: authentication is off, these tokens are not checked and every "
-    "caller sees every evaluation. Set AUTH_TOKEN (the operators' token) to turn it on."
+    "AUTH_TOKEN and AUTH_TOKENS are unset and there is no token here: authentication is off and every caller "
+    "sees every evaluation. Adding a token here turns it on: every request then needs a token. Set AUTH_TOKEN "
+    "too for an operators' token, which sees every tenant's evaluations."
 )
 
 
@@ -45,7 +47,7 @@ class TokenAdmin(admin.ModelAdmin):
 
     def save_model(self, request, obj, form, change):
         token = secrets.token_urlsafe(32)
-        obj.sha256 = token_sha256(token)
+        obj.sha256 = auth.token_sha256(token)
         obj.save()
         obj.token = token  # on this instance only, for response_add's page
 
@@ -61,7 +63,7 @@ class TokenAdmin(admin.ModelAdmin):
         return TemplateResponse(request, "admin/evaluations/token/created.html", context)
 
     def changelist_view(self, request, extra_context=None):
-        if not settings.EXECUTOR.auth_enabled:
+        if not auth.enabled(settings.EXECUTOR):
             self.message_user(request, AUTH_OFF, messages.WARNING)
         return super().changelist_view(request, extra_context=extra_context)
 

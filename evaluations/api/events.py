@@ -3,7 +3,8 @@
 Checked before the stream opens, each an error in the one envelope whatever Accept says (as
 logs.py): the token, the id (another tenant's is 404), ``logs`` and ``Last-Event-ID`` (400),
 a stream that already sent ``done`` (204: the EventSource spec's "stop reconnecting") and a
-free slot of MAX_EVENT_STREAMS (503 ``at_capacity``).
+free slot of MAX_EVENT_STREAMS, and for a tenant's token of MAX_EVENT_STREAMS_PER_TOKEN too
+(503 ``at_capacity``, each naming its cap).
 """
 
 from __future__ import annotations
@@ -54,11 +55,20 @@ class _EventsView(APIView):
 
     def open(self, request, feed) -> StreamingHttpResponse:
         config = settings.EXECUTOR
-        slot = slots.take(config.data_dir, config.max_event_streams)
-        if slot is None:
+        tenant = request.user.owner  # None for an operator's token: held only to the host's cap
+        try:
+            slot = slots.take(
+                config.data_dir, config.max_event_streams, tenant=tenant, tenant_limit=config.event_streams_per_token
+            )
+        except slots.Full as full:
+            if full.cap == slots.TENANT:
+                raise at_capacity(
+                    f"this token's tenant has {config.event_streams_per_token} event streams open "
+                    "(MAX_EVENT_STREAMS_PER_TOKEN); close one or retry later"
+                ) from None
             raise at_capacity(
                 f"{config.max_event_streams} event streams are open on this host (MAX_EVENT_STREAMS); retry later"
-            )
+            ) from None
         try:
             subscription = hub.hub(config.data_dir).subscribe(feed.keys)
         except BaseException:

@@ -58,10 +58,10 @@ class BearerTokenScheme(OpenApiAuthenticationExtension):
             "type": "http",
             "scheme": "bearer",
             "description": "An operator's token (one of AUTH_TOKEN's, comma-separated): it sees every evaluation "
-            "and batch. Or a tenant's (AUTH_TOKENS, `name:token,...`): it sees, lists, cancels and retries only "
-            "the evaluations and batches it created; any other id answers 404 `not_found`, as one that does not "
-            "exist, and its Idempotency-Keys are its own. When both are unset, auth is disabled "
-            '(GET /status says `"auth": "disabled"`).',
+            "and batch. Or a tenant's (AUTH_TOKENS, `name:token,...`, or one made in the admin): it sees, lists, "
+            "cancels and retries only the evaluations and batches it created; any other id answers 404 "
+            "`not_found`, as one that does not exist, and its Idempotency-Keys are its own. When both variables "
+            'are unset and the admin made no token, auth is disabled (GET /status says `"auth": "disabled"`).',
         }
 
 
@@ -141,7 +141,8 @@ EVENTS_COMMON = (
     "`text/event-stream`. Each event has an `id:`; reconnecting with it as `Last-Event-ID` resumes after it, "
     "on any web process, with nothing missed or repeated. A comment line (`: keep-alive`) every "
     "EVENT_KEEPALIVE_SECS (15) while nothing else is sent; the stream ends after `done`, and also when the "
-    "service stops (reconnect). At most MAX_EVENT_STREAMS (200) streams are open on a host at once. "
+    "service stops (reconnect). At most MAX_EVENT_STREAMS (200) streams are open on a host at once, and at most "
+    "MAX_EVENT_STREAMS_PER_TOKEN (a quarter of it) of one tenant's token. "
 )
 
 
@@ -297,7 +298,9 @@ def document_views() -> None:
                 400: error("Bad logs or Last-Event-ID", "invalid_request"),
                 401: UNAUTHORIZED,
                 404: NOT_FOUND,
-                503: error("MAX_EVENT_STREAMS streams are open", "at_capacity"),
+                503: error(
+                    "MAX_EVENT_STREAMS streams are open, or this tenant's MAX_EVENT_STREAMS_PER_TOKEN", "at_capacity"
+                ),
             },
         )
     )(events.EvaluationEventsView)
@@ -408,7 +411,9 @@ def document_views() -> None:
                 400: error("Bad logs or Last-Event-ID", "invalid_request"),
                 401: UNAUTHORIZED,
                 404: error("No such batch, or another tenant's", "not_found"),
-                503: error("MAX_EVENT_STREAMS streams are open", "at_capacity"),
+                503: error(
+                    "MAX_EVENT_STREAMS streams are open, or this tenant's MAX_EVENT_STREAMS_PER_TOKEN", "at_capacity"
+                ),
             },
         )
     )(events.BatchEventsView)

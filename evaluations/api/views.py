@@ -18,6 +18,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from evaluations import VERSION, admission, checks, environments, languages, lifecycle, retry, signing, stats
+from evaluations.api import auth
 from evaluations.api.errors import ApiError, envelope
 from evaluations.api.paging import Page
 from evaluations.api.serializers import submission_fields, validate_evaluate_request
@@ -98,7 +99,7 @@ class StatusView(PublicView):
                 "sandbox_state": state.words,
                 "limits": {"memory": state.limits, "processes": state.limits},
                 "warnings": checks.sandbox_warnings(state.mode, state.limits),
-                "auth": "enabled" if config.auth_enabled else "disabled",
+                "auth": "enabled" if auth.enabled(config) else "disabled",
                 "languages": list(languages.available()),
                 "static_assets": len(config.static_assets),
                 "environments": len(environments.list_environments(config.environments_root)),

@@ -1,32 +1,69 @@
-"""MAX_EVENT_STREAMS for the whole host: a stream holds an exclusive flock on one of that many files.
+"""MAX_EVENT_STREAMS for the whole host, and MAX_EVENT_STREAMS_PER_TOKEN for each tenant: a stream
+holds an exclusive flock on one of that many files in each of its folders.
 
-The web processes share nothing else, and a count in the database would outlive a killed
-process; a flock is the kernel's, and ends with the process that held it.
+1. The web processes share nothing else, and a count in the database would outlive a killed
+   process; a flock is the kernel's, and ends with the process that held it (both kinds).
+2. A tenant's stream holds two: one of its tenant's files (``slots/tenants/<sha256 of the name>``,
+   so no name becomes a path) and one of the host's. The tenant's is taken first: a tenant at its
+   own cap is refused without touching the host's, so it cannot crowd out anyone else. An
+   operator's (or anonymous) stream holds only the host's.
 """
 
 from __future__ import annotations
 
 import fcntl
+import hashlib
 import os
 import random
 from pathlib import Path
 
 from evaluations.events.announce import hub_dir
 
+HOST = "host"
+TENANT = "tenant"
+
+
+class Full(Exception):
+    """Every slot of one cap is held; ``cap`` is HOST or TENANT."""
+
+    def __init__(self, cap: str):
+        super().__init__(cap)
+        self.cap = cap
+
 
 class Slot:
-    def __init__(self, fd: int):
-        self.fd = fd
+    """The locked files of one stream; ``release`` (once, idempotent) frees them all."""
+
+    def __init__(self, fds: list[int]):
+        self.fds = fds
 
     def release(self) -> None:
-        fd, self.fd = self.fd, -1
-        if fd >= 0:
+        fds, self.fds = self.fds, []
+        for fd in fds:
             os.close(fd)  # the lock goes with the last descriptor of its open file
 
 
-def take(data_dir: Path, limit: int) -> Slot | None:
-    """A free slot of ``limit``, or None when every one is held."""
-    folder = hub_dir(data_dir) / "slots"
+def take(data_dir: Path, limit: int, *, tenant: str | None = None, tenant_limit: int = 0) -> Slot:
+    """A slot of the host's ``limit`` (and of ``tenant``'s ``tenant_limit`` when a tenant asks);
+    ``Full`` naming the cap when every one of it is held."""
+    held: list[int] = []
+    try:
+        if tenant is not None:
+            name = hashlib.sha256(tenant.encode()).hexdigest()[:32]
+            held.append(_lock_one(_folder(data_dir) / "tenants" / name, tenant_limit, TENANT))
+        held.append(_lock_one(_folder(data_dir), limit, HOST))
+    except BaseException:
+        Slot(held).release()
+        raise
+    return Slot(held)
+
+
+def _folder(data_dir: Path) -> Path:
+    return hub_dir(data_dir) / "slots"
+
+
+def _lock_one(folder: Path, limit: int, cap: str) -> int:
+    """A descriptor holding the flock of one of files 0..limit-1 of ``folder``; Full(cap) if none is free."""
     folder.mkdir(parents=True, exist_ok=True)
     folder_fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
@@ -40,7 +77,7 @@ def take(data_dir: Path, limit: int) -> Slot | None:
             except BlockingIOError:
                 os.close(fd)
                 continue
-            return Slot(fd)
-        return None
+            return fd
+        raise Full(cap)
     finally:
         os.close(folder_fd)

@@ -23,6 +23,10 @@ from evaluations.safefs import SafeFSError, open_root_dir, read_file_at
 
 REWARD_FILES = ("reward.json", "reward.txt")  # in this order: the first present is the reward
 MAX_REWARD_BYTES = 64 * 1024  # a reward is a few numbers; anything larger is refused unread
+# SPEC §21: a reward is a score, not a magnitude; one of 1e308 would outweigh every other in a
+# batch's mean (and overflow a sum of a few). Anything outside is refused, naming the file.
+MAX_REWARD = 1e9
+_RANGE = "the range a reward may take, [-1e9, 1e9]"  # MAX_REWARD, as a person writes it
 
 
 class GradeError(Exception):
@@ -51,7 +55,8 @@ def read_reward(folder: Path, shown: str = "/logs/verifier") -> Reward:
     2. Else ``reward.txt``: one finite decimal number, surrounding whitespace allowed;
        ``rewards`` is then ``{"reward": value}``.
     3. Neither, or anything else (a link, a FIFO, a folder, over ``MAX_REWARD_BYTES``, empty,
-       not UTF-8, not a number, NaN or infinite): ``GradeError``, never a reward.
+       not UTF-8, not a number, NaN, infinite or outside [-MAX_REWARD, MAX_REWARD]): ``GradeError``,
+       never a reward.
 
     A ``folder`` that cannot be opened is the executor's own fault: its ``SafeFSError`` is raised as is.
     """
@@ -111,6 +116,8 @@ def _json_rewards(text: str, where: str) -> dict[str, float]:
         number = _finite(item)
         if number is None:
             raise GradeError(f"{where}: the value of {json.dumps(key)} is not a finite number ({item})")
+        if abs(number) > MAX_REWARD:
+            raise GradeError(f"{where}: the value of {json.dumps(key)} is {item}, outside {_RANGE}")
         rewards[key] = number
     return rewards
 
@@ -132,6 +139,8 @@ def _text_reward(text: str, where: str) -> float:
     shown = json.dumps(word[:40] + ("..." if len(word) > 40 else ""), ensure_ascii=False)
     if _DECIMAL.fullmatch(word):
         number = _finite(float(word))
+        if number is not None and abs(number) > MAX_REWARD:
+            raise GradeError(f"{where} holds {shown}, outside {_RANGE}")
         if number is not None:
             return number
     elif word.lower().lstrip("+-") not in ("nan", "inf", "infinity"):

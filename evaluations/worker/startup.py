@@ -15,9 +15,12 @@
    (the default) with bubblewrap missing or not working stops start-up with
    a sentence naming the package: agent code runs unsandboxed only when the
    operator set SANDBOX=none (SPEC §20).
-4. The signing key (SPEC §18) is read, or made at first start: a SIGNING_KEY_FILE that is
+4. The image id ranges (IMAGE_UID_BASE, SANDBOX_UID_COUNT x 65536 ids) meet no subordinate range
+   of /etc/subuid or /etc/subgid and no account of /etc/passwd or /etc/group (SPEC §21,
+   ``check_image_ids``): an id shared with another user would share its files and processes.
+5. The signing key (SPEC §18) is read, or made at first start: a SIGNING_KEY_FILE that is
    missing, unreadable or not Ed25519 stops start-up with one line naming it.
-5. The start-up warnings are logged.
+6. The start-up warnings are logged.
 """
 
 from __future__ import annotations
@@ -29,7 +32,16 @@ from pathlib import Path
 
 from evaluations import signing
 from evaluations.checks import log_startup_warnings
-from evaluations.runtime import Runtime, SandboxUnavailable, become_subreaper, cgroups, sandbox_uid, select_runtime
+from evaluations.runtime import (
+    Runtime,
+    SandboxUnavailable,
+    become_subreaper,
+    cgroups,
+    hostids,
+    sandbox_uid,
+    select_runtime,
+)
+from evaluations.runtime.idmap import ID_COUNT
 from evaluations.runtime.sandbox import can_traverse
 from executor_project.config import Config
 
@@ -45,6 +57,7 @@ class StartupError(Exception):
 
 def prepare_to_run(config: Config) -> Runtime:
     check_folders(config)
+    check_image_ids(config)
     check_signing_key(config)
     runtime = choose_runtime(config)
     if os.geteuid() == 0:
@@ -52,6 +65,24 @@ def prepare_to_run(config: Config) -> Runtime:
     log_startup_warnings()
     become_subreaper()  # orphans of a dead evaluation process come to us, not to init
     return runtime
+
+
+def check_image_ids(config: Config, files: hostids.HostIdFiles = hostids.SYSTEM) -> None:
+    """StartupError naming the image id ranges and what on the host (``files``) already has an id in them."""
+    start = config.image_uid_base
+    stop = start + config.sandbox_uid_count * ID_COUNT
+    try:
+        found = hostids.overlaps(start, stop, files)
+    except OSError as exc:
+        raise StartupError(
+            f"IMAGE_UID_BASE: could not read the host's ids to check the image id ranges: {exc}"
+        ) from None
+    if found:
+        more = f" and {len(found) - 5} more" if len(found) > 5 else ""
+        raise StartupError(
+            f"IMAGE_UID_BASE: the image id ranges ({start}-{stop - 1}, SANDBOX_UID_COUNT x 65536 ids) overlap "
+            f"{'; '.join(found[:5])}{more}: set IMAGE_UID_BASE to ids nothing else on this host uses"
+        )
 
 
 def check_signing_key(config: Config) -> None:

@@ -185,3 +185,16 @@ def test_a_bad_auth_tokens_stops_start_naming_the_entry_never_the_token(env, mes
     with pytest.raises(ConfigError) as caught:
         load(env)
     assert str(caught.value) == message and "s3cret" not in message
+
+
+def test_max_event_streams_per_token_is_a_quarter_unless_set():
+    """SPEC §21: one tenant's token holds at most this many of the host's streams."""
+    assert load({}).event_streams_per_token == 50
+    assert load({"MAX_EVENT_STREAMS": "8"}).event_streams_per_token == 2
+    assert load({"MAX_EVENT_STREAMS": "3"}).event_streams_per_token == 1  # at least 1
+    assert load({"MAX_EVENT_STREAMS": "8", "MAX_EVENT_STREAMS_PER_TOKEN": "8"}).event_streams_per_token == 8
+    with pytest.raises(ConfigError) as caught:
+        load({"MAX_EVENT_STREAMS": "8", "MAX_EVENT_STREAMS_PER_TOKEN": "9"})
+    assert str(caught.value) == "MAX_EVENT_STREAMS_PER_TOKEN: must be at most MAX_EVENT_STREAMS (8), got 9"
+    with pytest.raises(ConfigError, match="MAX_EVENT_STREAMS_PER_TOKEN: must be at least 1"):
+        load({"MAX_EVENT_STREAMS_PER_TOKEN": "0"})

@@ -369,7 +369,7 @@ def test_the_admin_refuses_a_bad_tenant_name(tokens, admin_client, name):
 
 def test_the_token_list_warns_when_auth_is_off(admin_client):
     page = admin_client.get("/admin/evaluations/token/").content.decode()
-    assert "authentication is off, these tokens are not checked" in page
+    assert "there is no token here: authentication is off" in page
 
 
 # -- through the real service ---------------------------------------------------------------------

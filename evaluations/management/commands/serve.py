@@ -7,7 +7,8 @@
 3. If one child dies, the other is stopped and serve exits non-zero, so a
    supervisor (Docker, systemd) restarts the pair.
 4. Neither starts when the worker would refuse to: a folder the sandbox uids
-   cannot use, or SANDBOX=auto without a working bubblewrap (evaluations/startup.py).
+   cannot use, image id ranges another user has ids in, or SANDBOX=auto without a
+   working bubblewrap (evaluations/worker/startup.py).
 5. One interpreter's worth of memory: serve imports Django, the API (every
    view), the pipeline and what a first query or request would import
    (``first_use``) once, freezes that heap (``gc.freeze``) and forks
@@ -31,7 +32,13 @@ import traceback
 from django.conf import settings
 from django.core.management.base import BaseCommand
 
-from evaluations.worker.startup import StartupError, check_folders, check_signing_key, choose_runtime
+from evaluations.worker.startup import (
+    StartupError,
+    check_folders,
+    check_image_ids,
+    check_signing_key,
+    choose_runtime,
+)
 from executor_project.config import PROJECT_DIR
 from executor_project.process import name_process
 
@@ -48,6 +55,7 @@ class Command(BaseCommand):
         config = settings.EXECUTOR
         try:
             check_folders(config)  # before anything starts: one line, exit 2
+            check_image_ids(config)  # SPEC §21: IMAGE_UID_BASE's ranges are ours alone
             check_signing_key(config)  # SPEC §18: made at first start, or SIGNING_KEY_FILE's
             choose_runtime(config)  # SANDBOX=auto without a working bubblewrap too (the worker chooses its own)
         except StartupError as exc:
