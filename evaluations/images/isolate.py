@@ -28,8 +28,8 @@ directory is run by name:
    a relative or empty entry is the working directory itself (the verifier starts there) and goes;
 5. the shell is the first on that ``PATH`` that is an executable regular file of the image outside
    the working directory, given by its resolved path (no link is followed when it starts);
-6. what that shell and the dynamic loader read before the script (``BASH_ENV``, ``ENV``,
-   ``LD_PRELOAD``, ``LD_LIBRARY_PATH``, ``LD_AUDIT``) loses its entries in the working directory too.
+6. what that shell and the dynamic loader read before the script (``BASH_ENV``, ``LD_PRELOAD``,
+   ``LD_LIBRARY_PATH``, ``LD_AUDIT``) loses its entries in the working directory too.
 """
 
 from __future__ import annotations
@@ -110,7 +110,8 @@ def verifier_commands(
 
 
 # Variables naming what the verifier's commands run or load, and how their entries are separated.
-_CODE_LISTS = {"PATH": ":", "BASH_ENV": "", "ENV": "", "LD_PRELOAD": ": ", "LD_LIBRARY_PATH": ":;", "LD_AUDIT": ":"}
+# (Not ENV: only an interactive sh reads it, and tasks use the name for other things.)
+_CODE_LISTS = {"PATH": ":", "BASH_ENV": "", "LD_PRELOAD": ": ", "LD_LIBRARY_PATH": ":;", "LD_AUDIT": ":"}
 
 
 def _split(value: str, separators: str) -> list[str]:

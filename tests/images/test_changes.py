@@ -364,7 +364,7 @@ def test_an_isolated_verifiers_commands_resolve_only_outside_the_working_directo
     env = {
         "PATH": "/app/bin:/srv/app/bin::.:bin:/bin:/usr/bin:/opt/tool/bin:/srv/app/../../app/x",
         "BASH_ENV": "/app/.bashrc",
-        "ENV": "/etc/shrc",
+        "ENV": "production",  # only an interactive sh reads it: the task's to use
         "LD_LIBRARY_PATH": "/app/lib;/opt/lib",
         "LD_PRELOAD": "/srv/app/x.so /opt/lib/libx.so",
         "LD_AUDIT": "/app/audit.so",
@@ -374,7 +374,7 @@ def test_an_isolated_verifiers_commands_resolve_only_outside_the_working_directo
     assert shell == "/usr/bin/bash"
     assert found == {
         "PATH": "/bin:/usr/bin:/opt/tool/bin",
-        "ENV": "/etc/shrc",
+        "ENV": "production",
         "LD_LIBRARY_PATH": "/opt/lib",
         "LD_PRELOAD": "/opt/lib/libx.so",
         "APP_HOME": "/app/bin",
