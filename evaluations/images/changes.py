@@ -20,9 +20,11 @@ the way to one of them that the image lacks (``/logs``) was made for it, and is 
 
 ``paths``: the first ``limit`` paths (absolute, sorted), ``count``: all of them. ``suspicious``:
 those a verifier could be subverted through (``_suspicious``), sorted, at most ``limit`` too,
-startup hooks and the verifier's PATH before library files when there are more. The walk never
-follows a link, holds one folder open at a time (safefs.walk_nofollow) and keeps at most 2 x ``limit``
-paths in memory whatever the layer's size.
+startup hooks and the verifier's PATH before library files when there are more. ``suspicious``
+also names what the agent put in a folder of the verifier's PATH inside its working directory
+(SPEC §21: ``ENV PATH=/app/bin:$PATH`` with ``WORKDIR /app``), which ``paths`` leaves out as the
+agent's own. The walk never follows a link, holds one folder open at a time (safefs.walk_nofollow)
+and keeps at most 2 x ``limit`` paths in memory whatever the layer's size.
 """
 
 from __future__ import annotations
@@ -30,12 +32,13 @@ from __future__ import annotations
 import os
 import re
 import stat
+from collections.abc import Callable
 from pathlib import Path
 
 from evaluations.images.diff import excluded, is_opaque, is_whiteout
 from evaluations.images.rootfs import image_path
 from evaluations.runtime.idmap import IdMap
-from evaluations.safefs import open_root_dir, walk_nofollow
+from evaluations.safefs import open_root_dir, open_subdir, walk_nofollow
 
 AGENT_LOGS = "logs/agent"  # the agent's artifacts (SPEC §17): its own, never a system change
 LIMIT = 200
@@ -75,15 +78,64 @@ def system_changes(
     """``{count, paths, suspicious}`` for the layer ``upper`` over the image root ``base``
     (rootfs.image_base), its owners under ``idmap``. ``exclude``: root-relative paths; ``path_dirs``:
     the verifier's PATH entries (absolute, resolved in the image). ``workdir`` ``/``: everything
-    is the working directory, nothing is a system change."""
+    is the working directory, nothing is a system change (what is on PATH is still suspicious)."""
     inner = image_path(base, workdir)
-    if not inner:
-        return {"count": 0, "paths": [], "suspicious": []}
     skip = tuple(item.strip("/") for item in (inner, AGENT_LOGS, *exclude) if item.strip("/"))
     on_path = tuple(sorted({image_path(base, item) for item in path_dirs if item.startswith("/")} - {""}))
     walk = _Walk(base, idmap, skip, on_path, limit)
-    walk.run(upper)
+    if inner:
+        walk.run(upper)
+    _on_path_in_workdir(upper, inner, on_path, lambda relpath: walk.suspicious.add((0, "/" + relpath)))
     return walk.result()
+
+
+def _on_path_in_workdir(upper: Path, inner: str, on_path: tuple[str, ...], found: Callable[[str], None]) -> None:
+    """``found(relpath)`` for what the agent's layer holds in the ``on_path`` folders inside the working
+    directory ``inner`` (all of them for ``/``): each entry but a folder or a whiteout, or the folder
+    itself when the agent put something else in its place (a link a PATH lookup would follow).
+    Suspicious though in the agent's own folder; nothing is followed."""
+    top = open_root_dir(upper)
+    try:
+        for folder in on_path:
+            if inner and folder != inner and not folder.startswith(inner + "/"):
+                continue
+            fd = _open_folder(top, folder)
+            if fd is None:
+                st = _lstat_at(top, folder)
+                if st is not None and not stat.S_ISDIR(st.st_mode) and not is_whiteout(st):
+                    found(folder)
+                continue
+            try:
+                with os.scandir(fd) as entries:
+                    for entry in entries:
+                        st = entry.stat(follow_symlinks=False)
+                        if not (stat.S_ISDIR(st.st_mode) or is_whiteout(st)):
+                            found(f"{folder}/{entry.name}")
+            finally:
+                os.close(fd)
+    finally:
+        os.close(top)
+
+
+def _open_folder(top: int, relpath: str) -> int | None:
+    """``relpath`` below ``top`` as a folder, no link followed; None when it is not one there."""
+    try:
+        return open_subdir(top, relpath.split("/"), create=False)
+    except OSError:
+        return None
+
+
+def _lstat_at(top: int, relpath: str) -> os.stat_result | None:
+    parent, _, name = relpath.rpartition("/")
+    fd = _open_folder(top, parent) if parent else os.dup(top)
+    if fd is None:
+        return None
+    try:
+        return os.stat(name, dir_fd=fd, follow_symlinks=False)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
 
 
 def _suspicious(relpath: str, on_path: tuple[str, ...]) -> int | None:

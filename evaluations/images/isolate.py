@@ -17,6 +17,19 @@ merges with the image's. What the agent saw at the working directory is what the
 
 The rest of the agent's layer stays where it was (system_changes reads it first) and goes with
 the session, inside which all of this is, so the disk quota counts it.
+
+The verifier's commands resolve only to files of the image's layers (SPEC §21): ``verifier_commands``
+gives the absolute path of the shell that starts its script and its environment, both decided on the
+image alone (``image_base``, no link of the agent's), so nothing the agent left in the working
+directory is run by name:
+
+4. ``PATH`` keeps only absolute entries that lie outside the working directory once the image's own
+   links are resolved (an entry the image lacks is resolved as far as it exists, the rest as written);
+   a relative or empty entry is the working directory itself (the verifier starts there) and goes;
+5. the shell is the first on that ``PATH`` that is an executable regular file of the image outside
+   the working directory, given by its resolved path (no link is followed when it starts);
+6. what that shell and the dynamic loader read before the script (``BASH_ENV``, ``LD_PRELOAD``,
+   ``LD_LIBRARY_PATH``, ``LD_AUDIT``) loses its entries in the working directory too.
 """
 
 from __future__ import annotations
@@ -28,7 +41,9 @@ import stat
 from contextlib import suppress
 from pathlib import Path
 
+from evaluations.environments import inside
 from evaluations.images.diff import OPAQUE, REDIRECT, is_opaque, is_whiteout
+from evaluations.images.errors import ImageError
 from evaluations.images.rootfs import (
     IMAGE_DIR,
     ROOTFS,
@@ -60,6 +75,73 @@ def isolate_workdir(session_root: Path, layers: list[Path], idmap: IdMap, workdi
     target = session_root / ROOTFS
     mount_layers(layers, lower_base, upper, work, target, idmap, redirect_dir=True)
     return ImageRoot(rootfs=target, idmap=idmap)
+
+
+def verifier_commands(
+    base: Path, workdir: str, env: dict[str, str], shell: str, *, fixed: tuple[str, ...] = ()
+) -> tuple[str, dict[str, str]]:
+    """The isolated verifier's ``shell`` (its absolute path inside the image) and ``env`` without
+    what names the working directory ``workdir`` (4-6), ``base`` the image's root (image_base).
+    ``fixed``: programs started by absolute path (the egress relay's ``/bin/sh``), which must lie
+    outside it too. ImageError when the image has no such shell, or one of them is inside."""
+    inner = image_path(base, workdir)
+    for program in fixed:
+        if not _outside(base, inner, program):
+            raise ImageError(
+                f"{program} is inside the working directory {workdir}: an isolated verifier runs only the "
+                "image's own programs"
+            )
+    env = dict(env)
+    for name, separators in _CODE_LISTS.items():
+        if name in env:
+            kept = [item for item in _split(env[name], separators) if _outside(base, inner, item)]
+            if kept or name == "PATH":
+                env[name] = ":".join(kept)
+            else:
+                del env[name]
+    for folder in env.get("PATH", "").split(":"):
+        real = inside(base, f"{folder}/{shell}") if folder else None
+        if real is not None and _outside(base, inner, real) and _executable(base, real):
+            return real, env
+    raise ImageError(
+        f"the image has no {shell} outside the working directory {workdir} on PATH ({env.get('PATH', '')}): "
+        "an isolated verifier runs only the image's own programs"
+    )
+
+
+# Variables naming what the verifier's commands run or load, and how their entries are separated.
+# (Not ENV: only an interactive sh reads it, and tasks use the name for other things.)
+_CODE_LISTS = {"PATH": ":", "BASH_ENV": "", "LD_PRELOAD": ": ", "LD_LIBRARY_PATH": ":;", "LD_AUDIT": ":"}
+
+
+def _split(value: str, separators: str) -> list[str]:
+    for separator in separators[1:]:
+        value = value.replace(separator, separators[0])
+    return value.split(separators[0]) if separators else [value]
+
+
+def _outside(base: Path, inner: str, path: str) -> bool:
+    """Whether the absolute ``path`` lies outside the working directory ``inner`` (root-relative,
+    "" for /) once resolved in the image; a relative one is the working directory's."""
+    if not path.startswith("/"):
+        return False
+    real = _resolved(base, path).strip("/")
+    return bool(inner) and real != inner and not real.startswith(inner + "/")
+
+
+def _resolved(base: Path, path: str) -> str:
+    """``path`` with the image's links resolved as far as the image has it, the rest as written."""
+    parts = [part for part in path.split("/") if part]
+    for known in range(len(parts), -1, -1):
+        head = inside(base, "/" + "/".join(parts[:known]))
+        if head is not None:
+            return posixpath.normpath(posixpath.join(head, *parts[known:]))
+    return posixpath.normpath(path)
+
+
+def _executable(base: Path, real: str) -> bool:
+    st = _lstat(base / real.lstrip("/"))  # resolved: no link left on the way
+    return st is not None and stat.S_ISREG(st.st_mode) and bool(st.st_mode & 0o111)
 
 
 class _Isolation:

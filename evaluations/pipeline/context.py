@@ -94,7 +94,11 @@ class Context:
 
     def base_env(self) -> dict[str, str]:
         """The clean environment every command starts from: nothing of the service's; in an image,
-        the image's ``Env`` under ours (its PATH is the system PATH, SPEC §16)."""
+        the image's ``Env`` under ours, its PATH as it is (SPEC §16, §21: no venv or prefix of ours)."""
+        if self.image is not None:
+            toolchain = toolchains.image_command_env(self.session.home, self.command_path, self.trusted_ca)
+        else:  # SPEC §11: PATH with the venv first, caches and prefixes in HOME, the host's CAs.
+            toolchain = toolchains.command_env(self.session, self.command_path, self.trusted_ca)
         return {
             **self.image_env(),
             "PATH": self.command_path,
@@ -106,8 +110,7 @@ class Context:
             # same second (mtime resolution), and the tests would run the old code.
             "PYTHONDONTWRITEBYTECODE": "1",
             "TMPDIR": str(self.session.tmp),
-            # SPEC §11: PATH with the venv first, caches and prefixes in HOME, the host's CAs.
-            **toolchains.command_env(self.session, self.command_path, self.trusted_ca),
+            **toolchain,
         }
 
     @property
@@ -150,13 +153,15 @@ class Context:
         return toolchains.host_ca(self.config, sandboxed=self.runtime.isolated)
 
     def task_policy(self, *, network: bool, mounts: Sequence[Mount] = ()) -> SandboxPolicy:
-        """What a task's command may reach: the session's repo, home, tmp and venv, in its environment."""
+        """What a task's command may reach: the session's repo, home, tmp and venv (an image task has
+        none: SPEC §21), in its environment."""
         session = self.session
         environment = self.environment
         ca = self.trusted_ca
+        writable = (session.repo, session.home, session.tmp)
         return SandboxPolicy(
             network=network,
-            writable=(session.repo, session.home, session.tmp, session.venv),
+            writable=writable if self.image is not None else (*writable, session.venv),
             mounts=tuple(mounts),
             root=environment.root if environment and self.image is None else None,
             image=self.image,

@@ -22,6 +22,7 @@ from evaluations.environments import inside
 from evaluations.images import build, changes, diff, rootfs
 from evaluations.images.errors import ImageError
 from evaluations.images.isolate import isolate_workdir
+from evaluations.images.isolate import verifier_commands as verifier_commands_in
 from evaluations.images.pull import pull
 from evaluations.images.store import ImageStore
 from evaluations.models import ErrorKind, Evaluation
@@ -211,6 +212,16 @@ def isolate(ctx: Context) -> None:
     directory (images/isolate.py), the host's CAs trusted in it again."""
     ctx.image = isolate_workdir(ctx.session.root, _layers(ctx), ctx.image.idmap, ctx.workdir)
     _trust_host_ca(ctx, ctx.image)
+
+
+def verifier_commands(ctx: Context, env: dict[str, str], shell: str, *, fixed: tuple[str, ...] = ()):
+    """``[verifier] isolated``: the absolute path of ``shell`` in the image and ``env`` without what
+    names the working directory, decided on the image's layers alone (images/isolate.py, 4-6)."""
+    try:
+        with rootfs.image_base(_layers(ctx), ctx.session.root) as base:
+            return verifier_commands_in(base, ctx.workdir, env, shell, fixed=fixed)
+    except ImageError as exc:
+        raise StepFailed(str(exc), kind=exc.kind) from None
 
 
 def executor_made(ctx: Context) -> tuple[str, ...]:

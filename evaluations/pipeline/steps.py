@@ -185,8 +185,9 @@ def installing_deps(ctx: Context) -> None:
     if ctx.cache.restore():  # a hit: the venv and HOME the install step left, from the snapshot
         return
     deadline = deadline_in(config.install_timeout_secs)
-    root = ctx.environment.root if ctx.environment else Path("/")
-    toolchains.make_session_venv(ctx.session, toolchains.find_python(ctx.command_path, root))  # SPEC §11
+    if ctx.image is None:  # SPEC §11; an image task runs with the image's own python (§21)
+        root = ctx.environment.root if ctx.environment else Path("/")
+        toolchains.make_session_venv(ctx.session, toolchains.find_python(ctx.command_path, root))
     env = {**ctx.base_env(), **static.task_env(ctx)}
     policy = ctx.task_policy(network=True, mounts=static.mounts(ctx))
     for command, filled in zip(ctx.task.install, static.fill(ctx, ctx.task.install), strict=True):

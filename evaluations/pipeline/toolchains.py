@@ -1,5 +1,7 @@
 """The toolchains the task's commands see (SPEC §11): a Python venv, caches and prefixes, trusted CAs.
 
+For host and named environments (``command_env``):
+
 1. A venv per evaluation at ``<session>/venv``, first on ``PATH``, so
    ``pip install -e .`` works as written (Debian's interpreter refuses it
    with PEP 668's "externally-managed-environment": the marker concerns the
@@ -18,6 +20,12 @@
    (``Config.ca_bundle``): the registries here are signed by a local CA,
    and npm stops reading the global npmrc that names it once its prefix
    moves into the session.
+
+An image task (``image_command_env``, SPEC §21) runs with the image's own
+environment: no venv, no prefix and nothing of the session on ``PATH``, so
+``python3`` and ``pip`` are the image's and what a command installs lands in
+the evaluation's writable layer, where ``system_changes`` sees it. Only the
+caches in HOME and the CA trust (4) are set, under the image's ``Env``.
 """
 
 from __future__ import annotations
@@ -170,22 +178,38 @@ def command_env(session: Session, command_path: str, ca: CaBundle | None) -> dic
     return env
 
 
+def image_command_env(home: Path, command_path: str, ca: CaBundle | None) -> dict[str, str]:
+    """An image task's variables (SPEC §21): the image's PATH as it is, the caches in HOME, CA trust.
+
+    No VIRTUAL_ENV and no global prefix of ours (npm's, Go's, Cargo's): the image's own, from its
+    ``Env`` or its tools' defaults, so ``npm install -g`` and ``cargo install`` land in the image."""
+    env = cache_env(home)
+    env["PATH"] = command_path
+    if ca is not None:
+        env.update(dict.fromkeys(CA_VARIABLES, ca.sandbox))
+    return env
+
+
 def home_env(home: Path) -> dict[str, str]:
     """HOME and the caches and global prefixes of pip, npm, Go and Cargo in it."""
-    npm_prefix = home / ".npm-global"
-    gopath = home / "go"
-    cargo_home = home / ".cargo"
+    return {
+        **cache_env(home),
+        "npm_config_prefix": str(home / ".npm-global"),  # `npm install -g` without root
+        "GOPATH": str(home / "go"),
+        "CARGO_HOME": str(home / ".cargo"),
+    }
+
+
+def cache_env(home: Path) -> dict[str, str]:
+    """HOME and the caches of pip, npm and Go in it: nothing there is on a PATH or imported."""
     return {
         "HOME": str(home),
         "PIP_CACHE_DIR": str(home / ".cache" / "pip"),
         "PIP_DISABLE_PIP_VERSION_CHECK": "1",  # one request to PyPI per evaluation, for a notice
         "npm_config_cache": str(home / ".npm"),
-        "npm_config_prefix": str(npm_prefix),  # `npm install -g` without root
         "npm_config_update_notifier": "false",  # the same for npm
         "npm_config_fund": "false",
-        "GOPATH": str(gopath),
         "GOCACHE": str(home / ".cache" / "go-build"),
-        "CARGO_HOME": str(cargo_home),
     }
 
 

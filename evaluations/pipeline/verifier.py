@@ -10,7 +10,9 @@
 3. ``run_verifier`` (running_tests): a fresh sandbox on the file system the agent left (or, for
    ``[verifier] isolated``, on the image plus only its working directory), the task's tests at ``/tests``
    (root's, read-only), an empty ``/logs/verifier``, ``bash /tests/<script>`` from the working directory.
-   The agent never saw any of the three: they exist only in the verifier's sandbox.
+   The agent never saw any of the three: they exist only in the verifier's sandbox. An isolated
+   verifier's ``bash`` is the image's, by its absolute path, and its ``PATH`` has no entry inside the
+   working directory (imageenv.verifier_commands, SPEC §21).
 4. Grading is the executor's, on what it captured and read after the verifier ended (pipeline/graders.py):
    ``reward_file`` reads /logs/verifier from the session's fresh folder, ``pytest`` parses the output and
    checks the exit status, ``exit_code`` is the exit status.
@@ -26,6 +28,7 @@ import time
 from evaluations import artifacts, livelog
 from evaluations.models import ErrorKind, Evaluation, TestResult
 from evaluations.network.egress.policy import parse_rules
+from evaluations.network.egress.relay import RELAY_SHELL
 from evaluations.pipeline import graders, imageenv
 from evaluations.pipeline.context import Context, Grade, StepFailed
 from evaluations.pipeline.taskspec import SupportFile
@@ -169,12 +172,17 @@ def run_verifier(ctx: Context, env: dict[str, str]) -> tuple[list[TestResult], s
     if ctx.image is not None:
         for mount in mounts:
             _mount_point(ctx, mount.target)
-    policy = ctx.task_policy(network=verifier_network(ctx), mounts=mounts)
+    network = verifier_network(ctx)
+    policy = ctx.task_policy(network=network, mounts=mounts)
     env = {**env, **verifier.env}
+    shell = "bash"
+    if verifier.isolated:  # the image's own bash, PATH without the working directory (SPEC §21)
+        relay = (RELAY_SHELL,) if policy.network and policy.egress_socket is not None else ()
+        shell, env = imageenv.verifier_commands(ctx, env, shell, fixed=relay)
     script = f"{TESTS}/{verifier.script}"
     livelog.append_text(ctx.session.log, livelog.test_marker(verifier.script))
     started = time.monotonic()
-    result = ctx.run(["bash", script], env=env, timeout_secs=config.test_timeout_secs, policy=policy)
+    result = ctx.run([shell, script], env=env, timeout_secs=config.test_timeout_secs, policy=policy)
     duration = int((time.monotonic() - started) * 1000)
     ctx.spawner.sweep()
     output = result.output

@@ -19,7 +19,8 @@ import pytest
 from evaluations.images import rootfs
 from evaluations.images.changes import system_changes
 from evaluations.images.diff import OPAQUE, is_opaque
-from evaluations.images.isolate import ISOLATED, isolate_workdir
+from evaluations.images.errors import ImageError
+from evaluations.images.isolate import ISOLATED, isolate_workdir, verifier_commands
 from tests.images.rootfs_support import RANGE, run
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="an image's root needs root (mounts)")
@@ -138,7 +139,9 @@ def test_the_paths_are_capped_but_all_counted(image_session, layers):
 
 def test_a_working_directory_of_root_leaves_nothing_outside_it(image_session, layers):
     _, root, session = agent(image_session, layers)
-    assert changes(session, layers, root.idmap, workdir="/") == {"count": 0, "paths": [], "suspicious": []}
+    found = changes(session, layers, root.idmap, workdir="/")
+    # What it put on the verifier's PATH is still named (SPEC §21): every PATH folder is inside it.
+    assert found == {"count": 0, "paths": [], "suspicious": ["/usr/local/bin/pytest"]}
 
 
 def test_the_isolated_verifier_sees_the_image_and_only_the_working_directory(image_session, layers):
@@ -308,6 +311,83 @@ def test_a_link_in_the_layer_is_never_followed(tmp_path):
     os.symlink(outside, upper / "etc")  # the image's /etc replaced by a link to a host folder
     found = system_changes(upper, base, IdMap(lease=0, base=0), workdir="/app", exclude=(), path_dirs=("/usr/bin",))
     assert found == {"count": 1, "paths": ["/etc"], "suspicious": []}
+
+
+def test_what_the_agent_put_on_a_path_folder_inside_its_working_directory_is_suspicious(tmp_path):
+    """SPEC §21: ``ENV PATH=/app/bin:$PATH`` and ``WORKDIR /app``; the folder is the agent's, not a
+    system change, but what it left there is what a verifier finds first by name."""
+    from evaluations.runtime.idmap import IdMap
+
+    idmap = IdMap(lease=0, base=0)
+    base, upper = tmp_path / "base", tmp_path / "upper"
+    write(base / "app/bin/tool", "#!/bin/sh\n", 0o755)
+    write(base / "app/bin/gone", "#!/bin/sh\n", 0o755)
+    write(base / "usr/bin/bash", "elf\n", 0o755)
+    write(upper / "app/bin/bash", "#!/bin/sh\n", 0o755)  # planted
+    write(upper / "app/bin/tool", "#!/bin/sh\nexit 0\n", 0o755)  # changed
+    whiteout(upper / "app/bin/gone")  # removed: nothing there to run
+    (upper / "app/bin/sub").mkdir()  # a folder: no PATH lookup runs it
+    write(upper / "app/notes.txt", "n\n")  # the working directory, not on PATH
+    path_dirs = ("/app/bin", "/usr/bin")
+    found = system_changes(upper, base, idmap, workdir="/app", exclude=(), path_dirs=path_dirs)
+    assert found == {"count": 0, "paths": [], "suspicious": ["/app/bin/bash", "/app/bin/tool"]}
+    # The PATH folder replaced by a link (a lookup would follow it): the folder itself is named.
+    linked = tmp_path / "linked"
+    (linked / "app").mkdir(parents=True)
+    os.symlink("/tmp", linked / "app/bin")
+    found = system_changes(linked, base, idmap, workdir="/app", exclude=(), path_dirs=path_dirs)
+    assert found == {"count": 0, "paths": [], "suspicious": ["/app/bin"]}
+    # The working directory /: every PATH folder is inside it.
+    write(upper / "usr/bin/python3", "#!/bin/sh\n", 0o755)
+    found = system_changes(upper, base, idmap, workdir="/", exclude=(), path_dirs=path_dirs)
+    assert found == {"count": 0, "paths": [], "suspicious": ["/app/bin/bash", "/app/bin/tool", "/usr/bin/python3"]}
+
+
+def isolated_image(root: Path) -> Path:
+    """An image's root by hand: bash and sh in /usr/bin (/bin a link to it), a bash of its own in its
+    WorkingDir /app, a link into /app from /srv, a library folder in /opt."""
+    write(root / "usr/bin/bash", "elf\n", 0o755)
+    write(root / "usr/bin/sh", "elf\n", 0o755)
+    os.symlink("usr/bin", root / "bin")
+    write(root / "app/bin/bash", "#!/bin/sh\n", 0o755)
+    (root / "srv").mkdir()
+    os.symlink("/app", root / "srv/app")
+    write(root / "opt/lib/libx.so", "elf\n")
+    return root
+
+
+def test_an_isolated_verifiers_commands_resolve_only_outside_the_working_directory(tmp_path):
+    """images/isolate.py 4-6: PATH without entries in /app (through a link, relative, empty, a missing
+    one resolved as far as the image has it), the image's bash by its resolved path, and the shell's and
+    the loader's start hooks without what names /app."""
+    base = isolated_image(tmp_path / "image")
+    env = {
+        "PATH": "/app/bin:/srv/app/bin::.:bin:/bin:/usr/bin:/opt/tool/bin:/srv/app/../../app/x",
+        "BASH_ENV": "/app/.bashrc",
+        "ENV": "production",  # only an interactive sh reads it: the task's to use
+        "LD_LIBRARY_PATH": "/app/lib;/opt/lib",
+        "LD_PRELOAD": "/srv/app/x.so /opt/lib/libx.so",
+        "LD_AUDIT": "/app/audit.so",
+        "APP_HOME": "/app/bin",  # not a variable that runs or loads anything: the task's to use
+    }
+    shell, found = verifier_commands(base, "/app", env, "bash", fixed=("/bin/sh",))
+    assert shell == "/usr/bin/bash"
+    assert found == {
+        "PATH": "/bin:/usr/bin:/opt/tool/bin",
+        "ENV": "production",
+        "LD_LIBRARY_PATH": "/opt/lib",
+        "LD_PRELOAD": "/opt/lib/libx.so",
+        "APP_HOME": "/app/bin",
+    }
+    # The image's own bash only in its working directory: none to run.
+    with pytest.raises(ImageError, match="has no bash outside the working directory /app on PATH"):
+        verifier_commands(base, "/app", {"PATH": "/app/bin:/srv/app/bin"}, "bash")
+    # A working directory of /: everything is the agent's.
+    with pytest.raises(ImageError, match="has no bash outside the working directory /"):
+        verifier_commands(base, "/", {"PATH": "/usr/bin:/bin"}, "bash")
+    # The egress relay's /bin/sh inside the working directory.
+    with pytest.raises(ImageError, match="/bin/sh is inside the working directory /usr"):
+        verifier_commands(base, "/usr", {"PATH": "/usr/bin"}, "bash", fixed=("/bin/sh",))
 
 
 def test_the_pipelines_calls_read_the_image_from_the_store_and_the_path_from_its_env(

@@ -21,6 +21,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 SOCAT = "/usr/bin/socat"
+RELAY_SHELL = "/bin/sh"  # what runs the relay's few lines, in the sandbox's root
 # Where a socat bundle (``make_socat_bundle``) is bound in a root that has no socat of its own.
 BUNDLE_TARGET = "/run/egress-relay"
 RELAY_PORT = 3128
@@ -99,7 +100,7 @@ def relay_wrapper(socket_in_sandbox: str = SANDBOX_SOCKET, port: int = RELAY_POR
         steps=_WAIT_STEPS,
         failed=RELAY_FAILED_EXIT,
     )
-    return ["/bin/sh", "-c", script, "egress-relay"]
+    return [RELAY_SHELL, "-c", script, "egress-relay"]
 
 
 def bundle_prefix(folder: Path | str) -> list[str]:
