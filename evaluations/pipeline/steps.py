@@ -136,7 +136,13 @@ def _clone(ctx: Context) -> None:
 
 
 def _cache_material(ctx: Context) -> dict | None:
-    """What the install step's result depends on, besides the commit (SPEC §13); None: a bad placeholder."""
+    """What the install step's result depends on, besides the commit (SPEC §13); None: no cache.
+
+    None for a bad placeholder, and for an image task with install commands: they write the image's
+    writable layer (apt, pip: no venv of ours there, §21), which an entry does not keep.
+    """
+    if ctx.image is not None and ctx.task.install:
+        return None
     environment = ctx.environment
     session = str(ctx.session.root)
 

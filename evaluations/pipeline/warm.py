@@ -98,7 +98,8 @@ class WorkspaceCache:
         """Place the repository from the cache and return the base's sha; None: clone as without a cache.
 
         ``material()``: what the install step's result depends on besides the commit (SPEC §13),
-        asked only when the cache would be used; None (a bad placeholder) turns the cache off.
+        asked only when the cache would be used; None (a bad placeholder, an image task that
+        installs into its writable layer) turns the cache off.
         """
         self._decide(task, material)
         Evaluation.objects.filter(id=self.eval_id).update(cache=self.use)
@@ -124,7 +125,7 @@ class WorkspaceCache:
             return CacheUse.OFF, None, {}
         found = material()
         if found is None:
-            return CacheUse.OFF, None, {}  # a bad placeholder: installing_deps reports it as before
+            return CacheUse.OFF, None, {}  # a bad placeholder (installing_deps reports it), or nothing to keep
         store = Store(self.config.cache_root)
         try:
             store.ensure()
