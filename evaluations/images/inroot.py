@@ -43,6 +43,7 @@ PATH_MAX = 4096
 
 _SYS_OPENAT2 = {"x86_64": 437, "aarch64": 437}.get(os.uname().machine)
 _RESOLVE_NO_MAGICLINKS = 0x02
+_RESOLVE_BENEATH = 0x08
 _RESOLVE_IN_ROOT = 0x10
 _O_PATH_DIR = os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC
 _STEP = os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -64,11 +65,15 @@ def open_root(path) -> int:
     return os.open(path, _O_PATH_DIR | os.O_NOFOLLOW)
 
 
-def open_in(root_fd: int, relpath: str, flags: int, mode: int = 0o644, *, follow_last: bool = True) -> int:
+def open_in(
+    root_fd: int, relpath: str, flags: int, mode: int = 0o644, *, follow_last: bool = True, beneath: bool = False
+) -> int:
     """``relpath`` opened with ``flags`` as if ``root_fd`` were ``/`` (the module's property).
 
     A leading ``/`` is the root's. ``follow_last=False``: a link as the last component is not
-    followed (``O_NOFOLLOW``: ``ELOOP``, or with ``O_PATH`` the link itself).
+    followed (``O_NOFOLLOW``: ``ELOOP``, or with ``O_PATH`` the link itself). ``beneath``: a
+    ``..`` above the root or an absolute link is refused (``EXDEV``) instead of starting again
+    at the root (``RESOLVE_BENEATH``): a build context, whose links may not leave it.
     """
     if "\0" in relpath:
         raise OSError(errno.EINVAL, "NUL byte in path", relpath)
@@ -76,15 +81,16 @@ def open_in(root_fd: int, relpath: str, flags: int, mode: int = 0o644, *, follow
     path = relpath.lstrip("/") or "."
     if len(path.encode()) < PATH_MAX and _have_openat2(root_fd):
         creates = flags & os.O_CREAT or flags & os.O_TMPFILE == os.O_TMPFILE
-        return _openat2(root_fd, path, flags, mode if creates else 0)
-    return _walk(root_fd, path, flags, mode)
+        resolve = _RESOLVE_BENEATH if beneath else _RESOLVE_IN_ROOT
+        return _openat2(root_fd, path, flags, mode if creates else 0, resolve)
+    return _walk(root_fd, path, flags, mode, beneath=beneath)
 
 
 def _have_openat2(root_fd: int) -> bool:
     global use_openat2
     if use_openat2 is None:
         try:
-            os.close(_openat2(root_fd, ".", _O_PATH_DIR, 0))
+            os.close(_openat2(root_fd, ".", _O_PATH_DIR, 0, _RESOLVE_IN_ROOT))
             use_openat2 = True
         except OSError as exc:
             if exc.errno not in (errno.ENOSYS, errno.EPERM):  # no such syscall, or a seccomp filter's
@@ -93,8 +99,8 @@ def _have_openat2(root_fd: int) -> bool:
     return use_openat2
 
 
-def _openat2(root_fd: int, path: str, flags: int, mode: int) -> int:
-    how = _OpenHow(flags, mode, _RESOLVE_IN_ROOT | _RESOLVE_NO_MAGICLINKS)
+def _openat2(root_fd: int, path: str, flags: int, mode: int, resolve: int) -> int:
+    how = _OpenHow(flags, mode, resolve | _RESOLVE_NO_MAGICLINKS)
     encoded = os.fsencode(path)
     for _ in range(16):  # EAGAIN: a rename raced a ".." in the kernel's walk, which asks to retry
         fd = _libc.syscall(_SYS_OPENAT2, root_fd, encoded, ctypes.byref(how), ctypes.sizeof(how))
@@ -106,7 +112,7 @@ def _openat2(root_fd: int, path: str, flags: int, mode: int) -> int:
     raise OSError(err, os.strerror(err), path)
 
 
-def _walk(root_fd: int, path: str, flags: int, mode: int, *, mkdir=None) -> int:
+def _walk(root_fd: int, path: str, flags: int, mode: int, *, mkdir=None, beneath: bool = False) -> int:
     """``open_in`` from handles alone (the module's point 2).
 
     ``mkdir``: ``(dir_fd, name) -> None``, making a missing folder (mkdirs_in); every component
@@ -123,6 +129,8 @@ def _walk(root_fd: int, path: str, flags: int, mode: int, *, mkdir=None) -> int:
                 return os.open(".", _O_PATH_DIR if mkdir else flags & ~os.O_NOFOLLOW, mode, dir_fd=cur)
             part = pending.pop()
             if part == "..":
+                if beneath and not depth:
+                    raise OSError(errno.EXDEV, os.strerror(errno.EXDEV), path)
                 if depth:
                     nxt = os.open("..", _O_PATH_DIR, dir_fd=cur)
                     os.close(cur)
@@ -147,6 +155,8 @@ def _walk(root_fd: int, path: str, flags: int, mode: int, *, mkdir=None) -> int:
                 if links > MAX_LINKS:
                     raise OSError(errno.ELOOP, os.strerror(errno.ELOOP), path)
                 if target.startswith("/"):
+                    if beneath:
+                        raise OSError(errno.EXDEV, os.strerror(errno.EXDEV), path)
                     os.close(cur)
                     cur, depth = os.dup(root_fd), 0
                 pending.extend(_parts(target)[::-1])
@@ -232,11 +242,11 @@ def lstat_at(dir_fd: int, name: str) -> os.stat_result | None:
         return None
 
 
-def read_in(root_fd: int, relpath: str, max_bytes: int) -> bytes | None:
+def read_in(root_fd: int, relpath: str, max_bytes: int, *, follow_last: bool = True) -> bytes | None:
     """At most ``max_bytes`` of the file ``relpath`` (links followed in the root); None when it is
     missing or not a regular file (a FIFO cannot block: ``O_NONBLOCK``, checked by ``fstat``)."""
     try:
-        fd = open_in(root_fd, relpath, os.O_RDONLY | os.O_NONBLOCK)
+        fd = open_in(root_fd, relpath, os.O_RDONLY | os.O_NONBLOCK, follow_last=follow_last)
     except OSError:
         return None
     try:

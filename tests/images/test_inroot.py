@@ -209,3 +209,18 @@ def test_parent_and_name_and_read_in(tree):
             inroot.parent_and_name(fd, bad)
         assert caught.value.errno == errno.EINVAL
     assert inroot.lstat_at(fd, "etc") is not None and stat.S_ISLNK(inroot.lstat_at(fd, "etc").st_mode)
+
+
+def test_beneath_refuses_what_in_root_would_clamp(tree):
+    root, fd, host = tree
+    (root / "a").mkdir()
+    (root / "a" / "f").write_text("inside")
+    (root / "a" / "rel").symlink_to("../a/f")
+    (root / "a" / "abs").symlink_to("/a/f")
+    (root / "a" / "up").symlink_to("../../a/f")
+    assert read(fd, "a/rel", beneath=True) == "inside"
+    for path in ("a/abs", "a/up", "../a/f"):
+        assert read(fd, path) == "inside"  # in the root: clamped
+        with pytest.raises(OSError) as caught:
+            read(fd, path, beneath=True)
+        assert caught.value.errno == errno.EXDEV, path
