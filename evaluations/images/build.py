@@ -729,7 +729,7 @@ class _Builder:
         for entry in entries:
             relpath = posixpath.join(base, entry.dest) if entry.dest else base
             mode = entry.mode if chmod is None else chmod
-            budget.take(f"copying {posixpath.join('/', source.relpath, entry.dest)}", entry.size)
+            budget.take(f"copying /{'/'.join(filter(None, (source.relpath, entry.dest)))}", entry.size)
             if entry.kind == "dir":
                 os.close(copyin.mkdirs(root_fd, relpath, uid, gid, idmap, mode=mode if entry.dest else None))
                 continue
