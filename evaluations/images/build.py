@@ -31,9 +31,7 @@ import hashlib
 import json
 import os
 import posixpath
-import shutil
 import stat
-import tarfile
 import tempfile
 import time
 import uuid
@@ -42,10 +40,9 @@ from pathlib import Path
 
 from evaluations import safefs
 from evaluations.cache import mounts
-from evaluations.environments import inside
 from evaluations.images import context as ctx
+from evaluations.images import copyin, inroot, rootfs
 from evaluations.images import dockerfile as df
-from evaluations.images import rootfs
 from evaluations.images.commit import commit
 from evaluations.images.errors import ImageError, ImageUnavailable
 from evaluations.images.pull import pull, this_platform
@@ -382,7 +379,7 @@ class _Builder:
         state = self._config_step(state, instruction, path, lambda c: c.__setitem__("WorkingDir", path))
         # The folder is made (as root, as Docker) when the image lacks it: a layer, cached like the rest.
         return self._layer_step(
-            state, instruction, ["mkdir", path], None, lambda root, idmap: _mkdirs(root.rootfs, path, 0, 0, idmap)
+            state, instruction, ["mkdir", path], None, lambda root, idmap: _make_folder(root, path, idmap)
         )
 
     def _shell(self, state: _State, instruction: df.Instruction) -> _State:
@@ -476,7 +473,7 @@ class _Builder:
 
         def action(root: rootfs.ImageRoot, idmap: IdMap) -> None:
             workdir = state.config.get("WorkingDir") or "/"
-            _mkdirs(root.rootfs, workdir, 0, 0, idmap)
+            _make_folder(root, workdir, idmap)
             self._run_command(instruction, root, idmap, argv, workdir, state)
 
         return self._layer_step(state, instruction, argv, None, action, user=state.config.get("User") or "")
@@ -535,12 +532,14 @@ class _Builder:
         else:
             from_layers = None
             copies = self._context_sources(instruction, names, add)
-            content = ctx.content_hash([(name, entries) for name, _, entries in copies])
+            content = ctx.content_hash(copies)
             content = _key(content, [source.digest for _, source, _ in copies if isinstance(source, _Download)])
         spec = {"sources": names, "dest": dest, "folder": into_folder, "chown": chown, "chmod": chmod}
 
         def action(root: rootfs.ImageRoot, idmap: IdMap) -> None:
             owner = (*self._owner(instruction, root.rootfs, chown), chmod)
+            # What the build's folders hold now (the RUNs' /tmp, the layers in the making), as RUN's monitor.
+            budget = copyin.Budget(instruction, self.config, safefs.tree_usage(self.folder))
             with contextlib.ExitStack() as stack:
                 found = copies
                 if from_layers is not None:
@@ -549,9 +548,11 @@ class _Builder:
                 several = len(found) > 1 or any(source.wildcard for _, source, _ in found)
                 if several and not into_folder:
                     raise instruction.error("with several sources, the destination must be a folder ending in /.")
+                root_fd = inroot.open_root(root.rootfs)
+                stack.callback(os.close, root_fd)
                 for name, source, entries in found:
-                    self._place(instruction, root.rootfs, idmap, name, source, entries, dest, into_folder or several,
-                                owner, unpack=add and not isinstance(source, _Download))  # fmt: skip
+                    self._place(instruction, root_fd, idmap, name, source, entries, dest, into_folder or several,
+                                owner, budget, unpack=add and not isinstance(source, _Download))  # fmt: skip
 
         return self._layer_step(state, instruction, spec, content, action)
 
@@ -573,9 +574,11 @@ class _Builder:
         found = []
         for name in names:
             if add and name.startswith(_URL_PREFIXES):
-                path, digest = self._download(instruction, name)
-                base = posixpath.basename(name.split("?")[0].rstrip("/")) or "download"
-                found.append((name, _Download(base, path, False, digest), [ctx.Entry("", "file", 0o600, path)]))
+                base = posixpath.basename(name.split("?")[0].rstrip("/"))
+                base = "download" if base in ("", ".", "..") else base
+                path, digest = self._download(instruction, name, base)
+                source = _Download(base, path.parent, wildcard=False, digest=digest)
+                found.append((name, source, [ctx.Entry("", "file", 0o600, base, size=path.stat().st_size)]))
             else:
                 found += self._find(instruction, self.context, [name], self.ignore, clamp=False)
         return found
@@ -598,9 +601,9 @@ class _Builder:
                     raise instruction.error(f"the source {name!r} leads outside the build context.") from None
         return found
 
-    def _download(self, instruction, url: str) -> tuple[Path, str]:
+    def _download(self, instruction, url: str, base: str) -> tuple[Path, str]:
         folder = Path(tempfile.mkdtemp(prefix="download-", dir=self.folder))
-        path = folder / "file"
+        path = folder / base
         try:
             urlguard.fetch(url, path, max_bytes=self.config.max_task_archive_bytes,
                            timeout_secs=self.config.download_timeout_secs,
@@ -704,38 +707,46 @@ class _Builder:
 
     # -- writing into the step's root --------------------------------------------------------------
 
-    def _place(self, instruction, root: Path, idmap: IdMap, name: str, source, entries, dest: str,
-               into_folder: bool, owner, *, unpack: bool) -> None:  # fmt: skip
-        """One source's entries written under ``dest`` in the step's root, owned ``owner`` inside."""
+    def _place(self, instruction, root_fd: int, idmap: IdMap, name: str, source: ctx.Source, entries, dest: str,
+               into_folder: bool, owner, budget: copyin.Budget, *, unpack: bool) -> None:  # fmt: skip
+        """One source's entries written under ``dest`` in the step's root (its handle), owned
+        ``owner`` inside; every path there resolved in the root (copyin.py)."""
         uid, gid, chmod = owner
-        host_uid, host_gid = idmap.host_uid(uid), idmap.host_gid(gid)
-        if unpack and entries[0].kind == "file" and _is_archive(source.path):
-            _unpack(instruction, source.path, _mkdirs(root, dest, uid, gid, idmap), idmap)
-            return
+        ids = (idmap.host_uid(uid), idmap.host_gid(gid))
+        if unpack and entries[0].kind == "file":
+            with ctx.read_file(source, entries[0]) as handle:
+                if copyin.is_archive(handle):
+                    os.close(copyin.mkdirs(root_fd, dest, uid, gid, idmap))
+                    shown = posixpath.basename(source.relpath) or name
+                    copyin.unpack_tar(instruction, handle, shown, root_fd, dest, idmap, budget)
+                    return
         if entries[0].kind == "dir":
             base = dest
         else:
             base = posixpath.join(dest, posixpath.basename(source.relpath) or "file") if into_folder else dest
-            existing = ctx.resolve(root, base.lstrip("/"), clamp=True)
-            if not into_folder and os.path.isdir(existing) and not os.path.islink(existing):
+            if not into_folder and _is_folder(root_fd, base):
                 base = posixpath.join(dest, posixpath.basename(source.relpath))
         for entry in entries:
             relpath = posixpath.join(base, entry.dest) if entry.dest else base
             mode = entry.mode if chmod is None else chmod
+            budget.take(f"copying /{'/'.join(filter(None, (source.relpath, entry.dest)))}", entry.size)
             if entry.kind == "dir":
-                _mkdirs(root, relpath, uid, gid, idmap, mode=mode if entry.dest else None)
+                os.close(copyin.mkdirs(root_fd, relpath, uid, gid, idmap, mode=mode if entry.dest else None))
                 continue
-            parent = _mkdirs(root, posixpath.dirname(relpath), uid, gid, idmap)
-            final = parent / posixpath.basename(relpath)
-            if os.path.lexists(final):
-                if os.path.isdir(final) and not os.path.islink(final):
-                    raise instruction.error(f"cannot copy {name!r} onto the folder {relpath}.")
-                os.unlink(final)
-            if entry.kind == "link":
-                os.symlink(entry.target, final)
-                os.lchown(final, host_uid, host_gid)
-            else:
-                _copy_file(entry.host, final, host_uid, host_gid, mode, entry.mtime_ns)
+            parent = copyin.mkdirs(root_fd, posixpath.dirname(relpath), uid, gid, idmap)
+            last = posixpath.basename(relpath)
+            try:
+                try:
+                    copyin.clear(parent, last, folders=False)
+                except IsADirectoryError:
+                    raise instruction.error(f"cannot copy {name!r} onto the folder {relpath}.") from None
+                if entry.kind == "link":
+                    copyin.write_link(entry.target, parent, last, ids)
+                else:
+                    with ctx.read_file(source, entry) as handle:
+                        copyin.write_file(handle, entry.size, parent, last, ids, mode, entry.mtime_ns)
+            finally:
+                os.close(parent)
 
     def _owner(self, instruction, root: Path, chown: str | None) -> tuple[int, int]:
         """--chown=user[:group] as ids inside the image, names through its /etc/passwd and /etc/group;
@@ -848,81 +859,30 @@ def _unlink(path: Path) -> None:
         path.unlink()
 
 
-def _mkdirs(root: Path, path: str, uid: int, gid: int, idmap: IdMap, *, mode: int | None = None) -> Path:
-    """``path`` inside the image root as a folder (links on the way resolved inside the root);
-    the folders made are owned by ``uid:gid`` inside, 0755 (or ``mode`` for the last)."""
-    target = ctx.resolve(root, path.lstrip("/"), clamp=True)
-    current = root
-    parts = target.relative_to(root).parts
-    for position, part in enumerate(parts):
-        current = current / part
-        try:
-            st = os.lstat(current)
-        except FileNotFoundError:
-            os.mkdir(current, 0o755)
-            os.lchown(current, idmap.host_uid(uid), idmap.host_gid(gid))
-            if mode is not None and position == len(parts) - 1:
-                os.chmod(current, mode)
-            continue
-        if not stat.S_ISDIR(st.st_mode):
-            raise ImageError(f"/{'/'.join(parts[: position + 1])} is in the image, and not a folder.")
-    return target
-
-
-def _copy_file(source: Path, final: Path, uid: int, gid: int, mode: int, mtime_ns: int) -> None:
-    fd = os.open(final, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+def _make_folder(root: rootfs.ImageRoot, path: str, idmap: IdMap) -> None:
+    """WORKDIR's folder (and a RUN's), made as root when the image lacks it, as Docker."""
+    root_fd = inroot.open_root(root.rootfs)
     try:
-        with open(source, "rb") as src, os.fdopen(os.dup(fd), "wb") as out:
-            shutil.copyfileobj(src, out, 1 << 20)
-        os.fchown(fd, uid, gid)
-        os.fchmod(fd, mode)  # after the chown, which drops setuid and setgid
-        os.utime(fd, ns=(mtime_ns, mtime_ns))
+        os.close(copyin.mkdirs(root_fd, path, 0, 0, idmap))
+    finally:
+        os.close(root_fd)
+
+
+def _is_folder(root_fd: int, path: str) -> bool:
+    """Whether ``path`` is a folder in the root (its links followed there)."""
+    try:
+        fd = inroot.open_in(root_fd, path, os.O_PATH)
+    except OSError:
+        return False
+    try:
+        return stat.S_ISDIR(os.fstat(fd).st_mode)
     finally:
         os.close(fd)
 
 
-def _is_archive(path: Path) -> bool:
-    """What ADD unpacks: a tar, plain or compressed with gzip, bzip2 or xz (Docker's list)."""
-    with open(path, "rb") as handle:
-        head = handle.read(512)
-    if head.startswith((b"\x1f\x8b", b"BZh", b"\xfd7zXZ\x00")):
-        return True
-    return len(head) >= 262 and head[257:262] == b"ustar"
-
-
-def _unpack(instruction: df.Instruction, archive: Path, target: Path, idmap: IdMap) -> None:
-    """ADD of a local tar: its members under ``target``, owners as in the tar (through the map);
-    an absolute or ``..`` path, a path through a link leaving ``target``, or a device is refused."""
-    top = os.path.realpath(target)
-
-    def check(member: tarfile.TarInfo, _dest: str) -> tarfile.TarInfo:
-        name = member.name.lstrip("/")
-        where = os.path.realpath(os.path.join(top, name))
-        if os.path.commonpath([where, top]) != top or ".." in name.split("/"):
-            raise instruction.error(f"the archive {archive.name} has a member outside its folder: {member.name}.")
-        if member.isdev():
-            raise instruction.error(f"the archive has a device file: {member.name}.")
-        if member.islnk():
-            linked = os.path.realpath(os.path.join(top, member.linkname.lstrip("/")))
-            if os.path.commonpath([linked, top]) != top:
-                raise instruction.error(f"the archive has a hard link leaving its folder: {member.name}.")
-        return member.replace(name=name, uid=idmap.host_uid(member.uid), gid=idmap.host_gid(member.gid),
-                              uname="", gname="", deep=False)  # fmt: skip
-
-    try:
-        with tarfile.open(archive, "r:*") as tar:
-            tar.extractall(top, filter=check, numeric_owner=True)
-    except (tarfile.TarError, EOFError, OSError) as exc:
-        raise instruction.error(f"the archive cannot be unpacked: {exc}.") from None
-
-
 def _home(root: Path, uid: int) -> str:
     """HOME for a RUN as ``uid``: its /etc/passwd entry's, as a container runtime sets it."""
-    passwd = inside(root, "/etc/passwd")
-    if passwd is not None:
-        with contextlib.suppress(OSError):
-            for line in (root / passwd.lstrip("/")).read_text(errors="replace").splitlines():
-                fields = line.split(":")
-                if len(fields) >= 6 and fields[2] == str(uid) and fields[5]:
-                    return fields[5]
+    for fields in rootfs.table(root, "/etc/passwd"):
+        if len(fields) >= 6 and fields[2] == str(uid) and fields[5]:
+            return fields[5]
     return "/root" if uid == 0 else "/"

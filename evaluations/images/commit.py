@@ -21,6 +21,7 @@ writes a deletion as a character device 0/0 and a folder replaced whole as
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
 import stat
@@ -52,6 +53,18 @@ def commit(upper: Path, idmap: IdMap, store: ImageStore) -> str | None:
 
 def to_layer(upper: Path, idmap: IdMap) -> str:
     """Rewrite ``upper`` in place as a layer (owners, xattrs) and return its id ``sha256:<hex>``."""
+    try:
+        return _to_layer(upper, idmap)
+    except OSError as exc:
+        if exc.errno != errno.ENAMETOOLONG:
+            raise
+        raise ImageError(  # the string walk below cannot reach it: refused, never half-stored
+            f"The build step made a path longer than PATH_MAX ({os.pathconf('/', 'PC_PATH_MAX')} characters), "
+            "which a layer cannot hold."
+        ) from None
+
+
+def _to_layer(upper: Path, idmap: IdMap) -> str:
     digest = hashlib.sha256()
     for relpath, path, st in _walk(upper):
         uid, gid = _inside(st.st_uid, idmap, "uid"), _inside(st.st_gid, idmap, "gid")

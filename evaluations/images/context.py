@@ -1,75 +1,43 @@
 """A build's context: what COPY and ADD may take from it, ``.dockerignore`` applied as Docker
-applies it, and never anything outside it (SPEC §16).
+applies it, and never anything outside it (SPEC §16, §21).
 
 1. ``Ignore``: the context's ``.dockerignore``, each line compiled as Docker's patternmatcher
    does (``*`` and ``?`` within one path component, ``**`` across any number, ``!`` re-includes,
    the last matching line wins, a path is excluded when it or one of its parent folders is).
-2. ``sources``: the files one COPY names, wildcards expanded, resolved inside the context: a
-   ``..`` or a link whose target leaves the context is refused, not clamped, and an excluded
-   path is as missing as an absent one (Docker never sends it).
-3. ``entries``: what a source copies, walked without following links (a link inside a copied
-   folder is copied as a link), each with what the build cache hashes: name, mode, bytes or
-   link target (not owners or times, as Docker's cache).
-4. ``resolve``: a path inside a root whose links are resolved as they would be inside it: used
-   for the context (escapes refused) and for an image's merged root (escapes clamped to it, as
-   a chroot would see them), so the builder, running as host root, never follows an image's
-   link onto the host.
+2. ``sources``: the files one COPY names, wildcards expanded, resolved inside their root through
+   images/inroot.py: in a context a ``..`` or a link whose target leaves it is refused
+   (``beneath``), in another stage's root links are followed as that root's own (``clamp``); an
+   excluded path is as missing as an absent one (Docker never sends it).
+3. ``entries``: what a source copies, walked from folder handles without following links (a link
+   inside a copied folder is copied as a link), each with what the build cache hashes: name,
+   mode, bytes or link target (not owners or times, as Docker's cache), and its size, which a
+   copy counts against the build's limits before writing.
+
+No path through the content is ever turned into a host path: a ``Source`` is its root (a folder
+the builder chose) and a path inside it, opened with ``open_in`` each time it is read.
 """
 
 from __future__ import annotations
 
+import errno
 import fnmatch
 import hashlib
 import os
 import posixpath
 import re
 import stat
-from collections import deque
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-MAX_LINK_HOPS = 40  # as the kernel's ELOOP
+from evaluations.images import inroot
+
 _GLOB_CHARS = frozenset("*?[")
+_MISSING = (errno.ENOENT, errno.ENOTDIR, errno.ELOOP)
 
 
 class Escape(Exception):
     """A path that leads outside its root (``..`` above it, or a link's target)."""
-
-
-def resolve(root: Path, relpath: str, *, clamp: bool, follow_last: bool = True) -> Path:
-    """``root/relpath`` with every link on the way resolved inside ``root``; missing parts kept as
-    named. ``clamp``: ``..`` above the root stays at the root and absolute link targets start at it
-    (a chroot's view); otherwise such a path raises ``Escape``."""
-    parts = deque(part for part in relpath.split("/") if part not in ("", "."))
-    done: list[str] = []
-    hops = 0
-    while parts:
-        part = parts.popleft()
-        if part == "..":
-            if done:
-                done.pop()
-            elif not clamp:
-                raise Escape(relpath)
-            continue
-        candidate = root.joinpath(*done, part)
-        try:
-            mode = os.lstat(candidate).st_mode
-        except OSError:  # missing (or under a file): the rest is taken as named
-            done.append(part)
-            continue
-        if stat.S_ISLNK(mode) and (parts or follow_last):
-            hops += 1
-            if hops > MAX_LINK_HOPS:
-                raise Escape(f"{relpath}: too many levels of links")
-            target = os.readlink(candidate)
-            if target.startswith("/"):
-                if not clamp:
-                    raise Escape(relpath)
-                done = []
-            parts.extendleft(reversed([p for p in target.split("/") if p not in ("", ".")]))
-            continue
-        done.append(part)
-    return root.joinpath(*done)
 
 
 # -- .dockerignore ---------------------------------------------------------------------------------
@@ -87,11 +55,13 @@ class Ignore:
 
     @classmethod
     def read(cls, context: Path) -> Ignore:
-        path = context / ".dockerignore"
-        if not path.is_file() or path.is_symlink():
-            return cls([])
+        root_fd = inroot.open_root(context)
+        try:
+            data = inroot.read_in(root_fd, ".dockerignore", 1 << 20, follow_last=False)  # a link: none
+        finally:
+            os.close(root_fd)
         patterns = []
-        for raw in path.read_text(errors="replace").splitlines():
+        for raw in (data or b"").decode(errors="replace").splitlines():
             line = raw.strip()
             if not line or line.startswith("#"):
                 continue
@@ -155,9 +125,15 @@ def _compile(pattern: str) -> re.Pattern:
 
 @dataclass(frozen=True)
 class Source:
-    relpath: str  # as the instruction names it, cleaned ("" for the context itself)
-    path: Path  # on the host, resolved inside the context
+    relpath: str  # as the instruction names it, cleaned ("" for the root itself)
+    root: Path  # the folder it is inside of: the context, a stage's mounted root, a download's folder
     wildcard: bool  # found by a pattern: makes the destination a folder, as Docker
+    beneath: bool = True  # a context: links may not leave it (else: followed in the root)
+
+    def open(self, relpath: str, flags: int) -> int:
+        """``relpath`` (an ``Entry.path``) in this source's root, resolved there."""
+        with opened_root(self.root) as root_fd:
+            return inroot.open_in(root_fd, relpath, flags, beneath=self.beneath)
 
 
 @dataclass(frozen=True)
@@ -167,9 +143,19 @@ class Entry:
     dest: str
     kind: str  # "dir" | "file" | "link"
     mode: int  # permission bits (with setuid, setgid, sticky)
-    host: Path  # where it is read from
+    path: str  # where it is read from: inside the source's root
     target: str = ""  # a link's target
     mtime_ns: int = 0
+    size: int = 0  # a file's, as stat gives it (a sparse file's too): what a copy counts
+
+
+@contextmanager
+def opened_root(root: Path):
+    fd = inroot.open_root(root)
+    try:
+        yield fd
+    finally:
+        os.close(fd)
 
 
 def clean(relpath: str) -> str:
@@ -184,89 +170,134 @@ def sources(root: Path, name: str, ignore: Ignore | None, *, clamp: bool = False
     if not clamp and ".." in name.split("/") and posixpath.normpath(name).startswith(".."):
         raise Escape(name)
     relpath = clean(name)
-    if not _GLOB_CHARS & set(relpath):
-        path = resolve(root, relpath, clamp=clamp)
-        if not os.path.lexists(path) or (ignore and relpath and ignore.excluded(relpath)):
-            return []
-        return [Source(relpath, path, wildcard=False)]
-    found: list[Source] = []
-    _glob(root, relpath.split("/"), [], ignore, clamp, found)
+    with opened_root(root) as root_fd:
+        if not _GLOB_CHARS & set(relpath):
+            if not _exists(root_fd, relpath, not clamp) or (ignore and relpath and ignore.excluded(relpath)):
+                return []
+            return [Source(relpath, root, wildcard=False, beneath=not clamp)]
+        found: list[Source] = []
+        _glob(root_fd, root, relpath.split("/"), [], ignore, not clamp, found)
     return sorted(found, key=lambda source: source.relpath)
 
 
-def _glob(root: Path, parts: list[str], done: list[str], ignore, clamp: bool, found: list[Source]) -> None:
+def _exists(root_fd: int, relpath: str, beneath: bool, *, follow_last: bool = True) -> bool:
+    try:
+        os.close(inroot.open_in(root_fd, relpath, os.O_PATH, follow_last=follow_last, beneath=beneath))
+    except OSError as exc:
+        if exc.errno == errno.EXDEV:
+            raise Escape(relpath) from None
+        if exc.errno in _MISSING:
+            return False
+        raise
+    return True
+
+
+def _glob(root_fd: int, root: Path, parts: list[str], done: list[str], ignore, beneath: bool, found: list) -> None:
     if not parts:
         relpath = "/".join(done)
         if not (ignore and ignore.excluded(relpath)):
-            found.append(Source(relpath, resolve(root, relpath, clamp=clamp), wildcard=True))
+            found.append(Source(relpath, root, wildcard=True, beneath=beneath))
         return
     head, rest = parts[0], parts[1:]
-    folder = resolve(root, "/".join(done), clamp=clamp)
     if not _GLOB_CHARS & set(head):
-        if os.path.lexists(folder / head):
-            _glob(root, rest, [*done, head], ignore, clamp, found)
+        if _exists(root_fd, "/".join([*done, head]), beneath, follow_last=False):
+            _glob(root_fd, root, rest, [*done, head], ignore, beneath, found)
+        return
+    try:
+        folder = inroot.open_in(root_fd, "/".join(done), os.O_RDONLY | os.O_DIRECTORY, beneath=beneath)
+    except OSError as exc:
+        if exc.errno == errno.EXDEV:
+            raise Escape("/".join(done)) from None
         return
     try:
         names = sorted(os.listdir(folder))
-    except OSError:
-        return
+    finally:
+        os.close(folder)
     for name in names:
         if fnmatch.fnmatchcase(name, head):
-            _glob(root, rest, [*done, name], ignore, clamp, found)
+            _glob(root_fd, root, rest, [*done, name], ignore, beneath, found)
 
 
 def entries(source: Source, ignore: Ignore | None) -> list[Entry]:
     """What ``source`` copies: a file (or link) itself, or a folder's contents (not the folder),
     parents before children, sorted; excluded paths left out, folders kept for what they hold."""
-    st = os.stat(source.path)  # the source itself is followed: its links were resolved inside the root
-    if not stat.S_ISDIR(st.st_mode):
-        if not stat.S_ISREG(st.st_mode):
-            return []
-        return [Entry("", "file", stat.S_IMODE(st.st_mode), source.path, mtime_ns=st.st_mtime_ns)]
-    found = [Entry("", "dir", stat.S_IMODE(st.st_mode), source.path, mtime_ns=st.st_mtime_ns)]
-    _walk(source.path, source.relpath, "", ignore, found)
+    try:  # the source itself is followed: its links resolve inside its root
+        fd = source.open(source.relpath, os.O_PATH)
+    except OSError as exc:
+        if exc.errno == errno.EXDEV:
+            raise Escape(source.relpath) from None
+        raise
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISDIR(st.st_mode):
+            if not stat.S_ISREG(st.st_mode):
+                return []
+            return [Entry("", "file", stat.S_IMODE(st.st_mode), source.relpath, mtime_ns=st.st_mtime_ns,
+                          size=st.st_size)]  # fmt: skip
+        found = [Entry("", "dir", stat.S_IMODE(st.st_mode), source.relpath, mtime_ns=st.st_mtime_ns)]
+        folder = os.open(".", inroot.DIR_FLAGS, dir_fd=fd)
+    finally:
+        os.close(fd)
+    try:
+        _walk(folder, source.relpath, "", ignore, found)
+    finally:
+        os.close(folder)
     return found
 
 
-def _walk(folder: Path, relpath: str, dest: str, ignore, found: list[Entry]) -> bool:
-    """Add ``folder``'s entries; True if any was kept (an excluded folder stays for a kept child)."""
+def _walk(folder: int, relpath: str, dest: str, ignore, found: list[Entry]) -> bool:
+    """Add the entries of the folder open as ``folder``; True if any was kept (an excluded folder
+    stays for a kept child). Each child is opened from its parent's handle, never by path."""
     kept = False
     for name in sorted(os.listdir(folder)):
-        path = folder / name
         rel = f"{relpath}/{name}" if relpath else name
         out = f"{dest}/{name}" if dest else name
-        st = os.lstat(path)
+        st = os.stat(name, dir_fd=folder, follow_symlinks=False)
         excluded = bool(ignore) and ignore.excluded(rel)
         if stat.S_ISDIR(st.st_mode):
             mark = len(found)
-            found.append(Entry(out, "dir", stat.S_IMODE(st.st_mode), path, mtime_ns=st.st_mtime_ns))
-            child_kept = _walk(path, rel, out, ignore, found)
+            found.append(Entry(out, "dir", stat.S_IMODE(st.st_mode), rel, mtime_ns=st.st_mtime_ns))
+            child = os.open(name, inroot.DIR_FLAGS, dir_fd=folder)
+            try:
+                child_kept = _walk(child, rel, out, ignore, found)
+            finally:
+                os.close(child)
             if excluded and not child_kept:
-                del found[mark]
+                del found[mark:]
             else:
                 kept = True
         elif excluded:
             continue
         elif stat.S_ISREG(st.st_mode):
-            found.append(Entry(out, "file", stat.S_IMODE(st.st_mode), path, mtime_ns=st.st_mtime_ns))
+            found.append(Entry(out, "file", stat.S_IMODE(st.st_mode), rel, mtime_ns=st.st_mtime_ns, size=st.st_size))
             kept = True
         elif stat.S_ISLNK(st.st_mode):
-            found.append(Entry(out, "link", 0o777, path, target=os.readlink(path)))
+            found.append(Entry(out, "link", 0o777, rel, target=os.readlink(name, dir_fd=folder)))
             kept = True
         # fifos, sockets, devices: nothing a build copies
     return kept
 
 
-def content_hash(groups: list[tuple[str, list[Entry]]]) -> str:
+def read_file(source: Source, entry: Entry):
+    """The file ``entry`` of ``source``, open to read (its links resolved in the source's root);
+    OSError when it is no longer a regular file."""
+    fd = source.open(entry.path, os.O_RDONLY | os.O_NONBLOCK)
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise OSError(errno.EINVAL, f"{entry.path} is no longer a file")
+    return os.fdopen(fd, "rb")
+
+
+def content_hash(groups: list[tuple[str, Source, list[Entry]]]) -> str:
     """The sha256 of exactly what a COPY copies: per source, each entry's name, kind, mode, and
     bytes or link target. Owners and times are not in it (Docker's cache ignores them too)."""
     digest = hashlib.sha256()
-    for name, group in groups:
+    for name, source, group in groups:
         digest.update(f"source\0{name}\0".encode())
         for entry in group:
             digest.update(f"{entry.dest}\0{entry.kind}\0{entry.mode:o}\0{entry.target}\0".encode())
             if entry.kind == "file":
-                with open(entry.host, "rb") as handle:
+                with read_file(source, entry) as handle:
                     for chunk in iter(lambda: handle.read(1 << 20), b""):
                         digest.update(chunk)
                 digest.update(b"\0end\0")

@@ -27,6 +27,7 @@ from pathlib import Path
 
 from evaluations.cache import mounts
 from evaluations.environments import inside
+from evaluations.images import inroot
 from evaluations.images.errors import ImageError
 from evaluations.runtime.idmap import ID_COUNT, IdMap, image_userns_fd
 from evaluations.runtime.types import ImageRoot
@@ -134,7 +135,7 @@ def resolve_user(root: Path, user: str) -> tuple[int, int]:
     """The image's ``User`` (``name``, ``uid``, ``name:group``, ``uid:gid``) as ids, from its own
     /etc/passwd and /etc/group as Docker reads them; ImageError naming what is missing."""
     name, _, group = user.partition(":")
-    passwd = _table(root, "/etc/passwd")
+    passwd = table(root, "/etc/passwd")
     if name.isdigit():
         uid = int(name)
         gid = next((int(row[3]) for row in passwd if row[2] == name and row[3].isdigit()), 0)
@@ -147,7 +148,7 @@ def resolve_user(root: Path, user: str) -> tuple[int, int]:
         if group.isdigit():
             gid = int(group)
         else:
-            found = next((row for row in _table(root, "/etc/group") if row[0] == group and row[2].isdigit()), None)
+            found = next((row for row in table(root, "/etc/group") if row[0] == group and row[2].isdigit()), None)
             if found is None:
                 raise ImageError(f"the image's group {group!r} is not in its /etc/group")
             gid = int(found[2])
@@ -156,13 +157,16 @@ def resolve_user(root: Path, user: str) -> tuple[int, int]:
     return uid, gid
 
 
-def _table(root: Path, path: str) -> list[list[str]]:
-    inner = inside(root, path)
-    if inner is None:
-        return []
+def table(root: Path, path: str) -> list[list[str]]:
+    """The rows of the image's ``path`` (/etc/passwd, /etc/group), read through the resolver: its
+    links are followed inside ``root`` (inroot.py), never on the host. [] when it is missing."""
     try:
-        with open(root / inner.lstrip("/"), encoding="utf-8", errors="replace") as handle:
-            text = handle.read(4 * 1024 * 1024)
+        root_fd = inroot.open_root(root)
     except OSError:
         return []
+    try:
+        data = inroot.read_in(root_fd, path, 4 * 1024 * 1024)
+    finally:
+        os.close(root_fd)
+    text = (data or b"").decode("utf-8", errors="replace")
     return [line.split(":") for line in text.splitlines() if line.count(":") >= 3]

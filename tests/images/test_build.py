@@ -313,7 +313,8 @@ def test_a_build_past_build_timeout_secs_is_stopped_in_its_run(
 
 def test_links_in_the_image_and_in_a_tar_never_lead_the_builder_onto_the_host(builder, store):
     """The builder writes as host root through the step's mount: an image's absolute link is
-    resolved inside the image, and a tar member through a link leaving its folder is refused."""
+    resolved inside the image, a tar member with '..' is refused, and one through the tar's own
+    link to /etc lands in the image's /etc (resolved in the image, as Docker's chroot does)."""
     marker = f"te-build-{os.getpid()}"
     dockerfile = f"FROM {BASE_REF}\nRUN ln -s /etc /x && ln -s ../../../../tmp /etc/up\nCOPY {marker} /x/up/\n"
     result, _ = builder({"Dockerfile": dockerfile, marker: "inside\n"})
@@ -333,12 +334,16 @@ def test_links_in_the_image_and_in_a_tar_never_lead_the_builder_onto_the_host(bu
                     tar.addfile(info, io.BytesIO(b"x\n"))
         return out.getvalue()
 
-    for members, sentence in (
-        ([("../../escape", "file", "")], "has a member outside its folder: ../../escape."),
-        ([("lnk", "link", "/etc"), (f"lnk/{marker}", "file", "")], f"has a member outside its folder: lnk/{marker}."),
-    ):
-        files = {"Dockerfile": f"FROM {BASE_REF}\nADD evil.tar /unpacked/\n", "evil.tar": tar_bytes(*members)}
-        with pytest.raises(ImageError) as caught:
-            builder(files)
-        assert str(caught.value) == f"Dockerfile line 2 (ADD): the archive evil.tar {sentence}"
+    files = {"Dockerfile": f"FROM {BASE_REF}\nADD evil.tar /unpacked/\n",
+             "evil.tar": tar_bytes(("../../escape", "file", ""))}  # fmt: skip
+    with pytest.raises(ImageError) as caught:
+        builder(files)
+    assert (
+        str(caught.value)
+        == "Dockerfile line 2 (ADD): the archive evil.tar has a member outside its folder: ../../escape."
+    )
+    files["evil.tar"] = tar_bytes(("lnk", "link", "/etc"), (f"lnk/{marker}", "file", ""))
+    result, _ = builder(files)
+    assert read(store, result.record, f"/etc/{marker}") == "x\n"
+    assert os.readlink(image_path(store, result.record, "/unpacked/lnk")) == "/etc"
     assert not os.path.lexists(f"/etc/{marker}")
