@@ -179,14 +179,13 @@ def _layers(ctx: Context) -> list[Path]:
 def agent_patch(ctx: Context) -> str:
     """For a task without a repository: what the agent changed under WorkingDir, against the image."""
     layers = _layers(ctx)
-    exclude = _executor_paths(ctx)
     with rootfs.image_base(layers, ctx.session.root) as base:
         return diff.image_patch(
             rootfs.upper_of(ctx.session.root),
             base,
             ctx.workdir,
             max_bytes=ctx.config.max_output_bytes * 8,
-            exclude=exclude,
+            exclude=executor_made(ctx),
         )
 
 
@@ -219,18 +218,6 @@ def executor_made(ctx: Context) -> tuple[str, ...]:
     made = ["tmp", "proc", "dev", "sys", "run/term-executor", DISTRIBUTION_CA_BUNDLE, BUNDLE_TARGET, SANDBOX_SOCKET]
     made.append(str(ctx.config.workspace_base))
     return tuple(path.strip("/") for path in made)
-
-
-def _executor_paths(ctx: Context) -> tuple[str, ...]:
-    """``executor_made``, relative to WorkingDir."""
-    workdir = ctx.workdir.strip("/")
-    found = []
-    for path in executor_made(ctx):
-        if not workdir:
-            found.append(path)
-        elif path.startswith(workdir + "/"):
-            found.append(path[len(workdir) + 1 :])
-    return tuple(found)
 
 
 def _trust_host_ca(ctx: Context, root) -> None:
