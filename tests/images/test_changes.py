@@ -339,3 +339,30 @@ def test_the_pipelines_calls_read_the_image_from_the_store_and_the_path_from_its
     assert ctx.image.rootfs == root.rootfs
     assert (root.rootfs / "srv/app/f").read_text() == "mine\n"
     assert not os.path.lexists(root.rootfs / "opt/runner")
+
+
+def test_a_tree_deeper_than_path_max_is_compared_from_handles(tmp_path):
+    """1500 folders in the image and the same in the layer (copied up for the file at the bottom):
+    6 KB of path, over PATH_MAX. Only the file is a change; each folder is compared with the
+    image's, which no path string could reach."""
+    from evaluations.runtime.idmap import IdMap
+    from evaluations.safefs import remove_tree_nofollow
+
+    base, upper = tmp_path / "base", tmp_path / "upper"
+    try:
+        for top in (base, upper):
+            top.mkdir()
+            fd = os.open(top, os.O_RDONLY | os.O_DIRECTORY)
+            for _ in range(1500):
+                os.mkdir("ddd", 0o755, dir_fd=fd)
+                child = os.open("ddd", os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd)
+                os.close(fd)
+                fd = child
+            if top == upper:
+                os.close(os.open("new.txt", os.O_WRONLY | os.O_CREAT, 0o644, dir_fd=fd))
+            os.close(fd)
+        found = system_changes(upper, base, IdMap(lease=0, base=0), workdir="/app", exclude=(), path_dirs=())
+        assert found["count"] == 1 and found["paths"] == ["/" + "ddd/" * 1500 + "new.txt"]
+    finally:
+        remove_tree_nofollow(base)
+        remove_tree_nofollow(upper)
