@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import shutil
+import stat
 import tempfile
 from pathlib import Path
 
@@ -168,3 +169,30 @@ def test_an_artifact_that_is_a_link_is_never_read_through(tmp_path, settings):
     }
     stored = Path(config.data_dir, "artifacts", "00000000-0000-0000-0000-000000000034")
     assert sorted(str(p.relative_to(stored)) for p in stored.rglob("*")) == ["sub", "sub/real.txt"]
+
+
+def test_the_verifiers_mount_points_replace_what_the_agent_put_on_the_way(tmp_path, host_secret):
+    """/logs a link to a host folder, /tests a file, /logs/verifier a link: each becomes a real
+    folder of the image's root; the host's folder is neither written nor changed."""
+    from types import SimpleNamespace
+
+    from evaluations.pipeline.verifier import _mount_point
+    from evaluations.runtime.types import ImageRoot
+
+    secret, _ = host_secret
+    host = secret.parent
+    before = sorted(os.listdir(host)), host.stat().st_mode
+    root = tmp_path / "rootfs"
+    root.mkdir()
+    os.symlink(host, root / "logs")
+    (root / "tests").write_text("a file where /tests goes\n")
+    idmap = IdMap(lease=200_000, base=300_000)
+    ctx = SimpleNamespace(image=ImageRoot(rootfs=root, idmap=idmap))
+    _mount_point(ctx, "/logs/verifier")
+    _mount_point(ctx, "/tests")
+    (root / "logs/agent").symlink_to(host)
+    _mount_point(ctx, "/logs/agent")
+    for folder in ("logs", "logs/verifier", "tests", "logs/agent"):
+        st = os.lstat(root / folder)
+        assert stat.S_ISDIR(st.st_mode) and (st.st_uid, st.st_gid) == (idmap.host_uid(0), idmap.host_gid(0)), folder
+    assert (sorted(os.listdir(host)), host.stat().st_mode) == before
