@@ -196,3 +196,53 @@ def test_the_verifiers_mount_points_replace_what_the_agent_put_on_the_way(tmp_pa
         st = os.lstat(root / folder)
         assert stat.S_ISDIR(st.st_mode) and (st.st_uid, st.st_gid) == (idmap.host_uid(0), idmap.host_gid(0)), folder
     assert (sorted(os.listdir(host)), host.stat().st_mode) == before
+
+
+def test_a_workdir_is_made_inside_the_images_root_through_its_links(tmp_path, host_secret):
+    """WorkingDir /w/<new> with the image's /w -> /: made as the image's /<new> (as a runtime
+    resolves it), owned by the image's root; nothing made on the host."""
+    from evaluations.pipeline.imageenv import _make_workdir
+    from evaluations.runtime.types import ImageRoot
+
+    secret, folder = host_secret
+    root = tmp_path / "rootfs"
+    root.mkdir()
+    os.symlink("/", root / "w")
+    idmap = IdMap(lease=200_000, base=300_000)
+    _make_workdir(ImageRoot(rootfs=root, idmap=idmap), f"/w/{folder}/made")
+    made = root / folder / "made"
+    st = os.lstat(made)
+    assert stat.S_ISDIR(st.st_mode) and (st.st_uid, st.st_mode & 0o777) == (idmap.host_uid(0), 0o755)
+    assert not (secret.parent / "made").exists()
+
+
+def test_the_hosts_ca_bundle_is_written_only_to_the_images_own_file(tmp_path, host_secret):
+    """The image's /etc/ssl/certs a link to a host folder holding ca-certificates.crt, then the file
+    itself a link: the host's file is never written; the image's own regular file is."""
+    from types import SimpleNamespace
+
+    from evaluations.pipeline.imageenv import _trust_host_ca
+    from evaluations.runtime.types import ImageRoot
+
+    secret, _ = host_secret
+    host = secret.parent
+    (host / "ca-certificates.crt").write_text("the host's file\n")
+    bundle = tmp_path / "host-ca.pem"
+    bundle.write_text("-----BEGIN CERTIFICATE-----\n")
+    root = tmp_path / "rootfs"
+    (root / "etc/ssl").mkdir(parents=True)
+    os.symlink(host, root / "etc/ssl/certs")
+    idmap = IdMap(lease=200_000, base=300_000)
+    ctx = SimpleNamespace(trusted_ca=SimpleNamespace(host=str(bundle)))
+    image = ImageRoot(rootfs=root, idmap=idmap)
+    _trust_host_ca(ctx, image)
+    os.unlink(root / "etc/ssl/certs")
+    (root / "etc/ssl/certs").mkdir()
+    os.symlink(host / "ca-certificates.crt", root / "etc/ssl/certs/ca-certificates.crt")
+    _trust_host_ca(ctx, image)
+    assert (host / "ca-certificates.crt").read_text() == "the host's file\n"
+    os.unlink(root / "etc/ssl/certs/ca-certificates.crt")
+    (root / "etc/ssl/certs/ca-certificates.crt").write_text("the image's\n")
+    _trust_host_ca(ctx, image)
+    written = root / "etc/ssl/certs/ca-certificates.crt"
+    assert written.read_text() == "-----BEGIN CERTIFICATE-----\n" and written.stat().st_uid == idmap.host_uid(0)
