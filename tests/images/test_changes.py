@@ -366,3 +366,26 @@ def test_a_tree_deeper_than_path_max_is_compared_from_handles(tmp_path):
     finally:
         remove_tree_nofollow(base)
         remove_tree_nofollow(upper)
+
+
+def test_isolation_moves_a_tree_deeper_than_path_max(image_session, layers):
+    """The agent's 1500 new folders below its working directory (6 KB of path): isolated from
+    handles, the file at the bottom is the verifier's; no path string could reach it."""
+    deep = (  # relative chdir: a shell's cd stops at PATH_MAX
+        'python3 -c \'import os\nos.chdir("/work/proj")\nfor _ in range(1500): os.mkdir("ddd"); os.chdir("ddd")\n'
+        'open("bottom", "w").write("deep\\n")\''
+    )
+    _, root, session = agent(image_session, layers, deep)
+    try:
+        isolated = isolate_workdir(session, layers, root.idmap, WORKDIR)
+        fd = os.open(isolated.rootfs / "work/proj", os.O_RDONLY | os.O_DIRECTORY)
+        for _ in range(1500):
+            child = os.open("ddd", os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd)
+            os.close(fd)
+            fd = child
+        bottom = os.open("bottom", os.O_RDONLY, dir_fd=fd)
+        os.close(fd)
+        assert os.read(bottom, 100) == b"deep\n"
+        os.close(bottom)
+    finally:
+        rootfs.unmount_root(session, remove=True)  # (from handles: the fixture's rmtree recurses)
