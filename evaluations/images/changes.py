@@ -25,6 +25,12 @@ also names what the agent put in a folder of the verifier's PATH inside its work
 (SPEC §21: ``ENV PATH=/app/bin:$PATH`` with ``WORKDIR /app``), which ``paths`` leaves out as the
 agent's own. The walk never follows a link, holds one folder open at a time (safefs.walk_nofollow)
 and keeps at most 2 x ``limit`` paths in memory whatever the layer's size.
+
+The image (``base``) is read from handles too (SPEC §21): ``workdir`` and the PATH folders are
+resolved inside it (diff.inner_path), and beside each folder of the layer the walk holds the
+image's folder of the same name, opened from its parent's with ``O_NOFOLLOW`` (a link of the image
+there is not a folder: what the layer has below it is new), found again through ``..`` on the way
+back. No path through the image is ever a string joined onto ``base``.
 """
 
 from __future__ import annotations
@@ -35,10 +41,9 @@ import stat
 from collections.abc import Callable
 from pathlib import Path
 
-from evaluations.images.diff import excluded, is_opaque, is_whiteout
-from evaluations.images.rootfs import image_path
+from evaluations.images.diff import excluded, inner_path, is_opaque, is_whiteout
 from evaluations.runtime.idmap import IdMap
-from evaluations.safefs import open_root_dir, open_subdir, walk_nofollow
+from evaluations.safefs import SafeFSError, open_root_dir, open_subdir, walk_nofollow
 
 AGENT_LOGS = "logs/agent"  # the agent's artifacts (SPEC §17): its own, never a system change
 LIMIT = 200
@@ -79,14 +84,25 @@ def system_changes(
     (rootfs.image_base), its owners under ``idmap``. ``exclude``: root-relative paths; ``path_dirs``:
     the verifier's PATH entries (absolute, resolved in the image). ``workdir`` ``/``: everything
     is the working directory, nothing is a system change (what is on PATH is still suspicious)."""
-    inner = image_path(base, workdir)
-    skip = tuple(item.strip("/") for item in (inner, AGENT_LOGS, *exclude) if item.strip("/"))
-    on_path = tuple(sorted({image_path(base, item) for item in path_dirs if item.startswith("/")} - {""}))
-    walk = _Walk(base, idmap, skip, on_path, limit)
-    if inner:
-        walk.run(upper)
+    base_fd = open_root_dir(base)
+    try:
+        inner = inner_path(base_fd, workdir)
+        skip = tuple(item.strip("/") for item in (inner, AGENT_LOGS, *exclude) if item.strip("/"))
+        on_path = tuple(sorted({_in_image(base_fd, item) for item in path_dirs if item.startswith("/")} - {""}))
+        walk = _Walk(base_fd, idmap, skip, on_path, limit)
+        if inner:
+            walk.run(upper)
+    finally:
+        os.close(base_fd)
     _on_path_in_workdir(upper, inner, on_path, lambda relpath: walk.suspicious.add((0, "/" + relpath)))
     return walk.result()
+
+
+def _in_image(base_fd: int, path: str) -> str:
+    try:
+        return inner_path(base_fd, path)
+    except OSError:  # a PATH entry through a file, or links that loop: names nothing of the image
+        return ""
 
 
 def _on_path_in_workdir(upper: Path, inner: str, on_path: tuple[str, ...], found: Callable[[str], None]) -> None:
@@ -166,24 +182,38 @@ class _Smallest:
         return sorted(self.items)[: self.limit]
 
 
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+class _Frame:
+    """A folder of the layer being walked: its relpath, and the image's folder of that path (a
+    handle; None when the image has none to compare with: below a new or opaque folder)."""
+
+    def __init__(self, relpath: str, image: int | None, ident: tuple[int, int] | None = None):
+        self.relpath, self.image = relpath, image
+        self.parent_ident = ident  # the image folder above, closed while below: found again by ".."
+
+
 class _Walk:
-    def __init__(self, base: Path, idmap: IdMap, skip: tuple[str, ...], on_path: tuple[str, ...], limit: int):
-        self.base, self.idmap, self.skip, self.on_path = base, idmap, skip, on_path
+    def __init__(self, base_fd: int, idmap: IdMap, skip: tuple[str, ...], on_path: tuple[str, ...], limit: int):
+        self.base_fd, self.idmap, self.skip, self.on_path = base_fd, idmap, skip, on_path
         self.count = 0
         self.paths, self.suspicious = _Smallest(limit), _Smallest(limit)
-        # One frame per folder entered: its relpath and whether the image has a folder there to
-        # compare with (False below a new or opaque folder: everything there is new).
-        self.frames: list[tuple[str, bool]] = []
+        self.frames: list[_Frame] = []
 
     def run(self, upper: Path) -> None:
         top = open_root_dir(upper)
+        self.frames.append(_Frame("", os.dup(self.base_fd)))
         try:
-            self.frames.append(("", True))
             walk_nofollow(
                 top, on_entry=self._entry, on_dir=self._dir, on_enter=self._enter, on_leave=self._leave, tolerant=True
             )
         finally:
             os.close(top)
+            for frame in self.frames:
+                if frame.image is not None:
+                    os.close(frame.image)
+            self.frames.clear()
 
     def result(self) -> dict:
         suspicious = sorted(path for _, path in self.suspicious.result())
@@ -196,16 +226,16 @@ class _Walk:
         if tier is not None:
             self.suspicious.add((tier, "/" + relpath))
 
-    def _child(self, name: str) -> tuple[str, bool]:
-        parent, compared = self.frames[-1]
-        return (f"{parent}/{name}" if parent else name), compared
+    def _child(self, name: str) -> tuple[str, int | None]:
+        parent = self.frames[-1]
+        return (f"{parent.relpath}/{name}" if parent.relpath else name), parent.image
 
     def _entry(self, dir_fd: int, entry: os.DirEntry) -> None:
-        relpath, compared = self._child(entry.name)
+        relpath, image = self._child(entry.name)
         if excluded(relpath, self.skip):
             return
         st = entry.stat(follow_symlinks=False)
-        if is_whiteout(st) and not (compared and os.path.lexists(self.base / relpath)):
+        if is_whiteout(st) and _image_entry(image, entry.name) is None:
             return  # hides nothing of the image
         self._report(relpath)
 
@@ -214,17 +244,24 @@ class _Walk:
         return not excluded(relpath, self.skip)  # an excluded folder is not entered
 
     def _enter(self, fd: int, name: str) -> None:
-        relpath, compared = self._child(name)
+        relpath, parent_image = self._child(name)
         opaque = is_opaque(fd)
-        image = None
-        if compared:
+        image = _image_entry(parent_image, name)
+        if image is not None and not stat.S_ISDIR(image.st_mode):
+            image = None  # a file or a link of the image: the layer's folder is new there
+        child = None
+        if image is not None and not opaque:
             try:
-                image = os.lstat(self.base / relpath)
+                child = os.open(name, _DIR_FLAGS, dir_fd=parent_image)
             except OSError:
                 image = None
-            if image is not None and not stat.S_ISDIR(image.st_mode):
-                image = None
-        self.frames.append((relpath, image is not None and not opaque))
+        frame = _Frame(relpath, child)
+        if child is not None:  # the parent's handle is closed while below, found again by ".."
+            parent = self.frames[-1]
+            frame.parent_ident = _ident(parent.image)
+            os.close(parent.image)
+            parent.image = None
+        self.frames.append(frame)
         if image is None:  # new (overlayfs marks a new folder opaque too), or in place of a file
             if not any(item.startswith(relpath + "/") for item in self.skip):
                 self._report(relpath)  # (a folder on the way to the working directory or the executor's: made for it)
@@ -232,8 +269,33 @@ class _Walk:
             self._report(relpath)  # the image's folder replaced whole, or its mode or owner changed
 
     def _leave(self, parent_fd: int, name: str) -> None:
-        self.frames.pop()
+        frame = self.frames.pop()
+        if frame.image is None:
+            return
+        try:
+            parent = os.open("..", _DIR_FLAGS, dir_fd=frame.image)
+        finally:
+            os.close(frame.image)
+        if _ident(parent) != frame.parent_ident:
+            os.close(parent)
+            raise SafeFSError(f"the image's folder above /{frame.relpath} changed while it was compared")
+        self.frames[-1].image = parent
 
     def _metadata_changed(self, st: os.stat_result, image: os.stat_result) -> bool:
         owner = (self.idmap.host_uid(image.st_uid), self.idmap.host_gid(image.st_gid))
         return stat.S_IMODE(st.st_mode) != stat.S_IMODE(image.st_mode) or (st.st_uid, st.st_gid) != owner
+
+
+def _image_entry(image: int | None, name: str) -> os.stat_result | None:
+    """The image's entry ``name`` in its folder ``image``, not followed; None: none to compare with."""
+    if image is None:
+        return None
+    try:
+        return os.stat(name, dir_fd=image, follow_symlinks=False)
+    except OSError:
+        return None
+
+
+def _ident(fd: int) -> tuple[int, int]:
+    st = os.fstat(fd)
+    return st.st_dev, st.st_ino

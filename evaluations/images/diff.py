@@ -1,120 +1,167 @@
 """``agent_patch`` for a task without a repository: the agent's changes under the image's
-WorkingDir, against the image (SPEC §16).
+WorkingDir, against the image (SPEC §16, §21).
 
 The evaluation's writable layer *is* the change set: overlayfs put there every file the commands
 created or modified (copied up whole), a character device 0/0 for each removal (a whiteout) and
 ``trusted.overlay.opaque`` on a folder that replaced one of the image's. So nothing is rescanned
 but what the evaluation touched: each entry of the upper folder under WorkingDir is compared with
-the same path in ``base``, the image's own root (its layers as a read-only overlay).
+the same entry of ``base``, the image's own root (its layers as a read-only overlay); below a
+folder that replaced the image's (opaque, or new) the upper folder is the whole view and is
+compared entry by entry with what the image had there.
 
 The patch is git's format, paths relative to WorkingDir: a text file's unified diff, ``Binary
 files a/X and b/X differ`` for the rest (a NUL byte, not UTF-8, or over ``MAX_FILE_BYTES``), a
 link's target as its content, other kinds (a FIFO the agent left) named. Capped at ``max_bytes``.
 
-Everything under the upper folder is the agent's: it is read without following a link and only
-when it is a regular file (a FIFO would block the reader), never more than ``MAX_FILE_BYTES``.
+Invariants (DESIGN "Paths inside an image"):
+
+1. WorkingDir is resolved inside the image's root (``inner_path``: the image's links followed
+   as if its root were ``/``, from handles), never on the host.
+2. Both trees are walked from folder handles, one name at a time (``*at`` calls, ``O_NOFOLLOW``):
+   a link in either tree is content (its target string), never a way in. Nothing is opened by a
+   path string built from image or agent content.
+3. A file is read only when it is a regular file (a FIFO would block the reader), never more than
+   ``MAX_FILE_BYTES`` + 1 bytes of it.
+4. At most two folder handles are open whatever the depth: a folder's parent is found again
+   through ``..`` and checked to be the one left (device and inode), as safefs.walk_nofollow does.
 """
 
 from __future__ import annotations
 
 import difflib
+import errno
 import os
 import stat
+from dataclasses import dataclass, field
 from pathlib import Path
+
+from evaluations.images import inroot
 
 MAX_FILE_BYTES = 1024 * 1024  # a bigger file is shown as binary: a patch is for reading
 OPAQUE = "trusted.overlay.opaque"  # "y" on a folder that replaced the lower one
 REDIRECT = "trusted.overlay.redirect"  # on a renamed folder: where its lower folder is
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+_READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
+_CLIMB = -1  # a folder handle closed while below it: opened again through ".." on the way back
+
+
+class TreeChanged(OSError):
+    """A folder was not where the walk left it: the trees changed while they were compared."""
 
 
 def image_patch(upper: Path, base: Path, workdir: str, *, max_bytes: int, exclude: tuple[str, ...] = ()) -> str:
-    """The changes under ``workdir`` (inside path) between ``base`` and ``base`` + ``upper``."""
-    relative = workdir.strip("/")
-    top = upper / relative if relative else upper
-    if not _is_dir(top):
-        return ""
+    """The changes under ``workdir`` (inside path) between ``base`` and ``base`` + ``upper``.
+
+    ``exclude``: paths relative to the image's root (imageenv.executor_made), left out with what
+    is below them."""
+    upper_fd = os.open(upper, _DIR_FLAGS)
+    try:
+        base_fd = os.open(base, _DIR_FLAGS)
+        try:
+            inner = inner_path(base_fd, workdir)
+            top = _reach(upper_fd, base_fd, inner.split("/") if inner else [])
+        finally:
+            os.close(base_fd)
+    finally:
+        os.close(upper_fd)
+    skip = tuple(item[len(inner) + 1 :] if inner else item for item in _strip(exclude) if _below(item, inner))
     writer = _Writer(max_bytes)
-    for path in _changed(top, base / relative if relative else base, "", exclude):
+    if top is None:
+        return ""
+    for change in _Walk(top, skip).changes():
+        writer.add(change)
         if writer.full:
             break
-        writer.add(path)
     return writer.text()
 
 
-class _Change:
-    def __init__(self, name: str, old: Path | None, new: Path | None):
-        self.name, self.old, self.new = name, old, new
+# -- BEGIN: belongs in images/inroot.py (the one resolver), which has no call that returns the
+# resolved path itself; written here on its API's terms until it does (issue 34, helper ``diff``).
 
 
-def _changed(upper: Path, base: Path, prefix: str, exclude: tuple[str, ...]):
-    """(name, base path or None, upper path or None) for each file changed below ``upper``, sorted."""
+def inner_path(root_fd: int, path: str) -> str:
+    """``path`` (inside the tree ``root_fd``) as the tree's own path, relative to its root, no ``/``
+    at either end: every link on it resolved as if the root were ``/`` (inroot's property), from
+    handles (``O_PATH | O_NOFOLLOW`` per component, ``readlinkat``, ``..`` stopping at the root).
+    What the tree lacks (a WorkingDir the executor makes) is kept as written from there on,
+    ``..`` in it applied by name; ``ELOOP`` past ``inroot.MAX_LINKS`` links, ``ENOTDIR`` for a
+    file on the way."""
+    pending = [part for part in reversed(path.split("/")) if part not in ("", ".")]
+    resolved: list[str] = []
+    cur: int | None = os.dup(root_fd)
+    have = 0  # how many of ``resolved`` the tree has (``cur`` is the last of them, None past it)
+    links = 0
     try:
-        entries = sorted(os.scandir(upper), key=lambda e: e.name)
-    except OSError:
-        return
-    opaque = is_opaque(upper)
-    seen = set()
-    for entry in entries:
-        name = f"{prefix}{entry.name}"
-        seen.add(entry.name)
-        if excluded(name, exclude):
-            continue
-        st = entry.stat(follow_symlinks=False)
-        old = base / entry.name
-        old_exists = not opaque and os.path.lexists(old)
-        if is_whiteout(st):  # removed
-            if old_exists:
-                yield from _all(old, name, removed=True, exclude=exclude)
-            continue
-        if stat.S_ISDIR(st.st_mode):
-            if old_exists and not _is_dir(old):
-                yield _Change(name, old, None)  # a file became a folder
-                old_exists = False
-            if old_exists:
-                yield from _changed(Path(entry.path), old, name + "/", exclude)
-            else:
-                yield from _all(Path(entry.path), name, removed=False, exclude=exclude)
-            continue
-        if old_exists and _is_dir(old):
-            yield from _all(old, name, removed=True, exclude=exclude)  # a folder became a file
-            old_exists = False
-        if old_exists and _same(old, Path(entry.path)):
-            continue  # copied up for its metadata only (chmod, touch)
-        yield _Change(name, old if old_exists else None, Path(entry.path))
-    if opaque and _is_dir(base):  # the folder replaced the image's: what it held is gone
-        for entry in sorted(os.scandir(base), key=lambda e: e.name):
-            if entry.name not in seen and not excluded(f"{prefix}{entry.name}", exclude):
-                yield from _all(Path(entry.path), f"{prefix}{entry.name}", removed=True, exclude=exclude)
+        while pending:
+            part = pending.pop()
+            if part == "..":
+                if resolved:
+                    resolved.pop()
+                if len(resolved) < have:  # back up in what the tree has
+                    parent = os.open("..", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=cur)
+                    os.close(cur)
+                    cur, have = parent, have - 1
+                elif cur is None and len(resolved) == have:  # back from as-written into the tree
+                    cur = _reopen(root_fd, resolved)
+                continue
+            if cur is None:  # below what the tree has: as written
+                resolved.append(part)
+                continue
+            try:
+                nxt = os.open(part, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=cur)
+            except FileNotFoundError:
+                os.close(cur)
+                cur = None
+                resolved.append(part)
+                continue
+            kind = stat.S_IFMT(os.fstat(nxt).st_mode)
+            if kind == stat.S_IFLNK:
+                target = os.readlink("", dir_fd=nxt)
+                os.close(nxt)
+                links += 1
+                if links > inroot.MAX_LINKS:
+                    raise OSError(errno.ELOOP, os.strerror(errno.ELOOP), path)
+                if target.startswith("/"):
+                    os.close(cur)
+                    cur, resolved, have = os.dup(root_fd), [], 0
+                pending.extend(p for p in reversed(target.split("/")) if p not in ("", "."))
+                continue
+            if kind != stat.S_IFDIR:
+                os.close(nxt)
+                raise OSError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), path)
+            os.close(cur)
+            cur, have = nxt, have + 1
+            resolved.append(part)
+        return "/".join(resolved)
+    finally:
+        if cur is not None:
+            os.close(cur)
 
 
-def _all(path: Path, name: str, *, removed: bool, exclude: tuple[str, ...]):
-    """Every file at or below ``path``: all removed, or all new."""
-    if excluded(name, exclude):
-        return
-    if _is_dir(path):
-        try:
-            entries = sorted(os.scandir(path), key=lambda e: e.name)
-        except OSError:
-            return
-        for entry in entries:
-            st = entry.stat(follow_symlinks=False)
-            if is_whiteout(st):
-                continue  # a whiteout inside a new folder hides nothing the patch shows
-            yield from _all(Path(entry.path), f"{name}/{entry.name}", removed=removed, exclude=exclude)
-        return
-    yield _Change(name, path, None) if removed else _Change(name, None, path)
+def _reopen(root_fd: int, names: list[str]) -> int:
+    """The folder ``names`` below ``root_fd``, each a folder already resolved (no link on the way)."""
+    cur = os.dup(root_fd)
+    for name in names:
+        nxt = os.open(name, os.O_PATH | os.O_NOFOLLOW | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=cur)
+        os.close(cur)
+        cur = nxt
+    return cur
+
+
+# -- END: belongs in images/inroot.py
+
+
+def _strip(items: tuple[str, ...]) -> list[str]:
+    return [item.strip("/") for item in items if item.strip("/")]
+
+
+def _below(item: str, inner: str) -> bool:
+    return not inner or item.startswith(inner + "/")
 
 
 def excluded(name: str, exclude: tuple[str, ...]) -> bool:
     """Whether ``name`` (relative, no leading /) is one of ``exclude`` or below one."""
     return any(name == item or name.startswith(item + "/") for item in exclude)
-
-
-def _is_dir(path: Path) -> bool:
-    try:
-        return stat.S_ISDIR(os.lstat(path).st_mode)
-    except OSError:
-        return False
 
 
 def is_whiteout(st: os.stat_result) -> bool:
@@ -133,50 +180,243 @@ def is_opaque(path: Path | int) -> bool:
         return False
 
 
-def _same(old: Path, new: Path) -> bool:
-    a, b = _content(old), _content(new)
-    return a is not None and a == b
+# -- the two trees, walked together from handles -----------------------------------------------
 
 
-def _content(path: Path) -> tuple[str, bytes] | None:
-    """(kind, bytes): a regular file's first MAX_FILE_BYTES + 1 bytes, a link's target; None for others."""
+@dataclass
+class _Frame:
+    """One folder of the view under WorkingDir: its handles in the agent's layer and in the image
+    (None: it has none there), and whether the layer's folder is the whole view (opaque, below an
+    opaque folder, or the image has no folder there): then the image's entries are compared one by
+    one with it, else only the layer's entries are changes."""
+
+    upper: int | None
+    image: int | None
+    whole: bool
+    prefix: str = ""
+    pending: list[str] = field(default_factory=list)
+    idents: dict[str, tuple[int, int]] = field(default_factory=dict)
+
+    def close(self) -> None:
+        for fd in {self.upper, self.image} - {None, _CLIMB}:
+            os.close(fd)
+
+
+def _stat_at(dir_fd: int | None, name: str) -> os.stat_result | None:
+    if dir_fd is None:
+        return None
     try:
-        st = os.lstat(path)
+        return os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
     except OSError:
         return None
-    if stat.S_ISLNK(st.st_mode):
-        return "link", os.fsencode(os.readlink(path))
-    if not stat.S_ISREG(st.st_mode):
+
+
+def _open_dir(dir_fd: int | None, name: str) -> int | None:
+    if dir_fd is None:
         return None
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        return os.open(name, _DIR_FLAGS, dir_fd=dir_fd)
     except OSError:
         return None
+
+
+def _reach(upper_root: int, image_root: int, parts: list[str]) -> _Frame | None:
+    """The frame at WorkingDir (``parts``, resolved in the image): None when the agent's layer has
+    no folder there (the image's own, unchanged) or put something else in its way."""
+    upper, image = os.dup(upper_root), os.dup(image_root)
+    whole = is_opaque(upper)
+    try:
+        for part in parts:
+            st = _stat_at(upper, part)
+            if st is None or not stat.S_ISDIR(st.st_mode):
+                return None  # untouched, or removed or replaced by a file or a link: nothing under it
+            child = _open_dir(upper, part)
+            if child is None:
+                return None
+            os.close(upper)
+            upper = child
+            whole = whole or is_opaque(upper)
+            child = _open_dir(image, part)
+            if image is not None:
+                os.close(image)
+            image = child
+        frame = _Frame(upper, image, whole or image is None)
+        upper = image = None
+        return frame
+    finally:
+        for fd in (upper, image):
+            if fd is not None:
+                os.close(fd)
+
+
+@dataclass
+class _Side:
+    """One side of a change: (kind, bytes) for its content (a regular file's first MAX_FILE_BYTES + 1
+    bytes, a link's target; kind ``other`` for what is neither), its git mode, and a name for its kind."""
+
+    kind: str
+    data: bytes
+    mode: str
+    kind_name: str = ""
+
+    def same(self, other: _Side) -> bool:
+        return (self.kind, self.data) == (other.kind, other.data)
+
+
+@dataclass
+class _Change:
+    name: str
+    old: _Side | None
+    new: _Side | None
+
+
+class _Walk:
+    """Depth first, names in order; open: the current frame's two handles, and above it at most
+    one per side (kept where the frame below has none on that side)."""
+
+    def __init__(self, top: _Frame, skip: tuple[str, ...]):
+        self.skip = skip
+        self.stack: list[_Frame] = []
+        self.frame = top
+        top.pending = self._names(top)
+
+    def changes(self):
+        try:
+            while True:
+                frame = self.frame
+                if frame.pending:
+                    yield from self._entry(frame, *frame.pending.pop())
+                elif self.stack:
+                    self._up()
+                else:
+                    return
+        finally:
+            self.frame.close()
+            for frame in self.stack:
+                frame.close()
+
+    def _names(self, frame: _Frame) -> list[tuple[str, bool]]:
+        """(name, False) for each entry to look at, last first (popped from the end)."""
+        names = set(_list(frame.upper))
+        if frame.whole or frame.upper is None:
+            names |= set(_list(frame.image))
+        kept = (name for name in names if not excluded(frame.prefix + name, self.skip))
+        return [(name, False) for name in sorted(kept, reverse=True)]
+
+    def _entry(self, frame: _Frame, name: str, after: bool):
+        """The changes of one name; ``after``: the file the agent put where the image had a folder,
+        shown after that folder's removal."""
+        path = frame.prefix + name
+        new = _stat_at(frame.upper, name)
+        if new is not None and is_whiteout(new):
+            new = None
+        elif new is None and frame.upper is not None and not frame.whole:
+            return  # not in the layer: the image's, unchanged
+        if after:
+            if new is not None:
+                yield _Change(path, None, _side(frame.upper, name, new))
+            return
+        old = _stat_at(frame.image, name)
+        if old is not None and is_whiteout(old):
+            old = None  # (a one-layer image is its layer's own tree)
+        if new is None and old is None:
+            return
+        new_dir = new is not None and stat.S_ISDIR(new.st_mode)
+        old_dir = old is not None and stat.S_ISDIR(old.st_mode)
+        if new_dir:
+            if old is not None and not old_dir:
+                yield _Change(path, _side(frame.image, name, old), None)  # a file became a folder
+            self._down(frame, name, upper=True, image=old_dir)
+            return
+        if old_dir:  # removed, or a folder became a file: what the folder held first
+            if new is not None:
+                frame.pending.append((name, True))
+            self._down(frame, name, upper=False, image=True)
+            return
+        old_side = _side(frame.image, name, old) if old is not None else None
+        new_side = _side(frame.upper, name, new) if new is not None else None
+        if old_side is not None and new_side is not None and old_side.same(new_side):
+            return  # copied up for its metadata only (chmod, touch)
+        yield _Change(path, old_side, new_side)
+
+    def _down(self, frame: _Frame, name: str, *, upper: bool, image: bool) -> None:
+        child = _Frame(
+            _open_dir(frame.upper, name) if upper else None,
+            _open_dir(frame.image, name) if image else None,
+            frame.whole,
+            prefix=f"{frame.prefix}{name}/",
+        )
+        if child.upper is None and child.image is None:
+            return  # gone since it was listed
+        child.whole = frame.whole or child.image is None or (child.upper is not None and is_opaque(child.upper))
+        for side in ("upper", "image"):
+            above = getattr(frame, side)
+            if getattr(child, side) is not None and above is not None:
+                st = os.fstat(above)
+                frame.idents[side] = (st.st_dev, st.st_ino)
+                os.close(above)
+                setattr(frame, side, _CLIMB)
+        self.stack.append(frame)
+        self.frame = child
+        child.pending = self._names(child)
+
+    def _up(self) -> None:
+        child, parent = self.frame, self.stack[-1]
+        for side in ("upper", "image"):
+            if getattr(parent, side) != _CLIMB:
+                continue
+            fd = os.open("..", _DIR_FLAGS, dir_fd=getattr(child, side))
+            st = os.fstat(fd)
+            setattr(parent, side, fd)  # closed with the parent from here on
+            if (st.st_dev, st.st_ino) != parent.idents[side]:
+                raise TreeChanged(f"{parent.prefix or 'the working directory'} moved while it was compared")
+        self.stack.pop()
+        child.close()
+        self.frame = parent
+
+
+def _list(fd: int | None) -> list[str]:
+    if fd is None:
+        return []
+    try:
+        return os.listdir(fd)
+    except OSError:
+        return []
+
+
+def _side(dir_fd: int, name: str, st: os.stat_result) -> _Side:
+    """What the entry ``name`` of the folder ``dir_fd`` holds, read without following it."""
+    mode = st.st_mode
+    if stat.S_ISLNK(mode):
+        try:
+            return _Side("link", os.fsencode(os.readlink(name, dir_fd=dir_fd)), "120000")
+        except OSError:
+            return _Side("other", b"", "120000", "a link that cannot be read")
+    git_mode = "100755" if mode & 0o111 else "100644"
+    if not stat.S_ISREG(mode):
+        kind = _kind_name(mode)
+        return _Side("other", f"{kind} {st.st_rdev}".encode(), git_mode, kind)
+    try:
+        fd = os.open(name, _READ_FLAGS, dir_fd=dir_fd)
+    except OSError:
+        return _Side("other", b"", git_mode, "a file that cannot be read")
     try:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
-            return None
+            return _Side("other", b"", git_mode, "a file that changed while it was read")
         chunks, left = [], MAX_FILE_BYTES + 1
         while left > 0 and (chunk := os.read(fd, min(left, 1 << 16))):
             chunks.append(chunk)
             left -= len(chunk)
-        return "file", b"".join(chunks)
+        return _Side("file", b"".join(chunks), git_mode)
     finally:
         os.close(fd)
 
 
-def _kind_name(path: Path) -> str:
-    mode = os.lstat(path).st_mode
+def _kind_name(mode: int) -> str:
     for test, name in ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a device")):
         if test(mode):
             return name
     return "a special file"
-
-
-def _mode(path: Path) -> str:
-    st = os.lstat(path)
-    if stat.S_ISLNK(st.st_mode):
-        return "120000"
-    return "100755" if st.st_mode & 0o111 else "100644"
 
 
 class _Writer:
@@ -198,17 +438,20 @@ class _Writer:
         self.size += len(text.encode())
 
     def add(self, change: _Change) -> None:
-        name = change.name
+        name, old, new = change.name, change.old, change.new
         head = f"diff --git a/{name} b/{name}\n"
-        old = _content(change.old) if change.old is not None else None
-        new = _content(change.new) if change.new is not None else None
-        if change.new is not None and new is None:
-            self._emit(f"{head}# {name}: {_kind_name(change.new)}, not shown\n")
+        if new is not None and new.kind == "other":
+            self._emit(f"{head}# {name}: {new.kind_name}, not shown\n")
             return
-        if change.old is None:
-            head += f"new file mode {_mode(change.new)}\n"
-        elif change.new is None:
-            head += f"deleted file mode {_mode(change.old)}\n"
+        if old is not None and old.kind == "other":
+            if new is None:
+                self._emit(f"{head}# {name}: {old.kind_name} of the image, removed\n")
+                return
+            old = None  # shown as a new file
+        if old is None:
+            head += f"new file mode {new.mode}\n"
+        elif new is None:
+            head += f"deleted file mode {old.mode}\n"
         old_text, new_text = _text(old), _text(new)
         if (old is not None and old_text is None) or (new is not None and new_text is None):
             self._emit(
@@ -225,10 +468,10 @@ class _Writer:
         self._emit(head + body)
 
 
-def _text(content: tuple[str, bytes] | None) -> str | None:
-    if content is None:
+def _text(side: _Side | None) -> str | None:
+    if side is None:
         return None
-    kind, data = content
+    kind, data = side.kind, side.data
     if kind == "link":
         return os.fsdecode(data)
     if len(data) > MAX_FILE_BYTES or b"\0" in data[:8192]:

@@ -15,11 +15,11 @@ instructions built) goes to the live log as it happens.
 from __future__ import annotations
 
 import os
+import stat
 from pathlib import Path
 
 from evaluations import environments, languages, livelog
-from evaluations.environments import inside
-from evaluations.images import build, changes, diff, rootfs
+from evaluations.images import build, changes, diff, inroot, rootfs
 from evaluations.images.errors import ImageError
 from evaluations.images.isolate import isolate_workdir
 from evaluations.images.isolate import verifier_commands as verifier_commands_in
@@ -33,6 +33,7 @@ from evaluations.pipeline.taskspec import ImageEnvironment
 from evaluations.pipeline.toolchains import CA_VARIABLES
 from evaluations.runtime.idmap import IdMap, image_id_base
 from evaluations.runtime.policy import DISTRIBUTION_CA_BUNDLE
+from evaluations.safefs import SafeFSError, open_parent
 from executor_project.config import Config
 
 
@@ -159,17 +160,15 @@ def _mount(ctx: Context, store, record):
 
 
 def _make_workdir(root, workdir: str) -> None:
-    """WorkingDir exists, as a container runtime makes it (owned by the image's root)."""
-    if inside(root.rootfs, workdir) is not None:
-        return
-    host = root.rootfs
-    for part in [p for p in workdir.split("/") if p not in ("", ".", "..")]:
-        host = host / part
-        if not os.path.lexists(host):
-            os.mkdir(host, 0o755)
-            os.chown(host, root.idmap.host_uid(0), root.idmap.host_gid(0))
-        elif not host.is_dir() or host.is_symlink():
-            raise ImageError(f"the image's WorkingDir {workdir} is not a folder")
+    """WorkingDir exists, as a container runtime makes it (owned by the image's root): resolved in
+    the image's root (its links followed as if it were ``/``, SPEC §21), the missing folders made."""
+    root_fd = inroot.open_root(root.rootfs)
+    try:
+        os.close(inroot.mkdirs_in(root_fd, workdir, root.idmap.host_uid(0), root.idmap.host_gid(0), 0o755))
+    except OSError as exc:
+        raise ImageError(f"the image's WorkingDir {workdir} cannot be a folder: {exc.strerror or exc}") from None
+    finally:
+        os.close(root_fd)
 
 
 def _layers(ctx: Context) -> list[Path]:
@@ -180,14 +179,13 @@ def _layers(ctx: Context) -> list[Path]:
 def agent_patch(ctx: Context) -> str:
     """For a task without a repository: what the agent changed under WorkingDir, against the image."""
     layers = _layers(ctx)
-    exclude = _executor_paths(ctx)
     with rootfs.image_base(layers, ctx.session.root) as base:
         return diff.image_patch(
             rootfs.upper_of(ctx.session.root),
             base,
             ctx.workdir,
             max_bytes=ctx.config.max_output_bytes * 8,
-            exclude=exclude,
+            exclude=executor_made(ctx),
         )
 
 
@@ -232,18 +230,6 @@ def executor_made(ctx: Context) -> tuple[str, ...]:
     return tuple(path.strip("/") for path in made)
 
 
-def _executor_paths(ctx: Context) -> tuple[str, ...]:
-    """``executor_made``, relative to WorkingDir."""
-    workdir = ctx.workdir.strip("/")
-    found = []
-    for path in executor_made(ctx):
-        if not workdir:
-            found.append(path)
-        elif path.startswith(workdir + "/"):
-            found.append(path[len(workdir) + 1 :])
-    return tuple(found)
-
-
 def _trust_host_ca(ctx: Context, root) -> None:
     """The image's CA bundle, if it has one where Debian-like systems keep it, becomes the host's
     (written into the evaluation's layer, owned by the image's root): tools that read only that
@@ -251,16 +237,27 @@ def _trust_host_ca(ctx: Context, root) -> None:
     ca = ctx.trusted_ca
     if ca is None:
         return
-    inner = environments.inside(root.rootfs, DISTRIBUTION_CA_BUNDLE)
-    if inner is None or inner != DISTRIBUTION_CA_BUNDLE:
+    try:  # the image's own file at that very path: no link on the way or at the end (SPEC §21)
+        folder, name = open_parent(root.rootfs, DISTRIBUTION_CA_BUNDLE.lstrip("/"), create=False)
+    except SafeFSError:
         return
-    target = root.rootfs / inner.lstrip("/")
-    if not target.is_file() or target.is_symlink():
+    try:
+        st = os.stat(name, dir_fd=folder, follow_symlinks=False)
+        if not stat.S_ISREG(st.st_mode):
+            return
+        data = Path(ca.host).read_bytes()
+        fd = os.open(name, os.O_WRONLY | os.O_TRUNC | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=folder)
+    except FileNotFoundError:
         return
-    data = Path(ca.host).read_bytes()
-    with open(target, "wb") as handle:  # copied up into the evaluation's layer
-        handle.write(data)
-    os.chown(target, root.idmap.host_uid(0), root.idmap.host_gid(0))
+    finally:
+        os.close(folder)
+    try:  # copied up into the evaluation's layer
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+        os.fchown(fd, root.idmap.host_uid(0), root.idmap.host_gid(0))
+    finally:
+        os.close(fd)
 
 
 def _check_programs(ctx: Context) -> None:

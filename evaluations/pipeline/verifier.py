@@ -23,6 +23,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+import stat
 import time
 
 from evaluations import artifacts, livelog
@@ -33,7 +34,7 @@ from evaluations.pipeline import graders, imageenv
 from evaluations.pipeline.context import Context, Grade, StepFailed
 from evaluations.pipeline.taskspec import SupportFile
 from evaluations.runtime import Mount
-from evaluations.safefs import SafeFSError, remove_tree_nofollow, write_file_nofollow
+from evaluations.safefs import SafeFSError, open_root_dir, remove_tree_nofollow, write_file_nofollow
 
 AGENT_LOGS = "/logs/agent"
 VERIFIER_LOGS = "/logs/verifier"
@@ -137,22 +138,34 @@ def after_agent(ctx: Context) -> None:
 
 def _mount_point(ctx: Context, target: str) -> None:
     """A real folder at ``target`` in the image's root, made by the executor, nothing followed: an agent
-    root in its image may have put a link where /logs goes; bwrap would follow it on the host."""
-    root = ctx.image.rootfs
+    root in its image may have put a link where /logs goes; bwrap would follow it on the host. Walked
+    from the root's handle one name at a time (SPEC §21): a link, a file or a FIFO on the way is
+    replaced by a folder (the image's root's, 0755), never followed."""
     owner = ctx.image.idmap.host_uid(0), ctx.image.idmap.host_gid(0)
-    parts = target.strip("/").split("/")
-    for depth in range(1, len(parts) + 1):
-        relpath = "/".join(parts[:depth])
-        path = root / relpath
-        if os.path.isdir(path) and not os.path.islink(path):
-            continue
-        try:
-            if os.path.lexists(path):  # a link, a file, a FIFO: its parents are real folders by now
-                os.unlink(path)
-            os.mkdir(path, 0o755)
-        except OSError as exc:
-            raise StepFailed(f"could not make {target} in the image: {exc}", kind=ErrorKind.INFRASTRUCTURE) from None
-        os.chown(path, *owner, follow_symlinks=False)
+    try:
+        fd = open_root_dir(ctx.image.rootfs)
+    except SafeFSError as exc:
+        raise StepFailed(f"could not make {target} in the image: {exc}", kind=ErrorKind.INFRASTRUCTURE) from None
+    try:
+        for name in target.strip("/").split("/"):
+            try:
+                mode = os.stat(name, dir_fd=fd, follow_symlinks=False).st_mode
+            except FileNotFoundError:
+                mode = None
+            made = mode is None or not stat.S_ISDIR(mode)
+            if made:
+                if mode is not None:
+                    os.unlink(name, dir_fd=fd)
+                os.mkdir(name, 0o755, dir_fd=fd)
+            child = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
+            os.close(fd)
+            fd = child
+            if made:
+                os.fchown(fd, *owner)
+    except OSError as exc:
+        raise StepFailed(f"could not make {target} in the image: {exc}", kind=ErrorKind.INFRASTRUCTURE) from None
+    finally:
+        os.close(fd)
 
 
 # -- 3. the verifier ------------------------------------------------------------------------------

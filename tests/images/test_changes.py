@@ -419,3 +419,53 @@ def test_the_pipelines_calls_read_the_image_from_the_store_and_the_path_from_its
     assert ctx.image.rootfs == root.rootfs
     assert (root.rootfs / "srv/app/f").read_text() == "mine\n"
     assert not os.path.lexists(root.rootfs / "opt/runner")
+
+
+def test_a_tree_deeper_than_path_max_is_compared_from_handles(tmp_path):
+    """1500 folders in the image and the same in the layer (copied up for the file at the bottom):
+    6 KB of path, over PATH_MAX. Only the file is a change; each folder is compared with the
+    image's, which no path string could reach."""
+    from evaluations.runtime.idmap import IdMap
+    from evaluations.safefs import remove_tree_nofollow
+
+    base, upper = tmp_path / "base", tmp_path / "upper"
+    try:
+        for top in (base, upper):
+            top.mkdir()
+            fd = os.open(top, os.O_RDONLY | os.O_DIRECTORY)
+            for _ in range(1500):
+                os.mkdir("ddd", 0o755, dir_fd=fd)
+                child = os.open("ddd", os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd)
+                os.close(fd)
+                fd = child
+            if top == upper:
+                os.close(os.open("new.txt", os.O_WRONLY | os.O_CREAT, 0o644, dir_fd=fd))
+            os.close(fd)
+        found = system_changes(upper, base, IdMap(lease=0, base=0), workdir="/app", exclude=(), path_dirs=())
+        assert found["count"] == 1 and found["paths"] == ["/" + "ddd/" * 1500 + "new.txt"]
+    finally:
+        remove_tree_nofollow(base)
+        remove_tree_nofollow(upper)
+
+
+def test_isolation_moves_a_tree_deeper_than_path_max(image_session, layers):
+    """The agent's 1500 new folders below its working directory (6 KB of path): isolated from
+    handles, the file at the bottom is the verifier's; no path string could reach it."""
+    deep = (  # relative chdir: a shell's cd stops at PATH_MAX
+        'python3 -c \'import os\nos.chdir("/work/proj")\nfor _ in range(1500): os.mkdir("ddd"); os.chdir("ddd")\n'
+        'open("bottom", "w").write("deep\\n")\''
+    )
+    _, root, session = agent(image_session, layers, deep)
+    try:
+        isolated = isolate_workdir(session, layers, root.idmap, WORKDIR)
+        fd = os.open(isolated.rootfs / "work/proj", os.O_RDONLY | os.O_DIRECTORY)
+        for _ in range(1500):
+            child = os.open("ddd", os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd)
+            os.close(fd)
+            fd = child
+        bottom = os.open("bottom", os.O_RDONLY, dir_fd=fd)
+        os.close(fd)
+        assert os.read(bottom, 100) == b"deep\n"
+        os.close(bottom)
+    finally:
+        rootfs.unmount_root(session, remove=True)  # (from handles: the fixture's rmtree recurses)

@@ -7,10 +7,12 @@ pipeline's own test runs a real agent in a real image (tests/images/test_image_e
 from __future__ import annotations
 
 import os
+import shutil
 
 import pytest
 
 from evaluations.images.diff import MAX_FILE_BYTES, image_patch
+from evaluations.safefs import remove_tree_nofollow
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="whiteouts are device nodes: root makes them")
 
@@ -89,12 +91,131 @@ def test_the_patch_is_capped_and_excludes_the_executors_paths(layers):
     for n in range(50):
         write(upper / f"app/f{n:02d}.txt", "line\n" * 20)
     write(upper / "app/tmp/scratch", "executor's\n")
-    patch = image_patch(upper, base, "/app", max_bytes=2000, exclude=("tmp",))
+    patch = image_patch(upper, base, "/app", max_bytes=2000, exclude=("app/tmp",))
     assert len(patch.encode()) < 2200 and patch.endswith("bytes]\n")
     assert "[executor: the patch is cut here" in patch
-    assert "tmp/scratch" not in image_patch(upper, base, "/app", max_bytes=10**6, exclude=("tmp",))
+    assert "tmp/scratch" not in image_patch(upper, base, "/app", max_bytes=10**6, exclude=("app/tmp",))
 
 
 def test_a_workdir_the_agent_never_touched_gives_an_empty_patch(layers):
     base, upper = layers
     assert image_patch(upper, base, "/srv", max_bytes=1000) == ""
+
+
+# -- both trees walked from handles (SPEC §21) ---------------------------------------------------
+
+
+def host_secret(tmp_path):
+    """A root-only host file, and its path relative to / (what a link to / in the image reaches)."""
+    secret = tmp_path / "box/secret.txt"
+    write(secret, "host secret\n", 0o600)
+    return secret, str(secret.parent).strip("/")
+
+
+def test_the_workdir_is_resolved_inside_the_image_never_through_its_links_on_the_host(layers, tmp_path):
+    """The image's ``/w -> /`` and WorkingDir ``/w/<folder>``: the agent replaces /w with a folder
+    and writes <folder>/secret.txt there; the host's file of that path is never read."""
+    base, upper = layers
+    secret, folder = host_secret(tmp_path)
+    (base / folder).mkdir(parents=True)  # the image has the folder WorkingDir names, through /w
+    os.symlink("/", base / "w")
+    write(upper / "w" / folder / "secret.txt", "the agent's\n")
+    os.setxattr(upper / "w", "trusted.overlay.opaque", b"y")
+    workdir = f"/w/{folder}"
+    assert image_patch(upper, base, workdir, max_bytes=100_000) == ""  # /w/<folder> is the image's /<folder>
+    write(upper / folder / "mine.txt", "at the working directory\n")
+    patch = image_patch(upper, base, workdir, max_bytes=100_000)
+    assert "host secret" not in patch
+    assert patch.startswith("diff --git a/mine.txt b/mine.txt\nnew file mode 100644\n")
+    assert "+at the working directory\n" in patch
+
+
+def test_a_link_the_agent_put_on_the_way_to_the_workdir_is_not_followed(layers, tmp_path):
+    base, upper = layers
+    secret, _ = host_secret(tmp_path)
+    (base / "app/src").mkdir()
+    os.rmdir(upper / "app")
+    os.symlink(secret.parent.parent, upper / "app")  # /app replaced by a link to a host folder
+    (secret.parent.parent / "src").mkdir()
+    write(secret.parent.parent / "src/host.txt", "host file\n", 0o600)
+    assert image_patch(upper, base, "/app/src", max_bytes=100_000) == ""
+
+
+def test_a_link_in_the_image_is_content_never_a_way_in(layers, tmp_path):
+    """The image's /app/data is a link to a host folder; the agent replaced it with a folder of
+    the same names: the patch shows the link removed and the agent's files, never the host's."""
+    base, upper = layers
+    secret, _ = host_secret(tmp_path)
+    shutil.rmtree(base / "app/data")
+    os.symlink(secret.parent, base / "app/data")
+    write(upper / "app/data/secret.txt", "the agent's\n")
+    for opaque in (b"y", b"n"):  # overlayfs marks it opaque; a layer made by hand may not be
+        os.setxattr(upper / "app/data", "trusted.overlay.opaque", opaque)
+        patch = image_patch(upper, base, "/app", max_bytes=100_000)
+        assert "host secret" not in patch
+        assert f"deleted file mode 120000\n--- a/data\n+++ /dev/null\n@@ -1 +0,0 @@\n-{secret.parent}\n" in patch
+        assert "new file mode 100644\n--- /dev/null\n+++ b/data/secret.txt\n@@ -0,0 +1 @@\n+the agent's\n" in patch
+
+
+def test_an_opaque_folder_is_compared_name_by_name_and_a_folder_that_became_a_file_is_shown_removed_first(layers):
+    base, upper = layers
+    write(upper / "app/data/a.txt", "a\n")  # as the image had it
+    write(upper / "app/data/c.txt", "c\n")
+    os.setxattr(upper / "app/data", "trusted.overlay.opaque", b"y")
+    patch = image_patch(upper, base, "/app", max_bytes=100_000)
+    assert "data/a.txt" not in patch
+    assert "--- a/data/b.txt\n+++ /dev/null" in patch and "+++ b/data/c.txt" in patch
+    write(base / "app/tree/inner.txt", "inner\n")
+    write(upper / "app/tree", "now a file\n")
+    patch = image_patch(upper, base, "/app", max_bytes=100_000)
+    removed, added = patch.index("--- a/tree/inner.txt\n+++ /dev/null"), patch.index("--- /dev/null\n+++ b/tree\n")
+    assert removed < added
+
+
+def test_a_tree_deeper_than_path_max_is_walked_with_two_handles(layers):
+    """4000 folders below WorkingDir (16 KB of path, over PATH_MAX and Python's recursion limit):
+    the new file at the bottom is in the patch, and no handle is left open."""
+    base, upper = layers
+    depth = 4000
+    fd = os.open(upper / "app", os.O_RDONLY | os.O_DIRECTORY)
+    for _ in range(depth):
+        os.mkdir("d", dir_fd=fd)
+        child = os.open("d", os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd)
+        os.close(fd)
+        fd = child
+    leaf = os.open("bottom.txt", os.O_WRONLY | os.O_CREAT, 0o644, dir_fd=fd)
+    os.write(leaf, b"deep\n")
+    os.close(leaf)
+    os.close(fd)
+    try:
+        before = len(os.listdir("/proc/self/fd"))
+        patch = image_patch(upper, base, "/app", max_bytes=10**6)
+        assert len(os.listdir("/proc/self/fd")) == before
+        assert f"+++ b/{'d/' * depth}bottom.txt\n@@ -0,0 +1 @@\n+deep\n" in patch
+    finally:
+        remove_tree_nofollow(upper)  # (shutil.rmtree, and pytest's cleanup, recurse: too deep for them)
+
+
+def test_inner_path_resolves_links_as_if_the_tree_were_the_root(tmp_path):
+    from evaluations.images.diff import inner_path
+
+    tree = tmp_path / "tree"
+    (tree / "srv/x").mkdir(parents=True)
+    os.symlink("/", tree / "w")
+    os.symlink("../../..", tree / "srv/up")
+    os.symlink("x", tree / "srv/rel")
+    write(tree / "srv/file", "f\n")
+    fd = os.open(tree, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        assert inner_path(fd, "/w/srv/x") == "srv/x"
+        assert inner_path(fd, "/srv/up/srv/up/srv/rel") == "srv/x"  # ".." stops at the root
+        assert inner_path(fd, "/srv/rel/new/../made") == "srv/x/made"  # missing: kept as written
+        assert inner_path(fd, "/w/srv/new/../rel") == "srv/x"  # back into the tree from a missing one
+        assert inner_path(fd, "/") == ""
+        with pytest.raises(NotADirectoryError):
+            inner_path(fd, "/srv/file/x")
+        os.symlink("loop", tree / "loop")
+        with pytest.raises(OSError, match="many levels"):
+            inner_path(fd, "/loop/x")
+    finally:
+        os.close(fd)
