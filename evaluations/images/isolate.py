@@ -48,9 +48,19 @@ from contextlib import suppress
 from pathlib import Path
 
 from evaluations.environments import inside
+from evaluations.images import inroot
 from evaluations.images.diff import OPAQUE, REDIRECT, inner_path, is_opaque, is_whiteout
 from evaluations.images.errors import ImageError
-from evaluations.images.rootfs import IMAGE_DIR, ROOTFS, image_base, image_path, layer_folders, mount_layers, unmount_root, upper_of
+from evaluations.images.rootfs import (
+    IMAGE_DIR,
+    ROOTFS,
+    image_base,
+    image_path,
+    layer_folders,
+    mount_layers,
+    unmount_root,
+    upper_of,
+)
 from evaluations.runtime.idmap import IdMap
 from evaluations.runtime.types import ImageRoot
 from evaluations.safefs import open_root_dir
@@ -146,7 +156,18 @@ def _resolved(base: Path, path: str) -> str:
 
 
 def _executable(base: Path, real: str) -> bool:
-    st = _lstat(base / real.lstrip("/"))  # resolved: no link left on the way
+    """Whether ``real`` (resolved: no link left on the way) is an executable regular file of the image."""
+    root = inroot.open_root(base)
+    try:
+        folder, name = inroot.parent_and_name(root, real)
+    except OSError:
+        return False
+    finally:
+        os.close(root)
+    try:
+        st = inroot.lstat_at(folder, name)
+    finally:
+        os.close(folder)
     return st is not None and stat.S_ISREG(st.st_mode) and bool(st.st_mode & 0o111)
 
 
