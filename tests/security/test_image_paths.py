@@ -118,11 +118,41 @@ def test_a_chain_of_short_links_past_path_max_stays_in_the_image(builder, build_
         members += [(f"k{level}", "link", previous, 0o777), (f"k{level}/{LONG}", "dir", "", 0o755)]
     members += [("k24/esc", "link", str(host_folder), 0o777), ("k24/esc/planted", "file", b"x\n", 0o644)]
     files = {"Dockerfile": f"FROM {BASE_REF}\nADD evil.tar /deep/\n", "evil.tar": tar_of(*members)}
-    # The member lands in the image; committing a tree that deep is refused today (commit.py walks
-    # by path), with a clear error. Either way the host folder is unchanged (host_folder checks).
-    with pytest.raises(ImageError) as caught:
-        builder(files)
-    assert str(caught.value).startswith("The build step made a path longer than PATH_MAX")
+    # The member lands in the image, below the image's own copy of the host folder's path, and the
+    # layer is committed from handles however deep it goes; the host folder is unchanged (host_folder).
+    record = builder(files).record
+    layer = build_store.layer_tree(record.layers[-1])
+    bottom = os.open(layer / "deep", os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        for name in [LONG] * 24:  # k24 -> k23/LONG -> ... -> LONG: the chain's real folders
+            nxt = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=bottom)
+            os.close(bottom)
+            bottom = nxt
+        assert os.readlink("esc", dir_fd=bottom) == str(host_folder)  # a link, as the archive had it
+    finally:
+        os.close(bottom)
+    top = os.open(layer, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        found = [path for path in _walk_names(top) if path.endswith("/planted")]
+    finally:
+        os.close(top)
+    assert found == [str(host_folder).lstrip("/") + "/planted"]  # the host's path, inside the image
+
+
+def _walk_names(top: int) -> list[str]:
+    """Every path below the folder handle ``top`` (no link followed), walked from handles."""
+    found, stack = [], [("", os.dup(top))]
+    while stack:
+        rel, fd = stack.pop()
+        try:
+            for name in os.listdir(fd):
+                path = f"{rel}/{name}" if rel else name
+                found.append(path)
+                if stat.S_ISDIR(os.stat(name, dir_fd=fd, follow_symlinks=False).st_mode):
+                    stack.append((path, os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd)))
+        finally:
+            os.close(fd)
+    return found
 
 
 def test_copy_through_the_image_s_links_to_root_lands_inside_the_image(builder, build_store, host_folder):  # noqa: F811
