@@ -228,3 +228,46 @@ def test_no_realpath_then_open_nor_extractall_on_image_content():
                 if _FORBIDDEN.search(line) and not line.strip().startswith("#"):
                     found.add((str(path.relative_to(ROOT)), line.strip()))
     assert found - _ALLOWED == set(), "use evaluations/images/inroot.py for paths inside an image"
+
+
+# One resolver (issue 34): a link of a tree someone else shaped is followed only by
+# evaluations/images/inroot.py. Reading a link's target anywhere else is a second hand-written
+# link-follower in the making; each use that only keeps the target as content is listed, with why.
+_LINK_READ = re.compile(r"\breadlink\(|\.readlink\(\)")
+_RESOLVER = "evaluations/images/inroot.py"
+_LINK_SCANNED = ("evaluations/images", "evaluations/environments", "evaluations/pipeline")
+_LINK_CONTENT = {
+    # A layer's link is content: its target goes into the layer's id, never followed.
+    ("evaluations/images/commit.py", "tail = os.readlink(name, dir_fd=folder)"),
+    # The agent patch shows a link's target as the link's content (git's format).
+    ("evaluations/images/diff.py", 'return _Side("link", os.fsencode(os.readlink(name, dir_fd=dir_fd)), "120000")'),
+    # The isolated verifier's layer copies a link as a link (the same target, made with symlinkat).
+    ("evaluations/images/isolate.py", "os.symlink(os.readlink(name, dir_fd=source), as_name, dir_fd=target)"),
+    # A build context's link is recorded as an entry to COPY as a link, never followed.
+    (
+        "evaluations/images/context.py",
+        'found.append(Entry(out, "link", 0o777, rel, target=os.readlink(name, dir_fd=folder)))',
+    ),
+    # Export: a store layer's link becomes a tar SYMTYPE member's linkname.
+    ("evaluations/images/archive.py", "info.type, info.linkname = tarfile.SYMTYPE, os.readlink(full)"),
+    # A staged static asset's digest (the executor's copy, made before any task code): the target as bytes.
+    ("evaluations/pipeline/steps.py", 'digest.update(b"link:" + os.fsencode(os.readlink(child)))'),
+}
+
+
+def test_no_link_is_followed_by_hand_outside_the_resolver():
+    found = set()
+    for scanned in _LINK_SCANNED:
+        for path in sorted((ROOT / scanned).rglob("*.py")):
+            relative = str(path.relative_to(ROOT))
+            if relative == _RESOLVER:
+                continue
+            for line in path.read_text().splitlines():
+                if _LINK_READ.search(line) and not line.strip().startswith("#"):
+                    found.add((relative, line.strip()))
+    assert found, "the scan sees no link read at all: it is looking in the wrong place"
+    assert found - _LINK_CONTENT == set(), (
+        "a link's target is read outside evaluations/images/inroot.py: resolve paths with inroot.resolve "
+        "or inroot.open_in (or, for a target kept as content, list it here with the reason)"
+    )
+    assert _LINK_CONTENT - found == set(), "an allowed use is gone: remove it from the list"
