@@ -38,7 +38,7 @@ class PullClock:
         self.timeout_secs, self.stall_secs = timeout_secs, stall_secs
         self.ends_at = time.monotonic() + timeout_secs
         self.cancelled = cancelled or (lambda: False)
-        self._open: set[http.client.HTTPConnection] = set()
+        self._open: dict[http.client.HTTPConnection, socket.socket] = {}
         self._guard = threading.Lock()
         self._done = threading.Event()
         self._watcher: threading.Thread | None = None
@@ -91,28 +91,29 @@ class PullClock:
             self._watcher.join()
 
     def watch(self, conn: http.client.HTTPConnection) -> None:
-        """Shut ``conn`` down when the pull is cancelled or out of time, until ``unwatch``."""
-        with self._guard:
-            self._open.add(conn)
+        """Shut ``conn``'s socket down when the pull is cancelled or out of time, until ``unwatch``.
+        Called once it is connected: its socket is kept here, because a response that closes the
+        connection (HTTP/1.0, ``Connection: close``) takes it from ``conn`` while still reading it."""
+        if conn.sock is not None:
+            with self._guard:
+                self._open[conn] = conn.sock
 
     def unwatch(self, conn: http.client.HTTPConnection) -> None:
         with self._guard:
-            self._open.discard(conn)
+            self._open.pop(conn, None)
 
     def _watch(self) -> None:
         while not self._done.wait(WATCH_SECS):
             if self.cancelled() or self.left() <= 0:
                 with self._guard:
-                    for conn in self._open:
-                        _shut(conn)
+                    for sock in self._open.values():
+                        _shut(sock)
                 return
 
 
-def _shut(conn: http.client.HTTPConnection) -> None:
-    """End a read blocked on ``conn`` from another thread: shutdown (not close, which would leave the
+def _shut(sock: socket.socket) -> None:
+    """End a read blocked on ``sock`` from another thread: shutdown (not close, which would leave the
     reader on a closed descriptor). The plain socket's shutdown also for TLS: SSLSocket.shutdown
     would drop its SSL object under the reader's feet."""
-    sock = conn.sock
-    if sock is not None:
-        with contextlib.suppress(OSError):
-            socket.socket.shutdown(sock, socket.SHUT_RDWR)
+    with contextlib.suppress(OSError):
+        socket.socket.shutdown(sock, socket.SHUT_RDWR)

@@ -233,9 +233,9 @@ class Registry:
             conn = pinned_connection(
                 resolved, timeout_secs=self.clock.socket_timeout(wait), ssl_context=self.ssl_context
             )
-            self.clock.watch(conn)
             try:
                 conn.request(method, resolved.target, headers={"User-Agent": "term-executor", **headers})
+                self.clock.watch(conn)
                 response = conn.getresponse()
             except (OSError, http.client.HTTPException) as exc:
                 self._close(conn)
