@@ -27,9 +27,9 @@ Why it is safe with several processes:
    saved record; ``prune``, ``evict`` and ``remove`` hold it exclusively, so they never delete a
    layer a record is about to name.
 3. A pin is an flock, so a pin whose holder died (killed worker) is free without a reaper.
-4. What a killed pull, import or export left in ``tmp/`` is known by its free lock: it counts in
-   ``total_bytes`` until ``remove_dead_tmp`` (the reaper) or ``prune`` removes it; a live owner's
-   entry is never touched.
+4. What a killed pull, import or export left in ``tmp/`` is known by its free lock (scratch.py):
+   it counts in ``total_bytes`` until ``remove_dead_tmp`` (the reaper) or ``prune`` removes it; a
+   live owner's entry is never touched.
 
 The store keeps itself under IMAGES_MAX_BYTES (``max_bytes``) in one place: when the outermost
 ``using()`` of a pull, a build or an import ends, with what it saved pinned meanwhile.
@@ -55,6 +55,7 @@ from pathlib import Path
 
 from evaluations import safefs
 from evaluations.cache import mounts
+from evaluations.images import scratch as tmp_entries
 from evaluations.images.errors import ImageError, ImageUnavailable
 
 _DIGEST = re.compile(r"sha256:([0-9a-f]{64})")
@@ -270,35 +271,8 @@ class ImageStore:
             path.mkdir(mode=0o700)
             yield path
 
-    @contextlib.contextmanager
-    def _tmp_entry(self, prefix: str) -> Iterator[Path]:
-        """A fresh name in ``tmp/`` for the block to make (a file or a folder), with ``<name>.lock``
-        flock'd first and held until what is at the name is gone: a reaper that finds the lock free
-        knows the owner died. Whatever is still at the name when the block ends is removed."""
-        tmp = self.root / "tmp"
-        while True:
-            name = f"{prefix}.{os.getpid()}.{os.urandom(6).hex()}"
-            lock = tmp / f"{name}.lock"
-            fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
-            fcntl.flock(fd, fcntl.LOCK_EX)
-            try:  # a reaper that saw the lock before our flock removed it as an orphan: take another name
-                if os.path.samestat(os.fstat(fd), os.stat(lock)):
-                    break
-            except FileNotFoundError:
-                pass
-            os.close(fd)
-        path = tmp / name
-        try:
-            yield path
-        finally:
-            try:
-                if _is_folder(path):
-                    safefs.remove_tree_nofollow(path)
-                elif os.path.lexists(path):
-                    path.unlink()
-                lock.unlink()
-            finally:
-                os.close(fd)
+    def _tmp_entry(self, prefix: str):
+        return tmp_entries.entry(self.root / "tmp", prefix)
 
     # -- images and tags --------------------------------------------------------------------
 
@@ -544,44 +518,12 @@ class ImageStore:
         return freed + self.remove_dead_tmp()[1]
 
     def remove_dead_tmp(self) -> tuple[int, int]:
-        """What dead owners left in ``tmp/`` (half-made layers and blobs of a killed pull, import or
-        export): each entry whose lock no process holds, and locks left without an entry. (entries
-        removed, bytes freed.) A live owner's entry and lock are never touched."""
-        removed = freed = 0
-        tmp = self.root / "tmp"
-        names = sorted(os.listdir(tmp))
-        entries = [name for name in names if not name.endswith(".lock")]
-        for name in entries:
-            path, lock = tmp / name, tmp / f"{name}.lock"
-            with _free_lock(lock) as free:
-                if free:
-                    size = _entry_bytes(path)
-                    try:
-                        if _is_folder(path):
-                            safefs.remove_tree_nofollow(path)
-                        else:
-                            path.unlink()
-                    except FileNotFoundError:
-                        continue
-                    except OSError as exc:
-                        logger.warning("could not remove %s from the image store's tmp yet: %s", path, exc)
-                        continue
-                    removed, freed = removed + 1, freed + size
-                    with contextlib.suppress(FileNotFoundError):
-                        lock.unlink()
-        for name in names:  # a lock whose owner died before making its entry, or while removing it
-            if name.endswith(".lock") and name.removesuffix(".lock") not in entries:
-                lock = tmp / name
-                with _free_lock(lock) as free:
-                    if free and not os.path.lexists(tmp / name.removesuffix(".lock")):
-                        with contextlib.suppress(FileNotFoundError):
-                            lock.unlink()
-        return removed, freed
+        """What dead owners left in ``tmp/`` (images/scratch.py): (entries removed, bytes freed)."""
+        return tmp_entries.remove_dead(self.root / "tmp")
 
     def tmp_bytes(self) -> int:
         """What ``tmp/`` holds: things in the making, and what dead processes left there."""
-        tmp = self.root / "tmp"
-        return sum(_entry_bytes(tmp / name) for name in os.listdir(tmp) if not name.endswith(".lock"))
+        return tmp_entries.usage(self.root / "tmp")
 
     def total_bytes(self) -> int:
         """Layers, blobs and ``tmp/``: what the store takes of the disk (IMAGES_MAX_BYTES counts it)."""
@@ -696,38 +638,6 @@ def _flock_polling(fd: int, mode: int, waiting: Iterable[None]) -> None:
         except BlockingIOError:
             continue
     raise ImageUnavailable("Gave up waiting for a lock of the image store.")
-
-
-@contextlib.contextmanager
-def _free_lock(lock: Path) -> Iterator[bool]:
-    """Whether no process holds ``lock`` (a missing lock is free), holding it meanwhile if so."""
-    try:
-        fd = os.open(lock, os.O_RDWR | os.O_CLOEXEC | os.O_NOFOLLOW)
-    except FileNotFoundError:
-        yield True
-        return
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            yield False
-            return
-        yield True
-    finally:
-        os.close(fd)
-
-
-def _is_folder(path: Path) -> bool:
-    with contextlib.suppress(FileNotFoundError):
-        return stat.S_ISDIR(os.lstat(path).st_mode)
-    return False
-
-
-def _entry_bytes(path: Path) -> int:
-    try:
-        return safefs.tree_size(path) if _is_folder(path) else os.lstat(path).st_blocks * 512
-    except OSError:
-        return 0
 
 
 def disk_error(exc: OSError, doing: str) -> OSError | ImageUnavailable:
