@@ -19,7 +19,6 @@ import json
 import os
 import stat
 import tarfile
-import tempfile
 from pathlib import Path
 
 from evaluations.images.errors import ImageError
@@ -209,7 +208,7 @@ def export_image(store: ImageStore, record: ImageRecord, path: Path | str, forma
     if format not in ("docker", "oci"):
         raise ValueError(f"format is docker or oci, not {format!r}")
     path = Path(path)
-    with tempfile.TemporaryDirectory(dir=store.root / "tmp") as scratch:
+    with store.scratch() as scratch:
         layers, config_bytes = _export_layers(store, record, Path(scratch))
         if format == "docker":  # docker save's layers are plain tars, named by their diff_id
             layers = [_plain(blob, file, compression, Path(scratch)) for blob, file, compression in layers]
