@@ -214,8 +214,7 @@ def _layer(
     if not got:  # stored before (or meanwhile, by another process): it counts as stored
         meta = store.layer_meta(diff_id)
         proved = _may_reuse(registry, endpoint, meta, descriptor, diff_id)
-        caps.check(digest, int(meta.get("files", 0)), int(meta.get("size_bytes", 0)))
-        caps.add(int(meta.get("files", 0)), int(meta.get("size_bytes", 0)))
+        caps.count_stored(digest, meta)
         got.extend([proved] if proved else [])
     short = f"{digest[:19]}…"
     say(f"layer {short} {got[0] / 1e6:.1f} MB pulled" if got else f"layer {short} cached")

@@ -117,6 +117,12 @@ class ImageCaps:
         self.files += files
         self.bytes += size
 
+    def count_stored(self, layer: str, meta: dict) -> None:
+        """A layer the store holds already (its meta's counts) counts against the image's caps too."""
+        files, size = int(meta.get("files", 0)), int(meta.get("size_bytes", 0))
+        self.check(layer, files, size)
+        self.add(files, size)
+
 
 @dataclass(frozen=True)
 class LayerCounts:

@@ -459,3 +459,36 @@ def test_an_uncompressed_layer_member_stream_is_capped_too(registry, store):
     assert pushed.diff_ids[0] == sha256(raw.getvalue())
     with pytest.raises(ImageError, match="IMAGE_MAX_UNPACKED_BYTES"):
         pull(pushed.ref, store=store, config=image_config(registry, IMAGE_MAX_UNPACKED_BYTES="1048576"))
+
+
+def test_an_imported_archive_is_held_to_the_same_caps(store, tmp_path):
+    """``manage.py image import`` unpacks with the same caps as a pull: a docker-save archive whose one
+    layer unpacks to 16 MiB of zeros, over a 4 MiB IMAGE_MAX_UNPACKED_BYTES, is refused and leaves nothing."""
+    from evaluations.images.archive import import_archive
+
+    layer_tar = layer(member("big/zeros", bytes(16 * 1024 * 1024)), compression=None)
+    config_body = json.dumps(
+        {"architecture": "amd64", "os": "linux", "rootfs": {"type": "layers", "diff_ids": [sha256(layer_tar)]}}
+    ).encode()
+    saved = tmp_path / "zeros.tar"
+    with tarfile.open(saved, "w") as out:
+        for name, data in [
+            ("layer.tar", layer_tar),
+            ("config.json", config_body),
+            (
+                "manifest.json",
+                json.dumps(
+                    [{"Config": "config.json", "RepoTags": ["caps/zeros:v1"], "Layers": ["layer.tar"]}]
+                ).encode(),
+            ),
+        ]:
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            out.addfile(info, io.BytesIO(data))
+    config = image_config(None, IMAGE_MAX_UNPACKED_BYTES=str(4 * 1024 * 1024))
+    with pytest.raises(ImageError, match=r"member 'big/zeros' would take the image past IMAGE_MAX_UNPACKED_BYTES"):
+        import_archive(saved, store, config)
+    assert store.images() == [] and leftovers(store) == []
+    assert not store.has_layer(sha256(layer_tar))
+    (record,) = import_archive(saved, store, image_config(None))  # within the default caps: imported
+    assert record.refs
