@@ -147,7 +147,7 @@ def check_command(service: dict, where: str) -> None:
 
 def bound_folder(root: Path, service: dict, where: str, workdir: str | None) -> BoundFolder | None:
     """The service's ``volumes``: Terminal-Bench's log folders (the executor's own), and at most one
-    folder of the task bound at ``workdir``, read as a copy without its tests and solution; anything
+    bind of the task's own folder (``./``) at ``workdir``, read as a copy without its tests and solution; anything
     else (a host path, a named volume, a folder bound elsewhere) is refused naming it."""
     volumes = service.get("volumes") or []
     if not isinstance(volumes, list):
@@ -167,8 +167,9 @@ def bound_folder(root: Path, service: dict, where: str, workdir: str | None) -> 
             )
         if found is not None:
             raise TaskError(f"{shown}: a second folder of the task bound at {workdir}")
-        folder = inside_task(source, root, shown, want_dir=True)
-        files = folder_files(root / folder, folder if folder != "." else "the task's folder")
+        if inside_task(source, root, shown, want_dir=True) != ".":
+            raise TaskError(f"{shown} binds a sub-folder of the task; only the task's own folder (./) is supported")
+        files = folder_files(root, "the task's folder")
         top = [f.relpath.split("/", 1)[0] for f in files]
         found = BoundFolder(
             agent_files=[f for f, name in zip(files, top, strict=True) if name not in TEST_NAMES + SOLUTION_NAMES],
