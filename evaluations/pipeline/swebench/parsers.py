@@ -41,6 +41,7 @@ _SKIP_COUNT = re.compile(r"\[\d+\]")
 _OPTION = re.compile(r"(.*?)\[(.*)\]")
 _COLOUR = re.compile(r"\[(\d+)m")
 _CONTROL = str.maketrans("", "", "".join(chr(c) for c in range(1, 32)))
+_NODE_START = re.compile(r" ([^\s'\"()\[\]]+::)")  # where a node id starts after a subtest's description
 
 
 def _status_of(line: str) -> str | None:
@@ -70,30 +71,25 @@ def subtest_failures(log: str) -> set[str]:
 
 
 def subfailed_id(line: str) -> str | None:
-    """The test id of one summary line ``SUBFAILED[message] t.py::C::test_x - Error...`` (pytest 9 prints
-    ``SUBFAILED t.py::...``, pytest-subtests ``SUBFAIL t.py::...``); None for any other line.
+    """The test id of one summary line ``SUBFAILED[message] (k=v) t.py::C::test_x - Error...`` (pytest 9
+    without a description: ``SUBFAILED t.py::...``; pytest-subtests: ``SUBFAIL t.py::...``); None for any
+    other line.
 
-    The bracket (the subTest's message and parameters) may hold blanks and brackets of its own: it
-    ends where its brackets balance. The id is what follows, up to the message (``node_id``)."""
+    The description (the subTest's message in brackets, its parameters in parentheses, either holding
+    blanks and brackets of their own) ends where the node id starts: the first blank-led word holding
+    ``::``. The id is what follows, up to the message (``node_id``)."""
     for word in ("SUBFAILED", "SUBFAIL"):
         if line.startswith(word):
             rest = line[len(word) :]
             break
     else:
         return None
-    if rest.startswith("["):
-        depth = 0
-        for index, char in enumerate(rest):
-            depth += {"[": 1, "]": -1}.get(char, 0)
-            if depth == 0:
-                rest = rest[index + 1 :]
-                break
-        else:
-            return None
-    if not rest.startswith(" "):
+    if not rest.startswith((" ", "[")):
         return None
-    test_id = node_id(rest.strip())
-    return test_id or None
+    start = _NODE_START.search(rest)
+    if start is None:
+        return None
+    return node_id(rest[start.start(1) :].strip()) or None
 
 
 def node_id(rest: str) -> str:
