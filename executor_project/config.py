@@ -287,6 +287,12 @@ class Config:
     images_dir: Path | None = optional_path("IMAGES_DIR")  # unset: DATA_DIR/images (see images_root)
     images_max_bytes: int = integer("IMAGES_MAX_BYTES", 50 * 1024**3, minimum=0)
     image_tag_ttl_secs: int = integer("IMAGE_TAG_TTL_SECS", 3600, minimum=0)
+    # SPEC §21: what one image may unpack to (its layers together, a sparse file by its size), a pull's
+    # whole deadline, and how long one layer fetch may receive nothing before it is given up.
+    image_max_unpacked_bytes: int = integer("IMAGE_MAX_UNPACKED_BYTES", 20 * 1024**3, minimum=1)
+    image_max_files: int = integer("IMAGE_MAX_FILES", 1_000_000, minimum=1)
+    image_pull_timeout_secs: int = integer("IMAGE_PULL_TIMEOUT_SECS", 1800, minimum=1)
+    image_fetch_stall_secs: int = integer("IMAGE_FETCH_STALL_SECS", 60, minimum=1)
     build_timeout_secs: int = integer("BUILD_TIMEOUT_SECS", 1800, minimum=1)
     build_network: str = choice("BUILD_NETWORK", "on", ("on", "off"))
     # The CAs commands trust: unset, the distribution's bundle, found once at import.

@@ -19,14 +19,13 @@ import json
 import os
 import stat
 import tarfile
-import tempfile
 from pathlib import Path
 
 from evaluations.images.errors import ImageError
 from evaluations.images.pull import choose_platform, json_object, sha256_of
 from evaluations.images.reference import parse
 from evaluations.images.store import ImageRecord, ImageStore, disk_error, hex_of
-from evaluations.images.unpack import OPAQUE, WHITEOUT, DigestReader, decompressed, unpack_layer
+from evaluations.images.unpack import OPAQUE, WHITEOUT, DigestReader, ImageCaps, decompressed, unpack_layer
 
 OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
 OCI_INDEX = "application/vnd.oci.image.index.v1+json"
@@ -48,8 +47,9 @@ MAX_JSON_BYTES = 16 * 1024 * 1024
 # -- import ------------------------------------------------------------------------------
 
 
-def import_archive(path: Path | str, store: ImageStore) -> list[ImageRecord]:
-    """Every image of the archive at ``path`` into ``store``; ImageError naming what is wrong."""
+def import_archive(path: Path | str, store: ImageStore, config=None) -> list[ImageRecord]:
+    """Every image of the archive at ``path`` into ``store``; ImageError naming what is wrong.
+    ``config``: each image within its IMAGE_MAX_UNPACKED_BYTES and IMAGE_MAX_FILES, as a pull is."""
     try:
         archive = tarfile.open(path, "r:*")
     except OSError as exc:
@@ -60,9 +60,9 @@ def import_archive(path: Path | str, store: ImageStore) -> list[ImageRecord]:
         members = {_clean(member.name): member for member in archive.getmembers() if member.isreg()}
         reader = _ArchiveReader(archive, members, str(path))
         if "oci-layout" in members and "index.json" in members:
-            return _import_oci(reader, store)
+            return _import_oci(reader, store, config)
         if "manifest.json" in members:
-            return _import_docker(reader, store)
+            return _import_docker(reader, store, config)
     raise ImageError(
         f"The image archive {path} has neither manifest.json (docker save) nor oci-layout and index.json (OCI)."
     )
@@ -99,7 +99,7 @@ class _ArchiveReader:
         return reader.digest
 
 
-def _import_docker(reader: _ArchiveReader, store: ImageStore) -> list[ImageRecord]:
+def _import_docker(reader: _ArchiveReader, store: ImageStore, config) -> list[ImageRecord]:
     entries = reader.json("manifest.json")
     if not isinstance(entries, list) or not entries:
         raise ImageError(f"manifest.json of the image archive {reader.name} is not a list of images.")
@@ -109,8 +109,9 @@ def _import_docker(reader: _ArchiveReader, store: ImageStore) -> list[ImageRecor
         layers = [(str(name), reader.digest_of(str(name))) for name in entry.get("Layers") or []]
         config_json = json_object(config_bytes, f"The config of the image archive {reader.name}")
         diff_ids = _diff_ids(config_json, len(layers), reader.name)
+        caps = _caps(config)
         for (name, blob), diff_id in zip(layers, diff_ids, strict=True):
-            _add_layer(store, reader, name, blob, diff_id)
+            _add_layer(store, reader, name, blob, diff_id, caps)
         manifest = {
             "schemaVersion": 2,
             "mediaType": DOCKER_MANIFEST,
@@ -129,7 +130,7 @@ def _import_docker(reader: _ArchiveReader, store: ImageStore) -> list[ImageRecor
     return records
 
 
-def _import_oci(reader: _ArchiveReader, store: ImageStore) -> list[ImageRecord]:
+def _import_oci(reader: _ArchiveReader, store: ImageStore, config) -> list[ImageRecord]:
     index = reader.json("index.json")
     if not isinstance(index, dict):
         raise ImageError(f"index.json of the image archive {reader.name} is not an OCI index.")
@@ -147,11 +148,12 @@ def _import_oci(reader: _ArchiveReader, store: ImageStore) -> list[ImageRecord]:
         config_json = json_object(config_bytes, f"The config of the image archive {reader.name}")
         layers = [str(layer.get("digest", "")) for layer in manifest.get("layers") or []]
         diff_ids = _diff_ids(config_json, len(layers), reader.name)
+        caps = _caps(config)
         for blob, diff_id in zip(layers, diff_ids, strict=True):
             name = f"blobs/sha256/{_hex(blob, reader.name)}"
             if reader.digest_of(name) != blob:
                 raise ImageError(f"Layer {blob} of the image archive {reader.name} does not match its digest.")
-            _add_layer(store, reader, name, blob, diff_id)
+            _add_layer(store, reader, name, blob, diff_id, caps)
         annotations = entry.get("annotations") or {}
         name = annotations.get("io.containerd.image.name") or annotations.get("org.opencontainers.image.ref.name") or ""
         refs = [str(parse(name))] if ("/" in name or ":" in name) else []
@@ -159,19 +161,26 @@ def _import_oci(reader: _ArchiveReader, store: ImageStore) -> list[ImageRecord]:
     return records
 
 
-def _add_layer(store: ImageStore, reader: _ArchiveReader, name: str, blob: str, diff_id: str) -> None:
-    """Unpack the member ``name`` as layer ``diff_id`` unless the store has it; keep it as blob ``blob``."""
+def _caps(config) -> ImageCaps:
+    return ImageCaps.of(config) if config is not None else ImageCaps(float("inf"), float("inf"))
+
+
+def _add_layer(store: ImageStore, reader: _ArchiveReader, name: str, blob: str, diff_id: str, caps: ImageCaps) -> None:
+    """Unpack the member ``name`` as layer ``diff_id`` unless the store has it; keep it as blob ``blob``.
+    The layer counts against the image's ``caps`` either way."""
 
     def populate(tree):
         with store.new_blob(blob) as keep:
             raw = DigestReader(_Tee(reader.open(name), keep))
-            counts = unpack_layer(raw, tree, layer=blob, diff_id=diff_id)
+            counts = unpack_layer(raw, tree, layer=blob, diff_id=diff_id, caps=caps)
             raw.drain()
         return counts.as_meta()
 
     if not store.has_layer(diff_id):
         store.add_layer(diff_id, populate)
-    elif not store.has_blob(blob):
+        return
+    caps.count_stored(blob, store.layer_meta(diff_id))
+    if not store.has_blob(blob):
         with store.new_blob(blob) as keep:
             _Tee(reader.open(name), keep).drain()
 
@@ -209,7 +218,7 @@ def export_image(store: ImageStore, record: ImageRecord, path: Path | str, forma
     if format not in ("docker", "oci"):
         raise ValueError(f"format is docker or oci, not {format!r}")
     path = Path(path)
-    with tempfile.TemporaryDirectory(dir=store.root / "tmp") as scratch:
+    with store.scratch() as scratch:
         layers, config_bytes = _export_layers(store, record, Path(scratch))
         if format == "docker":  # docker save's layers are plain tars, named by their diff_id
             layers = [_plain(blob, file, compression, Path(scratch)) for blob, file, compression in layers]

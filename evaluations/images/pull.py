@@ -11,6 +11,16 @@
    the same image wait and reuse it instead of downloading it again.
 4. A pull that downloaded no layer counts as a cache hit (``term_executor_image_cache_hits_total``),
    any other as a pull; the store then evicts down to IMAGES_MAX_BYTES (store.using).
+5. The image's caps (IMAGE_MAX_UNPACKED_BYTES, IMAGE_MAX_FILES) count every layer, stored ones by
+   their meta, new ones member by member before anything lands (unpack.ImageCaps). The pull's
+   clock (deadline.py) bounds it all: IMAGE_PULL_TIMEOUT_SECS, the evaluation's cancel, and a
+   blob that stalls for IMAGE_FETCH_STALL_SECS. A blob cut short (fewer bytes than its
+   Content-Length) is the network's fault: ImageUnavailable, never a broken layer.
+6. A layer first stored through REGISTRY_AUTH_FILE's credentials records where from
+   (``private_to``, its blob). Another repository reuses it only when its registry answers for
+   that very blob: a HEAD on the same registry (which enforces its own access), else the blob
+   downloaded and checked against the layer. A manifest cannot name its way into another
+   tenant's private layer by digest.
 """
 
 from __future__ import annotations
@@ -19,14 +29,18 @@ import hashlib
 import http.client
 import json
 import os
+import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import zstandard
+
+from evaluations.images.deadline import PullClock
 from evaluations.images.errors import ImageError, ImageUnavailable
 from evaluations.images.reference import Reference, parse
-from evaluations.images.registry import INDEX_TYPES, Registry
+from evaluations.images.registry import INDEX_TYPES, Endpoint, Registry
 from evaluations.images.store import ImageRecord, ImageStore, disk_error, hex_of
-from evaluations.images.unpack import DigestReader, unpack_layer
+from evaluations.images.unpack import DigestReader, ImageCaps, decompressed, unpack_layer
 
 MAX_CONFIG_BYTES = 16 * 1024 * 1024
 # os.uname().machine -> (OCI architecture, variant)
@@ -60,8 +74,10 @@ def pull(
     config,
     progress: Callable[[str], None] | None = None,
     ssl_context=None,
+    cancelled: Callable[[], bool] | None = None,
 ) -> PullResult:
-    """Pull ``ref_text`` into ``store``; ImageError / ImageUnavailable with one sentence on failure."""
+    """Pull ``ref_text`` into ``store``; ImageError / ImageUnavailable with one sentence on failure.
+    ``cancelled``: the evaluation's cancel, asked between chunks and layers (and by the clock's watcher)."""
     ref = parse(ref_text, config.image_default_registry)
     say = progress or (lambda text: None)
     known = _from_store(ref, store, config)
@@ -69,8 +85,8 @@ def pull(
         store.touch(known.digest)
         store.count("cache_hits")
         return PullResult(store.image(known.digest) or known, cached=True)
-    registry = Registry(ref, config, ssl_context=ssl_context)
-    with store.using():
+    with PullClock.of(str(ref), config, cancelled) as clock, store.using():
+        registry = Registry(ref, config, ssl_context=ssl_context, clock=clock)
         digest, manifest, body, endpoint = _manifest(registry, ref)
         config_json = _image_config(registry, endpoint, store, ref, manifest)
         diff_ids = (config_json.get("rootfs") or {}).get("diff_ids") or []
@@ -78,8 +94,10 @@ def pull(
         if len(diff_ids) != len(layers):
             raise ImageError(f"The image {ref} lists {len(layers)} layers but its config {len(diff_ids)} diff_ids.")
         downloaded = 0
+        caps = ImageCaps.of(config)
         for descriptor, diff_id in zip(layers, diff_ids, strict=True):
-            downloaded += _layer(registry, endpoint, store, descriptor, diff_id, say)
+            clock.check()
+            downloaded += _layer(registry, endpoint, store, descriptor, diff_id, say, caps)
         store.put_blob(digest, body)
         config = config_json.get("config") or {}
         record = store.save_layers_as_image(digest, config, diff_ids, "pull", [str(ref)])  # evicts as using() ends
@@ -153,7 +171,9 @@ def _image_config(registry: Registry, endpoint, store: ImageStore, ref: Referenc
         if size > MAX_CONFIG_BYTES:
             raise ImageError(f"The config of {ref} is larger than {MAX_CONFIG_BYTES} bytes.")
         with registry.blob(endpoint, digest) as response:
-            reader = DigestReader(_Network(response, None, digest), limit=MAX_CONFIG_BYTES, what=f"The config of {ref}")
+            reader = DigestReader(
+                _Network(response, None, digest, registry.clock), limit=MAX_CONFIG_BYTES, what=f"The config of {ref}"
+            )
             body = b"".join(iter(lambda: reader.read(1 << 20), b""))
         if reader.digest != digest:
             raise ImageError(f"The config of {ref} does not match its digest {digest} (got {reader.digest}).")
@@ -161,8 +181,11 @@ def _image_config(registry: Registry, endpoint, store: ImageStore, ref: Referenc
     return json_object(body, f"The config of {ref}")
 
 
-def _layer(registry: Registry, endpoint, store: ImageStore, descriptor: dict, diff_id: str, say) -> int:
-    """Make sure the store has ``diff_id``; the bytes downloaded for it (0: it was there)."""
+def _layer(
+    registry: Registry, endpoint: Endpoint, store: ImageStore, descriptor: dict, diff_id: str, say, caps: ImageCaps
+) -> int:
+    """Make sure the store has ``diff_id``, within the image's ``caps``; the bytes downloaded for it
+    (0: it was there)."""
     digest = str(descriptor.get("digest", ""))
     _check_digest(digest, f"A layer of {registry.ref}")
     _check_digest(str(diff_id), f"A diff_id of {registry.ref}")
@@ -173,8 +196,8 @@ def _layer(registry: Registry, endpoint, store: ImageStore, descriptor: dict, di
 
     def populate(tree):
         with registry.blob(endpoint, digest) as response, store.new_blob(digest) as keep:
-            raw = DigestReader(_Network(response, keep, digest), limit=size, what=f"Layer {digest}")
-            counts = unpack_layer(raw, tree, layer=digest, diff_id=diff_id)
+            raw = DigestReader(_Network(response, keep, digest, registry.clock), limit=size, what=f"Layer {digest}")
+            counts = unpack_layer(raw, tree, layer=digest, diff_id=diff_id, caps=caps)
             raw.drain()
             if raw.digest != digest or raw.bytes != size:  # inside: the blob is kept only if it matches
                 raise ImageError(
@@ -184,25 +207,84 @@ def _layer(registry: Registry, endpoint, store: ImageStore, descriptor: dict, di
         got.append(raw.bytes)
         return counts.as_meta()
 
+    private = any(candidate.credentials is not None for candidate in registry.endpoints)
+    origin = {"private_to": _repository(registry), "blob": digest} if private else None
     if not store.has_layer(diff_id):
-        store.add_layer(diff_id, populate)
+        store.add_layer(diff_id, populate, waiting=registry.clock.waiting(), origin=origin)
+    if not got:  # stored before (or meanwhile, by another process): it counts as stored
+        meta = store.layer_meta(diff_id)
+        proved = _may_reuse(registry, endpoint, meta, descriptor, diff_id)
+        caps.count_stored(digest, meta)
+        got.extend([proved] if proved else [])
     short = f"{digest[:19]}…"
     say(f"layer {short} {got[0] / 1e6:.1f} MB pulled" if got else f"layer {short} cached")
     return got[0] if got else 0
 
 
-class _Network:
-    """Reads a blob's response, keeping a copy in ``keep``; a failing connection or a full disk
-    become ImageUnavailable here, so the unpacker never mistakes them for a broken layer."""
+def _repository(registry: Registry) -> str:
+    return f"{registry.ref.registry.lower()}/{registry.ref.repository}"
 
-    def __init__(self, response, keep, digest: str):
-        self.response, self.keep, self.digest = response, keep, digest
+
+def _may_reuse(registry: Registry, endpoint: Endpoint, meta: dict, descriptor: dict, diff_id: str) -> int:
+    """A stored layer another repository's credentials fetched is used for this one only once this
+    registry answers for it: the bytes downloaded to show it (0: a HEAD sufficed, or it is not private).
+    ImageError when the registry does not have it."""
+    owner = meta.get("private_to")
+    if not owner or owner == _repository(registry):
+        return 0
+    digest = str(descriptor["digest"])
+    same_registry = owner.split("/", 1)[0] == registry.ref.registry.lower()
+    if same_registry and digest == meta.get("blob"):
+        if registry.has_blob(endpoint, digest):
+            return 0
+        raise ImageError(f"Layer {digest} of {registry.ref} is not in its repository (the registry does not have it).")
+    # Another registry could answer a HEAD for anything: it shows the layer by its bytes.
+    with registry.blob(endpoint, digest) as response:
+        raw = DigestReader(
+            _Network(response, None, digest, registry.clock), limit=descriptor["size"], what=f"Layer {digest}"
+        )
+        try:
+            content = DigestReader(decompressed(raw), what=f"Layer {digest}")
+            content.drain()
+            raw.drain()
+        except (OSError, EOFError, ValueError, zlib.error, zstandard.ZstdError) as exc:
+            raise ImageError(f"Layer {digest} of {registry.ref} is not a valid compressed stream ({exc}).") from None
+    if raw.digest != digest or raw.bytes != descriptor["size"] or content.digest != diff_id:
+        raise ImageError(f"Layer {digest} of {registry.ref} does not match its manifest and config.")
+    return raw.bytes
+
+
+class _Network:
+    """Reads a blob's response, keeping a copy in ``keep``; a failing connection, a response cut
+    short of its Content-Length, or a full disk become ImageUnavailable here, so the unpacker never
+    mistakes them for a broken layer. ``clock``: checked at every chunk (cancel, deadline)."""
+
+    def __init__(self, response, keep, digest: str, clock: PullClock):
+        self.response, self.keep, self.digest, self.clock = response, keep, digest, clock
+        announced = response.getheader("Content-Length")
+        self.announced = int(announced) if announced and announced.strip().isdigit() else None
+        self.received = 0
 
     def read(self, size: int = -1) -> bytes:
+        self.clock.check()
         try:
             data = self.response.read1(size if size and size > 0 else 1 << 20)
-        except (OSError, http.client.HTTPException) as exc:  # reset, timeout, IncompleteRead
+        except TimeoutError:
+            self.clock.check()
+            raise ImageUnavailable(
+                f"Downloading blob {self.digest} stalled: nothing received for {self.clock.stall_secs} s "
+                "(IMAGE_FETCH_STALL_SECS)."
+            ) from None
+        except (OSError, http.client.HTTPException) as exc:  # reset, IncompleteRead, shut by the clock
+            self.clock.check()
             raise ImageUnavailable(f"Downloading blob {self.digest} failed ({type(exc).__name__}: {exc}).") from None
+        self.received += len(data)
+        if not data:
+            self.clock.check()  # a connection the clock shut down ends early: say why
+        if not data and self.announced is not None and self.received < self.announced:
+            raise ImageUnavailable(
+                f"Downloading blob {self.digest} was cut short: {self.received} of {self.announced} bytes arrived."
+            )
         if self.keep is not None and data:
             try:
                 self.keep.write(data)

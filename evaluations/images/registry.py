@@ -8,6 +8,15 @@ checked address; every redirect (blob CDNs, token realms) is checked again from 
 skopeo would resolve and follow on its own. Blobs are handed to the caller as a stream, so the
 puller verifies and unpacks them as they arrive, with nothing staged.
 
+Credentials (REGISTRY_AUTH_FILE) go only where they belong (SPEC §21): to the registry's own
+host, never to another host a redirect names, never after an https-to-http redirect; to a token
+realm only when it is on the registry's host (Docker Hub's is auth.docker.io) over as safe a
+scheme, else the realm gets the auth file's own entry for its host, or is asked anonymously.
+
+Every connection is bounded by the pull's clock (images/deadline.py): its socket timeout is at
+most what is left of IMAGE_PULL_TIMEOUT_SECS (a blob's at most IMAGE_FETCH_STALL_SECS), and the
+clock's watcher shuts it down when the pull is cancelled or out of time.
+
 Errors are ImageError (the reference is wrong: 404, no such repository, malformed answers) or
 ImageUnavailable (unreachable, 5xx, timeouts, credentials the operator gave refused).
 """
@@ -23,8 +32,9 @@ from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from urllib.parse import urlencode, urljoin
+from urllib.parse import urlencode, urljoin, urlsplit
 
+from evaluations.images.deadline import PullClock
 from evaluations.images.errors import ImageError, ImageUnavailable
 from evaluations.images.reference import DOCKER_HUB, Reference
 from evaluations.network.urlguard import FetchError, URLPolicy, URLRefused, pinned_connection
@@ -40,6 +50,8 @@ MAX_MANIFEST_BYTES = 4 * 1024 * 1024
 _REDIRECTS = {301, 302, 303, 307, 308}
 _MAX_REDIRECTS = 5
 _CHALLENGE_PARAM = re.compile(r'(\w+)=(?:"([^"]*)"|([^,\s]*))')
+# A registry whose token realm is on another host of its own: Docker Hub's API and its token service.
+_REALM_HOSTS = {DOCKER_HUB: "auth.docker.io"}
 
 
 @dataclass(frozen=True)
@@ -103,14 +115,22 @@ class Endpoint:
         api_host = "registry-1.docker.io" if self.host == DOCKER_HUB else self.host
         return f"{self.scheme}://{api_host}"
 
+    @property
+    def hostname(self) -> str:
+        return urlsplit(self.base).hostname or ""
+
 
 class Registry:
     """The endpoints serving one reference's repository, tried in order (mirrors first)."""
 
-    def __init__(self, ref: Reference, config, *, ssl_context: ssl.SSLContext | None = None):
+    def __init__(
+        self, ref: Reference, config, *, ssl_context: ssl.SSLContext | None = None, clock: PullClock | None = None
+    ):
         self.ref = ref
         self.policy = URLPolicy(("http", "https"), config.allow_private_urls, tuple(config.allowed_private_hosts))
         self.timeout = float(config.download_timeout_secs)
+        self.clock = clock or PullClock.of(str(ref), config)
+        self.auth_file = config.registry_auth_file
         if ssl_context is None:
             cafile = str(config.ca_bundle) if getattr(config, "ca_bundle", None) else None
             ssl_context = ssl.create_default_context(cafile=cafile)
@@ -143,6 +163,17 @@ class Registry:
         assert last is not None
         raise last
 
+    def has_blob(self, endpoint: Endpoint, digest: str) -> bool:
+        """Whether ``endpoint`` answers for the blob ``digest`` in this repository (HEAD: 200), as this
+        pull's credentials see it. Errors other than its plain "no" (404, 401, 403) raise."""
+        try:
+            with self._get(endpoint, f"blobs/{digest}", accept="*/*", method="HEAD"):
+                return True
+        except ImageUnavailable:
+            raise
+        except ImageError:
+            return False
+
     @contextmanager
     def blob(self, endpoint: Endpoint, digest: str) -> Iterator[http.client.HTTPResponse]:
         """A response streaming the blob ``digest`` (the caller verifies it), from ``endpoint``
@@ -163,13 +194,17 @@ class Registry:
     # -- HTTP -------------------------------------------------------------------------------
 
     @contextmanager
-    def _get(self, endpoint: Endpoint, path: str, *, accept: str) -> Iterator[http.client.HTTPResponse]:
+    def _get(
+        self, endpoint: Endpoint, path: str, *, accept: str, method: str = "GET"
+    ) -> Iterator[http.client.HTTPResponse]:
         url = f"{endpoint.base}/v2/{self.ref.repository}/{path}"
         kind, _, name = path.partition("/")
         what = f"{kind[:-1]} {name} of {self.ref.repository}"
+        # A blob's bytes may take long; each read may not: IMAGE_FETCH_STALL_SECS.
+        wait = float(self.clock.stall_secs) if kind == "blobs" else self.timeout
         for attempt in range(2):
             auth = self._authorization(endpoint)
-            conn, response = self._follow(url, {"Accept": accept, **auth}, endpoint, what)
+            conn, response = self._follow(url, {"Accept": accept, **auth}, endpoint, what, wait=wait, method=method)
             try:
                 if response.status == 401 and attempt == 0:
                     challenge = response.getheader("WWW-Authenticate") or ""
@@ -180,24 +215,31 @@ class Registry:
                 yield response
                 return
             finally:
-                conn.close()
+                self._close(conn)
 
-    def _follow(self, url: str, headers: dict, endpoint: Endpoint, what: str):
-        """GET ``url``, following redirects by hand: each hop checked by the URL guard again, and the
-        registry's Authorization never sent to another host."""
+    def _follow(self, url: str, headers: dict, endpoint: Endpoint, what: str, *, wait: float, method: str = "GET"):
+        """``method`` ``url``, following redirects by hand: each hop checked by the URL guard again,
+        and the Authorization never sent to another host nor after an https-to-http redirect."""
         first_host = None
+        secure = None  # the scheme of every hop so far was https
         for _hop in range(_MAX_REDIRECTS + 1):
+            self.clock.check()
             resolved = self._check(url, what)
             first_host = first_host or resolved.host
-            sent = (
-                headers if resolved.host == first_host else {k: v for k, v in headers.items() if k != "Authorization"}
+            secure = resolved.scheme == "https" if secure is None else secure
+            downgraded = secure and resolved.scheme != "https"
+            if resolved.host != first_host or downgraded:
+                headers = {k: v for k, v in headers.items() if k != "Authorization"}  # and at every later hop
+            conn = pinned_connection(
+                resolved, timeout_secs=self.clock.socket_timeout(wait), ssl_context=self.ssl_context
             )
-            conn = pinned_connection(resolved, timeout_secs=self.timeout, ssl_context=self.ssl_context)
             try:
-                conn.request("GET", resolved.target, headers={"User-Agent": "term-executor", **sent})
+                conn.request(method, resolved.target, headers={"User-Agent": "term-executor", **headers})
+                self.clock.watch(conn)
                 response = conn.getresponse()
             except (OSError, http.client.HTTPException) as exc:
-                conn.close()
+                self._close(conn)
+                self.clock.check()  # cancelled or out of time: say that, not "unreachable"
                 raise ImageUnavailable(
                     f"The registry {endpoint.host} cannot be reached for the {what} ({_describe(exc)})."
                 ) from None
@@ -205,11 +247,15 @@ class Registry:
                 return conn, response
             location = response.getheader("Location")
             response.read()
-            conn.close()
+            self._close(conn)
             if not location:
                 raise ImageUnavailable(f"The registry {endpoint.host} redirected the {what} nowhere.")
             url = urljoin(url, location)
         raise ImageUnavailable(f"The registry {endpoint.host} redirected the {what} more than {_MAX_REDIRECTS} times.")
+
+    def _close(self, conn: http.client.HTTPConnection) -> None:
+        self.clock.unwatch(conn)
+        conn.close()
 
     def _check(self, url: str, what: str):
         try:
@@ -267,11 +313,12 @@ class Registry:
             query["service"] = params["service"]
         realm = params["realm"] + ("&" if "?" in params["realm"] else "?") + urlencode(query)
         headers = {"Accept": "application/json"}
-        if endpoint.credentials is not None:
-            headers["Authorization"] = endpoint.credentials.basic()
-        conn, response = self._follow(realm, headers, endpoint, f"token for the {what}")
+        credentials = self._realm_credentials(endpoint, realm)
+        if credentials is not None:
+            headers["Authorization"] = credentials.basic()
+        conn, response = self._follow(realm, headers, endpoint, f"token for the {what}", wait=self.timeout)
         try:
-            if response.status in (401, 403) and endpoint.credentials is not None:
+            if response.status in (401, 403) and credentials is not None:
                 raise ImageUnavailable(f"The registry {endpoint.host} refused the credentials of REGISTRY_AUTH_FILE.")
             self._check_status(response, endpoint, f"token for the {what}")
             try:
@@ -283,7 +330,23 @@ class Registry:
                 raise ImageUnavailable(f"The registry {endpoint.host} answered no token for the {what}.")
             self._tokens[endpoint.base] = token
         finally:
-            conn.close()
+            self._close(conn)
+
+    def _realm_credentials(self, endpoint: Endpoint, realm: str) -> Credentials | None:
+        """The credentials a token realm may see: the registry's when the realm is on the registry's
+        own host (or the one host Docker Hub's tokens come from), over https if the registry is; else
+        the auth file's entry for the realm's own host, if any; else none (an anonymous token)."""
+        parts = urlsplit(realm)
+        host = (parts.hostname or "").lower()
+        if not host or (endpoint.scheme == "https" and parts.scheme != "https"):
+            return None
+        if host in (endpoint.hostname, _REALM_HOSTS.get(endpoint.host)):
+            return endpoint.credentials
+        try:
+            netloc = host if parts.port is None else f"{host}:{parts.port}"
+        except ValueError:
+            return None
+        return load_credentials(self.auth_file, netloc)
 
 
 def _read_capped(response: http.client.HTTPResponse, limit: int, what: str) -> bytes:

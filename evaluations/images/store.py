@@ -10,7 +10,13 @@ Layout (all below ``root``)::
     pins/<hex>/<holder>         flock'd while an evaluation or a build uses the image
     builds/<id>/, builds/<id>.lock   a build's steps (images/build.py), its lock held while it runs
     counters.json               pulls, builds, cache hits (for /metrics)
-    locks/, tmp/                flock files; half-made layers and blobs
+    locks/                      flock files
+    tmp/<name>, tmp/<name>.lock what is in the making (layers, blobs, an export's scratch), each with
+                                its owner's flock held until it is gone or renamed into place
+
+The store is root's alone: its folders are 0700 (made so, and an existing store's tightened, when
+an ImageStore is made on it). Layers hold images' setuid files; only an evaluation's overlay,
+mounted nosuid in its sandbox, shows them to anyone else.
 
 Why it is safe with several processes:
 
@@ -21,6 +27,9 @@ Why it is safe with several processes:
    saved record; ``prune``, ``evict`` and ``remove`` hold it exclusively, so they never delete a
    layer a record is about to name.
 3. A pin is an flock, so a pin whose holder died (killed worker) is free without a reaper.
+4. What a killed pull, import or export left in ``tmp/`` is known by its free lock (scratch.py):
+   it counts in ``total_bytes`` until ``remove_dead_tmp`` (the reaper) or ``prune`` removes it; a
+   live owner's entry is never touched.
 
 The store keeps itself under IMAGES_MAX_BYTES (``max_bytes``) in one place: when the outermost
 ``using()`` of a pull, a build or an import ends, with what it saved pinned meanwhile.
@@ -40,11 +49,13 @@ import json
 import logging
 import os
 import re
-from collections.abc import Callable, Iterator
+import stat
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 from evaluations import safefs
 from evaluations.cache import mounts
+from evaluations.images import scratch as tmp_entries
 from evaluations.images.errors import ImageError, ImageUnavailable
 
 _DIGEST = re.compile(r"sha256:([0-9a-f]{64})")
@@ -100,8 +111,10 @@ class ImageStore:
         self.max_bytes = max_bytes  # IMAGES_MAX_BYTES; None: no eviction after additions (tests, read-only uses)
         self._using = 0  # how deep in using() this object is
         self._added: list[str] = []  # digests saved under the current using()
-        for sub in ("blobs/sha256", "layers", "images", "tags", "pins", "locks", "tmp"):
-            (self.root / sub).mkdir(parents=True, exist_ok=True)
+        self.root.mkdir(mode=0o700, parents=True, exist_ok=True)
+        for sub in ("blobs", "blobs/sha256", "layers", "images", "tags", "pins", "locks", "tmp"):
+            (self.root / sub).mkdir(mode=0o700, exist_ok=True)
+        _root_only(self.root)  # a store made before folders were 0700, or by another umask
 
     @classmethod
     def of(cls, config) -> ImageStore:
@@ -111,12 +124,20 @@ class ImageStore:
     # -- locks ------------------------------------------------------------------------------
 
     @contextlib.contextmanager
-    def _lock(self, name: str, *, shared: bool = False, wait: bool = True) -> Iterator[bool]:
-        """Hold the flock ``name``; yields False (not held) when ``wait`` is off and another has it."""
+    def _lock(
+        self, name: str, *, shared: bool = False, wait: bool = True, waiting: Iterable[None] | None = None
+    ) -> Iterator[bool]:
+        """Hold the flock ``name``; yields False (not held) when ``wait`` is off and another has it.
+        ``waiting``: instead of blocking, try again after each of its steps (a pull's clock, which
+        raises when the pull is cancelled or out of time)."""
         fd = os.open(self.root / "locks" / name, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
         try:
+            mode = fcntl.LOCK_SH if shared else fcntl.LOCK_EX
+            if waiting is not None:
+                _flock_polling(fd, mode, waiting)  # held when it returns: ``waiting`` raises to give up
             try:
-                fcntl.flock(fd, (fcntl.LOCK_SH if shared else fcntl.LOCK_EX) | (0 if wait else fcntl.LOCK_NB))
+                if waiting is None:
+                    fcntl.flock(fd, mode | (0 if wait else fcntl.LOCK_NB))
             except BlockingIOError:
                 yield False
                 return
@@ -169,18 +190,32 @@ class ImageStore:
     def layer_meta(self, layer_id: str) -> dict:
         return json.loads((self.layer_dir(layer_id) / "meta.json").read_text())
 
-    def add_layer(self, layer_id: str, populate: Callable[[Path], dict | None]) -> Path:
+    def add_layer(
+        self,
+        layer_id: str,
+        populate: Callable[[Path], dict | None],
+        *,
+        waiting: Iterable[None] | None = None,
+        origin: dict | None = None,
+    ) -> Path:
         """The tree of ``layer_id``, made by ``populate(tmp_tree)`` unless the store has it.
 
         ``populate`` fills an empty folder inside the store and may return {"files", "size_bytes"}
         (else the tree is measured). The folder is renamed into place once complete; one process
-        populates while the others for the same id wait on its flock and then reuse it.
+        populates while the others for the same id wait on its flock and then reuse it (``waiting``:
+        how a pull waits, see ``_lock``). ``origin``: kept in its meta, where it came from (a pull
+        through credentials: images/pull.py asks another repository before reusing it).
         """
         final = self.layer_dir(layer_id)
-        with self._lock(f"layer-{hex_of(layer_id)}"):
+        with self._lock(f"layer-{hex_of(layer_id)}", waiting=waiting):
             if self.has_layer(layer_id):
                 return final / "tree"
-            tmp = Path(self._tmp_name(f"layer-{hex_of(layer_id)}"))
+            self._make_layer(layer_id, populate, origin)
+        return final / "tree"
+
+    def _make_layer(self, layer_id: str, populate: Callable[[Path], dict | None], origin: dict | None) -> None:
+        final = self.layer_dir(layer_id)
+        with self._tmp_entry(f"layer-{hex_of(layer_id)}") as tmp:
             try:
                 (tmp / "tree").mkdir(parents=True)
                 os.chmod(tmp / "tree", 0o755)
@@ -193,6 +228,7 @@ class ImageStore:
                     "size_bytes": int(counts["size_bytes"]),
                     "files": int(counts["files"]),
                     "created_at": now_iso(),
+                    **(origin or {}),
                 }
                 (tmp / "meta.json").write_text(json.dumps(meta))
                 if final.exists():  # a half-removed layer (a prune killed midway)
@@ -200,10 +236,6 @@ class ImageStore:
                 os.rename(tmp, final)
             except OSError as exc:
                 raise disk_error(exc, f"storing layer {layer_id}") from None
-            finally:
-                if tmp.exists():
-                    safefs.remove_tree_nofollow(tmp)
-        return final / "tree"
 
     # -- blobs ------------------------------------------------------------------------------
 
@@ -224,19 +256,23 @@ class ImageStore:
     def new_blob(self, digest: str) -> Iterator:
         """A file to write the blob ``digest`` into; it is renamed into place if the block ends
         without an exception (the caller has verified the bytes), dropped otherwise."""
-        tmp = self._tmp_name(f"blob-{hex_of(digest)}")
-        try:
-            with open(tmp, "wb") as out:
-                yield out
-            os.rename(tmp, self.blob_path(digest))
-        except OSError as exc:
-            raise disk_error(exc, f"storing blob {digest}") from None
-        finally:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(tmp)
+        with self._tmp_entry(f"blob-{hex_of(digest)}") as tmp:
+            try:
+                with open(tmp, "xb") as out:
+                    yield out
+                os.rename(tmp, self.blob_path(digest))
+            except OSError as exc:
+                raise disk_error(exc, f"storing blob {digest}") from None
 
-    def _tmp_name(self, prefix: str) -> str:
-        return str(self.root / "tmp" / f"{prefix}.{os.getpid()}.{os.urandom(4).hex()}")
+    @contextlib.contextmanager
+    def scratch(self) -> Iterator[Path]:
+        """An empty folder in ``tmp/`` for the block (an export's layers), removed after it."""
+        with self._tmp_entry("scratch") as path:
+            path.mkdir(mode=0o700)
+            yield path
+
+    def _tmp_entry(self, prefix: str):
+        return tmp_entries.entry(self.root / "tmp", prefix)
 
     # -- images and tags --------------------------------------------------------------------
 
@@ -479,13 +515,21 @@ class ImageStore:
             with contextlib.suppress(ValueError, KeyError, FileNotFoundError):
                 if json.loads(path.read_text())["digest"] not in digests:
                     path.unlink()
-        for path in (self.root / "tmp").iterdir():  # no pull holds "using" now: all are leftovers
-            safefs.remove_tree_nofollow(path)
-        return freed
+        return freed + self.remove_dead_tmp()[1]
+
+    def remove_dead_tmp(self) -> tuple[int, int]:
+        """What dead owners left in ``tmp/`` (images/scratch.py): (entries removed, bytes freed)."""
+        return tmp_entries.remove_dead(self.root / "tmp")
+
+    def tmp_bytes(self) -> int:
+        """What ``tmp/`` holds: things in the making, and what dead processes left there."""
+        return tmp_entries.usage(self.root / "tmp")
 
     def total_bytes(self) -> int:
+        """Layers, blobs and ``tmp/``: what the store takes of the disk (IMAGES_MAX_BYTES counts it)."""
         layers = sum(self._layer_bytes(path) for path in (self.root / "layers").iterdir())
-        return layers + sum(path.stat().st_size for path in (self.root / "blobs" / "sha256").iterdir())
+        blobs = sum(path.stat().st_size for path in (self.root / "blobs" / "sha256").iterdir())
+        return layers + blobs + self.tmp_bytes()
 
     def evict(self, max_bytes: int, *, wait: bool = True) -> list[ImageRecord]:
         """Remove images, least recently used first, until the store holds at most ``max_bytes``;
@@ -575,6 +619,25 @@ def read_counts(root: Path) -> dict[str, int]:
     except (OSError, ValueError):
         saved = {}
     return {name: int(saved.get(name, 0)) if isinstance(saved, dict) else 0 for name in COUNTERS}
+
+
+def _root_only(root: Path) -> None:
+    """The store's root and its first folders 0700 (what is below them is out of reach then)."""
+    for path in (root, *root.iterdir()):
+        with contextlib.suppress(FileNotFoundError):
+            st = os.lstat(path)
+            if stat.S_ISDIR(st.st_mode) and stat.S_IMODE(st.st_mode) != 0o700 and st.st_uid == os.geteuid():
+                os.chmod(path, 0o700)
+
+
+def _flock_polling(fd: int, mode: int, waiting: Iterable[None]) -> None:
+    for _ in waiting:
+        try:
+            fcntl.flock(fd, mode | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            continue
+    raise ImageUnavailable("Gave up waiting for a lock of the image store.")
 
 
 def disk_error(exc: OSError, doing: str) -> OSError | ImageUnavailable:

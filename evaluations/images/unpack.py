@@ -15,6 +15,9 @@ decompressed bytes and the files are checked as they go by, nothing is staged in
    ``.wh..wh..opq`` marks its folder opaque (``trusted.overlay.opaque=y``).
 4. Owners are the image's own (0..65535: the evaluation's user namespace maps that range),
    modes as written; set after the data, so a chown never clears a setuid bit we set.
+5. ``ImageCaps`` (IMAGE_MAX_UNPACKED_BYTES, IMAGE_MAX_FILES) count the whole image, layer after
+   layer, and are checked *before* a file is made or a byte written: a member's size is its
+   header's (a sparse or zero-filled file counts by its size, not by the blocks it would use).
 """
 
 from __future__ import annotations
@@ -85,6 +88,42 @@ class _Prefixed:
         return self.source.read(size)
 
 
+class ImageCaps:
+    """What one image may unpack to, all its layers together: IMAGE_MAX_UNPACKED_BYTES and
+    IMAGE_MAX_FILES. ``check`` before anything lands, ``add`` once it has."""
+
+    def __init__(self, max_bytes: int, max_files: int):
+        self.max_bytes, self.max_files = max_bytes, max_files
+        self.bytes = self.files = 0
+
+    @classmethod
+    def of(cls, config) -> ImageCaps:
+        return cls(config.image_max_unpacked_bytes, config.image_max_files)
+
+    def check(self, layer: str, files: int, size: int, what: str = "") -> None:
+        """ImageError naming ``layer`` and the cap if ``files`` more files of ``size`` bytes do not fit."""
+        if self.bytes + size > self.max_bytes:
+            raise ImageError(
+                f"Layer {layer} is refused: {what or 'it'} would take the image past IMAGE_MAX_UNPACKED_BYTES "
+                f"({self.max_bytes} bytes unpacked)."
+            )
+        if self.files + files > self.max_files:
+            raise ImageError(
+                f"Layer {layer} is refused: {what or 'it'} would take the image past IMAGE_MAX_FILES "
+                f"({self.max_files} files)."
+            )
+
+    def add(self, files: int, size: int) -> None:
+        self.files += files
+        self.bytes += size
+
+    def count_stored(self, layer: str, meta: dict) -> None:
+        """A layer the store holds already (its meta's counts) counts against the image's caps too."""
+        files, size = int(meta.get("files", 0)), int(meta.get("size_bytes", 0))
+        self.check(layer, files, size)
+        self.add(files, size)
+
+
 @dataclass(frozen=True)
 class LayerCounts:
     files: int
@@ -111,18 +150,19 @@ def decompressed(stream):
     return source
 
 
-def unpack_layer(stream, tree: Path, *, layer: str, diff_id: str | None) -> LayerCounts:
+def unpack_layer(stream, tree: Path, *, layer: str, diff_id: str | None, caps: ImageCaps | None = None) -> LayerCounts:
     """Unpack the layer blob read from ``stream`` into the empty folder ``tree``.
 
     ``layer`` names it in messages (its blob digest); ``diff_id`` (sha256:...) is the config's, or
-    None when nothing tells it yet (an import computes it). ImageError for a hostile or broken
-    layer; OSError (ENOSPC) passes on for the store to report.
+    None when nothing tells it yet (an import computes it); ``caps``: the image's, counting this
+    layer on top of the ones before it. ImageError for a hostile or broken layer or one over a
+    cap; OSError (ENOSPC) passes on for the store to report.
     """
     uncompressed = DigestReader(None, what=f"Layer {layer}")
     root_fd = safefs.open_root_dir(tree)
     try:
         uncompressed.source = decompressed(stream)
-        writer = _LayerWriter(root_fd, layer)
+        writer = _LayerWriter(root_fd, layer, caps or ImageCaps(float("inf"), float("inf")))
         with tarfile.open(fileobj=uncompressed, mode="r|", errorlevel=2) as archive:
             for member in archive:
                 writer.add(archive, member)
@@ -142,15 +182,25 @@ def unpack_layer(stream, tree: Path, *, layer: str, diff_id: str | None) -> Laye
 class _LayerWriter:
     """Makes each member below the open root ``root_fd``; see the module's rules."""
 
-    def __init__(self, root_fd: int, layer: str):
+    def __init__(self, root_fd: int, layer: str, caps: ImageCaps):
         self.root_fd = root_fd
         self.layer = layer
+        self.caps = caps
         self.files = 0
         self.size_bytes = 0
         self.regular: set[tuple[str, ...]] = set()  # files made here: the only hard link targets
 
     def refuse(self, member: tarfile.TarInfo, why: str) -> ImageError:
         return ImageError(f"Layer {self.layer} is refused: member {member.name!r} {why}.")
+
+    def room(self, member: tarfile.TarInfo, size: int = 0) -> None:
+        """Before one more file (of ``size`` bytes) lands: the image's caps still hold it."""
+        self.caps.check(self.layer, 1, size, f"member {member.name!r}")
+
+    def made(self, size: int = 0) -> None:
+        self.files += 1
+        self.size_bytes += size
+        self.caps.add(1, size)
 
     def add(self, archive: tarfile.TarFile, member: tarfile.TarInfo) -> None:
         parts = self.parts(member, member.name, "path")
@@ -187,12 +237,10 @@ class _LayerWriter:
         fd = os.dup(self.root_fd)
         try:
             for depth, part in enumerate(parts[:-1], start=1):
-                if create:
-                    try:
-                        os.mkdir(part, 0o755, dir_fd=fd)
-                        self.files += 1
-                    except FileExistsError:
-                        pass
+                if create and _lstat(fd, part) is None:
+                    self.room(member)
+                    os.mkdir(part, 0o755, dir_fd=fd)
+                    self.made()
                 try:
                     child = os.open(part, _DIR_FLAGS, dir_fd=fd)
                 except OSError as exc:
@@ -223,16 +271,18 @@ class _LayerWriter:
             if hidden in ("", ".", ".."):
                 raise self.refuse(member, "is a whiteout naming no file")
             self.clear(parent_fd, [*parts[:-1], hidden])
+            self.room(member)
             os.mknod(hidden, stat.S_IFCHR | 0o000, os.makedev(0, 0), dir_fd=parent_fd)
-            self.files += 1
+            self.made()
             return
         mode = member.mode & 0o7777
         if member.isdir():
             existing = _lstat(parent_fd, name)
             if existing is None or not stat.S_ISDIR(existing.st_mode):
                 self.clear(parent_fd, parts)
+                self.room(member)
                 os.mkdir(name, 0o700, dir_fd=parent_fd)
-                self.files += 1
+                self.made()
             fd = os.open(name, _DIR_FLAGS, dir_fd=parent_fd)
             try:
                 self.finish(fd, member, mode)
@@ -240,6 +290,7 @@ class _LayerWriter:
                 os.close(fd)
             return
         self.clear(parent_fd, parts)
+        self.room(member, member.size if member.isreg() else 0)
         if member.isreg():
             fd = os.open(
                 name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=parent_fd
@@ -253,7 +304,6 @@ class _LayerWriter:
                 self.finish(fd, member, mode)
             finally:
                 os.close(fd)
-            self.size_bytes += member.size
             self.regular.add(tuple(parts))
         elif member.isfifo():
             os.mkfifo(name, 0o600, dir_fd=parent_fd)
@@ -277,7 +327,7 @@ class _LayerWriter:
                 os.close(target_fd)
             self.regular.add(tuple(parts))
         os.utime(name, ns=(int(member.mtime * 10**9),) * 2, dir_fd=parent_fd, follow_symlinks=False)
-        self.files += 1
+        self.made(member.size if member.isreg() else 0)
 
     def check_symlink(self, member: tarfile.TarInfo, parts: list[str]) -> None:
         target = member.linkname

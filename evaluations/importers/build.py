@@ -19,7 +19,8 @@
 4. workspace.yaml's ``install``, ``env`` and ``environment`` and the test
    command are the row's recipe and environment (recipes.py: SWE-bench's
    specifications, --specs, --install/--test-cmd, --environment-for,
-   --image-template); with --image-template the task has no ``repo``.
+   --image-template, a SWE-bench 5.0 row's ``image``); in such an image the
+   task has no ``repo``.
 5. The folder is written in a scratch folder inside DIR, read back with the
    pipeline's own ``load_task`` (so what is written is what the executor
    accepts), packed, and only then renamed into place: a task is in DIR
@@ -198,15 +199,25 @@ def test_directives(repo: str, paths: list[str]) -> list[str]:
     return modules
 
 
-def swebench_tests(instance: Instance, files: TestFiles, recipe: recipes.Recipe) -> dict:
-    """workspace.yaml's ``swebench`` mapping of a row (pipeline/swebench/spec.py reads it)."""
+def swebench_tests(instance: Instance, files: TestFiles, recipe: recipes.Recipe, options: Options) -> dict:
+    """workspace.yaml's ``swebench`` mapping of a row (pipeline/swebench/spec.py reads it). A SWE-bench
+    5.0 row's ``eval_script`` is its test command unless --test-cmd says otherwise, and its
+    ``log_parser`` its parser; ``eval_type`` is kept."""
+    if instance.eval_script is not None and options.test_cmd is None:
+        run = {"eval_script": instance.eval_script}
+    else:
+        run = {
+            "test_cmd": recipe.test_cmd,
+            "test_files": test_directives(instance.repo, [path for path, _data, _mode in files.changed]),
+        }
+    parser = parsers.LOG_PARSERS[instance.log_parser] if instance.log_parser else parsers.parser_for_repo(instance.repo)
     return {
-        "test_cmd": recipe.test_cmd,
-        "test_files": test_directives(instance.repo, [path for path, _data, _mode in files.changed]),
-        "parser": parsers.parser_for_repo(instance.repo),
+        **run,
+        "parser": parser,
         "fail_to_pass": list(instance.fail_to_pass),
         "pass_to_pass": list(instance.pass_to_pass),
         **({"deleted_files": list(files.deleted)} if files.deleted else {}),
+        **({"eval_type": instance.eval_type} if instance.eval_type else {}),
     }
 
 
@@ -215,7 +226,8 @@ def workspace_yaml(
 ) -> str:
     """The task's workspace.yaml; with --image-template no repo: the image's /testbed is the workspace."""
     environment = recipes.environment_for(instance, recipe, options)
-    workspace = {} if options.image_template else {"repo": url, "base_commit": instance.base_commit}
+    in_image = recipes.row_image(instance, options) is not None
+    workspace = {} if in_image else {"repo": url, "base_commit": instance.base_commit}
     if instance.version:
         workspace["version"] = instance.version
     if instance.language:
@@ -231,7 +243,7 @@ def workspace_yaml(
     elif is_forge(instance):  # SWE-Forge's FAIL_TO_PASS / PASS_TO_PASS are test commands, not ids
         workspace["fail_to_pass"] = list(instance.fail_to_pass)
         workspace["pass_to_pass"] = list(instance.pass_to_pass)
-    if instance.difficulty is not None:  # SWE-Forge's, kept in the evaluation's task_metadata
+    if instance.difficulty is not None:  # SWE-Forge's and SWE-bench Verified's, kept in task_metadata
         workspace["difficulty"] = instance.difficulty
     if instance.difficulty_score is not None:
         workspace["difficulty_score"] = instance.difficulty_score
@@ -240,12 +252,10 @@ def workspace_yaml(
 
 
 def is_forge(instance: Instance) -> bool:
-    """A SWE-Forge row (SPEC §19): SWE-bench's fields plus its own (``install``, ``language``,
-    ``difficulty``) and no ``test_cmd``; its FAIL_TO_PASS and PASS_TO_PASS are then shell commands
-    (``pytest tests/x.py``) that the task runs. A row with a ``test_cmd`` has ids that command's log names."""
-    if instance.test_cmd is not None:
-        return False
-    return instance.install is not None or instance.language is not None or instance.difficulty is not None
+    """A SWE-Forge row (SPEC §19, §22): its FAIL_TO_PASS entries are shell commands (``pytest tests/x.py``)
+    that the task runs, not test ids; decided from the entries alone (rows.py, testids.py), never from
+    the row's other fields (SWE-bench Verified's rows carry ``difficulty`` too)."""
+    return instance.forge
 
 
 def build_task(instance: Instance, files: TestFiles, url: str, options: Options, out: Path) -> Built:
@@ -260,7 +270,7 @@ def build_task(instance: Instance, files: TestFiles, url: str, options: Options,
         folder = Path(scratch) / label
         tests = folder / "tests"
         tests.mkdir(parents=True)
-        graded = None if is_forge(instance) else swebench_tests(instance, files, recipe)
+        graded = None if is_forge(instance) else swebench_tests(instance, files, recipe, options)
         workspace = workspace_yaml(instance, url, options, recipe, graded)
         (folder / "workspace.yaml").write_text(workspace, encoding="utf-8")
         (folder / "prompt.md").write_text(instance.problem_statement, encoding="utf-8")

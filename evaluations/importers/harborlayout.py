@@ -13,7 +13,11 @@
    /tests/run-tests.sh`` as the harness did, writes ``reward.txt`` from its
    exit status (for Harbor itself, which reads only that file, as Harbor's
    own mapper does) and exits with that status.
-4. ``task.toml`` says ``[verifier] grader = "pytest"``: this executor grades
+4. A compose volume binding the task's folder at its ``working_dir`` becomes
+   ``[environment] workdir`` and ``environment/docker-compose.yaml`` binding
+   ``./`` (environment/, the same folder less the harness's files) there.
+5. ``task.toml`` says ``[verifier] grader = "pytest"`` (or ``"swebench"``
+   for ``parser_name: swebench``, its ids in ``tests/config.json``): this executor grades
    the converted task as it grades the Terminal-Bench one, from the ``-rA``
    summary it captured and the exit status, never from a file written in
    the sandbox. Harbor ignores the key. ``[verifier.env]`` holds TEST_DIR
@@ -28,6 +32,8 @@ import os
 import re
 import shutil
 from pathlib import Path
+
+import yaml
 
 from evaluations.pipeline.taskspec import SupportFile, TaskSpec
 
@@ -46,6 +52,12 @@ mkdir -p /logs/verifier
 if [ "$status" -eq 0 ]; then echo 1 > /logs/verifier/reward.txt; else echo 0 > /logs/verifier/reward.txt; fi
 exit "$status"
 """
+
+
+_COMPOSE_NOTE = (
+    "# Made by manage.py import_tasks: the Terminal-Bench task's compose service bound its folder at its\n"
+    "# working_dir; term-executor reads this volume back (the folder without its tests and solution).\n"
+)
 
 
 class CannotConvert(Exception):
@@ -67,10 +79,24 @@ def write_harbor_layout(task: TaskSpec, dest: Path) -> None:
         env_dir.mkdir()
     else:
         _copy_context(task.root, environment.context, environment.dockerfile, env_dir)
+    if task.workdir_files is not None:
+        _bind_environment(environment, env_dir)
     _write_files(dest / "tests", [*task.verifier.files, SupportFile("test.sh", TEST_SH.encode(), 0o755)])
     if task.solution is not None:
         _write_files(dest / "solution", [SupportFile("solve.sh", task.solution.encode(), 0o755)])
     (dest / "task.toml").write_text(task_toml(task), encoding="utf-8")
+
+
+def _bind_environment(environment, env_dir: Path) -> None:
+    """The compose volume binding the task's folder at its working_dir, as environment/docker-compose.yaml
+    (environment/ is that folder, less the harness's files): the Harbor reader reads it back so."""
+    if environment.image is not None or environment.context != ".":
+        raise CannotConvert("its compose service binds the task's folder, which is not its build context here")
+    if os.path.lexists(env_dir / "docker-compose.yaml"):
+        raise CannotConvert("its build context already holds a docker-compose.yaml")
+    service = {"build": {"context": ".", "dockerfile": "Dockerfile"}, "volumes": [f"./:{environment.workdir}"]}
+    compose = yaml.safe_dump({"services": {"client": service}}, sort_keys=False)
+    (env_dir / "docker-compose.yaml").write_text(_COMPOSE_NOTE + compose, encoding="utf-8")
 
 
 def _copy_context(root: Path, context: str, dockerfile: str, env_dir: Path) -> None:
@@ -105,7 +131,7 @@ def task_toml(task: TaskSpec) -> str:
     tables.append(("agent", _present(timeout_sec=request.agent_timeout_secs)))
     tables.append(("verifier", _present(timeout_sec=request.verifier_timeout_secs, grader=task.grader)))
     tables.append(("verifier.env", dict(task.verifier.env)))
-    tables.append(("environment", _present(docker_image=task.environment.image)))
+    tables.append(("environment", _present(docker_image=task.environment.image, workdir=task.environment.workdir)))
     tables.append(("environment.env", dict(task.env)))
     return toml_document(tables)
 

@@ -24,7 +24,8 @@
    ``--install`` says, and the test command runs in its ``testbed`` conda
    environment, as SWE-bench's evaluation script does.
 3. A row's environment (``environment_for``): the image of
-   ``--image-template``; else ``--environment-for`` by the recipe's Python
+   ``--image-template``, else the row's own ``image`` (SWE-bench 5.0's) when
+   neither --environment nor --environment-for is given; else ``--environment-for`` by the recipe's Python
    version (a row whose version has none is skipped: ``NoEnvironment``),
    ``--environment`` for a row whose Python version is not known; else
    ``--environment`` for every row, or none (the executor's default).
@@ -204,7 +205,7 @@ def spec_for(instance: Instance, options: Options) -> dict | None:
 def recipe_for(instance: Instance, options: Options) -> Recipe:
     """The install commands, test command and variables of the row's task (see the module's 2.)."""
     spec = spec_for(instance, options)
-    image = options.image_template is not None
+    image = row_image(instance, options) is not None
     note = None
     if spec is None:
         spec = {}
@@ -301,14 +302,13 @@ def _joined(test_cmd: str | list[str] | None) -> str | None:
 def environment_for(instance: Instance, recipe: Recipe, options: Options) -> str | dict | None:
     """workspace.yaml's ``environment`` for the row (a name, ``{"image": REF}``, or None: the
     executor's default); NoEnvironment when --environment-for has none for its Python version."""
-    if options.image_template is not None:
-        ref = image_for(options.image_template, instance.instance_id)
+    ref = row_image(instance, options)
+    if ref is not None:
         try:
             reference.parse(ref)
         except ImageError as exc:
-            raise BadRow(
-                instance.instance_id, f"--image-template gives no image reference for this id: {exc}"
-            ) from None
+            source = "--image-template" if options.image_template is not None else "the row's image"
+            raise BadRow(instance.instance_id, f"{source} gives no image reference for this id: {exc}") from None
         return {"image": ref}
     if not options.environment_for:
         return options.environment
@@ -324,6 +324,16 @@ def environment_for(instance: Instance, recipe: Recipe, options: Options) -> str
     if chosen is None:
         raise NoEnvironment(instance.instance_id, f"no environment for python {recipe.python}")
     return chosen
+
+
+def row_image(instance: Instance, options: Options) -> str | None:
+    """The SWE-bench image the row runs in, or None: --image-template's; else the row's own ``image``
+    (SWE-bench 5.0) unless --environment or --environment-for chose the environments."""
+    if options.image_template is not None:
+        return image_for(options.image_template, instance.instance_id)
+    if instance.image is not None and not options.environment and not options.environment_for:
+        return instance.image
+    return None
 
 
 def image_for(template: str, instance_id: str) -> str:

@@ -11,7 +11,14 @@
 3. SWE-Forge's rows are SWE-bench's plus ``install`` (a command or a list),
    ``language``, ``test_cmd``, ``difficulty`` and ``difficulty_score``, each
    checked the same way; the task's workspace.yaml keeps them (build.py).
-4. A bad row raises ``BadRow`` naming the row by its id when it has a usable
+   Whether a row is SWE-Forge's (its FAIL_TO_PASS are shell commands) is
+   decided from its FAIL_TO_PASS entries alone (testids.py), never from which
+   other fields it has: SWE-bench Verified's rows carry ``difficulty`` too.
+4. SWE-bench 5.0's ``image``, ``eval_script``, ``log_parser`` and
+   ``eval_type`` are read when present: ``log_parser`` must name a parser of
+   SWE-bench this executor has (``swebench.parsers.LOG_PARSERS``), ``eval_type``
+   is ``pass_and_fail`` or ``fail_only``; other extra fields are ignored.
+5. A bad row raises ``BadRow`` naming the row by its id when it has a usable
    one, else by its position; the caller reports it and goes on.
 """
 
@@ -23,6 +30,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from evaluations.pipeline import sweforge
+from evaluations.pipeline.swebench.grading import EVAL_TYPES, check_eval_script
+from evaluations.pipeline.swebench.parsers import LOG_PARSERS
+
+from . import testids
 
 REQUIRED = (
     "instance_id", "repo", "base_commit", "patch", "test_patch", "problem_statement", "FAIL_TO_PASS", "PASS_TO_PASS",
@@ -60,6 +71,11 @@ class Instance:
     test_cmd: str | None = None  # SWE-Forge's own; --test-cmd overrides it
     difficulty: str | None = None  # SWE-Forge's (easy, medium, hard): the task's workspace.yaml keeps it
     difficulty_score: int | None = None  # SWE-Forge's (its dataset's uint8)
+    forge: bool = False  # FAIL_TO_PASS / PASS_TO_PASS are shell commands (SWE-Forge's), not test ids
+    image: str | None = None  # SWE-bench 5.0's: the row's evaluation image
+    eval_script: str | None = None  # SWE-bench 5.0's: the script that runs the tests (its test command)
+    log_parser: str | None = None  # SWE-bench 5.0's parser name (parse_log_pytest...), checked
+    eval_type: str | None = None  # SWE-bench 5.0's: pass_and_fail | fail_only
 
 
 def read_rows(path: Path) -> list[tuple[str, object]]:
@@ -133,6 +149,11 @@ def parse_instance(label: str, row: object) -> Instance:
         test_cmd=_optional_text(label, row, "test_cmd"),
         difficulty=_optional_text(label, row, "difficulty"),
         difficulty_score=_difficulty_score(label, row),
+        forge=testids.kind_of(fail_to_pass) == testids.COMMANDS,
+        image=_optional_text(label, row, "image"),
+        eval_script=_eval_script(label, row),
+        log_parser=_choice(label, row, "log_parser", LOG_PARSERS),
+        eval_type=_choice(label, row, "eval_type", EVAL_TYPES),
     )
 
 
@@ -167,6 +188,23 @@ def _optional_text(label: str, row: dict, name: str, *, numbers: bool = False) -
     if not isinstance(value, str):
         raise BadRow(label, f"{name} must be a string")
     return value
+
+
+def _choice(label: str, row: dict, name: str, known) -> str | None:
+    value = _optional_text(label, row, name)
+    if value is not None and value not in known:
+        raise BadRow(label, f"{name} {value!r} is not one this executor has (it has: {', '.join(known)})")
+    return value
+
+
+def _eval_script(label: str, row: dict) -> str | None:
+    script = _optional_text(label, row, "eval_script")
+    if script is None:
+        return None
+    try:
+        return check_eval_script(script)
+    except ValueError as exc:
+        raise BadRow(label, f"eval_script {exc}") from None
 
 
 def _install(label: str, row: dict) -> list[str] | None:

@@ -17,6 +17,8 @@ archives in OUT (SPEC §17).
 5. ``OUT/index.json`` lists ``{name, format, source_format, source, folder,
    archive, sha256}`` under ``tasks``; entries of earlier imports stay while
    their archive does.
+6. ``--report FILE`` (``ImportResult.report``): every folder read, imported or
+   not, with the sentence that refused it (or passed it over).
 """
 
 from __future__ import annotations
@@ -67,12 +69,27 @@ class Imported:
 class Refused:
     source: str
     message: str
+    dataset: str = ""
 
 
 @dataclass
 class ImportResult:
     imported: list[Imported] = field(default_factory=list)
     refused: list[Refused] = field(default_factory=list)
+    passed_over: list[Refused] = field(default_factory=list)  # sub-folders holding no task: named, not refused
+    datasets: dict[str, str] = field(default_factory=dict)  # a task's source folder -> its dataset
+
+    def report(self) -> list[dict]:
+        """``--report FILE``: every folder read, ``{folder, dataset, imported, reason}``, in the order read."""
+        entries = [
+            {"folder": task.source, "dataset": self.datasets.get(task.source, ""), "imported": True, "reason": ""}
+            for task in self.imported
+        ]
+        entries += [
+            {"folder": bad.source, "dataset": bad.dataset, "imported": False, "reason": bad.message}
+            for bad in [*self.refused, *self.passed_over]
+        ]
+        return sorted(entries, key=lambda entry: (entry["dataset"], entry["folder"]))
 
 
 def task_format(folder: Path) -> str | None:
@@ -83,17 +100,23 @@ def task_format(folder: Path) -> str | None:
     return None
 
 
-def find_tasks(dirs: list[Path], source_format: str, report=print) -> tuple[list[Path], list[Refused]]:
-    """The task folders of ``dirs``; a DIR that is a task of the other format, or holds none, is refused."""
-    found, refused = [], []
+def find_tasks(dirs: list[Path], source_format: str, report=print, result: ImportResult | None = None) -> list[Path]:
+    """The task folders of ``dirs``; a DIR that is a task of the other format, or holds none, is refused
+    (in ``result.refused``), a sub-folder holding none passed over (``result.passed_over``). A task's
+    dataset is the DIR that held it (the folder of tasks), or, for a DIR that is a task, its parent's name."""
+    result = result if result is not None else ImportResult()
+    found = []
     marker = FORMATS[source_format]
     for folder in dirs:
         here = task_format(folder)
+        dataset = (folder.resolve().parent if here is not None else folder.resolve()).name
         if here == source_format:
             found.append(folder)
+            result.datasets[str(folder)] = dataset
             continue
         if here is not None:
-            refused.append(Refused(str(folder), f"is a {here} task ({FORMATS[here]}), not a {source_format} one"))
+            message = f"is a {here} task ({FORMATS[here]}), not a {source_format} one"
+            result.refused.append(Refused(str(folder), message, dataset))
             continue
         tasks = []
         for child in sorted(folder.iterdir()):
@@ -102,25 +125,27 @@ def find_tasks(dirs: list[Path], source_format: str, report=print) -> tuple[list
             child_format = task_format(child)
             if child_format == source_format:
                 tasks.append(child)
-            elif child_format is not None:
-                report(f"passed over {child}: it is a {child_format} task, not a {source_format} one")
-            else:
-                report(f"passed over {child}: it holds no {marker}")
+                result.datasets[str(child)] = dataset
+                continue
+            why = f"it is a {child_format} task, not a {source_format} one" if child_format else f"it holds no {marker}"
+            result.passed_over.append(Refused(str(child), f"passed over: {why}", dataset))
+            report(f"passed over {child}: {why}")
         if not tasks:
-            refused.append(Refused(str(folder), f"holds no {source_format} task ({marker} in it or in a sub-folder)"))
+            message = f"holds no {source_format} task ({marker} in it or in a sub-folder)"
+            result.refused.append(Refused(str(folder), message, dataset))
         found += tasks
-    return found, refused
+    return found
 
 
 def import_tasks(dirs: list[Path], out: Path, source_format: str, *, report=print, report_bad=print) -> ImportResult:
     result = ImportResult()
-    folders, refused = find_tasks(dirs, source_format, report)
-    for bad in refused:
+    folders = find_tasks(dirs, source_format, report, result)
+    for bad in result.refused:
         report_bad(f"refused {bad.source}: {bad.message}")
-    result.refused += refused
     out.mkdir(parents=True, exist_ok=True)
     names: set[str] = set()
     for number, folder in enumerate(folders, 1):
+        dataset = result.datasets.get(str(folder), "")
         try:
             name = folder.resolve().name
             if not _NAME.fullmatch(name):
@@ -130,7 +155,7 @@ def import_tasks(dirs: list[Path], out: Path, source_format: str, *, report=prin
             names.add(name)
             imported = _import_one(folder, name, source_format, out)
         except (TaskError, CannotConvert, ArchiveError) as exc:
-            result.refused.append(Refused(str(folder), str(exc)))
+            result.refused.append(Refused(str(folder), str(exc), dataset))
             report_bad(f"refused {folder}: {exc}")
             continue
         result.imported.append(imported)

@@ -6,8 +6,9 @@ following a link: never by a program in the sandbox, whose word would be the age
 
 1. ``read_reward`` (grader ``reward_file``, Harbor's): ``reward.json``, else ``reward.txt``,
    from the verifier's fresh ``/logs/verifier`` folder.
-2. ``grade_pytest`` (grader ``pytest``, Terminal-Bench 1.x's): the last ``-rA`` short test
-   summary, cross-checked with pytest's final counts line and the command's exit status.
+2. ``grade_pytest`` (grader ``pytest`` of a workspace task) and ``grade_terminal_bench`` (grader
+   ``pytest`` of a Terminal-Bench or converted task, as Terminal-Bench's own parser grades):
+   pytestgrade.py, re-exported here.
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from evaluations.safefs import SafeFSError, open_root_dir, read_file_at
+
+from .pytestgrade import PASSING, PytestGrade, grade_pytest, grade_terminal_bench  # noqa: F401  (re-exported)
 
 REWARD_FILES = ("reward.json", "reward.txt")  # in this order: the first present is the reward
 MAX_REWARD_BYTES = 64 * 1024  # a reward is a few numbers; anything larger is refused unread
@@ -168,133 +171,3 @@ def _json_kind(value: object) -> str:
     if isinstance(value, dict):
         return "an object"
     return "a number"
-
-
-# -- pytest -----------------------------------------------------------------------------------
-
-# How each status of the short test summary counts (Terminal-Bench 1.x's parser counts them so,
-# SKIPPED aside; SWE-bench's grading agrees on PASSED, XFAIL, FAILED and ERROR):
-#   PASSED, XFAIL          a result that passed (XFAIL: the failure the author marked as expected)
-#   FAILED, ERROR, XPASS   a result that failed (ERROR: in setup, teardown or collection;
-#                          XPASS: a test marked as failing passed, the task's premise is off)
-#   SKIPPED                no result: a skipped test did not run (counted in ``skipped``)
-PASSING = {"PASSED": True, "XFAIL": True, "FAILED": False, "ERROR": False, "XPASS": False}
-
-# The words of pytest's final counts line ("2 failed, 5 passed, 1 error in 0.09s") and the
-# summary status each counts.
-_COUNT_WORDS = {
-    "passed": "PASSED",
-    "failed": "FAILED",
-    "error": "ERROR",
-    "errors": "ERROR",
-    "skipped": "SKIPPED",
-    "xfailed": "XFAIL",
-    "xpassed": "XPASS",
-}
-_ANSI = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]")
-_HEADER = re.compile(r"=+ short test summary info =+")
-_COUNTS = re.compile(
-    r"(?:=+ )?(?P<body>no tests ran|\d+ [a-z ]+(?:, \d+ [a-z ]+)*) in [\d.]+ ?s(?:econds)?(?: \([^)]*\))?(?: =+)?"
-)
-_STATUS = re.compile(r"(PASSED|FAILED|ERROR|XFAIL|XPASS|SKIPPED) (.+)")
-_FOLDED_SKIPS = re.compile(r"\[(\d+)\] ")
-_MAX_NAMED = 5  # failed tests named in a reason
-
-
-@dataclass(frozen=True)
-class PytestGrade:
-    """What pytest's ``-rA`` output says: each test a result, and whether the whole passed."""
-
-    results: list[tuple[str, bool]]  # (node id, passed), in the summary's order, each test once
-    passed: bool
-    reason: str  # why not passed, one sentence; "" when passed
-    skipped: int = 0
-
-
-def grade_pytest(output: str, exit_code: int | None) -> PytestGrade:
-    """Grade the output of a command that ran ``pytest -rA`` (``exit_code``: None if it was killed).
-
-    Passed iff at least one test ran, every one passed and the command exited 0. Only the last
-    short test summary counts, up to the last final counts line after it; what came before it
-    (a summary the agent's code printed while the tests ran) is ignored. Inside it:
-
-    1. A line is a result when it starts with a status (``PASSING``); the node id is what
-       follows, up to `` - `` and the message (a parametrized id keeps its brackets, spaces
-       and dashes); ANSI colours and CR are removed first.
-    2. A test listed twice (PASSED, then ERROR in its teardown) is one result, failed if any was.
-    3. The lines of each status must number what the final counts line says: a skip or xfail
-       reason is printed as it is, so a reason holding "\\nPASSED x" would add a line no test
-       earned (and without -rA passes are not listed). A mismatch fails the grade.
-
-    Code running inside the tests' own process (the agent's code under test) can do anything
-    pytest can, exit status included; the task's isolation, not this parser, answers that.
-    """
-    lines = [line.rstrip("\r") for line in _ANSI.sub("", output).split("\n")]
-    header = next((i for i in range(len(lines) - 1, -1, -1) if _HEADER.fullmatch(lines[i].strip())), None)
-    if header is None:
-        return PytestGrade(
-            [], False, "no test ran: the output holds no pytest short test summary (pytest -rA prints it)"
-        )
-    end = next((i for i in range(len(lines) - 1, header, -1) if _COUNTS.fullmatch(lines[i].strip())), None)
-    if end is None:
-        return PytestGrade([], False, "the output ends without pytest's final counts line after the short test summary")
-    verdicts: dict[str, bool] = {}
-    listed = dict.fromkeys(_COUNT_WORDS.values(), 0)
-    for line in lines[header + 1 : end]:
-        match = _STATUS.fullmatch(line.rstrip())
-        if not match:
-            continue
-        status, rest = match.groups()
-        if status == "SKIPPED":
-            folded = _FOLDED_SKIPS.match(rest)  # "SKIPPED [2] test_x.py:5: reason": a place, not a test
-            listed[status] += int(folded.group(1)) if folded else 1
-            continue
-        listed[status] += 1
-        name = rest if status == "PASSED" else _node_id(rest)
-        verdicts[name] = verdicts.get(name, True) and PASSING[status]
-    results = list(verdicts.items())
-    skipped = listed["SKIPPED"]
-    failed = [name for name, ok in results if not ok]
-    counted = _counts(lines[end].strip())
-    mismatch = next((s for s in listed if listed[s] != counted.get(s, 0)), None)
-    if failed:
-        named = ", ".join(failed[:_MAX_NAMED]) + (
-            f" and {len(failed) - _MAX_NAMED} more" if len(failed) > _MAX_NAMED else ""
-        )
-        reason = f"{len(failed)} of {len(results)} {'test' if len(results) == 1 else 'tests'} failed ({named})"
-    elif mismatch:
-        have, want = listed[mismatch], counted.get(mismatch, 0)
-        why = "a line in it does not stand for a test" if have > want else "run pytest with -rA to list every test"
-        reason = f"the short test summary lists {have} {mismatch} but pytest's final line counts {want}: {why}"
-    elif not results:
-        reason = f"no test ran ({skipped} skipped)" if skipped else "no test ran"
-    elif exit_code is None:
-        reason = "pytest was killed before it exited, though the summary shows every test passed"
-    elif exit_code != 0:
-        reason = f"pytest exited {exit_code} though the summary shows every test passed"
-    else:
-        reason = ""
-    return PytestGrade(results, reason == "", reason, skipped)
-
-
-def _node_id(rest: str) -> str:
-    """The node id of ``rest`` ("<node id> - <message>"): it ends at the first " - " where the id,
-    if parametrized (a "[" after its last "::"), has closed its brackets ("test[a - b] - boom")."""
-    start = 0
-    while (cut := rest.find(" - ", start)) != -1:
-        name = rest[:cut]
-        if "[" not in name.rpartition("::")[2] or name.endswith("]"):
-            return name
-        start = cut + 1
-    return rest
-
-
-def _counts(line: str) -> dict[str, int]:
-    """{status: count} of pytest's final line ("1 failed, 2 passed, 3 subtests passed in 0.1s")."""
-    body = _COUNTS.fullmatch(line).group("body")
-    counts: dict[str, int] = {}
-    for item in body.split(", "):
-        number, _, word = item.partition(" ")
-        if word in _COUNT_WORDS:
-            counts[_COUNT_WORDS[word]] = counts.get(_COUNT_WORDS[word], 0) + int(number)
-    return counts

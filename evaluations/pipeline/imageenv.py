@@ -85,7 +85,7 @@ def _image(ctx: Context, spec: ImageEnvironment) -> None:
     progress = _progress(ctx)
     try:
         if spec.image is not None:
-            result = pull(spec.image, store=store, config=config, progress=progress)
+            result = pull(spec.image, store=store, config=config, progress=progress, cancelled=ctx.cancel.is_set)
         else:
             result = _build(ctx, spec, store, progress)
         record = result.record
@@ -98,6 +98,7 @@ def _image(ctx: Context, spec: ImageEnvironment) -> None:
         ctx.image = _mount(ctx, store, record)
         ctx.closing.callback(rootfs.unmount_root, ctx.session.root)
     except ImageError as exc:
+        ctx.check_cancelled()  # a pull or build stopped by the evaluation's cancel ends as the cancel does
         raise StepFailed(str(exc), kind=exc.kind) from None
     except OSError as exc:
         kind = ErrorKind.INFRASTRUCTURE

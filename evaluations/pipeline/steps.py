@@ -12,6 +12,7 @@ from evaluations.models import ErrorKind, Evaluation, TestResult
 from evaluations.network import urlguard
 from evaluations.pipeline import (
     archive,
+    boundfolder,
     gitrepo,
     graders,
     imageenv,
@@ -91,6 +92,7 @@ def downloading_task(ctx: Context) -> None:
 def cloning_repo(ctx: Context) -> None:
     if ctx.task.repo is None:  # SPEC §16: the image's WorkingDir is the workspace; nothing to clone or cache
         ctx.cache.clone(ctx, ctx.task, lambda: None, None)  # recorded as "off"
+        boundfolder.fill_workdir(ctx)  # SPEC §22: a compose volume of the task's folder, as the agent finds it
         return
     policy = ctx.egress.policy if ctx.egress is not None else None
     try:

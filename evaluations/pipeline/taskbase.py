@@ -149,6 +149,8 @@ class SwebenchTests:
     fail_to_pass: list[str]
     pass_to_pass: list[str]
     deleted_files: list[str] = field(default_factory=list)  # removed before the command (the test patch's)
+    eval_script: str | None = None  # SWE-bench 5.0's eval script: the test command, test_cmd empty
+    eval_type: str = "pass_and_fail"  # or fail_only (SWE-bench's EvalType)
 
 
 @dataclass(frozen=True)
@@ -180,6 +182,9 @@ class TaskSpec:
     # included, as its OracleAgent uploads them); empty when the script needs nothing beside it.
     solution_files: list[SupportFile] = field(default_factory=list)
     swebench: SwebenchTests | None = None  # grader swebench: what runs and how its log is read
+    # SPEC §22: a compose volume binding a folder of the task at the working directory: what the agent
+    # finds there (the folder without its tests and solution; the tests come back as support_files)
+    workdir_files: list[SupportFile] | None = None
     # SPEC §19: a workspace task's reference solution as a diff of its repository (SWE-Forge's and
     # import_swebench's ``patch``), applied by verify_tasks' gold-patch agent; never the agent's to see.
     patch: str | None = None

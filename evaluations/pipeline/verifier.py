@@ -32,6 +32,7 @@ from evaluations.network.egress.policy import parse_rules
 from evaluations.network.egress.relay import RELAY_SHELL
 from evaluations.pipeline import graders, imageenv
 from evaluations.pipeline.context import Context, Grade, StepFailed
+from evaluations.pipeline.swebench import tests as swebench_tests
 from evaluations.pipeline.taskspec import SupportFile
 from evaluations.runtime import Mount
 from evaluations.safefs import SafeFSError, open_root_dir, remove_tree_nofollow, write_file_nofollow
@@ -231,8 +232,8 @@ def grade(ctx: Context, name: str, result, output: str, duration: int, logs) -> 
         reward = grade_reward_folder(ctx, logs)
         row.passed = reward is not None and reward.reward >= 1
         return [row]
-    if grader == "pytest":
-        verdict = graders.grade_pytest(result.output, result.exit_code)
+    if grader == "pytest":  # Harbor and Terminal-Bench tasks: graded as Terminal-Bench's parser grades (SPEC §22)
+        verdict = graders.grade_terminal_bench(result.output, result.exit_code)
         rows = [
             TestResult(
                 evaluation_id=ctx.eval_id,
@@ -253,6 +254,8 @@ def grade(ctx: Context, name: str, result, output: str, duration: int, logs) -> 
             return [row]
         rows[0].output = output  # the verifier's whole output, once
         return rows
+    if grader == "swebench":  # Terminal-Bench's parser_name swebench: the log read per id (SPEC §22)
+        return swebench_tests.grade_verifier(ctx, result, output, duration) or [row]
     row.passed = result.ok
     ctx.grade = Grade(
         reward=1.0 if row.passed else 0.0, rewards=None, error="" if row.passed else f"{name} exited {result.exit_code}"

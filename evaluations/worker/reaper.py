@@ -51,6 +51,7 @@ class ReapSummary:
     cgroups_removed: int = 0
     image_builds_removed: int = 0
     image_pins_removed: int = 0
+    image_tmp_removed: int = 0
     artifacts_removed: int = 0
 
     def line(self, dry_run: bool = False) -> str:
@@ -59,7 +60,7 @@ class ReapSummary:
             f"{prefix} expired={self.expired} lost={self.lost} folders_removed={self.folders_removed} "
             f"purged={self.purged} processes_killed={self.processes_killed} cgroups_removed={self.cgroups_removed} "
             f"image_builds_removed={self.image_builds_removed} image_pins_removed={self.image_pins_removed} "
-            f"artifacts_removed={self.artifacts_removed}"
+            f"image_tmp_removed={self.image_tmp_removed} artifacts_removed={self.artifacts_removed}"
         )
 
 
@@ -240,7 +241,7 @@ def reap(config, *, dry_run: bool = False) -> ReapSummary:
     summary.cgroups_removed = remove_stale_cgroups(config, dry_run=dry_run)
     if not dry_run:
         tend_cache(config)
-        summary.image_builds_removed, summary.image_pins_removed = tend_images(config)
+        summary.image_builds_removed, summary.image_pins_removed, summary.image_tmp_removed = tend_images(config)
         if ended := lifecycle.settle_stranded():
             logger.warning("ended %d batch(es) whose last evaluation ended without ending them", ended)
     return summary
@@ -324,21 +325,23 @@ def tend_cache(config) -> int:
     return removed
 
 
-def tend_images(config) -> tuple[int, int]:
-    """The image store (SPEC §16): build folders of builds whose process died (their lock free;
-    unmounted, then removed) and pins whose holder died. (builds removed, pin files removed);
-    nothing when there is no store yet."""
+def tend_images(config) -> tuple[int, int, int]:
+    """The image store (SPEC §16, §21): build folders of builds whose process died (their lock free;
+    unmounted, then removed), pins whose holder died, and what killed pulls, imports and exports
+    left in its ``tmp/`` (their owner's lock free). (builds removed, pin files removed, tmp entries
+    removed); nothing when there is no store yet."""
     root = config.images_root
     if not root.is_dir():
-        return 0, 0
+        return 0, 0, 0
     from evaluations.images.store import BUILD_REACH, ImageStore
 
     store = ImageStore(root)
     try:
-        return store.remove_dead_builds(config.workspace_base / BUILD_REACH), store.remove_dead_pins()
+        builds = store.remove_dead_builds(config.workspace_base / BUILD_REACH)
+        return builds, store.remove_dead_pins(), store.remove_dead_tmp()[0]
     except OSError as exc:
         logger.warning("image store upkeep failed: %s", exc)
-        return 0, 0
+        return 0, 0, 0
 
 
 def _is_uuid(text: str) -> bool:

@@ -376,16 +376,20 @@ class FakeRegistry:
     """Serves one image from ``server`` (a started TestHTTPServer) as a registry would, with the
     misbehaviour a test asks for: a blob whose bytes do not match its digest (``corrupt``), every
     blob held half sent until that many manifests were asked for (``hold_until_manifests``: two
-    pullers are then both under way, whatever the machine's load), a Bearer token demanded (``token``), blobs redirected to ``cdn`` (another
-    TestHTTPServer). ``blob_gets`` counts the GETs of each blob; ``authorizations`` records the
-    Authorization header of each request."""
+    pullers are then both under way, whatever the machine's load), a Bearer token demanded (``token``)
+    from ``realm`` (default the server's own ``/token``), blobs redirected to ``cdn`` (another
+    TestHTTPServer, named as ``cdn_host`` when given). ``blob_gets`` counts the GETs of each blob;
+    ``authorizations`` records the Authorization header of each request to the registry,
+    ``cdn_authorizations`` of each to the CDN."""
 
     def __init__(self, server, repository: str, tag: str, layers: list[bytes], *, config: dict | None = None,
                  corrupt: int | None = None, hold_until_manifests: int = 0, token: str | None = None,
-                 cdn=None):  # fmt: skip
+                 cdn=None, realm: str | None = None, cdn_host: str | None = None):  # fmt: skip
         self.server, self.repository, self.tag = server, repository, tag
+        self.realm = realm
         self.blob_gets: dict[str, int] = {}
         self.authorizations: list[str] = []
+        self.cdn_authorizations: list[str] = []
         self.token, self.hold_until_manifests = token, hold_until_manifests
         self.manifest_gets = 0
         self.changed = threading.Condition()
@@ -419,7 +423,7 @@ class FakeRegistry:
             path = f"/v2/{repository}/blobs/{digest}"
             if cdn is not None and digest in self.layer_digests:
                 cdn.route(f"/cdn/{digest}", self._blob(digest, body))
-                server.route(path, self._redirect(cdn.url(f"/cdn/{digest}")))
+                server.route(path, self._redirect(cdn.url(f"/cdn/{digest}", host=cdn_host)))
             else:
                 server.route(path, self._blob(digest, body))
 
@@ -431,7 +435,7 @@ class FakeRegistry:
         self.authorizations.append(req.headers.get("Authorization", ""))
         if self.token is None or req.headers.get("Authorization") == f"Bearer {self.token}":
             return True
-        realm = self.server.url("/token")
+        realm = self.realm or self.server.url("/token")
         req.send_response(401)
         req.send_header(
             "WWW-Authenticate", f'Bearer realm="{realm}",service="fake",scope="repository:{self.repository}:pull"'
@@ -474,6 +478,8 @@ class FakeRegistry:
         def handle(req) -> None:
             if req.path.startswith("/v2/") and not self._authorized(req):
                 return
+            if not req.path.startswith("/v2/"):
+                self.cdn_authorizations.append(req.headers.get("Authorization", ""))
             self.blob_gets[digest] = self.blob_gets.get(digest, 0) + 1
             req.send_response(200)
             req.send_header("Content-Length", str(len(body)))

@@ -18,9 +18,10 @@ BASE_REF = "localhost/test/debian:base"
 
 
 def config_for(images_dir: Path, **env: str):
-    """A Config with IMAGES_DIR ``images_dir`` and, inside it, a WORKSPACE_BASE of the test's own
-    (0711 as a real one: a build mounts its roots there, where the sandbox uid reaches them)."""
-    sessions = images_dir / "sessions"
+    """A Config with IMAGES_DIR ``images_dir`` and, beside it, a WORKSPACE_BASE of the test's own
+    (0711 as a real one: a build mounts its roots there, where the sandbox uid reaches them; the
+    store itself is 0700)."""
+    sessions = images_dir.parent / "sessions"
     sessions.mkdir(mode=0o711, exist_ok=True)
     values = {
         "IMAGES_DIR": str(images_dir),

@@ -1,8 +1,9 @@
 """Fixtures for images: a store per test, and a build store holding the Debian tree as a one-layer
 image (the registry and the Debian base image pushed to it are tests/conftest.py's).
 
-A build store's IMAGES_DIR is made under /tmp, 0711: a build's RUN is started by bwrap as the sandbox
-uid, which must reach each step's root in ``IMAGES_DIR/builds/<id>/<n>/rootfs`` (a DATA_DIR is 0700).
+A build store's IMAGES_DIR is made under a /tmp folder of 0711, beside the builds' WORKSPACE_BASE: a
+build's RUN is started by bwrap as the sandbox uid, which must reach each step's root in
+``WORKSPACE_BASE/.image-builds/<id>/``; the store itself is 0700, as every store is (SPEC §21).
 """
 
 from __future__ import annotations
@@ -58,10 +59,12 @@ def image_session(bwrap_runtime):
 
 @pytest.fixture(scope="module")
 def build_images_dir():
-    folder = Path(tempfile.mkdtemp(prefix="te-images-", dir="/tmp"))
-    os.chmod(folder, 0o711)
-    yield folder
-    subprocess.run(["rm", "-rf", "--one-file-system", str(folder)], check=False)
+    """``<tmp>/images``: the store (made 0700 by ImageStore), beside ``<tmp>/sessions``, the builds'
+    WORKSPACE_BASE (build_support.config_for), which the sandbox uid must reach through ``<tmp>``."""
+    parent = Path(tempfile.mkdtemp(prefix="te-images-", dir="/tmp"))
+    os.chmod(parent, 0o711)
+    yield parent / "images"
+    subprocess.run(["rm", "-rf", "--one-file-system", str(parent)], check=False)
 
 
 @pytest.fixture(scope="module")

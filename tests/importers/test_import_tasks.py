@@ -133,7 +133,10 @@ def test_the_converted_test_sh_keeps_the_exit_status_and_writes_harbor_a_reward(
 def test_refused_tasks_are_named_and_the_rest_is_written(cli, tmp_path):
     source = tmp_path / "tb"
     terminal_bench(source)
-    write(source / "broken", {"task.yaml": "instruction: x\nparser_name: swebench\n", "Dockerfile": "FROM scratch\n"})
+    write(
+        source / "broken",
+        {"task.yaml": "instruction: x\nparser_name: sweperf\n", "Dockerfile": "FROM scratch\n", "run-tests.sh": "x\n"},
+    )
     clash = write(
         source / "clash",
         {
@@ -147,7 +150,9 @@ def test_refused_tasks_are_named_and_the_rest_is_written(cli, tmp_path):
     done = import_tasks(cli, "--from", "terminal-bench", str(source), "--out", str(out))
     assert done.returncode == 1, done.stdout + done.stderr
     assert done.stderr.splitlines() == [
-        f"refused {source / 'broken'}: task.yaml: 'parser_name' 'swebench' is not supported here; only pytest is",
+        f"refused {source / 'broken'}: task.yaml: 'parser_name' 'sweperf' is not supported here: SWE-Perf's parser "
+        "reads a verdict the task's own scripts compute in the sandbox, which the executor cannot check (pytest and "
+        "swebench are)",
         f"refused {clash}: tests/test.sh would be replaced by the converted task's test.sh",
     ]
     assert done.stdout.splitlines()[-1] == f"imported 1 task(s) into {out}, refused 2"

@@ -79,7 +79,8 @@ def test_verify_tasks_verifies_import_swebenchs_archives_by_their_gold_patch(cli
 def test_import_swebench_keeps_swe_forge_rows_fields_and_names_a_bad_one(cli, served, tmp_path):
     instances, _server, template = served
     forge = instances.make("owner__calc-1", language="go", install="go mod download", difficulty="hard",
-                           difficulty_score=3, quality_score=0.8)  # fmt: skip
+                           difficulty_score=3, quality_score=0.8, FAIL_TO_PASS=["go test ./calc/..."],
+                           PASS_TO_PASS=["go vet ./..."])  # fmt: skip
     bad = instances.make("owner__calc-2", difficulty_score="hard")
     worse = instances.make("owner__calc-3", difficulty=["hard"])
     out = tmp_path / "out"

@@ -325,7 +325,7 @@ def test_harbor_sizes(tmp_path, environment, memory, storage):
         ),
         (
             '[verifier]\ngrader = "exit_code"\n',
-            "task.toml: [verifier] grader must be one of reward_file, pytest, got 'exit_code'",
+            "task.toml: [verifier] grader must be one of reward_file, pytest, swebench, got 'exit_code'",
         ),
         (
             '[environment]\ndocker_image = "Python:3"\n',
@@ -492,7 +492,16 @@ def test_a_solution_yaml_that_is_no_script_leaves_no_solution(tmp_path, solution
         ({"task.yaml": "instruction: [a]\n"}, "task.yaml: 'instruction' must be a string, got a list"),
         (
             {"task.yaml": "instruction: x\nparser_name: swebench\n"},
-            "task.yaml: 'parser_name' 'swebench' is not supported here; only pytest is",
+            "tests/config.json is missing: a task graded swebench names its SWE-bench row there",
+        ),
+        (
+            {"task.yaml": "instruction: x\nparser_name: mlebench\n"},
+            "task.yaml: 'parser_name' 'mlebench' is not supported here: MLE-bench's parser reads a verdict the "
+            "task's own scripts compute in the sandbox, which the executor cannot check (pytest and swebench are)",
+        ),
+        (
+            {"task.yaml": "instruction: x\nparser_name: junit\n"},
+            "task.yaml: 'parser_name' 'junit' is not a parser this executor has (pytest, swebench)",
         ),
         (
             {"task.yaml": "instruction: x\nmax_agent_timeout_sec: soon\n"},
@@ -510,10 +519,6 @@ def test_a_solution_yaml_that_is_no_script_leaves_no_solution(tmp_path, solution
         ({"run-tests.sh": None}, "task has no run-tests.sh (required)"),
         ({"docker-compose.yaml": None, "Dockerfile": None}, "task has no Dockerfile (required)"),
         (
-            {"tests/run-tests.sh": "x"},
-            "tests/run-tests.sh would replace run-tests.sh at /tests (Terminal-Bench copies both there)",
-        ),
-        (
             {"docker-compose.yaml": "services:\n  client: {build: .}\n  redis: {image: redis}\n"},
             "docker-compose.yaml has 2 services (client, redis); a task runs in one container here",
         ),
@@ -522,8 +527,24 @@ def test_a_solution_yaml_that_is_no_script_leaves_no_solution(tmp_path, solution
             "docker-compose.yaml: 'services' must be a mapping of service names to services",
         ),
         (
-            {"docker-compose.yaml": "services:\n  client: {build: ., working_dir: /srv}\n"},
-            "docker-compose.yaml: service 'client': 'working_dir' is not supported here (the task runs as its image says)",
+            {"docker-compose.yaml": "services:\n  client: {build: ., working_dir: /srv, ports: ['80:80']}\n"},
+            "docker-compose.yaml: service 'client': 'ports' is not supported here (a task runs in one container, "
+            "as its image says)",
+        ),
+        (
+            {"docker-compose.yaml": "services:\n  client: {build: ., volumes: ['./:/app']}\n"},
+            "docker-compose.yaml: service 'client': volume ./:/app binds a folder of the task elsewhere than the "
+            "service's working_dir (none given), which is not supported here",
+        ),
+        (
+            {"docker-compose.yaml": "services:\n  client: {build: ., working_dir: /app, volumes: ['/etc:/app']}\n"},
+            "docker-compose.yaml: service 'client': volume /etc:/app binds a host path or a named volume, which is "
+            "not supported here",
+        ),
+        (
+            {"docker-compose.yaml": "services:\n  client: {build: ., command: [python, server.py]}\n"},
+            "docker-compose.yaml: service 'client': 'command' 'python server.py' would run beside the task, which "
+            "is not supported here (only a command that keeps the container alive, such as sleep infinity)",
         ),
         (
             {"docker-compose.yaml": "services:\n  client:\n    build: .\n    environment:\n      - KEY=${API_KEY}\n"},

@@ -157,11 +157,11 @@ def test_the_reaper_removes_builds_whose_process_died_unmounting_them_but_not_li
     try:
         _killed(dead)
         assert (builds / "deadbuild.lock").exists()  # a killed build leaves its folders and lock
-        assert reaper.tend_images(config) == (1, 0)
+        assert reaper.tend_images(config) == (1, 0, 0)
         assert sorted(p.name for p in builds.iterdir()) == ["livebuild", "livebuild.lock"]
         assert [p.name for p in reach.iterdir()] == ["livebuild"]
         assert not _mounted_below(builds / "deadbuild") and not _mounted_below(reach / "deadbuild")
-        assert reaper.tend_images(config) == (0, 0)  # idempotent; the live one untouched
+        assert reaper.tend_images(config) == (0, 0, 0)  # idempotent; the live one untouched
         assert (builds / "livebuild" / "1" / ".image" / "upper" / "file").exists()
     finally:
         _killed(live)
@@ -195,15 +195,15 @@ def test_the_reaper_removes_pins_whose_holder_died_but_not_live_ones(settings, t
         pins = store.root / "pins"
         assert (pins / digests[0].removeprefix("sha256:") / "eval-dead").exists()
         with store.using():  # a pull adding layers (and perhaps making a pin): no sweep meanwhile
-            assert reaper.tend_images(config) == (0, 0)
+            assert reaper.tend_images(config) == (0, 0, 0)
         assert (pins / digests[0].removeprefix("sha256:") / "eval-dead").exists()
-        assert reaper.tend_images(config) == (0, 1)
+        assert reaper.tend_images(config) == (0, 1, 0)
         assert sorted(p.name for p in pins.iterdir()) == [digests[1].removeprefix("sha256:")]  # empty folder gone
         assert store.pinned(digests[1])
-        assert reaper.tend_images(config) == (0, 0)
+        assert reaper.tend_images(config) == (0, 0, 0)
     finally:
         _killed(live)
-    assert reaper.tend_images(config) == (0, 1)
+    assert reaper.tend_images(config) == (0, 1, 0)
     assert list((store.root / "pins").iterdir()) == []
 
 

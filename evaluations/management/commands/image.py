@@ -131,7 +131,7 @@ class Command(BaseCommand):
         path = Path(options["file"])
         if not path.is_file():
             raise CommandError(f"There is no file {path}.")
-        for record in archive.import_archive(path, store):
+        for record in archive.import_archive(path, store, config):
             self.stdout.write(f"imported {', '.join(record.refs) or 'untagged'}: {record.digest}")
 
     def _export(self, store, config, options) -> None:

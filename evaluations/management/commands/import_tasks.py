@@ -3,10 +3,12 @@
 The work is evaluations/importers/tasks.py. Exit status: 0 when every task
 was imported; 1 when a task was refused (each with its sentence; the rest is
 written all the same); 2 for bad arguments (a DIR that is not a folder).
+``--report FILE`` writes every folder read as JSON (SPEC §22).
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import sys
 from pathlib import Path
@@ -30,6 +32,11 @@ class Command(BaseCommand):
             "--from", dest="source_format", required=True, choices=sorted(FORMATS), help="the format DIR holds"
         )
         parser.add_argument("--out", metavar="DIR", default="tasks", help="where the tasks go (default ./tasks)")
+        parser.add_argument(
+            "--report",
+            metavar="FILE",
+            help="write a JSON list of every folder read: {folder, dataset, imported, reason} (SPEC §22)",
+        )
 
     def handle(self, *args, **options):
         if options["verbosity"] < 2:
@@ -51,7 +58,12 @@ class Command(BaseCommand):
             self.stderr._out.write(line + "\n")
             self.stderr._out.flush()
 
+        report = Path(options["report"]) if options["report"] else None
+        if report is not None and report.is_dir():
+            raise CommandError(f"--report {report}: a folder, not a file", returncode=2)
         result = import_tasks(dirs, out, options["source_format"], report=say, report_bad=complain)
+        if report is not None:
+            report.write_text(json.dumps(result.report(), indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
         say(f"imported {len(result.imported)} task(s) into {out}, refused {len(result.refused)}")
         if result.refused:
             sys.exit(1)

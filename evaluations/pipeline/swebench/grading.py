@@ -21,6 +21,14 @@
    fail (SWE-bench's FAIL_TO_FAIL). A command that never printed a test (a crash at import) leaves
    every id missing: not resolved.
 
+5. SWE-bench 5.0's rows bring their own ``eval_script`` (``eval_script_test``): it is the test command,
+   run whole in the wrapper but stopped at its ``: '>>>>> End Test Output'`` line with the test
+   command's own status (what follows only resets the test files; SWE-bench records the same
+   status, ``record_test_exit_code``), and its log is read between its ``>>>>> Start Test Output`` and
+   ``>>>>> End Test Output`` lines, all of the region when they hold no test (``get_logs_eval``).
+   ``eval_type: fail_only`` (SWE-bench's ``check_fail_only``): an id passed unless the log says it
+   FAILED, which is only a verdict when the parser found some test in the log.
+
 Code that runs inside the test process (the agent's code under test) can do anything the test runner
 can, its exit status included; the task's isolation answers that, not the log's reader.
 """
@@ -34,6 +42,10 @@ from dataclasses import dataclass
 from . import parsers
 
 FAIL_TO_PASS, PASS_TO_PASS = "fail_to_pass", "pass_to_pass"
+PASS_AND_FAIL, FAIL_ONLY = "pass_and_fail", "fail_only"
+EVAL_TYPES = (PASS_AND_FAIL, FAIL_ONLY)  # SWE-bench's EvalType
+START_TEST_OUTPUT, END_TEST_OUTPUT = ">>>>> Start Test Output", ">>>>> End Test Output"  # SWE-bench's
+MAX_EVAL_SCRIPT_BYTES = 4 * 1024 * 1024  # a test patch in a heredoc; SWE-bench's largest are under 1 MiB
 MISSING = "not found in the log"
 # The parsers that keep a name only up to its first blank (SWE-bench's parse_log_pytest and kin).
 CUT_AT_BLANK = frozenset({"pytest", "pytest_options", "matplotlib", "seaborn"})
@@ -47,10 +59,36 @@ def new_marker() -> str:
     return f"TE-SWEBENCH-{secrets.token_hex(16)}"
 
 
+def check_eval_script(script: str) -> str:
+    """``script`` if it can be a SWE-bench eval script here; ValueError saying why not."""
+    if "\0" in script:
+        raise ValueError("contains a NUL byte")
+    if len(script.encode()) > MAX_EVAL_SCRIPT_BYTES:
+        raise ValueError(f"is over {MAX_EVAL_SCRIPT_BYTES} bytes")
+    if _end_line(script.split("\n")) is None or START_TEST_OUTPUT not in script:
+        raise ValueError(
+            f"has no {START_TEST_OUTPUT!r} and {END_TEST_OUTPUT!r} lines around its test command "
+            "(SWE-bench's eval scripts mark the test output so)"
+        )
+    return script
+
+
+def _end_line(lines: list[str]) -> int | None:
+    return next((i for i, line in enumerate(lines) if END_TEST_OUTPUT in line and not line.startswith("#")), None)
+
+
+def eval_script_command(script: str) -> str:
+    """SWE-bench's eval script as the wrapper's test command: up to its END line, then exiting with the
+    status of the test command before it (SWE-bench's record_test_exit_code)."""
+    lines = [line for line in script.strip("\n").split("\n") if line not in ("#!/bin/bash", "set -uxo pipefail")]
+    end = _end_line(lines)
+    return "\n".join(["set -uxo pipefail", *lines[:end], "te_test_status=$?", lines[end], 'exit "$te_test_status"'])
+
+
 def wrapper_script(test_cmd: str, test_files: list[str], deleted_files: list[str] = ()) -> str:
     """The bash script the executor runs: the marker read from stdin, the files the test patch deletes
-    removed, then ``test_cmd`` with each test file quoted, between the two marker lines; it exits with
-    the test command's status."""
+    removed, then ``test_cmd`` (one line, or an eval script's command) with each test file quoted,
+    between the two marker lines; it exits with the test command's status."""
     lines = [
         "#!/bin/bash",
         "# made by the executor for a task graded swebench (SPEC §19): the test command between two markers",
@@ -124,16 +162,33 @@ class SwebenchGrade:
 
 
 def grade(
-    output: str, exit_code: int | None, marker: str, parser: str, fail_to_pass: list[str], pass_to_pass: list[str]
+    output: str,
+    exit_code: int | None,
+    marker: str | None,
+    parser: str,
+    fail_to_pass: list[str],
+    pass_to_pass: list[str],
+    *,
+    eval_type: str = PASS_AND_FAIL,
+    marked: bool = False,
+    check_exit: bool = True,
 ) -> SwebenchGrade:
-    """Grade a finished test command's ``output`` (the wrapper's) and exit status."""
-    text = region(output, marker)
-    statuses = parsers.PARSERS[parser](text) if text is not None else {}
+    """Grade a finished test command's ``output`` (the wrapper's; ``marker`` None: the whole output is
+    the log) and exit status. ``marked``: the log is read between SWE-bench's own marker lines (an eval
+    script's); ``check_exit`` False: the exit status says nothing of the tests (Terminal-Bench's
+    run-tests.sh, whose status is its own grader's)."""
+    text = region(output, marker) if marker is not None else output
+    statuses = _statuses(text, parser, marked) if text is not None else {}
     results = []
     for kind, ids in ((FAIL_TO_PASS, fail_to_pass), (PASS_TO_PASS, pass_to_pass)):
         passing = _PASSING | ({parsers.SKIPPED} if kind == PASS_TO_PASS else set())
         for test_id in ids:
             found = resolve(test_id, statuses, parser)
+            if eval_type == FAIL_ONLY:  # SWE-bench's check_fail_only: passed unless the log says FAILED
+                status = found[1] if found else None
+                shown = found[0] if found and found[0] != test_id else ""
+                results.append(IdResult(test_id, kind, status, status != parsers.FAILED and bool(statuses), shown))
+                continue
             if found is None:
                 results.append(IdResult(test_id, kind, None, False))
                 continue
@@ -148,7 +203,18 @@ def grade(
         }
         for kind in (FAIL_TO_PASS, PASS_TO_PASS)
     }
+    exit_code = exit_code if check_exit else 0
     return SwebenchGrade(results, *_verdict(results, text, statuses, exit_code, parser), counts)
+
+
+def _statuses(text: str, parser: str, marked: bool) -> dict[str, str]:
+    read = parsers.PARSERS[parser]
+    if marked and START_TEST_OUTPUT in text:
+        inside = text.split(START_TEST_OUTPUT, 1)[1].split(END_TEST_OUTPUT, 1)[0]
+        statuses = read(inside)
+        if statuses:
+            return statuses
+    return read(text)
 
 
 def _verdict(results, text, statuses, exit_code, parser) -> tuple[bool, str]:

@@ -19,6 +19,12 @@
    ``____ path.py:test_x ____`` headers of a failure's traceback.
 
 A pytest ``SKIPPED [2] t.py:5: reason`` summary line names a place, not a test: passed over.
+
+pytest 9's subtests (``unittest``'s ``subTest``, pytest's ``subtests`` fixture): a failing subtest is
+``SUBFAILED[msg] t.py::C::test_x`` (``SUBFAIL t.py::C::test_x`` in older pytest-subtests) in the
+summary while the test itself is still ``PASSED t.py::C::test_x``. SWE-bench's parsers read the
+``PASSED`` line alone; here, in every parser that reads pytest's summary (1. to 5.), a failed subtest
+makes its test FAILED whatever else the log says of it (``subtest_failures``).
 """
 
 from __future__ import annotations
@@ -35,6 +41,7 @@ _SKIP_COUNT = re.compile(r"\[\d+\]")
 _OPTION = re.compile(r"(.*?)\[(.*)\]")
 _COLOUR = re.compile(r"\[(\d+)m")
 _CONTROL = str.maketrans("", "", "".join(chr(c) for c in range(1, 32)))
+_NODE_START = re.compile(r" ([^\s'\"()\[\]]+::)")  # where a node id starts after a subtest's description
 
 
 def _status_of(line: str) -> str | None:
@@ -53,13 +60,67 @@ def _pytest_words(line: str) -> list[str] | None:
     return words
 
 
+def subtest_failures(log: str) -> set[str]:
+    """The test ids of the log's ``SUBFAILED[...] ID`` / ``SUBFAIL ID`` lines: tests a subtest of failed."""
+    failed = set()
+    for line in log.split("\n"):
+        test_id = subfailed_id(_COLOUR.sub("", line).translate(_CONTROL).strip())
+        if test_id:
+            failed.add(test_id)
+    return failed
+
+
+def subfailed_id(line: str) -> str | None:
+    """The test id of one summary line ``SUBFAILED[message] (k=v) t.py::C::test_x - Error...`` (pytest 9
+    without a description: ``SUBFAILED t.py::...``; pytest-subtests: ``SUBFAIL t.py::...``); None for any
+    other line.
+
+    The description (the subTest's message in brackets, its parameters in parentheses, either holding
+    blanks and brackets of their own) ends where the node id starts: the first blank-led word holding
+    ``::``. The id is what follows, up to the message (``node_id``)."""
+    for word in ("SUBFAILED", "SUBFAIL"):
+        if line.startswith(word):
+            rest = line[len(word) :]
+            break
+    else:
+        return None
+    if not rest.startswith((" ", "[")):
+        return None
+    start = _NODE_START.search(rest)
+    if start is None:
+        return None
+    return node_id(rest[start.start(1) :].strip()) or None
+
+
+def node_id(rest: str) -> str:
+    """The node id of ``rest`` ("<node id> - <message>"): it ends at the first " - " where the id,
+    if parametrized (a "[" after its last "::"), has closed its brackets ("test[a - b] - boom")."""
+    start = 0
+    while (cut := rest.find(" - ", start)) != -1:
+        name = rest[:cut]
+        if "[" not in name.rpartition("::")[2] or name.endswith("]"):
+            return name
+        start = cut + 1
+    return rest
+
+
+def _with_subtests(log: str, statuses: dict[str, str]) -> dict[str, str]:
+    """``statuses`` with every test a subtest of failed marked FAILED (an id cut at its first blank too)."""
+    for test_id in subtest_failures(log):
+        statuses[test_id] = FAILED
+        cut = test_id.split()[0]
+        if cut in statuses:
+            statuses[cut] = FAILED
+    return statuses
+
+
 def parse_pytest(log: str) -> dict[str, str]:
     statuses = {}
     for line in log.split("\n"):
         words = _pytest_words(line)
         if words is not None:
             statuses[words[1]] = words[0]
-    return statuses
+    return _with_subtests(log, statuses)
 
 
 def parse_pytest_options(log: str) -> dict[str, str]:
@@ -76,7 +137,7 @@ def parse_pytest_options(log: str) -> dict[str, str]:
                 parameter = "/" + parameter.split("/")[-1]
             name = f"{main}[{parameter}]"
         statuses[name] = words[0]
-    return statuses
+    return _with_subtests(log, statuses)
 
 
 def parse_pytest_v2(log: str) -> dict[str, str]:
@@ -93,7 +154,7 @@ def parse_pytest_v2(log: str) -> dict[str, str]:
             words = line.split()
             if len(words) >= 2:
                 statuses[" ".join(words[:-1])] = words[-1]
-    return statuses
+    return _with_subtests(log, statuses)
 
 
 def parse_matplotlib(log: str) -> dict[str, str]:
@@ -113,7 +174,7 @@ def parse_seaborn(log: str) -> dict[str, str]:
                 statuses[words[0]] = PASSED
         elif line.startswith(PASSED):
             statuses[words[1]] = PASSED
-    return statuses
+    return _with_subtests(log, statuses)
 
 
 _DJANGO_PASS_ENDINGS = (" ... ok", " ... OK", " ...  OK")
@@ -207,6 +268,33 @@ REPO_PARSERS = {
     "sqlfluff/sqlfluff": "pytest",
     "sphinx-doc/sphinx": "pytest_v2",
     "sympy/sympy": "sympy",
+}
+
+
+# SWE-bench 5.0's parser names (a row's ``log_parser``, its harness/log_parsers PARSER_REGISTRY) of the
+# parsers above; its parsers for other languages are not here, and a row naming one is refused.
+LOG_PARSERS = {
+    "parse_log_pytest": "pytest",
+    "parse_log_pytest_options": "pytest_options",
+    "parse_log_pytest_v2": "pytest_v2",
+    "parse_log_django": "django",
+    "parse_log_seaborn": "seaborn",
+    "parse_log_sympy": "sympy",
+    "parse_log_matplotlib": "matplotlib",
+    **dict.fromkeys(
+        (
+            "parse_log_astroid",
+            "parse_log_flask",
+            "parse_log_marshmallow",
+            "parse_log_pvlib",
+            "parse_log_pyvista",
+            "parse_log_sqlfluff",
+            "parse_log_xarray",
+        ),
+        "pytest",
+    ),  # fmt: skip
+    **dict.fromkeys(("parse_log_pydicom", "parse_log_requests", "parse_log_pylint"), "pytest_options"),
+    **dict.fromkeys(("parse_log_astropy", "parse_log_scikit", "parse_log_sphinx"), "pytest_v2"),
 }
 
 

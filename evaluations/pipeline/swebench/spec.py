@@ -8,6 +8,9 @@
       fail_to_pass: ["tests/test_x.py::test_a"]   # at least one id
       pass_to_pass: []                   # may be empty
       deleted_files: [tests/test_old.py] # optional: removed before the command runs
+      eval_script: |                     # optional, instead of test_cmd and test_files: SWE-bench 5.0's
+        ...                              #   script, its test output between its >>>>> marker lines
+      eval_type: pass_and_fail           # optional: or fail_only (SWE-bench's EvalType)
 
 The mapping is read only with ``grader: swebench`` and is required by it; such a task has no
 ``tests/*.sh`` scripts and no checks.txt (its ``tests/`` folder holds support files only).
@@ -17,10 +20,20 @@ from __future__ import annotations
 
 from evaluations.pipeline.taskbase import SwebenchTests, TaskError, type_name
 
+from .grading import EVAL_TYPES, PASS_AND_FAIL, check_eval_script
 from .parsers import PARSERS
 
 KEY = "workspace.yaml: 'swebench'"
-_KEYS = ("test_cmd", "test_files", "parser", "fail_to_pass", "pass_to_pass", "deleted_files")
+_KEYS = (
+    "test_cmd",
+    "test_files",
+    "parser",
+    "fail_to_pass",
+    "pass_to_pass",
+    "deleted_files",
+    "eval_script",
+    "eval_type",
+)
 
 
 def read_swebench(data: dict, grader: str, *, scripts: int, checks: int) -> SwebenchTests | None:
@@ -42,24 +55,61 @@ def read_swebench(data: dict, grader: str, *, scripts: int, checks: int) -> Sweb
         what = "tests/*.sh scripts" if scripts else "checks.txt"
         raise TaskError(f"workspace.yaml: 'grader' swebench runs the 'swebench' test command; the task's {what} "
                         "would not run: remove them")  # fmt: skip
+    eval_script = value.get("eval_script")
+    if eval_script is not None:
+        return _with_eval_script(value, eval_script)
     test_cmd = value.get("test_cmd")
     if not isinstance(test_cmd, str) or not test_cmd.strip():
         raise TaskError(f"{KEY}: 'test_cmd' must be a non-empty string (a shell command)")
     if any(c in test_cmd for c in "\0\n\r"):
         raise TaskError(f"{KEY}: 'test_cmd' must be one line without NUL bytes (the test files follow it)")
+    return SwebenchTests(
+        test_cmd=test_cmd,
+        test_files=_paths(value, "test_files", required=True),
+        parser=_parser(value),
+        fail_to_pass=_ids(value, "fail_to_pass", required=True),
+        pass_to_pass=_ids(value, "pass_to_pass", required=True, empty=True),
+        deleted_files=_paths(value, "deleted_files", required=False),
+        eval_type=_eval_type(value),
+    )
+
+
+def _with_eval_script(value: dict, eval_script: object) -> SwebenchTests:
+    if not isinstance(eval_script, str):
+        raise TaskError(f"{KEY}: 'eval_script' must be a string (a bash script), not {type_name(eval_script)}")
+    try:
+        check_eval_script(eval_script)
+    except ValueError as exc:
+        raise TaskError(f"{KEY}: 'eval_script' {exc}") from None
+    for key in ("test_cmd", "test_files"):
+        if value.get(key):
+            raise TaskError(f"{KEY}: '{key}' and 'eval_script' both say what runs: keep one")
+    return SwebenchTests(
+        test_cmd="",
+        test_files=[],
+        parser=_parser(value),
+        fail_to_pass=_ids(value, "fail_to_pass", required=True),
+        pass_to_pass=_ids(value, "pass_to_pass", required=True, empty=True),
+        deleted_files=_paths(value, "deleted_files", required=False),
+        eval_script=eval_script,
+        eval_type=_eval_type(value),
+    )
+
+
+def _parser(value: dict) -> str:
     parser = value.get("parser")
     if parser not in PARSERS:
         shown = repr(parser) if isinstance(parser, str) else type_name(parser)
         raise TaskError(f"{KEY}: 'parser' must be one of {', '.join(PARSERS)}, got {shown}")
-    fail_to_pass = _ids(value, "fail_to_pass", required=True)
-    return SwebenchTests(
-        test_cmd=test_cmd,
-        test_files=_paths(value, "test_files", required=True),
-        parser=parser,
-        fail_to_pass=fail_to_pass,
-        pass_to_pass=_ids(value, "pass_to_pass", required=True, empty=True),
-        deleted_files=_paths(value, "deleted_files", required=False),
-    )
+    return parser
+
+
+def _eval_type(value: dict) -> str:
+    eval_type = value.get("eval_type", PASS_AND_FAIL)
+    if eval_type not in EVAL_TYPES:
+        shown = repr(eval_type) if isinstance(eval_type, str) else type_name(eval_type)
+        raise TaskError(f"{KEY}: 'eval_type' must be one of {', '.join(EVAL_TYPES)}, got {shown}")
+    return eval_type
 
 
 def _list(value: dict, key: str, required: bool) -> list:

@@ -30,7 +30,8 @@ def run_tests(ctx: Context, env: dict[str, str], mounts: list[Mount]) -> None:
     config = ctx.config
     session = ctx.session
     session.tests.mkdir(mode=0o755, exist_ok=True)
-    script = grading.wrapper_script(spec.test_cmd, spec.test_files, spec.deleted_files)
+    command = grading.eval_script_command(spec.eval_script) if spec.eval_script else spec.test_cmd
+    script = grading.wrapper_script(command, spec.test_files, spec.deleted_files)
     write_file_nofollow(session.tests, SCRIPT, script.encode(), 0o644)
     mounts = [Mount(session.tests, str(session.tests), writable=False), *mounts]
     policy = ctx.task_policy(network=config.test_network, mounts=mounts)
@@ -47,7 +48,16 @@ def run_tests(ctx: Context, env: dict[str, str], mounts: list[Mount]) -> None:
     duration = int((time.monotonic() - started) * 1000)
     ctx.spawner.sweep()
     output = result.output
-    verdict = grading.grade(output, result.exit_code, marker, spec.parser, spec.fail_to_pass, spec.pass_to_pass)
+    verdict = grading.grade(
+        output,
+        result.exit_code,
+        marker,
+        spec.parser,
+        spec.fail_to_pass,
+        spec.pass_to_pass,
+        eval_type=spec.eval_type,
+        marked=spec.eval_script is not None,
+    )
     error = verdict.reason
     if result.timed_out:
         output += f"\n[executor: killed, the test budget TEST_TIMEOUT_SECS={config.test_timeout_secs} s ran out]"
@@ -55,6 +65,35 @@ def run_tests(ctx: Context, env: dict[str, str], mounts: list[Mount]) -> None:
     elif result.limit is not None:
         output += f"\n[executor: {result.limit_detail}]"
         error = f"the test command was stopped: {result.limit_detail}"
+    rows = _graded(ctx, verdict, error, result, duration)
+    block = f"=== {NAME} (exit {_exit(result.exit_code)}) ===\n{output}"
+    lifecycle.store_test_results(ctx.eval_id, rows, test_output=block, test_counts=verdict.counts)
+
+
+def grade_verifier(ctx: Context, result, output: str, duration: int) -> list[TestResult]:
+    """A Terminal-Bench task of ``parser_name: swebench`` (SPEC §22): its run-tests.sh's whole output read
+    per id with the row's parser, its exit status (its in-container grader's) not cross-checked; the
+    rows, ``ctx.grade`` set. A timeout or a limit was graded by the caller."""
+    spec = ctx.task.swebench
+    verdict = grading.grade(
+        result.output,
+        result.exit_code,
+        None,
+        spec.parser,
+        spec.fail_to_pass,
+        spec.pass_to_pass,
+        eval_type=spec.eval_type,
+        check_exit=False,
+    )
+    rows = _graded(ctx, verdict, verdict.reason, result, duration)
+    if rows:
+        rows[0].output = output + "\n" + rows[0].output  # the verifier's whole output, once
+    return rows
+
+
+def _graded(ctx: Context, verdict, error: str, result, duration: int) -> list[TestResult]:
+    """``ctx.grade`` and one row per id (failing ids first, at most MAX_TESTS), the summary in the live log."""
+    config = ctx.config
     passed = verdict.passed and not error
     ctx.grade = Grade(reward=1.0 if passed else 0.0, rewards=None, error=error)
     rows = [
@@ -78,9 +117,8 @@ def run_tests(ctx: Context, env: dict[str, str], mounts: list[Mount]) -> None:
     )
     if shown < total:
         summary += f"; test_results holds {shown} of the {total} ids (MAX_TESTS), failing ones first"
-    livelog.append_text(session.log, livelog.executor_line(summary + " ---"))
-    block = f"=== {NAME} (exit {_exit(result.exit_code)}) ===\n{output}"
-    lifecycle.store_test_results(ctx.eval_id, rows, test_output=block, test_counts=verdict.counts)
+    livelog.append_text(ctx.session.log, livelog.executor_line(summary + " ---"))
+    return rows
 
 
 def _exit(code: int | None) -> str:

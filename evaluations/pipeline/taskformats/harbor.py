@@ -33,10 +33,11 @@ from evaluations.pipeline.taskbase import (
     type_name,
 )
 
-from .common import image_task, is_number, jsonable, single_service
+from .common import bound_folder, image_task, is_number, jsonable, service_workdir, single_service
+from .tbparsers import swebench_from_config
 
 NETWORK_MODES = ("no-network", "public", "allowlist")
-HARBOR_GRADERS = ("reward_file", "pytest")
+HARBOR_GRADERS = ("reward_file", "pytest", "swebench")
 _SIZE = re.compile(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([GMK])\s*", re.IGNORECASE)
 
 
@@ -123,7 +124,8 @@ def load_harbor(root: Path, *, max_prompt_bytes: int) -> TaskSpec:
     prompt = read_text(
         root / "instruction.md", "instruction.md", required=True, cap=prompt_cap(max_prompt_bytes, instruction=True)
     )
-    single_service(root / "environment", "environment/")
+    bound = _bound_folder(root, environment)
+    swebench = swebench_from_config(verifier.files) if grader == "swebench" else None
     return image_task(
         root,
         format="harbor",
@@ -136,7 +138,22 @@ def load_harbor(root: Path, *, max_prompt_bytes: int) -> TaskSpec:
         metadata=jsonable(config.rest()),
         solution=solution,
         solution_files=solution_files,
+        swebench=swebench,
+        workdir_files=bound.agent_files if bound else None,
+        support_files=bound.test_files if bound else [],
     )
+
+
+def _bound_folder(root: Path, environment: ImageEnvironment):
+    """environment/docker-compose.yaml's one service: a volume binding a folder of environment/ at the
+    working directory ([environment] workdir, else the service's working_dir), as import_tasks writes
+    for a Terminal-Bench task that had one; its other keys are Harbor's business, not read here."""
+    compose = single_service(root / "environment", "environment/")
+    if compose is None or not compose["service"].get("volumes"):
+        return None
+    where = f"{compose['file']}: service {compose['name']!r}"
+    workdir = environment.workdir or service_workdir(compose["service"], where)
+    return bound_folder(root / "environment", compose["service"], where, workdir)
 
 
 def _read_toml(path: Path) -> dict:

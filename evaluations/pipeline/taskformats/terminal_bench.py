@@ -6,6 +6,7 @@ Read against Terminal-Bench's harness (``harness/harness.py``: run-tests.sh and 
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import re
@@ -32,7 +33,21 @@ from evaluations.pipeline.taskbase import (
     type_name,
 )
 
-from .common import image_task, is_number, jsonable, single_service
+from .common import (
+    IGNORED_SERVICE_KEYS,
+    BoundFolder,
+    bound_folder,
+    check_command,
+    image_task,
+    is_number,
+    jsonable,
+    service_workdir,
+    single_service,
+)
+from .tbparsers import grader_for
+
+# The keys of a compose service read here; IGNORED_SERVICE_KEYS change nothing; any other is refused.
+SERVICE_KEYS = ("build", "environment", "working_dir", "command", "volumes")
 
 # What Terminal-Bench's harness sets where its tests run (DockerComposeManager.CONTAINER_TEST_DIR;
 # its compose files pass TEST_DIR=${T_BENCH_TEST_DIR} into the container).
@@ -53,31 +68,30 @@ def load_terminal_bench(root: Path, *, max_prompt_bytes: int) -> TaskSpec:
     if len(prompt.encode()) > cap.limit:
         raise TaskError(f"task.yaml: 'instruction' is larger than {cap.limit} bytes ({cap.setting})")
     parser = rest.pop("parser_name", "pytest")
-    if parser != "pytest":
-        shown = repr(parser) if isinstance(parser, str) else type_name(parser)
-        raise TaskError(f"task.yaml: 'parser_name' {shown} is not supported here; only pytest is")
     request = TaskRequest(
         agent_timeout_secs=_positive(rest.pop("max_agent_timeout_sec", None), "max_agent_timeout_sec"),
         verifier_timeout_secs=_positive(rest.pop("max_test_timeout_sec", None), "max_test_timeout_sec"),
     )
-    environment, env = _terminal_bench_environment(root)
+    environment, env, bound = _terminal_bench_environment(root)
     run_tests = regular_file(root / "run-tests.sh", "run-tests.sh", required=True)
     data = read_bytes(root / "run-tests.sh", "run-tests.sh", required=True)
     files = [SupportFile("run-tests.sh", data, 0o755 if run_tests.st_mode & 0o111 else 0o644)]
     if is_folder(root / "tests", "tests"):
         tests = folder_files(root / "tests", "tests")
         if any(f.relpath == "run-tests.sh" for f in tests):
-            raise TaskError(
-                "tests/run-tests.sh would replace run-tests.sh at /tests (Terminal-Bench copies both there)"
-            )
+            files = []  # Terminal-Bench copies run-tests.sh, then tests/ over it: tests/run-tests.sh runs
         files += tests
+    grader, swebench = grader_for(parser, files, "task.yaml: 'parser_name'")
     solution, why_not = _terminal_bench_solution(root)
     if why_not:
         rest["solution_not_converted"] = why_not
     return image_task(
         root,
         format="terminal-bench",
-        grader="pytest",
+        grader=grader,
+        swebench=swebench,
+        workdir_files=bound.agent_files if bound else None,
+        support_files=bound.test_files if bound else [],
         prompt=prompt,
         environment=environment,
         env=env,
@@ -98,19 +112,31 @@ def _positive(value: object, key: str) -> float | None:
     return float(value)
 
 
-def _terminal_bench_environment(root: Path) -> tuple[ImageEnvironment, dict[str, str]]:
-    """The one service of docker-compose.yaml (its build or image, its environment), else the
-    Dockerfile at the root with the root as its context, as Terminal-Bench builds it."""
+def _terminal_bench_environment(root: Path) -> tuple[ImageEnvironment, dict[str, str], BoundFolder | None]:
+    """The one service of docker-compose.yaml read as Compose would run it (its build or image,
+    working_dir, environment, a keep-alive command, a volume binding the task's folder at its
+    working_dir), else the Dockerfile at the root with the root as its context, as Terminal-Bench
+    builds it. Any other key of the service is refused, named."""
     compose = single_service(root, "")
     if compose is None:
         regular_file(root / "Dockerfile", "Dockerfile", required=True)
-        return ImageEnvironment(dockerfile="Dockerfile", context="."), {}
+        return ImageEnvironment(dockerfile="Dockerfile", context="."), {}, None
     where = f"{compose['file']}: service {compose['name']!r}"
     service = compose["service"]
-    for key in ("working_dir", "entrypoint", "user"):
-        if key in service:
-            raise TaskError(f"{where}: {key!r} is not supported here (the task runs as its image says)")
+    unknown = [str(key) for key in service if key not in SERVICE_KEYS + IGNORED_SERVICE_KEYS]
+    if unknown:
+        raise TaskError(
+            f"{where}: {unknown[0]!r} is not supported here (a task runs in one container, as its image says)"
+        )
     env = _compose_env(service.get("environment"), where)
+    workdir = service_workdir(service, where)
+    check_command(service, where)
+    bound = bound_folder(root, service, where, workdir)
+    environment, env = _compose_image(root, service, where, env)
+    return dataclasses.replace(environment, workdir=workdir), env, bound
+
+
+def _compose_image(root: Path, service: dict, where: str, env: dict) -> tuple[ImageEnvironment, dict]:
     build = service.get("build")
     if build is None:
         image = service.get("image")
