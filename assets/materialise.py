@@ -38,8 +38,9 @@ _CHUNK = 1024 * 1024
 DIR_MODE = 0o755
 
 
-def copy_asset(asset: Asset, dest: Path, *, owner: int | None, max_bytes: int | None = None) -> int:
-    """Copy ``asset.source`` to ``dest/<asset.save_path>``; return the bytes copied."""
+def copy_asset(asset: Asset, dest: Path | int, *, owner: int | None, max_bytes: int | None = None) -> int:
+    """Copy ``asset.source`` to ``dest/<asset.save_path>``; return the bytes copied. ``dest``: a
+    folder, or a handle of one the caller holds (a WorkingDir resolved in an image's root)."""
     copier = _Copier(asset, owner, max_bytes)
     try:
         _copy(copier, asset, dest)
@@ -50,7 +51,7 @@ def copy_asset(asset: Asset, dest: Path, *, owner: int | None, max_bytes: int | 
     return copier.copied
 
 
-def _copy(copier: _Copier, asset: Asset, dest: Path) -> None:
+def _copy(copier: _Copier, asset: Asset, dest: Path | int) -> None:
     parts = asset.save_path.split("/")
     parent_fd = copier.open_parents(dest, parts[:-1])
     try:
@@ -122,9 +123,9 @@ class _Copier:
                 f"static asset {self.asset.name!r}: cannot read {self.asset.path!r}: {exc.strerror}"
             ) from None
 
-    def open_parents(self, dest: Path, parts: list[str]) -> int:
+    def open_parents(self, dest: Path | int, parts: list[str]) -> int:
         try:
-            fd = os.open(dest, _DIR_FLAGS)
+            fd = os.dup(dest) if isinstance(dest, int) else os.open(dest, _DIR_FLAGS)
         except OSError as exc:
             raise self.fail(f"cannot open {dest}: {exc.strerror}") from None
         try:

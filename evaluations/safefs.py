@@ -46,8 +46,11 @@ def split_relpath(relpath: str) -> list[str]:
     return parts
 
 
-def open_root_dir(root: Path | str) -> int:
-    """Open ``root`` as a directory; its last component must not be a symlink."""
+def open_root_dir(root: Path | str | int) -> int:
+    """Open ``root`` as a directory; its last component must not be a symlink. An ``int`` is a
+    folder handle the caller holds (one resolved in an image's root: images/inroot.py): a copy."""
+    if isinstance(root, int):
+        return os.dup(root)
     try:
         return os.open(root, _DIR_FLAGS)
     except OSError as exc:
@@ -87,7 +90,7 @@ def open_subdir(dir_fd: int, parts: list[str], *, create: bool, shown: str = "")
         raise
 
 
-def open_parent(root: Path | str, relpath: str, *, create: bool, shown: str = "") -> tuple[int, str]:
+def open_parent(root: Path | str | int, relpath: str, *, create: bool, shown: str = "") -> tuple[int, str]:
     """The folder holding ``root/relpath``, opened without following a symlink, and the last name.
 
     The caller closes the descriptor. ``create``, ``shown``: as open_subdir's.
@@ -100,7 +103,7 @@ def open_parent(root: Path | str, relpath: str, *, create: bool, shown: str = ""
         os.close(root_fd)
 
 
-def write_file_nofollow(root: Path, relpath: str, data: bytes, mode: int = 0o644) -> None:
+def write_file_nofollow(root: Path | str | int, relpath: str, data: bytes, mode: int = 0o644) -> None:
     """Write ``data`` to ``root/relpath`` without following any symlink.
 
     Missing parent folders are created. Any parent component that is a
@@ -175,7 +178,7 @@ def read_file_at(dir_fd: int, name: str, *, max_bytes: int, shown: str) -> bytes
         os.close(fd)
 
 
-def clear_way(root: Path | str, relpath: str) -> None:
+def clear_way(root: Path | str | int, relpath: str) -> None:
     """Make room for a file the service writes at ``root/relpath``, whatever stands in its way.
 
     A parent component that is not a real folder (a link, a file, a FIFO) is unlinked, a

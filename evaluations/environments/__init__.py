@@ -5,7 +5,9 @@ Plain Python, no Django: the API lists them, the pipeline resolves one, make_env
 
 1. A link inside an environment means what it would mean with the environment as `/`
    (`bin -> usr/bin`, `/usr/bin/sh -> dash`): ``inside`` resolves it against the
-   environment's root, never against the host's.
+   environment's root, never against the host's, and every file here is read through a
+   handle opened in that root (images/inroot.py, the one resolver: an image's root is
+   an environment too), never by a host path joined from what the tree holds.
 2. Nothing is run to learn what an environment offers: versions come from files
    (dpkg's database, Python's patchlevel.h, node's node_version.h, the interpreter's
    file name), as the web process runs no command.
@@ -15,21 +17,23 @@ Plain Python, no Django: the API lists them, the pipeline resolves one, make_env
 
 from __future__ import annotations
 
-import functools
+import contextlib
 import hashlib
 import json
 import os
 import re
 import stat
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+
+from evaluations.images import inroot
 
 NAME_RULE = re.compile(r"[a-z0-9][a-z0-9._-]*")
 MAX_NAME_LENGTH = 64
 STAMP_FILE = ".term-executor-environment"  # written by make_environment: {"id": ..., how it was built}
 DPKG_STATUS = "var/lib/dpkg/status"
 BIN_DIRS = ("usr/local/bin", "usr/bin", "bin")  # the order of the sandbox's PATH
-MAX_LINKS = 40  # as the kernel's ELOOP limit
 
 _PY_VERSION = re.compile(rb'#define\s+PY_VERSION\s+"([0-9][^"]*)"')
 _NODE_PART = re.compile(rb"#define\s+NODE_(MAJOR|MINOR|PATCH)_VERSION\s+([0-9]+)")
@@ -102,35 +106,38 @@ def inside(root: Path | str, path: str) -> str | None:
     """What ``path`` names with root as `/`: a path inside root with every link resolved, or None.
 
     None when a component is missing, not a folder, or links loop. ``..`` stops at
-    the root as it does at `/`, so no link can lead out of the environment.
+    the root as it does at `/`, so no link can lead out of the environment. The walk is
+    inroot.resolve's, from handles (no host path is built: no PATH_MAX, no link followed
+    on the host).
     """
-    pending = [p for p in reversed(path.split("/")) if p not in ("", ".")]
-    resolved: list[str] = []
-    links = 0
-    while pending:
-        part = pending.pop()
-        if part == "..":
-            if resolved:
-                resolved.pop()
-            continue
-        host = os.path.join(root, *resolved, part)
-        try:
-            st = os.lstat(host)
-        except OSError:
-            return None
-        if stat.S_ISLNK(st.st_mode):
-            links += 1
-            if links > MAX_LINKS:
-                return None
-            target = os.readlink(host)
-            if target.startswith("/"):
-                resolved = []
-            pending.extend(p for p in reversed(target.split("/")) if p not in ("", "."))
-            continue
-        if pending and not stat.S_ISDIR(st.st_mode):
-            return None
-        resolved.append(part)
-    return "/" + "/".join(resolved)
+    try:
+        with _root(root) as root_fd:
+            return "/" + inroot.resolve(root_fd, path, keep_missing=False, folder=False)
+    except OSError:
+        return None
+
+
+@contextlib.contextmanager
+def _root(root: Path | str) -> Iterator[int]:
+    """A handle of the environment's root (inroot.open_root), closed after the block."""
+    root_fd = inroot.open_root(root)
+    try:
+        yield root_fd
+    finally:
+        os.close(root_fd)
+
+
+def _stat_in(root: Path | str, inner: str) -> os.stat_result | None:
+    """What ``inner`` (links resolved in root) is, by a handle opened in root; None when missing."""
+    try:
+        with _root(root) as root_fd:
+            fd = inroot.open_in(root_fd, inner, os.O_PATH)
+    except OSError:
+        return None
+    try:
+        return os.fstat(fd)
+    finally:
+        os.close(fd)
 
 
 def find_interpreter(env_or_root: Environment | Path | str, name: str) -> str | None:
@@ -160,11 +167,8 @@ def identity(root: Path) -> str:
     """Changes when the tree is replaced (inode, ctime), rebuilt (the stamp's id) or apt-installed into (dpkg)."""
     st = os.stat(root)
     parts = [str(st.st_ino), str(st.st_ctime_ns), _stamp_id(root)]
-    try:
-        status = os.stat(root / DPKG_STATUS)
-        parts.append(f"{status.st_mtime_ns}-{status.st_size}")
-    except OSError:
-        parts.append("")
+    status = _stat_in(root, DPKG_STATUS)
+    parts.append(f"{status.st_mtime_ns}-{status.st_size}" if status is not None else "")
     return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:24]
 
 
@@ -202,8 +206,8 @@ def inspect(base: Path, folder_name: str, shown: str | None = None) -> Environme
             "the sandbox uids need to read and enter it (0755)"
         )
     root = Path(real)
-    usr = inside(root, "usr")
-    if usr is None or not os.path.isdir(_host(root, usr)):
+    usr = _stat_in(root, "usr")
+    if usr is None or not stat.S_ISDIR(usr.st_mode):
         raise BadEnvironment(f"environment {name} has no usr/ folder")
     sh = inside(root, "bin/sh")
     if sh is None or not _is_executable(root, sh):
@@ -212,22 +216,15 @@ def inspect(base: Path, folder_name: str, shown: str | None = None) -> Environme
     return Environment(name, root, identity(root), versions["python"], versions["node"])
 
 
-def _host(root: Path, inner: str) -> str:
-    return os.path.join(root, inner.lstrip("/"))
-
-
 def _is_executable(root: Path, inner: str) -> bool:
-    try:
-        st = os.stat(_host(root, inner))
-    except OSError:
-        return False
-    return stat.S_ISREG(st.st_mode) and bool(st.st_mode & 0o111)
+    st = _stat_in(root, inner)
+    return st is not None and stat.S_ISREG(st.st_mode) and bool(st.st_mode & 0o111)
 
 
 def _stamp_id(root: Path) -> str:
     try:
-        return str(json.loads((root / STAMP_FILE).read_text()).get("id", ""))
-    except (OSError, ValueError, AttributeError):
+        return str(json.loads(_read(root, STAMP_FILE, 1024 * 1024) or b"").get("id", ""))
+    except (ValueError, AttributeError):
         return ""
 
 
@@ -260,11 +257,15 @@ def _python_version(root: Path) -> str | None:
 
 def _header_minors(root: Path, prefix: str) -> list[str]:
     """For a python3 that is no link to python3.X: the versions whose headers the prefix holds, newest first."""
-    include = inside(root, f"{prefix}/include")
     try:
-        names = os.listdir(_host(root, include)) if include else []
+        with _root(root) as root_fd:
+            fd = inroot.open_dir(root_fd, f"{prefix}/include")
     except OSError:
         return []
+    try:
+        names = os.listdir(fd)
+    finally:
+        os.close(fd)
     minors = [m.group(1) for m in map(_PYTHON_FILE.fullmatch, names) if m]
     return sorted(minors, key=lambda v: int(v.split(".")[1]), reverse=True)
 
@@ -284,38 +285,48 @@ def _node_version(root: Path) -> str | None:
 
 
 def _read(root: Path, path: str, limit: int) -> bytes | None:
-    inner = inside(root, path)
-    if inner is None:
-        return None
+    """At most ``limit`` bytes of the regular file ``path`` (links resolved in root); None if none."""
     try:
-        with open(_host(root, inner), "rb") as handle:
-            return handle.read(limit)
+        with _root(root) as root_fd:
+            return inroot.read_in(root_fd, path, limit)
     except OSError:
         return None
+
+
+_DPKG_MAX_BYTES = 256 * 1024 * 1024
+_parsed: dict[tuple, dict[str, str]] = {}  # (root, inode, mtime, size) -> versions; at most 64 kept
 
 
 def _dpkg_versions(root: Path) -> dict[str, str]:
-    """Installed python3*/nodejs packages -> upstream version, from the environment's dpkg database."""
-    inner = inside(root, DPKG_STATUS)
-    if inner is None:
-        return {}
-    path = _host(root, inner)
+    """Installed python3*/nodejs packages -> upstream version, from the environment's dpkg database.
+
+    Parsed once per version of the file (a full system's is ~1 MB): the key holds its inode,
+    mtime and size, read from the handle the bytes come from."""
     try:
-        st = os.stat(path)
+        with _root(root) as root_fd:
+            fd = inroot.open_in(root_fd, DPKG_STATUS, os.O_RDONLY | os.O_NONBLOCK)
     except OSError:
         return {}
-    return _parse_dpkg_status(path, st.st_mtime_ns, st.st_size)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            return {}
+        key = (str(root), st.st_dev, st.st_ino, st.st_mtime_ns, st.st_size)
+        if key not in _parsed:
+            with os.fdopen(os.dup(fd), "rb") as handle:
+                text = handle.read(_DPKG_MAX_BYTES).decode("utf-8", errors="replace")
+            if len(_parsed) >= 64:
+                _parsed.pop(next(iter(_parsed)))
+            _parsed[key] = _parse_dpkg_status(text)
+        return _parsed[key]
+    except OSError:
+        return {}
+    finally:
+        os.close(fd)
 
 
-@functools.lru_cache(maxsize=64)
-def _parse_dpkg_status(path: str, mtime_ns: int, size: int) -> dict[str, str]:
-    """Parsed once per version of the file (a full system's is ~1 MB): the key holds its mtime and size."""
+def _parse_dpkg_status(text: str) -> dict[str, str]:
     versions = {}
-    try:
-        with open(path, encoding="utf-8", errors="replace") as handle:
-            text = handle.read()
-    except OSError:
-        return {}
     for stanza in text.split("\n\n"):
         fields = dict(line.split(": ", 1) for line in stanza.splitlines() if ": " in line and line[0] != " ")
         package = fields.get("Package", "")

@@ -27,7 +27,7 @@ agent's own. The walk never follows a link, holds one folder open at a time (saf
 and keeps at most 2 x ``limit`` paths in memory whatever the layer's size.
 
 The image (``base``) is read from handles too (SPEC §21): ``workdir`` and the PATH folders are
-resolved inside it (diff.inner_path), and beside each folder of the layer the walk holds the
+resolved inside it (inroot.resolve), and beside each folder of the layer the walk holds the
 image's folder of the same name, opened from its parent's with ``O_NOFOLLOW`` (a link of the image
 there is not a folder: what the layer has below it is new), found again through ``..`` on the way
 back. No path through the image is ever a string joined onto ``base``.
@@ -41,7 +41,8 @@ import stat
 from collections.abc import Callable
 from pathlib import Path
 
-from evaluations.images.diff import excluded, inner_path, is_opaque, is_whiteout
+from evaluations.images import inroot
+from evaluations.images.diff import excluded, is_opaque, is_whiteout
 from evaluations.runtime.idmap import IdMap
 from evaluations.safefs import SafeFSError, open_root_dir, open_subdir, walk_nofollow
 
@@ -86,7 +87,7 @@ def system_changes(
     is the working directory, nothing is a system change (what is on PATH is still suspicious)."""
     base_fd = open_root_dir(base)
     try:
-        inner = inner_path(base_fd, workdir)
+        inner = inroot.resolve(base_fd, workdir)
         skip = tuple(item.strip("/") for item in (inner, AGENT_LOGS, *exclude) if item.strip("/"))
         on_path = tuple(sorted({_in_image(base_fd, item) for item in path_dirs if item.startswith("/")} - {""}))
         walk = _Walk(base_fd, idmap, skip, on_path, limit)
@@ -100,7 +101,7 @@ def system_changes(
 
 def _in_image(base_fd: int, path: str) -> str:
     try:
-        return inner_path(base_fd, path)
+        return inroot.resolve(base_fd, path)
     except OSError:  # a PATH entry through a file, or links that loop: names nothing of the image
         return ""
 

@@ -15,7 +15,7 @@ link's target as its content, other kinds (a FIFO the agent left) named. Capped 
 
 Invariants (DESIGN "Paths inside an image"):
 
-1. WorkingDir is resolved inside the image's root (``inner_path``: the image's links followed
+1. WorkingDir is resolved inside the image's root (``inroot.resolve``: the image's links followed
    as if its root were ``/``, from handles), never on the host.
 2. Both trees are walked from folder handles, one name at a time (``*at`` calls, ``O_NOFOLLOW``):
    a link in either tree is content (its target string), never a way in. Nothing is opened by a
@@ -29,7 +29,6 @@ Invariants (DESIGN "Paths inside an image"):
 from __future__ import annotations
 
 import difflib
-import errno
 import os
 import stat
 from dataclasses import dataclass, field
@@ -58,7 +57,7 @@ def image_patch(upper: Path, base: Path, workdir: str, *, max_bytes: int, exclud
     try:
         base_fd = os.open(base, _DIR_FLAGS)
         try:
-            inner = inner_path(base_fd, workdir)
+            inner = inroot.resolve(base_fd, workdir)
             top = _reach(upper_fd, base_fd, inner.split("/") if inner else [])
         finally:
             os.close(base_fd)
@@ -73,82 +72,6 @@ def image_patch(upper: Path, base: Path, workdir: str, *, max_bytes: int, exclud
         if writer.full:
             break
     return writer.text()
-
-
-# -- BEGIN: belongs in images/inroot.py (the one resolver), which has no call that returns the
-# resolved path itself; written here on its API's terms until it does (issue 34, helper ``diff``).
-
-
-def inner_path(root_fd: int, path: str) -> str:
-    """``path`` (inside the tree ``root_fd``) as the tree's own path, relative to its root, no ``/``
-    at either end: every link on it resolved as if the root were ``/`` (inroot's property), from
-    handles (``O_PATH | O_NOFOLLOW`` per component, ``readlinkat``, ``..`` stopping at the root).
-    What the tree lacks (a WorkingDir the executor makes) is kept as written from there on,
-    ``..`` in it applied by name; ``ELOOP`` past ``inroot.MAX_LINKS`` links, ``ENOTDIR`` for a
-    file on the way."""
-    pending = [part for part in reversed(path.split("/")) if part not in ("", ".")]
-    resolved: list[str] = []
-    cur: int | None = os.dup(root_fd)
-    have = 0  # how many of ``resolved`` the tree has (``cur`` is the last of them, None past it)
-    links = 0
-    try:
-        while pending:
-            part = pending.pop()
-            if part == "..":
-                if resolved:
-                    resolved.pop()
-                if len(resolved) < have:  # back up in what the tree has
-                    parent = os.open("..", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=cur)
-                    os.close(cur)
-                    cur, have = parent, have - 1
-                elif cur is None and len(resolved) == have:  # back from as-written into the tree
-                    cur = _reopen(root_fd, resolved)
-                continue
-            if cur is None:  # below what the tree has: as written
-                resolved.append(part)
-                continue
-            try:
-                nxt = os.open(part, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=cur)
-            except FileNotFoundError:
-                os.close(cur)
-                cur = None
-                resolved.append(part)
-                continue
-            kind = stat.S_IFMT(os.fstat(nxt).st_mode)
-            if kind == stat.S_IFLNK:
-                target = os.readlink("", dir_fd=nxt)
-                os.close(nxt)
-                links += 1
-                if links > inroot.MAX_LINKS:
-                    raise OSError(errno.ELOOP, os.strerror(errno.ELOOP), path)
-                if target.startswith("/"):
-                    os.close(cur)
-                    cur, resolved, have = os.dup(root_fd), [], 0
-                pending.extend(p for p in reversed(target.split("/")) if p not in ("", "."))
-                continue
-            if kind != stat.S_IFDIR:
-                os.close(nxt)
-                raise OSError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), path)
-            os.close(cur)
-            cur, have = nxt, have + 1
-            resolved.append(part)
-        return "/".join(resolved)
-    finally:
-        if cur is not None:
-            os.close(cur)
-
-
-def _reopen(root_fd: int, names: list[str]) -> int:
-    """The folder ``names`` below ``root_fd``, each a folder already resolved (no link on the way)."""
-    cur = os.dup(root_fd)
-    for name in names:
-        nxt = os.open(name, os.O_PATH | os.O_NOFOLLOW | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=cur)
-        os.close(cur)
-        cur = nxt
-    return cur
-
-
-# -- END: belongs in images/inroot.py
 
 
 def _strip(items: tuple[str, ...]) -> list[str]:

@@ -24,10 +24,13 @@ How:
 4. Creating or replacing the last component never follows it: ``parent_and_name`` resolves the
    folder in the root and hands back the last name for ``*at`` calls (``O_EXCL``, ``O_NOFOLLOW``,
    ``AT_SYMLINK_NOFOLLOW``) on that folder's handle.
-5. Attributes are applied on handles (``fchmod``, ``fchown``, ``futimens`` on a descriptor opened
+5. ``resolve`` gives the resolved path itself, as the tree's own (relative) path, for what needs
+   a name rather than a handle (a WorkingDir compared with a layer's folders, a program's path
+   inside the image); it is computed by the same walk from handles, never on a host path.
+6. Attributes are applied on handles (``fchmod``, ``fchown``, ``futimens`` on a descriptor opened
    here), never by a path resolved again later.
 
-Every function returns descriptors the caller closes; errors are ``OSError`` with the kernel's
+Every function but ``resolve`` returns descriptors the caller closes; errors are ``OSError`` with the kernel's
 errno (``ENOENT``, ``ENOTDIR``, ``ELOOP``, ``EEXIST``).
 """
 
@@ -232,6 +235,84 @@ def mkdirs_in(root_fd: int, relpath: str, uid: int = 0, gid: int = 0, mode: int 
             os.close(fd)
 
     return _walk(root_fd, relpath.lstrip("/"), _O_PATH_DIR, 0, mkdir=make)
+
+
+def resolve(root_fd: int, path: str, *, keep_missing: bool = True, folder: bool = True) -> str:
+    """``path`` as the tree's own path: relative to its root, no ``/`` at either end (``""`` for the
+    root), every link on it resolved as if the root were ``/`` (the module's property), from
+    handles (``O_PATH | O_NOFOLLOW`` per component, ``readlinkat``, ``..`` stopping at the root).
+    What names it when the tree holds it: no host path is built, so no ``PATH_MAX`` either.
+
+    ``keep_missing``: what the tree lacks (a WorkingDir the executor makes) is kept as written
+    from there on, ``..`` in it applied by name (and back into the tree, resolving again); else
+    ``ENOENT``. ``folder``: the last component must be a folder (``ENOTDIR``); else any entry (a
+    last link followed like the rest). ``ENOTDIR`` for a file with components after it, ``ELOOP``
+    past ``MAX_LINKS`` links."""
+    pending = _parts(path)[::-1]
+    resolved: list[str] = []
+    cur: int | None = os.dup(root_fd)
+    have = 0  # how many of ``resolved`` the tree has (``cur`` is the last of them, None past it)
+    links = 0
+    try:
+        while pending:
+            part = pending.pop()
+            if part == "..":
+                if resolved:
+                    resolved.pop()
+                if len(resolved) < have:  # back up in what the tree has
+                    parent = os.open("..", _O_PATH_DIR, dir_fd=cur)
+                    os.close(cur)
+                    cur, have = parent, have - 1
+                elif cur is None and len(resolved) == have:  # back from as-written into the tree
+                    cur = _reopen(root_fd, resolved)
+                continue
+            if cur is None:  # below what the tree has: as written
+                resolved.append(part)
+                continue
+            try:
+                nxt = os.open(part, _STEP, dir_fd=cur)
+            except FileNotFoundError:
+                if not keep_missing:
+                    raise
+                os.close(cur)
+                cur = None
+                resolved.append(part)
+                continue
+            kind = stat.S_IFMT(os.fstat(nxt).st_mode)
+            if kind == stat.S_IFLNK:
+                target = os.readlink("", dir_fd=nxt)
+                os.close(nxt)
+                links += 1
+                if links > MAX_LINKS:
+                    raise OSError(errno.ELOOP, os.strerror(errno.ELOOP), path)
+                if target.startswith("/"):
+                    os.close(cur)
+                    cur, resolved, have = os.dup(root_fd), [], 0
+                pending.extend(_parts(target)[::-1])
+                continue
+            if kind != stat.S_IFDIR:
+                os.close(nxt)
+                if pending or folder:
+                    raise OSError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), path)
+                resolved.append(part)
+                continue
+            os.close(cur)
+            cur, have = nxt, have + 1
+            resolved.append(part)
+        return "/".join(resolved)
+    finally:
+        if cur is not None:
+            os.close(cur)
+
+
+def _reopen(root_fd: int, names: list[str]) -> int:
+    """The folder ``names`` below ``root_fd``, each a folder already resolved (no link on the way)."""
+    cur = os.dup(root_fd)
+    for name in names:
+        nxt = os.open(name, _STEP | os.O_DIRECTORY, dir_fd=cur)
+        os.close(cur)
+        cur = nxt
+    return cur
 
 
 def lstat_at(dir_fd: int, name: str) -> os.stat_result | None:

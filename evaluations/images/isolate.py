@@ -21,7 +21,7 @@ the session, inside which all of this is, so the disk quota counts it.
 Every tree here is walked from folder handles (SPEC §21): the agent's layer, the new one and the
 image (``base``) are reached one name at a time (``*at`` calls, ``O_NOFOLLOW``; an attribute of
 an entry that is not a folder through ``/proc/self/fd/<folder>/<name>``, never followed), the
-working directory is resolved inside the image (diff.inner_path), and a walk holds one handle per
+working directory is resolved inside the image (inroot.resolve), and a walk holds one handle per
 tree whatever the depth, finding a folder's parent again through ``..`` (checked): a tree deeper
 than PATH_MAX is isolated like any other, and no link is ever a way out.
 
@@ -47,15 +47,13 @@ import stat
 from contextlib import suppress
 from pathlib import Path
 
-from evaluations.environments import inside
 from evaluations.images import inroot
-from evaluations.images.diff import OPAQUE, REDIRECT, inner_path, is_opaque, is_whiteout
+from evaluations.images.diff import OPAQUE, REDIRECT, is_opaque, is_whiteout
 from evaluations.images.errors import ImageError
 from evaluations.images.rootfs import (
     IMAGE_DIR,
     ROOTFS,
     image_base,
-    image_path,
     layer_folders,
     mount_layers,
     unmount_root,
@@ -83,7 +81,7 @@ def isolate_workdir(session_root: Path, layers: list[Path], idmap: IdMap, workdi
         try:
             handles += [open_root_dir(upper_of(session_root)), open_root_dir(upper)]
             base_fd, old_fd, new_fd = handles
-            inner = inner_path(base_fd, workdir)
+            inner = inroot.resolve(base_fd, workdir)
             _Isolation(base_fd, idmap).move(old_fd, new_fd, inner.split("/") if inner else [])
         finally:
             for fd in handles:
@@ -100,9 +98,22 @@ def verifier_commands(
     what names the working directory ``workdir`` (4-6), ``base`` the image's root (image_base).
     ``fixed``: programs started by absolute path (the egress relay's ``/bin/sh``), which must lie
     outside it too. ImageError when the image has no such shell, or one of them is inside."""
-    inner = image_path(base, workdir)
+    root = inroot.open_root(base)
+    try:
+        return _verifier_commands(root, workdir, env, shell, fixed)
+    finally:
+        os.close(root)
+
+
+def _verifier_commands(
+    root: int, workdir: str, env: dict[str, str], shell: str, fixed: tuple[str, ...]
+) -> tuple[str, dict[str, str]]:
+    try:
+        inner = inroot.resolve(root, workdir, folder=False)
+    except OSError as exc:
+        raise ImageError(f"the image's working directory {workdir} cannot be resolved: {exc.strerror}") from None
     for program in fixed:
-        if not _outside(base, inner, program):
+        if not _outside(root, inner, program):
             raise ImageError(
                 f"{program} is inside the working directory {workdir}: an isolated verifier runs only the "
                 "image's own programs"
@@ -110,14 +121,14 @@ def verifier_commands(
     env = dict(env)
     for name, separators in _CODE_LISTS.items():
         if name in env:
-            kept = [item for item in _split(env[name], separators) if _outside(base, inner, item)]
+            kept = [item for item in _split(env[name], separators) if _outside(root, inner, item)]
             if kept or name == "PATH":
                 env[name] = ":".join(kept)
             else:
                 del env[name]
     for folder in env.get("PATH", "").split(":"):
-        real = inside(base, f"{folder}/{shell}") if folder else None
-        if real is not None and _outside(base, inner, real) and _executable(base, real):
+        real = _existing(root, f"{folder}/{shell}") if folder else None
+        if real is not None and _outside(root, inner, real) and _executable(root, real):
             return real, env
     raise ImageError(
         f"the image has no {shell} outside the working directory {workdir} on PATH ({env.get('PATH', '')}): "
@@ -136,34 +147,34 @@ def _split(value: str, separators: str) -> list[str]:
     return value.split(separators[0]) if separators else [value]
 
 
-def _outside(base: Path, inner: str, path: str) -> bool:
+def _outside(root: int, inner: str, path: str) -> bool:
     """Whether the absolute ``path`` lies outside the working directory ``inner`` (root-relative,
-    "" for /) once resolved in the image; a relative one is the working directory's."""
+    "" for /) once resolved in the image (what the image lacks kept as written); a relative one
+    is the working directory's, and one that names nothing (through a file, links that loop) is
+    taken as inside: it is left out."""
     if not path.startswith("/"):
         return False
-    real = _resolved(base, path).strip("/")
+    try:
+        real = inroot.resolve(root, path, folder=False)
+    except OSError:
+        return False
     return bool(inner) and real != inner and not real.startswith(inner + "/")
 
 
-def _resolved(base: Path, path: str) -> str:
-    """``path`` with the image's links resolved as far as the image has it, the rest as written."""
-    parts = [part for part in path.split("/") if part]
-    for known in range(len(parts), -1, -1):
-        head = inside(base, "/" + "/".join(parts[:known]))
-        if head is not None:
-            return posixpath.normpath(posixpath.join(head, *parts[known:]))
-    return posixpath.normpath(path)
+def _existing(root: int, path: str) -> str | None:
+    """``path`` resolved in the image, ``/``-rooted, when the image has it; None otherwise."""
+    try:
+        return "/" + inroot.resolve(root, path, keep_missing=False, folder=False)
+    except OSError:
+        return None
 
 
-def _executable(base: Path, real: str) -> bool:
+def _executable(root: int, real: str) -> bool:
     """Whether ``real`` (resolved: no link left on the way) is an executable regular file of the image."""
-    root = inroot.open_root(base)
     try:
         folder, name = inroot.parent_and_name(root, real)
     except OSError:
         return False
-    finally:
-        os.close(root)
     try:
         st = inroot.lstat_at(folder, name)
     finally:

@@ -20,13 +20,11 @@ layer of its own in the session (SPEC §16).
 from __future__ import annotations
 
 import os
-import posixpath
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 from evaluations.cache import mounts
-from evaluations.environments import inside
 from evaluations.images import inroot
 from evaluations.images.errors import ImageError
 from evaluations.runtime.idmap import ID_COUNT, IdMap, image_userns_fd
@@ -120,15 +118,6 @@ def unmount_root(session_root: Path, *, remove: bool = False) -> None:
     if remove:
         remove_tree_nofollow(session_root / IMAGE_DIR)
         os.rmdir(session_root / ROOTFS)
-
-
-def image_path(base: Path, path: str) -> str:
-    """``path`` (inside the image) relative to its root, the image's own links resolved in ``base``
-    (image_base); as written, normalised, when the image lacks it (a WorkingDir the executor made)."""
-    resolved = inside(base, path)
-    if resolved is None:
-        resolved = posixpath.normpath("/" + path)
-    return resolved.strip("/")
 
 
 def resolve_user(root: Path, user: str) -> tuple[int, int]:

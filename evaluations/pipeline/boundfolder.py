@@ -18,7 +18,7 @@ import os
 
 from evaluations.models import ErrorKind
 from evaluations.pipeline.context import Context, StepFailed
-from evaluations.safefs import SafeFSError, open_root_dir, remove_entry_nofollow, write_file_nofollow
+from evaluations.safefs import SafeFSError, open_parent, remove_entry_nofollow, write_file_nofollow
 
 
 def fill_workdir(ctx: Context) -> None:
@@ -26,24 +26,24 @@ def fill_workdir(ctx: Context) -> None:
     files = ctx.task.workdir_files
     if files is None or ctx.image is None:
         return
-    workdir = ctx.workdir_host()
     owner = ctx.workdir_owner()
     try:
-        fd = open_root_dir(workdir)
-        try:
-            for name in os.listdir(fd):  # what the image had there: hidden by the bind
-                remove_entry_nofollow(fd, name)
-        finally:
-            os.close(fd)
-        made = set()
-        for file in files:
-            write_file_nofollow(workdir, file.relpath, file.data, file.mode)
-            parts = file.relpath.split("/")
-            made.update("/".join(parts[:depth]) for depth in range(1, len(parts) + 1))
-        if owner is not None:
-            os.chown(workdir, owner, owner, follow_symlinks=False)  # the bind's own folder too
-            for relpath in sorted(made):
-                os.chown(workdir / relpath, owner, owner, follow_symlinks=False)
+        with ctx.workdir_handle() as workdir:  # resolved in the image's root (context.py)
+            for name in os.listdir(workdir):  # what the image had there: hidden by the bind
+                remove_entry_nofollow(workdir, name)
+            made = set()
+            for file in files:
+                write_file_nofollow(workdir, file.relpath, file.data, file.mode)
+                parts = file.relpath.split("/")
+                made.update("/".join(parts[:depth]) for depth in range(1, len(parts) + 1))
+            if owner is not None:
+                os.fchown(workdir, owner, owner)  # the bind's own folder too
+                for relpath in sorted(made):
+                    folder, name = open_parent(workdir, relpath, create=False)
+                    try:
+                        os.chown(name, owner, owner, dir_fd=folder, follow_symlinks=False)
+                    finally:
+                        os.close(folder)
     except (OSError, SafeFSError) as exc:
         raise StepFailed(
             f"could not copy the task's bound folder into {ctx.workdir}: {exc}", kind=ErrorKind.INFRASTRUCTURE

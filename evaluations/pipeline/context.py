@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from assets import AssetView
 from evaluations import livelog
-from evaluations.environments import Environment, inside
+from evaluations.environments import Environment
+from evaluations.images import inroot
 from evaluations.models import CANCEL_KINDS, ErrorKind, Evaluation
 from evaluations.network import urlguard
 from evaluations.network.egress import EgressProxy
@@ -121,16 +123,37 @@ class Context:
             return (self.image_config or {}).get("WorkingDir") or "/"
         return str(self.session.repo)
 
-    def workdir_host(self) -> Path:
-        """``workdir`` as the executor reaches it: the session's repo/, or the folder inside the image's
-        root with every link resolved inside the root (the executor writes there only when no
-        command of the evaluation runs)."""
+    @contextlib.contextmanager
+    def workdir_handle(self) -> Iterator[int]:
+        """``workdir`` as the executor writes into it: a handle of the folder (``O_RDONLY |
+        O_DIRECTORY``, closed after the block), for ``*at`` writes that never follow a link
+        (safefs: ``clear_way``, ``write_file_nofollow``; the asset copier).
+
+        The session's repo/ is opened ``O_NOFOLLOW`` (the executor made it). An image's
+        WorkingDir is resolved in the image's root by the one resolver (images/inroot.py):
+        a link anywhere on it, the image's or the agent's, is followed as if the root were
+        ``/``, so the handle names a folder of the image's tree whatever that tree holds, and
+        no host path through it is ever built (no PATH_MAX, no ``realpath``). Below the handle
+        every write is by name, ``O_NOFOLLOW``: the tree the agent shaped is content, never
+        a way onto the host, even if something were still changing it (the executor writes
+        there only when no command of the evaluation runs).
+        """
         if self.task is not None and self.task.repo is None and self.image is not None:
-            inner = inside(self.image.rootfs, self.workdir)
-            if inner is None:
-                raise StepFailed(f"the image's WorkingDir {self.workdir} is gone", kind=ErrorKind.TASK_INVALID)
-            return self.image.rootfs / inner.lstrip("/")
-        return self.session.repo
+            root_fd = inroot.open_root(self.image.rootfs)
+            try:
+                fd = inroot.open_in(root_fd, self.workdir, os.O_RDONLY | os.O_DIRECTORY)
+            except OSError as exc:
+                raise StepFailed(
+                    f"the image's WorkingDir {self.workdir} is gone ({exc.strerror})", kind=ErrorKind.TASK_INVALID
+                ) from None
+            finally:
+                os.close(root_fd)
+        else:
+            fd = os.open(self.session.repo, inroot.DIR_FLAGS)
+        try:
+            yield fd
+        finally:
+            os.close(fd)
 
     def workdir_owner(self) -> int | None:
         """The host uid files the executor writes for the commands belong to (the image's user is the lease)."""

@@ -98,9 +98,10 @@ def materialise(ctx: Context) -> None:
     current = view(ctx)
     budget = ctx.config.disk_quota_bytes
     try:
-        for asset in current.assets:
-            budget -= assets.copy_asset(asset, ctx.workdir_host(), owner=ctx.workdir_owner(), max_bytes=budget)
-            ctx.asset_excludes.append(asset.save_path)
+        with ctx.workdir_handle() as workdir:  # resolved in the image's root, when there is one
+            for asset in current.assets:
+                budget -= assets.copy_asset(asset, workdir, owner=ctx.workdir_owner(), max_bytes=budget)
+                ctx.asset_excludes.append(asset.save_path)
     except assets.AssetError as exc:
         # Before the agent runs, what stands at a save_path is the task's (its base commit, its
         # install step: the agent's install cannot write the repository), the sizes were checked

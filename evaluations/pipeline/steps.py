@@ -37,7 +37,7 @@ from evaluations.pipeline.context import (
 from evaluations.pipeline.imageenv import preparing_environment
 from evaluations.pipeline.swebench import tests as swebench_tests
 from evaluations.runtime import Limit, Mount
-from evaluations.safefs import SafeFSError, clear_way, write_file_nofollow
+from evaluations.safefs import SafeFSError, clear_way, open_parent, write_file_nofollow
 
 
 def _policy(config) -> urlguard.URLPolicy:
@@ -303,14 +303,15 @@ def running_tests(ctx: Context) -> None:
     except OSError as exc:  # the walks neither follow nor stop at what the agent made: the host's fault
         raise StepFailed(f"could not reset HOME and /tmp for the tests: {exc}", kind=ErrorKind.INFRASTRUCTURE) from None
     try:
-        for support in ctx.task.support_files:
-            # The task's file wins over whatever the agent left at its path (a folder, a link,
-            # a FIFO, a file where a folder goes), as it does over a regular file: the tests
-            # run with the task's files and judge the rest.
-            workdir = ctx.workdir_host()
-            clear_way(workdir, support.relpath)
-            write_file_nofollow(workdir, support.relpath, support.data, support.mode)
-            _chown(ctx, workdir, support.relpath)
+        # The task's file wins over whatever the agent left at its path (a folder, a link, a
+        # FIFO, a file where a folder goes), as it does over a regular file: the tests run with
+        # the task's files and judge the rest. Written from a handle of the working directory
+        # (resolved in the image's root), name by name, never through a link (context.py).
+        with ctx.workdir_handle() as workdir:
+            for support in ctx.task.support_files:
+                clear_way(workdir, support.relpath)
+                write_file_nofollow(workdir, support.relpath, support.data, support.mode)
+                _chown(ctx, workdir, support.relpath)
     except (SafeFSError, OSError) as exc:  # what is left: the host (a full disk)
         raise StepFailed(f"could not write test support files: {exc}", kind=ErrorKind.INFRASTRUCTURE) from None
     env = {**ctx.base_env(), **static.task_env(ctx)}
@@ -343,10 +344,14 @@ def running_tests(ctx: Context) -> None:
     lifecycle.store_test_results(ctx.eval_id, results, test_output="\n".join(blocks))
 
 
-def _chown(ctx: Context, workdir: Path, relpath: str) -> None:
+def _chown(ctx: Context, workdir: int, relpath: str) -> None:
     owner = ctx.workdir_owner()
     if owner is not None:
-        os.chown(workdir / relpath, owner, owner, follow_symlinks=False)
+        folder, name = open_parent(workdir, relpath, create=False)
+        try:
+            os.chown(name, owner, owner, dir_fd=folder, follow_symlinks=False)
+        finally:
+            os.close(folder)
 
 
 def _run_test(ctx: Context, position: int, test: taskspec.TestSpec, env, policy, deadline) -> TestResult:

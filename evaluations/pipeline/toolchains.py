@@ -31,14 +31,15 @@ caches in HOME and the CA trust (4) are set, under the image's ``Env``.
 from __future__ import annotations
 
 import errno
-import glob
+import fnmatch
 import logging
 import os
 import re
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 
-from evaluations.environments import inside
+from evaluations.images import inroot
 from evaluations.pipeline.session import Session
 from evaluations.runtime.policy import SANDBOX_CA_BUNDLE
 
@@ -88,26 +89,31 @@ def host_ca(config, *, sandboxed: bool) -> CaBundle | None:
 def find_python(command_path: str, root: Path = Path("/")) -> Python | None:
     """The ``python3`` a command running with ``command_path`` and ``root`` as / finds first.
 
-    Links are followed inside ``root``; the version comes from the name the
-    link ends at (``python3.11``), else from ``<prefix>/lib/pythonX.Y``.
-    None when there is none (a Node-only environment): commands get no venv.
+    Links are followed inside ``root`` (images/inroot.py: from handles, never on the host);
+    the version comes from the name the link ends at (``python3.11``), else from
+    ``<prefix>/lib/pythonX.Y``. None when there is none (a Node-only environment): commands
+    get no venv.
     """
-    for folder in command_path.split(":"):
-        if not folder.startswith("/"):
-            continue  # an empty or relative entry would depend on the command's cwd
-        path = f"{folder.rstrip('/')}/python3"
-        real = inside(root, path)
-        if real is None:
-            continue
-        on_host = _on_host(root, real)
-        if not (os.path.isfile(on_host) and os.access(on_host, os.X_OK)):
-            continue
-        version = _version(root, real)
-        if version is None:
-            log.warning("%s (%s): cannot tell its version; commands get no venv", path, real)
-            return None
-        return Python(path, version)
-    return None
+    root_fd = inroot.open_root(root)
+    try:
+        for folder in command_path.split(":"):
+            if not folder.startswith("/"):
+                continue  # an empty or relative entry would depend on the command's cwd
+            path = f"{folder.rstrip('/')}/python3"
+            try:
+                real = inroot.resolve(root_fd, path, keep_missing=False, folder=False)
+            except OSError:
+                continue
+            if not _executable(root_fd, real):
+                continue
+            version = _version(root_fd, real)
+            if version is None:
+                log.warning("%s (/%s): cannot tell its version; commands get no venv", path, real)
+                return None
+            return Python(path, version)
+        return None
+    finally:
+        os.close(root_fd)
 
 
 def make_venv(venv_dir: Path, python: Python, uid: int | None) -> None:
@@ -227,15 +233,39 @@ def _pip_launcher(python: Path) -> str:
     )
 
 
-def _on_host(root: Path, path: str) -> str:
-    return os.path.join(root, path.lstrip("/"))
+def _executable(root_fd: int, real: str) -> bool:
+    """Whether ``real`` (resolved in the root) is a regular file someone may execute."""
+    try:
+        fd = inroot.open_in(root_fd, real, os.O_PATH, follow_last=False)
+    except OSError:
+        return False
+    try:
+        st = os.fstat(fd)
+    finally:
+        os.close(fd)
+    return stat.S_ISREG(st.st_mode) and bool(st.st_mode & 0o111)
 
 
-def _version(root: Path, real: str) -> str | None:
+def _version(root_fd: int, real: str) -> str | None:
     named = _VERSIONED_NAME.fullmatch(os.path.basename(real))
     if named:
         return named.group(1)
     prefix = os.path.dirname(os.path.dirname(real))
-    found = glob.glob(glob.escape(_on_host(root, prefix)) + "/lib/python3.*/os.py")
-    versions = {os.path.basename(os.path.dirname(p)).removeprefix("python") for p in found}
+    try:
+        lib = inroot.open_dir(root_fd, f"{prefix}/lib")
+    except OSError:
+        return None
+    try:
+        names = [name for name in os.listdir(lib) if fnmatch.fnmatchcase(name, "python3.*")]
+    finally:
+        os.close(lib)
+    versions = {name.removeprefix("python") for name in names if _exists(root_fd, f"{prefix}/lib/{name}/os.py")}
     return versions.pop() if len(versions) == 1 else None
+
+
+def _exists(root_fd: int, path: str) -> bool:
+    try:
+        os.close(inroot.open_in(root_fd, path, os.O_PATH))
+    except OSError:
+        return False
+    return True

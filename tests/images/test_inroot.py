@@ -224,3 +224,61 @@ def test_beneath_refuses_what_in_root_would_clamp(tree):
         with pytest.raises(OSError) as caught:
             read(fd, path, beneath=True)
         assert caught.value.errno == errno.EXDEV, path
+
+
+@pytest.fixture
+def plain(tmp_path):
+    """(root folder, root handle, a host folder outside it): for ``resolve``, which walks from
+    handles whatever the kernel offers (no openat2 to choose)."""
+    root, host = tmp_path / "root", tmp_path / "host"
+    root.mkdir()
+    host.mkdir()
+    fd = inroot.open_root(root)
+    yield root, fd, host
+    os.close(fd)
+
+
+def test_resolve_gives_the_trees_own_path_with_links_resolved_in_it(plain):
+    root, fd, host = plain
+    (root / "srv/x").mkdir(parents=True)
+    os.symlink("/", root / "w")
+    os.symlink("../../..", root / "srv/up")
+    os.symlink("x", root / "srv/rel")
+    os.symlink(str(host), root / "srv/host")  # the host's folder, as an absolute link: the root's
+    (root / "srv/file").write_text("f\n")
+    os.symlink("file", root / "srv/to-file")
+    assert inroot.resolve(fd, "/w/srv/x") == "srv/x"
+    assert inroot.resolve(fd, "/srv/up/srv/up/srv/rel") == "srv/x"  # ".." stops at the root
+    assert inroot.resolve(fd, "/srv/rel/new/../made") == "srv/x/made"  # missing: kept as written
+    assert inroot.resolve(fd, "/w/srv/new/../rel") == "srv/x"  # back into the tree from a missing one
+    assert inroot.resolve(fd, "/srv/host/secret") == str(host / "secret").lstrip("/")  # as the tree names it
+    assert inroot.resolve(fd, "/") == ""
+    with pytest.raises(NotADirectoryError):
+        inroot.resolve(fd, "/srv/file/x")
+    with pytest.raises(NotADirectoryError):  # a folder is asked for by default
+        inroot.resolve(fd, "/srv/to-file")
+    assert inroot.resolve(fd, "/w/srv/to-file", folder=False) == "srv/file"  # any entry, the last link followed
+    with pytest.raises(FileNotFoundError):
+        inroot.resolve(fd, "/srv/rel/new", keep_missing=False)
+    os.symlink("missing", root / "dangling")
+    with pytest.raises(FileNotFoundError):
+        inroot.resolve(fd, "/dangling", keep_missing=False, folder=False)
+    os.symlink("loop", root / "loop")
+    with pytest.raises(OSError, match="many levels"):
+        inroot.resolve(fd, "/loop/x")
+
+
+def test_resolve_goes_past_path_max(plain):
+    root, fd, _ = plain
+    folder = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
+    for _ in range(25):  # 5000 characters below the root: no host path could name the bottom
+        os.mkdir(LONG, dir_fd=folder)
+        nxt = os.open(LONG, os.O_RDONLY | os.O_DIRECTORY, dir_fd=folder)
+        os.close(folder)
+        folder = nxt
+    os.symlink(f"../{LONG}", "same", dir_fd=folder)
+    os.symlink("/", "top", dir_fd=folder)
+    os.close(folder)
+    bottom = "/".join([LONG] * 25)
+    assert inroot.resolve(fd, f"/{bottom}/same/same/made") == f"{bottom}/made"
+    assert inroot.resolve(fd, f"/{bottom}/top/{LONG}/x/..") == LONG

@@ -118,11 +118,41 @@ def test_a_chain_of_short_links_past_path_max_stays_in_the_image(builder, build_
         members += [(f"k{level}", "link", previous, 0o777), (f"k{level}/{LONG}", "dir", "", 0o755)]
     members += [("k24/esc", "link", str(host_folder), 0o777), ("k24/esc/planted", "file", b"x\n", 0o644)]
     files = {"Dockerfile": f"FROM {BASE_REF}\nADD evil.tar /deep/\n", "evil.tar": tar_of(*members)}
-    # The member lands in the image; committing a tree that deep is refused today (commit.py walks
-    # by path), with a clear error. Either way the host folder is unchanged (host_folder checks).
-    with pytest.raises(ImageError) as caught:
-        builder(files)
-    assert str(caught.value).startswith("The build step made a path longer than PATH_MAX")
+    # The member lands in the image, below the image's own copy of the host folder's path, and the
+    # layer is committed from handles however deep it goes; the host folder is unchanged (host_folder).
+    record = builder(files).record
+    layer = build_store.layer_tree(record.layers[-1])
+    bottom = os.open(layer / "deep", os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        for name in [LONG] * 24:  # k24 -> k23/LONG -> ... -> LONG: the chain's real folders
+            nxt = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=bottom)
+            os.close(bottom)
+            bottom = nxt
+        assert os.readlink("esc", dir_fd=bottom) == str(host_folder)  # a link, as the archive had it
+    finally:
+        os.close(bottom)
+    top = os.open(layer, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        found = [path for path in _walk_names(top) if path.endswith("/planted")]
+    finally:
+        os.close(top)
+    assert found == [str(host_folder).lstrip("/") + "/planted"]  # the host's path, inside the image
+
+
+def _walk_names(top: int) -> list[str]:
+    """Every path below the folder handle ``top`` (no link followed), walked from handles."""
+    found, stack = [], [("", os.dup(top))]
+    while stack:
+        rel, fd = stack.pop()
+        try:
+            for name in os.listdir(fd):
+                path = f"{rel}/{name}" if rel else name
+                found.append(path)
+                if stat.S_ISDIR(os.stat(name, dir_fd=fd, follow_symlinks=False).st_mode):
+                    stack.append((path, os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd)))
+        finally:
+            os.close(fd)
+    return found
 
 
 def test_copy_through_the_image_s_links_to_root_lands_inside_the_image(builder, build_store, host_folder):  # noqa: F811
@@ -198,3 +228,46 @@ def test_no_realpath_then_open_nor_extractall_on_image_content():
                 if _FORBIDDEN.search(line) and not line.strip().startswith("#"):
                     found.add((str(path.relative_to(ROOT)), line.strip()))
     assert found - _ALLOWED == set(), "use evaluations/images/inroot.py for paths inside an image"
+
+
+# One resolver (issue 34): a link of a tree someone else shaped is followed only by
+# evaluations/images/inroot.py. Reading a link's target anywhere else is a second hand-written
+# link-follower in the making; each use that only keeps the target as content is listed, with why.
+_LINK_READ = re.compile(r"\breadlink\(|\.readlink\(\)")
+_RESOLVER = "evaluations/images/inroot.py"
+_LINK_SCANNED = ("evaluations/images", "evaluations/environments", "evaluations/pipeline")
+_LINK_CONTENT = {
+    # A layer's link is content: its target goes into the layer's id, never followed.
+    ("evaluations/images/commit.py", "tail = os.readlink(name, dir_fd=folder)"),
+    # The agent patch shows a link's target as the link's content (git's format).
+    ("evaluations/images/diff.py", 'return _Side("link", os.fsencode(os.readlink(name, dir_fd=dir_fd)), "120000")'),
+    # The isolated verifier's layer copies a link as a link (the same target, made with symlinkat).
+    ("evaluations/images/isolate.py", "os.symlink(os.readlink(name, dir_fd=source), as_name, dir_fd=target)"),
+    # A build context's link is recorded as an entry to COPY as a link, never followed.
+    (
+        "evaluations/images/context.py",
+        'found.append(Entry(out, "link", 0o777, rel, target=os.readlink(name, dir_fd=folder)))',
+    ),
+    # Export: a store layer's link becomes a tar SYMTYPE member's linkname.
+    ("evaluations/images/archive.py", "info.type, info.linkname = tarfile.SYMTYPE, os.readlink(full)"),
+    # A staged static asset's digest (the executor's copy, made before any task code): the target as bytes.
+    ("evaluations/pipeline/steps.py", 'digest.update(b"link:" + os.fsencode(os.readlink(child)))'),
+}
+
+
+def test_no_link_is_followed_by_hand_outside_the_resolver():
+    found = set()
+    for scanned in _LINK_SCANNED:
+        for path in sorted((ROOT / scanned).rglob("*.py")):
+            relative = str(path.relative_to(ROOT))
+            if relative == _RESOLVER:
+                continue
+            for line in path.read_text().splitlines():
+                if _LINK_READ.search(line) and not line.strip().startswith("#"):
+                    found.add((relative, line.strip()))
+    assert found, "the scan sees no link read at all: it is looking in the wrong place"
+    assert found - _LINK_CONTENT == set(), (
+        "a link's target is read outside evaluations/images/inroot.py: resolve paths with inroot.resolve "
+        "or inroot.open_in (or, for a target kept as content, list it here with the reason)"
+    )
+    assert _LINK_CONTENT - found == set(), "an allowed use is gone: remove it from the list"
