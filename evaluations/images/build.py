@@ -328,8 +328,9 @@ class _Builder:
     def _image(self, instruction: df.Instruction, ref: str) -> ImageRecord:
         """An image pulled into the store (or already there) and pinned until the build ends."""
         try:
+            cancelled = self.env.cancel_event.is_set if self.env.cancel_event else None
             record = pull(ref, store=self.store, config=self.config, progress=self.env.progress,
-                          ssl_context=self.env.ssl_context).record  # fmt: skip
+                          ssl_context=self.env.ssl_context, cancelled=cancelled).record  # fmt: skip
         except ImageUnavailable:
             raise
         except ImageError as exc:
