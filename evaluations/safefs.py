@@ -335,8 +335,9 @@ def tree_size(path: Path | str) -> int:
     return tree_usage(path).bytes
 
 
-def tree_usage(path: Path | str) -> TreeUsage:
+def tree_usage(path: Path | str, *, one_device: bool = False) -> TreeUsage:
     """Bytes and inodes used by ``path`` and everything below it (links not followed), in one walk.
+    ``one_device``: folders on another file system (a mount below ``path``) are not entered.
 
     Bytes are allocated blocks (``st_blocks * 512``): what a disk quota is about,
     so sparse files count what they really use. Files are inodes, ``path`` itself
@@ -367,12 +368,19 @@ def tree_usage(path: Path | str) -> TreeUsage:
         counts[0] += est.st_blocks * 512
         counts[1] += 1
 
+    def on_dir(dir_fd: int, entry: os.DirEntry) -> bool:
+        on_entry(dir_fd, entry)
+        try:
+            return not one_device or entry.stat(follow_symlinks=False).st_dev == st.st_dev
+        except OSError:
+            return False
+
     try:
         top_fd = open_root_dir(path)
     except SafeFSError:
         return top
     try:
-        walk_nofollow(top_fd, on_entry=on_entry, on_dir=on_entry, on_leave=None, tolerant=True)
+        walk_nofollow(top_fd, on_entry=on_entry, on_dir=on_dir, on_leave=None, tolerant=True)
     finally:
         os.close(top_fd)
     return TreeUsage(counts[0], counts[1])

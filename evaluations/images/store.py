@@ -493,7 +493,8 @@ class ImageStore:
         return used
 
     def prune(self) -> int:
-        """Remove layers, blobs, tags and leftovers no image uses; the bytes freed."""
+        """Remove layers, blobs, tags and leftovers no image uses, and what killed pulls and builds
+        left (``tmp/``, ``builds/``); the bytes freed."""
         with self._lock("gc"):
             return self._prune()
 
@@ -515,7 +516,10 @@ class ImageStore:
             with contextlib.suppress(ValueError, KeyError, FileNotFoundError):
                 if json.loads(path.read_text())["digest"] not in digests:
                     path.unlink()
-        return freed + self.remove_dead_tmp()[1]
+        builds_before = self.builds_bytes()
+        self.remove_dead_builds()
+        dead_builds = max(0, builds_before - self.builds_bytes())  # a live build may grow meanwhile
+        return freed + self.remove_dead_tmp()[1] + dead_builds
 
     def remove_dead_tmp(self) -> tuple[int, int]:
         """What dead owners left in ``tmp/`` (images/scratch.py): (entries removed, bytes freed)."""
@@ -525,11 +529,23 @@ class ImageStore:
         """What ``tmp/`` holds: things in the making, and what dead processes left there."""
         return tmp_entries.usage(self.root / "tmp")
 
+    def builds_bytes(self) -> int:
+        """What ``builds/`` holds on the store's own disk: builds under way, and what killed ones left
+        (a step's overlay mounted below is not entered: its layers are counted where they are)."""
+        builds = self.root / "builds"
+        entries = (
+            [entry for entry in builds.iterdir() if entry.is_dir() and not entry.is_symlink()]
+            if builds.is_dir()
+            else []
+        )
+        return sum(safefs.tree_usage(entry, one_device=True).bytes for entry in entries)
+
     def total_bytes(self) -> int:
-        """Layers, blobs and ``tmp/``: what the store takes of the disk (IMAGES_MAX_BYTES counts it)."""
+        """Layers, blobs, ``tmp/`` and ``builds/``: what the store takes of the disk (IMAGES_MAX_BYTES
+        counts it, ``image list`` shows it)."""
         layers = sum(self._layer_bytes(path) for path in (self.root / "layers").iterdir())
         blobs = sum(path.stat().st_size for path in (self.root / "blobs" / "sha256").iterdir())
-        return layers + blobs + self.tmp_bytes()
+        return layers + blobs + self.tmp_bytes() + self.builds_bytes()
 
     def evict(self, max_bytes: int, *, wait: bool = True) -> list[ImageRecord]:
         """Remove images, least recently used first, until the store holds at most ``max_bytes``;

@@ -171,6 +171,34 @@ def test_the_reaper_removes_builds_whose_process_died_unmounting_them_but_not_li
     assert list(reach.iterdir()) == [] and not _mounted_below(reach)
 
 
+
+def test_what_a_killed_build_left_is_counted_in_the_store_and_reported_by_prune(settings, tmp_path):
+    """A killed build's ``builds/<id>/`` is disk the store takes (``total_bytes``, so ``image list`` and
+    IMAGES_MAX_BYTES see it) until ``image prune`` or the reaper removes it; prune's figure says so."""
+    config = dataclasses.replace(
+        settings.EXECUTOR, images_dir=tmp_path / "images", workspace_base=tmp_path / "sessions"
+    )
+    store = ImageStore(config.images_root)
+    builds = store.root / "builds"
+    builds.mkdir()
+    reach = config.workspace_base / BUILD_REACH
+    reach.mkdir(parents=True)
+    dead = _started(DEAD_BUILD, builds, "deadbuild", reach)
+    live = _started(DEAD_BUILD, builds, "livebuild", reach)
+    try:
+        for name in ("deadbuild", "livebuild"):  # what a step wrote: 2 MB of real blocks each
+            (builds / name / "1" / ".image" / "upper" / "written").write_bytes(os.urandom(2_000_000))
+        _killed(dead)
+        assert store.total_bytes() >= 4_000_000
+        freed = store.prune()
+        assert 2_000_000 <= freed < 3_000_000  # the dead build's folder, not the live one's
+        assert sorted(p.name for p in builds.iterdir()) == ["livebuild", "livebuild.lock"]
+        assert 2_000_000 <= store.total_bytes() < 3_000_000  # the live build still counts
+    finally:
+        _killed(live)
+    reaper.reap(config)
+    assert list(builds.iterdir()) == []
+
 PINNER = """
 import sys, time
 from evaluations.images.store import ImageStore
