@@ -162,6 +162,24 @@ def language_environments(env: str):
     return _field(env, (), parse)
 
 
+def image_rewrites(env: str):
+    """``ref=ref,...`` (SPEC §22): an image reference replaced by another before any pull, for hosts
+    that reach only their own registry. Each entry is two references joined by ``=``; their grammar,
+    and that no reference is listed twice once read as references, is checked by settings_loader
+    (evaluations/images/reference.py reads references, and config.py imports no app module)."""
+
+    def parse(name: str, raw: str) -> tuple[tuple[str, str], ...]:
+        pairs: list[tuple[str, str]] = []
+        for position, item in enumerate((item.strip() for item in raw.split(",") if item.strip()), start=1):
+            source, equals, target = (part.strip() for part in item.partition("="))
+            if not equals or not source or not target or "=" in target:
+                raise ConfigError(f"{name}: entry {position} must be ref=ref (two image references), got {item!r}")
+            pairs.append((source, target))
+        return tuple(pairs)
+
+    return _field(env, (), parse)
+
+
 def text(env: str, default: str = "", *, strip: bool = True, secret: bool = False):
     def parse(name: str, raw: str) -> str:
         value = raw.strip() if strip else raw
@@ -283,6 +301,8 @@ class Config:
     image_default_registry: str = text("IMAGE_DEFAULT_REGISTRY", "docker.io")
     image_registry_mirrors: tuple[str, ...] = strings("IMAGE_REGISTRY_MIRRORS", lower=True)
     image_insecure_registries: tuple[str, ...] = strings("IMAGE_INSECURE_REGISTRIES", lower=True)
+    # SPEC §22: references replaced before pulling (from=to,...), for hosts that reach only their own registry.
+    image_rewrites: tuple[tuple[str, str], ...] = image_rewrites("IMAGE_REWRITES")
     registry_auth_file: Path | None = optional_path("REGISTRY_AUTH_FILE")
     images_dir: Path | None = optional_path("IMAGES_DIR")  # unset: DATA_DIR/images (see images_root)
     images_max_bytes: int = integer("IMAGES_MAX_BYTES", 50 * 1024**3, minimum=0)

@@ -7,6 +7,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from evaluations import environments
+from evaluations.images import reference
+from evaluations.images.errors import ImageError
 from evaluations.network.egress import egress_policy
 from evaluations.pipeline.taskbase import TaskError, environment_choice
 from executor_project.config import Config, ConfigError
@@ -21,7 +23,25 @@ def load(environ: Mapping[str, str] | None = None) -> Config:
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
     _check_environments(config)
+    _check_image_rewrites(config)
     return config
+
+
+def _check_image_rewrites(config: Config) -> None:
+    """IMAGE_REWRITES: both sides image references; a reference rewritten once (``python:3.12`` and
+    ``docker.io/library/python:3.12`` are the same one)."""
+    seen: list[tuple[str, reference.Reference]] = []
+    for position, (source, target) in enumerate(config.image_rewrites, start=1):
+        try:
+            parsed, _ = (reference.parse(side, config.image_default_registry) for side in (source, target))
+        except ImageError as exc:
+            raise ConfigError(f"IMAGE_REWRITES: entry {position}: {exc}") from None
+        for written, earlier in seen:
+            if reference.same(parsed, earlier):
+                raise ConfigError(
+                    f"IMAGE_REWRITES: entry {position}: {source!r} is {written!r} again (one rewrite each)"
+                )
+        seen.append((source, parsed))
 
 
 def _check_environments(config: Config) -> None:

@@ -302,6 +302,15 @@ class EvaluationEnvironmentSerializer(serializers.Serializer):
     cached = serializers.BooleanField(
         help_text="The image was in the store already (a pull or build that fetched or ran nothing)."
     )
+    rewritten_from = serializers.CharField(
+        required=False,
+        help_text="An image task whose reference IMAGE_REWRITES replaced: the task's reference (ref is the one pulled).",
+    )
+    rewrites = serializers.ListField(
+        child=serializers.DictField(child=serializers.CharField()),
+        required=False,
+        help_text="A Dockerfile's FROM / COPY --from images IMAGE_REWRITES replaced: [{ref, rewritten_from}].",
+    )
 
 
 class EvaluationSerializer(serializers.Serializer):

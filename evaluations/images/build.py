@@ -89,6 +89,8 @@ class BuildEnvironment:
 class BuildResult:
     record: ImageRecord
     cached: bool  # every instruction was a cache hit: nothing ran, nothing was copied
+    # IMAGE_REWRITES applied to FROM / COPY --from images: ({"ref": pulled, "rewritten_from": as written}, ...)
+    rewrites: tuple[dict, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -162,6 +164,7 @@ class _Builder:
         self.cache_dir = store.root / "build-cache"
         self.global_args = self._global_args()
         self.pinned: set[str] = set()  # the images this build holds pins on
+        self.rewrites: dict[str, str] = {}  # IMAGE_REWRITES applied: as written -> pulled
         self.states: dict[int, _State] = {}  # the stages built so far, by index (FROM and COPY --from use them)
         self._spawner: Spawner | None = None
 
@@ -236,7 +239,8 @@ class _Builder:
         unused = sorted(set(self.build_args) - self._declared_args())
         if unused:  # Docker warns and goes on
             self.env.progress(f"build args not used by the Dockerfile: {', '.join(unused)}")
-        return BuildResult(self._save(self.states[last], tag), cached=self.all_hits)
+        rewrites = tuple({"ref": ref, "rewritten_from": asked} for asked, ref in self.rewrites.items())
+        return BuildResult(self._save(self.states[last], tag), cached=self.all_hits, rewrites=rewrites)
 
     def _needed(self, last: int) -> set[int]:
         """The stages ``last`` depends on (FROM an earlier stage, COPY --from): only those are built."""
@@ -329,12 +333,15 @@ class _Builder:
         """An image pulled into the store (or already there) and pinned until the build ends."""
         try:
             cancelled = self.env.cancel_event.is_set if self.env.cancel_event else None
-            record = pull(ref, store=self.store, config=self.config, progress=self.env.progress,
-                          ssl_context=self.env.ssl_context, cancelled=cancelled).record  # fmt: skip
+            pulled = pull(ref, store=self.store, config=self.config, progress=self.env.progress,
+                          ssl_context=self.env.ssl_context, cancelled=cancelled)  # fmt: skip
         except ImageUnavailable:
             raise
         except ImageError as exc:
             raise instruction.error(str(exc)) from None
+        record = pulled.record
+        if pulled.rewritten_from is not None:
+            self.rewrites[pulled.rewritten_from] = pulled.ref
         if record.digest not in self.pinned:  # one pin per image: a second flock of it would wait on the first
             self.stack.enter_context(self.store.pin(record.digest, f"build-{self.id}"))
             self.pinned.add(record.digest)

@@ -21,6 +21,8 @@
    that very blob: a HEAD on the same registry (which enforces its own access), else the blob
    downloaded and checked against the layer. A manifest cannot name its way into another
    tenant's private layer by digest.
+7. IMAGE_REWRITES applies first (reference.rewrite): the rewritten reference is the one looked up,
+   pulled and tagged; ``PullResult.rewritten_from`` keeps the reference as it was asked for.
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ import zstandard
 
 from evaluations.images.deadline import PullClock
 from evaluations.images.errors import ImageError, ImageUnavailable
-from evaluations.images.reference import Reference, parse
+from evaluations.images.reference import Reference, rewrite
 from evaluations.images.registry import INDEX_TYPES, Endpoint, Registry
 from evaluations.images.store import ImageRecord, ImageStore, disk_error, hex_of
 from evaluations.images.unpack import DigestReader, ImageCaps, decompressed, unpack_layer
@@ -60,6 +62,8 @@ _PLATFORMS = {
 class PullResult:
     record: ImageRecord
     cached: bool  # nothing was downloaded: every layer was in the store already
+    ref: str = ""  # the reference pulled (IMAGE_REWRITES applied), canonical
+    rewritten_from: str | None = None  # the reference asked for, when IMAGE_REWRITES replaced it
 
 
 def this_platform() -> tuple[str, str | None]:
@@ -78,13 +82,16 @@ def pull(
 ) -> PullResult:
     """Pull ``ref_text`` into ``store``; ImageError / ImageUnavailable with one sentence on failure.
     ``cancelled``: the evaluation's cancel, asked between chunks and layers (and by the clock's watcher)."""
-    ref = parse(ref_text, config.image_default_registry)
+    rewritten = rewrite(ref_text, config.image_rewrites, config.image_default_registry)
+    ref, asked = rewritten.ref, rewritten.rewritten_from
     say = progress or (lambda text: None)
+    if asked is not None:
+        say(f"image {asked} rewritten to {ref} (IMAGE_REWRITES)")
     known = _from_store(ref, store, config)
     if known is not None:
         store.touch(known.digest)
         store.count("cache_hits")
-        return PullResult(store.image(known.digest) or known, cached=True)
+        return PullResult(store.image(known.digest) or known, cached=True, ref=str(ref), rewritten_from=asked)
     with PullClock.of(str(ref), config, cancelled) as clock, store.using():
         registry = Registry(ref, config, ssl_context=ssl_context, clock=clock)
         digest, manifest, body, endpoint = _manifest(registry, ref)
@@ -102,7 +109,7 @@ def pull(
         config = config_json.get("config") or {}
         record = store.save_layers_as_image(digest, config, diff_ids, "pull", [str(ref)])  # evicts as using() ends
     store.count("pulls" if downloaded else "cache_hits")
-    return PullResult(record, cached=downloaded == 0)
+    return PullResult(record, cached=downloaded == 0, ref=str(ref), rewritten_from=asked)
 
 
 def _from_store(ref: Reference, store: ImageStore, config) -> ImageRecord | None:

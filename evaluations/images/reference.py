@@ -4,6 +4,9 @@ The grammar is distribution's ``reference`` package (``reference/regexp.go``): p
 are lower case ``[a-z0-9]`` runs joined by ``.``, ``_``, ``__`` or dashes; the first component is a
 registry host when it has a ``.`` or a ``:`` or is ``localhost``; a one-part name on Docker Hub
 lives under ``library/``.
+
+``rewrite`` is the one place IMAGE_REWRITES (SPEC §22) applies: every pull goes through it, so an
+image task's reference and a Dockerfile's ``FROM`` (and ``COPY --from`` an image) are replaced alike.
 """
 
 from __future__ import annotations
@@ -96,3 +99,30 @@ def parse(text: str, default_registry: str = DOCKER_HUB) -> Reference:
     if tag is None and digest is None:
         tag = "latest"
     return Reference(registry, repository, tag, digest)
+
+
+@dataclass(frozen=True)
+class Rewrite:
+    """IMAGE_REWRITES' answer for one reference: ``ref`` is what is pulled; ``rewritten_from`` the
+    reference as the task wrote it (None when no entry matched)."""
+
+    ref: Reference
+    rewritten_from: str | None
+
+
+def same(a: Reference, b: Reference) -> bool:
+    """One image reference, whatever case its registry host was written in."""
+    return (a.registry.lower(), a.repository, a.tag, a.digest) == (b.registry.lower(), b.repository, b.tag, b.digest)
+
+
+def rewrite(text: str, rewrites: tuple[tuple[str, str], ...], default_registry: str = DOCKER_HUB) -> Rewrite:
+    """``text`` parsed, then replaced by the first IMAGE_REWRITES entry whose left side is the same
+    reference: both sides are read as references (``python:3.12`` is
+    ``docker.io/library/python:3.12``, a missing tag ``latest``); the match is exact, tag and digest
+    included, and applied once (a target is never rewritten again). ImageError for a malformed side
+    (settings_loader refuses those at start)."""
+    ref = parse(text, default_registry)
+    for source, target in rewrites:
+        if same(parse(source, default_registry), ref):
+            return Rewrite(parse(target, default_registry), text)
+    return Rewrite(ref, None)

@@ -9,7 +9,9 @@
    under the evaluation's own writable layer. Its ``User`` becomes the evaluation's uid inside.
 
 The evaluation's ``environment`` records ``{kind, ref, digest, cached}``; progress (layers pulled,
-instructions built) goes to the live log as it happens.
+instructions built) goes to the live log as it happens. IMAGE_REWRITES (SPEC §22) applies inside
+the pull both paths go through (images/reference.py ``rewrite``): an image task's ``ref`` is then the
+reference pulled and ``rewritten_from`` the task's; a Dockerfile's record lists its ``rewrites``.
 """
 
 from __future__ import annotations
@@ -109,9 +111,17 @@ def _image(ctx: Context, spec: ImageEnvironment) -> None:
         spec.ref, root, record.digest.removeprefix("sha256:")[:24], versions["python"], versions["node"]
     )
     livelog.append_text(ctx.session.log, f"image {spec.ref}: {record.digest}{' (cached)' if result.cached else ''}\n")
-    Evaluation.objects.filter(id=ctx.eval_id).update(
-        environment={"kind": spec.kind, "ref": spec.ref, "digest": record.digest, "cached": result.cached}
-    )
+    Evaluation.objects.filter(id=ctx.eval_id).update(environment=_record(spec, result))
+
+
+def _record(spec: ImageEnvironment, result) -> dict:
+    """The evaluation's ``environment``, with what IMAGE_REWRITES replaced (absent when nothing was)."""
+    record = {"kind": spec.kind, "ref": spec.ref, "digest": result.record.digest, "cached": result.cached}
+    if spec.image is not None and result.rewritten_from is not None:
+        record.update(ref=result.ref, rewritten_from=result.rewritten_from)
+    if spec.image is None and result.rewrites:
+        record["rewrites"] = list(result.rewrites)
+    return record
 
 
 def _build(ctx: Context, spec: ImageEnvironment, store: ImageStore, progress) -> build.BuildResult:

@@ -152,6 +152,45 @@ def test_an_unknown_tag_is_the_tasks_fault_and_an_unreachable_registry_the_hosts
     assert (unreachable.status, unreachable.error_kind) == ("failed", "infrastructure"), unreachable.error
 
 
+GHOST = "registry.invalid/nowhere/ghost:1.0"  # a name no registry here has: only IMAGE_REWRITES reaches it
+
+
+def test_an_image_named_nowhere_runs_in_the_image_image_rewrites_names(tasks, config, base_image):
+    """SPEC §22: a host that reaches only its own registry runs the task's image from there; the
+    evaluation records the reference pulled and the one the task wrote."""
+    _, ref, digest = base_image
+    config = dataclasses.replace(config, image_rewrites=((GHOST, ref),))
+    url = tasks.task(environment="{image: '" + GHOST + "'}", tests={"fail_to_pass_add.sh": ADD_TEST})
+    evaluation = evaluate(url, SOLVER, config=config, sandbox="bwrap")
+    assert (evaluation.status, evaluation.passed) == ("completed", True), (evaluation.error, evaluation.log[-3000:])
+    assert {key: evaluation.environment[key] for key in ("kind", "ref", "rewritten_from", "digest")} == {
+        "kind": "image", "ref": ref, "rewritten_from": GHOST, "digest": digest,
+    }  # fmt: skip
+    assert f"image {GHOST} rewritten to {ref} (IMAGE_REWRITES)" in evaluation.log
+
+
+def test_a_dockerfiles_from_is_rewritten_as_a_hub_reference(tasks, config, base_image, tmp_path):
+    """``FROM python:3.12`` is Docker Hub's ``docker.io/library/python:3.12``: the setting written
+    in the long form rewrites it, and the build's record lists the rewrite."""
+    _, ref, _ = base_image
+    images = Path(tempfile.mkdtemp(prefix="te-images-", dir="/tmp"))
+    os.chmod(images, 0o711)
+    rewrites = (("docker.io/library/python:3.12", ref),)
+    config = dataclasses.replace(config, images_dir=images, image_rewrites=rewrites)
+    url = tasks.task(
+        workspace="environment: {dockerfile: Dockerfile}\n",
+        tests={"pass_to_pass_built.sh": 'set -e\ntest -e /etc/debian_version && test "$BUILT" = yes\n'},
+        extra={"Dockerfile": "FROM python:3.12\nENV BUILT=yes\n"},
+    )
+    try:
+        evaluation = evaluate(url, SOLVER, config=config, sandbox="bwrap")
+    finally:
+        subprocess.run(["rm", "-rf", "--one-file-system", str(images)], check=False)
+    assert (evaluation.status, evaluation.passed) == ("completed", True), (evaluation.error, evaluation.log[-3000:])
+    assert evaluation.environment["ref"] == "Dockerfile"
+    assert evaluation.environment["rewrites"] == [{"ref": ref, "rewritten_from": "python:3.12"}]
+
+
 DOCKERFILE = """\
 ARG BASE
 FROM ${BASE} AS tools
