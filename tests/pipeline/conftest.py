@@ -36,6 +36,19 @@ def sandbox(request):
 
 
 @pytest.fixture
+def image_task_config(e2e_config, base_image, tmp_path):
+    """e2e_config for image tasks: a store of the test's own, the suite's registry (tests/conftest.py's
+    ``base_image``) reached over plain HTTP on 127.0.0.1."""
+    registry, _, _ = base_image
+    return dataclasses.replace(
+        e2e_config,
+        images_dir=tmp_path / "images",
+        image_insecure_registries=(registry.host,),
+        allowed_private_hosts=("127.0.0.1",),
+    )
+
+
+@pytest.fixture
 def e2e_config(settings):
     """The service's config with a workspace the sandbox uid can reach and 127.0.0.1 allowed.
 

@@ -33,15 +33,8 @@ test -w /etc && echo root-in-the-image
 
 
 @pytest.fixture
-def config(e2e_config, base_image, tmp_path):
-    registry, _, _ = base_image
-    return dataclasses.replace(
-        e2e_config,
-        images_dir=tmp_path / "images",
-        image_insecure_registries=(registry.host,),
-        allowed_private_hosts=("127.0.0.1",),
-        install_timeout_secs=300,
-    )
+def config(image_task_config):
+    return dataclasses.replace(image_task_config, install_timeout_secs=300)
 
 
 def test_a_task_runs_in_the_image_it_names_and_the_second_pull_is_a_hit(tasks, config, base_image):

@@ -17,7 +17,7 @@ import pytest
 from tests.helpers.httpserver import TestHTTPServer
 from tests.helpers.service import LiveService
 from tests.helpers.tasks import TaskFactory
-from tests.pipeline.conftest import e2e_config, sandbox  # noqa: F401  (fixtures, re-exported)
+from tests.pipeline.conftest import e2e_config, image_task_config, sandbox  # noqa: F401  (fixtures, re-exported)
 
 # www and http_server are tests/conftest.py's.
 

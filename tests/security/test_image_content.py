@@ -28,14 +28,8 @@ SECRET = "root-only host secret 7f3a\n"
 
 
 @pytest.fixture
-def config(e2e_config, base_image, tmp_path):
-    registry, _, _ = base_image
-    return dataclasses.replace(
-        e2e_config,
-        images_dir=tmp_path / "images",
-        image_insecure_registries=(registry.host,),
-        allowed_private_hosts=("127.0.0.1",),
-    )
+def config(image_task_config):
+    return image_task_config
 
 
 @pytest.fixture

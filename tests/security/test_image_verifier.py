@@ -14,7 +14,6 @@ config of the test's own, named by ``[environment] docker_image``.
 
 from __future__ import annotations
 
-import dataclasses
 import os
 from pathlib import Path
 
@@ -30,14 +29,8 @@ SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 
 @pytest.fixture
-def config(e2e_config, base_image, tmp_path):
-    registry, _, _ = base_image
-    return dataclasses.replace(
-        e2e_config,
-        images_dir=tmp_path / "images",
-        image_insecure_registries=(registry.host,),
-        allowed_private_hosts=("127.0.0.1",),
-    )
+def config(image_task_config):
+    return image_task_config
 
 
 def image(base_image, base_layer, name: str, env: list[str]) -> str:

@@ -144,14 +144,20 @@ def _mounted_below(folder) -> bool:
         return any(line.split()[4].startswith(str(folder) + "/") for line in info)
 
 
-def test_the_reaper_removes_builds_whose_process_died_unmounting_them_but_not_live_ones(settings, tmp_path):
+def _build_folders(settings, tmp_path):
+    """A config with a store and a WORKSPACE_BASE of the test's own; the store's ``builds/`` and the
+    builds' roots (BUILD_REACH), made empty."""
     config = dataclasses.replace(
         settings.EXECUTOR, images_dir=tmp_path / "images", workspace_base=tmp_path / "sessions"
     )
-    builds = ImageStore(config.images_root).root / "builds"
-    builds.mkdir()
-    reach = config.workspace_base / BUILD_REACH
-    reach.mkdir(parents=True)
+    store = ImageStore(config.images_root)
+    (store.root / "builds").mkdir()
+    (config.workspace_base / BUILD_REACH).mkdir(parents=True)
+    return config, store, store.root / "builds", config.workspace_base / BUILD_REACH
+
+
+def test_the_reaper_removes_builds_whose_process_died_unmounting_them_but_not_live_ones(settings, tmp_path):
+    config, _, builds, reach = _build_folders(settings, tmp_path)
     dead = _started(DEAD_BUILD, builds, "deadbuild", reach)
     live = _started(DEAD_BUILD, builds, "livebuild", reach)
     try:
@@ -171,18 +177,10 @@ def test_the_reaper_removes_builds_whose_process_died_unmounting_them_but_not_li
     assert list(reach.iterdir()) == [] and not _mounted_below(reach)
 
 
-
 def test_what_a_killed_build_left_is_counted_in_the_store_and_reported_by_prune(settings, tmp_path):
     """A killed build's ``builds/<id>/`` is disk the store takes (``total_bytes``, so ``image list`` and
     IMAGES_MAX_BYTES see it) until ``image prune`` or the reaper removes it; prune's figure says so."""
-    config = dataclasses.replace(
-        settings.EXECUTOR, images_dir=tmp_path / "images", workspace_base=tmp_path / "sessions"
-    )
-    store = ImageStore(config.images_root)
-    builds = store.root / "builds"
-    builds.mkdir()
-    reach = config.workspace_base / BUILD_REACH
-    reach.mkdir(parents=True)
+    config, store, builds, reach = _build_folders(settings, tmp_path)
     dead = _started(DEAD_BUILD, builds, "deadbuild", reach)
     live = _started(DEAD_BUILD, builds, "livebuild", reach)
     try:
@@ -198,6 +196,7 @@ def test_what_a_killed_build_left_is_counted_in_the_store_and_reported_by_prune(
         _killed(live)
     reaper.reap(config)
     assert list(builds.iterdir()) == []
+
 
 PINNER = """
 import sys, time
