@@ -18,6 +18,7 @@ reaches memory. A link or anything but a plain file or folder is refused, named.
 
 from __future__ import annotations
 
+import errno
 import os
 import re
 import stat
@@ -28,7 +29,7 @@ from typing import NamedTuple
 import yaml
 
 from evaluations.environments import BadEnvironment, check_name
-from evaluations.images import reference
+from evaluations.images import inroot, reference
 from evaluations.images.errors import ImageError
 
 MAX_YAML_BYTES = 1024 * 1024
@@ -312,15 +313,30 @@ def inside_task(path: object, root: Path, where: str, *, want_dir: bool) -> str:
     if path.startswith("/") or ".." in parts:
         raise TaskError(f"{where} {path!r} must be a relative path inside the task, without '..'")
     relative = "/".join(parts) or "."
-    real_root = os.path.realpath(root)
-    real = os.path.realpath(root / relative)
-    if real != real_root and not real.startswith(real_root + "/"):
+    st = _stat_beneath(root, relative)
+    if st is False:
         raise TaskError(f"{where} {path!r} leads outside the task (a symbolic link)")
-    if want_dir and not os.path.isdir(real):
+    if want_dir and (st is None or not stat.S_ISDIR(st.st_mode)):
         raise TaskError(f"{where} {path!r} is not a folder of the task")
-    if not want_dir and not os.path.isfile(real):
+    if not want_dir and (st is None or not stat.S_ISREG(st.st_mode)):
         raise TaskError(f"{where} {path!r} is not a file of the task")
     return relative
+
+
+def _stat_beneath(root: Path, relative: str) -> os.stat_result | None | bool:
+    """What ``relative`` names below ``root``, resolved by the one resolver (images/inroot.py) with
+    no way out: None when nothing is there, False when a link leads outside the task."""
+    root_fd = inroot.open_root(root)
+    try:
+        fd = inroot.open_in(root_fd, relative, os.O_PATH, beneath=True)
+    except OSError as exc:
+        return False if exc.errno == errno.EXDEV else None
+    finally:
+        os.close(root_fd)
+    try:
+        return os.fstat(fd)
+    finally:
+        os.close(fd)
 
 
 def value_node(mapping: yaml.Node | None, key: str) -> yaml.Node | None:
