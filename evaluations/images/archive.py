@@ -12,6 +12,7 @@ tree always gives the same digest.
 
 from __future__ import annotations
 
+import errno
 import gzip
 import hashlib
 import io
@@ -19,6 +20,7 @@ import json
 import os
 import stat
 import tarfile
+from collections.abc import Iterator
 from pathlib import Path
 
 from evaluations.images.errors import ImageError
@@ -274,38 +276,66 @@ def tar_layer_tree(tree: Path, out: Path) -> tuple[str, str]:
             tee = _HashingWriter(gz, plain)
             with tarfile.open(fileobj=tee, mode="w|", format=tarfile.PAX_FORMAT) as archive:
                 seen: dict[tuple[int, int], str] = {}
-                for relative in _sorted_walk(tree):
-                    _add_entry(archive, tree, relative, seen)
+                for relative, folder, name in _sorted_walk(tree):
+                    _add_entry(archive, folder, name, relative, seen)
     return "sha256:" + plain.hexdigest(), "sha256:" + blob.sha256.hexdigest()
 
 
-def _sorted_walk(tree: Path):
-    """Paths below ``tree`` (relative, POSIX), depth first in name order, parents before their
-    children; links never followed."""
-    stack = sorted(os.listdir(tree), reverse=True)
-    while stack:
-        relative = stack.pop()
-        yield relative
-        if stat.S_ISDIR(os.lstat(tree / relative).st_mode):
-            stack.extend(f"{relative}/{name}" for name in sorted(os.listdir(tree / relative), reverse=True))
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
-def _add_entry(archive: tarfile.TarFile, tree: Path, relative: str, seen: dict) -> None:
-    full = tree / relative
-    st = os.lstat(full)
+def _sorted_walk(tree: Path) -> Iterator[tuple[str, int, str]]:
+    """(relative POSIX path, its folder's handle, its name) of every entry below ``tree``, depth
+    first in name order, parents before their children; links never followed.
+
+    From handles, as commit.py's walk (SPEC §21): one folder handle open at a time, the names
+    still to visit kept per level, the way back up ``..`` checked to be the folder left, so a
+    tree deeper than ``PATH_MAX`` exports like any other."""
+    fd = os.open(tree, _DIR_FLAGS)
+    here = os.fstat(fd)
+    frames = [("", sorted(os.listdir(fd), reverse=True), (here.st_dev, here.st_ino))]  # (relpath, names left, id)
+    try:
+        while frames:
+            relpath, left, _ = frames[-1]
+            if not left:
+                frames.pop()
+                if frames:
+                    parent = os.open("..", _DIR_FLAGS, dir_fd=fd)
+                    os.close(fd)
+                    fd = parent
+                    st = os.fstat(fd)
+                    if (st.st_dev, st.st_ino) != frames[-1][2]:
+                        raise OSError(errno.ESTALE, "the layer's tree changed while it was exported", str(tree))
+                continue
+            name = left.pop()
+            relative = f"{relpath}/{name}" if relpath else name
+            yield relative, fd, name
+            if stat.S_ISDIR(os.stat(name, dir_fd=fd, follow_symlinks=False).st_mode):
+                child = os.open(name, _DIR_FLAGS, dir_fd=fd)
+                os.close(fd)
+                fd = child
+                here = os.fstat(fd)
+                frames.append((relative, sorted(os.listdir(fd), reverse=True), (here.st_dev, here.st_ino)))
+    finally:
+        os.close(fd)
+
+
+def _add_entry(archive: tarfile.TarFile, folder: int, name: str, relative: str, seen: dict) -> None:
+    st = os.stat(name, dir_fd=folder, follow_symlinks=False)
     info = tarfile.TarInfo(relative)
     info.mode, info.uid, info.gid, info.mtime = stat.S_IMODE(st.st_mode), st.st_uid, st.st_gid, int(st.st_mtime)
     info.uname = info.gname = ""
     data = None
     if stat.S_ISCHR(st.st_mode) and st.st_rdev == 0:
-        parent, _, name = relative.rpartition("/")
-        info.name = f"{parent}/{WHITEOUT}{name}" if parent else f"{WHITEOUT}{name}"
+        parent, _, base = relative.rpartition("/")
+        info.name = f"{parent}/{WHITEOUT}{base}" if parent else f"{WHITEOUT}{base}"
         info.type, info.mode, info.uid, info.gid = tarfile.REGTYPE, 0o644, 0, 0
     elif stat.S_ISDIR(st.st_mode):
         info.type = tarfile.DIRTYPE
         archive.addfile(info)
         try:
-            opaque = os.getxattr(full, "trusted.overlay.opaque", follow_symlinks=False) == b"y"
+            through = f"/proc/self/fd/{folder}/{name}"  # the entry itself, never followed
+            opaque = os.getxattr(through, "trusted.overlay.opaque", follow_symlinks=False) == b"y"
         except OSError:
             opaque = False
         if opaque:
@@ -314,7 +344,7 @@ def _add_entry(archive: tarfile.TarFile, tree: Path, relative: str, seen: dict) 
             archive.addfile(marker)
         return
     elif stat.S_ISLNK(st.st_mode):
-        info.type, info.linkname = tarfile.SYMTYPE, os.readlink(full)
+        info.type, info.linkname = tarfile.SYMTYPE, os.readlink(name, dir_fd=folder)
     elif stat.S_ISFIFO(st.st_mode):
         info.type = tarfile.FIFOTYPE
     elif stat.S_ISREG(st.st_mode):
@@ -324,7 +354,7 @@ def _add_entry(archive: tarfile.TarFile, tree: Path, relative: str, seen: dict) 
         else:
             seen[key] = relative
             info.size = st.st_size
-            data = open(full, "rb")  # noqa: SIM115 - closed below
+            data = os.fdopen(os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=folder), "rb")
     else:
         return  # sockets: nothing a layer carries
     try:

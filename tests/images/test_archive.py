@@ -9,6 +9,7 @@ import os
 import shutil
 import stat
 import subprocess
+import tarfile
 
 import pytest
 
@@ -119,3 +120,38 @@ def test_an_archive_that_is_neither_is_refused(store, tmp_path):
     (tmp_path / "text").write_text("hello")
     with pytest.raises(ImageError, match="cannot be read as a tar file"):
         import_archive(tmp_path / "text", store)
+
+
+def test_a_layer_tree_deeper_than_path_max_exports_in_name_order(tmp_path):
+    """Export walks the layer tree from handles (SPEC §21): a tree deeper than PATH_MAX, which a build
+    can now commit, exports like any other, parents before children and names in order."""
+    from evaluations.images.archive import tar_layer_tree
+
+    tree = tmp_path / "tree"
+    tree.mkdir()
+    (tree / "b").mkdir()
+    (tree / "b" / "z").write_bytes(b"z")
+    (tree / "b" / "a").symlink_to("/etc/passwd")  # content: its target, never followed
+    (tree / "a.txt").write_bytes(b"a")
+    long = "d" * 200
+    fd = os.open(tree, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        for _ in range(25):  # 25 x 201 bytes: past PATH_MAX
+            os.mkdir(long, dir_fd=fd)
+            child = os.open(long, os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd)
+            os.close(fd)
+            fd = child
+        with os.fdopen(os.open("bottom", os.O_WRONLY | os.O_CREAT, 0o644, dir_fd=fd), "wb") as bottom:
+            bottom.write(b"deep")
+    finally:
+        os.close(fd)
+    out = tmp_path / "layer.tar.gz"
+    tar_layer_tree(tree, out)
+    with tarfile.open(out) as archive:
+        members = archive.getmembers()
+        names = [m.name for m in members]
+        chain = [("/".join([long] * n)) for n in range(1, 26)]
+        assert names == ["a.txt", "b", "b/a", "b/z", *chain, f"{chain[-1]}/bottom"]
+        assert members[2].issym() and members[2].linkname == "/etc/passwd"
+        assert archive.extractfile(members[-1]).read() == b"deep"
+    shutil.rmtree(tree)  # by handles (rmtree's fd walk): the paths are past PATH_MAX

@@ -245,7 +245,7 @@ _LINK_CONTENT = {
         'found.append(Entry(out, "link", 0o777, rel, target=os.readlink(name, dir_fd=folder)))',
     ),
     # Export: a store layer's link becomes a tar SYMTYPE member's linkname.
-    ("evaluations/images/archive.py", "info.type, info.linkname = tarfile.SYMTYPE, os.readlink(full)"),
+    ("evaluations/images/archive.py", "info.type, info.linkname = tarfile.SYMTYPE, os.readlink(name, dir_fd=folder)"),
     # A staged static asset's digest (the executor's copy, made before any task code): the target as bytes.
     ("evaluations/pipeline/steps.py", 'digest.update(b"link:" + os.fsencode(os.readlink(child)))'),
 }
