@@ -5,7 +5,7 @@ from __future__ import annotations
 import fcntl
 import os
 import threading
-import time
+import types
 
 import pytest
 from django.db import OperationalError
@@ -82,7 +82,7 @@ def test_a_writer_waits_for_the_holder_then_goes(connections, how):
         holder.close()
     else:
         end(holder, commit=how == "commit")
-    assert started.wait(0.3), "the second writer did not begin once the lock was free"
+    assert started.wait(60), "the second writer did not begin once the lock was free"
     thread.join()
     assert errors == []
     with connections["default"].cursor() as cursor:
@@ -92,15 +92,34 @@ def test_a_writer_waits_for_the_holder_then_goes(connections, how):
     assert lock_is_free(connections)
 
 
-def test_waiting_is_bounded_by_the_timeout_option(connections):
+def test_waiting_is_bounded_by_the_timeout_option(connections, monkeypatch):
+    """The writer asks for the lock again and again (it waits), then gives up by itself while the
+    holder still holds it (the wait is bounded), the bound being the ``timeout`` option's."""
+    from executor_project.backends.sqlite3 import base
+
     holder = connections["default"]
     begin(holder)
+    timeouts, attempts, real_acquire, real_flock = [], [], base._acquire, fcntl.flock
+
+    def acquire(fd, timeout_secs):
+        timeouts.append(timeout_secs)
+        real_acquire(fd, timeout_secs)
+
+    def flock(fd, operation):
+        attempts.append(operation)
+        return real_flock(fd, operation)
+
+    monkeypatch.setattr(base, "_acquire", acquire)
+    monkeypatch.setattr(base, "fcntl", types.SimpleNamespace(**{**vars(fcntl), "flock": flock}))
     started, errors = threading.Event(), []
-    began = time.monotonic()
-    writer_in_thread(connections, started, errors).join()
+    thread = writer_in_thread(connections, started, errors)
+    thread.join(60)
+    assert not thread.is_alive(), "the writer waits for the lock without end"
+    assert not lock_is_free(connections)  # it gave up while the holder held the lock
     assert not started.is_set()
     assert len(errors) == 1 and isinstance(errors[0], OperationalError) and str(errors[0]) == "database is locked"
-    assert 0.4 < time.monotonic() - began < 3
+    assert timeouts == [0.5]  # the fixture's option
+    assert len(attempts) > 10, "the writer did not wait for the lock, it tried once"
     end(holder)
 
 
