@@ -6,6 +6,7 @@ import fcntl
 import os
 import threading
 import time
+import types
 
 import pytest
 from django.db import OperationalError
@@ -49,6 +50,14 @@ def lock_is_free(handler) -> bool:
         os.close(fd)
 
 
+def wait_until(condition, what: str, bound: float = 60) -> None:
+    """Poll ``condition`` until it holds; fail naming ``what`` after ``bound`` seconds (generous)."""
+    deadline = time.monotonic() + bound
+    while not condition():
+        assert time.monotonic() < deadline, f"waited {bound:g} s for {what}"
+        time.sleep(0.001)
+
+
 def writer_in_thread(handler, started: threading.Event, errors: list) -> threading.Thread:
     def write():
         connection = handler["default"]
@@ -68,21 +77,40 @@ def writer_in_thread(handler, started: threading.Event, errors: list) -> threadi
     return thread
 
 
+@pytest.fixture
+def flock_attempts(monkeypatch):
+    """Every flock the backend makes (the operations, in order); fcntl itself is the real one."""
+    from executor_project.backends.sqlite3 import base
+
+    attempts, real_flock = [], fcntl.flock
+
+    def flock(fd, operation):
+        attempts.append(operation)
+        return real_flock(fd, operation)
+
+    monkeypatch.setattr(base, "fcntl", types.SimpleNamespace(**{**vars(fcntl), "flock": flock}))
+    return attempts
+
+
 @pytest.mark.parametrize("how", ["commit", "rollback", "close"])
-def test_a_writer_waits_for_the_holder_then_goes(connections, how):
+def test_a_writer_waits_for_the_holder_then_goes(connections, how, flock_attempts):
     holder = connections["default"]
     begin(holder)
     with holder.cursor() as cursor:
         cursor.execute("INSERT INTO t VALUES (1)")
+    connections.settings["default"]["OPTIONS"]["timeout"] = 120  # the writer's (a new connection): it outwaits us
+    flock_attempts.clear()
     started, errors = threading.Event(), []
     thread = writer_in_thread(connections, started, errors)
-    assert not started.wait(0.2), "the second writer began while the first held the lock"
+    # The writer is seen asking for the lock again, refused, and not begun while the first holds it.
+    wait_until(lambda: len(flock_attempts) >= 3, "the second writer to retry the lock")
+    assert not started.is_set(), "the second writer began while the first held the lock"
     assert not lock_is_free(connections)
     if how == "close":
         holder.close()
     else:
         end(holder, commit=how == "commit")
-    assert started.wait(0.3), "the second writer did not begin once the lock was free"
+    assert started.wait(60), "the second writer did not begin once the lock was free"
     thread.join()
     assert errors == []
     with connections["default"].cursor() as cursor:
@@ -92,15 +120,30 @@ def test_a_writer_waits_for_the_holder_then_goes(connections, how):
     assert lock_is_free(connections)
 
 
-def test_waiting_is_bounded_by_the_timeout_option(connections):
+def test_waiting_is_bounded_by_the_timeout_option(connections, monkeypatch, flock_attempts):
+    """The writer asks for the lock again and again (it waits), then gives up by itself while the
+    holder still holds it (the wait is bounded), the bound being the ``timeout`` option's."""
+    from executor_project.backends.sqlite3 import base
+
     holder = connections["default"]
     begin(holder)
+    timeouts, attempts, real_acquire = [], flock_attempts, base._acquire
+    attempts.clear()
+
+    def acquire(fd, timeout_secs):
+        timeouts.append(timeout_secs)
+        real_acquire(fd, timeout_secs)
+
+    monkeypatch.setattr(base, "_acquire", acquire)
     started, errors = threading.Event(), []
-    began = time.monotonic()
-    writer_in_thread(connections, started, errors).join()
+    thread = writer_in_thread(connections, started, errors)
+    thread.join(60)
+    assert not thread.is_alive(), "the writer waits for the lock without end"
+    assert not lock_is_free(connections)  # it gave up while the holder held the lock
     assert not started.is_set()
     assert len(errors) == 1 and isinstance(errors[0], OperationalError) and str(errors[0]) == "database is locked"
-    assert 0.4 < time.monotonic() - began < 3
+    assert timeouts == [0.5]  # the fixture's option
+    assert len(attempts) > 10, "the writer did not wait for the lock, it tried once"
     end(holder)
 
 

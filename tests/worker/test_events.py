@@ -8,7 +8,6 @@ import shutil
 import signal
 import socket
 import subprocess
-import time
 
 import httpx
 import psutil
@@ -150,18 +149,17 @@ def restart(service) -> None:
 
 
 def test_a_service_restart_mid_evaluation_ends_the_stream_at_once_and_the_client_resumes(worker_service, tasks):
-    service = worker_service(SHUTDOWN_GRACE_SECS=1)
+    # A graceful stop that outlasts the wait below: only the stream ending at SIGTERM lets gunicorn exit in it.
+    service = worker_service(SHUTDOWN_GRACE_SECS=1, GUNICORN_CMD_ARGS="--graceful-timeout 600")
     eval_id = submit(service, tasks.task(), HELD)
     events = stream(service, f"/evaluate/{eval_id}/events", stop=lambda e: e[-1][2].get("step") == "running_agent")
     held = httpx.Client(base_url=service.base_url, timeout=60)
     with connect_sse(held, "GET", f"/evaluate/{eval_id}/events", headers={"Last-Event-ID": events[-1][0]}) as source:
         lines = source.response.iter_lines()
         assert next(lines) == ": open"  # the stream is open and idle, the agent held
-        started = time.monotonic()
         service.gunicorn.send_signal(signal.SIGTERM)
+        # The stream ended at SIGTERM: held, it would keep gunicorn for its graceful timeout (600 s).
         assert service.gunicorn.wait(timeout=60) == 0
-        # The stream ended at SIGTERM, not after graceful_timeout (30 s) held it.
-        assert time.monotonic() - started < 10
         assert list(lines) == [""]  # the blank line after ": open", then the end: no event
     held.close()
     restart(service)  # the worker too: SHUTDOWN_GRACE_SECS=1 cancels the held evaluation
