@@ -5,7 +5,6 @@ from __future__ import annotations
 import fcntl
 import os
 import threading
-import time
 import types
 
 import pytest
@@ -13,6 +12,7 @@ from django.db import OperationalError
 from django.db.utils import ConnectionHandler
 
 from executor_project.dburl import parse_database_url
+from tests.helpers.polling import wait_for
 
 
 @pytest.fixture
@@ -48,14 +48,6 @@ def lock_is_free(handler) -> bool:
         return False
     finally:
         os.close(fd)
-
-
-def wait_until(condition, what: str, bound: float = 60) -> None:
-    """Poll ``condition`` until it holds; fail naming ``what`` after ``bound`` seconds (generous)."""
-    deadline = time.monotonic() + bound
-    while not condition():
-        assert time.monotonic() < deadline, f"waited {bound:g} s for {what}"
-        time.sleep(0.001)
 
 
 def writer_in_thread(handler, started: threading.Event, errors: list) -> threading.Thread:
@@ -103,7 +95,7 @@ def test_a_writer_waits_for_the_holder_then_goes(connections, how, flock_attempt
     started, errors = threading.Event(), []
     thread = writer_in_thread(connections, started, errors)
     # The writer is seen asking for the lock again, refused, and not begun while the first holds it.
-    wait_until(lambda: len(flock_attempts) >= 3, "the second writer to retry the lock")
+    wait_for(lambda: len(flock_attempts) >= 3, interval=0.001, what="the second writer to retry the lock")
     assert not started.is_set(), "the second writer began while the first held the lock"
     assert not lock_is_free(connections)
     if how == "close":
