@@ -386,6 +386,18 @@ def tree_usage(path: Path | str, *, one_device: bool = False) -> TreeUsage:
     return TreeUsage(counts[0], counts[1])
 
 
+def up_to_parent(fd: int, ident: tuple[int, int], what: str) -> int:
+    """A handle of the folder above ``fd``, reached through ``..``: it must be the folder (device,
+    inode) ``ident`` the walk came down from, or the tree moved meanwhile and the walk stops
+    (SafeFSError ``what``). ``fd`` stays the caller's to close."""
+    parent = os.open("..", _DIR_FLAGS, dir_fd=fd)
+    st = os.fstat(parent)
+    if (st.st_dev, st.st_ino) != ident:
+        os.close(parent)
+        raise SafeFSError(what)
+    return parent
+
+
 # -- the walker -------------------------------------------------------------
 
 
@@ -446,11 +458,7 @@ def walk_nofollow(
             if not stack:
                 return
             pending, parent_name, ident = stack.pop()
-            parent_fd = os.open("..", _DIR_FLAGS, dir_fd=fd)
-            pst = os.fstat(parent_fd)
-            if (pst.st_dev, pst.st_ino) != ident:
-                os.close(parent_fd)
-                raise SafeFSError("folder tree changed while it was being walked")
+            parent_fd = up_to_parent(fd, ident, "folder tree changed while it was being walked")
             os.close(fd)
             fd = parent_fd
             if on_leave is not None:

@@ -12,7 +12,6 @@ tree always gives the same digest.
 
 from __future__ import annotations
 
-import errno
 import gzip
 import hashlib
 import io
@@ -23,6 +22,7 @@ import tarfile
 from collections.abc import Iterator
 from pathlib import Path
 
+from evaluations import safefs
 from evaluations.images.errors import ImageError
 from evaluations.images.pull import choose_platform, json_object, sha256_of
 from evaluations.images.reference import parse
@@ -300,12 +300,11 @@ def _sorted_walk(tree: Path) -> Iterator[tuple[str, int, str]]:
             if not left:
                 frames.pop()
                 if frames:
-                    parent = os.open("..", _DIR_FLAGS, dir_fd=fd)
+                    parent = safefs.up_to_parent(
+                        fd, frames[-1][2], f"the layer's tree changed while it was exported: {tree}"
+                    )
                     os.close(fd)
                     fd = parent
-                    st = os.fstat(fd)
-                    if (st.st_dev, st.st_ino) != frames[-1][2]:
-                        raise OSError(errno.ESTALE, "the layer's tree changed while it was exported", str(tree))
                 continue
             name = left.pop()
             relative = f"{relpath}/{name}" if relpath else name

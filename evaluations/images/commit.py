@@ -26,13 +26,13 @@ writes a deletion as a character device 0/0 and a folder replaced whole as
 
 from __future__ import annotations
 
-import errno
 import hashlib
 import os
 import stat
 from collections.abc import Iterator
 from pathlib import Path
 
+from evaluations import safefs
 from evaluations.images.errors import ImageError
 from evaluations.images.store import ImageStore
 from evaluations.runtime.idmap import ID_COUNT, IdMap
@@ -101,12 +101,11 @@ def _walk(top: Path) -> Iterator[tuple[str, int, str, os.stat_result]]:
                 frames.pop()
                 if not frames:
                     return
-                parent = os.open("..", _DIR_FLAGS, dir_fd=fd)
+                parent = safefs.up_to_parent(
+                    fd, frames[-1][2], f"the layer's tree changed while it was committed: {top}"
+                )
                 os.close(fd)
                 fd = parent
-                st = os.fstat(fd)
-                if (st.st_dev, st.st_ino) != frames[-1][2]:
-                    raise OSError(errno.ESTALE, "the layer's tree changed while it was committed", str(top))
             parent_rel, left, _ = frames[-1]
             name = left.pop()
             child = os.open(name, _DIR_FLAGS, dir_fd=fd)
