@@ -236,7 +236,7 @@ class _Walk:
         if excluded(relpath, self.skip):
             return
         st = entry.stat(follow_symlinks=False)
-        if is_whiteout(st) and _image_entry(image, entry.name) is None:
+        if is_whiteout(st) and inroot.lstat_at(image, entry.name) is None:
             return  # hides nothing of the image
         self._report(relpath)
 
@@ -247,7 +247,7 @@ class _Walk:
     def _enter(self, fd: int, name: str) -> None:
         relpath, parent_image = self._child(name)
         opaque = is_opaque(fd)
-        image = _image_entry(parent_image, name)
+        image = inroot.lstat_at(parent_image, name)
         if image is not None and not stat.S_ISDIR(image.st_mode):
             image = None  # a file or a link of the image: the layer's folder is new there
         child = None
@@ -285,16 +285,6 @@ class _Walk:
     def _metadata_changed(self, st: os.stat_result, image: os.stat_result) -> bool:
         owner = (self.idmap.host_uid(image.st_uid), self.idmap.host_gid(image.st_gid))
         return stat.S_IMODE(st.st_mode) != stat.S_IMODE(image.st_mode) or (st.st_uid, st.st_gid) != owner
-
-
-def _image_entry(image: int | None, name: str) -> os.stat_result | None:
-    """The image's entry ``name`` in its folder ``image``, not followed; None: none to compare with."""
-    if image is None:
-        return None
-    try:
-        return os.stat(name, dir_fd=image, follow_symlinks=False)
-    except OSError:
-        return None
 
 
 def _ident(fd: int) -> tuple[int, int]:

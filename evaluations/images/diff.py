@@ -125,15 +125,6 @@ class _Frame:
             os.close(fd)
 
 
-def _stat_at(dir_fd: int | None, name: str) -> os.stat_result | None:
-    if dir_fd is None:
-        return None
-    try:
-        return os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
-    except OSError:
-        return None
-
-
 def _open_dir(dir_fd: int | None, name: str) -> int | None:
     if dir_fd is None:
         return None
@@ -150,7 +141,7 @@ def _reach(upper_root: int, image_root: int, parts: list[str]) -> _Frame | None:
     whole = is_opaque(upper)
     try:
         for part in parts:
-            st = _stat_at(upper, part)
+            st = inroot.lstat_at(upper, part)
             if st is None or not stat.S_ISDIR(st.st_mode):
                 return None  # untouched, or removed or replaced by a file or a link: nothing under it
             child = _open_dir(upper, part)
@@ -230,7 +221,7 @@ class _Walk:
         """The changes of one name; ``after``: the file the agent put where the image had a folder,
         shown after that folder's removal."""
         path = frame.prefix + name
-        new = _stat_at(frame.upper, name)
+        new = inroot.lstat_at(frame.upper, name)
         if new is not None and is_whiteout(new):
             new = None
         elif new is None and frame.upper is not None and not frame.whole:
@@ -239,7 +230,7 @@ class _Walk:
             if new is not None:
                 yield _Change(path, None, _side(frame.upper, name, new))
             return
-        old = _stat_at(frame.image, name)
+        old = inroot.lstat_at(frame.image, name)
         if old is not None and is_whiteout(old):
             old = None  # (a one-layer image is its layer's own tree)
         if new is None and old is None:

@@ -315,8 +315,11 @@ def _reopen(root_fd: int, names: list[str]) -> int:
     return cur
 
 
-def lstat_at(dir_fd: int, name: str) -> os.stat_result | None:
-    """``name`` in the folder ``dir_fd``, not followed; None when nothing has that name."""
+def lstat_at(dir_fd: int | None, name: str) -> os.stat_result | None:
+    """``name`` in the folder ``dir_fd``, not followed; None when nothing has that name (or there
+    is no folder: ``dir_fd`` None, a tree that has nothing at that place)."""
+    if dir_fd is None:
+        return None
     try:
         return os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
     except FileNotFoundError:

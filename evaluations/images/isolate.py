@@ -233,7 +233,7 @@ class _Isolation:
                 lower = posixpath.join(lower, name) if lower is not None else None
                 if folder is None:
                     continue  # not in the agent's layer: as the parent's view says
-                st = _lstat_at(folder, name)
+                st = inroot.lstat_at(folder, name)
                 if st is None:
                     os.close(folder)
                     folder = None
@@ -262,7 +262,7 @@ class _Isolation:
         folder, image = os.dup(new), os.dup(self.base_fd)
         try:
             for name in parts:
-                st = _lstat_at(image, name) if image is not None else None
+                st = inroot.lstat_at(image, name)
                 if image is not None:
                     child = os.open(name, _DIR_FLAGS, dir_fd=image) if st and stat.S_ISDIR(st.st_mode) else None
                     os.close(image)
@@ -515,13 +515,6 @@ def _strip_at(folder: int, entry: str, names: tuple[str, ...]) -> None:
 def _entries(folder: int) -> list[os.DirEntry]:
     with os.scandir(folder) as it:
         return list(it)
-
-
-def _lstat_at(folder: int, name: str) -> os.stat_result | None:
-    try:
-        return os.stat(name, dir_fd=folder, follow_symlinks=False)
-    except OSError:
-        return None
 
 
 def _ident(fd: int) -> tuple[int, int]:
