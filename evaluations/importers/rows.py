@@ -29,9 +29,9 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from evaluations.pipeline import sweforge
 from evaluations.pipeline.swebench.grading import EVAL_TYPES, check_eval_script
 from evaluations.pipeline.swebench.parsers import LOG_PARSERS
+from evaluations.tasks import sweforge
 
 from . import testids
 

@@ -33,9 +33,9 @@ from evaluations.network.egress.relay import RELAY_SHELL
 from evaluations.pipeline import graders, imageenv
 from evaluations.pipeline.context import Context, Grade, StepFailed
 from evaluations.pipeline.swebench import tests as swebench_tests
-from evaluations.pipeline.taskspec import SupportFile
 from evaluations.runtime import Mount
 from evaluations.safefs import SafeFSError, open_root_dir, remove_tree_nofollow, write_file_nofollow
+from evaluations.tasks.spec import SupportFile
 
 AGENT_LOGS = "/logs/agent"
 VERIFIER_LOGS = "/logs/verifier"

@@ -11,8 +11,8 @@ import pytest
 from evaluations.importers.testids import COMMANDS, IDS, is_command, kind_of
 from evaluations.pipeline.graders import grade_pytest, grade_terminal_bench
 from evaluations.pipeline.swebench import grading, parsers
-from evaluations.pipeline.taskbase import SupportFile, TaskError
 from evaluations.pipeline.taskformats.tbparsers import swebench_from_config
+from evaluations.tasks.spec import SupportFile, TaskError
 from tests.pipeline.test_graders import run_pytest
 
 # -- test ids or shell commands ------------------------------------------------------------------

@@ -9,7 +9,8 @@ import pytest
 
 from evaluations.pipeline.swebench import grading, parsers
 from evaluations.pipeline.swebench.grading import grade, region, resolve, wrapper_script
-from evaluations.pipeline.taskspec import TaskError, load_task
+from evaluations.tasks.registry import load_task
+from evaluations.tasks.spec import TaskError
 
 PYTEST_LOG = """\
 ============================= test session starts ==============================

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from evaluations.pipeline.graders import grade_pytest, grade_terminal_bench
 from evaluations.pipeline.swebench import grading
-from evaluations.pipeline.taskspec import load_task
+from evaluations.tasks.registry import load_task
 from tests.importers.test_published_tasks import bound_task
 from tests.pipeline.test_published_grading import SUMMARY_90, SUMMARY_92
 

@@ -18,10 +18,10 @@ The mapping is read only with ``grader: swebench`` and is required by it; such a
 
 from __future__ import annotations
 
-from evaluations.pipeline.taskbase import SwebenchTests, TaskError, type_name
-
-from .grading import EVAL_TYPES, PASS_AND_FAIL, check_eval_script
-from .parsers import PARSERS
+from evaluations.pipeline.swebench.grading import EVAL_TYPES, PASS_AND_FAIL, check_eval_script
+from evaluations.pipeline.swebench.parsers import PARSERS
+from evaluations.tasks.readers import type_name
+from evaluations.tasks.spec import SwebenchTests, TaskError
 
 KEY = "workspace.yaml: 'swebench'"
 _KEYS = (
