@@ -20,7 +20,7 @@ from evaluations.tasks.readers import (
     ENV_NAME,
     MAX_YAML_BYTES,
     Cap,
-    Limits,
+    TaskLimits,
     folder_files,
     image_environment,
     is_folder,
@@ -110,7 +110,7 @@ def detect(root: Path) -> bool:
     return os.path.lexists(root / FILE)
 
 
-def load(root: Path, limits: Limits) -> TaskSpec:
+def load(root: Path, limits: TaskLimits) -> TaskSpec:
     config = _Table(_read_toml(root / "task.toml"))
     config.string("version")
     config.string("schema_version")

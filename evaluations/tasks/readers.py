@@ -32,7 +32,6 @@ from evaluations.environments import BadEnvironment, check_name
 from evaluations.images import inroot, reference
 from evaluations.images.errors import ImageError
 from evaluations.tasks.spec import ImageEnvironment, SupportFile, TaskError
-from executor_project.config import Config
 
 MAX_YAML_BYTES = 1024 * 1024
 
@@ -60,14 +59,14 @@ _PLAIN_TAGS = {
 
 
 @dataclass(frozen=True)
-class Limits:
+class TaskLimits:
     """What the operator lets a task folder hold, handed to every format's ``load``: each cap is
     checked before the text it bounds is read (a file's size from its inode, tests as they are
     counted). ``allow_file_urls``: a ``file://`` repository is accepted (tests and local runs)."""
 
-    max_prompt_bytes: int = Config.max_prompt_bytes
-    max_tests: int = Config.max_tests
-    allow_file_urls: bool = False
+    max_prompt_bytes: int
+    max_tests: int
+    allow_file_urls: bool
 
 
 def load_yaml_mapping(path: Path, shown: str) -> tuple[dict, yaml.MappingNode]:

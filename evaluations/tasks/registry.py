@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from evaluations.tasks import harbor, terminal_bench, workspace
-from evaluations.tasks.readers import Limits
+from evaluations.tasks.readers import TaskLimits
 from evaluations.tasks.spec import TaskError, TaskSpec
 from executor_project.config import Config
 
@@ -22,7 +22,7 @@ class Format:
     name: str  # TaskSpec.format of what it loads
     looked_for: str  # what detect looks for, named when no format matches
     detect: Callable[[Path], bool]
-    load: Callable[[Path, Limits], TaskSpec]
+    load: Callable[[Path, TaskLimits], TaskSpec]
 
 
 # In the order they are tried: a folder holding task.toml is Harbor's whatever else it holds,
@@ -48,7 +48,7 @@ def load_task(
     counted it), the tests as they are counted; nothing over a cap reaches memory or the row.
     """
     root = Path(task_root)
-    limits = Limits(max_prompt_bytes=max_prompt_bytes, max_tests=max_tests, allow_file_urls=allow_file_urls)
+    limits = TaskLimits(max_prompt_bytes=max_prompt_bytes, max_tests=max_tests, allow_file_urls=allow_file_urls)
     for found in FORMATS:
         if found.detect(root):
             return found.load(root, limits)

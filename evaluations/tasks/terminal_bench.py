@@ -23,7 +23,7 @@ from evaluations.tasks.compose import (
 )
 from evaluations.tasks.readers import (
     ENV_NAME,
-    Limits,
+    TaskLimits,
     folder_files,
     image_environment,
     inside_task,
@@ -64,7 +64,7 @@ def detect(root: Path) -> bool:
     return os.path.lexists(root / FILE)
 
 
-def load(root: Path, limits: Limits) -> TaskSpec:
+def load(root: Path, limits: TaskLimits) -> TaskSpec:
     data, _node = load_yaml_mapping(root / "task.yaml", "task.yaml")
     rest = dict(data)
     prompt = rest.pop("instruction", None)

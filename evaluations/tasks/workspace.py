@@ -16,7 +16,7 @@ from evaluations.tasks import sweforge
 from evaluations.tasks.readers import (
     CONTROL_CHARS,
     ENV_NAME,
-    Limits,
+    TaskLimits,
     folder_files,
     image_environment,
     inside_task,
@@ -44,7 +44,7 @@ def detect(root: Path) -> bool:
     return os.path.lexists(root / FILE)
 
 
-def load(root: Path, limits: Limits) -> TaskSpec:
+def load(root: Path, limits: TaskLimits) -> TaskSpec:
     """The folder's TaskSpec; TaskError naming the file or key at fault.
 
     ``repo`` is checked for its form only (scheme, no leading ``-``, no
