@@ -4,7 +4,8 @@ admin and the CLI show them: each declared once, as a ``Shape``.
 1. A ``Shape`` is a DRF serializer whose fields say what each key holds (drf-spectacular makes the
    OpenAPI component of it: the views' ``extend_schema`` name these classes) and how its value is
    read (``shown``). ``build`` makes the object from those fields and nothing else, so the object
-   served and the component described cannot differ in their keys: a new field is one line here.
+   served and the component described cannot differ in their keys: a new field is one line here
+   (and, for the evaluation object, its column in EVALUATION_COLUMNS, which GET /evaluate/{id} reads).
 2. ``build`` never runs DRF's serializing machinery (a deepcopy of every field per instance):
    GET /evaluate/{id} is what platforms poll, and the values are already JSON (rows.py's reads).
 3. Nested JSON the pipeline stores (egress, resources, environment, signature) is shown as stored;
@@ -546,7 +547,7 @@ class BatchSerializer(BatchSummarySerializer):
     signature = SignatureSerializer(allow_null=True, help_text=SIGNATURE_HELP + " Not in GET /batches.")
 
 
-# BatchEvaluationSerializer's fields: what the batch object reads of each evaluation.
+# The columns the batch object reads of each evaluation (BatchEvaluationSerializer's and batch_tasks').
 _BATCH_ROW = ("id", "task_url", "attempt", "status", "passed", "reward", "error_kind", "created_at")
 
 
