@@ -200,3 +200,11 @@ def test_the_pipeline_reaches_no_view():
     """Data flows down from the API: the pipeline does not import the API or the admin."""
     found = offending("evaluations.pipeline", ("evaluations.api", "evaluations.admin"))
     assert not found, "the pipeline must not import the API or the admin:\n" + "\n".join(found)
+
+
+def test_the_environments_are_below_the_pipeline():
+    """Host, named and image environments (environments/kinds.py) are what the pipeline and the live
+    sandboxes both hold: they import neither the pipeline nor the layers above it."""
+    forbidden = ("evaluations.pipeline", "evaluations.api", "evaluations.admin", "evaluations.worker")
+    found = offending("evaluations.environments", forbidden)
+    assert not found, "the environments must not import the pipeline or above:\n" + "\n".join(found)

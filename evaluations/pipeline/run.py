@@ -21,6 +21,7 @@ from typing import NamedTuple
 from django.db import close_old_connections
 
 from evaluations import lifecycle, livelog
+from evaluations.environments import kinds
 from evaluations.models import ErrorKind, Evaluation, Status, Step, TestResult
 from evaluations.network.egress import EgressProxy, egress_policy
 from evaluations.pipeline import outcome
@@ -89,6 +90,7 @@ def _prepare(
         spawner=spawner,
         cancel=cancel,
         cache=WorkspaceCache(eval_id, config, session),
+        env=kinds.Host(session, spawner),  # preparing_environment puts the task's own in its place
         egress=egress,
     )
     return ctx, lease

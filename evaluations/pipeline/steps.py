@@ -21,7 +21,6 @@ from evaluations.pipeline import (
     static,
     tasklanguage,
     taskspec,
-    toolchains,
     verifier,
 )
 from evaluations.pipeline.agentenv import agent_argv, installing_agent, task_env_for_agent
@@ -143,9 +142,8 @@ def _cache_material(ctx: Context) -> dict | None:
     None for a bad placeholder, and for an image task with install commands: they write the image's
     writable layer (apt, pip: no venv of ours there, §21), which an entry does not keep.
     """
-    if ctx.image is not None and ctx.task.install:
+    if ctx.task.install and not ctx.env.install_kept:
         return None
-    environment = ctx.environment
     session = str(ctx.session.root)
 
     def general(text: str) -> str:  # without the sandbox, asset paths are in the session: rewritten on restore
@@ -157,7 +155,7 @@ def _cache_material(ctx: Context) -> dict | None:
             "repo": ctx.task.repo,
             "install": [general(command) for command in static.fill(ctx, ctx.task.install)],
             "env": {name: general(value) for name, value in static.task_env(ctx).items()},
-            "environment": [environment.name, environment.identity] if environment else None,
+            "environment": ctx.env.cache_key(),
             "assets": [[a.name, a.save_path, a.kind, _digest(view.host_path(a))] for a in view.assets],
             # Paths the install step may have written into files, and what its commands ran with.
             "workspace_base": str(ctx.config.workspace_base),
@@ -193,9 +191,7 @@ def installing_deps(ctx: Context) -> None:
     if ctx.cache.restore():  # a hit: the venv and HOME the install step left, from the snapshot
         return
     deadline = deadline_in(config.install_timeout_secs)
-    if ctx.image is None:  # SPEC §11; an image task runs with the image's own python (§21)
-        root = ctx.environment.root if ctx.environment else Path("/")
-        toolchains.make_session_venv(ctx.session, toolchains.find_python(ctx.command_path, root))
+    ctx.env.make_venv()  # SPEC §11; an image task runs with the image's own python (§21)
     env = {**ctx.base_env(), **static.task_env(ctx)}
     policy = ctx.task_policy(network=True, mounts=static.mounts(ctx))
     for command, filled in zip(ctx.task.install, static.fill(ctx, ctx.task.install), strict=True):

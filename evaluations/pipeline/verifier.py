@@ -23,7 +23,6 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
-import stat
 import time
 
 from evaluations import artifacts, livelog
@@ -35,7 +34,7 @@ from evaluations.pipeline.context import Context, Grade, StepFailed
 from evaluations.pipeline.swebench import tests as swebench_tests
 from evaluations.pipeline.taskspec import SupportFile
 from evaluations.runtime import Mount
-from evaluations.safefs import SafeFSError, open_root_dir, remove_tree_nofollow, write_file_nofollow
+from evaluations.safefs import SafeFSError, remove_tree_nofollow, write_file_nofollow
 
 AGENT_LOGS = "/logs/agent"
 VERIFIER_LOGS = "/logs/verifier"
@@ -116,7 +115,7 @@ def narrow_egress(ctx: Context) -> None:
 
 def agent_mounts(ctx: Context) -> list[Mount]:
     """In an image: /logs/agent, writable (the session's agent-logs/, counted by its disk quota)."""
-    if ctx.image is None:
+    if not ctx.env.agent_logs:
         return []
     folder = ctx.session.agent_logs
     if not folder.exists():
@@ -128,7 +127,7 @@ def agent_mounts(ctx: Context) -> list[Mount]:
 
 def after_agent(ctx: Context) -> None:
     """With no process of the agent alive: what it changed outside its folder, and its artifacts."""
-    if ctx.image is None:
+    if not ctx.env.agent_logs:
         return
     kept = artifacts.keep(ctx.eval_id, ctx.session.agent_logs, ctx.config, owner_uid=ctx.session.uid)
     if kept.artifacts or kept.omitted or kept.error:
@@ -138,35 +137,11 @@ def after_agent(ctx: Context) -> None:
 
 
 def _mount_point(ctx: Context, target: str) -> None:
-    """A real folder at ``target`` in the image's root, made by the executor, nothing followed: an agent
-    root in its image may have put a link where /logs goes; bwrap would follow it on the host. Walked
-    from the root's handle one name at a time (SPEC §21): a link, a file or a FIFO on the way is
-    replaced by a folder (the image's root's, 0755), never followed."""
-    owner = ctx.image.idmap.host_uid(0), ctx.image.idmap.host_gid(0)
+    """A real folder at ``target`` where the environment's root needs one (kinds.make_mount_point)."""
     try:
-        fd = open_root_dir(ctx.image.rootfs)
-    except SafeFSError as exc:
+        ctx.env.mount_point(target)
+    except (OSError, SafeFSError) as exc:
         raise StepFailed(f"could not make {target} in the image: {exc}", kind=ErrorKind.INFRASTRUCTURE) from None
-    try:
-        for name in target.strip("/").split("/"):
-            try:
-                mode = os.stat(name, dir_fd=fd, follow_symlinks=False).st_mode
-            except FileNotFoundError:
-                mode = None
-            made = mode is None or not stat.S_ISDIR(mode)
-            if made:
-                if mode is not None:
-                    os.unlink(name, dir_fd=fd)
-                os.mkdir(name, 0o755, dir_fd=fd)
-            child = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
-            os.close(fd)
-            fd = child
-            if made:
-                os.fchown(fd, *owner)
-    except OSError as exc:
-        raise StepFailed(f"could not make {target} in the image: {exc}", kind=ErrorKind.INFRASTRUCTURE) from None
-    finally:
-        os.close(fd)
 
 
 # -- 3. the verifier ------------------------------------------------------------------------------
@@ -181,11 +156,10 @@ def run_verifier(ctx: Context, env: dict[str, str]) -> tuple[list[TestResult], s
         _isolate(ctx)
     tests, logs = _verifier_folders(ctx, verifier.files)
     mounts = [Mount(tests, TESTS), Mount(logs, VERIFIER_LOGS, writable=True)]
-    if ctx.image is not None and ctx.session.agent_logs.exists():
+    if ctx.env.agent_logs and ctx.session.agent_logs.exists():
         mounts.append(Mount(ctx.session.agent_logs, AGENT_LOGS))  # what the agent left, read-only
-    if ctx.image is not None:
-        for mount in mounts:
-            _mount_point(ctx, mount.target)
+    for mount in mounts:
+        _mount_point(ctx, mount.target)
     network = verifier_network(ctx)
     policy = ctx.task_policy(network=network, mounts=mounts)
     env = {**env, **verifier.env}
@@ -273,8 +247,7 @@ def reward_folder(ctx: Context):
             kind=ErrorKind.INFRASTRUCTURE,
         )
     _tests, logs = _verifier_folders(ctx, [])
-    if ctx.image is not None:
-        _mount_point(ctx, VERIFIER_LOGS)
+    _mount_point(ctx, VERIFIER_LOGS)
     return logs
 
 

@@ -353,11 +353,11 @@ def build_image(
     leased uid of the pool (root in name only over its image id range), egress through a proxy of
     its own under the EGRESS rules when BUILD_NETWORK is on. LocalRunError when this host cannot
     (no sandbox, not root); ImageError for what the Dockerfile or its images get wrong."""
+    from evaluations.environments.toolchains import CA_VARIABLES, host_ca
     from evaluations.images.build import BuildEnvironment, build
     from evaluations.network.egress import EgressProxy, egress_policy
     from evaluations.network.egress.relay import ensure_socat_bundle
     from evaluations.pipeline.context import RELAY_BUNDLE
-    from evaluations.pipeline.toolchains import CA_VARIABLES, host_ca
     from evaluations.runtime.idmap import image_id_base
     from evaluations.worker.startup import StartupError, prepare_to_run
 
