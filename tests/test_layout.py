@@ -284,3 +284,19 @@ def test_the_writer_rule_sees_each_form_of_write():
     assert "writes a status or step (Batch.objects.filter.filter.update)" in found
     sql = "\n".join(status_and_transition_writes("evaluations.db.admission"))
     assert "reads Transition._meta (SQL by hand)" in sql
+
+
+# -- the top of evaluations/ (SPEC §26) ------------------------------------------------------------
+
+TOP_LIMIT = 12
+
+
+def test_at_most_twelve_modules_at_the_top_of_evaluations():
+    """Every ``.py`` file directly in evaluations/ counts, Django's own three included (``__init__``,
+    ``apps``, ``models``: the app needs them there, but a reader meets them all the same). A module
+    that serves one package lives in it; the top keeps what many layers share."""
+    top = sorted(path.name for path in (PROJECT / "evaluations").glob("*.py"))
+    assert len(top) <= TOP_LIMIT, (
+        f"{len(top)} modules at the top of evaluations/ (at most {TOP_LIMIT}); move one into the package "
+        f"that uses it: {', '.join(top)}"
+    )

@@ -17,12 +17,12 @@ from rest_framework.permissions import AllowAny
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from evaluations import VERSION, admission, checks, environments, languages, lifecycle, retry, signing, stats
-from evaluations.api import auth
+from evaluations import VERSION, checks, environments, languages, lifecycle, signing
+from evaluations.api import admission, auth, retry
 from evaluations.api.errors import ApiError, envelope
 from evaluations.api.paging import Page
 from evaluations.api.serializers import submission_fields, validate_evaluate_request
-from evaluations.db import rows
+from evaluations.db import rows, stats
 from evaluations.models import Evaluation, Status, TestResult, Transition
 from evaluations.representation import (
     EVALUATION_COLUMNS,
