@@ -208,3 +208,103 @@ def test_the_environments_are_below_the_pipeline():
     forbidden = ("evaluations.pipeline", "evaluations.api", "evaluations.admin", "evaluations.worker")
     found = offending("evaluations.environments", forbidden)
     assert not found, "the environments must not import the pipeline or above:\n" + "\n".join(found)
+
+
+# -- one writer of statuses and transitions (SPEC §26) -------------------------------------------
+
+WRITERS = ("evaluations.lifecycle", "evaluations.db")  # lifecycle, and the measured SQL under db/ it runs
+ROW_WRITES = {"create", "bulk_create", "update", "bulk_update", "get_or_create", "update_or_create", "delete", "save"}
+STATUS_COLUMNS = {"status", "step"}
+
+
+def _chain(node: ast.expr) -> list[str]:
+    """The names along ``a.b(...).c.d``: ["a", "b", "c", "d"] (calls passed through, their arguments not)."""
+    names = []
+    while True:
+        if isinstance(node, ast.Call):
+            node = node.func
+        elif isinstance(node, ast.Attribute):
+            names.append(node.attr)
+            node = node.value
+        elif isinstance(node, ast.Name):
+            names.append(node.id)
+            return names[::-1]
+        else:
+            return names[::-1]
+
+
+def status_and_transition_writes(name: str) -> list[str]:
+    """What module ``name`` writes of a status or a transition, as ``ast`` sees it in its source:
+
+    - a write (``create``, ``bulk_create``, ``update``, ``save``...) on a chain through ``Transition``
+      or an evaluation's ``transitions``; a ``Transition(...)`` row built;
+    - ``Transition._meta`` or the table's name in a string: SQL written by hand for it;
+    - a write on a chain through ``Evaluation`` or ``Batch`` that sets ``status`` or ``step``, and an
+      ``Evaluation(...)`` or ``Batch(...)`` built with one of them.
+
+    A queryset kept in a variable and written later is not seen; the rule holds the direct forms.
+    """
+    path = modules()[name]
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        what = None
+        if isinstance(node, ast.Call):
+            chain = _chain(node.func)
+            keywords = {keyword.arg for keyword in node.keywords}
+            if chain and chain[-1] == "Transition":
+                what = "builds a Transition row"
+            elif chain and chain[-1] in ("Evaluation", "Batch") and keywords & STATUS_COLUMNS:
+                what = f"builds a row of {chain[-1]} with its status or step"
+            elif len(chain) > 1 and chain[-1] in ROW_WRITES:
+                if "Transition" in chain[:-1] or "transitions" in chain[:-1]:
+                    what = f"writes transitions ({'.'.join(chain)})"
+                elif {"Evaluation", "Batch"} & set(chain[:-1]) and keywords & STATUS_COLUMNS:
+                    what = f"writes a status or step ({'.'.join(chain)})"
+        elif isinstance(node, ast.Attribute) and node.attr == "_meta" and _chain(node.value)[-1:] == ["Transition"]:
+            what = "reads Transition._meta (SQL by hand)"
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and "evaluations_transition" in node.value:
+            what = "names the transitions' table"
+        if what:
+            found.append(f"{path.relative_to(PROJECT)}:{node.lineno} {what}")
+    return found
+
+
+def test_lifecycle_is_the_one_writer_of_statuses_and_transitions():
+    found = [
+        line
+        for name in modules()
+        if not any(name == writer or name.startswith(writer + ".") for writer in WRITERS)
+        for line in status_and_transition_writes(name)
+    ]
+    assert not found, (
+        "only evaluations/lifecycle.py writes statuses and transitions (and the SQL under evaluations/db/ "
+        "that it runs); call lifecycle instead:\n" + "\n".join(found)
+    )
+
+
+def test_the_writer_rule_sees_each_form_of_write():
+    """A guard for the guard: lifecycle's own writes are found, so the rule above can fail."""
+    found = "\n".join(status_and_transition_writes("evaluations.lifecycle"))
+    assert "builds a Transition row" in found
+    assert "writes transitions (Transition.objects.create)" in found
+    assert "writes transitions (Transition.objects.bulk_create)" in found
+    assert "writes transitions (Transition.objects.filter.update)" in found
+    assert "writes a status or step (Batch.objects.filter.filter.update)" in found
+    sql = "\n".join(status_and_transition_writes("evaluations.db.admission"))
+    assert "reads Transition._meta (SQL by hand)" in sql
+
+
+# -- the top of evaluations/ (SPEC §26) ------------------------------------------------------------
+
+TOP_LIMIT = 12
+
+
+def test_at_most_twelve_modules_at_the_top_of_evaluations():
+    """Every ``.py`` file directly in evaluations/ counts, Django's own three included (``__init__``,
+    ``apps``, ``models``: the app needs them there, but a reader meets them all the same). A module
+    that serves one package lives in it; the top keeps what many layers share."""
+    top = sorted(path.name for path in (PROJECT / "evaluations").glob("*.py"))
+    assert len(top) <= TOP_LIMIT, (
+        f"{len(top)} modules at the top of evaluations/ (at most {TOP_LIMIT}); move one into the package "
+        f"that uses it: {', '.join(top)}"
+    )

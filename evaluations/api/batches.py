@@ -12,7 +12,8 @@ from rest_framework import status as http
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from evaluations import admission, lifecycle, representation
+from evaluations import lifecycle, representation
+from evaluations.api import admission
 from evaluations.api.errors import ApiError
 from evaluations.api.openapi import (
     BATCH_ID,

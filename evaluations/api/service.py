@@ -18,10 +18,11 @@ from rest_framework.permissions import AllowAny
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from evaluations import VERSION, checks, environments, languages, signing, stats
+from evaluations import VERSION, checks, environments, languages, signing
 from evaluations.api import auth
 from evaluations.api.errors import envelope
 from evaluations.api.openapi import TAG_SERVICE, ErrorSerializer
+from evaluations.db import stats
 from evaluations.representation import Shape, given
 
 STARTED_AT = time.time()

@@ -5,7 +5,7 @@ from evaluations.api import artifacts, batches, events, logs, service, views
 from evaluations.api.assets import AssetListView
 from evaluations.api.environments import EnvironmentListView
 from evaluations.api.images import ImageListView
-from evaluations.metrics import metrics_view
+from evaluations.api.metrics import metrics_view
 
 
 class ArtifactPathConverter:

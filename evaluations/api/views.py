@@ -22,7 +22,8 @@ from rest_framework import status as http
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from evaluations import admission, lifecycle, retry
+from evaluations import lifecycle
+from evaluations.api import admission, retry
 from evaluations.api.errors import ApiError
 from evaluations.api.openapi import (
     AT_CAPACITY,

@@ -48,7 +48,6 @@ from evaluations.models import (
     ErrorKind,
     Evaluation,
     Status,
-    Step,
     Transition,
     WorkerHeartbeat,
 )
@@ -200,10 +199,8 @@ def create_claimed(fields: dict, owner: str, *, started: bool = True) -> Evaluat
     started_at, so the session TTL counts from when it really starts.
     """
     with transaction.atomic():
-        evaluation = Evaluation.objects.create(status=Status.PENDING, step=Step.QUEUED, **fields)
-        Transition.objects.create(
-            evaluation=evaluation, step=Step.QUEUED, status=Status.PENDING, at=evaluation.created_at
-        )
+        evaluation = Evaluation(**fields)
+        lifecycle.queue([evaluation])
         claimed = lifecycle.record(
             evaluation.id,
             status=Status.RUNNING,
