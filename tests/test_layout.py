@@ -149,6 +149,8 @@ def test_the_graph_sees_the_tree():
     assert "evaluations.importers.verify" in graph()["evaluations.importers.swebench"]  # `from . import x`
     assert "evaluations.importers.rows" in graph()["evaluations.importers.swebench"]  # `from .rows import x`
     assert "evaluations.lifecycle" in graph()["evaluations.worker.loop"]
+    assert "evaluations.grading.parsers.swebench_logs" in graph()["evaluations.grading.parsers.pytest_summary"]
+    assert "evaluations.grading.base" in graph()["evaluations.grading.registry"]  # `from .base import x`
 
 
 def test_no_import_circles():
@@ -308,3 +310,37 @@ def test_at_most_twelve_modules_at_the_top_of_evaluations():
         f"{len(top)} modules at the top of evaluations/ (at most {TOP_LIMIT}); move one into the package "
         f"that uses it: {', '.join(top)}"
     )
+
+
+# The task modules grading reads (TaskSpec, TestSpec, SupportFile, TaskError) until they move to
+# evaluations/tasks/ (issue 36); the package itself is an empty __init__. Drop the exemption then.
+_TASK_MODULES = ("evaluations.pipeline", "evaluations.pipeline.taskbase")
+
+
+def test_grading_is_below_the_pipeline():
+    """Graders reach the sandbox through the Sandbox the pipeline gives them (grading/base.py): grading
+    imports no step, no Context, no run, no API, no worker."""
+    found = [
+        line
+        for line in offending("evaluations.grading", ("evaluations.pipeline", "evaluations.api", "evaluations.worker"))
+        if line.rpartition(" imports ")[2] not in _TASK_MODULES
+    ]
+    assert not found, "grading must not import the pipeline, the API or the worker:\n" + "\n".join(found)
+
+
+def test_the_graders_parsers_read_text_only():
+    """grading/parsers/ are pure functions of text: nothing of the tree outside them, no Django."""
+    found = [
+        f"{modules()[name].relative_to(PROJECT)}:{line} imports {target}"
+        for name, targets in graph().items()
+        if name.startswith("evaluations.grading.parsers")
+        for target, line in targets.items()
+        if not target.startswith("evaluations.grading.parsers") and target != "evaluations.grading"
+    ] + third_party("evaluations.grading.parsers", ("django", "rest_framework"))
+    assert not found, "grading/parsers/ must import nothing of the tree but each other:\n" + "\n".join(found)
+
+
+def test_the_grading_package_imports_nothing():
+    """Importing grading/parsers/ or tbparsers (the task readers do, before Django's apps are loaded)
+    runs evaluations/grading/__init__.py: it imports nothing."""
+    assert not graph()["evaluations.grading"]

@@ -13,6 +13,7 @@ from assets import AssetView
 from evaluations import livelog
 from evaluations.environments import BadEnvironment, toolchains
 from evaluations.environments.kinds import BaseEnvironment
+from evaluations.grading.base import Grade
 from evaluations.models import CANCEL_KINDS, ErrorKind, Evaluation
 from evaluations.network import urlguard
 from evaluations.network.egress import EgressProxy
@@ -54,17 +55,6 @@ class WorkerLost(Exception):
     """The worker that owns this evaluation died; the evaluation fails."""
 
 
-@dataclass(frozen=True)
-class Grade:
-    """How the tests' output became a result (SPEC §17, pipeline/verifier.py): the reward (null when
-    none could be read), the reward file's object, and the reason it is not a pass ("" when it is)."""
-
-    reward: float | None
-    rewards: dict | None
-    error: str
-    source: str = ""  # the reward file read: reward.json or reward.txt
-
-
 @dataclass
 class Context:
     eval_id: str
@@ -84,7 +74,7 @@ class Context:
     closing: contextlib.ExitStack = field(default_factory=contextlib.ExitStack)  # closed at cleanup
     egress: EgressProxy | None = None  # the evaluation's proxy: its commands' only way out (sandbox only)
     agent_interpreter: str | None = None  # absolute, chosen by downloading_task (pipeline/agentenv.py)
-    grade: Grade | None = None  # set by running_tests when the task's grader is not a plain exit status
+    grade: Grade | None = None  # set by running_tests: what the task's grader made of the tests (evaluations/grading/)
 
     def limits(self, timeout_secs: float) -> Limits:
         return Limits.of(self.config, timeout_secs)

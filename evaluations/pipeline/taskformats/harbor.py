@@ -11,6 +11,7 @@ import re
 import tomllib
 from pathlib import Path
 
+from evaluations.grading.tbparsers import swebench_from_config
 from evaluations.network.egress.policy import parse_rule
 from evaluations.pipeline.taskbase import (
     CONTROL_CHARS,
@@ -34,7 +35,6 @@ from evaluations.pipeline.taskbase import (
 )
 
 from .common import bound_folder, image_task, is_number, jsonable, service_workdir, single_service
-from .tbparsers import swebench_from_config
 
 NETWORK_MODES = ("no-network", "public", "allowlist")
 HARBOR_GRADERS = ("reward_file", "pytest", "swebench")

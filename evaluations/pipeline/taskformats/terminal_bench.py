@@ -12,6 +12,7 @@ import os
 import re
 from pathlib import Path
 
+from evaluations.grading.tbparsers import grader_for
 from evaluations.pipeline.taskbase import (
     ENV_NAME,
     ImageEnvironment,
@@ -44,7 +45,6 @@ from .common import (
     service_workdir,
     single_service,
 )
-from .tbparsers import grader_for
 
 # The keys of a compose service read here; IGNORED_SERVICE_KEYS change nothing; any other is refused.
 SERVICE_KEYS = ("build", "environment", "working_dir", "command", "volumes")
