@@ -51,14 +51,15 @@ from pathlib import Path
 import django
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "executor_project.settings")
-django.setup()  # the task reader and the graders below are the pipeline's own
+django.setup()  # the task reader and the graders below are the executor's own
 
 from bench.common import PROJECT, bench_folder, load_average, machine  # noqa: E402
 from bench.images import PATH_ENV, cpu_model, debian_layer  # noqa: E402
+from evaluations.grading import reward_file  # noqa: E402
+from evaluations.grading.parsers.pytest_summary import grade_pytest  # noqa: E402
 from evaluations.images.rootfs import resolve_user  # noqa: E402
 from evaluations.images.store import ImageStore, read_counts  # noqa: E402
 from evaluations.importers.collect import solution_files  # noqa: E402
-from evaluations.pipeline import graders  # noqa: E402
 from evaluations.tasks.registry import load_task  # noqa: E402
 from evaluations.tasks.spec import TaskSpec  # noqa: E402
 from tests.helpers.cli import EvaluateCli  # noqa: E402
@@ -291,14 +292,14 @@ class PlainTask:
         return PlainRun(setup_ms, solve_ms, verify_ms, (time.perf_counter() - ended) * 1000, reward, detail)
 
     def grade(self, logs: Path, status: int, output: str) -> tuple[float | None, str]:
-        """As the executor grades it (pipeline/graders.py): the reward file, pytest's summary, or the exit."""
+        """As the executor grades it (evaluations/grading/): the reward file, pytest's summary, or the exit."""
         if self.task.grader == "reward_file":
             try:
-                return graders.read_reward(logs).reward, ""
-            except graders.GradeError as exc:
+                return reward_file.read_reward(logs).reward, ""
+            except reward_file.GradeError as exc:
                 return None, exc.message
         if self.task.grader == "pytest":
-            grade = graders.grade_pytest(output, status)
+            grade = grade_pytest(output, status)
             return (1.0, "") if grade.passed else (0.0, grade.reason)
         return (1.0, "") if status == 0 else (0.0, f"exit {status}")
 

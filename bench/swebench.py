@@ -30,9 +30,9 @@ the registries: here they resolve to a TEST-NET address the default rules refuse
    the executor's commands find; the task's install commands (from its workspace.yaml, the same
    text) with the venv first on PATH; ``git apply`` of the test patch and (gold) of the gold patch;
    the task's test command over its test files (``pytest -rA tests/test_add.py tests/test_sub.py``),
-   graded by the executor's own grader (pipeline/swebench/grading.py). Each phase timed; beside
+   graded by the executor's own grader (grading/parsers/swebench_ids.py). Each phase timed; beside
    them, not in the total, ``python3 -m venv --without-pip --system-site-packages``: the venv the
-   executor writes (pipeline/toolchains.py make_venv), without ensurepip's 2-3 s.
+   executor writes (environments/toolchains.py make_venv), without ensurepip's 2-3 s.
 4. The executor's share = (executor - by hand) / executor: cold, the cold gold evaluation against
    the whole by-hand run (and against it with the pip-less venv's time in place of ``python3 -m
    venv``'s: "pip-less"); warm, the warm evaluation against the by-hand run without the venv and
@@ -64,9 +64,9 @@ django.setup()  # the task reader, the grader and the executor's choice of pytho
 from bench.common import PROJECT, bench_folder, load_average, machine  # noqa: E402
 from bench.harbor import _median, _ms, _secs, _table, stored_evaluations  # noqa: E402
 from bench.images import cpu_model  # noqa: E402
+from evaluations.environments import toolchains  # noqa: E402
+from evaluations.grading.parsers import swebench_ids  # noqa: E402
 from evaluations.models import Step  # noqa: E402
-from evaluations.pipeline import toolchains  # noqa: E402
-from evaluations.pipeline.swebench import grading  # noqa: E402
 from evaluations.runtime.sandbox import SYSTEM_PATH, usable_language_runtimes  # noqa: E402
 from evaluations.tasks.registry import load_task  # noqa: E402
 from executor_project.config import Config  # noqa: E402
@@ -329,8 +329,8 @@ def by_hand(task_dir: Path, row: dict, url: str, work: Path, python: str, *, gol
         phase("apply", ["git", "apply", "-"], cwd=repo, stdin=patch)
     command = " ".join([spec.test_cmd, *(shlex.quote(name) for name in spec.test_files)])
     output, status = phase("test", ["bash", "-c", command], cwd=repo)
-    marker = grading.new_marker()
-    grade = grading.grade(f"{marker} START\n{output}\n{marker} END\n", status, marker, spec.parser,
+    marker = swebench_ids.new_marker()
+    grade = swebench_ids.grade(f"{marker} START\n{output}\n{marker} END\n", status, marker, spec.parser,
                           spec.fail_to_pass, spec.pass_to_pass)  # fmt: skip
     run.resolved, run.reason = grade.passed, grade.reason
     header = re.search(r"platform \S+ -- Python (\S+)", output)

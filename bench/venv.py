@@ -1,4 +1,4 @@
-"""What the per-evaluation Python venv costs (SPEC §11, evaluations/pipeline/toolchains.py).
+"""What the per-evaluation Python venv costs (SPEC §11, evaluations/environments/toolchains.py).
 
     .venv/bin/python -m bench.venv [RUNS]     # a table, then the figures as JSON
 
@@ -34,7 +34,7 @@ from pathlib import Path
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "executor_project.settings")
 
 from bench.spawner import LIMITS  # noqa: E402  (the same limits as the spawner's bench)
-from evaluations.pipeline import toolchains  # noqa: E402
+from evaluations.environments import toolchains  # noqa: E402
 from evaluations.pipeline.session import Session  # noqa: E402
 from evaluations.runtime import Bubblewrap, NoSandbox, Spawner, probe_bwrap, sandbox_uid  # noqa: E402
 from evaluations.runtime.sandbox import SYSTEM_PATH  # noqa: E402

@@ -4,6 +4,10 @@ Every change writes the Evaluation row and a Transition row in one short
 transaction, and is conditional on the status the caller expects, so a
 pipeline that lost a race with DELETE (or with the reaper) finds out instead
 of overwriting a terminal state.
+
+A new evaluation enters here too, pending at step queued with its first transition
+(``queue``; POST /evaluate's measured fast path through db/admission.py). No other module
+writes a status or a transition (tests/test_layout.py holds every module to that).
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from django.db.models import Case, Exists, OuterRef, Value, When
 from django.utils import timezone
 
 from evaluations import VERSION, representation
+from evaluations.db import admission as admission_sql
 from evaluations.events.announce import announce
 from evaluations.models import (
     ACTIVE_STATUSES,
@@ -30,6 +35,46 @@ from evaluations.models import (
     TestResult,
     Transition,
 )
+
+# -- new evaluations: pending at step queued, each with its first transition ----------------------
+
+
+def queue(evaluations: list[Evaluation]) -> None:
+    """Insert new evaluations, pending at step queued, and their first transitions: one INSERT into
+    each table, inside the caller's transaction (a batch's admission, a local run's claim)."""
+    for evaluation in evaluations:
+        evaluation.status, evaluation.step = Status.PENDING, Step.QUEUED
+    with transaction.atomic():
+        Evaluation.objects.bulk_create(evaluations)
+        Transition.objects.bulk_create(
+            Transition(evaluation_id=e.id, step=Step.QUEUED, status=Status.PENDING, at=e.created_at)
+            for e in evaluations
+        )
+
+
+def prepare_queued(db, given: dict) -> tuple[list, list]:
+    """POST /evaluate's new evaluation (``given``: every column it sets but the status and step) and
+    its first transition, as the values of db/admission.py's INSERTs, prepared before the lock."""
+    sql = admission_sql.statements(db.vendor)
+    evaluation = sql.evaluation.values({**given, "status": Status.PENDING, "step": Step.QUEUED}, db)
+    first = {"evaluation_id": given["id"], "step": Step.QUEUED, "status": Status.PENDING, "at": given["created_at"]}
+    return evaluation, sql.transition.values(first, db)
+
+
+def queue_if_room(cursor, queued: tuple[list, list], *, limit: int) -> bool:
+    """Under the admission's lock: insert the prepared evaluation if fewer than ``limit`` single
+    evaluations are active (one statement counts and inserts), then its first transition; False,
+    with nothing written, when there is no room."""
+    sql = admission_sql.statements(cursor.db.vendor)
+    evaluation, first = queued
+    cursor.execute(sql.insert_if_room, [*evaluation, *[limit] * sql.room_params])
+    if cursor.rowcount != 1:
+        return False
+    cursor.execute(sql.insert_transition, first)
+    return True
+
+
+# -- steps and statuses --------------------------------------------------------------------------
 
 
 def _elapsed_ms(start, end) -> int:

@@ -137,7 +137,7 @@ class Submission(models.Model):
 
 
 class IdempotencyColumns(models.Model):
-    """An Idempotency-Key and the body it came with (evaluations/admission.py). Each model keeps
+    """An Idempotency-Key and the body it came with (evaluations/api/admission.py). Each model keeps
     its own unique constraint on (idempotency_scope, idempotency_key), named for its table."""
 
     idempotency_key = models.CharField(max_length=200, null=True, blank=True)
@@ -293,7 +293,7 @@ class Evaluation(Submission, IdempotencyColumns, CallbackColumns):
                 condition=Q(status__in=["pending", "running"]),
             ),
             # POST /evaluate's capacity counts single evaluations only (batch IS NULL: a batch's are
-            # bounded by MAX_OPEN_BATCHES x MAX_BATCH_TASKS, evaluations/admission.py), and a batch
+            # bounded by MAX_OPEN_BATCHES x MAX_BATCH_TASKS, evaluations/api/admission.py), and a batch
             # ends when none of its own is active (lifecycle.settle). Keyed on both columns, SQLite's
             # planner prefers it to the batch foreign key's index for either.
             models.Index(

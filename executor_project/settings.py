@@ -95,7 +95,7 @@ REST_FRAMEWORK = {
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
 }
 
-# GET /api/schema and /api/docs (evaluations/api/openapi.py describes the routes).
+# GET /api/schema and /api/docs (each view describes its route; evaluations/api/openapi.py the rest).
 SPECTACULAR_SETTINGS = {
     "TITLE": "term-executor",
     "DESCRIPTION": "Remote evaluation executor: submit agent code and a task archive URL, "

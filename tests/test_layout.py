@@ -152,6 +152,8 @@ def test_the_graph_sees_the_tree():
     assert "evaluations.tasks.registry" in graph()["evaluations.pipeline.steps"]
     assert "evaluations.tasks.spec" in graph()["evaluations.tasks.harbor"]  # `from evaluations.tasks.spec import x`
     assert "evaluations.tasks.sweforge" in graph()["evaluations.tasks.workspace"]  # `from evaluations.tasks import x`
+    assert "evaluations.grading.parsers.swebench_logs" in graph()["evaluations.grading.parsers.pytest_summary"]
+    assert "evaluations.grading.base" in graph()["evaluations.grading.registry"]  # `from .base import x`
 
 
 def test_no_import_circles():
@@ -205,27 +207,142 @@ def test_the_pipeline_reaches_no_view():
     assert not found, "the pipeline must not import the API or the admin:\n" + "\n".join(found)
 
 
-# Grading's modules the task formats read names from (the parsers a swebench task may name, the eval
-# types, a Terminal-Bench parser_name's grader). They leave the pipeline for evaluations/grading/ in the
-# same issue; then each line here is stale, and the test says so.
-_GRADING_STILL_IN_THE_PIPELINE = (
-    "evaluations.pipeline.swebench.grading",
-    "evaluations.pipeline.swebench.parsers",
-    "evaluations.pipeline.taskformats.tbparsers",
-)
-
-
 def test_tasks_are_read_below_the_pipeline():
     """Reading a task folder needs no pipeline: the importers, the settings and the local runner read
     tasks with evaluations/tasks/ alone, and the pipeline imports it, never the other way."""
-    stale = [name for name in _GRADING_STILL_IN_THE_PIPELINE if name not in modules()]
-    assert not stale, "these moved out of the pipeline; remove them from _GRADING_STILL_IN_THE_PIPELINE:\n" + (
-        "\n".join(stale)
-    )
-    allowed = {module for name in _GRADING_STILL_IN_THE_PIPELINE for module in _ran_by_importing(name)}
+    forbidden = ("evaluations.pipeline", "evaluations.api", "evaluations.admin", "evaluations.worker")
+    found = offending("evaluations.tasks", forbidden)
+    assert not found, "evaluations/tasks/ must not import the pipeline or above:\n" + "\n".join(found)
+
+
+def test_the_environments_are_below_the_pipeline():
+    """Host, named and image environments (environments/kinds.py) are what the pipeline and the live
+    sandboxes both hold: they import neither the pipeline nor the layers above it."""
+    forbidden = ("evaluations.pipeline", "evaluations.api", "evaluations.admin", "evaluations.worker")
+    found = offending("evaluations.environments", forbidden)
+    assert not found, "the environments must not import the pipeline or above:\n" + "\n".join(found)
+
+
+# -- one writer of statuses and transitions (SPEC §26) -------------------------------------------
+
+WRITERS = ("evaluations.lifecycle", "evaluations.db")  # lifecycle, and the measured SQL under db/ it runs
+ROW_WRITES = {"create", "bulk_create", "update", "bulk_update", "get_or_create", "update_or_create", "delete", "save"}
+STATUS_COLUMNS = {"status", "step"}
+
+
+def _chain(node: ast.expr) -> list[str]:
+    """The names along ``a.b(...).c.d``: ["a", "b", "c", "d"] (calls passed through, their arguments not)."""
+    names = []
+    while True:
+        if isinstance(node, ast.Call):
+            node = node.func
+        elif isinstance(node, ast.Attribute):
+            names.append(node.attr)
+            node = node.value
+        elif isinstance(node, ast.Name):
+            names.append(node.id)
+            return names[::-1]
+        else:
+            return names[::-1]
+
+
+def status_and_transition_writes(name: str) -> list[str]:
+    """What module ``name`` writes of a status or a transition, as ``ast`` sees it in its source:
+
+    - a write (``create``, ``bulk_create``, ``update``, ``save``...) on a chain through ``Transition``
+      or an evaluation's ``transitions``; a ``Transition(...)`` row built;
+    - ``Transition._meta`` or the table's name in a string: SQL written by hand for it;
+    - a write on a chain through ``Evaluation`` or ``Batch`` that sets ``status`` or ``step``, and an
+      ``Evaluation(...)`` or ``Batch(...)`` built with one of them.
+
+    A queryset kept in a variable and written later is not seen; the rule holds the direct forms.
+    """
+    path = modules()[name]
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        what = None
+        if isinstance(node, ast.Call):
+            chain = _chain(node.func)
+            keywords = {keyword.arg for keyword in node.keywords}
+            if chain and chain[-1] == "Transition":
+                what = "builds a Transition row"
+            elif chain and chain[-1] in ("Evaluation", "Batch") and keywords & STATUS_COLUMNS:
+                what = f"builds a row of {chain[-1]} with its status or step"
+            elif len(chain) > 1 and chain[-1] in ROW_WRITES:
+                if "Transition" in chain[:-1] or "transitions" in chain[:-1]:
+                    what = f"writes transitions ({'.'.join(chain)})"
+                elif {"Evaluation", "Batch"} & set(chain[:-1]) and keywords & STATUS_COLUMNS:
+                    what = f"writes a status or step ({'.'.join(chain)})"
+        elif isinstance(node, ast.Attribute) and node.attr == "_meta" and _chain(node.value)[-1:] == ["Transition"]:
+            what = "reads Transition._meta (SQL by hand)"
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and "evaluations_transition" in node.value:
+            what = "names the transitions' table"
+        if what:
+            found.append(f"{path.relative_to(PROJECT)}:{node.lineno} {what}")
+    return found
+
+
+def test_lifecycle_is_the_one_writer_of_statuses_and_transitions():
     found = [
         line
-        for line in offending("evaluations.tasks", ("evaluations.pipeline",))
-        if line.rpartition(" imports ")[2] not in allowed
+        for name in modules()
+        if not any(name == writer or name.startswith(writer + ".") for writer in WRITERS)
+        for line in status_and_transition_writes(name)
     ]
-    assert not found, "evaluations/tasks/ must not import the pipeline:\n" + "\n".join(found)
+    assert not found, (
+        "only evaluations/lifecycle.py writes statuses and transitions (and the SQL under evaluations/db/ "
+        "that it runs); call lifecycle instead:\n" + "\n".join(found)
+    )
+
+
+def test_the_writer_rule_sees_each_form_of_write():
+    """A guard for the guard: lifecycle's own writes are found, so the rule above can fail."""
+    found = "\n".join(status_and_transition_writes("evaluations.lifecycle"))
+    assert "builds a Transition row" in found
+    assert "writes transitions (Transition.objects.create)" in found
+    assert "writes transitions (Transition.objects.bulk_create)" in found
+    assert "writes transitions (Transition.objects.filter.update)" in found
+    assert "writes a status or step (Batch.objects.filter.filter.update)" in found
+    sql = "\n".join(status_and_transition_writes("evaluations.db.admission"))
+    assert "reads Transition._meta (SQL by hand)" in sql
+
+
+# -- the top of evaluations/ (SPEC §26) ------------------------------------------------------------
+
+TOP_LIMIT = 12
+
+
+def test_at_most_twelve_modules_at_the_top_of_evaluations():
+    """Every ``.py`` file directly in evaluations/ counts, Django's own three included (``__init__``,
+    ``apps``, ``models``: the app needs them there, but a reader meets them all the same). A module
+    that serves one package lives in it; the top keeps what many layers share."""
+    top = sorted(path.name for path in (PROJECT / "evaluations").glob("*.py"))
+    assert len(top) <= TOP_LIMIT, (
+        f"{len(top)} modules at the top of evaluations/ (at most {TOP_LIMIT}); move one into the package "
+        f"that uses it: {', '.join(top)}"
+    )
+
+
+def test_grading_is_below_the_pipeline():
+    """Graders reach the sandbox through the Sandbox the pipeline gives them (grading/base.py): grading
+    imports no step, no Context, no run, no API, no worker."""
+    found = offending("evaluations.grading", ("evaluations.pipeline", "evaluations.api", "evaluations.worker"))
+    assert not found, "grading must not import the pipeline, the API or the worker:\n" + "\n".join(found)
+
+
+def test_the_graders_parsers_read_text_only():
+    """grading/parsers/ are pure functions of text: nothing of the tree outside them, no Django."""
+    found = [
+        f"{modules()[name].relative_to(PROJECT)}:{line} imports {target}"
+        for name, targets in graph().items()
+        if name.startswith("evaluations.grading.parsers")
+        for target, line in targets.items()
+        if not target.startswith("evaluations.grading.parsers") and target != "evaluations.grading"
+    ] + third_party("evaluations.grading.parsers", ("django", "rest_framework"))
+    assert not found, "grading/parsers/ must import nothing of the tree but each other:\n" + "\n".join(found)
+
+
+def test_the_grading_package_imports_nothing():
+    """Importing grading/parsers/ or tbparsers (the task readers do, before Django's apps are loaded)
+    runs evaluations/grading/__init__.py: it imports nothing."""
+    assert not graph()["evaluations.grading"]

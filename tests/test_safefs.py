@@ -250,7 +250,7 @@ def test_remove_folders_made_unreadable_by_their_unprivileged_owner():
         shutil.rmtree(top)
 
 
-# -- read_file_at (more in tests/pipeline/test_graders.py, its first user) ---------------------
+# -- read_file_at (more in tests/grading/test_graders.py, its first user) ---------------------
 
 
 def test_read_file_at_reads_a_file_and_says_none_for_a_missing_name(repo):

@@ -8,8 +8,9 @@ from django.conf import settings
 from django.db.models import Avg, Count, Q
 from django.utils import timezone
 
-from evaluations import checks, stats
+from evaluations import checks
 from evaluations.admin import format as fmt
+from evaluations.db import stats
 from evaluations.models import ACTIVE_STATUSES, Evaluation, Status
 
 ENDED = (Status.COMPLETED, Status.FAILED, Status.CANCELLED)

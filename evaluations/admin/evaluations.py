@@ -26,7 +26,7 @@ from django.urls import path
 from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 
-from evaluations import admission, artifacts, lifecycle, livelog
+from evaluations import artifacts, lifecycle, livelog
 from evaluations.admin import format as fmt
 from evaluations.admin.dashboard import dashboard
 from evaluations.admin.detail import (
@@ -39,14 +39,15 @@ from evaluations.admin.detail import (
     detail_url,
 )
 from evaluations.admin.outcome import OutcomeFields
+from evaluations.api import admission
 from evaluations.api.artifacts import artifact_response
+from evaluations.api.retry import REQUEST_FIELDS, retry
 from evaluations.models import (
     Evaluation,
     Status,
     TestResult,
     WorkerHeartbeat,
 )
-from evaluations.retry import REQUEST_FIELDS, retry
 from evaluations.worker import wakeup
 
 admin.site.site_header = "term-executor"

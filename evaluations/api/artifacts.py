@@ -7,11 +7,14 @@ from __future__ import annotations
 
 from django.conf import settings
 from django.http import FileResponse, HttpResponse, HttpResponseNotModified
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
 from rest_framework.renderers import JSONRenderer
 from rest_framework.views import APIView
 
 from evaluations import artifacts
 from evaluations.api.errors import ApiError
+from evaluations.api.openapi import EVAL_ID, TAG_EVALUATIONS, UNAUTHORIZED, error, header
 from evaluations.api.views import get_evaluation
 
 
@@ -50,6 +53,30 @@ class EvaluationArtifactView(APIView):
         renderer = JSONRenderer()
         return renderer, renderer.media_type
 
+    @extend_schema(
+        tags=[TAG_EVALUATIONS],
+        summary="Download a file the agent left under /logs/agent",
+        description="One of the evaluation's `artifacts`, by its `path` (slashes as they are), as an attachment: "
+        "`application/octet-stream`, `nosniff`, its sha256 as the `ETag` (`If-None-Match` answers 304). Only a "
+        "listed path is served: any other is 404, and a name that is not safe (empty, `.` or `..` components, "
+        f"more than {artifacts.MAX_PARTS} names, over {artifacts.MAX_PATH_BYTES} bytes, a control "
+        "or invisible character, a backslash, not UTF-8) is 400 before anything is looked up.",
+        parameters=[
+            EVAL_ID,
+            OpenApiParameter(
+                "path", str, OpenApiParameter.PATH, description="The artifact's path, e.g. `trajectory.json`."
+            ),
+            header("ETag", str, "The file's sha256, quoted.", [200, 304]),
+            header("Content-Disposition", str, "`attachment` with the file's name.", [200]),
+        ],
+        responses={
+            (200, "application/octet-stream"): OpenApiResponse(OpenApiTypes.BINARY, description="The file"),
+            304: OpenApiResponse(description="If-None-Match holds the ETag"),
+            400: error("Not a safe artifact name", "invalid_request"),
+            401: UNAUTHORIZED,
+            404: error("No such evaluation (or another tenant's), or no such artifact of it", "not_found"),
+        },
+    )
     def get(self, request, eval_id, path):
         try:
             artifacts.check_path(path)  # before the evaluation is looked up: a bad path is 400 for any id

@@ -14,18 +14,58 @@ import struct
 
 from django.conf import settings
 from django.http import HttpResponse, StreamingHttpResponse
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
 from rest_framework.renderers import JSONRenderer
 from rest_framework.views import APIView
 
 from evaluations import representation
 from evaluations.api.batches import batch_pk
 from evaluations.api.errors import ApiError
+from evaluations.api.openapi import (
+    BATCH_ID,
+    EVAL_ID,
+    NO_BATCH,
+    NOT_FOUND,
+    RETRY_AFTER,
+    TAG_BATCHES,
+    TAG_EVALUATIONS,
+    UNAUTHORIZED,
+    error,
+)
 from evaluations.api.views import at_capacity, evaluation_body, get_evaluation
 from evaluations.events import cursor, hub, slots
 from evaluations.events.stream import BatchFeed, EvaluationFeed, EventStream
 from evaluations.models import Batch, Evaluation
 
 LAST_EVENT_ID = "Last-Event-ID"
+
+# -- what both routes' descriptions share ----------------------------------------------------------
+
+LAST_EVENT_ID_PARAMETER = OpenApiParameter(
+    LAST_EVENT_ID,
+    str,
+    OpenApiParameter.HEADER,
+    description="Resume after this event (the id of the last one received); `done` answers 204.",
+)
+EVENTS_COMMON = (
+    "`text/event-stream`. Each event has an `id:`; reconnecting with it as `Last-Event-ID` resumes after it, "
+    "on any web process, with nothing missed or repeated. A comment line (`: keep-alive`) every "
+    "EVENT_KEEPALIVE_SECS (15) while nothing else is sent; the stream ends after `done`, and also when the "
+    "service stops (reconnect). At most MAX_EVENT_STREAMS (200) streams are open on a host at once, and at most "
+    "MAX_EVENT_STREAMS_PER_TOKEN (a quarter of it) of one tenant's token. "
+)
+
+
+def _stream_responses(not_found: OpenApiResponse) -> dict:
+    return {
+        (200, "text/event-stream"): OpenApiResponse(OpenApiTypes.STR, description="The event stream"),
+        204: OpenApiResponse(description="Last-Event-ID was `done`: the stream had ended; stop reconnecting"),
+        400: error("Bad logs or Last-Event-ID", "invalid_request"),
+        401: UNAUTHORIZED,
+        404: not_found,
+        503: error("MAX_EVENT_STREAMS streams are open, or this tenant's MAX_EVENT_STREAMS_PER_TOKEN", "at_capacity"),
+    }
 
 
 def _logs_wanted(request) -> bool:
@@ -83,6 +123,23 @@ class _EventsView(APIView):
 
 
 class EvaluationEventsView(_EventsView):
+    @extend_schema(
+        tags=[TAG_EVALUATIONS],
+        summary="Follow an evaluation: server-sent events",
+        description=EVENTS_COMMON
+        + "Events: `step` `{step, status, at}` for each transition, `test` `{name, kind, passed, exit_code}` "
+        "for each test result (before the step that ends the evaluation), `log` `{offset, text}` with "
+        "`logs=1` (the live log's bytes from `offset`, whole UTF-8 characters), and `done`, the "
+        "evaluation object as GET /evaluate/{eval_id} returns it. An event's id is `T.R.O` (transitions, "
+        "tests and log bytes sent); `done`'s is `done`.",
+        parameters=[
+            EVAL_ID,
+            OpenApiParameter("logs", {"type": "integer", "enum": [0, 1]}, description="1: log events too. Default 0."),
+            LAST_EVENT_ID_PARAMETER,
+            RETRY_AFTER,
+        ],
+        responses=_stream_responses(NOT_FOUND),
+    )
     def get(self, request, eval_id):
         logs = _logs_wanted(request)
         evaluation = get_evaluation(eval_id, request.user, fields=("status",))
@@ -105,6 +162,17 @@ class EvaluationEventsView(_EventsView):
 
 
 class BatchEventsView(_EventsView):
+    @extend_schema(
+        tags=[TAG_BATCHES],
+        summary="Follow a batch: server-sent events",
+        description=EVENTS_COMMON
+        + "Events: `step` and `test` of each of its evaluations, as GET /evaluate/{eval_id}/events sends "
+        "them, each with its `eval_id`; `done`, the batch object as GET /batches/{batch_id} returns it. "
+        "No log events (`logs=1` is 400: follow one evaluation's). An event's id holds an entry per "
+        "evaluation in queue order, run-length encoded.",
+        parameters=[BATCH_ID, LAST_EVENT_ID_PARAMETER, RETRY_AFTER],
+        responses=_stream_responses(NO_BATCH),
+    )
     def get(self, request, batch_id):
         if request.query_params.get("logs", "0") != "0":
             message = (

@@ -9,19 +9,47 @@ under another's names (or built from a Dockerfile) is one row with ref null.
 from __future__ import annotations
 
 from django.conf import settings
+from drf_spectacular.utils import extend_schema
+from rest_framework import serializers
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from evaluations.api.openapi import TAG_SERVICE, UNAUTHORIZED
 from evaluations.images.errors import ImageError
 from evaluations.images.reference import parse
 from evaluations.images.store import ImageStore
 from evaluations.models import Evaluation
 
 
+# A row of ImageStore.listing, as served.
+class ImageSerializer(serializers.Serializer):
+    ref = serializers.CharField(
+        allow_null=True,
+        help_text="A reference to the image in its canonical form (`docker.io/library/python:3.12-slim`); an "
+        "image with two tags is two rows; null for an image no reference names (built without a tag, imported "
+        "from an untagged archive).",
+    )
+    digest = serializers.CharField(
+        help_text="The image's manifest digest, `sha256:...` (a built image's: of its manifest)."
+    )
+    size_bytes = serializers.IntegerField(
+        min_value=0, help_text="Its unpacked layers' bytes (shared layers counted in each)."
+    )
+    last_used_at = serializers.DateTimeField(help_text="Last pulled, built, imported or used by an evaluation.")
+
+
 class ImageListView(APIView):
     """Behind the bearer token like /environments; read from IMAGES_DIR on each request, so what
     `manage.py image` or a worker added shows at once. An untagged image's row has ref null."""
 
+    @extend_schema(
+        tags=[TAG_SERVICE],
+        summary="The images this host's store holds",
+        description="One row per reference, most recently used first (an image with two tags is two rows; "
+        "one no reference names has ref null), read from IMAGES_DIR on each request. Pulls, builds and "
+        "imports add images; IMAGES_MAX_BYTES evicts the least recently used.",
+        responses={200: ImageSerializer(many=True), 401: UNAUTHORIZED},
+    )
     def get(self, request):
         config = settings.EXECUTOR
         root = config.images_root

@@ -71,7 +71,7 @@ class StrictIntegerField(serializers.IntegerField):
 
 # -- how the request fields are documented ---------------------------------------------------
 # The rules below word their own errors (validate_<field>), so the fields carry no DRF limit;
-# each field class says what the OpenAPI document (evaluations/api/openapi.py) shows instead,
+# each field class says what the OpenAPI document (GET /api/schema) shows instead,
 # which is also what schema generators (schemathesis) produce: http(s) URLs with a host, the
 # host's languages, a timeout of at least 1.
 

@@ -1,11 +1,11 @@
 from django.urls import path, register_converter
 from drf_spectacular.views import SpectacularJSONAPIView, SpectacularSwaggerView
 
-from evaluations.api import artifacts, batches, events, logs, openapi, views  # noqa: F401  (openapi documents the views as it loads)
+from evaluations.api import artifacts, batches, events, logs, service, views
 from evaluations.api.assets import AssetListView
 from evaluations.api.environments import EnvironmentListView
 from evaluations.api.images import ImageListView
-from evaluations.metrics import metrics_view
+from evaluations.api.metrics import metrics_view
 
 
 class ArtifactPathConverter:
@@ -24,9 +24,9 @@ class ArtifactPathConverter:
 register_converter(ArtifactPathConverter, "artifact_path")
 
 urlpatterns = [
-    path("health", views.HealthView.as_view(), name="health"),
-    path("status", views.StatusView.as_view(), name="status"),
-    path("public-key", views.PublicKeyView.as_view(), name="public-key"),
+    path("health", service.HealthView.as_view(), name="health"),
+    path("status", service.StatusView.as_view(), name="status"),
+    path("public-key", service.PublicKeyView.as_view(), name="public-key"),
     path("metrics", metrics_view, name="metrics"),
     path("evaluate", views.EvaluateView.as_view(), name="evaluate"),
     path("evaluate/<str:eval_id>", views.EvaluationDetailView.as_view(), name="evaluation-detail"),

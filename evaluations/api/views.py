@@ -1,111 +1,62 @@
-"""HTTP API of SPEC §2. Views stay thin: serializers validate, admission and lifecycle decide."""
+"""HTTP API of SPEC §2, the evaluation routes. Views stay thin: serializers validate, admission and
+lifecycle decide.
+
+Each view carries its OpenAPI description (``extend_schema``); a body a view builds itself is a
+``Shape`` declared beside it, one the representation builds is representation.py's.
+"""
 
 from __future__ import annotations
 
 import hashlib
 import json
 import logging
-import os
 import time
 import uuid
 
 from django.conf import settings
-from django.db import DEFAULT_DB_ALIAS, connection, connections
+from django.db import DEFAULT_DB_ALIAS, connections
 from django.db.models import Avg
+from drf_spectacular.utils import extend_schema
+from rest_framework import serializers
 from rest_framework import status as http
-from rest_framework.permissions import AllowAny
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from evaluations import VERSION, admission, checks, environments, languages, lifecycle, retry, signing, stats
-from evaluations.api import auth
-from evaluations.api.errors import ApiError, envelope
+from evaluations import lifecycle
+from evaluations.api import admission, retry
+from evaluations.api.errors import ApiError
+from evaluations.api.openapi import (
+    AT_CAPACITY,
+    EVAL_ID,
+    IDEMPOTENCY_KEY,
+    NOT_FOUND,
+    RETRY_AFTER,
+    TAG_EVALUATIONS,
+    UNAUTHORIZED,
+    error,
+    header,
+    paging,
+)
 from evaluations.api.paging import Page
-from evaluations.api.serializers import submission_fields, validate_evaluate_request
+from evaluations.api.serializers import EvaluateRequestSerializer, submission_fields, validate_evaluate_request
 from evaluations.db import rows
 from evaluations.models import Evaluation, Status, TestResult, Transition
 from evaluations.representation import (
     EVALUATION_COLUMNS,
     TEST_RESULT_COLUMNS,
     TRANSITION_COLUMNS,
+    EvaluationSerializer,
+    EvaluationSummarySerializer,
+    Shape,
     evaluation_document,
     evaluation_summary,
+    given,
 )
 from evaluations.worker import wakeup
 
 logger = logging.getLogger("term_executor.api")
 
-STARTED_AT = time.time()
 MAX_IDEMPOTENCY_KEY = 200
-
-
-class PublicView(APIView):
-    authentication_classes: list = []
-    permission_classes = [AllowAny]
-
-
-def _check_database() -> None:
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT 1")
-    if connection.vendor == "sqlite":
-        # An open connection keeps answering after its file is deleted or replaced.
-        name = str(connection.settings_dict["NAME"])
-        in_memory = name == ":memory:" or "mode=memory" in name
-        if not in_memory and not os.path.isfile(name):
-            raise OSError(f"SQLite file {name} is missing")
-
-
-class HealthView(PublicView):
-    def get(self, request):
-        try:
-            _check_database()
-        except Exception as exc:  # any driver error means the database is unreachable
-            body = {"status": "unhealthy", "checks": {"database": f"error: {exc.__class__.__name__}"}}
-            body.update(envelope("unhealthy", f"database unreachable: {exc}".strip()))
-            return Response(body, status=http.HTTP_503_SERVICE_UNAVAILABLE)
-        return Response({"status": "ok"})
-
-
-class PublicKeyView(PublicView):
-    """SPEC §18: the keys results are signed with, the current first; public, as a platform
-    verifying a saved result may hold no token of this service."""
-
-    def get(self, request):
-        keys = signing.keyring(settings.EXECUTOR).public_keys()
-        return Response({"keys": [key.as_json() for key in keys]})
-
-
-class StatusView(PublicView):
-    def get(self, request):
-        config = settings.EXECUTOR
-        counts = stats.evaluation_counts()
-        workers = stats.live_workers(config.worker_stale_secs)
-        capacity = sum(w.capacity for w in workers) if workers else config.max_concurrent_evals
-        state = checks.sandbox_state(workers)
-        return Response(
-            {
-                "version": VERSION,
-                "uptime_secs": int(time.time() - STARTED_AT),
-                "active_evals": counts["running"],
-                "queued_evals": counts["pending"],
-                "total_evals": counts["total"],
-                "passed": counts["passed"],
-                "failed": counts["failed"],
-                "cancelled": counts["cancelled"],
-                "capacity": capacity,
-                "available_slots": max(0, capacity - counts["running"]),
-                "workers": len(workers),
-                "sandbox": state.mode,
-                "sandbox_state": state.words,
-                "limits": {"memory": state.limits, "processes": state.limits},
-                "warnings": checks.sandbox_warnings(state.mode, state.limits),
-                "auth": "enabled" if auth.enabled(config) else "disabled",
-                "languages": list(languages.available()),
-                "static_assets": len(config.static_assets),
-                "environments": len(environments.list_environments(config.environments_root)),
-                "runtimes": environments.runtimes(),
-            }
-        )
 
 
 def request_fingerprint(payload: dict) -> str:
@@ -193,7 +144,30 @@ def idempotency_conflict() -> ApiError:
     return ApiError(409, "idempotency_conflict", "this Idempotency-Key was used with a different request body")
 
 
+class AcceptedSerializer(Shape):
+    eval_id = given(serializers.UUIDField())
+    status = given(serializers.ChoiceField(choices=Status.choices))
+
+
+class RetryAcceptedSerializer(AcceptedSerializer):
+    retry_of = given(serializers.UUIDField(help_text="The evaluation whose request the new one repeats."))
+
+
 class EvaluateView(APIView):
+    @extend_schema(
+        tags=[TAG_EVALUATIONS],
+        summary="Submit an evaluation",
+        request=EvaluateRequestSerializer,
+        parameters=[IDEMPOTENCY_KEY, header("Location", str, "/evaluate/{eval_id}", [202]), RETRY_AFTER],
+        responses={
+            202: AcceptedSerializer,
+            400: error("Invalid body or header", "invalid_request", "invalid_json"),
+            401: UNAUTHORIZED,
+            409: error("Idempotency-Key reused with another body", "idempotency_conflict"),
+            413: error("Body too large", "payload_too_large"),
+            503: AT_CAPACITY,
+        },
+    )
     def post(self, request):
         config = settings.EXECUTOR
         key = idempotency_key(request)
@@ -219,7 +193,7 @@ class EvaluateView(APIView):
             raise idempotency_conflict() from None
         location = f"/evaluate/{eval_id}"
         return Response(
-            {"eval_id": str(eval_id), "status": Status.PENDING},
+            AcceptedSerializer.build(eval_id=str(eval_id), status=Status.PENDING),
             status=http.HTTP_202_ACCEPTED,
             headers={"Location": location},
         )
@@ -259,9 +233,28 @@ def evaluation_body(eval_id: str, caller) -> dict:
 
 
 class EvaluationDetailView(APIView):
+    @extend_schema(
+        tags=[TAG_EVALUATIONS],
+        summary="One evaluation",
+        parameters=[EVAL_ID],
+        responses={200: EvaluationSerializer, 401: UNAUTHORIZED, 404: NOT_FOUND},
+    )
     def get(self, request, eval_id):
         return Response(evaluation_body(eval_id, request.user))
 
+    @extend_schema(
+        tags=[TAG_EVALUATIONS],
+        summary="Cancel an evaluation",
+        description="A pending evaluation is cancelled at once (`status: cancelled`); a running one "
+        "answers `status: running` and ends `cancelled` within 2 s.",
+        parameters=[EVAL_ID],
+        responses={
+            202: AcceptedSerializer,
+            401: UNAUTHORIZED,
+            404: NOT_FOUND,
+            409: error("The evaluation already ended", "already_finished"),
+        },
+    )
     def delete(self, request, eval_id):
         evaluation = get_evaluation(eval_id, request.user)
         outcome = lifecycle.cancel(evaluation.id, "cancelled by DELETE")
@@ -270,12 +263,30 @@ class EvaluationDetailView(APIView):
             raise ApiError(409, "already_finished", f"evaluation {eval_id} already ended {evaluation.status}")
         if outcome == Status.RUNNING:
             wakeup.notify(settings.EXECUTOR.data_dir)
-        return Response({"eval_id": str(evaluation.id), "status": outcome}, status=http.HTTP_202_ACCEPTED)
+        return Response(
+            AcceptedSerializer.build(eval_id=str(evaluation.id), status=outcome), status=http.HTTP_202_ACCEPTED
+        )
 
 
 class EvaluationRetryView(APIView):
     """POST /evaluate/{id}/retry: a new pending evaluation with an ended one's request (retry.py)."""
 
+    @extend_schema(
+        tags=[TAG_EVALUATIONS],
+        summary="Run an ended evaluation again",
+        description="A new pending evaluation with the same request (agent, task, timeout, env, assets, "
+        "callback, metadata), linked by `retry_of`; admitted like POST /evaluate. For an `error_kind` of "
+        "`infrastructure`, what a platform retries.",
+        request=None,
+        parameters=[EVAL_ID, header("Location", str, "/evaluate/{eval_id} of the new evaluation", [202]), RETRY_AFTER],
+        responses={
+            202: RetryAcceptedSerializer,
+            401: UNAUTHORIZED,
+            404: NOT_FOUND,
+            409: error("The evaluation has not ended yet", "not_finished"),
+            503: AT_CAPACITY,
+        },
+    )
     def post(self, request, eval_id):
         config = settings.EXECUTOR
         evaluation = get_evaluation(eval_id, request.user)
@@ -289,13 +300,24 @@ class EvaluationRetryView(APIView):
             raise _at_capacity(config) from None
         # Pending as admitted, as POST /evaluate answers: a worker may claim it before this reply is written.
         return Response(
-            {"eval_id": str(new.id), "status": Status.PENDING, "retry_of": str(evaluation.id)},
+            RetryAcceptedSerializer.build(eval_id=str(new.id), status=Status.PENDING, retry_of=str(evaluation.id)),
             status=http.HTTP_202_ACCEPTED,
             headers={"Location": f"/evaluate/{new.id}"},
         )
 
 
 class EvaluationListView(APIView):
+    @extend_schema(
+        tags=[TAG_EVALUATIONS],
+        summary="List evaluations, newest first",
+        description="A tenant's token lists only the evaluations it created; an operator's, all.",
+        parameters=paging(Status.values, "eval_id"),
+        responses={
+            200: EvaluationSummarySerializer(many=True),
+            400: error("Bad query", "invalid_request"),
+            401: UNAUTHORIZED,
+        },
+    )
     def get(self, request):
         page = Page(
             request,

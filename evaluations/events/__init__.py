@@ -7,6 +7,8 @@
   files the kernel frees with a dead process.
 - ``cursor``: event ids, cursors any web process can resume from (no state kept on the server).
 - ``stream``: what a stream reads and sends, and when.
+- ``datagrams``: the datagram sockets in a folder that the hubs and the worker's wake-up
+  (worker/wakeup.py) both use.
 
 docs/events.md has the protocol; the README says how streams stay off the API's threads.
 """

@@ -16,7 +16,7 @@ from pathlib import Path
 from django.conf import settings
 from django.db import DatabaseError, connection, transaction
 
-from evaluations import datagrams
+from evaluations.events import datagrams
 
 CHANNEL = "term_executor_events"
 SOCKET_SUFFIX = ".sock"

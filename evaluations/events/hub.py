@@ -23,7 +23,7 @@ from pathlib import Path
 
 from django.db import connection
 
-from evaluations import datagrams
+from evaluations.events import datagrams
 from evaluations.events.announce import CHANNEL, SOCKET_SUFFIX, hub_dir
 
 logger = logging.getLogger("term_executor.events")

@@ -15,7 +15,7 @@
    the test command runs once over the test patch's test files
    (``test_directives``: SWE-bench's ``get_test_directives``), and each
    FAIL_TO_PASS / PASS_TO_PASS id is read from its log by the repository's
-   parser (``parsers.parser_for_repo``), the ids kept as the row has them.
+   parser (``swebench_logs.parser_for_repo``), the ids kept as the row has them.
 4. workspace.yaml's ``install``, ``env`` and ``environment`` and the test
    command are the row's recipe and environment (recipes.py: SWE-bench's
    specifications, --specs, --install/--test-cmd, --environment-for,
@@ -39,8 +39,8 @@ from pathlib import Path
 
 import yaml
 
+from evaluations.grading.parsers import swebench_logs
 from evaluations.pipeline import gitrepo
-from evaluations.pipeline.swebench import parsers
 from evaluations.tasks.readers import MAX_INSTRUCTION_BYTES
 from evaluations.tasks.registry import load_task
 from evaluations.tasks.spec import TaskError
@@ -212,7 +212,11 @@ def swebench_tests(instance: Instance, files: TestFiles, recipe: recipes.Recipe,
             "test_cmd": recipe.test_cmd,
             "test_files": test_directives(instance.repo, [path for path, _data, _mode in files.changed]),
         }
-    parser = parsers.LOG_PARSERS[instance.log_parser] if instance.log_parser else parsers.parser_for_repo(instance.repo)
+    parser = (
+        swebench_logs.LOG_PARSERS[instance.log_parser]
+        if instance.log_parser
+        else swebench_logs.parser_for_repo(instance.repo)
+    )
     return {
         **run,
         "parser": parser,

@@ -16,7 +16,7 @@
    other fields it has: SWE-bench Verified's rows carry ``difficulty`` too.
 4. SWE-bench 5.0's ``image``, ``eval_script``, ``log_parser`` and
    ``eval_type`` are read when present: ``log_parser`` must name a parser of
-   SWE-bench this executor has (``swebench.parsers.LOG_PARSERS``), ``eval_type``
+   SWE-bench this executor has (``grading/parsers/swebench_logs.LOG_PARSERS``), ``eval_type``
    is ``pass_and_fail`` or ``fail_only``; other extra fields are ignored.
 5. A bad row raises ``BadRow`` naming the row by its id when it has a usable
    one, else by its position; the caller reports it and goes on.
@@ -29,8 +29,8 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from evaluations.pipeline.swebench.grading import EVAL_TYPES, check_eval_script
-from evaluations.pipeline.swebench.parsers import LOG_PARSERS
+from evaluations.grading.parsers.swebench_ids import EVAL_TYPES, check_eval_script
+from evaluations.grading.parsers.swebench_logs import LOG_PARSERS
 from evaluations.tasks import sweforge
 
 from . import testids

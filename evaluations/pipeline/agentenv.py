@@ -34,11 +34,11 @@ from __future__ import annotations
 import dataclasses
 import os
 import shutil
-from pathlib import Path
 
-from evaluations import agents, environments, languages
+from evaluations import agents, languages
+from evaluations.environments import toolchains
 from evaluations.models import ErrorKind
-from evaluations.pipeline import outcome, static, toolchains
+from evaluations.pipeline import outcome, static
 from evaluations.pipeline.context import Context, StepFailed, deadline_in, last_line, limit_failure, remaining
 from evaluations.runtime import Mount
 
@@ -73,15 +73,13 @@ def installing_agent(ctx: Context) -> None:
 
 def find_interpreter(ctx: Context) -> str | None:
     """The absolute path of the agent language's interpreter, found on the executor's PATH
-    (``ctx.command_path``: the host's runtimes and system folders, or the environment's), never
+    (``ctx.command_path``: the host's runtimes and system folders, or the environment's, kinds.py), never
     on the task's (its venv, npm, Go and Cargo bins come first there, and the task writes them).
     downloading_task resolves it, before any command of the task runs; None: not installed."""
     language = languages.ALL.get(ctx.evaluation.language)
     if language is None:
         return None
-    if ctx.environment is not None:
-        return environments.find_interpreter(ctx.environment, language.interpreter)
-    return shutil.which(language.interpreter, path=ctx.command_path)
+    return ctx.env.find_program(language.interpreter)
 
 
 def agent_argv(ctx: Context, language: languages.Language, prompt: str) -> list[str]:
@@ -116,8 +114,7 @@ START_HOOKS = frozenset({"GCONV_PATH", "BASH_ENV", "ENV", "NODE_OPTIONS", "NODE_
 
 
 def _python(ctx: Context, project: agents.Project, installer: _Installer) -> None:
-    root = ctx.environment.root if ctx.environment else Path("/")
-    python = toolchains.find_python(ctx.command_path, root)
+    python = ctx.env.python()
     requirements = project.root / "requirements.txt"
     if python is None:
         if agents.is_file(requirements):

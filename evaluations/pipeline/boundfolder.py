@@ -23,12 +23,12 @@ from evaluations.safefs import SafeFSError, open_parent, remove_entry_nofollow, 
 
 def fill_workdir(ctx: Context) -> None:
     """The task's bound folder as the working directory's content; nothing for a task without one."""
-    files = ctx.task.workdir_files
-    if files is None or ctx.image is None:
+    files = ctx.task.workdir_files  # a Harbor or Terminal-Bench task's: an image's, without a repository
+    if files is None:
         return
     owner = ctx.workdir_owner()
     try:
-        with ctx.workdir_handle() as workdir:  # resolved in the image's root (context.py)
+        with ctx.workdir_handle() as workdir:  # resolved in the image's root (environments/kinds.py)
             for name in os.listdir(workdir):  # what the image had there: hidden by the bind
                 remove_entry_nofollow(workdir, name)
             made = set()

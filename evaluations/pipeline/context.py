@@ -11,19 +11,18 @@ from pathlib import Path
 
 from assets import AssetView
 from evaluations import livelog
-from evaluations.environments import Environment
-from evaluations.images import inroot
+from evaluations.environments import BadEnvironment, toolchains
+from evaluations.environments.kinds import BaseEnvironment
+from evaluations.grading.base import Grade
 from evaluations.models import CANCEL_KINDS, ErrorKind, Evaluation
 from evaluations.network import urlguard
 from evaluations.network.egress import EgressProxy
 from evaluations.network.egress.relay import ensure_socat_bundle
-from evaluations.pipeline import gitrepo, toolchains
+from evaluations.pipeline import gitrepo
 from evaluations.pipeline.cancel import CancelState, Stop
 from evaluations.pipeline.session import Session
 from evaluations.pipeline.warm import WorkspaceCache
 from evaluations.runtime import CommandResult, Limit, Limits, Mount, Runtime, SandboxPolicy, Spawner
-from evaluations.runtime.sandbox import SYSTEM_PATH
-from evaluations.runtime.types import ImageRoot
 from evaluations.tasks.spec import TaskSpec
 from executor_project.config import Config
 
@@ -56,17 +55,6 @@ class WorkerLost(Exception):
     """The worker that owns this evaluation died; the evaluation fails."""
 
 
-@dataclass(frozen=True)
-class Grade:
-    """How the tests' output became a result (SPEC §17, pipeline/verifier.py): the reward (null when
-    none could be read), the reward file's object, and the reason it is not a pass ("" when it is)."""
-
-    reward: float | None
-    rewards: dict | None
-    error: str
-    source: str = ""  # the reward file read: reward.json or reward.txt
-
-
 @dataclass
 class Context:
     eval_id: str
@@ -77,51 +65,29 @@ class Context:
     spawner: Spawner
     cancel: CancelState
     cache: WorkspaceCache  # the workspace cache's state; until cloning_repo decides, it acts as no cache
+    env: BaseEnvironment  # what the task's commands run in: the host's until preparing_environment (kinds.py)
     task: TaskSpec | None = None
     base_sha: str = ""
     step: str = "queued"
     asset_excludes: list[str] = field(default_factory=list)
     static_assets: AssetView | None = None  # set by downloading_task (pipeline/static.py)
-    environment: Environment | None = None  # the root filesystem of the task's commands (preparing_environment)
-    image: ImageRoot | None = None  # when that root is an image's: mounted in the session (images/rootfs.py)
-    image_config: dict | None = None  # the image's config: Env, WorkingDir, User...
-    image_digest: str = ""  # its manifest digest (the store's key)
     closing: contextlib.ExitStack = field(default_factory=contextlib.ExitStack)  # closed at cleanup
     egress: EgressProxy | None = None  # the evaluation's proxy: its commands' only way out (sandbox only)
     agent_interpreter: str | None = None  # absolute, chosen by downloading_task (pipeline/agentenv.py)
-    grade: Grade | None = None  # set by running_tests when the task's grader is not a plain exit status
+    grade: Grade | None = None  # set by running_tests: what the task's grader made of the tests (evaluations/grading/)
 
     def limits(self, timeout_secs: float) -> Limits:
         return Limits.of(self.config, timeout_secs)
 
     def base_env(self) -> dict[str, str]:
-        """The clean environment every command starts from: nothing of the service's; in an image,
-        the image's ``Env`` under ours, its PATH as it is (SPEC §16, §21: no venv or prefix of ours)."""
-        if self.image is not None:
-            toolchain = toolchains.image_command_env(self.session.home, self.command_path, self.trusted_ca)
-        else:  # SPEC §11: PATH with the venv first, caches and prefixes in HOME, the host's CAs.
-            toolchain = toolchains.command_env(self.session, self.command_path, self.trusted_ca)
-        return {
-            **self.image_env(),
-            "PATH": self.command_path,
-            "HOME": str(self.session.home),
-            "LANG": "C.UTF-8",
-            "TZ": "UTC",
-            "PYTHONHASHSEED": "0",
-            # A .pyc written by the install step stays "valid" after a same-size edit within the
-            # same second (mtime resolution), and the tests would run the old code.
-            "PYTHONDONTWRITEBYTECODE": "1",
-            "TMPDIR": str(self.session.tmp),
-            **toolchain,
-        }
+        """The clean environment every command starts from, the environment's (environments/kinds.py)."""
+        return self.env.command_env(self.trusted_ca)
 
     @property
     def workdir(self) -> str:
         """Where the task's commands start, as they see it: the repository, or for a task without
         one (SPEC §16) its image's WorkingDir."""
-        if self.task is not None and self.task.repo is None and self.image is not None:
-            return (self.image_config or {}).get("WorkingDir") or "/"
-        return str(self.session.repo)
+        return self.env.workdir
 
     @contextlib.contextmanager
     def workdir_handle(self) -> Iterator[int]:
@@ -129,27 +95,16 @@ class Context:
         O_DIRECTORY``, closed after the block), for ``*at`` writes that never follow a link
         (safefs: ``clear_way``, ``write_file_nofollow``; the asset copier).
 
-        The session's repo/ is opened ``O_NOFOLLOW`` (the executor made it). An image's
-        WorkingDir is resolved in the image's root by the one resolver (images/inroot.py):
-        a link anywhere on it, the image's or the agent's, is followed as if the root were
-        ``/``, so the handle names a folder of the image's tree whatever that tree holds, and
-        no host path through it is ever built (no PATH_MAX, no ``realpath``). Below the handle
-        every write is by name, ``O_NOFOLLOW``: the tree the agent shaped is content, never
-        a way onto the host, even if something were still changing it (the executor writes
-        there only when no command of the evaluation runs).
+        The environment opens it (kinds.py): the session's repo/ ``O_NOFOLLOW``, or an image's
+        WorkingDir resolved in the image's root, so the handle names a folder of the image's tree
+        whatever that tree holds. Below the handle every write is by name, ``O_NOFOLLOW``: the tree
+        the agent shaped is content, never a way onto the host, even if something were still
+        changing it (the executor writes there only when no command of the evaluation runs).
         """
-        if self.task is not None and self.task.repo is None and self.image is not None:
-            root_fd = inroot.open_root(self.image.rootfs)
-            try:
-                fd = inroot.open_in(root_fd, self.workdir, os.O_RDONLY | os.O_DIRECTORY)
-            except OSError as exc:
-                raise StepFailed(
-                    f"the image's WorkingDir {self.workdir} is gone ({exc.strerror})", kind=ErrorKind.TASK_INVALID
-                ) from None
-            finally:
-                os.close(root_fd)
-        else:
-            fd = os.open(self.session.repo, inroot.DIR_FLAGS)
+        try:
+            fd = self.env.open_workdir()
+        except BadEnvironment as exc:
+            raise StepFailed(str(exc), kind=ErrorKind.TASK_INVALID) from None
         try:
             yield fd
         finally:
@@ -157,39 +112,25 @@ class Context:
 
     def workdir_owner(self) -> int | None:
         """The host uid files the executor writes for the commands belong to (the image's user is the lease)."""
-        return self.session.uid
-
-    def image_env(self) -> dict[str, str]:
-        """The image's ``Env`` ("NAME=value" items) as a mapping; empty without an image."""
-        items = (self.image_config or {}).get("Env") or []
-        return dict(item.split("=", 1) for item in items if isinstance(item, str) and "=" in item)
+        return self.env.workdir_owner()
 
     @property
     def command_path(self) -> str:
         """The system PATH of the task's commands: the image's, the environment's, or the host's runtimes'."""
-        if self.image is not None:
-            return self.image_env().get("PATH") or SYSTEM_PATH
-        return SYSTEM_PATH if self.environment else self.runtime.command_path()
+        return self.env.command_path
 
     @property
     def trusted_ca(self) -> toolchains.CaBundle | None:
         return toolchains.host_ca(self.config, sandboxed=self.runtime.isolated)
 
     def task_policy(self, *, network: bool, mounts: Sequence[Mount] = ()) -> SandboxPolicy:
-        """What a task's command may reach: the session's repo, home, tmp and venv (an image task has
-        none: SPEC §21), in its environment."""
-        session = self.session
-        environment = self.environment
+        """What a task's command may reach: the session's folders its environment binds, in its root."""
         ca = self.trusted_ca
-        writable = (session.repo, session.home, session.tmp)
-        return SandboxPolicy(
+        return self.env.sandbox_policy(
             network=network,
-            writable=writable if self.image is not None else (*writable, session.venv),
-            mounts=tuple(mounts),
-            root=environment.root if environment and self.image is None else None,
-            image=self.image,
+            mounts=mounts,
             ca_bundle=ca.host if ca is not None and self.runtime.isolated else None,
-            **self._egress_fields(network, environment is not None or self.image is not None),
+            **self._egress_fields(network, self.env.own_root),
         )
 
     def repository_env(self) -> dict[str, str]:
@@ -229,15 +170,8 @@ class Context:
         policy: SandboxPolicy,
         stdin_data: bytes | None = None,
     ) -> CommandResult:
-        """Run one command of this evaluation through the spawner; a cancel raises Cancelled."""
-        result = self.spawner.run(
-            argv,
-            cwd=Path(self.workdir),
-            env=env,
-            limits=self.limits(timeout_secs),
-            policy=policy,
-            stdin_data=stdin_data,
-        )
+        """Run one command of this evaluation in its environment; a cancel raises Cancelled."""
+        result = self.env.exec(argv, env=env, limits=self.limits(timeout_secs), policy=policy, stdin_data=stdin_data)
         self._log_kill(result)
         if result.limit is Limit.CANCELLED:
             self.raise_cancelled()

@@ -21,9 +21,10 @@ import stat
 from pathlib import Path
 
 from evaluations import environments, languages, livelog
-from evaluations.images import build, changes, diff, inroot, rootfs
+from evaluations.environments import kinds
+from evaluations.environments.toolchains import CA_VARIABLES
+from evaluations.images import build, changes, diff, rootfs
 from evaluations.images.errors import ImageError
-from evaluations.images.isolate import isolate_workdir
 from evaluations.images.isolate import verifier_commands as verifier_commands_in
 from evaluations.images.pull import pull
 from evaluations.images.store import ImageStore
@@ -31,7 +32,6 @@ from evaluations.models import ErrorKind, Evaluation
 from evaluations.network.egress.relay import BUNDLE_TARGET, SANDBOX_SOCKET
 from evaluations.pipeline.agentenv import find_interpreter
 from evaluations.pipeline.context import Context, StepFailed
-from evaluations.pipeline.toolchains import CA_VARIABLES
 from evaluations.runtime.idmap import IdMap, image_id_base
 from evaluations.runtime.policy import DISTRIBUTION_CA_BUNDLE
 from evaluations.safefs import SafeFSError, open_parent
@@ -61,17 +61,16 @@ def _named(ctx: Context) -> None:
         environment = choose_environment(ctx.config, ctx.task)
     except environments.BadEnvironment as exc:
         raise StepFailed(str(exc)) from None
-    if environment is not None and not ctx.runtime.isolated:
+    if environment is None:
+        record = {"kind": "host", "ref": None, "digest": None, "cached": True}
+    elif not ctx.runtime.isolated:
         raise StepFailed(
             f"environment {environment.name} needs the sandbox, and this executor runs without one",
             kind=ErrorKind.INFRASTRUCTURE,
         )
-    ctx.environment = environment
-    record = (
-        {"kind": "name", "ref": environment.name, "digest": None, "cached": True}
-        if environment is not None
-        else {"kind": "host", "ref": None, "digest": None, "cached": True}
-    )
+    else:
+        ctx.env = kinds.Named(ctx.session, ctx.spawner, environment)
+        record = {"kind": "name", "ref": environment.name, "digest": None, "cached": True}
     Evaluation.objects.filter(id=ctx.eval_id).update(environment=record)
 
 
@@ -91,25 +90,29 @@ def _image(ctx: Context, spec: ImageEnvironment) -> None:
         else:
             result = _build(ctx, spec, store, progress)
         record = result.record
-        ctx.image_pin = ctx.closing.enter_context(store.pin(record.digest, ctx.eval_id))
+        ctx.closing.enter_context(store.pin(record.digest, ctx.eval_id))  # no eviction takes it meanwhile
         store.touch(record.digest)
-        ctx.image_config = dict(record.config or {})
+        image_config = dict(record.config or {})
         if spec.workdir:  # Harbor's [environment] workdir: the task's, over the image's
-            ctx.image_config["WorkingDir"] = spec.workdir
-        ctx.image_digest = record.digest
-        ctx.image = _mount(ctx, store, record)
-        ctx.closing.callback(rootfs.unmount_root, ctx.session.root)
+            image_config["WorkingDir"] = spec.workdir
+        mounted = _mount(ctx, store, record, image_config.get("WorkingDir") or "/")
+        ctx.env = kinds.Image(
+            ctx.session,
+            ctx.spawner,
+            ref=spec.ref,
+            digest=record.digest,
+            config=image_config,
+            mounted=mounted,
+            store=store,
+            in_workdir=ctx.task.repo is None,  # SPEC §16: no repository, the image's WorkingDir is the workspace
+        )
+        ctx.closing.callback(ctx.env.close)
     except ImageError as exc:
         ctx.check_cancelled()  # a pull or build stopped by the evaluation's cancel ends as the cancel does
         raise StepFailed(str(exc), kind=exc.kind) from None
     except OSError as exc:
         kind = ErrorKind.INFRASTRUCTURE
         raise StepFailed(f"could not prepare image {spec.ref}: {exc}", kind=kind) from None
-    root = ctx.image.rootfs
-    versions = environments.runtimes(root)
-    ctx.environment = environments.Environment(
-        spec.ref, root, record.digest.removeprefix("sha256:")[:24], versions["python"], versions["node"]
-    )
     livelog.append_text(ctx.session.log, f"image {spec.ref}: {record.digest}{' (cached)' if result.cached else ''}\n")
     Evaluation.objects.filter(id=ctx.eval_id).update(environment=_record(spec, result))
 
@@ -152,7 +155,7 @@ def _build(ctx: Context, spec: ImageEnvironment, store: ImageStore, progress) ->
     )
 
 
-def _mount(ctx: Context, store, record):
+def _mount(ctx: Context, store, record, workdir: str):
     """The image's root for this evaluation, its User the evaluation's uid (runtime/idmap.py)."""
     config = ctx.config
     lease = ctx.session.uid
@@ -166,35 +169,21 @@ def _mount(ctx: Context, store, record):
             rootfs.unmount_root(ctx.session.root, remove=True)
             root = rootfs.mount_root(layers, ctx.session.root, IdMap(lease=lease, base=base, user=uid, group=gid))
     _trust_host_ca(ctx, root)
-    _make_workdir(root, ctx.image_config.get("WorkingDir") or "/")
-    return root
-
-
-def _make_workdir(root, workdir: str) -> None:
-    """WorkingDir exists, as a container runtime makes it (owned by the image's root): resolved in
-    the image's root (its links followed as if it were ``/``, SPEC §21), the missing folders made."""
-    root_fd = inroot.open_root(root.rootfs)
     try:
-        os.close(inroot.mkdirs_in(root_fd, workdir, root.idmap.host_uid(0), root.idmap.host_gid(0), 0o755))
+        kinds.make_workdir(root, workdir)
     except OSError as exc:
         raise ImageError(f"the image's WorkingDir {workdir} cannot be a folder: {exc.strerror or exc}") from None
-    finally:
-        os.close(root_fd)
-
-
-def _layers(ctx: Context) -> list[Path]:
-    store = ImageStore.of(ctx.config)
-    return [store.layer_tree(layer) for layer in store.image(ctx.image_digest).layers]
+    return root
 
 
 def agent_patch(ctx: Context) -> str:
     """For a task without a repository: what the agent changed under WorkingDir, against the image."""
-    layers = _layers(ctx)
-    with rootfs.image_base(layers, ctx.session.root) as base:
+    image = ctx.env
+    with rootfs.image_base(image.layers(), ctx.session.root) as base:
         return diff.image_patch(
             rootfs.upper_of(ctx.session.root),
             base,
-            ctx.workdir,
+            image.workdir,
             max_bytes=ctx.config.max_output_bytes * 8,
             exclude=executor_made(ctx),
         )
@@ -204,31 +193,32 @@ def system_changes(ctx: Context) -> dict:
     """``{count, paths, suspicious}``: what the agent changed in the image outside its working
     directory and /logs/agent (images/changes.py), the verifier's PATH the image's. Read when no
     process of the agent is alive, before ``isolate``."""
-    layers = _layers(ctx)
-    with rootfs.image_base(layers, ctx.session.root) as base:
+    image = ctx.env
+    with rootfs.image_base(image.layers(), ctx.session.root) as base:
         return changes.system_changes(
             rootfs.upper_of(ctx.session.root),
             base,
-            ctx.image.idmap,
-            workdir=ctx.workdir,
+            image.mounted.idmap,
+            workdir=image.workdir,
             exclude=executor_made(ctx),
-            path_dirs=tuple(item for item in ctx.command_path.split(":") if item.startswith("/")),
+            path_dirs=tuple(item for item in image.command_path.split(":") if item.startswith("/")),
         )
 
 
 def isolate(ctx: Context) -> None:
-    """``[verifier] isolated``: ``ctx.image`` becomes the image plus only the agent's working
+    """``[verifier] isolated``: the image's root becomes the image plus only the agent's working
     directory (images/isolate.py), the host's CAs trusted in it again."""
-    ctx.image = isolate_workdir(ctx.session.root, _layers(ctx), ctx.image.idmap, ctx.workdir)
-    _trust_host_ca(ctx, ctx.image)
+    ctx.env.isolate()
+    _trust_host_ca(ctx, ctx.env.mounted)
 
 
 def verifier_commands(ctx: Context, env: dict[str, str], shell: str, *, fixed: tuple[str, ...] = ()):
     """``[verifier] isolated``: the absolute path of ``shell`` in the image and ``env`` without what
     names the working directory, decided on the image's layers alone (images/isolate.py, 4-6)."""
+    image = ctx.env
     try:
-        with rootfs.image_base(_layers(ctx), ctx.session.root) as base:
-            return verifier_commands_in(base, ctx.workdir, env, shell, fixed=fixed)
+        with rootfs.image_base(image.layers(), ctx.session.root) as base:
+            return verifier_commands_in(base, image.workdir, env, shell, fixed=fixed)
     except ImageError as exc:
         raise StepFailed(str(exc), kind=exc.kind) from None
 
@@ -273,18 +263,14 @@ def _trust_host_ca(ctx: Context, root) -> None:
 
 def _check_programs(ctx: Context) -> None:
     """What the task's commands and the agent need from a root of their own, checked before any runs."""
-    environment = ctx.environment
-    if environment is None:
-        ctx.agent_interpreter = find_interpreter(ctx)  # the executor's, before any folder of the task exists
-        return
     language = languages.ALL.get(ctx.evaluation.language)
     needed = {"bash": "the shell of install commands and tests"}
     if language is not None:
         needed.setdefault(language.interpreter, f"the {language.name} agent's interpreter")
-    what = f"image {environment.name}" if ctx.image is not None else f"environment {environment.name}"
-    for program, role in needed.items():
-        if environments.find_interpreter(environment, program) is None:
-            raise StepFailed(f"{what} has no {program} ({role})")
+    try:
+        ctx.env.check_programs(needed)
+    except environments.BadEnvironment as exc:
+        raise StepFailed(str(exc)) from None
     ctx.agent_interpreter = find_interpreter(ctx)  # the executor's, before any folder of the task exists
 
 

@@ -21,6 +21,8 @@ from typing import NamedTuple
 from django.db import close_old_connections
 
 from evaluations import lifecycle, livelog
+from evaluations.environments import kinds
+from evaluations.grading import registry
 from evaluations.models import ErrorKind, Evaluation, Status, Step, TestResult
 from evaluations.network.egress import EgressProxy, egress_policy
 from evaluations.pipeline import outcome
@@ -89,6 +91,7 @@ def _prepare(
         spawner=spawner,
         cancel=cancel,
         cache=WorkspaceCache(eval_id, config, session),
+        env=kinds.Host(session, spawner),  # preparing_environment puts the task's own in its place
         egress=egress,
     )
     return ctx, lease
@@ -222,27 +225,6 @@ def _keep_log(eval_id: str, session: Session, config: Config) -> None:
 
 
 def _verdict(ctx: Context) -> Ending:
-    """completed only if there is at least one test and every one passed (a timed-out one failed); for a
-    task graded by a reward (SPEC §17), only if the reward is at least 1."""
-    eval_id = ctx.eval_id
-    grade = ctx.grade
-    if grade is not None and ctx.task.grader == "reward_file":
-        fields = {"reward": grade.reward, "rewards": grade.rewards}
-        if grade.error:
-            return Ending(Status.FAILED, f"running_tests: {grade.error}", ErrorKind.TESTS_FAILED, fields)
-        if grade.reward < 1:
-            where = f"/logs/verifier/{grade.source}"
-            error = f"running_tests: reward {grade.reward:g} < 1 ({where})"
-            return Ending(Status.FAILED, error, ErrorKind.TESTS_FAILED, fields)
-        return Ending(Status.COMPLETED, "", None, fields)
-    if grade is not None and grade.error:  # the verifier's own grader (pytest, exit_code)
-        return Ending(Status.FAILED, f"running_tests: {grade.error}", ErrorKind.TESTS_FAILED, {"reward": 0.0})
-    results = list(TestResult.objects.filter(evaluation_id=eval_id).values_list("name", "passed"))
-    failed = [name for name, passed in results if not passed]
-    if not results:
-        return Ending(Status.FAILED, "running_tests: task defines no tests", ErrorKind.TASK_INVALID)
-    if failed:
-        shown = ", ".join(failed[:5]) + (", ..." if len(failed) > 5 else "")
-        error = f"running_tests: {len(failed)} of {len(results)} tests failed ({shown})"
-        return Ending(Status.FAILED, error, ErrorKind.TESTS_FAILED)
-    return Ending(Status.COMPLETED, "", None)
+    """How the evaluation ends, as the task's grader says from its grade and the rows stored (SPEC §17)."""
+    results = list(TestResult.objects.filter(evaluation_id=ctx.eval_id).values_list("name", "passed"))
+    return Ending(*registry.for_task(ctx.task).verdict(ctx.grade, results))

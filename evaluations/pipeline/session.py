@@ -7,7 +7,7 @@ agent/    agent.<ext> and prompt.md, read-only to commands; an agent project's c
           env/ (its venv or node_modules) and home/ (HOME of its install), the sandbox uid's,
           pipeline/agentenv.py
 home/     HOME of every command; owned by the sandbox uid
-venv/     the task's Python venv (pipeline/toolchains.py); the sandbox uid's once written
+venv/     the task's Python venv (environments/toolchains.py); the sandbox uid's once written
 tmp/      /tmp (and TMPDIR) of every command, so it counts against the disk quota
 tests/    test scripts, written by the executor after the agent step
 saved/    root only: HOME and venv/ as the install step left them, given back to the tests

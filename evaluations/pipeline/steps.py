@@ -4,22 +4,21 @@ from __future__ import annotations
 
 import hashlib
 import os
-import time
 from pathlib import Path
 
-from evaluations import languages, lifecycle, livelog
-from evaluations.models import ErrorKind, Evaluation, TestResult
+from evaluations import languages, lifecycle
+from evaluations.grading import registry
+from evaluations.grading.base import HostFault
+from evaluations.models import ErrorKind, Evaluation
 from evaluations.network import urlguard
 from evaluations.pipeline import (
     archive,
     boundfolder,
     gitrepo,
-    graders,
     imageenv,
     outcome,
     patch,
     static,
-    toolchains,
     verifier,
 )
 from evaluations.pipeline.agentenv import agent_argv, installing_agent, task_env_for_agent
@@ -32,13 +31,13 @@ from evaluations.pipeline.context import (
     limit_failure,
     remaining,
 )
+from evaluations.pipeline.grading_sandbox import GradingSandbox
 from evaluations.pipeline.imageenv import preparing_environment
-from evaluations.pipeline.swebench import tests as swebench_tests
 from evaluations.runtime import Limit, Mount
 from evaluations.safefs import SafeFSError, clear_way, open_parent, write_file_nofollow
 from evaluations.tasks.language import NoToolchain, with_toolchain
 from evaluations.tasks.registry import load_task
-from evaluations.tasks.spec import TaskError, TestSpec
+from evaluations.tasks.spec import TaskError
 
 
 def _policy(config) -> urlguard.URLPolicy:
@@ -144,9 +143,8 @@ def _cache_material(ctx: Context) -> dict | None:
     None for a bad placeholder, and for an image task with install commands: they write the image's
     writable layer (apt, pip: no venv of ours there, §21), which an entry does not keep.
     """
-    if ctx.image is not None and ctx.task.install:
+    if ctx.task.install and not ctx.env.install_kept:
         return None
-    environment = ctx.environment
     session = str(ctx.session.root)
 
     def general(text: str) -> str:  # without the sandbox, asset paths are in the session: rewritten on restore
@@ -158,7 +156,7 @@ def _cache_material(ctx: Context) -> dict | None:
             "repo": ctx.task.repo,
             "install": [general(command) for command in static.fill(ctx, ctx.task.install)],
             "env": {name: general(value) for name, value in static.task_env(ctx).items()},
-            "environment": [environment.name, environment.identity] if environment else None,
+            "environment": ctx.env.cache_key(),
             "assets": [[a.name, a.save_path, a.kind, _digest(view.host_path(a))] for a in view.assets],
             # Paths the install step may have written into files, and what its commands ran with.
             "workspace_base": str(ctx.config.workspace_base),
@@ -194,9 +192,7 @@ def installing_deps(ctx: Context) -> None:
     if ctx.cache.restore():  # a hit: the venv and HOME the install step left, from the snapshot
         return
     deadline = deadline_in(config.install_timeout_secs)
-    if ctx.image is None:  # SPEC §11; an image task runs with the image's own python (§21)
-        root = ctx.environment.root if ctx.environment else Path("/")
-        toolchains.make_session_venv(ctx.session, toolchains.find_python(ctx.command_path, root))
+    ctx.env.make_venv()  # SPEC §11; an image task runs with the image's own python (§21)
     env = {**ctx.base_env(), **static.task_env(ctx)}
     policy = ctx.task_policy(network=True, mounts=static.mounts(ctx))
     for command, filled in zip(ctx.task.install, static.fill(ctx, ctx.task.install), strict=True):
@@ -291,10 +287,10 @@ def _agent_patch(ctx: Context) -> str:
 
 
 def running_tests(ctx: Context) -> None:
-    config = ctx.config
+    grader = registry.for_task(ctx.task)  # what runs and how it is read (evaluations/grading/)
     session = ctx.session
     tests = static.fill_tests(ctx, ctx.task.tests)
-    if not tests and ctx.task.verifier is None and ctx.task.swebench is None:
+    if not tests and grader.needs_tests(ctx.task):
         raise StepFailed("task defines no tests", kind=ErrorKind.TASK_INVALID)
     ctx.spawner.sweep()
     try:
@@ -316,33 +312,11 @@ def running_tests(ctx: Context) -> None:
     except (SafeFSError, OSError) as exc:  # what is left: the host (a full disk)
         raise StepFailed(f"could not write test support files: {exc}", kind=ErrorKind.INFRASTRUCTURE) from None
     env = {**ctx.base_env(), **static.task_env(ctx)}
-    if ctx.task.verifier is not None:  # Harbor, Terminal-Bench: the task's verifier (pipeline/verifier.py)
-        results, block = verifier.run_verifier(ctx, env)
-        lifecycle.store_test_results(ctx.eval_id, results, test_output=block)
-        return
-    if ctx.task.swebench is not None:  # SWE-bench's grading: one test command, its log read per id
-        swebench_tests.run_tests(ctx, env, static.mounts(ctx))
-        return
-    session.tests.mkdir(mode=0o755, exist_ok=True)
-    mounts = [Mount(session.tests, str(session.tests), writable=False), *static.mounts(ctx)]
-    logs = verifier.reward_folder(ctx)  # grader reward_file: /logs/verifier for the scripts
-    if logs is not None:
-        mounts.append(Mount(logs, verifier.VERIFIER_LOGS, writable=True))
-    policy = ctx.task_policy(network=config.test_network, mounts=mounts)
-    deadline = deadline_in(config.test_timeout_secs)
-    results = []
-    for position, test in enumerate(tests):
-        livelog.append_text(session.log, livelog.test_marker(test.name))  # each test's output under its name
-        row = _run_test(ctx, position, test, env, policy, deadline)
-        livelog.append_text(session.log, livelog.test_verdict(row.name, row.passed, row.exit_code, row.timed_out))
-        results.append(row)
-        ctx.spawner.sweep()
-    if logs is not None:
-        verifier.grade_reward_folder(ctx, logs)
-    blocks = [
-        f"=== {r.name} (exit {r.exit_code if r.exit_code is not None else 'none'}) ===\n{r.output}" for r in results
-    ]
-    lifecycle.store_test_results(ctx.eval_id, results, test_output="\n".join(blocks))
+    try:
+        ctx.grade = grader.run(GradingSandbox(ctx, env, tests))
+    except HostFault as exc:
+        raise StepFailed(str(exc), kind=ErrorKind.INFRASTRUCTURE) from None
+    lifecycle.store_test_results(ctx.eval_id, ctx.grade.results, **ctx.grade.stored())
 
 
 def _chown(ctx: Context, workdir: int, relpath: str) -> None:
@@ -353,40 +327,6 @@ def _chown(ctx: Context, workdir: int, relpath: str) -> None:
             os.chown(name, owner, owner, dir_fd=folder, follow_symlinks=False)
         finally:
             os.close(folder)
-
-
-def _run_test(ctx: Context, position: int, test: TestSpec, env, policy, deadline) -> TestResult:
-    left = remaining(deadline)
-    row = TestResult(evaluation_id=ctx.eval_id, position=position, name=test.name, kind=test.kind, passed=False)
-    if left <= 0:
-        row.timed_out = True
-        row.output = f"not run: the TEST_TIMEOUT_SECS budget ({ctx.config.test_timeout_secs} s) was spent"
-        return row
-    # A checks.txt command goes in a script too: as `bash -c` argv it would be readable in /proc
-    # by every process on the host (without the sandbox), another evaluation's agent included.
-    script = ctx.session.tests / f"{position:04d}-{test.name}.sh"
-    text = test.script if test.script is not None else test.command + "\n"
-    write_file_nofollow(ctx.session.tests, script.name, text.encode(), 0o644)
-    argv = ["bash", str(script)]
-    started = time.monotonic()
-    result = ctx.run(argv, env=env, timeout_secs=left, policy=policy)
-    row.duration_ms = int((time.monotonic() - started) * 1000)
-    row.exit_code = result.exit_code
-    row.timed_out = result.timed_out
-    row.output = result.output
-    if result.limit_detail and not row.timed_out:
-        row.output += f"\n[executor: {result.limit_detail}]"
-    elif row.timed_out:
-        row.output += (
-            f"\n[executor: killed, the test budget TEST_TIMEOUT_SECS={ctx.config.test_timeout_secs} s ran out]"
-        )
-    row.passed = result.ok
-    if ctx.task.grader == "pytest" and row.passed:  # the exit status agrees; the summary must say so too
-        verdict = graders.grade_pytest(result.output, result.exit_code)
-        row.passed = verdict.passed
-        if not verdict.passed:
-            row.output += f"\n[executor: pytest grader: {verdict.reason}]"
-    return row
 
 
 STEPS = (

@@ -13,9 +13,9 @@
    The agent never saw any of the three: they exist only in the verifier's sandbox. An isolated
    verifier's ``bash`` is the image's, by its absolute path, and its ``PATH`` has no entry inside the
    working directory (imageenv.verifier_commands, SPEC §21).
-4. Grading is the executor's, on what it captured and read after the verifier ended (pipeline/graders.py):
-   ``reward_file`` reads /logs/verifier from the session's fresh folder, ``pytest`` parses the output and
-   checks the exit status, ``exit_code`` is the exit status.
+4. Grading is the executor's, on what it captured and read after the verifier ended: ``run_verifier``
+   returns the run (its output, its /logs/verifier folder) to the task's grader (evaluations/grading/),
+   which reads it; ``reward_folder`` makes the same fresh /logs/verifier for a workspace task's scripts.
 """
 
 from __future__ import annotations
@@ -23,18 +23,17 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
-import stat
 import time
 
 from evaluations import artifacts, livelog
-from evaluations.models import ErrorKind, Evaluation, TestResult
+from evaluations.grading.base import VerifierRun
+from evaluations.models import ErrorKind, Evaluation
 from evaluations.network.egress.policy import parse_rules
 from evaluations.network.egress.relay import RELAY_SHELL
-from evaluations.pipeline import graders, imageenv
-from evaluations.pipeline.context import Context, Grade, StepFailed
-from evaluations.pipeline.swebench import tests as swebench_tests
+from evaluations.pipeline import imageenv
+from evaluations.pipeline.context import Context, StepFailed
 from evaluations.runtime import Mount
-from evaluations.safefs import SafeFSError, open_root_dir, remove_tree_nofollow, write_file_nofollow
+from evaluations.safefs import SafeFSError, remove_tree_nofollow, write_file_nofollow
 from evaluations.tasks.spec import SupportFile
 
 AGENT_LOGS = "/logs/agent"
@@ -116,7 +115,7 @@ def narrow_egress(ctx: Context) -> None:
 
 def agent_mounts(ctx: Context) -> list[Mount]:
     """In an image: /logs/agent, writable (the session's agent-logs/, counted by its disk quota)."""
-    if ctx.image is None:
+    if not ctx.env.agent_logs:
         return []
     folder = ctx.session.agent_logs
     if not folder.exists():
@@ -128,7 +127,7 @@ def agent_mounts(ctx: Context) -> list[Mount]:
 
 def after_agent(ctx: Context) -> None:
     """With no process of the agent alive: what it changed outside its folder, and its artifacts."""
-    if ctx.image is None:
+    if not ctx.env.agent_logs:
         return
     kept = artifacts.keep(ctx.eval_id, ctx.session.agent_logs, ctx.config, owner_uid=ctx.session.uid)
     if kept.artifacts or kept.omitted or kept.error:
@@ -138,54 +137,28 @@ def after_agent(ctx: Context) -> None:
 
 
 def _mount_point(ctx: Context, target: str) -> None:
-    """A real folder at ``target`` in the image's root, made by the executor, nothing followed: an agent
-    root in its image may have put a link where /logs goes; bwrap would follow it on the host. Walked
-    from the root's handle one name at a time (SPEC §21): a link, a file or a FIFO on the way is
-    replaced by a folder (the image's root's, 0755), never followed."""
-    owner = ctx.image.idmap.host_uid(0), ctx.image.idmap.host_gid(0)
+    """A real folder at ``target`` where the environment's root needs one (kinds.make_mount_point)."""
     try:
-        fd = open_root_dir(ctx.image.rootfs)
-    except SafeFSError as exc:
+        ctx.env.mount_point(target)
+    except (OSError, SafeFSError) as exc:
         raise StepFailed(f"could not make {target} in the image: {exc}", kind=ErrorKind.INFRASTRUCTURE) from None
-    try:
-        for name in target.strip("/").split("/"):
-            try:
-                mode = os.stat(name, dir_fd=fd, follow_symlinks=False).st_mode
-            except FileNotFoundError:
-                mode = None
-            made = mode is None or not stat.S_ISDIR(mode)
-            if made:
-                if mode is not None:
-                    os.unlink(name, dir_fd=fd)
-                os.mkdir(name, 0o755, dir_fd=fd)
-            child = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
-            os.close(fd)
-            fd = child
-            if made:
-                os.fchown(fd, *owner)
-    except OSError as exc:
-        raise StepFailed(f"could not make {target} in the image: {exc}", kind=ErrorKind.INFRASTRUCTURE) from None
-    finally:
-        os.close(fd)
 
 
 # -- 3. the verifier ------------------------------------------------------------------------------
 
 
-def run_verifier(ctx: Context, env: dict[str, str]) -> tuple[list[TestResult], str]:
-    """Harbor / Terminal-Bench: the task's verifier after the agent; its rows and its output block
-    (the grade on ``ctx.grade``)."""
+def run_verifier(ctx: Context, env: dict[str, str]) -> VerifierRun:
+    """Harbor / Terminal-Bench: the task's verifier after the agent, once; its processes swept after."""
     verifier = ctx.task.verifier
     config = ctx.config
     if verifier.isolated:
         _isolate(ctx)
     tests, logs = _verifier_folders(ctx, verifier.files)
     mounts = [Mount(tests, TESTS), Mount(logs, VERIFIER_LOGS, writable=True)]
-    if ctx.image is not None and ctx.session.agent_logs.exists():
+    if ctx.env.agent_logs and ctx.session.agent_logs.exists():
         mounts.append(Mount(ctx.session.agent_logs, AGENT_LOGS))  # what the agent left, read-only
-    if ctx.image is not None:
-        for mount in mounts:
-            _mount_point(ctx, mount.target)
+    for mount in mounts:
+        _mount_point(ctx, mount.target)
     network = verifier_network(ctx)
     policy = ctx.task_policy(network=network, mounts=mounts)
     env = {**env, **verifier.env}
@@ -204,96 +177,19 @@ def run_verifier(ctx: Context, env: dict[str, str]) -> tuple[list[TestResult], s
         output += f"\n[executor: killed, the verifier's timeout ({config.test_timeout_secs} s) ran out]"
     elif result.limit_detail:
         output += f"\n[executor: {result.limit_detail}]"
-    rows = grade(ctx, verifier.script, result, output, duration, logs)
-    for row in rows:
-        livelog.append_text(ctx.session.log, livelog.test_verdict(row.name, row.passed, row.exit_code, row.timed_out))
-    return rows, f"=== {verifier.script} (exit {_exit(result.exit_code)}) ===\n{output}"
-
-
-def grade(ctx: Context, name: str, result, output: str, duration: int, logs) -> list[TestResult]:
-    """The rows and ``ctx.grade`` of one verifier command's result, by the task's grader."""
-    row = TestResult(
-        evaluation_id=ctx.eval_id,
-        position=0,
-        name=name,
-        kind="test",
-        passed=False,
-        exit_code=result.exit_code,
-        timed_out=result.timed_out,
-        duration_ms=duration,
-        output=output,
-    )
-    grader = ctx.task.grader
-    if result.timed_out or result.limit is not None:
-        why = "timed out" if result.timed_out else result.limit_detail
-        ctx.grade = Grade(reward=0.0, rewards=None, error=f"the verifier {name} {why}")
-        return [row]
-    if grader == "reward_file":
-        reward = grade_reward_folder(ctx, logs)
-        row.passed = reward is not None and reward.reward >= 1
-        return [row]
-    if grader == "pytest":  # Harbor and Terminal-Bench tasks: graded as Terminal-Bench's parser grades (SPEC §22)
-        verdict = graders.grade_terminal_bench(result.output, result.exit_code)
-        rows = [
-            TestResult(
-                evaluation_id=ctx.eval_id,
-                position=position,
-                name=test[:255],
-                kind="test",
-                passed=passed,
-                exit_code=result.exit_code,
-                duration_ms=0,
-                output="",
-            )
-            for position, (test, passed) in enumerate(verdict.results[: ctx.config.max_tests])
-        ]
-        ctx.grade = Grade(
-            reward=1.0 if verdict.passed else 0.0, rewards=None, error="" if verdict.passed else verdict.reason
-        )
-        if not rows:
-            return [row]
-        rows[0].output = output  # the verifier's whole output, once
-        return rows
-    if grader == "swebench":  # Terminal-Bench's parser_name swebench: the log read per id (SPEC §22)
-        return swebench_tests.grade_verifier(ctx, result, output, duration) or [row]
-    row.passed = result.ok
-    ctx.grade = Grade(
-        reward=1.0 if row.passed else 0.0, rewards=None, error="" if row.passed else f"{name} exited {result.exit_code}"
-    )
-    return [row]
+    return VerifierRun(verifier.script, result, output, duration, logs)
 
 
 def reward_folder(ctx: Context):
-    """A workspace.yaml task graded by ``reward_file``: its scripts' /logs/verifier, empty (None: another grader)."""
-    if ctx.task.grader != "reward_file":
-        return None
+    """A workspace.yaml task graded by ``reward_file``: its scripts' /logs/verifier, empty."""
     if not ctx.runtime.isolated:
         raise StepFailed(
             "grader reward_file needs the sandbox (/logs/verifier is a mount); this executor runs without one",
             kind=ErrorKind.INFRASTRUCTURE,
         )
     _tests, logs = _verifier_folders(ctx, [])
-    if ctx.image is not None:
-        _mount_point(ctx, VERIFIER_LOGS)
+    _mount_point(ctx, VERIFIER_LOGS)
     return logs
-
-
-def grade_reward_folder(ctx: Context, logs) -> graders.Reward | None:
-    """``ctx.grade`` from the reward the verifier (or a workspace task's scripts) left in /logs/verifier,
-    whatever they exited with; the reward, or None when there is none to read (the grade says why)."""
-    try:
-        reward = graders.read_reward(logs)
-    except graders.GradeError as exc:
-        ctx.grade = Grade(reward=None, rewards=None, error=str(exc))
-        return None
-    except SafeFSError as exc:  # the session's own folder: the host's fault
-        raise StepFailed(f"could not read /logs/verifier: {exc}", kind=ErrorKind.INFRASTRUCTURE) from None
-    ctx.grade = Grade(reward=reward.reward, rewards=reward.rewards, error="", source=reward.source)
-    return reward
-
-
-def _exit(code) -> str:
-    return "none" if code is None else str(code)
 
 
 def _verifier_folders(ctx: Context, files: list[SupportFile]):

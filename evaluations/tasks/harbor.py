@@ -12,8 +12,8 @@ import re
 import tomllib
 from pathlib import Path
 
+from evaluations.grading.tbparsers import swebench_from_config
 from evaluations.network.egress.policy import parse_rule
-from evaluations.pipeline.taskformats.tbparsers import swebench_from_config
 from evaluations.tasks.compose import bound_folder, service_workdir, single_service
 from evaluations.tasks.readers import (
     CONTROL_CHARS,

@@ -98,7 +98,7 @@ class SwebenchTests:
 
     test_cmd: str  # shell text; the test files follow it, each quoted
     test_files: list[str]
-    parser: str  # a name of pipeline/swebench/parsers.PARSERS
+    parser: str  # a name of grading/parsers/swebench_logs.PARSERS
     fail_to_pass: list[str]
     pass_to_pass: list[str]
     deleted_files: list[str] = field(default_factory=list)  # removed before the command (the test patch's)

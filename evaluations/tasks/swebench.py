@@ -4,7 +4,7 @@
     swebench:
       test_cmd: pytest -rA               # shell text, one line; the test files follow it, quoted
       test_files: [tests/test_x.py]      # relative paths (Django: module paths); may be empty
-      parser: pytest                     # one of parsers.PARSERS
+      parser: pytest                     # one of grading/parsers/swebench_logs.PARSERS
       fail_to_pass: ["tests/test_x.py::test_a"]   # at least one id
       pass_to_pass: []                   # may be empty
       deleted_files: [tests/test_old.py] # optional: removed before the command runs
@@ -18,8 +18,8 @@ The mapping is read only with ``grader: swebench`` and is required by it; such a
 
 from __future__ import annotations
 
-from evaluations.pipeline.swebench.grading import EVAL_TYPES, PASS_AND_FAIL, check_eval_script
-from evaluations.pipeline.swebench.parsers import PARSERS
+from evaluations.grading.parsers.swebench_ids import EVAL_TYPES, PASS_AND_FAIL, check_eval_script
+from evaluations.grading.parsers.swebench_logs import PARSERS
 from evaluations.tasks.readers import type_name
 from evaluations.tasks.spec import SwebenchTests, TaskError
 

@@ -12,7 +12,7 @@ import os
 import re
 from pathlib import Path
 
-from evaluations.pipeline.taskformats.tbparsers import grader_for
+from evaluations.grading.tbparsers import grader_for
 from evaluations.tasks.compose import (
     IGNORED_SERVICE_KEYS,
     BoundFolder,

@@ -48,7 +48,6 @@ from evaluations.models import (
     ErrorKind,
     Evaluation,
     Status,
-    Step,
     Transition,
     WorkerHeartbeat,
 )
@@ -200,10 +199,8 @@ def create_claimed(fields: dict, owner: str, *, started: bool = True) -> Evaluat
     started_at, so the session TTL counts from when it really starts.
     """
     with transaction.atomic():
-        evaluation = Evaluation.objects.create(status=Status.PENDING, step=Step.QUEUED, **fields)
-        Transition.objects.create(
-            evaluation=evaluation, step=Step.QUEUED, status=Status.PENDING, at=evaluation.created_at
-        )
+        evaluation = Evaluation(**fields)
+        lifecycle.queue([evaluation])
         claimed = lifecycle.record(
             evaluation.id,
             status=Status.RUNNING,
@@ -353,11 +350,11 @@ def build_image(
     leased uid of the pool (root in name only over its image id range), egress through a proxy of
     its own under the EGRESS rules when BUILD_NETWORK is on. LocalRunError when this host cannot
     (no sandbox, not root); ImageError for what the Dockerfile or its images get wrong."""
+    from evaluations.environments.toolchains import CA_VARIABLES, host_ca
     from evaluations.images.build import BuildEnvironment, build
     from evaluations.network.egress import EgressProxy, egress_policy
     from evaluations.network.egress.relay import ensure_socat_bundle
     from evaluations.pipeline.context import RELAY_BUNDLE
-    from evaluations.pipeline.toolchains import CA_VARIABLES, host_ca
     from evaluations.runtime.idmap import image_id_base
     from evaluations.worker.startup import StartupError, prepare_to_run
 

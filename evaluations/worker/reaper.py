@@ -17,9 +17,10 @@ from django.db import transaction
 from django.db.models import Exists, OuterRef, Q
 from django.utils import timezone
 
-from evaluations import artifacts, lifecycle, stats
+from evaluations import artifacts, lifecycle
 from evaluations.cache import mounts
 from evaluations.cache.store import Store
+from evaluations.db import stats
 from evaluations.models import (
     ACTIVE_STATUSES,
     TTL_EXPIRED,

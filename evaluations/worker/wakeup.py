@@ -12,7 +12,7 @@ from pathlib import Path
 
 from django.db import connection
 
-from evaluations import datagrams
+from evaluations.events import datagrams
 
 CHANNEL = "term_executor_wake"
 

@@ -19,8 +19,8 @@ from django.utils import timezone
 from evaluations import agents, lifecycle
 from evaluations.admin import format as fmt
 from evaluations.admin.evaluations import EvaluationAdmin
+from evaluations.api.retry import retry
 from evaluations.models import Evaluation, Status, Step, TestResult, Transition, WorkerHeartbeat
-from evaluations.retry import retry
 from tests.helpers.archives import archive_bytes
 
 pytestmark = pytest.mark.django_db

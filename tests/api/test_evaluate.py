@@ -166,7 +166,7 @@ def test_admission_refuses_at_capacity_with_retry_after(api, executor_config):
 
 
 def test_at_capacity_a_replay_still_answers_and_a_slot_freed_is_taken(api, executor_config):
-    """Once full, a process answers from a read without the write lock (admission.py); same answers."""
+    """Once full, a process answers from a read without the write lock (api/admission.py); same answers."""
     executor_config(max_concurrent_evals=1, max_queued_evals=0)
     first = post(api, GOOD, HTTP_IDEMPOTENCY_KEY="k-full")
     assert first.status_code == 202

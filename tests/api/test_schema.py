@@ -7,7 +7,7 @@ from html.parser import HTMLParser
 
 import pytest
 
-from evaluations.api import shapes as api_shapes
+from evaluations.api import openapi
 from evaluations.api import urls as api_urls
 from evaluations.api.serializers import BatchRequestSerializer, EvaluateRequestSerializer
 from tests.helpers.service import PROJECT
@@ -131,9 +131,9 @@ def raised_error_codes() -> set[str]:
 def test_every_error_code_is_documented(document):
     codes = raised_error_codes()
     assert {"invalid_request", "not_found", "at_capacity", "already_finished"} <= codes
-    assert codes <= set(api_shapes.ERROR_CODES), codes - set(api_shapes.ERROR_CODES)
+    assert codes <= set(openapi.ERROR_CODES), codes - set(openapi.ERROR_CODES)
     assert "#/components/schemas/ErrorEnum" in str(document["components"]["schemas"]["Error"]["properties"]["error"])
-    assert set(document["components"]["schemas"]["ErrorEnum"]["enum"]) == set(api_shapes.ERROR_CODES)
+    assert set(document["components"]["schemas"]["ErrorEnum"]["enum"]) == set(openapi.ERROR_CODES)
 
 
 def test_each_error_response_shows_its_own_code(document):

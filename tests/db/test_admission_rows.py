@@ -1,6 +1,6 @@
-"""admission._Row prepares an INSERT's values exactly as the ORM's get_db_prep_save does, on this database.
+"""db/admission.Row prepares an INSERT's values exactly as the ORM's get_db_prep_save does, on this database.
 
-Text columns skip the ORM's calls for a str or None (admission._keeps_str): the values must
+Text columns skip the ORM's calls for a str or None (db/admission.keeps_str): the values must
 still be the very ones the ORM would send, for every field, value type and database.
 """
 
@@ -11,7 +11,7 @@ import pytest
 from django.db import connections
 from django.db.models import CharField, TextField
 
-from evaluations import admission
+from evaluations.db import admission
 from evaluations.models import Evaluation, Status, Step, Transition
 
 pytestmark = pytest.mark.django_db
@@ -45,7 +45,7 @@ def row_value(row, name, value, db):
 @pytest.mark.parametrize("model", [Evaluation, Transition], ids=lambda m: m.__name__)
 def test_every_field_and_value_is_prepared_as_the_orm_prepares_it(model):
     db = connections["default"]
-    row = admission._Row(model, skip={"id"} if model is Transition else ())
+    row = admission.Row(model, skip={"id"} if model is Transition else ())
     for field in row.fields:
         for value in SAMPLES:
             ours, theirs = row_value(row, field.attname, value, db), orm_value(field, value, db)
@@ -53,7 +53,7 @@ def test_every_field_and_value_is_prepared_as_the_orm_prepares_it(model):
 
 
 def test_only_djangos_text_fields_skip_the_calls():
-    row = admission._Row(Evaluation)
+    row = admission.Row(Evaluation)
     for field, text in zip(row.fields, row.text, strict=True):
         assert text is (type(field) in (CharField, TextField)), field.attname
     assert row.text[row.position["agent_code"]] and row.text[row.position["status"]]
@@ -63,4 +63,4 @@ def test_only_djangos_text_fields_skip_the_calls():
         def get_prep_value(self, value):
             return super().get_prep_value(value).upper()
 
-    assert not admission._keeps_str(Shouting(max_length=5))
+    assert not admission.keeps_str(Shouting(max_length=5))

@@ -8,7 +8,8 @@ import re
 import pytest
 from django.utils import timezone
 
-from evaluations import lifecycle, stats
+from evaluations import lifecycle
+from evaluations.db import stats
 from evaluations.models import SHUTTING_DOWN, TTL_EXPIRED, ErrorKind, Evaluation, PurgedTotals, Status, Step
 from evaluations.network import urlguard
 from evaluations.pipeline import gitrepo, outcome

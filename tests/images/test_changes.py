@@ -396,6 +396,7 @@ def test_the_pipelines_calls_read_the_image_from_the_store_and_the_path_from_its
     """imageenv.system_changes and imageenv.isolate, as the pipeline calls them after the agent."""
     from types import SimpleNamespace
 
+    from evaluations.environments import kinds
     from evaluations.pipeline import imageenv
     from tests.helpers.images import image_config
 
@@ -405,18 +406,25 @@ def test_the_pipelines_calls_read_the_image_from_the_store_and_the_path_from_its
         "mkdir -p /srv/app && echo mine > /srv/app/f && printf '#!/bin/sh\\n' > /opt/runner && chmod 755 /opt/runner"
     )
     assert run(spawner, root, script).exit_code == 0
+    image = kinds.Image(
+        SimpleNamespace(root=session),
+        spawner,
+        ref="debian",
+        digest=debian_image.digest,
+        config={"Env": ["PATH=/opt:/usr/bin:relative"], "WorkingDir": "/srv/app"},
+        mounted=root,
+        store=build_store,
+        in_workdir=True,
+    )
     ctx = SimpleNamespace(
         config=image_config(IMAGES_DIR=str(build_store.root)),
-        image_digest=debian_image.digest,
         session=SimpleNamespace(root=session),
-        image=root,
-        workdir="/srv/app",
-        command_path="/opt:/usr/bin:relative",
+        env=image,
         trusted_ca=None,
     )
     assert imageenv.system_changes(ctx) == {"count": 1, "paths": ["/opt/runner"], "suspicious": ["/opt/runner"]}
     imageenv.isolate(ctx)
-    assert ctx.image.rootfs == root.rootfs
+    assert image.mounted.rootfs == root.rootfs
     assert (root.rootfs / "srv/app/f").read_text() == "mine\n"
     assert not os.path.lexists(root.rootfs / "opt/runner")
 

@@ -168,9 +168,7 @@ def test_an_artifact_that_is_a_link_is_never_read_through(tmp_path, settings):
 def test_the_verifiers_mount_points_replace_what_the_agent_put_on_the_way(tmp_path, host_secret):
     """/logs a link to a host folder, /tests a file, /logs/verifier a link: each becomes a real
     folder of the image's root; the host's folder is neither written nor changed."""
-    from types import SimpleNamespace
-
-    from evaluations.pipeline.verifier import _mount_point
+    from evaluations.environments.kinds import make_mount_point
     from evaluations.runtime.types import ImageRoot
 
     secret, _ = host_secret
@@ -181,11 +179,11 @@ def test_the_verifiers_mount_points_replace_what_the_agent_put_on_the_way(tmp_pa
     os.symlink(host, root / "logs")
     (root / "tests").write_text("a file where /tests goes\n")
     idmap = IdMap(lease=200_000, base=300_000)
-    ctx = SimpleNamespace(image=ImageRoot(rootfs=root, idmap=idmap))
-    _mount_point(ctx, "/logs/verifier")
-    _mount_point(ctx, "/tests")
+    image = ImageRoot(rootfs=root, idmap=idmap)
+    make_mount_point(image, "/logs/verifier")
+    make_mount_point(image, "/tests")
     (root / "logs/agent").symlink_to(host)
-    _mount_point(ctx, "/logs/agent")
+    make_mount_point(image, "/logs/agent")
     for folder in ("logs", "logs/verifier", "tests", "logs/agent"):
         st = os.lstat(root / folder)
         assert stat.S_ISDIR(st.st_mode) and (st.st_uid, st.st_gid) == (idmap.host_uid(0), idmap.host_gid(0)), folder
@@ -195,7 +193,7 @@ def test_the_verifiers_mount_points_replace_what_the_agent_put_on_the_way(tmp_pa
 def test_a_workdir_is_made_inside_the_images_root_through_its_links(tmp_path, host_secret):
     """WorkingDir /w/<new> with the image's /w -> /: made as the image's /<new> (as a runtime
     resolves it), owned by the image's root; nothing made on the host."""
-    from evaluations.pipeline.imageenv import _make_workdir
+    from evaluations.environments.kinds import make_workdir
     from evaluations.runtime.types import ImageRoot
 
     secret, folder = host_secret
@@ -203,7 +201,7 @@ def test_a_workdir_is_made_inside_the_images_root_through_its_links(tmp_path, ho
     root.mkdir()
     os.symlink("/", root / "w")
     idmap = IdMap(lease=200_000, base=300_000)
-    _make_workdir(ImageRoot(rootfs=root, idmap=idmap), f"/w/{folder}/made")
+    make_workdir(ImageRoot(rootfs=root, idmap=idmap), f"/w/{folder}/made")
     made = root / folder / "made"
     st = os.lstat(made)
     assert stat.S_ISDIR(st.st_mode) and (st.st_uid, st.st_mode & 0o777) == (idmap.host_uid(0), 0o755)

@@ -10,11 +10,11 @@
 
 from __future__ import annotations
 
-from evaluations.pipeline.graders import grade_pytest, grade_terminal_bench
-from evaluations.pipeline.swebench import grading
+from evaluations.grading.parsers import swebench_ids
+from evaluations.grading.parsers.pytest_summary import grade_pytest, grade_terminal_bench
 from evaluations.tasks.registry import load_task
+from tests.grading.test_published_grading import SUMMARY_90, SUMMARY_92
 from tests.importers.test_published_tasks import bound_task
-from tests.pipeline.test_published_grading import SUMMARY_90, SUMMARY_92
 
 VALID = "test_data.py::TestData::test_valid"
 
@@ -22,7 +22,7 @@ VALID = "test_data.py::TestData::test_valid"
 def test_a_failing_subtest_cannot_pass_for_its_test():
     for summary in (SUMMARY_92, SUMMARY_90):
         for parser in ("pytest", "pytest_options", "pytest_v2", "matplotlib", "seaborn"):
-            verdict = grading.grade(summary, 1, None, parser, [VALID], [])
+            verdict = swebench_ids.grade(summary, 1, None, parser, [VALID], [])
             assert not verdict.passed and verdict.results[0].status == "FAILED", (parser, verdict)
         assert not grade_pytest(summary, 0).passed
         assert not grade_terminal_bench(summary, 0).passed

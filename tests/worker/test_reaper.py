@@ -13,7 +13,8 @@ import uuid
 import pytest
 from django.utils import timezone
 
-from evaluations import lifecycle, stats
+from evaluations import lifecycle
+from evaluations.db import stats
 from evaluations.images.store import BUILD_REACH, ImageRecord, ImageStore, now_iso
 from evaluations.models import Evaluation, PurgedTotals, Status, WorkerHeartbeat
 from evaluations.pipeline.session import RETIRED_PREFIX, Session

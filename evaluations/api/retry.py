@@ -7,7 +7,7 @@ it carries no idempotency key (each re-run is a new evaluation).
 
 from __future__ import annotations
 
-from evaluations import admission
+from evaluations.api import admission
 from evaluations.models import Evaluation
 from executor_project.config import Config
 

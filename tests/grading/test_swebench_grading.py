@@ -1,14 +1,14 @@
-"""SWE-bench's grading (evaluations/pipeline/swebench/): the parsers on logs written as the real runners
-print them (pytest -rA, Django's runtests.py --verbosity 2, SymPy's bin/test -C --verbose), ids matched
-as SWE-bench matches them, the marker-delimited region, the exit-status cross-check, and the mapping
-of workspace.yaml."""
+"""SWE-bench's grading (evaluations/grading/parsers/swebench_logs.py, swebench_ids.py): the parsers on logs
+written as the real runners print them (pytest -rA, Django's runtests.py --verbosity 2, SymPy's bin/test -C
+--verbose), ids matched as SWE-bench matches them, the marker-delimited region, the exit-status cross-check,
+and the mapping of workspace.yaml."""
 
 from __future__ import annotations
 
 import pytest
 
-from evaluations.pipeline.swebench import grading, parsers
-from evaluations.pipeline.swebench.grading import grade, region, resolve, wrapper_script
+from evaluations.grading.parsers import swebench_ids, swebench_logs
+from evaluations.grading.parsers.swebench_ids import grade, region, resolve, wrapper_script
 from evaluations.tasks.registry import load_task
 from evaluations.tasks.spec import TaskError
 
@@ -110,7 +110,7 @@ DO *NOT* COMMIT!
 
 
 def test_pytest_parser_reads_names_cut_at_the_first_blank_as_swebench_does():
-    statuses = parsers.parse_pytest(PYTEST_LOG)
+    statuses = swebench_logs.parse_pytest(PYTEST_LOG)
     assert statuses == {
         "testing/test_assertrewrite.py::test_get_assertion_exprs[trivial]": "PASSED",
         "testing/test_assertrewrite.py::test_get_assertion_exprs[assertion": "PASSED",
@@ -123,14 +123,14 @@ def test_pytest_parser_reads_names_cut_at_the_first_blank_as_swebench_does():
 
 
 def test_pytest_v2_keeps_whole_names_and_reads_verbose_lines():
-    statuses = parsers.parse_pytest_v2(PYTEST_LOG)
+    statuses = swebench_logs.parse_pytest_v2(PYTEST_LOG)
     assert statuses["testing/test_assertrewrite.py::test_get_assertion_exprs[assertion with message]"] == "PASSED"
     assert statuses["testing/test_assertrewrite.py::test_brackets[multi[nested] - dash]"] == "PASSED"
     assert statuses["testing/test_assertrewrite.py::TestRewrite::test_name[assertion with message]"] == "FAILED"
     verbose = (
         "\x1b[32mastropy/io/tests/test_x.py::test_read[a b] PASSED\x1b[0m\nastropy/io/tests/test_x.py::test_w FAILED\n"
     )
-    assert parsers.parse_pytest_v2(verbose) == {
+    assert swebench_logs.parse_pytest_v2(verbose) == {
         "astropy/io/tests/test_x.py::test_read[a b]": "PASSED",
         "astropy/io/tests/test_x.py::test_w": "FAILED",
     }
@@ -138,17 +138,17 @@ def test_pytest_v2_keeps_whole_names_and_reads_verbose_lines():
 
 def test_pytest_options_and_matplotlib_variants():
     log = "PASSED tests/test_r.py::test_path[/tmp/pytest-of-root/pytest-3/x/data.txt]\nPASSED tests/t.py::test_u[//net/x]\n"
-    assert parsers.parse_pytest_options(log) == {
+    assert swebench_logs.parse_pytest_options(log) == {
         "tests/test_r.py::test_path[/data.txt]": "PASSED",  # a temporary path differs per run: its last part
         "tests/t.py::test_u[//net/x]": "PASSED",
     }
     clicks = "PASSED lib/matplotlib/tests/test_widgets.py::test_click[MouseButton.LEFT]\n"
-    assert parsers.parse_matplotlib(clicks) == {"lib/matplotlib/tests/test_widgets.py::test_click[1]": "PASSED"}
+    assert swebench_logs.parse_matplotlib(clicks) == {"lib/matplotlib/tests/test_widgets.py::test_click[1]": "PASSED"}
 
 
 def test_seaborn_parser():
     log = "tests/test_core.py::test_a PASSED [ 50%]\nFAILED tests/test_core.py::test_b - x\nPASSED tests/test_core.py::test_c\n"
-    assert parsers.parse_seaborn(log) == {
+    assert swebench_logs.parse_seaborn(log) == {
         "tests/test_core.py::test_a": "PASSED",
         "tests/test_core.py::test_b": "FAILED",
         "tests/test_core.py::test_c": "PASSED",
@@ -156,7 +156,7 @@ def test_seaborn_parser():
 
 
 def test_django_parser_reads_the_runners_lines_docstrings_and_late_results():
-    statuses = parsers.parse_django(DJANGO_LOG)
+    statuses = swebench_logs.parse_django(DJANGO_LOG)
     assert statuses["test_add_view (admin_views.tests.AdminViewBasicTest)"] == "PASSED"
     assert statuses["test_changelist (admin_views.tests.AdminViewBasicTest)"] == "FAILED"
     assert statuses["test_delete (admin_views.tests.AdminViewBasicTest)"] == "ERROR"
@@ -167,11 +167,11 @@ def test_django_parser_reads_the_runners_lines_docstrings_and_late_results():
     assert statuses["test_prints (admin_views.tests.AdminViewBasicTest)"] == "PASSED"
     assert statuses["test_unicode (admin_views.tests.AdminViewBasicTest.test_unicode)"] == "PASSED"  # Python 3.11+
     interrupted = "test_x (a.tests.T) ... System check identified no issues (0 silenced)\nok\n"
-    assert parsers.parse_django(interrupted)["test_x (a.tests.T)"] == "PASSED"
+    assert swebench_logs.parse_django(interrupted)["test_x (a.tests.T)"] == "PASSED"
 
 
 def test_sympy_parser():
-    statuses = parsers.parse_sympy(SYMPY_LOG)
+    statuses = swebench_logs.parse_sympy(SYMPY_LOG)
     assert statuses["test_equality"] == "PASSED"
     assert statuses["test_matches_basic"] == "FAILED"
     assert statuses["test_has"] == "ERROR"
@@ -182,17 +182,17 @@ def test_sympy_parser():
 
 
 def test_each_repository_has_swebenchs_parser():
-    assert parsers.parser_for_repo("django/django") == "django"
-    assert parsers.parser_for_repo("sympy/sympy") == "sympy"
-    assert parsers.parser_for_repo("Sphinx-Doc/Sphinx") == "pytest_v2"
-    assert parsers.parser_for_repo("psf/requests") == "pytest_options"
-    assert parsers.parser_for_repo("someone/else") == "pytest"
-    assert set(parsers.REPO_PARSERS.values()) <= set(parsers.PARSERS)
+    assert swebench_logs.parser_for_repo("django/django") == "django"
+    assert swebench_logs.parser_for_repo("sympy/sympy") == "sympy"
+    assert swebench_logs.parser_for_repo("Sphinx-Doc/Sphinx") == "pytest_v2"
+    assert swebench_logs.parser_for_repo("psf/requests") == "pytest_options"
+    assert swebench_logs.parser_for_repo("someone/else") == "pytest"
+    assert set(swebench_logs.REPO_PARSERS.values()) <= set(swebench_logs.PARSERS)
 
 
 def test_ids_match_exactly_cut_at_the_first_blank_or_by_swebenchs_prefix_rule():
-    cut = parsers.parse_pytest(PYTEST_LOG)
-    whole = parsers.parse_pytest_v2(PYTEST_LOG)
+    cut = swebench_logs.parse_pytest(PYTEST_LOG)
+    whole = swebench_logs.parse_pytest_v2(PYTEST_LOG)
     published = "testing/test_assertrewrite.py::test_get_assertion_exprs[assertion"
     written_out = "testing/test_assertrewrite.py::test_get_assertion_exprs[assertion with message]"
     assert resolve(published, cut, "pytest") == (published, "PASSED")
@@ -203,7 +203,9 @@ def test_ids_match_exactly_cut_at_the_first_blank_or_by_swebenchs_prefix_rule():
     assert resolve("t.py::test[a", {k: "PASSED" for k in split}, "pytest_v2") == ("t.py::test[a b]", "PASSED")
     assert resolve("testing/test_assertrewrite.py::test_nothing", cut, "pytest") is None
     # Django's names hold blanks: never cut (a "FAIL: test_x" header reads as "test_x").
-    assert resolve("test_changelist (admin_views.tests.Other)", parsers.parse_django(DJANGO_LOG), "django") is None
+    assert (
+        resolve("test_changelist (admin_views.tests.Other)", swebench_logs.parse_django(DJANGO_LOG), "django") is None
+    )
 
 
 def marked(body: str, marker: str = "TE-SWEBENCH-abc") -> str:
@@ -265,7 +267,7 @@ def test_only_the_region_between_this_evaluations_markers_counts():
         False,
         "the test command's output has no end marker: it did not run to its end",
     )
-    assert grading.new_marker() != grading.new_marker()
+    assert swebench_ids.new_marker() != swebench_ids.new_marker()
 
 
 def test_the_exit_status_cross_check():

@@ -17,8 +17,8 @@ from django.http import HttpResponse
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
-from evaluations import stats
 from evaluations.cache.store import Store
+from evaluations.db import stats
 from evaluations.images.store import ImageStore, read_counts
 from evaluations.models import Status
 

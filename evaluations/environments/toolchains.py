@@ -38,9 +38,9 @@ import re
 import stat
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 from evaluations.images import inroot
-from evaluations.pipeline.session import Session
 from evaluations.runtime.policy import SANDBOX_CA_BUNDLE
 
 log = logging.getLogger(__name__)
@@ -56,6 +56,23 @@ CA_VARIABLES = (
     "CURL_CA_BUNDLE",  # curl builds that ignore SSL_CERT_FILE
 )
 _VERSIONED_NAME = re.compile(r"python(\d+\.\d+)")
+
+
+class Folders(Protocol):
+    """The session's folders a task's commands use (pipeline/session.py ``Session`` is one)."""
+
+    @property
+    def root(self) -> Path: ...
+    @property
+    def repo(self) -> Path: ...
+    @property
+    def home(self) -> Path: ...
+    @property
+    def tmp(self) -> Path: ...
+    @property
+    def venv(self) -> Path: ...
+    @property
+    def uid(self) -> int | None: ...
 
 
 @dataclass(frozen=True)
@@ -164,13 +181,13 @@ def make_venv(venv_dir: Path, python: Python, uid: int | None) -> None:
     os.chmod(venv_dir, 0o755)
 
 
-def make_session_venv(session: Session, python: Python | None) -> None:
+def make_session_venv(session: Folders, python: Python | None) -> None:
     """The evaluation's venv, if its commands have a Python at all."""
     if python is not None:
         make_venv(session.venv, python, session.uid)
 
 
-def command_env(session: Session, command_path: str, ca: CaBundle | None) -> dict[str, str]:
+def command_env(session: Folders, command_path: str, ca: CaBundle | None) -> dict[str, str]:
     """The variables of SPEC §11 for every task command: PATH, the venv, caches, prefixes, CA trust."""
     home = session.home
     env = home_env(home)

@@ -1,6 +1,6 @@
 """The venv the task's commands get, the interpreter it is made from, their environment (SPEC §11).
 
-Real interpreters and real files; the end-to-end tests with pip and npm are test_toolchains_e2e.py.
+Real interpreters and real files; the end-to-end tests with pip and npm are tests/pipeline/test_toolchains_e2e.py.
 """
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from evaluations.pipeline import toolchains
+from evaluations.environments import toolchains
+from evaluations.environments.toolchains import CA_VARIABLES, CaBundle, Python
 from evaluations.pipeline.session import Session
-from evaluations.pipeline.toolchains import CA_VARIABLES, CaBundle, Python
 from evaluations.runtime import sandbox_uid
 from evaluations.runtime.policy import SANDBOX_CA_BUNDLE
 from evaluations.runtime.sandbox import SYSTEM_PATH

@@ -3,7 +3,7 @@
 Terminal-Bench 1.x's ``ParserFactory`` knows ``pytest``, ``swebench``, ``swelancer``, ``mlebench`` and
 ``sweperf``. Here:
 
-1. ``pytest``: the ``pytest`` grader, read as Terminal-Bench's parser reads (pipeline/pytestgrade.py).
+1. ``pytest``: the ``pytest`` grader, read as Terminal-Bench's parser reads (grading/parsers/pytest_summary.py, grading/terminal_bench.py).
 2. ``swebench`` (its SWE-bench adapter's tasks): ``run-tests.sh`` applies the test patch and runs the
    row's test command, then Terminal-Bench's in-container ``parser.py`` prints its verdict between
    ``SWEBench results starts here`` / ``ends here``, a line anything in the sandbox can print. Here the
@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import json
 
-from evaluations.pipeline.swebench.parsers import LOG_PARSERS, PARSERS, parser_for_repo
+from evaluations.grading.parsers.swebench_logs import LOG_PARSERS, PARSERS, parser_for_repo
 from evaluations.tasks.readers import type_name
 from evaluations.tasks.spec import SupportFile, SwebenchTests, TaskError
 

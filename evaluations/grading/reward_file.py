@@ -1,14 +1,13 @@
-"""How what a verifier left becomes a grade (SPEC §17 "Graders" and "Rewards").
+"""Grader ``reward_file`` (Harbor's, SPEC §17 "Graders" and "Rewards"): the reward the verifier left.
 
-Pure functions the pipeline calls after a verifier ended and no process of it is alive. The
-grade is made here, in the executor, from output the runtime captured or files read without
-following a link: never by a program in the sandbox, whose word would be the agent's.
-
-1. ``read_reward`` (grader ``reward_file``, Harbor's): ``reward.json``, else ``reward.txt``,
-   from the verifier's fresh ``/logs/verifier`` folder.
-2. ``grade_pytest`` (grader ``pytest`` of a workspace task) and ``grade_terminal_bench`` (grader
-   ``pytest`` of a Terminal-Bench or converted task, as Terminal-Bench's own parser grades):
-   pytestgrade.py, re-exported here.
+1. What runs: the task's verifier (Harbor), or a workspace task's test scripts (scripts.py), with an
+   empty ``/logs/verifier`` (the session's fresh folder) mounted writable.
+2. ``read_reward``, after they ended and no process of theirs is alive: ``reward.json``, else
+   ``reward.txt``, from that folder, read by the executor without following a link: never by a
+   program in the sandbox, whose word would be the agent's. The verifier's row passed iff the reward
+   is at least 1; a workspace task's rows are its scripts' exit statuses.
+3. The verdict is the reward's alone: completed iff it is at least 1; ``reward`` and ``rewards`` are
+   written whatever the end.
 """
 
 from __future__ import annotations
@@ -20,9 +19,11 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from evaluations.models import ErrorKind, Status, TestResult
 from evaluations.safefs import SafeFSError, open_root_dir, read_file_at
 
-from .pytestgrade import PASSING, PytestGrade, grade_pytest, grade_terminal_bench  # noqa: F401  (re-exported)
+from .base import Grade, Grader, HostFault, Sandbox, Verdict, VerifierRun, run_verifier
+from .scripts import run_scripts
 
 REWARD_FILES = ("reward.json", "reward.txt")  # in this order: the first present is the reward
 MAX_REWARD_BYTES = 64 * 1024  # a reward is a few numbers; anything larger is refused unread
@@ -171,3 +172,42 @@ def _json_kind(value: object) -> str:
     if isinstance(value, dict):
         return "an object"
     return "a number"
+
+
+class RewardFile(Grader):
+    name = "reward_file"
+
+    def run(self, sandbox: Sandbox) -> Grade:
+        if sandbox.task.verifier is not None:
+            return run_verifier(sandbox, _verifier_reward)
+        logs = sandbox.reward_folder()
+        grade = run_scripts(sandbox, logs=logs)
+        return Grade(grade.results, grade.output, **_reward(logs))
+
+    def verdict(self, grade: Grade, results: list[tuple[str, bool]]) -> Verdict:
+        """completed only if the reward is at least 1 (SPEC §17); the rows say nothing of it."""
+        fields = {"reward": grade.reward, "rewards": grade.rewards}
+        if grade.error:
+            return Verdict(Status.FAILED, f"running_tests: {grade.error}", ErrorKind.TESTS_FAILED, fields)
+        if grade.reward < 1:
+            error = f"running_tests: reward {grade.reward:g} < 1 (/logs/verifier/{grade.source})"
+            return Verdict(Status.FAILED, error, ErrorKind.TESTS_FAILED, fields)
+        return Verdict(Status.COMPLETED, "", None, fields)
+
+
+def _verifier_reward(sandbox: Sandbox, run: VerifierRun, row: TestResult) -> Grade:
+    fields = _reward(run.logs)
+    row.passed = fields["reward"] is not None and fields["reward"] >= 1
+    return Grade([row], run.block, **fields)
+
+
+def _reward(logs: Path) -> dict:
+    """The grade's fields from the reward in ``logs``, whatever the commands exited with; a reward that
+    cannot be read is the error (``reward`` None)."""
+    try:
+        reward = read_reward(logs)
+    except GradeError as exc:
+        return {"reward": None, "rewards": None, "error": str(exc)}
+    except SafeFSError as exc:  # the session's own folder: the host's fault
+        raise HostFault(f"could not read /logs/verifier: {exc}") from None
+    return {"reward": reward.reward, "rewards": reward.rewards, "source": reward.source}

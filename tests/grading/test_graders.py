@@ -12,7 +12,8 @@ import threading
 
 import pytest
 
-from evaluations.pipeline.graders import MAX_REWARD_BYTES, GradeError, PytestGrade, Reward, grade_pytest, read_reward
+from evaluations.grading.parsers.pytest_summary import PytestGrade, grade_pytest
+from evaluations.grading.reward_file import MAX_REWARD_BYTES, GradeError, Reward, read_reward
 from evaluations.safefs import SafeFSError, unix_address
 
 J = "/logs/verifier/reward.json"

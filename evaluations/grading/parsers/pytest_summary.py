@@ -26,7 +26,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from .swebench.parsers import node_id, subfailed_id
+from .swebench_logs import node_id, subfailed_id
 
 # How each status counts in the workspace grader (SKIPPED: no result, counted in ``skipped``):
 #   PASSED, XFAIL          a result that passed (XFAIL: the failure the author marked as expected)

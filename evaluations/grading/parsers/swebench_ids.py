@@ -7,7 +7,7 @@
    stdin (never in an argument, the environment or a file the tests can read), and the test command
    runs with stdin from /dev/null: a line of the tests' cannot end the region early or stand for the
    wrapper's. What a process left behind prints after the command ended is after the end: ignored.
-2. Each id's status comes from the region with the task's parser (parsers.py), matched as SWE-bench
+2. Each id's status comes from the region with the task's parser (swebench_logs.py), matched as SWE-bench
    matches (``resolve``): the exact name; for the parsers that cut names at the first blank, the id
    cut there too (``t.py::test[a b]`` is the log's ``t.py::test[a``); and SWE-bench's fallback for
    ids cut mid-parameter (more ``[`` than ``]``): the log's names starting with the id, when they all
@@ -39,7 +39,7 @@ import secrets
 import shlex
 from dataclasses import dataclass
 
-from . import parsers
+from . import swebench_logs
 
 FAIL_TO_PASS, PASS_TO_PASS = "fail_to_pass", "pass_to_pass"
 PASS_AND_FAIL, FAIL_ONLY = "pass_and_fail", "fail_only"
@@ -49,8 +49,8 @@ MAX_EVAL_SCRIPT_BYTES = 4 * 1024 * 1024  # a test patch in a heredoc; SWE-bench'
 MISSING = "not found in the log"
 # The parsers that keep a name only up to its first blank (SWE-bench's parse_log_pytest and kin).
 CUT_AT_BLANK = frozenset({"pytest", "pytest_options", "matplotlib", "seaborn"})
-_PASSING = {parsers.PASSED, parsers.XFAIL}
-_FAILING = {parsers.FAILED, parsers.ERROR}
+_PASSING = {swebench_logs.PASSED, swebench_logs.XFAIL}
+_FAILING = {swebench_logs.FAILED, swebench_logs.ERROR}
 _NAMED = 5  # ids named in a reason
 
 
@@ -181,13 +181,15 @@ def grade(
     statuses = _statuses(text, parser, marked) if text is not None else {}
     results = []
     for kind, ids in ((FAIL_TO_PASS, fail_to_pass), (PASS_TO_PASS, pass_to_pass)):
-        passing = _PASSING | ({parsers.SKIPPED} if kind == PASS_TO_PASS else set())
+        passing = _PASSING | ({swebench_logs.SKIPPED} if kind == PASS_TO_PASS else set())
         for test_id in ids:
             found = resolve(test_id, statuses, parser)
             if eval_type == FAIL_ONLY:  # SWE-bench's check_fail_only: passed unless the log says FAILED
                 status = found[1] if found else None
                 shown = found[0] if found and found[0] != test_id else ""
-                results.append(IdResult(test_id, kind, status, status != parsers.FAILED and bool(statuses), shown))
+                results.append(
+                    IdResult(test_id, kind, status, status != swebench_logs.FAILED and bool(statuses), shown)
+                )
                 continue
             if found is None:
                 results.append(IdResult(test_id, kind, None, False))
@@ -208,7 +210,7 @@ def grade(
 
 
 def _statuses(text: str, parser: str, marked: bool) -> dict[str, str]:
-    read = parsers.PARSERS[parser]
+    read = swebench_logs.PARSERS[parser]
     if marked and START_TEST_OUTPUT in text:
         inside = text.split(START_TEST_OUTPUT, 1)[1].split(END_TEST_OUTPUT, 1)[0]
         statuses = read(inside)

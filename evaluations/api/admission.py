@@ -8,11 +8,12 @@ two gunicorn workers could both see one free slot and both insert.
 Admissions queue on that lock, so the time it is held bounds how many can be
 admitted a second. Everything that does not need it happens before BEGIN: the
 rows are built and every value converted for the database, with SQL written
-once per process. Under the lock run at most three statements: the idempotency
-lookup (only with a key), the evaluation's INSERT, which carries the capacity
-check in its WHERE (counting and inserting are one statement), and the first
-transition's INSERT. Through the ORM the same work ran much more Python, most
-of it under the lock (bench/RESULTS.md has the figures).
+once per process (db/admission.py). Under the lock run at most three statements:
+the idempotency lookup (only with a key), the evaluation's INSERT, which carries
+the capacity check in its WHERE (counting and inserting are one statement), and
+the first transition's INSERT; the two INSERTs are lifecycle's, the one writer of
+statuses and transitions (``lifecycle.queue_if_room``). Through the ORM the same
+work ran much more Python, most of it under the lock (bench/RESULTS.md has the figures).
 
 Refusals need no lock. Once a process has met a full executor, its next
 requests first read, in one statement and without the lock, the idempotency
@@ -26,14 +27,14 @@ evaluations' own writes.
 
 from __future__ import annotations
 
-import functools
 import uuid
 
-from django.db import DEFAULT_DB_ALIAS, connection, connections, transaction
-from django.db.models import CharField, Field, TextField
+from django.db import DEFAULT_DB_ALIAS, connections, transaction
 from django.utils import timezone
 
-from evaluations.models import ACTIVE_STATUSES, Batch, Evaluation, Status, Step, Transition
+from evaluations import lifecycle
+from evaluations.db.admission import Statements, statements
+from evaluations.models import Batch, Evaluation
 from evaluations.worker import wakeup
 
 ADMISSION_LOCK = 0x7E57E4EC  # any constant shared by every process of the fleet
@@ -47,106 +48,10 @@ class IdempotencyConflict(Exception):
     pass
 
 
-class _Row:
-    """An INSERT's parameters for one model: every concrete column, as the ORM would send them.
-
-    Columns the caller does not give hold their field's default, converted for the
-    database once per process when it is a constant ("", None, False), at each row
-    when it is computed (a callable default). A text column (Django's own CharField or
-    TextField) takes a str or None as it is: the ORM's five calls per value return it unchanged.
-    """
-
-    def __init__(self, model, *, skip=()):
-        self.fields = [field for field in model._meta.concrete_fields if field.attname not in skip]
-        self.position = {field.attname: i for i, field in enumerate(self.fields)}
-        self.text = [_keeps_str(field) for field in self.fields]
-        self.template = []
-        self.computed = []  # fields whose default is made anew for every row
-        for field in self.fields:
-            if callable(field.default):
-                self.computed.append(field)
-                self.template.append(None)
-            else:
-                self.template.append(field.get_db_prep_save(field.get_default(), connection))
-
-    def values(self, given: dict, db) -> list:
-        row = list(self.template)
-        for field in self.computed:
-            if field.attname not in given:
-                row[self.position[field.attname]] = field.get_db_prep_save(field.get_default(), db)
-        for name, value in given.items():
-            i = self.position[name]
-            if self.text[i] and (value is None or isinstance(value, str)):
-                row[i] = value
-            else:
-                row[i] = self.fields[i].get_db_prep_save(value, db)
-        return row
-
-
-def _keeps_str(field) -> bool:
-    """True when the field's get_db_prep_save returns any str, and None, unchanged: Django's CharField
-    and TextField, whose to_python keeps both, with none of the preparing methods overridden."""
-    cls = type(field)
-    return (
-        cls.get_db_prep_save is Field.get_db_prep_save
-        and cls.get_db_prep_value is Field.get_db_prep_value
-        and (cls.get_prep_value, cls.to_python) in _TEXT_METHODS
-    )
-
-
-_TEXT_METHODS = {(cls.get_prep_value, cls.to_python) for cls in (CharField, TextField)}
-
-
-class _Statements:
-    """The admission's SQL and rows for one database vendor."""
-
-    def __init__(self):
-        quote = connection.ops.quote_name
-        evaluations = quote(Evaluation._meta.db_table)
-        self.evaluation = _Row(Evaluation)
-        self.transition = _Row(Transition, skip={Transition._meta.pk.attname})
-        columns = ", ".join(quote(field.column) for field in self.evaluation.fields)
-        values = ", ".join(["%s"] * len(self.evaluation.fields))
-        # Literals, and the index's own terms: SQLite then uses eval_batch_active_idx.
-        active = ", ".join(f"'{status}'" for status in ACTIVE_STATUSES)
-        # Only single evaluations count: a batch's are bounded by MAX_OPEN_BATCHES x MAX_BATCH_TASKS
-        # (admit_batch), and a full batch must not shut POST /evaluate out for its whole run.
-        single = f"{quote('status')} IN ({active}) AND {quote('batch_id')} IS NULL"
-        # Counting stops at the limit: a deep queue costs the check no more than a full one.
-        room = f"(SELECT COUNT(*) FROM (SELECT 1 FROM {evaluations} WHERE {single} LIMIT %s) AS active) < %s"
-        if connection.vendor == "sqlite":
-            # A table of fewer rows than the limit has room whatever their status, and SQLite
-            # finds its largest rowid (never below the number of rows) in one b-tree descent.
-            # With a very large MAX_QUEUED_EVALS, a queue of thousands costs no count at all.
-            room = f"(SELECT COALESCE(MAX(rowid), 0) FROM {evaluations}) < %s OR {room}"
-        self.room_params = room.count("%s")
-        self.insert_if_room = f"INSERT INTO {evaluations} ({columns}) SELECT {values} WHERE {room}"
-        key_match = f"{quote('idempotency_scope')} = %s AND {quote('idempotency_key')} = %s"
-        pk, sha = quote(Evaluation._meta.pk.column), quote("request_sha256")
-        self.find_key = f"SELECT {pk}, {sha} FROM {evaluations} WHERE {key_match}"
-        # Without the lock, one snapshot: (id, request_sha256) of the key's row or NULLs, and the room.
-        has_room = f"CASE WHEN {room} THEN 1 ELSE 0 END"
-        self.peek = f"SELECT NULL, NULL, {has_room}"
-        self.peek_key = (
-            f"SELECT keyed.{pk}, keyed.{sha}, {has_room} FROM (SELECT 1 AS one) AS one "
-            f"LEFT JOIN {evaluations} AS keyed ON keyed.{key_match.replace(' AND ', ' AND keyed.')}"
-        )
-        transition_columns = ", ".join(quote(field.column) for field in self.transition.fields)
-        self.insert_transition = (
-            f"INSERT INTO {quote(Transition._meta.db_table)} ({transition_columns}) "
-            f"VALUES ({', '.join(['%s'] * len(self.transition.fields))})"
-        )
-
-
-@functools.cache
-def _statements(vendor: str) -> _Statements:
-    return _Statements()
-
-
 _met_full = False  # this process's last admission found the executor full: peek before queueing
 
 
-def _peek(db, sql: _Statements, *, limit: int, scope: str, key: str | None, request_sha256: str):
+def _peek(db, sql: Statements, *, limit: int, scope: str, key: str | None, request_sha256: str):
     """Without the lock: the key's evaluation id (a replay), or raise, or None when there may be room."""
     with db.cursor() as cursor:
         if key is None:
@@ -171,7 +76,7 @@ def admit_id(
     # The connection itself, not django.db.connection: every attribute read through that proxy
     # looks the connection up again, and preparing a row's values reads dozens.
     db = connections[DEFAULT_DB_ALIAS]
-    sql = _statements(db.vendor)
+    sql = statements(db.vendor)
     if _met_full:
         existing = _peek(db, sql, limit=limit, scope=scope, key=key, request_sha256=request_sha256)
         if existing is not None:
@@ -191,23 +96,18 @@ def admit(**request) -> tuple[Evaluation, bool]:
 
 
 def _admit_locked(
-    db, sql: _Statements, *, fields: dict, limit: int, scope: str, key: str | None, request_sha256: str, data_dir
+    db, sql: Statements, *, fields: dict, limit: int, scope: str, key: str | None, request_sha256: str, data_dir
 ) -> tuple[uuid.UUID, bool]:
     global _met_full
     given = {
         "id": uuid.uuid4(),
         "created_at": timezone.now(),
-        "status": Status.PENDING,
-        "step": Step.QUEUED,
         "idempotency_scope": scope,
         "idempotency_key": key,
         "request_sha256": request_sha256,
         **fields,
     }
-    row = sql.evaluation.values(given, db)
-    transition_row = sql.transition.values(
-        {"evaluation_id": given["id"], "step": Step.QUEUED, "status": Status.PENDING, "at": given["created_at"]}, db
-    )
+    queued = lifecycle.prepare_queued(db, given)
     with transaction.atomic(using=db.alias), db.cursor() as cursor:
         if db.vendor == "postgresql":
             cursor.execute("SELECT pg_advisory_xact_lock(%s)", [ADMISSION_LOCK])
@@ -218,10 +118,8 @@ def _admit_locked(
                 if found[1] != request_sha256:
                     raise IdempotencyConflict(key)
                 return Evaluation._meta.pk.to_python(found[0]), False
-        cursor.execute(sql.insert_if_room, [*row, *[limit] * sql.room_params])
-        if cursor.rowcount != 1:
+        if not lifecycle.queue_if_room(cursor, queued, limit=limit):
             raise AtCapacity()
-        cursor.execute(sql.insert_transition, transition_row)
         transaction.on_commit(lambda: wakeup.notify(data_dir), using=db.alias)
     _met_full = False
     return given["id"], True
@@ -286,17 +184,11 @@ def admit_batch(
                 task_url=task_url,
                 attempt=attempt,
                 created_at=now + timezone.timedelta(microseconds=i),
-                status=Status.PENDING,
-                step=Step.QUEUED,
                 **shared,
             )
             for i, (attempt, task_url) in enumerate(runs)
         ]
-        Evaluation.objects.bulk_create(evaluations)
-        Transition.objects.bulk_create(
-            Transition(evaluation_id=e.id, step=Step.QUEUED, status=Status.PENDING, at=e.created_at)
-            for e in evaluations
-        )
+        lifecycle.queue(evaluations)
         transaction.on_commit(lambda: wakeup.notify(data_dir), using=db.alias)
     return batch.id, [e.id for e in evaluations], True
 

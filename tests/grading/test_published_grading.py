@@ -8,12 +8,12 @@ import textwrap
 
 import pytest
 
+from evaluations.grading.parsers import swebench_ids, swebench_logs
+from evaluations.grading.parsers.pytest_summary import grade_pytest, grade_terminal_bench
+from evaluations.grading.tbparsers import swebench_from_config
 from evaluations.importers.testids import COMMANDS, IDS, is_command, kind_of
-from evaluations.pipeline.graders import grade_pytest, grade_terminal_bench
-from evaluations.pipeline.swebench import grading, parsers
-from evaluations.pipeline.taskformats.tbparsers import swebench_from_config
 from evaluations.tasks.spec import SupportFile, TaskError
-from tests.pipeline.test_graders import run_pytest
+from tests.grading.test_graders import run_pytest
 
 # -- test ids or shell commands ------------------------------------------------------------------
 
@@ -114,8 +114,8 @@ def test_a_real_pytest_run_with_a_failing_subtest_fails_its_test(tmp_path):
     ]
     assert verdict.reason == "1 of 2 tests failed (test_data.py::TestData::test_valid)"
     assert grade_terminal_bench(output, code).reason == verdict.reason
-    statuses = parsers.parse_pytest(output)
-    assert statuses["test_data.py::TestData::test_valid"] == parsers.FAILED
+    statuses = swebench_logs.parse_pytest(output)
+    assert statuses["test_data.py::TestData::test_valid"] == swebench_logs.FAILED
 
 
 @pytest.mark.parametrize("summary", [SUMMARY_92, SUMMARY_90, SUMMARY_SUBFAIL])
@@ -126,20 +126,20 @@ def test_every_reader_of_pytests_summary_fails_a_test_a_subtest_of_failed(summar
         assert (valid, False) in verdict.results and not verdict.passed, (grade, verdict)
         assert verdict.reason == f"1 of 2 tests failed ({valid})"  # the counts agree: no forgery reported
     for name in ("pytest", "pytest_options", "pytest_v2", "matplotlib", "seaborn"):
-        statuses = parsers.PARSERS[name](summary)
-        assert statuses[valid] == parsers.FAILED, name
-        assert statuses["test_data.py::TestData::test_fine"] == parsers.PASSED, name
-    verdict = grading.grade(summary, 1, None, "pytest", [valid], ["test_data.py::TestData::test_fine"])
-    assert not verdict.passed and verdict.results[0].status == parsers.FAILED
+        statuses = swebench_logs.PARSERS[name](summary)
+        assert statuses[valid] == swebench_logs.FAILED, name
+        assert statuses["test_data.py::TestData::test_fine"] == swebench_logs.PASSED, name
+    verdict = swebench_ids.grade(summary, 1, None, "pytest", [valid], ["test_data.py::TestData::test_fine"])
+    assert not verdict.passed and verdict.results[0].status == swebench_logs.FAILED
 
 
 def test_a_subtest_id_keeps_its_brackets_blanks_and_dashes():
     line = "SUBFAILED[in [bracket] x] (p=c [d) ]) t.py::test_param[c d - e] - AssertionError: x - y"
-    assert parsers.subfailed_id(line) == "t.py::test_param[c d - e]"
-    assert parsers.subfailed_id("SUBFAIL t.py::test_a") == "t.py::test_a"
-    assert parsers.subfailed_id("SUBPASSED t.py::test_a") is None
-    assert parsers.subfailed_id("SUBFAILED(<subtest>) t.py::test_a") is None  # not pytest's form
-    assert parsers.subfailed_id("SUBFAILED (<subtest>) t.py::C::test_a - x") == "t.py::C::test_a"
+    assert swebench_logs.subfailed_id(line) == "t.py::test_param[c d - e]"
+    assert swebench_logs.subfailed_id("SUBFAIL t.py::test_a") == "t.py::test_a"
+    assert swebench_logs.subfailed_id("SUBPASSED t.py::test_a") is None
+    assert swebench_logs.subfailed_id("SUBFAILED(<subtest>) t.py::test_a") is None  # not pytest's form
+    assert swebench_logs.subfailed_id("SUBFAILED (<subtest>) t.py::C::test_a - x") == "t.py::C::test_a"
 
 
 # -- Terminal-Bench's pytest parser ---------------------------------------------------------------
@@ -221,9 +221,9 @@ def test_a_terminal_bench_swebench_log_is_read_per_id_whatever_its_exit_status()
     log = (
         "+ git apply /tmp/test_patch.diff\nPASSED t.py::test_a\nFAILED t.py::test_b - x\nSWEBench results starts here\n"
     )
-    verdict = grading.grade(log, 127, None, "pytest", ["t.py::test_a"], [], check_exit=False)
+    verdict = swebench_ids.grade(log, 127, None, "pytest", ["t.py::test_a"], [], check_exit=False)
     assert verdict.passed
-    verdict = grading.grade(log, 0, None, "pytest", ["t.py::test_a", "t.py::test_b"], [], check_exit=False)
+    verdict = swebench_ids.grade(log, 0, None, "pytest", ["t.py::test_a", "t.py::test_b"], [], check_exit=False)
     assert not verdict.passed and "t.py::test_b (FAILED)" in verdict.reason
 
 
@@ -244,24 +244,24 @@ git checkout abc123 t.py
 def test_an_eval_script_runs_to_its_end_line_with_the_test_commands_status(tmp_path):
     import subprocess
 
-    command = grading.eval_script_command(grading.check_eval_script(EVAL_SCRIPT))
+    command = swebench_ids.eval_script_command(swebench_ids.check_eval_script(EVAL_SCRIPT))
     assert "git checkout" not in command  # after the END line: only resets the test files
     script = tmp_path / "w.sh"
-    script.write_text(grading.wrapper_script(command, []))
+    script.write_text(swebench_ids.wrapper_script(command, []))
     done = subprocess.run(["bash", str(script)], input="MARK\n", capture_output=True, text=True,
                           env={"PATH": "/usr/bin:/bin", "WORK": str(tmp_path)})  # fmt: skip
     assert done.returncode == 3, done.stdout + done.stderr
-    verdict = grading.grade(done.stdout + done.stderr, done.returncode, "MARK", "pytest", ["t.py::test_a"], [],
+    verdict = swebench_ids.grade(done.stdout + done.stderr, done.returncode, "MARK", "pytest", ["t.py::test_a"], [],
                             marked=True)  # fmt: skip
     assert verdict.reason.startswith("the test command exited 3 though its log shows no failing test")
     with pytest.raises(ValueError, match="has no '>>>>> Start Test Output' and '>>>>> End Test Output' lines"):
-        grading.check_eval_script("pytest -rA\n")
+        swebench_ids.check_eval_script("pytest -rA\n")
 
 
 def test_fail_only_passes_an_id_unless_the_log_says_it_failed():
     log = "PASSED t.py::a\nFAILED t.py::b\n"
-    verdict = grading.grade(log, 1, None, "pytest", ["t.py::a", "t.py::c"], [], eval_type=grading.FAIL_ONLY)
+    verdict = swebench_ids.grade(log, 1, None, "pytest", ["t.py::a", "t.py::c"], [], eval_type=swebench_ids.FAIL_ONLY)
     assert verdict.passed  # t.py::c is not in the log: SWE-bench's check_fail_only counts it a success
-    verdict = grading.grade(log, 1, None, "pytest", ["t.py::b"], [], eval_type=grading.FAIL_ONLY)
+    verdict = swebench_ids.grade(log, 1, None, "pytest", ["t.py::b"], [], eval_type=swebench_ids.FAIL_ONLY)
     assert not verdict.passed
-    assert not grading.grade("", 0, None, "pytest", ["t.py::a"], [], eval_type=grading.FAIL_ONLY).passed
+    assert not swebench_ids.grade("", 0, None, "pytest", ["t.py::a"], [], eval_type=swebench_ids.FAIL_ONLY).passed
