@@ -60,7 +60,8 @@ from evaluations.grading.parsers.pytest_summary import grade_pytest  # noqa: E40
 from evaluations.images.rootfs import resolve_user  # noqa: E402
 from evaluations.images.store import ImageStore, read_counts  # noqa: E402
 from evaluations.importers.collect import solution_files  # noqa: E402
-from evaluations.pipeline.taskspec import TaskSpec, load_task  # noqa: E402
+from evaluations.tasks.registry import load_task  # noqa: E402
+from evaluations.tasks.spec import TaskSpec  # noqa: E402
 from tests.helpers.cli import EvaluateCli  # noqa: E402
 from tests.helpers.images import RegistryServer, push_image  # noqa: E402
 

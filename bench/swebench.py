@@ -67,8 +67,8 @@ from bench.images import cpu_model  # noqa: E402
 from evaluations.environments import toolchains  # noqa: E402
 from evaluations.grading.parsers import swebench_ids  # noqa: E402
 from evaluations.models import Step  # noqa: E402
-from evaluations.pipeline.taskspec import load_task  # noqa: E402
 from evaluations.runtime.sandbox import SYSTEM_PATH, usable_language_runtimes  # noqa: E402
+from evaluations.tasks.registry import load_task  # noqa: E402
 from executor_project.config import Config  # noqa: E402
 from tests.helpers.cli import EvaluateCli  # noqa: E402
 from tests.helpers.httpserver import TestHTTPServer  # noqa: E402

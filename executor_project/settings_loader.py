@@ -10,7 +10,8 @@ from evaluations import environments
 from evaluations.images import reference
 from evaluations.images.errors import ImageError
 from evaluations.network.egress import egress_policy
-from evaluations.pipeline.taskbase import TaskError, environment_choice
+from evaluations.tasks.readers import environment_choice
+from evaluations.tasks.spec import TaskError
 from executor_project.config import Config, ConfigError
 from executor_project.config import load as load_values
 

@@ -149,6 +149,9 @@ def test_the_graph_sees_the_tree():
     assert "evaluations.importers.verify" in graph()["evaluations.importers.swebench"]  # `from . import x`
     assert "evaluations.importers.rows" in graph()["evaluations.importers.swebench"]  # `from .rows import x`
     assert "evaluations.lifecycle" in graph()["evaluations.worker.loop"]
+    assert "evaluations.tasks.registry" in graph()["evaluations.pipeline.steps"]
+    assert "evaluations.tasks.spec" in graph()["evaluations.tasks.harbor"]  # `from evaluations.tasks.spec import x`
+    assert "evaluations.tasks.sweforge" in graph()["evaluations.tasks.workspace"]  # `from evaluations.tasks import x`
     assert "evaluations.grading.parsers.swebench_logs" in graph()["evaluations.grading.parsers.pytest_summary"]
     assert "evaluations.grading.base" in graph()["evaluations.grading.registry"]  # `from .base import x`
 
@@ -202,6 +205,14 @@ def test_the_pipeline_reaches_no_view():
     """Data flows down from the API: the pipeline does not import the API or the admin."""
     found = offending("evaluations.pipeline", ("evaluations.api", "evaluations.admin"))
     assert not found, "the pipeline must not import the API or the admin:\n" + "\n".join(found)
+
+
+def test_tasks_are_read_below_the_pipeline():
+    """Reading a task folder needs no pipeline: the importers, the settings and the local runner read
+    tasks with evaluations/tasks/ alone, and the pipeline imports it, never the other way."""
+    forbidden = ("evaluations.pipeline", "evaluations.api", "evaluations.admin", "evaluations.worker")
+    found = offending("evaluations.tasks", forbidden)
+    assert not found, "evaluations/tasks/ must not import the pipeline or above:\n" + "\n".join(found)
 
 
 def test_the_environments_are_below_the_pipeline():
@@ -312,19 +323,10 @@ def test_at_most_twelve_modules_at_the_top_of_evaluations():
     )
 
 
-# The task modules grading reads (TaskSpec, TestSpec, SupportFile, TaskError) until they move to
-# evaluations/tasks/ (issue 36); the package itself is an empty __init__. Drop the exemption then.
-_TASK_MODULES = ("evaluations.pipeline", "evaluations.pipeline.taskbase")
-
-
 def test_grading_is_below_the_pipeline():
     """Graders reach the sandbox through the Sandbox the pipeline gives them (grading/base.py): grading
     imports no step, no Context, no run, no API, no worker."""
-    found = [
-        line
-        for line in offending("evaluations.grading", ("evaluations.pipeline", "evaluations.api", "evaluations.worker"))
-        if line.rpartition(" imports ")[2] not in _TASK_MODULES
-    ]
+    found = offending("evaluations.grading", ("evaluations.pipeline", "evaluations.api", "evaluations.worker"))
     assert not found, "grading must not import the pipeline, the API or the worker:\n" + "\n".join(found)
 
 

@@ -27,8 +27,8 @@ from evaluations import livelog
 from evaluations.models import ErrorKind, Status, TestResult
 
 if TYPE_CHECKING:
-    from evaluations.pipeline.taskbase import TaskSpec, TestSpec
     from evaluations.runtime import CommandResult
+    from evaluations.tasks.spec import TaskSpec, TestSpec
 
 
 class HostFault(Exception):

@@ -17,7 +17,7 @@ from .swebench import Swebench
 from .terminal_bench import TerminalBench
 
 if TYPE_CHECKING:
-    from evaluations.pipeline.taskbase import TaskSpec
+    from evaluations.tasks.spec import TaskSpec
 
 GRADERS: dict[str, Grader] = {grader.name: grader for grader in (ExitCode(), RewardFile(), Pytest(), Swebench())}
 TERMINAL_BENCH = TerminalBench()

@@ -22,8 +22,8 @@ from evaluations.models import TestResult
 from .base import Grade, Sandbox, exit_text
 
 if TYPE_CHECKING:
-    from evaluations.pipeline.taskbase import TestSpec
     from evaluations.runtime import CommandResult
+    from evaluations.tasks.spec import TestSpec
 
 # Why a command that exited 0 did not pass, read from its result ("": it did).
 Check = Callable[["CommandResult"], str]

@@ -21,7 +21,8 @@ from __future__ import annotations
 import json
 
 from evaluations.grading.parsers.swebench_logs import LOG_PARSERS, PARSERS, parser_for_repo
-from evaluations.pipeline.taskbase import SupportFile, SwebenchTests, TaskError, type_name
+from evaluations.tasks.readers import type_name
+from evaluations.tasks.spec import SupportFile, SwebenchTests, TaskError
 
 CONFIG = "config.json"  # in tests/, Terminal-Bench's SWE-bench adapter's copy of the row
 OTHER_PARSERS = {

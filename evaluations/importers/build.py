@@ -41,7 +41,9 @@ import yaml
 
 from evaluations.grading.parsers import swebench_logs
 from evaluations.pipeline import gitrepo
-from evaluations.pipeline.taskspec import MAX_INSTRUCTION_BYTES, TaskError, load_task
+from evaluations.tasks.readers import MAX_INSTRUCTION_BYTES
+from evaluations.tasks.registry import load_task
+from evaluations.tasks.spec import TaskError
 from evaluations.worker.localrun import pack_folder
 
 from . import recipes
@@ -200,7 +202,7 @@ def test_directives(repo: str, paths: list[str]) -> list[str]:
 
 
 def swebench_tests(instance: Instance, files: TestFiles, recipe: recipes.Recipe, options: Options) -> dict:
-    """workspace.yaml's ``swebench`` mapping of a row (pipeline/swebench/spec.py reads it). A SWE-bench
+    """workspace.yaml's ``swebench`` mapping of a row (tasks/swebench.py reads it). A SWE-bench
     5.0 row's ``eval_script`` is its test command unless --test-cmd says otherwise, and its
     ``log_parser`` its parser; ``eval_type`` is kept."""
     if instance.eval_script is not None and options.test_cmd is None:

@@ -32,7 +32,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from evaluations.pipeline import archive
-from evaluations.pipeline.taskspec import TaskError, TaskSpec, load_task
+from evaluations.tasks.registry import load_task
+from evaluations.tasks.spec import TaskError, TaskSpec
 from evaluations.worker.localrun import pack_folder
 
 from . import verify

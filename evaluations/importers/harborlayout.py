@@ -1,7 +1,7 @@
 """A Terminal-Bench 1.x task (as load_task read it) written in Harbor's layout (SPEC §17).
 
 1. ``instruction.md`` is task.yaml's ``instruction``; ``solution/solve.sh``
-   its ``solution.sh`` (or solution.yaml as taskformats converts it).
+   its ``solution.sh`` (or solution.yaml as tasks/terminal_bench.py converts it).
 2. ``environment/`` is the build context Terminal-Bench used (the task root,
    or the compose service's ``build.context``), without the files only the
    harness reads (task.yaml, the compose file, solution.sh, solution.yaml):
@@ -35,7 +35,7 @@ from pathlib import Path
 
 import yaml
 
-from evaluations.pipeline.taskspec import SupportFile, TaskSpec
+from evaluations.tasks.spec import SupportFile, TaskSpec
 
 # Files of a Terminal-Bench task root only its harness reads: not part of the image's build context.
 _HARNESS_FILES = {"task.yaml", "docker-compose.yaml", "docker-compose.yml", "solution.sh", "solution.yaml"}

@@ -43,7 +43,7 @@ from pathlib import Path
 from evaluations.environments import BadEnvironment, check_name
 from evaluations.images import reference
 from evaluations.images.errors import ImageError
-from evaluations.pipeline.taskbase import ENV_NAME
+from evaluations.tasks.readers import ENV_NAME
 
 from .rows import BadRow, Instance
 

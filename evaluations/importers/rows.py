@@ -31,7 +31,7 @@ from pathlib import Path
 
 from evaluations.grading.parsers.swebench_ids import EVAL_TYPES, check_eval_script
 from evaluations.grading.parsers.swebench_logs import LOG_PARSERS
-from evaluations.pipeline import sweforge
+from evaluations.tasks import sweforge
 
 from . import testids
 

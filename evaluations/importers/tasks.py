@@ -32,7 +32,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from evaluations.pipeline.archive import ArchiveError, extract_archive, find_task_root
-from evaluations.pipeline.taskspec import TaskError, TaskSpec, load_task
+from evaluations.tasks.registry import load_task
+from evaluations.tasks.spec import TaskError, TaskSpec
 from evaluations.worker.localrun import pack_folder
 from executor_project.config import Config
 

@@ -5,7 +5,7 @@ hidden, and the folder's files are what the agent finds. Here, at ``cloning_repo
 the evaluation has run; the image's root is mounted), the working directory is emptied and the
 folder's files written into it, owned by the evaluation's uid as the bind's files are the host
 user's. The folder's tests and reference solution were left out when the task was read
-(taskformats/common.py ``bound_folder``): the agent never sees them. The tests come back as the task's
+(tasks/compose.py ``bound_folder``): the agent never sees them. The tests come back as the task's
 support files, written there before the verifier runs (steps.running_tests), where the bind shows them.
 
 Every write goes from the working directory's handle without following a link (safefs): the image's

@@ -21,9 +21,9 @@ from evaluations.network.egress.relay import ensure_socat_bundle
 from evaluations.pipeline import gitrepo
 from evaluations.pipeline.cancel import CancelState, Stop
 from evaluations.pipeline.session import Session
-from evaluations.pipeline.taskspec import TaskSpec
 from evaluations.pipeline.warm import WorkspaceCache
 from evaluations.runtime import CommandResult, Limit, Limits, Mount, Runtime, SandboxPolicy, Spawner
+from evaluations.tasks.spec import TaskSpec
 from executor_project.config import Config
 
 

@@ -14,9 +14,9 @@ from evaluations import livelog
 from evaluations.grading.base import VerifierRun
 from evaluations.pipeline import static, verifier
 from evaluations.pipeline.context import Context
-from evaluations.pipeline.taskbase import TestSpec
 from evaluations.runtime import CommandResult, Mount
 from evaluations.safefs import write_file_nofollow
+from evaluations.tasks.spec import TestSpec
 
 
 class GradingSandbox:

@@ -32,10 +32,10 @@ from evaluations.models import ErrorKind, Evaluation
 from evaluations.network.egress.relay import BUNDLE_TARGET, SANDBOX_SOCKET
 from evaluations.pipeline.agentenv import find_interpreter
 from evaluations.pipeline.context import Context, StepFailed
-from evaluations.pipeline.taskspec import ImageEnvironment
 from evaluations.runtime.idmap import IdMap, image_id_base
 from evaluations.runtime.policy import DISTRIBUTION_CA_BUNDLE
 from evaluations.safefs import SafeFSError, open_parent
+from evaluations.tasks.spec import ImageEnvironment
 from executor_project.config import Config
 
 

@@ -22,8 +22,8 @@ import assets
 from assets.model import resolve_source
 from evaluations.models import ErrorKind
 from evaluations.pipeline.context import Context, StepFailed
-from evaluations.pipeline.taskspec import TestSpec
 from evaluations.runtime.types import Mount
+from evaluations.tasks.spec import TestSpec
 
 STAGING = "static"  # <session>/static
 

@@ -19,8 +19,6 @@ from evaluations.pipeline import (
     outcome,
     patch,
     static,
-    tasklanguage,
-    taskspec,
     verifier,
 )
 from evaluations.pipeline.agentenv import agent_argv, installing_agent, task_env_for_agent
@@ -37,6 +35,9 @@ from evaluations.pipeline.grading_sandbox import GradingSandbox
 from evaluations.pipeline.imageenv import preparing_environment
 from evaluations.runtime import Limit, Mount
 from evaluations.safefs import SafeFSError, clear_way, open_parent, write_file_nofollow
+from evaluations.tasks.language import NoToolchain, with_toolchain
+from evaluations.tasks.registry import load_task
+from evaluations.tasks.spec import TaskError
 
 
 def _policy(config) -> urlguard.URLPolicy:
@@ -65,7 +66,7 @@ def downloading_task(ctx: Context) -> None:
             max_bytes=config.max_extracted_bytes,
         )
         root = archive.find_task_root(ctx.session.task)
-        ctx.task = taskspec.load_task(
+        ctx.task = load_task(
             root,
             allow_file_urls=config.allow_file_urls,
             max_prompt_bytes=config.max_prompt_bytes,
@@ -73,7 +74,7 @@ def downloading_task(ctx: Context) -> None:
         )
     except (urlguard.FetchError, archive.ArchiveError) as exc:
         raise StepFailed(str(exc), kind=outcome.of_fetch(exc)) from None
-    except taskspec.TaskError as exc:
+    except TaskError as exc:
         raise StepFailed(str(exc)) from None
     finally:
         archive_path.unlink(missing_ok=True)
@@ -82,8 +83,8 @@ def downloading_task(ctx: Context) -> None:
     )
     verifier.apply_request(ctx)  # SPEC §17: the task's limits, capped by the operator's
     try:  # SPEC §19: the toolchain of the task's language, before anything is cloned
-        ctx.task = tasklanguage.with_toolchain(ctx.task, config, ctx.command_path)
-    except tasklanguage.NoToolchain as exc:
+        ctx.task = with_toolchain(ctx.task, config, ctx.command_path)
+    except NoToolchain as exc:
         raise StepFailed(str(exc), kind=ErrorKind.INFRASTRUCTURE) from None
     static.prepare(ctx)  # the three asset groups checked, merged and staged
 

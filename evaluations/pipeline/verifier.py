@@ -32,9 +32,9 @@ from evaluations.network.egress.policy import parse_rules
 from evaluations.network.egress.relay import RELAY_SHELL
 from evaluations.pipeline import imageenv
 from evaluations.pipeline.context import Context, StepFailed
-from evaluations.pipeline.taskspec import SupportFile
 from evaluations.runtime import Mount
 from evaluations.safefs import SafeFSError, remove_tree_nofollow, write_file_nofollow
+from evaluations.tasks.spec import SupportFile
 
 AGENT_LOGS = "/logs/agent"
 VERIFIER_LOGS = "/logs/verifier"

@@ -47,9 +47,9 @@ from evaluations.cache.store import FOLDERS, CacheUnavailable, Entry, Store, cac
 from evaluations.models import CacheUse, Evaluation
 from evaluations.pipeline import gitrepo, mirror
 from evaluations.pipeline.session import Session
-from evaluations.pipeline.taskspec import TaskSpec
 from evaluations.runtime import SandboxPolicy
 from evaluations.safefs import copy_tree_nofollow, remove_tree_nofollow, tree_usage
+from evaluations.tasks.spec import TaskSpec
 from executor_project.config import Config
 
 log = logging.getLogger("term_executor.cache")

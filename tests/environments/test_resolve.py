@@ -13,7 +13,7 @@ import pytest
 from evaluations import environments as envs
 from evaluations.environments import BadEnvironment, UnknownEnvironment
 from evaluations.pipeline.imageenv import choose_environment
-from evaluations.pipeline.taskspec import load_task
+from evaluations.tasks.registry import load_task
 from executor_project.config import Config
 from tests.helpers.environments import dpkg_status, executable, fake_environment
 

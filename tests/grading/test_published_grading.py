@@ -12,7 +12,7 @@ from evaluations.grading.parsers import swebench_ids, swebench_logs
 from evaluations.grading.parsers.pytest_summary import grade_pytest, grade_terminal_bench
 from evaluations.grading.tbparsers import swebench_from_config
 from evaluations.importers.testids import COMMANDS, IDS, is_command, kind_of
-from evaluations.pipeline.taskbase import SupportFile, TaskError
+from evaluations.tasks.spec import SupportFile, TaskError
 from tests.grading.test_graders import run_pytest
 
 # -- test ids or shell commands ------------------------------------------------------------------

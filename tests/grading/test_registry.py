@@ -14,7 +14,7 @@ from evaluations.grading.reward_file import RewardFile
 from evaluations.grading.swebench import Swebench
 from evaluations.grading.terminal_bench import TerminalBench
 from evaluations.models import ErrorKind, Status
-from evaluations.pipeline.taskbase import GRADERS as TASK_GRADERS
+from evaluations.tasks.spec import GRADERS as TASK_GRADERS
 
 
 def task(grader: str, verifier: bool):

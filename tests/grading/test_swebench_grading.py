@@ -9,7 +9,8 @@ import pytest
 
 from evaluations.grading.parsers import swebench_ids, swebench_logs
 from evaluations.grading.parsers.swebench_ids import grade, region, resolve, wrapper_script
-from evaluations.pipeline.taskspec import TaskError, load_task
+from evaluations.tasks.registry import load_task
+from evaluations.tasks.spec import TaskError
 
 PYTEST_LOG = """\
 ============================= test session starts ==============================

@@ -10,7 +10,7 @@ import tarfile
 import yaml
 
 from evaluations.grading.parsers.swebench_ids import wrapper_script
-from evaluations.pipeline.taskspec import load_task
+from evaluations.tasks.registry import load_task
 from tests.helpers.swebench import ADD_IDS, ADD_TESTS, TEST_COMMIT, write_json_list, write_jsonl
 
 

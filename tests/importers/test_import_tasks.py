@@ -11,9 +11,10 @@ import pytest
 
 from evaluations.importers.harborlayout import TEST_SH, toml_value
 from evaluations.pipeline.archive import extract_archive, find_task_root
-from evaluations.pipeline.taskspec import ImageEnvironment, SupportFile, TaskRequest, load_task
+from evaluations.tasks.registry import load_task
+from evaluations.tasks.spec import ImageEnvironment, SupportFile, TaskRequest
 from evaluations.worker.localrun import LocalRunError, task_url_for
-from tests.pipeline.test_taskformats import HARBOR_TOML, harbor, terminal_bench, write
+from tests.tasks.test_formats import HARBOR_TOML, harbor, terminal_bench, write
 
 
 def import_tasks(cli, *args: str) -> subprocess.CompletedProcess:

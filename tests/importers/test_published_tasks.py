@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from evaluations.pipeline.taskspec import load_task
+from evaluations.tasks.registry import load_task
 from tests.importers.test_verify_tasks import bubblewrap  # noqa: F401  (a fixture)
-from tests.pipeline.test_taskformats import write
+from tests.tasks.test_formats import write
 
 BOUND_COMPOSE = """\
 services:

@@ -108,7 +108,7 @@ TOOLCHAIN_PACKAGES = {"go": "golang-go", "cargo": "cargo", "node": "nodejs", "ja
 
 def test_the_image_carries_every_task_languages_toolchain_and_our_builder_reads_it():
     from evaluations.images import dockerfile
-    from evaluations.pipeline.tasklanguage import TOOLCHAINS
+    from evaluations.tasks.language import TOOLCHAINS
 
     assert [i.keyword for stage in dockerfile.parse(DOCKERFILE).stages for i in stage.instructions][0] == "RUN"
     installs = " ".join(args for kw, args in STEPS if kw == "RUN" and "apt-get install" in args).split()

@@ -11,7 +11,7 @@ import pytest
 
 from evaluations.models import Evaluation
 from evaluations.pipeline import verifier
-from evaluations.pipeline.taskspec import load_task
+from evaluations.tasks.registry import load_task
 
 pytestmark = pytest.mark.django_db
 

@@ -212,7 +212,7 @@ def test_copy_and_add_count_files_against_max_files(builder, build_store, build_
 # Where a host path is built from content of an image, an archive or an agent, these never come back.
 _FORBIDDEN = re.compile(r"os\.path\.realpath\(|\.extractall\(|\.resolve\(\)")
 _SCANNED = ("evaluations/images", "evaluations/artifacts.py", "evaluations/pipeline")
-_ALLOWED: set[tuple[str, str]] = set()  # none: the task folder too goes through inroot (taskbase.inside_task)
+_ALLOWED: set[tuple[str, str]] = set()  # none: the task folder too goes through inroot (tasks/readers.inside_task)
 
 
 def test_no_realpath_then_open_nor_extractall_on_image_content():

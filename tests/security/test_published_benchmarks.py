@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from evaluations.grading.parsers import swebench_ids
 from evaluations.grading.parsers.pytest_summary import grade_pytest, grade_terminal_bench
-from evaluations.pipeline.taskspec import load_task
+from evaluations.tasks.registry import load_task
 from tests.grading.test_published_grading import SUMMARY_90, SUMMARY_92
 from tests.importers.test_published_tasks import bound_task
 

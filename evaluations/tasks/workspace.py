@@ -1,10 +1,6 @@
-"""Reading and validating an extracted task folder (SPEC section 4).
-
-``load_task`` turns the folder into a ``TaskSpec`` or raises ``TaskError``
-with one sentence naming the file or key at fault. A folder holding
-``task.toml`` (Harbor) or ``task.yaml`` (Terminal-Bench 1.x) is read by
-taskformats.py (SPEC §17); this module reads ``workspace.yaml`` folders.
-Both use taskbase.py's guarded readers (the YAML guards, the size caps).
+"""Our own task folders (SPEC §4): ``workspace.yaml``, ``prompt.md``, ``tests/*.sh``, ``checks.txt``,
+``original_pr.md``, read into a ``TaskSpec`` with readers.py's guards; SWE-Forge's keys of
+workspace.yaml (SPEC §19) are sweforge.py's, its ``swebench:`` mapping swebench.py's.
 """
 
 from __future__ import annotations
@@ -16,27 +12,16 @@ import yaml
 
 from evaluations.environments import BadEnvironment, check_name
 from evaluations.network.urlguard import URLRefused, check_git_url
-from evaluations.pipeline import sweforge, taskformats
-from evaluations.pipeline.swebench.spec import read_swebench
-from evaluations.pipeline.taskbase import (
+from evaluations.tasks import sweforge
+from evaluations.tasks.readers import (
     CONTROL_CHARS,
     ENV_NAME,
-    GRADERS,
-    MAX_INSTRUCTION_BYTES,
-    MAX_YAML_BYTES,
-    MAX_YAML_NODES,
-    Cap,
-    ImageEnvironment,
-    SupportFile,
-    TaskError,
-    TaskRequest,
-    TaskSpec,
-    TestSpec,
-    Verifier,
+    TaskLimits,
     folder_files,
     image_environment,
     inside_task,
     is_folder,
+    is_number,
     load_yaml_mapping,
     prompt_cap,
     raw_scalar,
@@ -45,49 +30,27 @@ from evaluations.pipeline.taskbase import (
     type_name,
     value_node,
 )
-from executor_project.config import Config
+from evaluations.tasks.spec import GRADERS, ImageEnvironment, SupportFile, TaskError, TaskSpec, TestSpec
+from evaluations.tasks.swebench import read_swebench
 
-# What the pipeline and the importers import from here (defined in taskbase.py).
-__all__ = [
-    "GRADERS",
-    "MAX_INSTRUCTION_BYTES",
-    "MAX_YAML_BYTES",
-    "MAX_YAML_NODES",
-    "Cap",
-    "ImageEnvironment",
-    "SupportFile",
-    "TaskError",
-    "TaskRequest",
-    "TaskSpec",
-    "TestSpec",
-    "Verifier",
-    "load_task",
-]
+FILE = "workspace.yaml"  # what makes a folder one of ours
 
 MAX_BASE_COMMIT_LENGTH = 256
 
 _KINDS = (("fail_to_pass_", "fail_to_pass"), ("pass_to_pass_", "pass_to_pass"))
 
 
-def load_task(
-    task_root: Path | str,
-    *,
-    allow_file_urls: bool = False,
-    max_prompt_bytes: int = Config.max_prompt_bytes,
-    max_tests: int = Config.max_tests,
-) -> TaskSpec:
-    """Read and validate the task folder; raise TaskError.
+def detect(root: Path) -> bool:
+    return os.path.lexists(root / FILE)
+
+
+def load(root: Path, limits: TaskLimits) -> TaskSpec:
+    """The folder's TaskSpec; TaskError naming the file or key at fault.
 
     ``repo`` is checked for its form only (scheme, no leading ``-``, no
     ``<transport>::``); its host address is checked at clone time.
-
-    The caps (MAX_PROMPT_BYTES, MAX_TESTS) are checked before the text they bound is read: a
-    file's size from its inode (what the archive member declared, as extraction wrote and
-    counted it), the tests as they are counted; nothing over a cap reaches memory or the row.
     """
-    root = Path(task_root)
-    if os.path.lexists(root / "task.toml") or os.path.lexists(root / "task.yaml"):
-        return taskformats.load_other_format(root, max_prompt_bytes=max_prompt_bytes)
+    max_prompt_bytes, max_tests = limits.max_prompt_bytes, limits.max_tests
     data, node = load_yaml_mapping(root / "workspace.yaml", "workspace.yaml")
     scripts = _scripts(root / "tests", max_tests)
     checks = _checks(root / "checks.txt", max_tests, len(scripts))
@@ -99,7 +62,7 @@ def load_task(
     if not scripts and not checks:
         checks = forge.tests(max_tests)  # SPEC §19: SWE-Forge's test commands
     environment = _environment(data, root)
-    repo = _repo(data, allow_file_urls, image=isinstance(environment, ImageEnvironment))
+    repo = _repo(data, limits.allow_file_urls, image=isinstance(environment, ImageEnvironment))
     grader = _grader(data)
     swebench = read_swebench(data, grader, scripts=len(scripts), checks=len(checks))
     return TaskSpec(
@@ -144,10 +107,6 @@ def _prompt(root: Path, from_yaml: str | None, max_prompt_bytes: int) -> str:
 # -- workspace.yaml ---------------------------------------------------------
 
 
-def _is_number(value: object) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool)
-
-
 def _repo(data: dict, allow_file_urls: bool, *, image: bool = False) -> str | None:
     if "repo" not in data or data["repo"] is None:
         if image:
@@ -175,7 +134,7 @@ def _base_commit(data: dict, node: yaml.Node) -> str:
     if "base_commit" not in data or data["base_commit"] is None:
         raise TaskError("workspace.yaml: missing required key 'base_commit'")
     value = data["base_commit"]
-    if _is_number(value):  # an all-digit short sha parsed as a number
+    if is_number(value):  # an all-digit short sha parsed as a number
         value = raw_scalar(node, "base_commit") or str(value)
     if not isinstance(value, str):
         raise TaskError("workspace.yaml: 'base_commit' must be a string (a commit id or ref)")
@@ -194,7 +153,7 @@ def _version(data: dict, node: yaml.Node) -> str | None:
     value = data.get("version")
     if value is None or isinstance(value, str):
         return value
-    if _is_number(value):
+    if is_number(value):
         return raw_scalar(node, "version") or str(value)
     raise TaskError("workspace.yaml: 'version' must be a string or a number")
 

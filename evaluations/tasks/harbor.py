@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 import posixpath
 import re
 import tomllib
@@ -13,28 +14,35 @@ from pathlib import Path
 
 from evaluations.grading.tbparsers import swebench_from_config
 from evaluations.network.egress.policy import parse_rule
-from evaluations.pipeline.taskbase import (
+from evaluations.tasks.compose import bound_folder, service_workdir, single_service
+from evaluations.tasks.readers import (
     CONTROL_CHARS,
     ENV_NAME,
     MAX_YAML_BYTES,
     Cap,
-    ImageEnvironment,
-    SupportFile,
-    TaskError,
-    TaskRequest,
-    TaskSpec,
-    Verifier,
+    TaskLimits,
     folder_files,
     image_environment,
     is_folder,
+    is_number,
+    jsonable,
     prompt_cap,
     read_bytes,
     read_text,
     regular_file,
     type_name,
 )
+from evaluations.tasks.spec import (
+    ImageEnvironment,
+    SupportFile,
+    TaskError,
+    TaskRequest,
+    TaskSpec,
+    Verifier,
+    image_task,
+)
 
-from .common import bound_folder, image_task, is_number, jsonable, service_workdir, single_service
+FILE = "task.toml"  # what makes a folder a Harbor task
 
 NETWORK_MODES = ("no-network", "public", "allowlist")
 HARBOR_GRADERS = ("reward_file", "pytest", "swebench")
@@ -98,7 +106,11 @@ class _Table:
         return value
 
 
-def load_harbor(root: Path, *, max_prompt_bytes: int) -> TaskSpec:
+def detect(root: Path) -> bool:
+    return os.path.lexists(root / FILE)
+
+
+def load(root: Path, limits: TaskLimits) -> TaskSpec:
     config = _Table(_read_toml(root / "task.toml"))
     config.string("version")
     config.string("schema_version")
@@ -122,7 +134,10 @@ def load_harbor(root: Path, *, max_prompt_bytes: int) -> TaskSpec:
     verifier = _harbor_verifier(root, verifier_table)
     solution, solution_files = _harbor_solution(root)
     prompt = read_text(
-        root / "instruction.md", "instruction.md", required=True, cap=prompt_cap(max_prompt_bytes, instruction=True)
+        root / "instruction.md",
+        "instruction.md",
+        required=True,
+        cap=prompt_cap(limits.max_prompt_bytes, instruction=True),
     )
     bound = _bound_folder(root, environment)
     swebench = swebench_from_config(verifier.files) if grader == "swebench" else None

@@ -10,12 +10,13 @@ import os
 import pytest
 from django.conf import settings
 
-from evaluations.pipeline import tasklanguage
-from evaluations.pipeline.taskspec import ImageEnvironment, TaskError, load_task
+from evaluations.tasks.language import NoToolchain, with_toolchain
+from evaluations.tasks.registry import load_task
+from evaluations.tasks.spec import ImageEnvironment, TaskError
 from executor_project.config import ConfigError
 from executor_project.settings_loader import load
 from tests.helpers.environments import executable, fake_environment
-from tests.pipeline.test_taskspec import make_task
+from tests.tasks.test_workspace import make_task
 
 PATCH = "diff --git a/calc.py b/calc.py\n--- a/calc.py\n+++ b/calc.py\n@@ -1 +1 @@\n-a - b\n+a + b\n"
 FORGE_YAML = f"""repo: https://github.com/org/repo.git
@@ -237,20 +238,20 @@ def test_a_mapped_language_becomes_the_tasks_environment(tmp_path, environments_
         environments_root=environments_root,
         language_environments=(("go", "tools"), ("rust", "rust:1.80"), ("python3.9", "py39"), ("python", "tools")),
     )
-    go = tasklanguage.with_toolchain(task_in(tmp_path / "go", "language: Go\n"), config, "/nowhere")
+    go = with_toolchain(task_in(tmp_path / "go", "language: Go\n"), config, "/nowhere")
     assert go.environment == "tools"
-    rust = tasklanguage.with_toolchain(task_in(tmp_path / "rust", "language: rust\n"), config, "/nowhere")
+    rust = with_toolchain(task_in(tmp_path / "rust", "language: rust\n"), config, "/nowhere")
     assert rust.environment == ImageEnvironment(image="rust:1.80")
     # install_config's python chooses first for a Python task (3.9.18 is python3.9), then the language.
     py39 = task_in(tmp_path / "py39", "language: python\ninstall_config: {python: 3.9.18}\n")
-    assert tasklanguage.with_toolchain(py39, config, "/nowhere").environment == "py39"
+    assert with_toolchain(py39, config, "/nowhere").environment == "py39"
     py311 = task_in(tmp_path / "py311", "install_config: {python: '3.11'}\nlanguage: python\n")
-    assert tasklanguage.with_toolchain(py311, config, "/nowhere").environment == "tools"
+    assert with_toolchain(py311, config, "/nowhere").environment == "tools"
     # The task's own environment wins; an unmapped language without a toolchain is let be.
     own = task_in(tmp_path / "own", "language: go\nenvironment: py39\n")
-    assert tasklanguage.with_toolchain(own, config, "/nowhere").environment == "py39"
+    assert with_toolchain(own, config, "/nowhere").environment == "py39"
     ruby = task_in(tmp_path / "ruby", "language: ruby\n")
-    assert tasklanguage.with_toolchain(ruby, config, "/nowhere") is ruby
+    assert with_toolchain(ruby, config, "/nowhere") is ruby
 
 
 @pytest.mark.parametrize(
@@ -263,23 +264,23 @@ def test_an_unmapped_language_needs_its_program_on_the_commands_path(tmp_path, l
     empty.mkdir()
     executable(tools / program, "#!/bin/sh\n")
     config = config_with(default_environment=None)
-    with pytest.raises(tasklanguage.NoToolchain) as info:
-        tasklanguage.with_toolchain(task, config, f"{empty}:relative/bin")
+    with pytest.raises(NoToolchain) as info:
+        with_toolchain(task, config, f"{empty}:relative/bin")
     assert str(info.value) == (
         f"the task's language is {language} and this executor has no toolchain for it: LANGUAGE_ENVIRONMENTS maps "
         f"no environment to {language}, and the host has no {program} on the commands' PATH ({empty}:relative/bin)"
     )
-    assert tasklanguage.with_toolchain(task, config, f"{empty}:{tools}") is task
+    assert with_toolchain(task, config, f"{empty}:{tools}") is task
 
 
 def test_an_unmapped_language_looks_in_the_default_environment(tmp_path, environments_root):
     config = config_with(environments_root=environments_root, default_environment="py39")
     task = task_in(tmp_path / "t", "language: go\n")
-    with pytest.raises(tasklanguage.NoToolchain) as info:
-        tasklanguage.with_toolchain(task, config, os.environ["PATH"])
+    with pytest.raises(NoToolchain) as info:
+        with_toolchain(task, config, os.environ["PATH"])
     assert str(info.value) == (
         "the task's language is go and this executor has no toolchain for it: LANGUAGE_ENVIRONMENTS maps no "
         "environment to go, and environment py39 (DEFAULT_ENVIRONMENT) has no go"
     )
     with_go = dataclasses.replace(config, default_environment="tools")
-    assert tasklanguage.with_toolchain(task, with_go, "/nowhere") is task
+    assert with_toolchain(task, with_go, "/nowhere") is task

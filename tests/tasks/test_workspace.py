@@ -8,7 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from evaluations.pipeline.taskspec import MAX_YAML_BYTES, ImageEnvironment, SupportFile, TaskError, TestSpec, load_task
+from evaluations.tasks.readers import MAX_YAML_BYTES
+from evaluations.tasks.registry import load_task
+from evaluations.tasks.spec import ImageEnvironment, SupportFile, TaskError, TestSpec
 
 GOOD_YAML = "repo: https://github.com/org/repo.git\nbase_commit: 1a2b3c4d\n"
 MISSING_REPO = "workspace.yaml: missing required key 'repo' (only a task with an image environment may omit it)"
@@ -153,16 +155,16 @@ install: *i
 def node_visits(monkeypatch):
     """How many times the alias check asked a YAML node for its children; past ``limit`` it stops
     with an AssertionError, so a check that walks the expanded document fails instead of hanging."""
-    from evaluations.pipeline import taskbase
+    from evaluations.tasks import readers
 
-    real, visits = taskbase._children, {"count": 0, "limit": 2_000}
+    real, visits = readers._children, {"count": 0, "limit": 2_000}
 
     def counting(node):
         visits["count"] += 1
         assert visits["count"] <= visits["limit"], "the alias check walks the expanded document"
         return real(node)
 
-    monkeypatch.setattr(taskbase, "_children", counting)
+    monkeypatch.setattr(readers, "_children", counting)
     return visits
 
 
@@ -313,7 +315,10 @@ def test_repo_host_is_not_resolved_at_load_time(tmp_path):
 
 
 def test_missing_workspace_and_prompt_are_named(tmp_path):
-    with pytest.raises(TaskError, match=r"^task has no workspace.yaml \(required\)$"):
+    with pytest.raises(
+        TaskError,
+        match=r"^task has no task.toml \(Harbor\), task.yaml \(Terminal-Bench\) or workspace.yaml at its root$",
+    ):
         load_task(make_task(tmp_path / "a", {"prompt.md": "x"}))
     with pytest.raises(TaskError, match=r"^task has no prompt.md \(required unless workspace.yaml has 'prompt'\)$"):
         load_task(make_task(tmp_path / "b", {"workspace.yaml": GOOD_YAML}))

@@ -1,11 +1,9 @@
-"""What the Harbor and Terminal-Bench readers share: the TaskSpec of an image task, a compose
-file's single service (and its working_dir, command and volumes read as Compose would run them),
-values as JSON holds them."""
+"""A task's docker-compose file, as the Harbor and Terminal-Bench readers share it (SPEC §17, §22):
+its single service, and that service's working_dir, command and volumes read as Compose would run
+them."""
 
 from __future__ import annotations
 
-import datetime
-import math
 import os
 import posixpath
 import re
@@ -13,14 +11,8 @@ import shlex
 from dataclasses import dataclass
 from pathlib import Path
 
-from evaluations.pipeline.taskbase import (
-    SupportFile,
-    TaskError,
-    TaskSpec,
-    folder_files,
-    inside_task,
-    load_yaml_mapping,
-)
+from evaluations.tasks.readers import folder_files, inside_task, load_yaml_mapping
+from evaluations.tasks.spec import SupportFile, TaskError
 
 _COMPOSE_NAMES = ("docker-compose.yaml", "docker-compose.yml")
 
@@ -44,40 +36,6 @@ def single_service(folder: Path, prefix: str) -> dict | None:
             raise TaskError(f"{shown}: service {service_name!r} must be a mapping")
         return {"file": shown, "name": str(service_name), "service": service}
     return None
-
-
-def image_task(root: Path, **fields) -> TaskSpec:
-    return TaskSpec(
-        root=root,
-        repo=None,  # the image's WorkingDir is the workspace (SPEC §16)
-        base_commit=None,
-        version=None,
-        language=None,
-        install=[],
-        static_assets={},
-        original_pr=None,
-        cache=False,
-        **fields,
-    )
-
-
-def is_number(value: object) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool)
-
-
-def jsonable(value: object) -> object:
-    """TOML and YAML values as JSON holds them: dates as ISO text, non-finite floats as text."""
-    if isinstance(value, dict):
-        return {str(key): jsonable(item) for key, item in value.items()}
-    if isinstance(value, list | tuple):
-        return [jsonable(item) for item in value]
-    if isinstance(value, float) and not math.isfinite(value):
-        return str(value)
-    if isinstance(value, datetime.date | datetime.time):
-        return value.isoformat()
-    if value is None or isinstance(value, str | int | float | bool):
-        return value
-    return str(value)
 
 
 # -- a compose service as Docker Compose would run it (SPEC §22) ----------------------------------

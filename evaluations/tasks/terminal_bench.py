@@ -13,18 +13,23 @@ import re
 from pathlib import Path
 
 from evaluations.grading.tbparsers import grader_for
-from evaluations.pipeline.taskbase import (
+from evaluations.tasks.compose import (
+    IGNORED_SERVICE_KEYS,
+    BoundFolder,
+    bound_folder,
+    check_command,
+    service_workdir,
+    single_service,
+)
+from evaluations.tasks.readers import (
     ENV_NAME,
-    ImageEnvironment,
-    SupportFile,
-    TaskError,
-    TaskRequest,
-    TaskSpec,
-    Verifier,
+    TaskLimits,
     folder_files,
     image_environment,
     inside_task,
     is_folder,
+    is_number,
+    jsonable,
     load_yaml,
     load_yaml_mapping,
     prompt_cap,
@@ -33,18 +38,17 @@ from evaluations.pipeline.taskbase import (
     regular_file,
     type_name,
 )
-
-from .common import (
-    IGNORED_SERVICE_KEYS,
-    BoundFolder,
-    bound_folder,
-    check_command,
+from evaluations.tasks.spec import (
+    ImageEnvironment,
+    SupportFile,
+    TaskError,
+    TaskRequest,
+    TaskSpec,
+    Verifier,
     image_task,
-    is_number,
-    jsonable,
-    service_workdir,
-    single_service,
 )
+
+FILE = "task.yaml"  # what makes a folder a Terminal-Bench 1.x task (when it has no task.toml)
 
 # The keys of a compose service read here; IGNORED_SERVICE_KEYS change nothing; any other is refused.
 SERVICE_KEYS = ("build", "environment", "working_dir", "command", "volumes")
@@ -56,7 +60,11 @@ TERMINAL_BENCH_TEST_ENV = {"TEST_DIR": TEST_DIR, "T_BENCH_TEST_DIR": TEST_DIR}
 _VARIABLE = re.compile(r"\$\{([^}]*)\}|\$([A-Za-z_][A-Za-z0-9_]*)")
 
 
-def load_terminal_bench(root: Path, *, max_prompt_bytes: int) -> TaskSpec:
+def detect(root: Path) -> bool:
+    return os.path.lexists(root / FILE)
+
+
+def load(root: Path, limits: TaskLimits) -> TaskSpec:
     data, _node = load_yaml_mapping(root / "task.yaml", "task.yaml")
     rest = dict(data)
     prompt = rest.pop("instruction", None)
@@ -64,7 +72,7 @@ def load_terminal_bench(root: Path, *, max_prompt_bytes: int) -> TaskSpec:
         raise TaskError("task.yaml: missing required key 'instruction'")
     if not isinstance(prompt, str):
         raise TaskError(f"task.yaml: 'instruction' must be a string, got {type_name(prompt)}")
-    cap = prompt_cap(max_prompt_bytes, instruction=True)
+    cap = prompt_cap(limits.max_prompt_bytes, instruction=True)
     if len(prompt.encode()) > cap.limit:
         raise TaskError(f"task.yaml: 'instruction' is larger than {cap.limit} bytes ({cap.setting})")
     parser = rest.pop("parser_name", "pytest")

@@ -10,7 +10,7 @@ these beside SPEC §4's keys; here they mean:
 2. ``install_config``: a mapping of names to strings (upstream's ``BTreeMap<String, String>``).
    Its ``install`` (a command, or a list of them) is the install step when ``install`` is absent;
    its ``python`` (a version, ``3.11``) chooses the environment mapped to ``python3.11`` in
-   LANGUAGE_ENVIRONMENTS (pipeline/tasklanguage.py). The whole mapping is kept in the evaluation's
+   LANGUAGE_ENVIRONMENTS (tasks/language.py). The whole mapping is kept in the evaluation's
    ``task_metadata``; its other keys (upstream's ``go``, ``node``, ``rust``, ``java`` versions,
    which it installs from the internet) are recorded, not acted on: the toolchain is the
    environment's.
@@ -27,7 +27,8 @@ from dataclasses import dataclass, field
 
 import yaml
 
-from evaluations.pipeline.taskbase import Cap, TaskError, TestSpec, raw_scalar, type_name, value_node
+from evaluations.tasks.readers import Cap, is_number, raw_scalar, type_name, value_node
+from evaluations.tasks.spec import TaskError, TestSpec
 
 KINDS = ("fail_to_pass", "pass_to_pass")
 MAX_DIFFICULTY_SCORE = 255  # upstream's difficulty_score is a u8
@@ -117,7 +118,7 @@ def _install_config(data: dict, node: yaml.Node) -> dict[str, str | list[str]]:
         if name == "install" and isinstance(item, list):
             if not all(isinstance(command, str) and command.strip() for command in item):
                 raise TaskError(f"{where}: 'install' must be a command or a list of commands (non-empty strings)")
-        elif _is_number(item):  # python: 3.10, as written (not 3.1)
+        elif is_number(item):  # python: 3.10, as written (not 3.1)
             item = raw_scalar(written, name) or str(item)
         elif not isinstance(item, str):
             raise TaskError(f"{where}: {name!r} must be a string, not {type_name(item)}")
@@ -199,7 +200,3 @@ def _prompt(data: dict, cap: Cap) -> str | None:
     if len(value.encode("utf-8")) > cap.limit:
         raise TaskError(f"workspace.yaml: 'prompt' is larger than {cap.limit} bytes ({cap.setting})")
     return value
-
-
-def _is_number(value: object) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool)

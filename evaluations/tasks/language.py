@@ -18,8 +18,9 @@ import dataclasses
 import shutil
 
 from evaluations import environments
-from evaluations.pipeline import sweforge
-from evaluations.pipeline.taskbase import TaskError, TaskSpec, environment_choice
+from evaluations.tasks import sweforge
+from evaluations.tasks.readers import environment_choice
+from evaluations.tasks.spec import TaskError, TaskSpec
 
 # The program each language's commands cannot do without (what SWE-Forge's tests run: go test,
 # cargo test, npm/yarn/pnpm over node, javac with maven or gradle).

@@ -8,15 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from evaluations.pipeline.taskspec import (
-    ImageEnvironment,
-    SupportFile,
-    TaskError,
-    TaskRequest,
-    Verifier,
-    load_task,
-)
-from tests.pipeline.test_taskspec import make_task
+from evaluations.tasks.registry import load_task
+from evaluations.tasks.spec import ImageEnvironment, SupportFile, TaskError, TaskRequest, Verifier
+from tests.tasks.test_workspace import make_task
 
 HARBOR_TOML = """\
 version = "1.0"
@@ -76,7 +70,7 @@ services:
 """
 
 
-write = make_task  # a task folder from {path: content} (tests/pipeline/test_taskspec.py)
+write = make_task  # a task folder from {path: content} (tests/tasks/test_workspace.py)
 
 
 def harbor(tmp_path, toml: str = HARBOR_TOML, **extra: str | None) -> Path:

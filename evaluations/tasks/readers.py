@@ -1,6 +1,4 @@
-"""What every task format is read into (``TaskSpec`` and its parts), and the guarded readers the
-formats share (SPEC §4, §17): taskspec.py reads workspace.yaml folders with them, taskformats.py
-Harbor and Terminal-Bench 1.x folders.
+"""The guarded readers every task format shares (SPEC §4, §17): files, YAML, values, and the caps.
 
 YAML (``workspace.yaml``, ``task.yaml``, ``docker-compose.yaml``) is parsed
 with PyYAML's safe loader (``load_yaml``), after three guards:
@@ -18,11 +16,13 @@ reaches memory. A link or anything but a plain file or folder is refused, named.
 
 from __future__ import annotations
 
+import datetime
 import errno
+import math
 import os
 import re
 import stat
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
 
@@ -31,6 +31,7 @@ import yaml
 from evaluations.environments import BadEnvironment, check_name
 from evaluations.images import inroot, reference
 from evaluations.images.errors import ImageError
+from evaluations.tasks.spec import ImageEnvironment, SupportFile, TaskError
 
 MAX_YAML_BYTES = 1024 * 1024
 
@@ -57,138 +58,15 @@ _PLAIN_TAGS = {
 }
 
 
-class TaskError(Exception):
-    """The task folder is invalid; the message names the file or key at fault."""
-
-
 @dataclass(frozen=True)
-class TestSpec:
-    """One test: a ``tests/*.sh`` script (``script`` holds its text) or a checks.txt line."""
+class TaskLimits:
+    """What the operator lets a task folder hold, handed to every format's ``load``: each cap is
+    checked before the text it bounds is read (a file's size from its inode, tests as they are
+    counted). ``allow_file_urls``: a ``file://`` repository is accepted (tests and local runs)."""
 
-    __test__ = False  # not a pytest test class
-
-    name: str
-    kind: str  # fail_to_pass | pass_to_pass | test | check
-    script: str | None
-    command: str | None
-    source: str = ""  # where it came from: "tests/x.sh" or "checks.txt:3"
-
-
-class SupportFile(NamedTuple):
-    """A non-script file under tests/, written into the repository at ``relpath``."""
-
-    relpath: str
-    data: bytes
-    mode: int
-
-
-@dataclass(frozen=True)
-class ImageEnvironment:
-    """``environment: {image: REF}`` or ``{dockerfile: PATH, context: DIR, build_args, target}`` (SPEC §16).
-
-    ``dockerfile`` and ``context`` are relative to the task root, checked to stay inside it.
-    """
-
-    image: str | None = None
-    dockerfile: str | None = None
-    context: str | None = None  # the Dockerfile's folder when not given
-    build_args: dict[str, str] = field(default_factory=dict)
-    target: str | None = None
-    # Harbor's [environment] workdir: where the agent and the tests run, over the image's WorkingDir
-    # (an absolute, normalised path); None: the image's.
-    workdir: str | None = None
-
-    @property
-    def kind(self) -> str:
-        return "image" if self.image is not None else "dockerfile"
-
-    @property
-    def ref(self) -> str:
-        return self.image if self.image is not None else self.dockerfile
-
-
-@dataclass(frozen=True)
-class Verifier:
-    """How a Harbor or Terminal-Bench task's tests run (SPEC §17): after the agent, in a fresh sandbox on
-    the file system it left, ``files`` at /tests, /logs/verifier empty, ``bash /tests/<script>`` from the
-    working directory, with ``env`` on top of the task's."""
-
-    script: str  # relative to /tests: "test.sh" (Harbor) or "run-tests.sh" (Terminal-Bench 1.x)
-    files: list[SupportFile] = field(default_factory=list)  # every file of /tests, the script included
-    env: dict[str, str] = field(default_factory=dict)
-    isolated: bool = False  # [verifier] isolated: the image plus only the working directory the agent left
-
-
-@dataclass(frozen=True)
-class TaskRequest:
-    """What a task asks for beyond SPEC §4 (task.toml, task.yaml); each capped by the operator's own
-    setting when applied (the smaller wins). None: the task did not say."""
-
-    agent_timeout_secs: float | None = None
-    verifier_timeout_secs: float | None = None
-    build_timeout_secs: float | None = None
-    cpus: float | None = None
-    memory_mb: int | None = None
-    storage_mb: int | None = None
-    network: str | None = None  # no-network | public | allowlist
-    allowed_hosts: tuple[str, ...] = ()
-
-
-GRADERS = ("exit_code", "reward_file", "pytest", "swebench")
-
-
-@dataclass(frozen=True)
-class SwebenchTests:
-    """workspace.yaml's ``swebench:`` mapping (SPEC §19, read by pipeline/swebench/spec.py): one test
-    command over the test files, each id's status read from its log by ``parser``."""
-
-    __test__ = False  # not a pytest test class
-
-    test_cmd: str  # shell text; the test files follow it, each quoted
-    test_files: list[str]
-    parser: str  # a name of grading/parsers/swebench_logs.PARSERS
-    fail_to_pass: list[str]
-    pass_to_pass: list[str]
-    deleted_files: list[str] = field(default_factory=list)  # removed before the command (the test patch's)
-    eval_script: str | None = None  # SWE-bench 5.0's eval script: the test command, test_cmd empty
-    eval_type: str = "pass_and_fail"  # or fail_only (SWE-bench's EvalType)
-
-
-@dataclass(frozen=True)
-class TaskSpec:
-    root: Path
-    repo: str | None  # None: no repository; the task runs in its image's WorkingDir (SPEC §16)
-    base_commit: str | None
-    version: str | None
-    language: str | None
-    install: list[str]
-    static_assets: dict  # raw workspace.yaml mapping; validated by the assets module
-    env: dict[str, str]
-    prompt: str
-    original_pr: str | None
-    tests: list[TestSpec] = field(default_factory=list)  # scripts (name order), then checks
-    support_files: list[SupportFile] = field(default_factory=list)
-    # A name under ENVIRONMENTS_ROOT (whether it exists is checked at preparing_environment), or an image.
-    environment: str | ImageEnvironment | None = None
-    cache: bool = True  # workspace.yaml `cache: false`: never served from nor stored in the workspace cache
-    # SPEC §17: the folder's format, how test output becomes a result, and (Harbor, Terminal-Bench) how
-    # the verifier runs, what the task asks for, its metadata and its reference solution (a bash script).
-    format: str = "workspace"  # workspace | harbor | terminal-bench
-    grader: str = "exit_code"  # one of GRADERS
-    verifier: Verifier | None = None
-    request: TaskRequest = field(default_factory=TaskRequest)
-    metadata: dict | None = None
-    solution: str | None = None
-    # What the reference solution finds at /solution (Harbor: every file of solution/, solve.sh
-    # included, as its OracleAgent uploads them); empty when the script needs nothing beside it.
-    solution_files: list[SupportFile] = field(default_factory=list)
-    swebench: SwebenchTests | None = None  # grader swebench: what runs and how its log is read
-    # SPEC §22: a compose volume binding a folder of the task at the working directory: what the agent
-    # finds there (the folder without its tests and solution; the tests come back as support_files)
-    workdir_files: list[SupportFile] | None = None
-    # SPEC §19: a workspace task's reference solution as a diff of its repository (SWE-Forge's and
-    # import_swebench's ``patch``), applied by verify_tasks' gold-patch agent; never the agent's to see.
-    patch: str | None = None
+    max_prompt_bytes: int
+    max_tests: int
+    allow_file_urls: bool
 
 
 def load_yaml_mapping(path: Path, shown: str) -> tuple[dict, yaml.MappingNode]:
@@ -445,3 +323,23 @@ def folder_files(folder: Path, shown: str) -> list[SupportFile]:
             files.append(SupportFile(rel, data, 0o755 if st.st_mode & 0o111 else 0o644))
     files.sort(key=lambda f: f.relpath)
     return files
+
+
+def is_number(value: object) -> bool:
+    """An int or a float, not a bool (YAML's and TOML's numbers)."""
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def jsonable(value: object) -> object:
+    """TOML and YAML values as JSON holds them: dates as ISO text, non-finite floats as text."""
+    if isinstance(value, dict):
+        return {str(key): jsonable(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [jsonable(item) for item in value]
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    if isinstance(value, datetime.date | datetime.time):
+        return value.isoformat()
+    if value is None or isinstance(value, str | int | float | bool):
+        return value
+    return str(value)

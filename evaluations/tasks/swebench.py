@@ -20,7 +20,8 @@ from __future__ import annotations
 
 from evaluations.grading.parsers.swebench_ids import EVAL_TYPES, PASS_AND_FAIL, check_eval_script
 from evaluations.grading.parsers.swebench_logs import PARSERS
-from evaluations.pipeline.taskbase import SwebenchTests, TaskError, type_name
+from evaluations.tasks.readers import type_name
+from evaluations.tasks.spec import SwebenchTests, TaskError
 
 KEY = "workspace.yaml: 'swebench'"
 _KEYS = (

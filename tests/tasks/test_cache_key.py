@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from evaluations.pipeline.taskspec import TaskError, load_task
-from tests.pipeline.test_taskspec import task_with_yaml, yaml_error
+from evaluations.tasks.registry import load_task
+from evaluations.tasks.spec import TaskError
+from tests.tasks.test_workspace import task_with_yaml, yaml_error
 
 WORKSPACE = "repo: https://example.com/r.git\nbase_commit: " + "a" * 40 + "\n"
 
