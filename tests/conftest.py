@@ -16,6 +16,9 @@ from tests.helpers import images as images_helpers
 from tests.helpers.httpserver import TestHTTPServer
 from tests.helpers.service import PROJECT, LiveService
 
+# Marks the tests that touch the database engine (``database``): .ci/run runs the rest once, without one.
+pytest_plugins = ("tests.helpers.database_marks",)
+
 
 def pytest_configure(config):
     worker = os.environ.get("PYTEST_XDIST_WORKER")

@@ -178,6 +178,7 @@ def _interrupt_a_running_agent(cli, built_examples, tmp_path, prefix: tuple[str,
     assert not tagged(body["eval_id"]), "a process of the evaluation outlived it"
 
 
+@pytest.mark.database  # an EvaluateCli of its own, unmigrated then migrated
 def test_it_refuses_to_start_with_a_message_and_exit_2(tmp_path, built_examples):
     unmigrated = EvaluateCli(tmp_path / "unmigrated")
     try:

@@ -9,15 +9,20 @@ import sys
 import tempfile
 from pathlib import Path
 
+from tests.helpers.database_marks import NO_DATABASE_URL
 from tests.helpers.service import PROJECT, FreshDatabase, service_sandbox
 
 
 class EvaluateCli:
-    """A data folder, a fresh database (SQLite, or PostgreSQL when the run uses it) and a workspace."""
+    """A data folder, a fresh database (SQLite, or PostgreSQL when the run uses it) and a workspace.
 
-    def __init__(self, folder: Path, **env: str):
+    ``database=False``: for the commands that need none (``manage.py image``), DATABASE_URL names a
+    server that is not there (NO_DATABASE_URL), so one that reached a database would fail.
+    """
+
+    def __init__(self, folder: Path, *, database: bool = True, **env: str):
         folder.mkdir(parents=True, exist_ok=True)
-        self.database = FreshDatabase(folder)
+        self.database = FreshDatabase(folder) if database else None
         # Session folders where the sandbox uid can reach them (pytest's tmp_path is 0700).
         self.workspace_base = Path(tempfile.mkdtemp(prefix="te-cli-sessions-", dir="/tmp"))
         os.chmod(self.workspace_base, 0o711)
@@ -27,7 +32,7 @@ class EvaluateCli:
         self.env.update(
             {
                 "DATA_DIR": str(folder / "data"),
-                "DATABASE_URL": self.database.url,
+                "DATABASE_URL": self.database.url if self.database else NO_DATABASE_URL,
                 "WORKSPACE_BASE": str(self.workspace_base),
                 "ALLOWED_PRIVATE_HOSTS": "127.0.0.1",
                 "DJANGO_SETTINGS_MODULE": "executor_project.settings",
@@ -56,5 +61,6 @@ class EvaluateCli:
         return self.manage("evaluate", *args, timeout=timeout)
 
     def close(self) -> None:
-        self.database.drop()
+        if self.database:
+            self.database.drop()
         shutil.rmtree(self.workspace_base, ignore_errors=True)

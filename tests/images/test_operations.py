@@ -31,13 +31,14 @@ def _images_dir() -> Path:
 
 @pytest.fixture
 def image_cli(tmp_path, registry, store):  # store: the image tests' root check
-    """``manage.py image`` on an IMAGES_DIR of its own, reaching the test registry."""
+    """``manage.py image`` on an IMAGES_DIR of its own, reaching the test registry (and no database)."""
     made = []
 
     def make(name: str = "cli", **env: str) -> EvaluateCli:
         images = _images_dir()
         runner = EvaluateCli(
             tmp_path / name,
+            database=False,
             IMAGES_DIR=str(images),
             IMAGE_INSECURE_REGISTRIES=registry.host,
             ALLOWED_PRIVATE_HOSTS="127.0.0.1,localhost,::1",

@@ -84,6 +84,7 @@ def test_unset_sandbox_is_auto_and_refuses_too(fresh_path, workspace_base, tmp_p
     assert result.returncode == 2 and result.stderr.strip().splitlines()[-1] == REFUSAL, result.stderr
 
 
+@pytest.mark.database  # an EvaluateCli of its own, migrated
 def test_without_bubblewrap_evaluate_refuses_to_start(fresh_path, tmp_path):
     cli = EvaluateCli(tmp_path / "cli", PATH=str(fresh_path), SANDBOX="auto").migrate()
     try:
@@ -114,6 +115,7 @@ def stop(service: LiveService, process: subprocess.Popen) -> None:
     service.database.drop()
 
 
+@pytest.mark.database  # a LiveService of its own
 def test_sandbox_none_said_explicitly_starts_and_status_says_so(fresh_path, workspace_base, tmp_path):
     service = LiveService(tmp_path / "svc", env={"PATH": str(fresh_path), "SANDBOX": "none",
                                                  "WORKSPACE_BASE": str(workspace_base)})  # fmt: skip
@@ -154,6 +156,7 @@ def fake_apt(fresh_path: Path, log: Path) -> None:
         (fresh_path / name).chmod(0o755)
 
 
+@pytest.mark.database  # a LiveService of its own
 @pytest.mark.skipif(os.geteuid() != 0, reason="bin/serve installs packages only as root")
 def test_bin_serve_installs_the_sandbox_packages_and_runs_sandboxed(fresh_path, workspace_base, tmp_path):
     log = tmp_path / "apt.log"

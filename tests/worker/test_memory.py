@@ -24,7 +24,8 @@ from evaluations.models import WORKER_LOST
 from evaluations.pipeline.cancel import CancelState, Stop
 from evaluations.worker.child import start_watching_worker
 from executor_project.memory import LARGE_RESPONSE_BYTES, release_after_large_responses
-from tests.helpers.service import PROJECT, FreshDatabase, LiveService
+from tests.helpers.database_marks import NO_DATABASE_URL
+from tests.helpers.service import PROJECT, LiveService
 
 
 def run_probe(call: str, env: dict) -> dict:
@@ -47,6 +48,7 @@ def probe_env(tmp_path, database_url: str) -> dict:
 
 
 @pytest.mark.slow
+@pytest.mark.database  # a LiveService of its own, for its database
 def test_after_the_preload_a_first_query_and_the_api_reads_import_nothing(tmp_path):
     service = LiveService(tmp_path / "svc")  # for its fresh database (SQLite, or PostgreSQL when the run uses it)
     try:
@@ -64,11 +66,7 @@ def test_after_the_preload_a_first_query_and_the_api_reads_import_nothing(tmp_pa
 
 @pytest.mark.slow
 def test_the_worker_loss_reaches_the_evaluation_process_and_no_resource_tracker_runs(tmp_path):
-    database = FreshDatabase(tmp_path)
-    try:
-        report = run_probe("pool_worker_loss()", probe_env(tmp_path, database.url))
-    finally:
-        database.drop()
+    report = run_probe("pool_worker_loss()", probe_env(tmp_path, NO_DATABASE_URL))  # the pool needs no database
     assert report["finished"] == [["probe", 0]]  # exit 0: the target saw the end of its pipe
     assert report["children"] == ["te-forkserver"]  # the evaluation process is the forkserver's child
     assert report["tracker_pid"] is None

@@ -124,6 +124,7 @@ def test_evaluations_beyond_capacity_queue_and_all_finish(worker_service, tasks)
     assert all(r["passed"] for r in results), [r["error"] for r in results]
 
 
+@pytest.mark.database  # a LiveService of its own, migrated
 def test_serve_runs_each_process_once_and_sigterm_stops_them_all(tmp_path, tasks, workspace_base):
     env = {"ALLOWED_PRIVATE_HOSTS": "127.0.0.1", "WORKSPACE_BASE": str(workspace_base)}
     service = LiveService(tmp_path / "svc", env=env)
