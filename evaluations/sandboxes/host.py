@@ -167,7 +167,7 @@ class LiveSandbox:
         self.closing.enter_context(store.pin(record.digest, self.tag))
         store.touch(record.digest)
         self.image_config = dict(record.config or {})
-        self.workdir = spec.workdir or self.image_config.get("WorkingDir") or "/"
+        self.workdir = self.spec.workdir or self.image_config.get("WorkingDir") or "/"
         ca = host_ca(config, sandboxed=True)
         self.root = kinds.mount_image(
             store,
