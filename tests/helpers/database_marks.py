@@ -30,6 +30,8 @@ DATABASE_FIXTURES = frozenset(
         "live_service",  # tests/conftest.py: gunicorn (and run_worker) on a fresh database
         "cli",  # tests/cli/conftest.py, tests/importers/conftest.py: manage.py on a fresh database
         "live_factory",  # tests/security/conftest.py: gunicorn + run_worker on a fresh database
+        "sandbox_service",  # tests/sandboxes/conftest.py: the module's service for live sandboxes
+        "sandbox_services",  # tests/sandboxes/conftest.py: services of a test's own (lifecycle, fleet)
     }
 )
 

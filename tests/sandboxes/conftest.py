@@ -57,7 +57,11 @@ class Api:
         return body
 
 
-def start_service(folder: Path, registry, **env) -> LiveService:
+def start_service(
+    folder: Path, registry, *, public: bool = False, database_url: str | None = None, **env
+) -> LiveService:
+    """A service with its worker. ``public``: its PUBLIC_URL is its own address (a fleet's node);
+    ``database_url``: another service's database, shared (a fleet)."""
     sessions = Path(tempfile.mkdtemp(prefix="te-sbx-", dir="/tmp"))  # traversable by the sandbox uids
     os.chmod(sessions, 0o711)
     service = LiveService(
@@ -72,6 +76,10 @@ def start_service(folder: Path, registry, **env) -> LiveService:
         },
     )
     service.sessions = sessions
+    if public:
+        service.env["PUBLIC_URL"] = service.base_url
+    if database_url:
+        service.env["DATABASE_URL"] = database_url
     return service.start()
 
 
@@ -115,3 +123,17 @@ def api(sandbox_service) -> Api:
 @pytest.fixture
 def image_ref(base_image) -> str:
     return base_image[1]
+
+
+@pytest.fixture
+def sandbox_services(tmp_path, base_image):
+    """Factory: services of the test's own (``start_service``'s arguments), stopped after it."""
+    started = []
+
+    def start(**kwargs):
+        started.append(start_service(tmp_path / f"svc{len(started)}", base_image[0], **kwargs))
+        return started[-1]
+
+    yield start
+    for one in reversed(started):
+        stop_service(one)

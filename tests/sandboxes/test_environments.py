@@ -72,7 +72,9 @@ def test_a_bad_context_or_dockerfile_is_the_callers_fault(api, image_ref):
     assert status == 400 and "context" in body["detail"], body
     status, body = create_multipart(api, {"environment": {"dockerfile": "Dockerfile"}}, b"not a tar at all")
     assert status == 400 and body["error"] == "task_invalid", body
-    status, body = create_multipart(api, {"environment": {"dockerfile": "Missing"}}, tar_of({"Dockerfile": b"FROM x\n"}))
+    status, body = create_multipart(
+        api, {"environment": {"dockerfile": "Missing"}}, tar_of({"Dockerfile": b"FROM x\n"})
+    )
     assert status == 400 and "Missing" in body["detail"], body
     failing = tar_of({"Dockerfile": f"FROM {image_ref}\nRUN echo about to fail && false\n".encode()})
     status, body = create_multipart(api, {"environment": {"dockerfile": "Dockerfile"}}, failing)

@@ -7,24 +7,9 @@ import os
 import signal
 import time
 
-import pytest
-
 from evaluations.runtime import killer
 from tests.helpers.polling import wait_for
-from tests.sandboxes.conftest import Api, start_service, stop_service
-
-
-@pytest.fixture
-def service(tmp_path, base_image):
-    started = []
-
-    def start(**env):
-        started.append(start_service(tmp_path / f"svc{len(started)}", base_image[0], **env))
-        return started[-1]
-
-    yield start
-    for one in started:
-        stop_service(one)
+from tests.sandboxes.conftest import Api
 
 
 def ended(api: Api, sandbox_id: str, timeout: float = 120) -> dict:
@@ -67,16 +52,16 @@ def owner_process(sandbox_id: str) -> int:
     return next(proc.ppid for proc in procs if proc.ppid not in pids)
 
 
-def test_an_idle_sandbox_expires(service, base_image):
-    api = Api(service())
+def test_an_idle_sandbox_expires(sandbox_services, base_image):
+    api = Api(sandbox_services())
     sandbox_id = api.create({"environment": {"image": base_image[1]}, "idle_timeout_secs": 2})["sandbox_id"]
     body = ended(api, sandbox_id)
     assert body["status"] == "expired" and "idle" in body["error"], body
     assert wait_for(lambda: not leftovers(api.service, sandbox_id), what="nothing left")
 
 
-def test_a_sandbox_past_its_lifetime_expires(service, base_image):
-    api = Api(service())
+def test_a_sandbox_past_its_lifetime_expires(sandbox_services, base_image):
+    api = Api(sandbox_services())
     sandbox_id = api.create({"environment": {"image": base_image[1]}, "max_lifetime_secs": 3})["sandbox_id"]
     api.exec(sandbox_id, "true")
     body = ended(api, sandbox_id)
@@ -85,8 +70,8 @@ def test_a_sandbox_past_its_lifetime_expires(service, base_image):
     assert (status, answer["error"]) == (410, "gone")
 
 
-def test_past_max_sandboxes_at_capacity(service, base_image):
-    api = Api(service(MAX_SANDBOXES="1"))
+def test_past_max_sandboxes_at_capacity(sandbox_services, base_image):
+    api = Api(sandbox_services(MAX_SANDBOXES="1"))
     first = api.create({"environment": {"image": base_image[1]}})["sandbox_id"]
     status, body = api.json("POST", "/sandboxes", {"environment": {"image": base_image[1]}})
     assert (status, body["error"]) == (503, "at_capacity"), body
@@ -94,8 +79,8 @@ def test_past_max_sandboxes_at_capacity(service, base_image):
     api.create({"environment": {"image": base_image[1]}})
 
 
-def test_a_sandbox_over_memory_reports_it(service, base_image):
-    api = Api(service())
+def test_a_sandbox_over_memory_reports_it(sandbox_services, base_image):
+    api = Api(sandbox_services())
     sandbox_id = api.create({"environment": {"image": base_image[1]}, "memory_mb": 64})["sandbox_id"]
     hog = "python3 -c 'b = bytearray(512 * 1024 * 1024); import time; time.sleep(5)'"
     status, result = api.json("POST", f"/sandboxes/{sandbox_id}/exec", {"command": hog})
@@ -107,8 +92,8 @@ def test_a_sandbox_over_memory_reports_it(service, base_image):
     assert wait_for(lambda: not leftovers(api.service, sandbox_id), what="nothing left")
 
 
-def test_a_sandbox_over_its_disk_quota_reports_it(service, base_image):
-    api = Api(service())
+def test_a_sandbox_over_its_disk_quota_reports_it(sandbox_services, base_image):
+    api = Api(sandbox_services())
     sandbox_id = api.create({"environment": {"image": base_image[1]}, "storage_mb": 8})["sandbox_id"]
     response = api.call("PUT", f"/sandboxes/{sandbox_id}/files?path=/big", raw=b"x" * (9 * 1024 * 1024))
     assert response.status == 413, response.body  # refused before a byte is written
@@ -118,8 +103,8 @@ def test_a_sandbox_over_its_disk_quota_reports_it(service, base_image):
     assert wait_for(lambda: not leftovers(api.service, sandbox_id), what="nothing left")
 
 
-def test_a_dead_init_ends_the_sandbox_and_leaves_nothing(service, base_image):
-    api = Api(service())
+def test_a_dead_init_ends_the_sandbox_and_leaves_nothing(sandbox_services, base_image):
+    api = Api(sandbox_services())
     sandbox_id = api.create({"environment": {"image": base_image[1]}})["sandbox_id"]
     init = next(proc.pid for proc in tagged(sandbox_id) if comm(proc.pid) == "te-init")
     os.kill(init, signal.SIGKILL)
@@ -128,8 +113,8 @@ def test_a_dead_init_ends_the_sandbox_and_leaves_nothing(service, base_image):
     assert wait_for(lambda: not leftovers(api.service, sandbox_id), what="nothing left")
 
 
-def test_a_dead_sandbox_process_is_cleaned_up_by_the_worker(service, base_image):
-    api = Api(service())
+def test_a_dead_sandbox_process_is_cleaned_up_by_the_worker(sandbox_services, base_image):
+    api = Api(sandbox_services())
     sandbox_id = api.create({"environment": {"image": base_image[1]}})["sandbox_id"]
     os.kill(owner_process(sandbox_id), signal.SIGKILL)
     body = ended(api, sandbox_id)
@@ -137,8 +122,8 @@ def test_a_dead_sandbox_process_is_cleaned_up_by_the_worker(service, base_image)
     assert wait_for(lambda: not leftovers(api.service, sandbox_id), what="nothing left")
 
 
-def test_the_reaper_cleans_up_after_a_dead_worker_and_sandbox(service, base_image):
-    live = service(WORKER_STALE_SECS="2")
+def test_the_reaper_cleans_up_after_a_dead_worker_and_sandbox(sandbox_services, base_image):
+    live = sandbox_services(WORKER_STALE_SECS="2")
     api = Api(live)
     sandbox_id = api.create({"environment": {"image": base_image[1]}})["sandbox_id"]
     owner = owner_process(sandbox_id)
