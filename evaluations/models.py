@@ -473,6 +473,7 @@ class Sandbox(models.Model):
 
     class Meta:
         ordering = ("-created_at", "-id")
+        verbose_name_plural = "sandboxes"  # the admin's; Django's default would be "sandboxs"
         indexes = [
             models.Index(fields=["owner", "-created_at"], name="sandbox_owner_idx"),
             models.Index(

@@ -1,4 +1,5 @@
-"""The figures heading the evaluations list: the last 24 hours, what runs now, and in what sandbox."""
+"""The figures heading the evaluations list: the last 24 hours, what runs now, in what sandbox, and how
+many live sandboxes (SPEC §24) there are."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from django.utils import timezone
 from evaluations import checks
 from evaluations.admin import format as fmt
 from evaluations.db import stats
-from evaluations.models import ACTIVE_STATUSES, Evaluation, Status
+from evaluations.models import ACTIVE_STATUSES, LIVE_SANDBOX_STATUSES, Evaluation, Sandbox, Status
 
 ENDED = (Status.COMPLETED, Status.FAILED, Status.CANCELLED)
 
@@ -22,6 +23,7 @@ def dashboard() -> dict:
     3. Running and pending are counted once, now, whenever they were created.
     4. The sandbox in words, as /status says it (checks.sandbox_state); flagged when agent code
        runs unsandboxed.
+    5. The live sandboxes (starting or ready) of every host, now: each is a uid and a root held.
     """
     since = timezone.now() - timedelta(hours=24)
     judged = Q(status__in=[Status.COMPLETED, Status.FAILED])
@@ -46,4 +48,6 @@ def dashboard() -> dict:
         "pending_now": now[Status.PENDING],
         "sandbox": sandbox.words,
         "sandboxed": sandbox.mode == "bwrap",
+        "live_sandboxes": Sandbox.objects.filter(status__in=LIVE_SANDBOX_STATUSES).count(),
+        "live_sandbox_statuses": ",".join(LIVE_SANDBOX_STATUSES),
     }

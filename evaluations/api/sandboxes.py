@@ -132,12 +132,45 @@ def _row(sandbox_id: str, caller) -> Sandbox:
     return row
 
 
+def here(row: Sandbox) -> bool:
+    """The sandbox lives on this host: only its host reaches its process."""
+    return row.node == fleet.node(_config())
+
+
+class NotHere(Exception):
+    """The sandbox lives on another host of the fleet: stop it there (DELETE there, or its admin)."""
+
+
+def stop(row: Sandbox) -> bool:
+    """Stop a sandbox of this host, for DELETE /sandboxes/{id} and the admin's action: every process,
+    its files, its uid and mounts given back. False when the row says it had already ended;
+    NotHere for another host's.
+
+    1. A starting one is marked stopped: its process sees that once its environment is ready, and
+       tears down.
+    2. A ready one's process is asked to stop, and answers once it has given everything back (its
+       teardown writes ``stopped``).
+    3. No process answers (it died): marked stopped here; the reaper removes what it left.
+    """
+    if row.status not in LIVE_SANDBOX_STATUSES:
+        return False
+    if not here(row):
+        raise NotHere(f"sandbox {row.id} lives on {row.public_url or row.node}")
+    if row.status == SandboxStatus.STARTING and lifecycle.end_sandbox(row.id, SandboxStatus.STOPPED):
+        return True
+    try:
+        control.call(_config().data_dir, str(row.id), {"op": "stop"}, timeout=180)
+    except control.OwnerUnreachable:
+        lifecycle.end_sandbox(row.id, SandboxStatus.STOPPED)
+    return True
+
+
 def _owned_here(request, row: Sandbox, *, live: bool = True) -> None:
     """Raise what answers a request that this host cannot serve: 410 for an ended sandbox (when
     ``live``), 307 to the host that runs it."""
     if live and row.status not in LIVE_SANDBOX_STATUSES:
         raise ApiError(410, "gone", f"sandbox {row.id} is {row.status}")
-    if row.node == fleet.node(_config()):
+    if here(row):
         return
     if not row.public_url:
         raise ApiError(503, "infrastructure", f"sandbox {row.id} lives on {row.node}, which has no PUBLIC_URL")
@@ -306,12 +339,7 @@ class SandboxDetailView(APIView):
         if row.status not in LIVE_SANDBOX_STATUSES:
             return HttpResponse(status=204)
         _owned_here(request, row)
-        if row.status == SandboxStatus.STARTING and lifecycle.end_sandbox(row.id, SandboxStatus.STOPPED):
-            return HttpResponse(status=204)  # its process sees it stopped once ready, and tears down
-        try:
-            control.call(_config().data_dir, str(row.id), {"op": "stop"}, timeout=180)
-        except control.OwnerUnreachable:
-            lifecycle.end_sandbox(row.id, SandboxStatus.STOPPED)  # its process is gone: the reaper cleans up
+        stop(row)
         return HttpResponse(status=204)
 
 

@@ -2,7 +2,9 @@
 
 What an on-call engineer reads, asserted from the DOM at 1400 and 1024 px: the list fits with
 no clipped column, the detail page's log opens at its end with each test under its name, a
-10 MB output ships at most ~128 KiB inline, cancel and re-run are in the admin's history.
+10 MB output ships at most ~128 KiB inline, cancel and re-run are in the admin's history; the
+sandboxes' list fits too, and a sandbox's page shows its execs (rows written in the service's
+database: a live sandbox's own test is tests/sandboxes/).
 TE_SHOTS_DIR=folder keeps the screenshots (tmp_path otherwise).
 """
 
@@ -29,6 +31,29 @@ TESTS = {"fail_to_pass_add.sh": ADD_TEST, "pass_to_pass_echo.sh": Exec("#!/bin/b
 FLOOD = "import sys\nblock = ('x' * 99 + '\\n') * 10000\nfor _ in range(10):\n    sys.stdout.write(block)\n" + SOLVER
 SLOW = "import time\nprint('thinking', flush=True)\ntime.sleep(120)\n"
 CHANGELIST = "/admin/evaluations/evaluation/"
+SANDBOXES = "/admin/evaluations/sandbox/"
+# Ended sandboxes as the API and their processes leave them (an ended one: no worker or reaper acts on it).
+SANDBOX_ROWS = """
+from datetime import timedelta
+from django.utils import timezone
+from evaluations.models import Sandbox, SandboxExec
+now = timezone.now()
+spec = {"environment": {"image": "registry.example.com/team/python-tools:3.12-bookworm-slim"},
+        "network": {"mode": "allowlist", "allowed_hosts": ["pypi.org", "files.pythonhosted.org"]}}
+env = {"kind": "image", "ref": spec["environment"]["image"], "digest": "sha256:" + "ab" * 32, "cached": False}
+node = "https://executor-host-b.example.com:8443/"
+stopped = Sandbox.objects.create(status="stopped", spec=spec, environment=env, network=spec["network"], node=node,
+    created_at=now - timedelta(minutes=5), ready_at=now - timedelta(minutes=4), ended_at=now, exec_count=3)
+for n, argv in enumerate([["/bin/sh", "-c", "pip install -r requirements.txt && pytest -x tests/" + "x" * 200],
+                          ["python3", "-c", "print(1)"], ["sleep", "999"]], 1):
+    SandboxExec.objects.create(sandbox=stopped, position=n, command=argv, cwd="/app", exit_code=[0, 0, 124][n - 1],
+        timed_out=n == 3, duration_ms=1500 * n, user="nobody" if n == 2 else "")
+failed = Sandbox.objects.create(status="failed", spec={**spec, "environment": {"task_url":
+    "https://tasks.example.com/swe/django__django-11099.tar.gz"}}, node=node, ended_at=now,
+    error="preparing_environment: the image's build failed at step 3 of 7: RUN apt-get install -y gcc (exit 100)",
+    error_kind="task_invalid")
+print(stopped.id, failed.id)
+"""
 INLINE_BUDGET = 128 * 1024
 WHEN = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC$")
 
@@ -152,6 +177,7 @@ def test_an_operator_reads_the_admin_in_a_browser(worker_service, tasks, shots):
     assert pages["slow-cancel"]["url"].endswith(detail(ids["slow"]))
     assert wait_terminal(service, ids["slow"], timeout=60)["status"] == "cancelled"
 
+    stopped_id, failed_id = service.manage("shell", "-c", SANDBOX_ROWS).stdout.splitlines()[-1].split()
     second = browse(
         service.base_url,
         [
@@ -160,6 +186,10 @@ def test_an_operator_reads_the_admin_in_a_browser(worker_service, tasks, shots):
             visit("rerun", detail(ids["passed"]), "detail", click="form.te-tool button:text('Re-run')"),
             visit("index", "/admin/", "text"),
             visit("workers", "/admin/evaluations/workerheartbeat/", "text"),
+            visit("sandboxes-1400", SANDBOXES, "list", shot="full"),
+            visit("sandboxes-1024", SANDBOXES, "list", 1024, shot="full"),
+            visit("sandbox-1400", f"{SANDBOXES}{stopped_id}/change/", "detail", shot="full"),
+            visit("sandbox-1024", f"{SANDBOXES}{stopped_id}/change/", "detail", 1024),
         ],
         user=USER,
         password=PASSWORD,
@@ -180,6 +210,31 @@ def test_an_operator_reads_the_admin_in_a_browser(worker_service, tasks, shots):
     assert "Re-run of" in pages["index"]["text"] or new_id[:8] in pages["index"]["text"]
     workers = pages["workers"]["text"]
     assert "alive" in workers and "stale" not in workers and "Delete" not in workers
+
+    # The sandboxes: every column whole at 1400 and 1024 px; a sandbox's page, its execs oldest first.
+    assert_fits(pages["sandboxes-1400"], 1400)
+    assert_fits(pages["sandboxes-1024"], 1024)
+    listed = pages["sandboxes-1400"]
+    assert listed["headers"][1:] == [
+        "Id", "Status", "Environment", "Node", "Created (UTC)", "Ready after", "Ended after", "Execs", "Error kind",
+    ]  # fmt: skip
+    rows = {row["short_id"]: row for row in listed["rows"]}
+    assert set(rows) == {stopped_id[:8], failed_id[:8]}
+    assert rows[failed_id[:8]]["environment_text"] == "django__django-11099"
+    assert rows[failed_id[:8]]["error_kind_text"] == "task_invalid" and rows[failed_id[:8]]["ready_after"] == "-"
+    assert rows[stopped_id[:8]]["node_text"] == "executor-host-b:8443"
+    assert rows[stopped_id[:8]]["ready_after"] == "1 min 00 s" and rows[stopped_id[:8]]["ended_after"] == "5 min 00 s"
+    assert "Sandboxes" in pages["index"]["text"]
+    for name in ("sandbox-1400", "sandbox-1024"):
+        page = pages[name]
+        assert page["pageOverflow"] <= 0 and page["booleanIcons"] == 0 and page["inlineCaptions"] == [], name
+        assert page["fields"]["Status"] == "stopped" and page["fields"]["Execs"].startswith("3 recorded"), name
+        assert page["fields"]["Network"] == "allowlist: pypi.org, files.pythonhosted.org", name
+        assert "Stop" not in page["buttons"], name  # ended
+    assert WHEN.match(pages["sandbox-1400"]["fields"]["Ended"])
+    assert "pip install -r requirements.txt" in pages["sandbox-1400"]["execs"][0]["command_text"]
+    assert [e["exit_code_text"] for e in pages["sandbox-1400"]["execs"]] == ["0", "0", "124"]
+    assert [e["timed_out_text"] for e in pages["sandbox-1400"]["execs"]] == ["no", "no", "yes"]
 
     # No page asked for something that is not there (favicon.ico included).
     assert first["failedRequests"] == [] and second["failedRequests"] == []

@@ -68,6 +68,11 @@ const PROBES = {
       inlineEmpty: [...document.querySelectorAll(".te-inline-empty")].map(
         (p) => p.closest(".inline-group").querySelector("h2").textContent.trim(),
       ),
+      execs: [...document.querySelectorAll("#execs-group tbody tr")].map((tr) =>
+        Object.fromEntries(
+          [...tr.children].map((td) => [(td.className.match(/field-(\w+)/) || [, "other"])[1], td.innerText.trim()]),
+        ),
+      ),
       tests: [...document.querySelectorAll("#test_results-group tbody tr")].map((tr) =>
         Object.fromEntries(
           [...tr.children].map((td) => [(td.className.match(/field-(\w+)/) || [, "other"])[1], td.innerText.trim()]),
