@@ -1,4 +1,5 @@
-"""The one place that moves an evaluation between steps and statuses, and a batch to its end.
+"""The one place that moves an evaluation between steps and statuses, a batch to its end, and a
+live sandbox from starting to its end (SPEC §24).
 
 Every change writes the Evaluation row and a Transition row in one short
 transaction, and is conditional on the status the caller expects, so a
@@ -26,10 +27,13 @@ from evaluations.events.announce import announce
 from evaluations.models import (
     ACTIVE_STATUSES,
     CANCEL_KINDS,
+    LIVE_SANDBOX_STATUSES,
     Batch,
     CallbackState,
     ErrorKind,
     Evaluation,
+    Sandbox,
+    SandboxStatus,
     Status,
     Step,
     TestResult,
@@ -296,3 +300,30 @@ def cancel_batch(batch_id, reason: str) -> list[str] | None:
             outcomes.append(outcome)
     settle(batch_id)  # nothing was left to cancel: the batch ends here
     return outcomes
+
+
+# -- live sandboxes (SPEC §24): starting -> ready -> stopped, expired or failed --------------------
+
+
+def start_sandbox(**fields) -> Sandbox:
+    """A new sandbox, ``starting`` until its process says it runs."""
+    return Sandbox.objects.create(status=SandboxStatus.STARTING, **fields)
+
+
+def sandbox_ready(sandbox_id, **fields) -> bool:
+    """A starting sandbox is ready; False when it ended meanwhile (a DELETE, the reaper)."""
+    now = timezone.now()
+    return bool(
+        Sandbox.objects.filter(id=sandbox_id, status=SandboxStatus.STARTING).update(
+            status=SandboxStatus.READY, ready_at=now, last_active_at=now, **fields
+        )
+    )
+
+
+def end_sandbox(sandbox_id, status: str, *, error: str = "", kind: str | None = None, **fields) -> bool:
+    """A live sandbox's end, written once: False when it had already ended."""
+    return bool(
+        Sandbox.objects.filter(id=sandbox_id, status__in=LIVE_SANDBOX_STATUSES).update(
+            status=status, error=error, error_kind=kind, ended_at=timezone.now(), **fields
+        )
+    )

@@ -430,3 +430,81 @@ class WorkerHeartbeat(models.Model):
 
     def __str__(self) -> str:
         return f"{self.worker_id} on {self.hostname}"
+
+
+# -- live sandboxes (SPEC §24) -------------------------------------------------------------------
+
+
+class SandboxStatus(models.TextChoices):
+    STARTING = "starting"  # made by POST /sandboxes; its image pulled or built, its first process starting
+    READY = "ready"  # its init runs: exec, files and network answer
+    STOPPED = "stopped"  # DELETE
+    EXPIRED = "expired"  # the reaper: idle past idle_timeout_secs, or alive past max_lifetime_secs
+    FAILED = "failed"  # it never became ready, or its process died (error, error_kind)
+
+
+LIVE_SANDBOX_STATUSES = (SandboxStatus.STARTING, SandboxStatus.READY)
+
+
+class Sandbox(models.Model):
+    """One live sandbox: made on one host of a fleet (``node``), answered there (``public_url``)."""
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False, verbose_name="sandbox id")
+    owner = models.CharField(max_length=64, null=True, blank=True, help_text=OWNER_HELP)
+    status = models.CharField(max_length=16, choices=SandboxStatus.choices, default=SandboxStatus.STARTING)
+    spec = models.JSONField(default=dict, help_text="the POST /sandboxes body, as checked")
+    environment = models.JSONField(null=True, blank=True, help_text="{kind, ref, digest, cached} once ready")
+    network = models.JSONField(default=dict, blank=True, help_text="the egress policy now: {mode, allowed_hosts}")
+    error = models.TextField(blank=True, default="")
+    error_kind = models.CharField(max_length=16, null=True, blank=True, choices=ErrorKind.choices)
+    node = models.CharField(max_length=255, help_text="the service that made it and runs it")
+    public_url = models.CharField(max_length=2048, blank=True, default="", help_text="that service's PUBLIC_URL")
+    worker_id = models.CharField(max_length=64, blank=True, default="")
+    created_at = models.DateTimeField(default=timezone.now)
+    ready_at = models.DateTimeField(null=True, blank=True)
+    last_active_at = models.DateTimeField(default=timezone.now)
+    expires_at = models.DateTimeField(null=True, blank=True, help_text="created_at + max_lifetime_secs")
+    ended_at = models.DateTimeField(null=True, blank=True)
+    idle_timeout_secs = models.PositiveIntegerField(default=600)
+    max_lifetime_secs = models.PositiveIntegerField(default=86400)
+    exec_count = models.PositiveIntegerField(default=0)
+    egress = models.JSONField(default=list, blank=True)
+    resources = models.JSONField(null=True, blank=True)
+
+    class Meta:
+        ordering = ("-created_at", "-id")
+        indexes = [
+            models.Index(fields=["owner", "-created_at"], name="sandbox_owner_idx"),
+            models.Index(
+                fields=["node", "status"], name="sandbox_live_idx", condition=Q(status__in=["starting", "ready"])
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"sandbox {self.id} ({self.status})"
+
+    @property
+    def is_live(self) -> bool:
+        return self.status in LIVE_SANDBOX_STATUSES
+
+
+class SandboxExec(models.Model):
+    """One exec in a sandbox: what ran, as whom, how it ended (its output is the caller's alone)."""
+
+    sandbox = models.ForeignKey(Sandbox, on_delete=models.CASCADE, related_name="execs")
+    position = models.PositiveIntegerField()
+    command = models.JSONField(help_text="the argv as started")
+    cwd = models.CharField(max_length=4096, blank=True, default="")
+    user = models.CharField(max_length=64, blank=True, default="")
+    exit_code = models.IntegerField(null=True, blank=True)
+    timed_out = models.BooleanField(default=False)
+    oom_killed = models.BooleanField(default=False)
+    duration_ms = models.BigIntegerField(default=0)
+    started_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ("position",)
+        constraints = [models.UniqueConstraint(fields=["sandbox", "position"], name="sandboxexec_position_unique")]
+
+    def __str__(self) -> str:
+        return f"exec {self.position} of {self.sandbox_id}"

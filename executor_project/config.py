@@ -317,6 +317,13 @@ class Config:
     build_network: str = choice("BUILD_NETWORK", "on", ("on", "off"))
     # The CAs commands trust: unset, the distribution's bundle, found once at import.
     ca_bundle: Path | None = optional_path("SSL_CERT_FILE", distribution_ca_bundle())
+    # SPEC §24: live sandboxes on this host, how long POST /sandboxes waits for one to be ready before
+    # answering 202, the largest build context it takes, and this host's own address in a fleet (a
+    # request for a sandbox made elsewhere is redirected to its host's PUBLIC_URL).
+    max_sandboxes: int = integer("MAX_SANDBOXES", 32, minimum=0, maximum=4096)
+    sandbox_create_wait_secs: int = integer("SANDBOX_CREATE_WAIT_SECS", 20, minimum=0, maximum=3600)
+    max_context_bytes: int = integer("MAX_CONTEXT_BYTES", 512 * 1024 * 1024, minimum=1)
+    public_url: str = text("PUBLIC_URL")
     # Not a variable: the executor's group of assets, read from STATIC_ASSETS_CONFIG by load().
     static_assets: tuple[Asset, ...] = ()
 

@@ -1,7 +1,7 @@
 from django.urls import path, register_converter
 from drf_spectacular.views import SpectacularJSONAPIView, SpectacularSwaggerView
 
-from evaluations.api import artifacts, batches, events, logs, service, views
+from evaluations.api import artifacts, batches, events, logs, sandboxes, service, views
 from evaluations.api.assets import AssetListView
 from evaluations.api.environments import EnvironmentListView
 from evaluations.api.images import ImageListView
@@ -45,6 +45,11 @@ urlpatterns = [
     path("assets", AssetListView.as_view(), name="asset-list"),
     path("environments", EnvironmentListView.as_view(), name="environment-list"),
     path("images", ImageListView.as_view(), name="image-list"),
+    path("sandboxes", sandboxes.SandboxListView.as_view(), name="sandbox-list"),
+    path("sandboxes/<str:sandbox_id>", sandboxes.SandboxDetailView.as_view(), name="sandbox-detail"),
+    path("sandboxes/<str:sandbox_id>/exec", sandboxes.SandboxExecView.as_view(), name="sandbox-exec"),
+    path("sandboxes/<str:sandbox_id>/files", sandboxes.SandboxFilesView.as_view(), name="sandbox-files"),
+    path("sandboxes/<str:sandbox_id>/network", sandboxes.SandboxNetworkView.as_view(), name="sandbox-network"),
     path("api/schema", SpectacularJSONAPIView.as_view(), name="api-schema"),
     path("api/docs", SpectacularSwaggerView.as_view(url_name="api-schema"), name="api-docs"),
 ]

@@ -34,12 +34,15 @@ from typing import ClassVar
 
 from evaluations.environments import BadEnvironment, Environment, find_interpreter, toolchains
 from evaluations.images import inroot, rootfs
+from evaluations.images.errors import ImageError
 from evaluations.images.isolate import isolate_workdir
 from evaluations.images.store import ImageStore
 from evaluations.runtime import CommandResult, Limits, Mount, SandboxPolicy, Spawner
+from evaluations.runtime.idmap import IdMap
+from evaluations.runtime.policy import DISTRIBUTION_CA_BUNDLE
 from evaluations.runtime.sandbox import SYSTEM_PATH
 from evaluations.runtime.types import ImageRoot
-from evaluations.safefs import open_root_dir
+from evaluations.safefs import SafeFSError, open_parent, open_root_dir
 
 
 class BaseEnvironment(ABC):
@@ -321,6 +324,65 @@ class Image(BaseEnvironment):
 
     def close(self) -> None:
         rootfs.unmount_root(self.session.root)
+
+
+def mount_image(
+    store: ImageStore,
+    record,
+    session_root: Path,
+    *,
+    lease: int,
+    id_base: int,
+    workdir: str,
+    ca_host: Path | None,
+    as_root: bool = False,
+) -> ImageRoot:
+    """An image's root in ``session_root``: its layers idmapped onto ``lease`` and ``id_base``
+    (runtime/idmap.py) under a writable layer of its own, its ``User`` the lease (``as_root``: its
+    root instead, as a live sandbox's init, which starts each exec as the user it names), the
+    host's CAs trusted in it, its ``workdir`` made. ImageError says what is wrong with the image."""
+    layers = [store.layer_tree(layer) for layer in record.layers]
+    root = rootfs.mount_root(layers, session_root, IdMap(lease=lease, base=id_base))
+    user = (record.config or {}).get("User") or ""
+    if not as_root and user and user not in ("root", "0", "0:0", "root:root"):
+        uid, gid = rootfs.resolve_user(root.rootfs, user)
+        if (uid, gid) != (0, 0):
+            rootfs.unmount_root(session_root, remove=True)
+            root = rootfs.mount_root(layers, session_root, IdMap(lease=lease, base=id_base, user=uid, group=gid))
+    if ca_host is not None:
+        trust_host_ca(root, ca_host)
+    try:
+        make_workdir(root, workdir)
+    except OSError as exc:
+        raise ImageError(f"the image's WorkingDir {workdir} cannot be a folder: {exc.strerror or exc}") from None
+    return root
+
+
+def trust_host_ca(root: ImageRoot, ca_host: Path) -> None:
+    """The image's CA bundle, if it has one where Debian-like systems keep it, becomes the host's
+    (written into the root's own layer, owned by the image's root): tools that read only that
+    file trust what the host trusts, and ``update-ca-certificates`` may still replace it."""
+    try:  # the image's own file at that very path: no link on the way or at the end (SPEC §21)
+        folder, name = open_parent(root.rootfs, DISTRIBUTION_CA_BUNDLE.lstrip("/"), create=False)
+    except SafeFSError:
+        return
+    try:
+        st = os.stat(name, dir_fd=folder, follow_symlinks=False)
+        if not stat.S_ISREG(st.st_mode):
+            return
+        data = Path(ca_host).read_bytes()
+        fd = os.open(name, os.O_WRONLY | os.O_TRUNC | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=folder)
+    except FileNotFoundError:
+        return
+    finally:
+        os.close(folder)
+    try:  # copied up into the root's own layer
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+        os.fchown(fd, root.idmap.host_uid(0), root.idmap.host_gid(0))
+    finally:
+        os.close(fd)
 
 
 def make_workdir(root: ImageRoot, workdir: str) -> None:

@@ -284,14 +284,26 @@ def tar_layer_tree(tree: Path, out: Path) -> tuple[str, str]:
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
-def _sorted_walk(tree: Path) -> Iterator[tuple[str, int, str]]:
-    """(relative POSIX path, its folder's handle, its name) of every entry below ``tree``, depth
-    first in name order, parents before their children; links never followed.
+def write_folder_tar(folder_fd: int, out, shown: str) -> None:
+    """The folder behind ``folder_fd`` (a handle: resolved by the caller, inside a root) as a plain
+    tar on ``out``: its entries, folders included, names relative to it, links as links, owners
+    as the host has them. A live sandbox's ``GET .../files`` of a folder (SPEC §24)."""
+    with tarfile.open(fileobj=out, mode="w|", format=tarfile.PAX_FORMAT) as archive:
+        seen: dict[tuple[int, int], str] = {}
+        for relative, folder, name in _sorted_walk(folder_fd, shown):
+            _add_entry(archive, folder, name, relative, seen)
+
+
+def _sorted_walk(tree: Path | int, shown: str | None = None) -> Iterator[tuple[str, int, str]]:
+    """(relative POSIX path, its folder's handle, its name) of every entry below ``tree`` (a path,
+    or a folder's handle, which stays the caller's), depth first in name order, parents before
+    their children; links never followed.
 
     From handles, as commit.py's walk (SPEC §21): one folder handle open at a time, the names
     still to visit kept per level, the way back up ``..`` checked to be the folder left, so a
     tree deeper than ``PATH_MAX`` exports like any other."""
-    fd = os.open(tree, _DIR_FLAGS)
+    fd = os.open(".", _DIR_FLAGS, dir_fd=tree) if isinstance(tree, int) else os.open(tree, _DIR_FLAGS)
+    tree = shown or tree
     here = os.fstat(fd)
     frames = [("", sorted(os.listdir(fd), reverse=True), (here.st_dev, here.st_ino))]  # (relpath, names left, id)
     try:

@@ -16,8 +16,6 @@ reference pulled and ``rewritten_from`` the task's; a Dockerfile's record lists 
 
 from __future__ import annotations
 
-import os
-import stat
 from pathlib import Path
 
 from evaluations import environments, languages, livelog
@@ -32,9 +30,8 @@ from evaluations.models import ErrorKind, Evaluation
 from evaluations.network.egress.relay import BUNDLE_TARGET, SANDBOX_SOCKET
 from evaluations.pipeline.agentenv import find_interpreter
 from evaluations.pipeline.context import Context, StepFailed
-from evaluations.runtime.idmap import IdMap, image_id_base
+from evaluations.runtime.idmap import image_id_base
 from evaluations.runtime.policy import DISTRIBUTION_CA_BUNDLE
-from evaluations.safefs import SafeFSError, open_parent
 from evaluations.tasks.spec import ImageEnvironment
 from executor_project.config import Config
 
@@ -158,22 +155,16 @@ def _build(ctx: Context, spec: ImageEnvironment, store: ImageStore, progress) ->
 def _mount(ctx: Context, store, record, workdir: str):
     """The image's root for this evaluation, its User the evaluation's uid (runtime/idmap.py)."""
     config = ctx.config
-    lease = ctx.session.uid
-    base = image_id_base(config.image_uid_base, lease, config.sandbox_uid)
-    layers = [store.layer_tree(layer) for layer in record.layers]
-    root = rootfs.mount_root(layers, ctx.session.root, IdMap(lease=lease, base=base))
-    user = (record.config or {}).get("User") or ""
-    if user and user not in ("root", "0", "0:0", "root:root"):
-        uid, gid = rootfs.resolve_user(root.rootfs, user)
-        if (uid, gid) != (0, 0):
-            rootfs.unmount_root(ctx.session.root, remove=True)
-            root = rootfs.mount_root(layers, ctx.session.root, IdMap(lease=lease, base=base, user=uid, group=gid))
-    _trust_host_ca(ctx, root)
-    try:
-        kinds.make_workdir(root, workdir)
-    except OSError as exc:
-        raise ImageError(f"the image's WorkingDir {workdir} cannot be a folder: {exc.strerror or exc}") from None
-    return root
+    ca = ctx.trusted_ca
+    return kinds.mount_image(
+        store,
+        record,
+        ctx.session.root,
+        lease=ctx.session.uid,
+        id_base=image_id_base(config.image_uid_base, ctx.session.uid, config.sandbox_uid),
+        workdir=workdir,
+        ca_host=ca.host if ca is not None else None,
+    )
 
 
 def agent_patch(ctx: Context) -> str:
@@ -232,33 +223,9 @@ def executor_made(ctx: Context) -> tuple[str, ...]:
 
 
 def _trust_host_ca(ctx: Context, root) -> None:
-    """The image's CA bundle, if it has one where Debian-like systems keep it, becomes the host's
-    (written into the evaluation's layer, owned by the image's root): tools that read only that
-    file trust what the host trusts, and ``update-ca-certificates`` may still replace it."""
     ca = ctx.trusted_ca
-    if ca is None:
-        return
-    try:  # the image's own file at that very path: no link on the way or at the end (SPEC §21)
-        folder, name = open_parent(root.rootfs, DISTRIBUTION_CA_BUNDLE.lstrip("/"), create=False)
-    except SafeFSError:
-        return
-    try:
-        st = os.stat(name, dir_fd=folder, follow_symlinks=False)
-        if not stat.S_ISREG(st.st_mode):
-            return
-        data = Path(ca.host).read_bytes()
-        fd = os.open(name, os.O_WRONLY | os.O_TRUNC | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=folder)
-    except FileNotFoundError:
-        return
-    finally:
-        os.close(folder)
-    try:  # copied up into the evaluation's layer
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view) :]
-        os.fchown(fd, root.idmap.host_uid(0), root.idmap.host_gid(0))
-    finally:
-        os.close(fd)
+    if ca is not None:
+        kinds.trust_host_ca(root, ca.host)
 
 
 def _check_programs(ctx: Context) -> None:

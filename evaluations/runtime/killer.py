@@ -340,6 +340,12 @@ def kill_all(eval_id: str, process_group: int | None = None, *, uid: int | None 
     return kill_until_none(lambda: evaluation_processes(eval_id, uid=uid), f"evaluation {eval_id}")
 
 
+def kill_tagged(tag: str) -> int:
+    """SIGKILL every process whose environment carries ``tag``, and nothing else (not this process's
+    other descendants): one live sandbox's exec among the others (sandboxes/host.py)."""
+    return kill_until_none(lambda: tagged(tag), f"processes tagged {tag}")
+
+
 def kill_until_none(find: Callable[[], list[Proc]], what: str) -> int:
     """SIGKILL what ``find`` returns until it returns nothing (a fork storm forks while we
     kill), then wait until each killed process is through exit(). Returns how many were killed."""

@@ -120,8 +120,11 @@ class Spawner:
         limits: Limits,
         policy: SandboxPolicy | None = None,
         stdin_data: bytes | None = None,
+        pass_fds: Sequence[int] = (),
     ) -> CommandResult:
-        """Run one command to its end or its kill; nothing of a killed command outlives this."""
+        """Run one command to its end or its kill; nothing of a killed command outlives this.
+
+        ``pass_fds``: descriptors the command inherits (a live sandbox's init socket, SPEC §24)."""
         if self.cancel_event is not None and self.cancel_event.is_set():
             return CommandResult(None, "", 0, 0, Limit.CANCELLED, "cancelled")
         self._ensure_cgroup(limits)
@@ -137,7 +140,7 @@ class Spawner:
             live_log = closing.enter_context(open(self.live_log, "ab", buffering=0)) if self.live_log else None
             capture = OutputCapture(limits.max_output_bytes, live_log)
             started = time.monotonic()
-            proc = self._start(launch, stdin_data is not None, policy.niceness)
+            proc = self._start(launch, stdin_data is not None, policy.niceness, tuple(pass_fds))
             if launch.info is not None:
                 launch.info.close_write_end()  # bwrap holds its own copy
             monitor = Monitor(
@@ -250,7 +253,7 @@ class Spawner:
         prepare_mount_points(policy)
         return policy
 
-    def _start(self, launch: Launch, with_stdin: bool, niceness: int) -> subprocess.Popen:
+    def _start(self, launch: Launch, with_stdin: bool, niceness: int, pass_fds: tuple[int, ...]) -> subprocess.Popen:
         with killer.spawning() as awaiting, _niced(niceness):
             proc = subprocess.Popen(
                 launch.argv,
@@ -261,7 +264,7 @@ class Spawner:
                 env=launch.env,
                 start_new_session=True,
                 close_fds=True,
-                pass_fds=launch.pass_fds,
+                pass_fds=(*launch.pass_fds, *pass_fds),
             )
             awaiting(proc.pid)
         log.debug("eval %s: pid %s started: %s", self.eval_id, proc.pid, launch.argv)

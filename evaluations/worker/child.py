@@ -30,6 +30,7 @@ from django.db import connections  # noqa: E402
 from evaluations.models import WORKER_LOST  # noqa: E402
 from evaluations.pipeline.cancel import CancelState, Stop, start_watching  # noqa: E402
 from evaluations.pipeline.run import run_pipeline  # noqa: E402
+from evaluations.sandboxes.host import run_sandbox  # noqa: E402
 
 
 def watch_worker(channel, state: CancelState) -> None:
@@ -55,4 +56,14 @@ def main(eval_id: str, runtime, alive_channel) -> None:
         run_pipeline(eval_id, settings.EXECUTOR, runtime=runtime, cancel=state)
     finally:
         done.set()
+        connections.close_all()
+
+
+def sandbox_main(sandbox_id: str, runtime, alive_channel) -> None:
+    """A live sandbox's process (SPEC §24): it ends with the sandbox, or with the worker (its
+    liveness pipe, read by the sandbox's own loop)."""
+    connections.close_all()
+    try:
+        run_sandbox(sandbox_id, settings.EXECUTOR, runtime, alive_channel.fileno())
+    finally:
         connections.close_all()

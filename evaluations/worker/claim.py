@@ -14,7 +14,7 @@ from django.db import connection, transaction
 from django.utils import timezone
 
 from evaluations import lifecycle
-from evaluations.models import Evaluation, Status
+from evaluations.models import Evaluation, Sandbox, SandboxStatus, Status
 
 
 def _take(eval_id, worker_id: str) -> bool:
@@ -38,3 +38,16 @@ def claim(worker_id: str, limit: int) -> list:
             return [eval_id for eval_id in candidates if _take(eval_id, worker_id)]
     candidates = list(pending.values_list("id", flat=True)[:limit])
     return [eval_id for eval_id in candidates if _take(eval_id, worker_id)]
+
+
+def claim_sandboxes(worker_id: str, node: str, limit: int) -> list[str]:
+    """Claim up to ``limit`` starting sandboxes made on this host (``node``), oldest first."""
+    if limit <= 0:
+        return []
+    waiting = Sandbox.objects.filter(node=node, status=SandboxStatus.STARTING, worker_id="").order_by("created_at")
+    candidates = list(waiting.values_list("id", flat=True)[:limit])
+    return [
+        str(sandbox_id)
+        for sandbox_id in candidates
+        if Sandbox.objects.filter(id=sandbox_id, worker_id="").update(worker_id=worker_id)
+    ]

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import socket
 import time
 import uuid
@@ -29,10 +30,21 @@ from django.db import close_old_connections, connection, connections
 from django.db.models.functions import Now
 
 from evaluations import lifecycle
-from evaluations.models import SHUTTING_DOWN, TTL_EXPIRED, ErrorKind, Evaluation, Status, WorkerHeartbeat
+from evaluations.models import (
+    SHUTTING_DOWN,
+    TTL_EXPIRED,
+    ErrorKind,
+    Evaluation,
+    SandboxStatus,
+    Status,
+    WorkerHeartbeat,
+)
+from evaluations.sandboxes import fleet
+from evaluations.sandboxes import reaping as sandbox_reaping
 from evaluations.worker import reaper, wakeup
 from evaluations.worker.callbacks import Dispatcher
-from evaluations.worker.claim import claim
+from evaluations.worker.child import sandbox_main
+from evaluations.worker.claim import claim, claim_sandboxes
 from evaluations.worker.listener import PostgresListener
 from evaluations.worker.pool import Pool, describe_exit
 
@@ -58,6 +70,9 @@ class Worker:
         self.callbacks = Dispatcher(config)
         self.wake: wakeup.WakeSocket | None = None  # bound by start
         self.listener: PostgresListener | None = None  # PostgreSQL LISTEN connection, opened by the first tick
+        # Live sandboxes (SPEC §24): one process each, as evaluations, claimed from this host's own.
+        self.sandboxes = Pool(config.max_sandboxes, pool.runtime, target=sandbox_main) if config.max_sandboxes else None
+        self.node = fleet.node(config)
 
     @classmethod
     def start(cls, config, runtime) -> Worker:
@@ -139,16 +154,21 @@ class Worker:
             self.reap()
             self.next_reap = now + config.reap_interval_secs
         self.collect_finished()
+        self.collect_sandboxes()
         self.expire_sessions()
         self.callbacks.dispatch()
         if stopping:
             if now - self.stop_requested_at >= config.shutdown_grace_secs:
                 self.cancel_all(SHUTTING_DOWN)
-            if not self.pool.running:
+                self.stop_sandboxes()
+            if not self.pool.running and not (self.sandboxes and self.sandboxes.running):
                 return True
-        elif self.pool.free > 0:
-            self.start_claimed(claim(self.worker_id, self.pool.free))
-        waitables = [self.wake, *self.pool.sentinels()]
+        else:
+            if self.pool.free > 0:
+                self.start_claimed(claim(self.worker_id, self.pool.free))
+            if self.sandboxes is not None and self.sandboxes.free > 0:
+                self.start_sandboxes(claim_sandboxes(self.worker_id, self.node, self.sandboxes.free))
+        waitables = [self.wake, *self.pool.sentinels(), *(self.sandboxes.sentinels() if self.sandboxes else ())]
         if self.listener is not None:
             waitables.append(self.listener)
         ready = wait(waitables, timeout=0.5 if stopping else POLL_SECS)
@@ -183,6 +203,33 @@ class Worker:
                 )
             else:
                 logger.info("claimed", extra={"eval_id": eval_id})
+
+    def start_sandboxes(self, sandbox_ids) -> None:
+        """A process for each claimed sandbox; one that cannot start fails at once with the cause."""
+        for sandbox_id in sandbox_ids:
+            try:
+                self.sandboxes.start(sandbox_id)
+            except Exception as exc:
+                reason = f"could not start the sandbox's process: {exc.__class__.__name__}: {exc}"
+                logger.exception(reason)
+                lifecycle.end_sandbox(sandbox_id, SandboxStatus.FAILED, error=reason, kind=ErrorKind.INFRASTRUCTURE)
+
+    def collect_sandboxes(self) -> None:
+        """A sandbox's process that ended without ending its sandbox died: fail it, remove its leftovers."""
+        if self.sandboxes is None:
+            return
+        for sandbox_id, exitcode in self.sandboxes.reap():
+            reason = f"the sandbox's process died ({describe_exit(exitcode)})"
+            if lifecycle.end_sandbox(sandbox_id, SandboxStatus.FAILED, error=reason, kind=ErrorKind.INFRASTRUCTURE):
+                logger.error("sandbox %s: %s", sandbox_id, reason)
+            sandbox_reaping.remove_leftovers(self.config, sandbox_id)
+
+    def stop_sandboxes(self) -> None:
+        """After the grace period: each sandbox's process ends its sandbox (SIGTERM, its own teardown)."""
+        if self.sandboxes is not None:
+            for entry in self.sandboxes.running.values():
+                if entry.process.is_alive():
+                    os.kill(entry.process.pid, signal.SIGTERM)
 
     def expire_sessions(self) -> None:
         """Ask evaluations past SESSION_TTL_SECS to stop, unless a stop was already asked for

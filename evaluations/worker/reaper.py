@@ -33,6 +33,7 @@ from evaluations.models import (
 )
 from evaluations.pipeline.session import RETIRED_PREFIX
 from evaluations.safefs import remove_tree_nofollow
+from evaluations.sandboxes import reaping as sandbox_reaping
 
 logger = logging.getLogger("term_executor.reaper")
 
@@ -54,6 +55,8 @@ class ReapSummary:
     image_pins_removed: int = 0
     image_tmp_removed: int = 0
     artifacts_removed: int = 0
+    sandboxes_lost: int = 0
+    sandboxes_removed: int = 0
 
     def line(self, dry_run: bool = False) -> str:
         prefix = "reap_sessions (dry run):" if dry_run else "reap_sessions:"
@@ -61,7 +64,8 @@ class ReapSummary:
             f"{prefix} expired={self.expired} lost={self.lost} folders_removed={self.folders_removed} "
             f"purged={self.purged} processes_killed={self.processes_killed} cgroups_removed={self.cgroups_removed} "
             f"image_builds_removed={self.image_builds_removed} image_pins_removed={self.image_pins_removed} "
-            f"image_tmp_removed={self.image_tmp_removed} artifacts_removed={self.artifacts_removed}"
+            f"image_tmp_removed={self.image_tmp_removed} artifacts_removed={self.artifacts_removed} "
+            f"sandboxes_lost={self.sandboxes_lost} sandboxes_removed={self.sandboxes_removed}"
         )
 
 
@@ -237,6 +241,10 @@ def reap(config, *, dry_run: bool = False) -> ReapSummary:
             summary.processes_killed += _kill_tagged(eval_id)
     summary.folders_removed, killed = remove_orphan_folders(config.workspace_base, dry_run=dry_run)
     summary.processes_killed += killed
+    summary.sandboxes_lost = len(
+        sandbox_reaping.end_lost(config, live_worker_ids(config.worker_stale_secs), dry_run=dry_run)
+    )
+    summary.sandboxes_removed = sandbox_reaping.remove_orphans(config, dry_run=dry_run)
     summary.purged = purge_old(config.retention_days, dry_run=dry_run, config=config)
     summary.artifacts_removed = remove_orphan_artifacts(config, dry_run=dry_run)
     summary.cgroups_removed = remove_stale_cgroups(config, dry_run=dry_run)
@@ -289,6 +297,7 @@ def remove_stale_cgroups(config, *, dry_run: bool = False) -> int:
 
     support = cgroups.detect(config.cgroup_parent)
     live = [str(i) for i in Evaluation.objects.filter(status__in=ACTIVE_STATUSES).values_list("id", flat=True)]
+    live += sandbox_reaping.live_tags()
     if dry_run:
         return len(cgroups.stale_cgroups(live, support=support))
     return len(cgroups.remove_stale(live, support=support))

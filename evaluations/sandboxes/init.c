@@ -1,0 +1,237 @@
+/*
+ * te-init: the first process of a live sandbox (SPEC §24). It starts each exec the host asks for
+ * and reports how it ended; nothing else. Built static (no library of the image's is loaded) by
+ * evaluations/sandboxes/initbin.py and bound read-only into the sandbox.
+ *
+ * The host holds the other end of a SOCK_SEQPACKET socket, passed as the descriptor named by
+ * argv[1] (never a path inside the sandbox). Messages are one packet each:
+ *
+ *   host -> init   "E <id>"        + 4 descriptors: the request (a memfd of NUL-separated
+ *                                    fields: uid, gid, cwd, argc, argv..., envc, env...), then the
+ *                                    exec's stdin, stdout and stderr
+ *                  "K <id> <sig>"  signal the exec's process group
+ *   init -> host   "S <id> <pid>"  started (its pid in the sandbox)
+ *                  "X <id> <st>"   ended; <st> is waitpid's status
+ *                  "F <id> <errno>" could not start
+ *
+ * Root in the sandbox can ptrace this process: the host treats its answers as the sandbox's own
+ * word (an exec's exit status), never as something the host's own safety rests on. When the host's
+ * end closes, init exits, and with it the sandbox (bubblewrap ends the pid namespace).
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <grp.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/signalfd.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/types.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#define MAX_EXECS 1024
+#define MAX_REQUEST (64 << 20)
+
+struct running {
+    unsigned long id;
+    pid_t pid;
+};
+
+static struct running table[MAX_EXECS];
+static int control = -1;
+
+static void say(const char *text) {
+    if (send(control, text, strlen(text), MSG_NOSIGNAL) < 0 && errno != EINTR) _exit(0);
+}
+
+static int receive(char *buf, size_t size, int fds[4], int *nfds) {
+    struct iovec iov = {buf, size - 1};
+    char cbuf[CMSG_SPACE(sizeof(int) * 4)];
+    struct msghdr msg = {0};
+    msg.msg_iov = &iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = cbuf;
+    msg.msg_controllen = sizeof cbuf;
+    ssize_t n;
+    do n = recvmsg(control, &msg, MSG_CMSG_CLOEXEC);
+    while (n < 0 && errno == EINTR);
+    if (n <= 0) return -1;
+    buf[n] = 0;
+    *nfds = 0;
+    for (struct cmsghdr *c = CMSG_FIRSTHDR(&msg); c; c = CMSG_NXTHDR(&msg, c)) {
+        if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
+        int count = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+        for (int i = 0; i < count && *nfds < 4; i++) fds[(*nfds)++] = ((int *)CMSG_DATA(c))[i];
+    }
+    return 0;
+}
+
+/* The request's fields, in place: returns the count, or -1. */
+static char *request;
+static int split(char *data, size_t size, char **fields, int max) {
+    int count = 0;
+    size_t start = 0;
+    for (size_t i = 0; i < size; i++) {
+        if (data[i] == 0) {
+            if (count == max) return -1;
+            fields[count++] = data + start;
+            start = i + 1;
+        }
+    }
+    return start == size ? count : -1;
+}
+
+static void fail_child(int out, const char *what, const char *arg, int code) {
+    dprintf(out, "term-executor: %s %s: %s\n", what, arg, strerror(errno));
+    _exit(code);
+}
+
+static void start(unsigned long id, int fds[4]) {
+    char reply[96];
+    struct stat st;
+    if (fstat(fds[0], &st) < 0 || st.st_size <= 0 || st.st_size > MAX_REQUEST) goto bad;
+    size_t size = st.st_size;
+    free(request);
+    request = malloc(size + 1);
+    if (!request) goto bad;
+    size_t got = 0;
+    while (got < size) {
+        ssize_t n = pread(fds[0], request + got, size - got, got);
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0) goto bad;
+        got += n;
+    }
+    size_t max = size / 1 + 1;
+    char **fields = calloc(max, sizeof(char *));
+    if (!fields) goto bad;
+    int count = split(request, size, fields, max);
+    if (count < 5) { free(fields); goto bad; }
+    uid_t uid = strtoul(fields[0], NULL, 10);
+    gid_t gid = strtoul(fields[1], NULL, 10);
+    const char *cwd = fields[2];
+    int argc = atoi(fields[3]);
+    if (argc < 1 || 4 + argc >= count) { free(fields); goto bad; }
+    char **argv = fields + 4;
+    int envc = atoi(fields[4 + argc]);
+    if (envc < 0 || 5 + argc + envc != count) { free(fields); goto bad; }
+    char **envp = fields + 5 + argc;
+    /* NUL-terminated lists: the field after each list is overwritten by NULL in a copy. */
+    char **args = calloc(argc + 1, sizeof(char *));
+    char **env = calloc(envc + 1, sizeof(char *));
+    if (!args || !env) { free(fields); free(args); free(env); goto bad; }
+    memcpy(args, argv, argc * sizeof(char *));
+    memcpy(env, envp, envc * sizeof(char *));
+    int slot = -1;
+    for (int i = 0; i < MAX_EXECS; i++)
+        if (table[i].pid == 0) { slot = i; break; }
+    if (slot < 0) { errno = EAGAIN; free(fields); free(args); free(env); goto failed; }
+    pid_t pid = fork();
+    if (pid < 0) { free(fields); free(args); free(env); goto failed; }
+    if (pid == 0) {
+        sigset_t none;
+        sigemptyset(&none);
+        sigprocmask(SIG_SETMASK, &none, NULL);
+        for (int s = 1; s < NSIG; s++) signal(s, SIG_DFL);
+        setsid();
+        if (dup2(fds[1], 0) < 0 || dup2(fds[2], 1) < 0 || dup2(fds[3], 2) < 0) _exit(126);
+        syscall(SYS_close_range, 3, ~0U, 0);
+        umask(022);
+        if (getuid() != uid || getgid() != gid) {
+            if (setgroups(0, NULL) < 0 && errno != EPERM) fail_child(2, "setgroups", "", 126);
+            if (setgid(gid) < 0) fail_child(2, "setgid", fields[1], 126);
+            if (setuid(uid) < 0) fail_child(2, "setuid", fields[0], 126);
+        }
+        if (chdir(cwd) < 0) fail_child(2, "chdir", cwd, 126);
+        environ = env;
+        execvp(args[0], args);
+        fail_child(2, "exec", args[0], errno == ENOENT ? 127 : 126);
+    }
+    free(fields);
+    free(args);
+    free(env);
+    table[slot].id = id;
+    table[slot].pid = pid;
+    for (int i = 0; i < 4; i++) close(fds[i]);
+    snprintf(reply, sizeof reply, "S %lu %d", id, pid);
+    say(reply);
+    return;
+bad:
+    errno = EINVAL;
+failed:
+    snprintf(reply, sizeof reply, "F %lu %d", id, errno);
+    for (int i = 0; i < 4; i++) close(fds[i]);
+    say(reply);
+}
+
+static void reap(void) {
+    int status;
+    pid_t pid;
+    char reply[64];
+    while ((pid = waitpid(-1, &status, WNOHANG)) > 0) {
+        for (int i = 0; i < MAX_EXECS; i++) {
+            if (table[i].pid == pid) {
+                snprintf(reply, sizeof reply, "X %lu %d", table[i].id, status);
+                table[i].pid = 0;
+                say(reply);
+                break;
+            }
+        }
+    }
+}
+
+static void signal_exec(unsigned long id, int sig) {
+    for (int i = 0; i < MAX_EXECS; i++)
+        if (table[i].pid > 0 && table[i].id == id) kill(-table[i].pid, sig);
+}
+
+int main(int argc, char **argv) {
+    if (argc < 2) return 2;
+    control = atoi(argv[1]);
+    prctl(PR_SET_CHILD_SUBREAPER, 1);
+    sigset_t mask;
+    sigemptyset(&mask);
+    sigaddset(&mask, SIGCHLD);
+    sigprocmask(SIG_BLOCK, &mask, NULL);
+    int sfd = signalfd(-1, &mask, SFD_CLOEXEC | SFD_NONBLOCK);
+    if (sfd < 0) return 3;
+    signal(SIGPIPE, SIG_IGN);
+    say("R 0 0");
+    for (;;) {
+        struct pollfd p[2] = {{control, POLLIN, 0}, {sfd, POLLIN, 0}};
+        if (poll(p, 2, -1) < 0) {
+            if (errno == EINTR) continue;
+            return 4;
+        }
+        if (p[1].revents & POLLIN) {
+            struct signalfd_siginfo info;
+            while (read(sfd, &info, sizeof info) > 0) {}
+            reap();
+        }
+        if (p[0].revents & (POLLIN | POLLHUP | POLLERR)) {
+            char buf[256];
+            int fds[4], nfds = 0;
+            if (receive(buf, sizeof buf, fds, &nfds) < 0) return 0;
+            unsigned long id = 0;
+            int sig = 0;
+            if (buf[0] == 'E' && sscanf(buf + 1, "%lu", &id) == 1) {
+                if (nfds == 4) start(id, fds);
+                else {
+                    for (int i = 0; i < nfds; i++) close(fds[i]);
+                    char reply[64];
+                    snprintf(reply, sizeof reply, "F %lu %d", id, EINVAL);
+                    say(reply);
+                }
+            } else {
+                for (int i = 0; i < nfds; i++) close(fds[i]);
+                if (buf[0] == 'K' && sscanf(buf + 1, "%lu %d", &id, &sig) == 2) signal_exec(id, sig);
+            }
+        }
+    }
+}

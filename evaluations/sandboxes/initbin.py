@@ -1,0 +1,64 @@
+"""The sandbox's init (``init.c``), compiled once per host and per source, static.
+
+Static, so that it runs in any image whatever its libc (or none): nothing of the image is loaded
+before our code runs. It lives under WORKSPACE_BASE (which every sandbox uid may traverse, as the
+egress relay's bundle), in a folder of its own named by the source's hash, made read-only to all
+but root; a changed ``init.c`` gets a new folder. Building needs a C compiler with a static libc
+(Debian: ``gcc`` and ``libc6-dev``); where there is none, ``InitUnavailable`` says so.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+SOURCE = Path(__file__).with_name("init.c")
+NAME = "te-init"
+# Where the init's folder is bound in every sandbox: a folder of its own (an image's /run stays its own).
+TARGET_DIR = "/run/te-init"
+TARGET = f"{TARGET_DIR}/{NAME}"
+
+
+class InitUnavailable(RuntimeError):
+    """The init cannot be built on this host (no C compiler or static libc)."""
+
+
+def source_digest() -> str:
+    return hashlib.sha256(SOURCE.read_bytes()).hexdigest()[:16]
+
+
+def ensure_init(base: Path) -> Path:
+    """The folder holding the built init for this source, under ``base`` (built if missing)."""
+    folder = Path(base) / f".sandbox-init-{source_digest()}"
+    if (folder / NAME).is_file():
+        return folder
+    compiler = shutil.which("cc") or shutil.which("gcc")
+    if compiler is None:
+        raise InitUnavailable("live sandboxes need a C compiler to build their init (apt-get install gcc libc6-dev)")
+    Path(base).mkdir(parents=True, exist_ok=True)
+    scratch = Path(tempfile.mkdtemp(prefix=".sandbox-init-build-", dir=base))
+    try:
+        binary = scratch / NAME
+        done = subprocess.run(
+            [compiler, "-O2", "-static", "-Wall", "-o", str(binary), str(SOURCE)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        if done.returncode != 0:
+            raise InitUnavailable(f"could not build the sandbox init: {done.stderr.strip()[-500:]}")
+        os.chmod(binary, 0o755)
+        os.chmod(scratch, 0o755)
+        try:
+            os.rename(scratch, folder)  # atomic: a concurrent builder's rename wins, ours is removed
+        except OSError:
+            if not (folder / NAME).is_file():
+                raise
+    finally:
+        if scratch.exists():
+            shutil.rmtree(scratch, ignore_errors=True)
+    return folder

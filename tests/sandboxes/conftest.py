@@ -1,0 +1,97 @@
+"""A live service with its worker for the sandbox tests, and a small HTTP client for its API."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from tests.helpers.http import request
+from tests.helpers.polling import wait_for
+from tests.helpers.service import LiveService
+
+TOKEN = "sandbox-test-token"
+
+
+class Api:
+    def __init__(self, service: LiveService, token: str = TOKEN):
+        self.service = service
+        self.token = token
+
+    def call(self, method: str, path: str, body=None, *, raw: bytes | None = None, headers=None, timeout: float = 120):
+        sent = dict(headers or {})
+        sent["Authorization"] = f"Bearer {self.token}"
+        data = raw
+        if body is not None:
+            data = json.dumps(body).encode()
+            sent["Content-Type"] = "application/json"
+        return request(method, self.service.url(path), data=data, headers=sent, timeout=timeout)
+
+    def json(self, method: str, path: str, body=None, **kwargs):
+        response = self.call(method, path, body, **kwargs)
+        return response.status, (json.loads(response.body) if response.body else None)
+
+    def create(self, spec: dict, **kwargs) -> dict:
+        """A ready sandbox: 201, or 202 (a cold pull or a build under way) then GET until it is ready."""
+        status, body = self.json("POST", "/sandboxes", spec, **kwargs)
+        assert status in (201, 202), body
+        if status == 202:
+            assert body["status"] == "starting"
+            body = wait_for(lambda: self.settled(body["sandbox_id"]), timeout=600, what="the sandbox to be ready")
+        assert body["status"] == "ready", body
+        return body
+
+    def settled(self, sandbox_id: str) -> dict | None:
+        status, body = self.json("GET", f"/sandboxes/{sandbox_id}")
+        assert status == 200, body
+        return None if body["status"] == "starting" else body
+
+    def exec(self, sandbox_id: str, command, **fields) -> dict:
+        status, body = self.json("POST", f"/sandboxes/{sandbox_id}/exec", {"command": command, **fields})
+        assert status == 200, body
+        return body
+
+
+def start_service(folder: Path, registry, **env) -> LiveService:
+    sessions = Path(tempfile.mkdtemp(prefix="te-sbx-", dir="/tmp"))  # traversable by the sandbox uids
+    os.chmod(sessions, 0o711)
+    service = LiveService(
+        folder,
+        worker=True,
+        env={
+            "AUTH_TOKEN": TOKEN,
+            "WORKSPACE_BASE": str(sessions),
+            "IMAGE_INSECURE_REGISTRIES": registry.host,
+            "ALLOWED_PRIVATE_HOSTS": "127.0.0.1",
+            **env,
+        },
+    )
+    service.sessions = sessions
+    return service.start()
+
+
+def stop_service(service: LiveService) -> None:
+    service.stop()
+    shutil.rmtree(service.sessions, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def sandbox_service(tmp_path_factory, base_image):
+    registry, _, _ = base_image
+    service = start_service(tmp_path_factory.mktemp("sandbox-service"), registry)
+    yield service
+    stop_service(service)
+
+
+@pytest.fixture
+def api(sandbox_service) -> Api:
+    return Api(sandbox_service)
+
+
+@pytest.fixture
+def image_ref(base_image) -> str:
+    return base_image[1]
