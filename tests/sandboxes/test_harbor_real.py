@@ -19,11 +19,12 @@ from pathlib import Path
 import pytest
 
 from tests.helpers import harbor_venv
-from tests.sandboxes.conftest import TOKEN, Api
+from tests.sandboxes.conftest import TOKEN, Api, start_service, stop_service
 
 pytestmark = pytest.mark.database  # sandbox_service builds its LiveService itself: no fixture shows it
 
 ENVIRONMENT = "term_executor_client.harbor:TermExecutorEnvironment"
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "harbor"
 
 TASK_TOML = """\
 schema_version = "1.4"
@@ -79,6 +80,21 @@ def write_task(folder: Path, name: str, base_ref: str) -> Path:
 
 
 @pytest.fixture(scope="module")
+def sandbox_service(tmp_path_factory, hub_mirror):
+    """tests/sandboxes/conftest.py's service, and: docker.io's mirror is the suite's registry (for the
+    example task's ``FROM debian:bookworm``), which the operator's rules let sandboxes reach
+    (EGRESS_ALLOW; the network-phase test's allowlist names it)."""
+    service = start_service(
+        tmp_path_factory.mktemp("harbor-service"),
+        hub_mirror,
+        IMAGE_REGISTRY_MIRRORS=f"docker.io={hub_mirror.host}",
+        EGRESS_ALLOW=hub_mirror.host,
+    )
+    yield service
+    stop_service(service)
+
+
+@pytest.fixture(scope="module")
 def harbor() -> Path:
     """The venv's ``harbor`` command (the venv made on the first run, reused after)."""
     return harbor_venv.ensure() / "bin" / "harbor"
@@ -92,6 +108,7 @@ def base_ref(base_image) -> str:
 def harbor_run(harbor: Path, service, tmp_path: Path, path: Path, agent: str, *, concurrent: int = 1) -> list[dict]:
     """``harbor run`` of ``path`` (a task, or a folder of tasks) with ``agent``: each trial's result.json."""
     jobs = tmp_path / "jobs"
+    jobs.mkdir(parents=True, exist_ok=True)
     env = {
         **{key: value for key, value in os.environ.items() if not key.startswith(("TERM_EXECUTOR_", "PYTEST_"))},
         "HOME": str(tmp_path / "home"),  # Harbor's own caches and settings stay in the test's folder
@@ -144,4 +161,57 @@ def test_two_tasks_at_once(harbor, sandbox_service, api, base_ref, tmp_path):
     results = harbor_run(harbor, sandbox_service, tmp_path, dataset, "oracle", concurrent=2)
     assert sorted(result["task_name"] for result in results) == ["first", "second"]
     assert [reward(result) for result in results] == [1.0, 1.0]
+    assert live_sandboxes(api) == []
+
+
+# Each phase asks the registry for /v2/ through the sandbox's proxy (the relay's variables, without
+# NO_PROXY, which names 127.0.0.1) and writes what happened.
+PROBE = """\
+env -u no_proxy -u NO_PROXY python3 - <<'PY' > {out} 2>&1 || true
+import urllib.request
+try:
+    urllib.request.urlopen("http://{registry}/v2/", timeout=20)
+    print("reached")
+except Exception as error:
+    print("refused", error)
+PY
+"""
+
+
+def test_the_agent_and_verifier_phases_get_their_own_network_policy(
+    harbor, sandbox_service, api, base_ref, hub_mirror, tmp_path
+):
+    """The environment starts public; Harbor switches to the agent's allowlist and back, then to the
+    verifier's no-network and back (set_network_policy: PUT /network each time)."""
+    task = write_task(tmp_path / "tasks", "phases", base_ref)
+    (task / "task.toml").write_text(
+        TASK_TOML.replace(
+            "[agent]\n", f'[agent]\nnetwork_mode = "allowlist"\nallowed_hosts = ["{hub_mirror.host.split(":")[0]}"]\n'
+        ).replace("[verifier]\n", '[verifier]\nnetwork_mode = "no-network"\n')
+    )
+    (task / "solution" / "solve.sh").write_text(
+        "#!/bin/bash\n" + PROBE.format(out="/app/agent.txt", registry=hub_mirror.host)
+    )
+    (task / "tests" / "test.sh").write_text(
+        "#!/bin/bash\n"
+        + PROBE.format(out="/logs/verifier/probe.txt", registry=hub_mirror.host)
+        + "cp /app/agent.txt /logs/verifier/agent.txt\n"
+        + "if grep -q ^reached /app/agent.txt && grep -q ^refused /logs/verifier/probe.txt; then r=1; else r=0; fi\n"
+        + "echo $r > /logs/verifier/reward.txt\n"
+    )
+    (result,) = harbor_run(harbor, sandbox_service, tmp_path, task, "oracle")
+    verifier = tmp_path / "jobs" / "oracle" / result["trial_name"] / "verifier"
+    seen = (verifier / "agent.txt").read_text(), (verifier / "probe.txt").read_text()
+    assert reward(result) == 1.0, seen
+    assert live_sandboxes(api) == []
+
+
+def test_an_example_task_with_a_non_root_user_and_no_network(harbor, sandbox_service, api, tmp_path):
+    """examples/harbor/fix-greeting: ``FROM debian:bookworm`` (the mirror), ``RUN useradd``, ``USER
+    dev``, ``network_mode = "no-network"``. Harbor uploads /solution and /tests as root, makes them
+    executable as root, and runs them as the image's user."""
+    (result,) = harbor_run(harbor, sandbox_service, tmp_path, EXAMPLES / "fix-greeting", "oracle")
+    assert reward(result) == 1.0
+    (nop,) = harbor_run(harbor, sandbox_service, tmp_path / "nop", EXAMPLES / "fix-greeting", "nop")
+    assert reward(nop) == 0.0
     assert live_sandboxes(api) == []
