@@ -10,7 +10,8 @@ behaviour is tested against the real service (tests/sandboxes/ in the repository
         ...
         server.requests[-1].json()
 
-A path with no answer gets 404 and the service's envelope ``{"error": "not_found", ...}``.
+A path with no answer gets 404 and the service's envelope ``{"error": "not_found", ...}``; an
+answer of status 0 hangs up without a word.
 """
 
 from __future__ import annotations
@@ -117,6 +118,9 @@ class RecordingServer:
                 answer = answers.pop(0) if len(answers) > 1 else answers[0]
         if answer is None:
             answer = answers(recorded)
+        if answer.status == 0:  # hang up without answering, as a service that died mid-request
+            handler.close_connection = True
+            return
         try:
             handler.send_response(answer.status)
             for key, value in (answer.headers or {}).items():

@@ -391,6 +391,13 @@ def test_stop_deletes_the_sandbox_unless_told_to_keep_it(task, service, tmp_path
     assert len(service.received("DELETE")) == 1
 
 
+def test_stop_when_the_service_hangs_up_warns_and_returns(task, service, tmp_path, caplog, run):
+    environment = started(task, service, tmp_path, run)
+    service.answer("DELETE", "/sandboxes/sb1", 0)
+    run(environment.stop(delete=True))
+    assert "deleting sandbox sb1 failed: RemoteProtocolError" in caplog.text
+
+
 def test_stop_of_a_sandbox_already_gone_is_quiet(task, service, tmp_path, caplog, run):
     environment = started(task, service, tmp_path, run)
     service.answer("DELETE", "/sandboxes/sb1", 410, {"error": "gone", "detail": "expired"})

@@ -19,6 +19,9 @@ from term_executor_client.archives import pack_folder
 from term_executor_client.errors import TermExecutorError
 
 DEFAULT_TIMEOUT_SECS = 60.0
+# Creating (the service holds its answer up to SANDBOX_CREATE_WAIT_SECS), deleting (it waits for the
+# sandbox's teardown, up to 180 s) and moving files (up to 600 s) may take longer than a look.
+SLOW_TIMEOUT_SECS = 600.0
 # An exec's answer comes after its command ends or is killed at ``timeout_secs``; the reader waits
 # this much longer for the kill and the answer.
 EXEC_ANSWER_MARGIN_SECS = 30.0
@@ -127,13 +130,14 @@ def create(spec: dict, context: bytes | str | os.PathLike | None) -> Request:
     if not isinstance(spec, dict):
         raise TypeError(f"the sandbox spec is a dict, not {type(spec).__name__}")
     if context is None:
-        return Request("POST", "/sandboxes", json=spec)
+        return Request("POST", "/sandboxes", json=spec, timeout=SLOW_TIMEOUT_SECS)
     archive = _context_bytes(context)
     return Request(
         "POST",
         "/sandboxes",
         data={"spec": json.dumps(spec)},
         files={"context": ("context.tar", archive, "application/x-tar")},
+        timeout=SLOW_TIMEOUT_SECS,
     )
 
 
@@ -146,7 +150,7 @@ def listing() -> Request:
 
 
 def delete(sandbox_id: str) -> Request:
-    return Request("DELETE", _sandbox(sandbox_id), expect="nothing")
+    return Request("DELETE", _sandbox(sandbox_id), expect="nothing", timeout=SLOW_TIMEOUT_SECS)
 
 
 def execute(
@@ -184,6 +188,7 @@ def put_file(sandbox_id: str, path: str, data: bytes) -> Request:
         params={"path": _absolute(path)},
         content=bytes(data),
         headers={"Content-Type": "application/octet-stream"},
+        timeout=SLOW_TIMEOUT_SECS,
     )
 
 
@@ -195,11 +200,18 @@ def put_tar(sandbox_id: str, path: str, archive: bytes) -> Request:
         params={"path": _absolute(path), "extract": "tar"},
         content=archive,
         headers={"Content-Type": "application/x-tar"},
+        timeout=SLOW_TIMEOUT_SECS,
     )
 
 
 def get_files(sandbox_id: str, path: str) -> Request:
-    return Request("GET", _sandbox(sandbox_id, "/files"), params={"path": _absolute(path)}, expect="bytes")
+    return Request(
+        "GET",
+        _sandbox(sandbox_id, "/files"),
+        params={"path": _absolute(path)},
+        expect="bytes",
+        timeout=SLOW_TIMEOUT_SECS,
+    )
 
 
 def set_network(sandbox_id: str, mode: str, allowed_hosts: list[str] | None) -> Request:

@@ -21,9 +21,10 @@ from term_executor_client.errors import TermExecutorError
 class Client:
     """``Client(url, token)``; each defaults to ``TERM_EXECUTOR_URL`` / ``TERM_EXECUTOR_TOKEN``.
 
-    ``timeout`` bounds each request other than ``exec`` (whose bound is its own ``timeout_secs``
-    plus a margin, or none); ``http_options`` go to ``httpx.Client`` (``verify=``, ``proxy=``). Use
-    it as a context manager, or call ``close()``.
+    ``timeout`` bounds each look (get, list, network); creating, deleting and files have 600 s, as
+    the service's own bounds on them; ``exec`` its own ``timeout_secs`` plus a margin, or none.
+    ``http_options`` go to ``httpx.Client`` (``verify=``, ``proxy=``). Use it as a context manager,
+    or call ``close()``.
     """
 
     def __init__(

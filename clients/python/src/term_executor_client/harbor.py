@@ -30,6 +30,7 @@ from __future__ import annotations
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+import httpx
 from harbor.environments.base import BaseEnvironment, ExecResult, SandboxBuildFailedError
 from harbor.environments.capabilities import EnvironmentCapabilities, EnvironmentResourceCapabilities
 from harbor.environments.definition import (
@@ -168,6 +169,8 @@ class TermExecutorEnvironment(BaseEnvironment):
             except TermExecutorError as error:
                 if error.status not in (404, 410):  # already gone: nothing to free
                     self.logger.warning(f"deleting sandbox {self._sandbox_id} failed: {error}")
+            except httpx.HTTPError as error:  # as docker's stop: warn, the trial's result stands
+                self.logger.warning(f"deleting sandbox {self._sandbox_id} failed: {error!r}")
             self._sandbox_id = None
         finally:
             await self._client.close()
