@@ -62,6 +62,7 @@ def _pip(venv: Path, *args: str) -> None:
         [str(venv / "bin" / "python"), "-m", "pip", "install", "--quiet", "--disable-pip-version-check", *args],
         check=True,
         cwd=PROJECT,
+        stdout=sys.stderr,  # stdout is the venv's path alone (.ci/run reads it)
     )
 
 
@@ -74,7 +75,7 @@ def ensure() -> Path:
         harbor_stamp = venv / ".harbor-installed"
         if not harbor_stamp.exists():
             shutil.rmtree(venv, ignore_errors=True)
-            subprocess.run([python312(), "-m", "venv", str(venv)], check=True)
+            subprocess.run([python312(), "-m", "venv", str(venv)], check=True, stdout=sys.stderr)
             _pip(venv, *PACKAGES)
             harbor_stamp.touch()
         client_stamp = venv / f".client-{client_hash()}"
