@@ -62,6 +62,15 @@ ERROR_CODES = {
     "internal_error": "the executor failed; see its log",
     "unhealthy": "the database is unreachable",
     "bad_request": "the request could not be understood",
+    # Live sandboxes (SPEC §24).
+    "gone": "the sandbox has ended (stopped, expired or failed): it stays readable with GET",
+    "moved": "the sandbox lives on another host: the same request at its Location (307)",
+    "starting": "the sandbox is still starting: GET it until it is ready",
+    "length_required": "a file upload needs a Content-Length",
+    "conflict": "a path in the sandbox is in the way (a folder where a file goes)",
+    "insufficient_storage": "the host's disk is full",
+    "task_invalid": "the sandbox could not be made, for its image or its request's sake (see the sentence)",
+    "infrastructure": "the sandbox could not be made, for the host's sake (see the sentence)",
 }
 
 

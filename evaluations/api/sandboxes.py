@@ -32,7 +32,7 @@ from evaluations.api.openapi import UNAUTHORIZED, error
 from evaluations.api.parsers import BoundedJSONParser
 from evaluations.models import LIVE_SANDBOX_STATUSES, Sandbox, SandboxStatus
 from evaluations.representation import Shape, iso, shown
-from evaluations.sandboxes import control, fleet, host
+from evaluations.sandboxes import control, files, fleet, host
 from evaluations.sandboxes.spec import SpecError, parse
 from evaluations.worker import wakeup
 
@@ -50,6 +50,7 @@ EXTRACT = OpenApiParameter(
 NO_SANDBOX = error("No such sandbox, or another tenant's", "not_found")
 GONE = error("The sandbox has ended", "gone")
 BAD = error("A malformed request", "bad_request", "invalid_json")
+STARTING = error("The sandbox is still starting", "starting")
 REDIRECT = OpenApiResponse(description="The sandbox lives on another host: the same request at its PUBLIC_URL")
 
 
@@ -150,7 +151,7 @@ def _starting(row: Sandbox) -> None:
 
 
 def _owner_error(answer: dict) -> ApiError:
-    return ApiError(answer["status"], answer.get("error", "internal"), answer.get("detail", "the sandbox failed"))
+    return ApiError(answer["status"], answer.get("error", "internal_error"), answer.get("detail", "the sandbox failed"))
 
 
 def _call(row: Sandbox, header: dict, **kwargs) -> dict:
@@ -176,9 +177,8 @@ class SandboxListView(APIView):
         responses={
             201: SandboxSerializer,
             202: SandboxSerializer,
-            400: BAD,
             401: UNAUTHORIZED,
-            413: error("The build context is too large", "too_large"),
+            413: error("The build context is too large", "payload_too_large"),
             503: error(
                 "At capacity (MAX_SANDBOXES), or it failed for the host's sake", "at_capacity", "infrastructure"
             ),
@@ -189,7 +189,7 @@ class SandboxListView(APIView):
         length = int(request.META.get("CONTENT_LENGTH") or 0)
         if length > config.max_context_bytes + 1024 * 1024:
             raise ApiError(
-                413, "too_large", f"the request is larger than MAX_CONTEXT_BYTES ({config.max_context_bytes})"
+                413, "payload_too_large", f"the request is larger than MAX_CONTEXT_BYTES ({config.max_context_bytes})"
             )
         body, context = _create_body(request)
         try:
@@ -260,7 +260,9 @@ def _create_body(request):
         raise ApiError(400, "bad_request", "multipart: a context part (a tar of the build context) is needed")
     if context.size > _config().max_context_bytes:
         raise ApiError(
-            413, "too_large", f"the build context is larger than MAX_CONTEXT_BYTES ({_config().max_context_bytes})"
+            413,
+            "payload_too_large",
+            f"the build context is larger than MAX_CONTEXT_BYTES ({_config().max_context_bytes})",
         )
     return body, context
 
@@ -319,7 +321,15 @@ class SandboxExecView(APIView):
         summary="Run a command in the sandbox",
         parameters=[SANDBOX_ID],
         request=ExecSerializer,
-        responses={200: ExecResultSerializer, 307: REDIRECT, 400: BAD, 404: NO_SANDBOX, 410: GONE},
+        responses={
+            200: ExecResultSerializer,
+            307: REDIRECT,
+            400: BAD,
+            401: UNAUTHORIZED,
+            404: NO_SANDBOX,
+            409: STARTING,
+            410: GONE,
+        },
     )
     def post(self, request, sandbox_id):
         row = _row(sandbox_id, request.user)
@@ -338,7 +348,15 @@ class SandboxNetworkView(APIView):
         summary="Change the sandbox's egress policy for later connections",
         parameters=[SANDBOX_ID],
         request=NetworkSerializer,
-        responses={200: NetworkSerializer, 307: REDIRECT, 400: BAD, 404: NO_SANDBOX, 410: GONE},
+        responses={
+            200: NetworkSerializer,
+            307: REDIRECT,
+            400: BAD,
+            401: UNAUTHORIZED,
+            404: NO_SANDBOX,
+            409: STARTING,
+            410: GONE,
+        },
     )
     def put(self, request, sandbox_id):
         row = _row(sandbox_id, request.user)
@@ -359,7 +377,9 @@ class SandboxFilesView(APIView):
             (200, "application/octet-stream"): OpenApiTypes.BINARY,
             (200, "application/x-tar"): OpenApiTypes.BINARY,
             307: REDIRECT,
+            401: UNAUTHORIZED,
             404: NO_SANDBOX,
+            409: STARTING,
             410: GONE,
         },
     )
@@ -398,9 +418,13 @@ class SandboxFilesView(APIView):
             204: None,
             307: REDIRECT,
             400: BAD,
+            401: UNAUTHORIZED,
             404: NO_SANDBOX,
+            409: error("A path in the way, or still starting", "conflict", "starting"),
             410: GONE,
             411: error("No Content-Length", "length_required"),
+            413: error("Over the sandbox's disk quota or file limit", "payload_too_large"),
+            507: error("The host's disk is full", "insufficient_storage"),
         },
     )
     def put(self, request, sandbox_id):
@@ -414,6 +438,25 @@ class SandboxFilesView(APIView):
         if not raw:
             raise ApiError(411, "length_required", "PUT .../files needs a Content-Length")
         length = int(raw)
-        header = {"op": "put", "path": request.query_params.get("path"), "extract": extract or None}
-        _call(row, header, body=request._request, length=length, timeout=600)
+        path = request.query_params.get("path")
+        try:
+            files.check_path(path)
+        except files.FileRequestError as exc:
+            raise ApiError(exc.status, exc.code, exc.sentence) from None
+        header = {"op": "put", "path": path, "extract": extract or None}
+        try:
+            _call(row, header, body=request._request, length=length, timeout=600)
+        finally:
+            _drain(request._request)
         return HttpResponse(status=204)
+
+
+_DRAIN_BYTES = 64 * 1024 * 1024
+
+
+def _drain(stream) -> None:
+    """What the sandbox refused to read (a body over its quota), read and dropped, up to 64 MiB, so
+    the client reads the refusal instead of a broken pipe; past that, the connection closes."""
+    left = _DRAIN_BYTES
+    while left > 0 and (chunk := stream.read(min(left, _CHUNK))):
+        left -= len(chunk)

@@ -100,6 +100,9 @@ class SandboxPolicy:
     # The executor's own commands (clone, patch): a /tmp made empty for this command alone, never
     # the session's tmp/, which the agent writes (see sandbox.prepare_mount_points).
     fresh_tmp: bool = False
+    # A live sandbox (SPEC §24): /tmp is its image's own, in its writable layer (files sent there
+    # through the API are the ones its commands see), not the session's tmp/ bound over it.
+    image_tmp: bool = False
     # Fixed by the evaluation; the spawner fills these in.
     namespaces: bool = False  # bubblewrap: user, pid, ipc, uts, cgroup and (without network) net
     uid: int | None = None  # None: no switch (the service does not run as root)

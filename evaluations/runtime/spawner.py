@@ -239,7 +239,7 @@ class Spawner:
         if isolated and policy.fresh_tmp:
             tmp = fresh_tmp(self.session_dir, self.uid)
             closing.callback(remove_tree_nofollow, tmp)
-        elif isolated:
+        elif isolated and not policy.image_tmp:
             tmp = private_tmp(self.session_dir, self.uid, sticky=policy.image is not None)
         policy = dataclasses.replace(
             policy,

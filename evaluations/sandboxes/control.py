@@ -62,18 +62,23 @@ class Connection:
     def send(self, header: dict, body=None, length: int = 0) -> None:
         """The request: ``header`` and ``length`` bytes read from ``body`` (a file-like object)."""
         line = json.dumps({**header, "length": length}).encode() + b"\n"
-        self.sock.sendall(line)
         left = length
-        while left > 0:
-            chunk = body.read(min(left, _CHUNK))
-            if not chunk:
-                raise ValueError(f"the request body ended {left} bytes early")
-            self.sock.sendall(chunk)
-            left -= len(chunk)
+        try:
+            self.sock.sendall(line)
+            while left > 0:
+                chunk = body.read(min(left, _CHUNK))
+                if not chunk:
+                    raise ValueError(f"the request body ended {left} bytes early")
+                self.sock.sendall(chunk)
+                left -= len(chunk)
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # the owner answered before reading it all (a refusal): ``answer`` reads why
 
     def answer(self) -> dict:
+        """The owner's answer line (unbounded: it is our own process; an exec's is its two streams,
+        each capped at MAX_OUTPUT_BYTES, as JSON)."""
         try:
-            line = self.reader.readline(MAX_HEADER)
+            line = self.reader.readline()
         except OSError as exc:
             raise OwnerUnreachable(str(exc)) from None
         if not line.endswith(b"\n"):

@@ -54,7 +54,9 @@ class _Upload:
         self.shown = shown
 
     def error(self, sentence: str) -> FileRequestError:
-        return FileRequestError(413 if "quota" in sentence or "limit" in sentence else 400, "bad_request", sentence)
+        if "quota" in sentence or "limit" in sentence:
+            return FileRequestError(413, "payload_too_large", sentence)
+        return FileRequestError(400, "bad_request", sentence)
 
 
 def check_path(path: str | None, what: str = "path") -> str:

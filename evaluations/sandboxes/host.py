@@ -303,6 +303,7 @@ class LiveSandbox:
         policy = SandboxPolicy(
             network=True,
             image=self.root,
+            image_tmp=True,
             mounts=(Mount(initbin.ensure_init(self.config.workspace_base), initbin.TARGET_DIR),),
             ca_bundle=ca.host if ca is not None else None,
             egress_socket=Path(self.egress.socket_path),
@@ -406,7 +407,7 @@ class LiveSandbox:
         except Exception:
             logger.exception("sandbox %s: request failed", self.id)
             with contextlib.suppress(OSError):
-                request.reply({"status": 500, "error": "internal", "detail": "the sandbox's process failed"})
+                request.reply({"status": 500, "error": "internal_error", "detail": "the sandbox's process failed"})
         finally:
             request.close()
 
@@ -546,7 +547,11 @@ class LiveSandbox:
             try:
                 entry = self.channel.start(number, request, stdin, out_w, err_w)
             except ExecStartError as exc:
-                return {"status": 500, "error": "internal", "detail": f"the sandbox could not start the exec: {exc}"}
+                return {
+                    "status": 500,
+                    "error": "internal_error",
+                    "detail": f"the sandbox could not start the exec: {exc}",
+                }
             except InitGone:
                 return {"status": 410, "error": "gone", "detail": "the sandbox has ended"}
         finally:

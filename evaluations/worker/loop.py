@@ -60,7 +60,15 @@ class Worker:
     until ``request_stop`` (the command wires SIGTERM and SIGINT to it) and the grace period end.
     """
 
-    def __init__(self, config, pool: Pool, worker_id: str, sandbox: str = "none", limits: str = "monitor"):
+    def __init__(
+        self,
+        config,
+        pool: Pool,
+        worker_id: str,
+        sandbox: str = "none",
+        limits: str = "monitor",
+        sandboxes: Pool | None = None,
+    ):
         self.config = config
         self.pool = pool
         self.worker_id = worker_id
@@ -71,7 +79,7 @@ class Worker:
         self.wake: wakeup.WakeSocket | None = None  # bound by start
         self.listener: PostgresListener | None = None  # PostgreSQL LISTEN connection, opened by the first tick
         # Live sandboxes (SPEC §24): one process each, as evaluations, claimed from this host's own.
-        self.sandboxes = Pool(config.max_sandboxes, pool.runtime, target=sandbox_main) if config.max_sandboxes else None
+        self.sandboxes = sandboxes
         self.node = fleet.node(config)
 
     @classmethod
@@ -83,6 +91,7 @@ class Worker:
             worker_id=f"{socket.gethostname()[:40]}-{os.getpid()}-{uuid.uuid4().hex[:6]}",
             sandbox=runtime.name,
             limits=runtime.cgroups.mode.value if runtime.cgroups else "monitor",
+            sandboxes=Pool(config.max_sandboxes, runtime, target=sandbox_main) if config.max_sandboxes else None,
         )
         worker.beat(stopping=False)
         worker.wake = wakeup.WakeSocket(config.data_dir, worker.worker_id)

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from tests.helpers.http import request
+from tests.helpers.httpserver import TestHTTPServer
 from tests.helpers.polling import wait_for
 from tests.helpers.service import LiveService
 
@@ -79,10 +80,29 @@ def stop_service(service: LiveService) -> None:
     shutil.rmtree(service.sessions, ignore_errors=True)
 
 
+TENANTS = {"alice": "alice-token", "bob": "bob-token"}
+
+
 @pytest.fixture(scope="module")
-def sandbox_service(tmp_path_factory, base_image):
+def web(tmp_path_factory):
+    """An HTTP server on 127.0.0.1 for the module: task archives, and a destination for the sandboxes'
+    egress (the service's EGRESS_ALLOW names it: the defaults refuse 127.0.0.1)."""
+    folder = tmp_path_factory.mktemp("www")
+    (folder / "hello.txt").write_text("hello from the host\n")
+    with TestHTTPServer(folder) as server:
+        server.www = folder
+        yield server
+
+
+@pytest.fixture(scope="module")
+def sandbox_service(tmp_path_factory, base_image, web):
     registry, _, _ = base_image
-    service = start_service(tmp_path_factory.mktemp("sandbox-service"), registry)
+    service = start_service(
+        tmp_path_factory.mktemp("sandbox-service"),
+        registry,
+        AUTH_TOKENS=",".join(f"{name}:{token}" for name, token in TENANTS.items()),
+        EGRESS_ALLOW=f"127.0.0.1:{web.port}",
+    )
     yield service
     stop_service(service)
 

@@ -1,0 +1,154 @@
+"""A live sandbox's end (SPEC §24): idle and lifetime limits, MAX_SANDBOXES, limits crossed, and a
+dead init, a dead sandbox process or a dead worker leaving no process, mount, folder or cgroup."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import pytest
+
+from evaluations.runtime import killer
+from tests.helpers.polling import wait_for
+from tests.sandboxes.conftest import Api, start_service, stop_service
+
+
+@pytest.fixture
+def service(tmp_path, base_image):
+    started = []
+
+    def start(**env):
+        started.append(start_service(tmp_path / f"svc{len(started)}", base_image[0], **env))
+        return started[-1]
+
+    yield start
+    for one in started:
+        stop_service(one)
+
+
+def ended(api: Api, sandbox_id: str, timeout: float = 120) -> dict:
+    def check():
+        body = api.json("GET", f"/sandboxes/{sandbox_id}")[1]
+        return body if body["status"] not in ("starting", "ready") else None
+
+    return wait_for(check, timeout=timeout, what=f"sandbox {sandbox_id} to end")
+
+
+def tagged(sandbox_id: str) -> list:
+    return killer.tagged(f"sandbox-{sandbox_id}")
+
+
+def leftovers(service, sandbox_id: str) -> list[str]:
+    """What of the sandbox is still on the host: processes, mounts, folders, its cgroup."""
+    found = [f"process {proc.pid}" for proc in tagged(sandbox_id)]
+    with open("/proc/self/mountinfo") as mounts:
+        found += [line.split()[4] for line in mounts if f"sandbox-{sandbox_id}" in line]
+    found += [entry.name for entry in os.scandir(service.sessions) if sandbox_id in entry.name]
+    for hierarchy in ("/sys/fs/cgroup/memory", "/sys/fs/cgroup/pids", "/sys/fs/cgroup"):
+        for folder, _, _ in os.walk(hierarchy):
+            if folder.endswith(f"sandbox-{sandbox_id}"):
+                found.append(folder)
+    return found
+
+
+def comm(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/comm") as name:
+            return name.read().strip()
+    except OSError:
+        return ""
+
+
+def owner_process(sandbox_id: str) -> int:
+    """The sandbox's process: the parent of its bubblewrap (the first tagged process whose parent is not)."""
+    procs = tagged(sandbox_id)
+    pids = {proc.pid for proc in procs}
+    return next(proc.ppid for proc in procs if proc.ppid not in pids)
+
+
+def test_an_idle_sandbox_expires(service, base_image):
+    api = Api(service())
+    sandbox_id = api.create({"environment": {"image": base_image[1]}, "idle_timeout_secs": 2})["sandbox_id"]
+    body = ended(api, sandbox_id)
+    assert body["status"] == "expired" and "idle" in body["error"], body
+    assert wait_for(lambda: not leftovers(api.service, sandbox_id), what="nothing left")
+
+
+def test_a_sandbox_past_its_lifetime_expires(service, base_image):
+    api = Api(service())
+    sandbox_id = api.create({"environment": {"image": base_image[1]}, "max_lifetime_secs": 3})["sandbox_id"]
+    api.exec(sandbox_id, "true")
+    body = ended(api, sandbox_id)
+    assert body["status"] == "expired" and "max_lifetime_secs" in body["error"], body
+    status, answer = api.json("POST", f"/sandboxes/{sandbox_id}/exec", {"command": "true"})
+    assert (status, answer["error"]) == (410, "gone")
+
+
+def test_past_max_sandboxes_at_capacity(service, base_image):
+    api = Api(service(MAX_SANDBOXES="1"))
+    first = api.create({"environment": {"image": base_image[1]}})["sandbox_id"]
+    status, body = api.json("POST", "/sandboxes", {"environment": {"image": base_image[1]}})
+    assert (status, body["error"]) == (503, "at_capacity"), body
+    assert api.call("DELETE", f"/sandboxes/{first}").status == 204
+    api.create({"environment": {"image": base_image[1]}})
+
+
+def test_a_sandbox_over_memory_reports_it(service, base_image):
+    api = Api(service())
+    sandbox_id = api.create({"environment": {"image": base_image[1]}, "memory_mb": 64})["sandbox_id"]
+    hog = "python3 -c 'b = bytearray(512 * 1024 * 1024); import time; time.sleep(5)'"
+    status, result = api.json("POST", f"/sandboxes/{sandbox_id}/exec", {"command": hog})
+    assert status in (200, 410), result
+    if status == 200:
+        assert result["exit_code"] == 137, result
+    body = ended(api, sandbox_id)
+    assert body["status"] == "failed" and body["error_kind"] == "limit_exceeded" and "memory" in body["error"], body
+    assert wait_for(lambda: not leftovers(api.service, sandbox_id), what="nothing left")
+
+
+def test_a_sandbox_over_its_disk_quota_reports_it(service, base_image):
+    api = Api(service())
+    sandbox_id = api.create({"environment": {"image": base_image[1]}, "storage_mb": 8})["sandbox_id"]
+    response = api.call("PUT", f"/sandboxes/{sandbox_id}/files?path=/big", raw=b"x" * (9 * 1024 * 1024))
+    assert response.status == 413, response.body  # refused before a byte is written
+    api.json("POST", f"/sandboxes/{sandbox_id}/exec", {"command": "head -c 20000000 /dev/zero > /root/fill; sleep 5"})
+    body = ended(api, sandbox_id)
+    assert body["status"] == "failed" and "disk quota" in body["error"], body
+    assert wait_for(lambda: not leftovers(api.service, sandbox_id), what="nothing left")
+
+
+def test_a_dead_init_ends_the_sandbox_and_leaves_nothing(service, base_image):
+    api = Api(service())
+    sandbox_id = api.create({"environment": {"image": base_image[1]}})["sandbox_id"]
+    init = next(proc.pid for proc in tagged(sandbox_id) if comm(proc.pid) == "te-init")
+    os.kill(init, signal.SIGKILL)
+    body = ended(api, sandbox_id)
+    assert body["status"] == "failed" and body["error_kind"] == "infrastructure", body
+    assert wait_for(lambda: not leftovers(api.service, sandbox_id), what="nothing left")
+
+
+def test_a_dead_sandbox_process_is_cleaned_up_by_the_worker(service, base_image):
+    api = Api(service())
+    sandbox_id = api.create({"environment": {"image": base_image[1]}})["sandbox_id"]
+    os.kill(owner_process(sandbox_id), signal.SIGKILL)
+    body = ended(api, sandbox_id)
+    assert body["status"] == "failed" and "process died" in body["error"], body
+    assert wait_for(lambda: not leftovers(api.service, sandbox_id), what="nothing left")
+
+
+def test_the_reaper_cleans_up_after_a_dead_worker_and_sandbox(service, base_image):
+    live = service(WORKER_STALE_SECS="2")
+    api = Api(live)
+    sandbox_id = api.create({"environment": {"image": base_image[1]}})["sandbox_id"]
+    owner = owner_process(sandbox_id)
+    live.worker.send_signal(signal.SIGKILL)
+    os.kill(owner, signal.SIGKILL)  # nobody left to clean up: the reaper must
+    live.worker.wait(timeout=30)
+    wait_for(lambda: not tagged(sandbox_id), what="the sandbox's processes to die with their owner")
+    assert leftovers(live, sandbox_id), "a mount or a folder should be left for the reaper"
+    time.sleep(3)  # the worker's heartbeat goes stale (WORKER_STALE_SECS=2)
+    reaped = live.manage("reap_sessions")
+    assert "sandboxes_lost=1" in reaped.stdout + reaped.stderr, reaped.stdout + reaped.stderr
+    assert not leftovers(live, sandbox_id)
+    assert api.json("GET", f"/sandboxes/{sandbox_id}")[1]["status"] == "failed"
