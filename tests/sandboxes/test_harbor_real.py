@@ -1,0 +1,217 @@
+"""Real Harbor 0.25 runs trials on live sandboxes through ``term_executor_client.harbor`` (SPEC §24).
+
+``harbor run -p TASK -a AGENT -e term_executor_client.harbor:TermExecutorEnvironment --ek url=...
+--ek token=...`` in the Python 3.12 venv of tests/helpers/harbor_venv.py (Harbor 0.25.0 and this
+checkout's client, installed with pip as a user would), against a live service and worker on
+127.0.0.1. The tasks are written here in Harbor's layout; their Dockerfile starts ``FROM`` the suite's
+Debian image in the suite's registry, so the build context (``COPY``) travels as Harbor's backends
+send it. What Harbor wrote (each trial's result.json, the verifier's reward) is read back, and the
+service must hold no live sandbox afterwards.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import harbor_venv
+from tests.sandboxes.conftest import TOKEN, Api, start_service, stop_service
+
+pytestmark = pytest.mark.database  # sandbox_service builds its LiveService itself: no fixture shows it
+
+ENVIRONMENT = "term_executor_client.harbor:TermExecutorEnvironment"
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "harbor"
+
+TASK_TOML = """\
+schema_version = "1.4"
+
+[metadata]
+difficulty = "easy"
+
+[agent]
+timeout_sec = 300.0
+
+[verifier]
+timeout_sec = 300.0
+
+[environment]
+build_timeout_sec = 600.0
+cpus = 1
+memory_mb = 1024
+"""
+
+# The oracle upper-cases the greeting the Dockerfile copied in; the test checks the answer, that the
+# task's env reached the verifier, and writes the reward Harbor reads.
+SOLVE_SH = """\
+#!/bin/bash
+set -euo pipefail
+tr a-z A-Z < /app/greeting.txt > /app/answer.txt
+echo "solved as $(id -un) in $(pwd)"
+"""
+
+TEST_SH = """\
+#!/bin/bash
+if [ "$(cat /app/answer.txt 2>/dev/null)" = "HELLO FROM {upper}" ] && [ "$TASK_MARK" = "{name}" ]; then
+  echo 1 > /logs/verifier/reward.txt
+else
+  echo 0 > /logs/verifier/reward.txt
+fi
+echo "verifier ran in $(pwd)"
+"""
+
+
+def write_task(folder: Path, name: str, base_ref: str) -> Path:
+    task = folder / name
+    (task / "environment").mkdir(parents=True)
+    (task / "environment" / "Dockerfile").write_text(
+        f"FROM {base_ref}\nWORKDIR /app\nCOPY greeting.txt /app/greeting.txt\nENV TASK_MARK={name}\n"
+    )
+    (task / "environment" / "greeting.txt").write_text(f"hello from {name}\n")
+    (task / "instruction.md").write_text("Write /app/greeting.txt in upper case to /app/answer.txt.\n")
+    (task / "task.toml").write_text(TASK_TOML)
+    for folder_name, script, text in (("solution", "solve.sh", SOLVE_SH), ("tests", "test.sh", TEST_SH)):
+        (task / folder_name).mkdir()
+        (task / folder_name / script).write_text(text.format(name=name, upper=name.upper()))
+    return task
+
+
+@pytest.fixture(scope="module")
+def sandbox_service(tmp_path_factory, hub_mirror):
+    """tests/sandboxes/conftest.py's service, and: docker.io's mirror is the suite's registry (for the
+    example task's ``FROM debian:bookworm``), which the operator's rules let sandboxes reach
+    (EGRESS_ALLOW; the network-phase test's allowlist names it)."""
+    service = start_service(
+        tmp_path_factory.mktemp("harbor-service"),
+        hub_mirror,
+        IMAGE_REGISTRY_MIRRORS=f"docker.io={hub_mirror.host}",
+        EGRESS_ALLOW=hub_mirror.host,
+    )
+    yield service
+    stop_service(service)
+
+
+@pytest.fixture(scope="module")
+def harbor() -> Path:
+    """The venv's ``harbor`` command (the venv made on the first run, reused after)."""
+    return harbor_venv.ensure() / "bin" / "harbor"
+
+
+@pytest.fixture
+def base_ref(base_image) -> str:
+    return base_image[1]
+
+
+def harbor_run(harbor: Path, service, tmp_path: Path, path: Path, agent: str, *, concurrent: int = 1) -> list[dict]:
+    """``harbor run`` of ``path`` (a task, or a folder of tasks) with ``agent``: each trial's result.json."""
+    jobs = tmp_path / "jobs"
+    jobs.mkdir(parents=True, exist_ok=True)
+    env = {
+        **{key: value for key, value in os.environ.items() if not key.startswith(("TERM_EXECUTOR_", "PYTEST_"))},
+        "HOME": str(tmp_path / "home"),  # Harbor's own caches and settings stay in the test's folder
+        "HARBOR_TELEMETRY": "0",
+    }
+    argv = [str(harbor), "run", "-p", str(path), "-a", agent, "-e", ENVIRONMENT]
+    argv += ["--ek", f"url={service.base_url}", "--ek", f"token={TOKEN}"]
+    argv += ["-o", str(jobs), "--job-name", agent, "-n", str(concurrent), "-y", "-q"]
+    ran = subprocess.run(argv, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)
+    assert ran.returncode == 0, ran.stdout[-4000:] + ran.stderr[-4000:]
+    results = [json.loads(found.read_text()) for found in sorted((jobs / agent).glob("*/result.json"))]
+    assert results, f"no trial results under {jobs / agent}: {ran.stdout[-2000:]}"
+    return results
+
+
+def reward(result: dict) -> float:
+    assert result.get("exception_info") is None, result["exception_info"]
+    return result["verifier_result"]["rewards"]["reward"]
+
+
+def live_sandboxes(api: Api) -> list[dict]:
+    status, sandboxes = api.json("GET", "/sandboxes")
+    assert status == 200, sandboxes
+    return [sandbox for sandbox in sandboxes if sandbox["status"] in ("starting", "ready")]
+
+
+def test_the_oracle_solves_a_task_for_reward_one(harbor, sandbox_service, api, base_ref, tmp_path):
+    task = write_task(tmp_path / "tasks", "greet", base_ref)
+    (result,) = harbor_run(harbor, sandbox_service, tmp_path, task, "oracle")
+    assert reward(result) == 1.0
+    trial = tmp_path / "jobs" / "oracle" / result["trial_name"]
+    assert (trial / "verifier" / "reward.txt").read_text().strip() == "1"  # download_dir of /logs/verifier
+    oracle_log = (trial / "agent" / "oracle.txt").read_text()  # download_file of /logs/agent/oracle.txt
+    assert "solved as root in /app" in oracle_log  # the image's user and WORKDIR
+    assert "verifier ran in /app" in (trial / "verifier" / "test-stdout.txt").read_text()
+    assert live_sandboxes(api) == []
+
+
+def test_the_nop_agent_leaves_it_unsolved_for_reward_zero(harbor, sandbox_service, api, base_ref, tmp_path):
+    task = write_task(tmp_path / "tasks", "greet", base_ref)
+    (result,) = harbor_run(harbor, sandbox_service, tmp_path, task, "nop")
+    assert reward(result) == 0.0
+    assert live_sandboxes(api) == []
+
+
+def test_two_tasks_at_once(harbor, sandbox_service, api, base_ref, tmp_path):
+    dataset = tmp_path / "dataset"
+    for name in ("first", "second"):
+        write_task(dataset, name, base_ref)
+    results = harbor_run(harbor, sandbox_service, tmp_path, dataset, "oracle", concurrent=2)
+    assert sorted(result["task_name"] for result in results) == ["first", "second"]
+    assert [reward(result) for result in results] == [1.0, 1.0]
+    assert live_sandboxes(api) == []
+
+
+# Each phase asks the registry for /v2/ through the sandbox's proxy (the relay's variables, without
+# NO_PROXY, which names 127.0.0.1) and writes what happened.
+PROBE = """\
+env -u no_proxy -u NO_PROXY python3 - <<'PY' > {out} 2>&1 || true
+import urllib.request
+try:
+    urllib.request.urlopen("http://{registry}/v2/", timeout=20)
+    print("reached")
+except Exception as error:
+    print("refused", error)
+PY
+"""
+
+
+def test_the_agent_and_verifier_phases_get_their_own_network_policy(
+    harbor, sandbox_service, api, base_ref, hub_mirror, tmp_path
+):
+    """The environment starts public; Harbor switches to the agent's allowlist and back, then to the
+    verifier's no-network and back (set_network_policy: PUT /network each time)."""
+    task = write_task(tmp_path / "tasks", "phases", base_ref)
+    (task / "task.toml").write_text(
+        TASK_TOML.replace(
+            "[agent]\n", f'[agent]\nnetwork_mode = "allowlist"\nallowed_hosts = ["{hub_mirror.host.split(":")[0]}"]\n'
+        ).replace("[verifier]\n", '[verifier]\nnetwork_mode = "no-network"\n')
+    )
+    (task / "solution" / "solve.sh").write_text(
+        "#!/bin/bash\n" + PROBE.format(out="/app/agent.txt", registry=hub_mirror.host)
+    )
+    (task / "tests" / "test.sh").write_text(
+        "#!/bin/bash\n"
+        + PROBE.format(out="/logs/verifier/probe.txt", registry=hub_mirror.host)
+        + "cp /app/agent.txt /logs/verifier/agent.txt\n"
+        + "if grep -q ^reached /app/agent.txt && grep -q ^refused /logs/verifier/probe.txt; then r=1; else r=0; fi\n"
+        + "echo $r > /logs/verifier/reward.txt\n"
+    )
+    (result,) = harbor_run(harbor, sandbox_service, tmp_path, task, "oracle")
+    verifier = tmp_path / "jobs" / "oracle" / result["trial_name"] / "verifier"
+    seen = (verifier / "agent.txt").read_text(), (verifier / "probe.txt").read_text()
+    assert reward(result) == 1.0, seen
+    assert live_sandboxes(api) == []
+
+
+def test_an_example_task_with_a_non_root_user_and_no_network(harbor, sandbox_service, api, tmp_path):
+    """examples/harbor/fix-greeting: ``FROM debian:bookworm`` (the mirror), ``RUN useradd``, ``USER
+    dev``, ``network_mode = "no-network"``. Harbor uploads /solution and /tests as root, makes them
+    executable as root, and runs them as the image's user."""
+    (result,) = harbor_run(harbor, sandbox_service, tmp_path, EXAMPLES / "fix-greeting", "oracle")
+    assert reward(result) == 1.0
+    (nop,) = harbor_run(harbor, sandbox_service, tmp_path / "nop", EXAMPLES / "fix-greeting", "nop")
+    assert reward(nop) == 0.0
+    assert live_sandboxes(api) == []
