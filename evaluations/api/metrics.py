@@ -20,7 +20,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from evaluations.cache.store import Store
 from evaluations.db import stats
 from evaluations.images.store import ImageStore, read_counts
-from evaluations.models import Status
+from evaluations.models import SandboxStatus, Status
 
 
 class EvaluationCollector:
@@ -70,6 +70,7 @@ class EvaluationCollector:
             value=Store(settings.EXECUTOR.cache_root).size_bytes(),
         )
         yield from _image_families(settings.EXECUTOR.images_root)
+        yield from _sandbox_families()
         histogram = HistogramMetricFamily(
             "term_executor_step_duration_seconds", "Time spent in each pipeline step.", labels=["step"]
         )
@@ -78,6 +79,22 @@ class EvaluationCollector:
             buckets.append(("+Inf", figures["count"]))
             histogram.add_metric([step], buckets, figures["sum_seconds"])
         yield histogram
+
+
+def _sandbox_families():
+    """Live sandboxes (SPEC §24): how many are live now, by status, and how many were made and execs run."""
+    counts = stats.sandbox_counts()
+    live = GaugeMetricFamily(
+        "term_executor_sandboxes", "Live sandboxes now, by status (every host).", labels=["status"]
+    )
+    for status in (SandboxStatus.STARTING, SandboxStatus.READY):
+        live.add_metric([status], counts[status])
+    yield live
+    ended = CounterMetricFamily("term_executor_sandboxes_ended", "Sandboxes that ended, by status.", labels=["status"])
+    for status in (SandboxStatus.STOPPED, SandboxStatus.EXPIRED, SandboxStatus.FAILED):
+        ended.add_metric([status], counts[status])
+    yield ended
+    yield CounterMetricFamily("term_executor_sandbox_execs", "Execs run in live sandboxes.", value=counts["execs"])
 
 
 def _image_families(root):

@@ -52,6 +52,8 @@ GONE = error("The sandbox has ended", "gone")
 BAD = error("A malformed request", "bad_request", "invalid_json")
 STARTING = error("The sandbox is still starting", "starting")
 REDIRECT = OpenApiResponse(description="The sandbox lives on another host: the same request at its PUBLIC_URL")
+# What a request to a live sandbox may answer besides its own success.
+LIVE_ANSWERS = {307: REDIRECT, 400: BAD, 401: UNAUTHORIZED, 404: NO_SANDBOX, 409: STARTING, 410: GONE}
 
 
 class NetworkSerializer(serializers.Serializer):
@@ -178,9 +180,13 @@ def _owned_here(request, row: Sandbox, *, live: bool = True) -> None:
     raise ApiError(307, "moved", f"sandbox {row.id} lives on {row.public_url}", headers={"Location": location})
 
 
-def _starting(row: Sandbox) -> None:
+def _live_row(request, sandbox_id: str) -> Sandbox:
+    """The sandbox an exec, a file or a network request goes to: the caller's, live, on this host, ready."""
+    row = _row(sandbox_id, request.user)
+    _owned_here(request, row)
     if row.status == SandboxStatus.STARTING:
         raise ApiError(409, "starting", f"sandbox {row.id} is still starting: GET it until it is ready")
+    return row
 
 
 def _owner_error(answer: dict) -> ApiError:
@@ -349,20 +355,10 @@ class SandboxExecView(APIView):
         summary="Run a command in the sandbox",
         parameters=[SANDBOX_ID],
         request=ExecSerializer,
-        responses={
-            200: ExecResultSerializer,
-            307: REDIRECT,
-            400: BAD,
-            401: UNAUTHORIZED,
-            404: NO_SANDBOX,
-            409: STARTING,
-            410: GONE,
-        },
+        responses={200: ExecResultSerializer, **LIVE_ANSWERS},
     )
     def post(self, request, sandbox_id):
-        row = _row(sandbox_id, request.user)
-        _owned_here(request, row)
-        _starting(row)
+        row = _live_row(request, sandbox_id)
         data = request.data
         header = {"op": "exec", **{key: data.get(key) for key in ("command", "cwd", "env", "timeout_secs", "user")}}
         answer = _call(row, header)
@@ -376,20 +372,10 @@ class SandboxNetworkView(APIView):
         summary="Change the sandbox's egress policy for later connections",
         parameters=[SANDBOX_ID],
         request=NetworkSerializer,
-        responses={
-            200: NetworkSerializer,
-            307: REDIRECT,
-            400: BAD,
-            401: UNAUTHORIZED,
-            404: NO_SANDBOX,
-            409: STARTING,
-            410: GONE,
-        },
+        responses={200: NetworkSerializer, **LIVE_ANSWERS},
     )
     def put(self, request, sandbox_id):
-        row = _row(sandbox_id, request.user)
-        _owned_here(request, row)
-        _starting(row)
+        row = _live_row(request, sandbox_id)
         answer = _call(row, {"op": "network", "network": request.data})
         return Response(answer["network"])
 
@@ -404,17 +390,11 @@ class SandboxFilesView(APIView):
         responses={
             (200, "application/octet-stream"): OpenApiTypes.BINARY,
             (200, "application/x-tar"): OpenApiTypes.BINARY,
-            307: REDIRECT,
-            401: UNAUTHORIZED,
-            404: NO_SANDBOX,
-            409: STARTING,
-            410: GONE,
+            **LIVE_ANSWERS,
         },
     )
     def get(self, request, sandbox_id):
-        row = _row(sandbox_id, request.user)
-        _owned_here(request, row)
-        _starting(row)
+        row = _live_row(request, sandbox_id)
         try:
             conn = control.Connection(_config().data_dir, str(row.id), timeout=300)
         except control.OwnerUnreachable:
@@ -444,21 +424,15 @@ class SandboxFilesView(APIView):
         request={"application/octet-stream": OpenApiTypes.BINARY},
         responses={
             204: None,
-            307: REDIRECT,
-            400: BAD,
-            401: UNAUTHORIZED,
-            404: NO_SANDBOX,
+            **LIVE_ANSWERS,
             409: error("A path in the way, or still starting", "conflict", "starting"),
-            410: GONE,
             411: error("No Content-Length", "length_required"),
             413: error("Over the sandbox's disk quota or file limit", "payload_too_large"),
             507: error("The host's disk is full", "insufficient_storage"),
         },
     )
     def put(self, request, sandbox_id):
-        row = _row(sandbox_id, request.user)
-        _owned_here(request, row)
-        _starting(row)
+        row = _live_row(request, sandbox_id)
         extract = request.query_params.get("extract")
         if extract not in (None, "", "tar"):
             raise ApiError(400, "bad_request", "extract: only tar")

@@ -7,10 +7,20 @@ here (add_to_purged_totals) before it deletes them.
 from __future__ import annotations
 
 from django.db.models import Count, F, Q, Sum
-from django.db.models.functions import Now
+from django.db.models.functions import Coalesce, Now
 from django.utils import timezone
 
-from evaluations.models import CacheUse, ErrorKind, Evaluation, PurgedTotals, Status, Transition, WorkerHeartbeat
+from evaluations.models import (
+    CacheUse,
+    ErrorKind,
+    Evaluation,
+    PurgedTotals,
+    Sandbox,
+    SandboxStatus,
+    Status,
+    Transition,
+    WorkerHeartbeat,
+)
 
 # Seconds; the step histogram's upper bounds.
 STEP_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800)
@@ -121,3 +131,13 @@ def live_workers(stale_secs: int) -> list[WorkerHeartbeat]:
     """Workers that beat within `stale_secs`, judged by the database's clock (hosts' clocks may differ)."""
     cutoff = Now() - timezone.timedelta(seconds=stale_secs)
     return list(WorkerHeartbeat.objects.filter(last_beat_at__gte=cutoff))
+
+
+def sandbox_counts() -> dict:
+    """Live sandboxes by status, and how many were made and how many execs they ran (SPEC §24), in one query."""
+    row = Sandbox.objects.aggregate(
+        made=Count("id"),
+        execs=Coalesce(Sum("exec_count"), 0),
+        **{status: Count("id", filter=Q(status=status)) for status in SandboxStatus.values},
+    )
+    return row

@@ -22,6 +22,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import os
 import select
@@ -48,7 +49,7 @@ from evaluations.network.egress import EgressProxy, egress_policy
 from evaluations.network.egress.relay import ensure_socat_bundle, proxy_env
 from evaluations.pipeline import archive
 from evaluations.pipeline.context import RELAY_BUNDLE
-from evaluations.pipeline.session import Session
+from evaluations.pipeline.session import Session, remove_retired
 from evaluations.runtime import Limits, Mount, SandboxPolicy, Spawner, killer, uids
 from evaluations.runtime.idmap import image_id_base
 from evaluations.runtime.output import OutputCapture
@@ -57,7 +58,7 @@ from evaluations.runtime.types import MIB, Limit
 from evaluations.safefs import TreeUsage, tree_usage
 from evaluations.sandboxes import control, files, initbin
 from evaluations.sandboxes.channel import ExecStartError, InitChannel, InitGone
-from evaluations.sandboxes.spec import SandboxSpec, SpecError, parse, parse_network
+from evaluations.sandboxes.spec import SandboxSpec, SpecError, check_variable, parse, parse_network
 from evaluations.tasks.registry import load_task
 from evaluations.tasks.spec import ImageEnvironment, TaskError
 
@@ -189,7 +190,6 @@ class LiveSandbox:
     def _environment(self, store: ImageStore):
         """The image's record, and the sandbox's ``environment`` {kind, ref, digest, cached}."""
         spec, config = self.spec, self.config
-        image = None
         if spec.kind == "image":
             image = ImageEnvironment(image=spec.ref)
             root = None
@@ -520,8 +520,6 @@ class LiveSandbox:
         if not isinstance(extra, dict):
             raise SpecError("env", "expected an object of strings")
         for key, value in extra.items():
-            from evaluations.sandboxes.spec import check_variable
-
             check_variable(key, value, "env")
         timeout = header.get("timeout_secs")
         if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0):
@@ -749,8 +747,6 @@ class LiveSandbox:
         lifecycle.end_sandbox(self.id, ending.status, error=ending.error, kind=ending.kind, **fields)
         self.ended.set()
         if retired is not None:
-            from evaluations.pipeline.session import remove_retired
-
             try:
                 remove_retired(retired)
             except OSError as exc:
@@ -773,8 +769,6 @@ class _Limited:
 
 
 def _with_workdir(spec: SandboxSpec, workdir: str) -> SandboxSpec:
-    import dataclasses
-
     return dataclasses.replace(spec, workdir=workdir)
 
 

@@ -91,9 +91,9 @@ def stop_service(service: LiveService) -> None:
 TENANTS = {"alice": "alice-token", "bob": "bob-token"}
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def web(tmp_path_factory):
-    """An HTTP server on 127.0.0.1 for the module: task archives, and a destination for the sandboxes'
+    """An HTTP server on 127.0.0.1 for the run: task archives, and a destination for the sandboxes'
     egress (the service's EGRESS_ALLOW names it: the defaults refuse 127.0.0.1)."""
     folder = tmp_path_factory.mktemp("www")
     (folder / "hello.txt").write_text("hello from the host\n")
@@ -102,14 +102,25 @@ def web(tmp_path_factory):
         yield server
 
 
-@pytest.fixture(scope="module")
-def sandbox_service(tmp_path_factory, base_image, web):
-    registry, _, _ = base_image
+@pytest.fixture(scope="session")
+def shared_images(tmp_path_factory) -> Path:
+    """IMAGES_DIR for every service of this test process: the base image pulled once, not per service."""
+    return tmp_path_factory.mktemp("images")
+
+
+@pytest.fixture(scope="session")
+def sandbox_service(tmp_path_factory, hub_mirror, web, shared_images):
+    """One service with its worker for the sandbox tests of this test process (a service's start
+    and stop cost seconds; each test makes and deletes its own sandboxes). docker.io's mirror is
+    the suite's registry (a Harbor example's ``FROM debian:bookworm``), which the operator's rules
+    let sandboxes reach, as ``web`` (EGRESS_ALLOW)."""
     service = start_service(
         tmp_path_factory.mktemp("sandbox-service"),
-        registry,
+        hub_mirror,
         AUTH_TOKENS=",".join(f"{name}:{token}" for name, token in TENANTS.items()),
-        EGRESS_ALLOW=f"127.0.0.1:{web.port}",
+        IMAGE_REGISTRY_MIRRORS=f"docker.io={hub_mirror.host}",
+        EGRESS_ALLOW=f"127.0.0.1:{web.port},{hub_mirror.host}",
+        IMAGES_DIR=str(shared_images),
     )
     yield service
     stop_service(service)
@@ -126,11 +137,12 @@ def image_ref(base_image) -> str:
 
 
 @pytest.fixture
-def sandbox_services(tmp_path, base_image):
+def sandbox_services(tmp_path, base_image, shared_images):
     """Factory: services of the test's own (``start_service``'s arguments), stopped after it."""
     started = []
 
     def start(**kwargs):
+        kwargs.setdefault("IMAGES_DIR", str(shared_images))
         started.append(start_service(tmp_path / f"svc{len(started)}", base_image[0], **kwargs))
         return started[-1]
 

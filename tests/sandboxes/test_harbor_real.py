@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from tests.helpers import harbor_venv
-from tests.sandboxes.conftest import TOKEN, Api, start_service, stop_service
+from tests.sandboxes.conftest import TOKEN, Api
 
 pytestmark = pytest.mark.database  # sandbox_service builds its LiveService itself: no fixture shows it
 
@@ -77,21 +77,6 @@ def write_task(folder: Path, name: str, base_ref: str) -> Path:
         (task / folder_name).mkdir()
         (task / folder_name / script).write_text(text.format(name=name, upper=name.upper()))
     return task
-
-
-@pytest.fixture(scope="module")
-def sandbox_service(tmp_path_factory, hub_mirror):
-    """tests/sandboxes/conftest.py's service, and: docker.io's mirror is the suite's registry (for the
-    example task's ``FROM debian:bookworm``), which the operator's rules let sandboxes reach
-    (EGRESS_ALLOW; the network-phase test's allowlist names it)."""
-    service = start_service(
-        tmp_path_factory.mktemp("harbor-service"),
-        hub_mirror,
-        IMAGE_REGISTRY_MIRRORS=f"docker.io={hub_mirror.host}",
-        EGRESS_ALLOW=hub_mirror.host,
-    )
-    yield service
-    stop_service(service)
 
 
 @pytest.fixture(scope="module")

@@ -52,16 +52,14 @@ def owner_process(sandbox_id: str) -> int:
     return next(proc.ppid for proc in procs if proc.ppid not in pids)
 
 
-def test_an_idle_sandbox_expires(sandbox_services, base_image):
-    api = Api(sandbox_services())
+def test_an_idle_sandbox_expires(api, base_image):
     sandbox_id = api.create({"environment": {"image": base_image[1]}, "idle_timeout_secs": 2})["sandbox_id"]
     body = ended(api, sandbox_id)
     assert body["status"] == "expired" and "idle" in body["error"], body
     assert wait_for(lambda: not leftovers(api.service, sandbox_id), what="nothing left")
 
 
-def test_a_sandbox_past_its_lifetime_expires(sandbox_services, base_image):
-    api = Api(sandbox_services())
+def test_a_sandbox_past_its_lifetime_expires(api, base_image):
     sandbox_id = api.create({"environment": {"image": base_image[1]}, "max_lifetime_secs": 3})["sandbox_id"]
     api.exec(sandbox_id, "true")
     body = ended(api, sandbox_id)
@@ -76,11 +74,11 @@ def test_past_max_sandboxes_at_capacity(sandbox_services, base_image):
     status, body = api.json("POST", "/sandboxes", {"environment": {"image": base_image[1]}})
     assert (status, body["error"]) == (503, "at_capacity"), body
     assert api.call("DELETE", f"/sandboxes/{first}").status == 204
-    api.create({"environment": {"image": base_image[1]}})
+    second = api.create({"environment": {"image": base_image[1]}})["sandbox_id"]
+    assert api.call("DELETE", f"/sandboxes/{second}").status == 204
 
 
-def test_a_sandbox_over_memory_reports_it(sandbox_services, base_image):
-    api = Api(sandbox_services())
+def test_a_sandbox_over_memory_reports_it(api, base_image):
     sandbox_id = api.create({"environment": {"image": base_image[1]}, "memory_mb": 64})["sandbox_id"]
     hog = "python3 -c 'b = bytearray(512 * 1024 * 1024); import time; time.sleep(5)'"
     status, result = api.json("POST", f"/sandboxes/{sandbox_id}/exec", {"command": hog})
@@ -92,8 +90,7 @@ def test_a_sandbox_over_memory_reports_it(sandbox_services, base_image):
     assert wait_for(lambda: not leftovers(api.service, sandbox_id), what="nothing left")
 
 
-def test_a_sandbox_over_its_disk_quota_reports_it(sandbox_services, base_image):
-    api = Api(sandbox_services())
+def test_a_sandbox_over_its_disk_quota_reports_it(api, base_image):
     sandbox_id = api.create({"environment": {"image": base_image[1]}, "storage_mb": 8})["sandbox_id"]
     response = api.call("PUT", f"/sandboxes/{sandbox_id}/files?path=/big", raw=b"x" * (9 * 1024 * 1024))
     assert response.status == 413, response.body  # refused before a byte is written
@@ -103,8 +100,7 @@ def test_a_sandbox_over_its_disk_quota_reports_it(sandbox_services, base_image):
     assert wait_for(lambda: not leftovers(api.service, sandbox_id), what="nothing left")
 
 
-def test_a_dead_init_ends_the_sandbox_and_leaves_nothing(sandbox_services, base_image):
-    api = Api(sandbox_services())
+def test_a_dead_init_ends_the_sandbox_and_leaves_nothing(api, base_image):
     sandbox_id = api.create({"environment": {"image": base_image[1]}})["sandbox_id"]
     init = next(proc.pid for proc in tagged(sandbox_id) if comm(proc.pid) == "te-init")
     os.kill(init, signal.SIGKILL)
@@ -113,8 +109,7 @@ def test_a_dead_init_ends_the_sandbox_and_leaves_nothing(sandbox_services, base_
     assert wait_for(lambda: not leftovers(api.service, sandbox_id), what="nothing left")
 
 
-def test_a_dead_sandbox_process_is_cleaned_up_by_the_worker(sandbox_services, base_image):
-    api = Api(sandbox_services())
+def test_a_dead_sandbox_process_is_cleaned_up_by_the_worker(api, base_image):
     sandbox_id = api.create({"environment": {"image": base_image[1]}})["sandbox_id"]
     os.kill(owner_process(sandbox_id), signal.SIGKILL)
     body = ended(api, sandbox_id)

@@ -7,6 +7,8 @@ import tarfile
 
 import pytest
 
+from tests.helpers.polling import wait_for
+
 
 @pytest.fixture
 def sandbox(api, image_ref):
@@ -75,3 +77,24 @@ def test_delete_stops_it_and_later_requests_are_gone(api, image_ref):
     assert body["status"] == "stopped"
     status, body = api.json("POST", f"/sandboxes/{sandbox_id}/exec", {"command": "true"})
     assert status == 410 and body["error"] == "gone"
+
+
+def test_metrics_count_live_sandboxes_and_their_execs(api, sandbox):
+    def figure(text: str, name: str) -> float:
+        return float(next(line.split()[-1] for line in text.splitlines() if line.startswith(name + " ")))
+
+    before = api.call("GET", "/metrics").body.decode()
+    api.exec(sandbox, "true")
+    api.exec(sandbox, "true")
+
+    def counted():
+        text = api.call("GET", "/metrics").body.decode()
+        return (
+            text
+            if figure(text, "term_executor_sandbox_execs_total")
+            >= figure(before, "term_executor_sandbox_execs_total") + 2
+            else None
+        )
+
+    text = wait_for(counted, timeout=60, what="the execs to be counted")  # recorded after each answer
+    assert figure(text, 'term_executor_sandboxes{status="ready"}') >= 1
