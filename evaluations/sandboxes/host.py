@@ -798,7 +798,7 @@ def run_sandbox(sandbox_id: str, config, runtime, alive_fd: int | None = None) -
         ending = Ending(SandboxStatus.FAILED, str(exc), ErrorKind.TASK_INVALID)
     except ImageError as exc:
         ending = Ending(SandboxStatus.FAILED, str(exc), exc.kind)
-    except uids.UidPoolExhausted as exc:
+    except (uids.UidPoolExhausted, initbin.InitUnavailable) as exc:
         ending = Ending(SandboxStatus.FAILED, str(exc), ErrorKind.INFRASTRUCTURE)
     except Exception as exc:
         logger.exception("sandbox %s: internal error", sandbox_id)

@@ -3,12 +3,14 @@
 Static, so that it runs in any image whatever its libc (or none): nothing of the image is loaded
 before our code runs. It lives under WORKSPACE_BASE (which every sandbox uid may traverse, as the
 egress relay's bundle), in a folder of its own named by the source's hash, made read-only to all
-but root; a changed ``init.c`` gets a new folder. Building needs a C compiler with a static libc
-(Debian: ``gcc`` and ``libc6-dev``); where there is none, ``InitUnavailable`` says so.
+but root; a changed ``init.c`` gets a new folder. It is built once per host into the user's cache
+(``~/.cache/term-executor/sandbox-init``) and copied from there. Building needs a C compiler with a
+static libc (Debian: ``gcc`` and ``libc6-dev``); where there is none, ``InitUnavailable`` says so.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import shutil
@@ -32,29 +34,20 @@ def source_digest() -> str:
 
 
 def ensure_init(base: Path) -> Path:
-    """The folder holding the built init for this source, under ``base`` (built if missing)."""
+    """The folder holding the built init for this source, under ``base`` (WORKSPACE_BASE, which the
+    sandbox uids can traverse), copied from this host's build cache (built there if missing)."""
     folder = Path(base) / f".sandbox-init-{source_digest()}"
     if (folder / NAME).is_file():
         return folder
-    compiler = shutil.which("cc") or shutil.which("gcc")
-    if compiler is None:
-        raise InitUnavailable("live sandboxes need a C compiler to build their init (apt-get install gcc libc6-dev)")
     Path(base).mkdir(parents=True, exist_ok=True)
-    scratch = Path(tempfile.mkdtemp(prefix=".sandbox-init-build-", dir=base))
+    built = _built()
+    scratch = Path(tempfile.mkdtemp(prefix=".sandbox-init-copy-", dir=base))
     try:
-        binary = scratch / NAME
-        done = subprocess.run(
-            [compiler, "-O2", "-static", "-Wall", "-o", str(binary), str(SOURCE)],
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
-        if done.returncode != 0:
-            raise InitUnavailable(f"could not build the sandbox init: {done.stderr.strip()[-500:]}")
-        os.chmod(binary, 0o755)
+        shutil.copyfile(built, scratch / NAME)
+        os.chmod(scratch / NAME, 0o755)
         os.chmod(scratch, 0o755)
         try:
-            os.rename(scratch, folder)  # atomic: a concurrent builder's rename wins, ours is removed
+            os.rename(scratch, folder)  # atomic: a concurrent copy's rename wins, ours is removed
         except OSError:
             if not (folder / NAME).is_file():
                 raise
@@ -62,3 +55,35 @@ def ensure_init(base: Path) -> Path:
         if scratch.exists():
             shutil.rmtree(scratch, ignore_errors=True)
     return folder
+
+
+def cache_dir() -> Path:
+    """This host's build cache: one binary per source, for every service and test run of the host."""
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "term-executor" / "sandbox-init"
+
+
+def _built() -> Path:
+    binary = cache_dir() / f"{NAME}-{source_digest()}"
+    if binary.is_file():
+        return binary
+    compiler = shutil.which("cc") or shutil.which("gcc")
+    if compiler is None:
+        raise InitUnavailable("live sandboxes need a C compiler to build their init (apt-get install gcc libc6-dev)")
+    binary.parent.mkdir(parents=True, exist_ok=True)
+    fd, scratch = tempfile.mkstemp(prefix=f".{NAME}-", dir=binary.parent)
+    os.close(fd)
+    try:
+        done = subprocess.run(
+            [compiler, "-O2", "-static", "-Wall", "-o", scratch, str(SOURCE)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        if done.returncode != 0:
+            raise InitUnavailable(f"could not build the sandbox init: {done.stderr.strip()[-500:]}")
+        os.chmod(scratch, 0o755)
+        os.replace(scratch, binary)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(scratch)
+    return binary

@@ -39,7 +39,7 @@ from evaluations.models import (
     Status,
     WorkerHeartbeat,
 )
-from evaluations.sandboxes import fleet
+from evaluations.sandboxes import fleet, initbin
 from evaluations.sandboxes import reaping as sandbox_reaping
 from evaluations.worker import reaper, wakeup
 from evaluations.worker.callbacks import Dispatcher
@@ -95,6 +95,11 @@ class Worker:
         )
         worker.beat(stopping=False)
         worker.wake = wakeup.WakeSocket(config.data_dir, worker.worker_id)
+        if worker.sandboxes is not None and runtime.isolated:
+            try:  # the live sandboxes' init, built now rather than by the first sandbox (a C compiler's work)
+                initbin.ensure_init(config.workspace_base)
+            except (initbin.InitUnavailable, OSError) as exc:
+                logger.warning("live sandboxes will fail until this is fixed: %s", exc)
         return worker
 
     def run(self) -> None:
