@@ -8,7 +8,10 @@ Every figure is measured in this run, beside its baseline, on this machine:
 - spawner    one command through the spawner (no sandbox, bubblewrap) vs subprocess.run;
 - http       GET /evaluate/{id}, POST /evaluate admitted and refused, 32 clients, gunicorn as
              bin/serve starts it, vs a minimal WSGI app under the same gunicorn;
-- memory     the service's peak memory while an agent writes 1 GB, and the psutil monitor's CPU.
+- memory     the service's peak memory while an agent writes 1 GB, and the psutil monitor's CPU;
+- sandboxes  (only when named in --only) live sandboxes, ``python -m bench.sandboxes`` in a process of
+             its own: create from a warm image vs ``podman run -d``, an exec round trip vs ``podman
+             exec``, memory per idle sandbox vs per idle container, execs at concurrency 4.
 
 Traffic goes only to 127.0.0.1; every load is bounded in time or count.
 """
@@ -21,12 +24,15 @@ import subprocess
 import sys
 import time
 
-from bench import e2e, http, memory
+from bench import e2e, http, memory, sandboxes
 from bench.common import PROJECT, bench_folder, load_average, machine, trivial_task
 
 SECTIONS = ("latency", "throughput", "spawner", "http", "memory")
-FULL = {"latency_runs": 30, "throughput_count": 200, "spawner_runs": 200, "http_secs": 8.0}
-QUICK = {"latency_runs": 10, "throughput_count": 40, "spawner_runs": 50, "http_secs": 3.0}
+OPTIONAL = ("sandboxes",)  # run only when --only names them (a registry, podman, several minutes)
+FULL = {"latency_runs": 30, "throughput_count": 200, "spawner_runs": 200, "http_secs": 8.0,
+        "sandboxes": ["--runs", "30", "--idle", "100", "--podman-idle", "100", "--execs", "200"]}  # fmt: skip
+QUICK = {"latency_runs": 10, "throughput_count": 40, "spawner_runs": 50, "http_secs": 3.0,
+         "sandboxes": ["--runs", "10", "--idle", "20", "--podman-idle", "20", "--execs", "50"]}  # fmt: skip
 MB = 1024 * 1024
 
 
@@ -186,15 +192,30 @@ def report_memory(table: Table, figures: dict) -> None:
         )
 
 
+def run_sandboxes(root, arguments: list[str]) -> dict:
+    """``python -m bench.sandboxes`` in a process of its own (its own service, registry and podman
+    store); its figures from its --json, its own tables on stderr."""
+    out = root / "sandboxes.json"
+    subprocess.run(
+        [sys.executable, "-m", "bench.sandboxes", *arguments, "--json", str(out)],
+        cwd=PROJECT,
+        stdout=sys.stderr,
+        check=True,
+    )
+    return json.loads(out.read_text())
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(prog="bench/run", description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="fewer runs and shorter loads (about a minute)")
-    parser.add_argument("--only", default=",".join(SECTIONS), help=f"comma-separated sections of {', '.join(SECTIONS)}")
+    parser.add_argument(
+        "--only", default=",".join(SECTIONS), help=f"comma-separated sections of {', '.join(SECTIONS + OPTIONAL)}"
+    )
     parser.add_argument("--json", help="also write every raw figure to this file")
     parser.add_argument("--wait-idle", action="store_true", help="before each section, wait until the CPUs are idle")
     args = parser.parse_args()
     sections = [name.strip() for name in args.only.split(",") if name.strip()]
-    unknown = set(sections) - set(SECTIONS)
+    unknown = set(sections) - set(SECTIONS + OPTIONAL)
     if unknown:
         parser.error(f"unknown section(s): {', '.join(sorted(unknown))}")
     plan = QUICK if args.quick else FULL
@@ -242,6 +263,10 @@ def main() -> int:
             elif section == "memory":
                 raw[section] = memory.memory_and_monitor(root, task)
                 report_memory(table, raw[section])
+            elif section == "sandboxes":
+                raw[section] = run_sandboxes(root, plan["sandboxes"])
+                for row in sandboxes.rows(raw[section]):
+                    table.add(*row)
     print(table.render())
     if "latency" in raw:
         steps = ", ".join(f"{name} {value} ms" for name, value in raw["latency"]["steps_ms"].items())
