@@ -37,7 +37,7 @@ from evaluations.sandboxes.spec import SpecError, parse
 from evaluations.worker import wakeup
 
 TAG_SANDBOXES = "sandboxes"
-_POLL_FIRST, _POLL_MAX = 0.002, 0.05
+_RECHECK_SECS = 1.0  # the row read again while no wake-up came (a lost datagram costs at most this)
 _CHUNK = 1 << 16
 
 SANDBOX_ID = OpenApiParameter("sandbox_id", OpenApiTypes.UUID, OpenApiParameter.PATH, description="The sandbox's id.")
@@ -193,13 +193,41 @@ def _owner_error(answer: dict) -> ApiError:
     return ApiError(answer["status"], answer.get("error", "internal_error"), answer.get("detail", "the sandbox failed"))
 
 
-def _call(row: Sandbox, header: dict, **kwargs) -> dict:
+def _connect(request, sandbox_id: str, timeout: float | None) -> control.Connection:
+    """A connection to the process that runs the sandbox, when it runs on this host: no database
+    read on the way (an exec's round trip is what harnesses wait on); the process checks that the
+    caller's tenant is its owner, and answers another's request as not found. Else what the row
+    says: 404, 307 to the sandbox's host, 409 starting, 410 gone."""
     try:
-        answer = control.call(_config().data_dir, str(row.id), header, **kwargs)
+        pk = uuid.UUID(str(sandbox_id))
+    except ValueError:
+        raise ApiError(404, "not_found", f"no sandbox {sandbox_id}") from None
+    try:
+        return control.Connection(_config().data_dir, str(pk), timeout)
     except control.OwnerUnreachable:
-        raise ApiError(410, "gone", f"sandbox {row.id} has ended") from None
+        pass
+    row = _live_row(request, sandbox_id)
+    raise ApiError(410, "gone", f"sandbox {row.id} has ended")  # live here by its row, and nothing answers
+
+
+def _ask(request, sandbox_id: str, header: dict, *, body=None, length: int = 0, timeout=None) -> tuple:
+    """One request to the sandbox's process: (its answer, the open connection, for a body to read)."""
+    conn = _connect(request, sandbox_id, timeout)
+    try:
+        conn.send({**header, "caller": request.user.owner}, body, length)
+        answer = conn.answer()
+    except (OSError, control.OwnerUnreachable):
+        conn.close()
+        raise ApiError(410, "gone", f"sandbox {sandbox_id} has ended") from None
     if answer.get("status", 500) >= 300:
+        conn.close()
         raise _owner_error(answer)
+    return answer, conn
+
+
+def _call(request, sandbox_id: str, header: dict, **kwargs) -> dict:
+    answer, conn = _ask(request, sandbox_id, header, **kwargs)
+    conn.close()
     return answer
 
 
@@ -246,18 +274,19 @@ class SandboxListView(APIView):
         sandbox_id = uuid.uuid4()
         if context is not None:
             _keep_context(config, str(sandbox_id), context)
-        row = lifecycle.start_sandbox(
-            id=sandbox_id,
-            owner=request.user.owner,
-            spec=spec.as_dict(),
-            network=spec.network.as_dict(),
-            node=node,
-            public_url=config.public_url,
-            idle_timeout_secs=spec.idle_timeout_secs,
-            max_lifetime_secs=spec.max_lifetime_secs,
-        )
-        wakeup.notify(config.data_dir)
-        row = _wait_ready(row, config.sandbox_create_wait_secs)
+        with control.ready_listener(config.data_dir, str(sandbox_id)) as ready:  # bound before the row exists
+            row = lifecycle.start_sandbox(
+                id=sandbox_id,
+                owner=request.user.owner,
+                spec=spec.as_dict(),
+                network=spec.network.as_dict(),
+                node=node,
+                public_url=config.public_url,
+                idle_timeout_secs=spec.idle_timeout_secs,
+                max_lifetime_secs=spec.max_lifetime_secs,
+            )
+            wakeup.notify(config.data_dir)
+            row = _wait_ready(row, config.sandbox_create_wait_secs, ready)
         if row.status == SandboxStatus.FAILED:
             status = 400 if row.error_kind == "task_invalid" else 503
             raise ApiError(status, row.error_kind or "infrastructure", f"sandbox {row.id} failed: {row.error}")
@@ -314,12 +343,16 @@ def _keep_context(config, sandbox_id: str, context) -> None:
             out.write(chunk)
 
 
-def _wait_ready(row: Sandbox, wait_secs: float) -> Sandbox:
+def _wait_ready(row: Sandbox, wait_secs: float, ready) -> Sandbox:
+    """The row once the sandbox is ready or failed, or as it is after ``wait_secs``: woken by the
+    sandbox's process (``ready``, control.announce_ready), the row read again at least each second."""
     deadline = time.monotonic() + wait_secs
-    pause = _POLL_FIRST
-    while row.status == SandboxStatus.STARTING and time.monotonic() < deadline:
-        time.sleep(min(pause, max(0.0, deadline - time.monotonic())))
-        pause = min(pause * 2, _POLL_MAX)
+    while row.status == SandboxStatus.STARTING and (left := deadline - time.monotonic()) > 0:
+        ready.settimeout(min(left, _RECHECK_SECS))
+        try:
+            ready.recv(16)
+        except TimeoutError:
+            pass
         row.refresh_from_db()
     return row
 
@@ -358,10 +391,9 @@ class SandboxExecView(APIView):
         responses={200: ExecResultSerializer, **LIVE_ANSWERS},
     )
     def post(self, request, sandbox_id):
-        row = _live_row(request, sandbox_id)
         data = request.data
         header = {"op": "exec", **{key: data.get(key) for key in ("command", "cwd", "env", "timeout_secs", "user")}}
-        answer = _call(row, header)
+        answer = _call(request, sandbox_id, header)
         answer.pop("status", None)
         return Response(answer)
 
@@ -375,8 +407,7 @@ class SandboxNetworkView(APIView):
         responses={200: NetworkSerializer, **LIVE_ANSWERS},
     )
     def put(self, request, sandbox_id):
-        row = _live_row(request, sandbox_id)
-        answer = _call(row, {"op": "network", "network": request.data})
+        answer = _call(request, sandbox_id, {"op": "network", "network": request.data})
         return Response(answer["network"])
 
 
@@ -394,20 +425,7 @@ class SandboxFilesView(APIView):
         },
     )
     def get(self, request, sandbox_id):
-        row = _live_row(request, sandbox_id)
-        try:
-            conn = control.Connection(_config().data_dir, str(row.id), timeout=300)
-        except control.OwnerUnreachable:
-            raise ApiError(410, "gone", f"sandbox {row.id} has ended") from None
-        try:
-            conn.send({"op": "get", "path": request.query_params.get("path")})
-            answer = conn.answer()
-        except (OSError, control.OwnerUnreachable):
-            conn.close()
-            raise ApiError(410, "gone", f"sandbox {row.id} has ended") from None
-        if answer.get("status") != 200:
-            conn.close()
-            raise _owner_error(answer)
+        answer, conn = _ask(request, sandbox_id, {"op": "get", "path": request.query_params.get("path")}, timeout=300)
         folder = answer.get("kind") == "folder"
         response = StreamingHttpResponse(
             conn.body(None if folder else answer["length"]),
@@ -432,7 +450,6 @@ class SandboxFilesView(APIView):
         },
     )
     def put(self, request, sandbox_id):
-        row = _live_row(request, sandbox_id)
         extract = request.query_params.get("extract")
         if extract not in (None, "", "tar"):
             raise ApiError(400, "bad_request", "extract: only tar")
@@ -447,7 +464,7 @@ class SandboxFilesView(APIView):
             raise ApiError(exc.status, exc.code, exc.sentence) from None
         header = {"op": "put", "path": path, "extract": extract or None}
         try:
-            _call(row, header, body=request._request, length=length, timeout=600)
+            _call(request, sandbox_id, header, body=request._request, length=length, timeout=600)
         finally:
             _drain(request._request)
         return HttpResponse(status=204)

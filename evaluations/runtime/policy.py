@@ -103,6 +103,9 @@ class SandboxPolicy:
     # A live sandbox (SPEC §24): /tmp is its image's own, in its writable layer (files sent there
     # through the API are the ones its commands see), not the session's tmp/ bound over it.
     image_tmp: bool = False
+    # A live sandbox's init starts before the egress relay listens, and waits for it before its
+    # first exec (sandboxes/init.c): the sandbox is ready a relay's start-up sooner.
+    relay_wait: bool = True
     # Fixed by the evaluation; the spawner fills these in.
     namespaces: bool = False  # bubblewrap: user, pid, ipc, uts, cgroup and (without network) net
     uid: int | None = None  # None: no switch (the service does not run as root)
@@ -146,7 +149,7 @@ def render(
     if _egress(policy):
         # Network "on": a relay on the sandbox's own loopback to the proxy's socket, and the
         # variables that send clients to it. Without a socket the command has no network at all.
-        argv = [*relay_wrapper(SANDBOX_SOCKET, socat=_socat(policy)), *argv]
+        argv = [*relay_wrapper(SANDBOX_SOCKET, socat=_socat(policy), wait=policy.relay_wait), *argv]
         env = {**proxy_env(), **env}  # the caller may say NO_PROXY (the executor's own fetch of 127.0.0.1)
     flags = bwrap_flags(policy, cwd=Path(cwd), env=env, userns_fd=userns_fd)
     # bwrap's own environment: nothing the caller chose (no LD_PRELOAD before the namespaces exist).

@@ -130,3 +130,27 @@ class Request:
     def close(self) -> None:
         self.reader.close()
         self.conn.close()
+
+
+# -- readiness: the sandbox's process tells the API that waits for it ----------------------------
+
+
+def _ready_address(data_dir: Path, sandbox_id: str) -> str:
+    return address(data_dir, sandbox_id).replace("-sandbox-", "-ready-", 1)
+
+
+def ready_listener(data_dir: Path, sandbox_id: str) -> socket.socket:
+    """What POST /sandboxes waits on (bound before the row exists): one datagram when the sandbox
+    is ready or has failed. Only a wake-up: the row says which."""
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC)
+    listener.bind(_ready_address(data_dir, sandbox_id))
+    return listener
+
+
+def announce_ready(data_dir: Path, sandbox_id: str) -> None:
+    """Wake the API waiting for this sandbox, if one is (best effort: it also reads the row)."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC) as sender:
+        try:
+            sender.sendto(b"!", _ready_address(data_dir, sandbox_id))
+        except OSError:
+            pass  # nobody waits (the answer was 202, or it was made on another path)

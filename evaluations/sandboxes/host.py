@@ -25,6 +25,7 @@ import contextlib
 import dataclasses
 import logging
 import os
+import queue
 import select
 import signal
 import threading
@@ -46,7 +47,7 @@ from evaluations.images.store import ImageStore
 from evaluations.models import SHUTTING_DOWN, WORKER_LOST, ErrorKind, Sandbox, SandboxExec, SandboxStatus
 from evaluations.network import urlguard
 from evaluations.network.egress import EgressProxy, egress_policy
-from evaluations.network.egress.relay import ensure_socat_bundle, proxy_env
+from evaluations.network.egress.relay import RELAY_PORT, ensure_socat_bundle, proxy_env
 from evaluations.pipeline import archive
 from evaluations.pipeline.context import RELAY_BUNDLE
 from evaluations.pipeline.session import Session, remove_retired
@@ -102,6 +103,7 @@ class LiveSandbox:
         self.config = config
         self.runtime = runtime
         row = Sandbox.objects.get(id=self.id)
+        self.owner = row.owner  # the tenant whose token made it: another's requests are not found
         self.created_at = row.created_at
         self.spec: SandboxSpec = parse(row.spec, has_context=True)
         self.cancel = threading.Event()  # the spawner's: set, the sandbox is killed
@@ -124,6 +126,8 @@ class LiveSandbox:
         self._init_thread: threading.Thread | None = None
         self._init_result = None
         self.limits: Limits | None = None
+        self._wake_r, self._wake_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)  # ``end`` wakes ``serve``
+        self.recorder = _Recorder(self.id)
 
     # -- 1. prepare --------------------------------------------------------------------------
 
@@ -165,8 +169,7 @@ class LiveSandbox:
         self.egress.set_step("sandbox")
         store = ImageStore.of(config)
         record, environment = self._environment(store)
-        self.closing.enter_context(store.pin(record.digest, self.tag))
-        store.touch(record.digest)
+        self.closing.enter_context(store.pin(record.digest, self.tag))  # touched by _environment
         self.image_config = dict(record.config or {})
         self.workdir = self.spec.workdir or self.image_config.get("WorkingDir") or "/"
         ca = host_ca(config, sandboxed=True)
@@ -209,6 +212,7 @@ class LiveSandbox:
                 store=store,
                 env=self._build_environment(),
             )
+            store.touch(result.record.digest)  # a pull touches what it found; a build does not
         if self.spec.workdir is None and image.workdir:
             self.spec = _with_workdir(self.spec, image.workdir)
         record = {"kind": spec.kind, "ref": spec.ref, "digest": result.record.digest, "cached": result.cached}
@@ -304,12 +308,13 @@ class LiveSandbox:
             network=True,
             image=self.root,
             image_tmp=True,
+            relay_wait=False,  # the init waits for the relay before its first exec instead
             mounts=(Mount(initbin.ensure_init(self.config.workspace_base), initbin.TARGET_DIR),),
             ca_bundle=ca.host if ca is not None else None,
             egress_socket=Path(self.egress.socket_path),
             relay_bundle=self._relay_bundle(),
         )
-        argv = [initbin.TARGET, str(self.channel.init_fd)]
+        argv = [initbin.TARGET, str(self.channel.init_fd), str(RELAY_PORT)]
         env = {"PATH": SYSTEM_PATH}
 
         def run() -> None:
@@ -341,11 +346,9 @@ class LiveSandbox:
 
     # -- 3. serve ----------------------------------------------------------------------------
 
-    def serve(self, alive_fd: int | None) -> Ending:
-        """Answer the API until the sandbox ends; return how it ends."""
-        listener = control.listen(self.config.data_dir, self.id)
-        self.closing.callback(listener.close)
-        waitables = [listener] + ([alive_fd] if alive_fd is not None else [])
+    def serve(self, listener, alive_fd: int | None) -> Ending:
+        """Answer the API on ``listener`` until the sandbox ends; return how it ends."""
+        waitables = [listener, self._wake_r] + ([alive_fd] if alive_fd is not None else [])
         while self.ending is None:
             ready, _, _ = select.select(waitables, [], [], _SERVE_TICK)
             if listener in ready:
@@ -355,6 +358,9 @@ class LiveSandbox:
                     conn = None
                 if conn is not None:
                     threading.Thread(target=self._handle, args=(conn,), name="sandbox-request", daemon=True).start()
+            if self._wake_r in ready:
+                with contextlib.suppress(OSError):
+                    os.read(self._wake_r, 64)
             if alive_fd is not None and alive_fd in ready:
                 try:
                     data = os.read(alive_fd, 64)
@@ -370,6 +376,10 @@ class LiveSandbox:
         with self._lock:
             if self.ending is None:
                 self.ending = ending
+        try:
+            os.write(self._wake_w, b"!")
+        except OSError:
+            pass  # already woken
 
     def _check_clock(self) -> None:
         if self.channel.closed:
@@ -414,6 +424,10 @@ class LiveSandbox:
     def _answer(self, request: control.Request) -> None:
         header = request.header
         op = header.get("op")
+        caller = header.get("caller")  # the tenant the API authenticated; None: an operator
+        if caller is not None and caller != self.owner:
+            request.reply({"status": 404, "error": "not_found", "detail": f"no sandbox {self.id}"})
+            return
         if op == "stop":
             self.end(Ending(SandboxStatus.STOPPED))
             self.ended.wait(timeout=120)
@@ -425,7 +439,10 @@ class LiveSandbox:
         with self._lock:
             self.last_active = time.monotonic()
         if op == "exec":
-            request.reply(self.exec(header))
+            answer, record = self.exec(header)
+            request.reply(answer)
+            if record is not None:
+                self.recorder.put(record)  # after the answer: the caller does not wait for the database
         elif op == "put":
             request.reply(self._put(header, request))
         elif op == "get":
@@ -473,7 +490,7 @@ class LiveSandbox:
         try:
             argv, cwd, env, timeout, user = self._exec_request(header)
         except SpecError as exc:
-            return {"status": 400, "error": "bad_request", "detail": str(exc)}
+            return {"status": 400, "error": "bad_request", "detail": str(exc)}, None
         with self._lock:
             self.exec_count += 1
             number = self.exec_count
@@ -487,10 +504,21 @@ class LiveSandbox:
                 self.running_execs -= 1
                 self.last_active = time.monotonic()
         if "status" in outcome:
-            return outcome
+            return outcome, None
         duration_ms = int((time.monotonic() - started) * 1000)
-        self._record(number, argv, cwd, header.get("user"), outcome, duration_ms, started_at)
-        return {"status": 200, **outcome, "duration_ms": duration_ms}
+        record = SandboxExec(
+            sandbox_id=self.id,
+            position=number,
+            command=argv,
+            cwd=cwd,
+            user="" if header.get("user") is None else str(header["user"])[:64],
+            exit_code=outcome["exit_code"],
+            timed_out=outcome["timed_out"],
+            oom_killed=outcome["oom_killed"],
+            duration_ms=duration_ms,
+            started_at=started_at,
+        )
+        return {"status": 200, **outcome, "duration_ms": duration_ms}, record
 
     def _exec_request(self, header: dict):
         command = header.get("command")
@@ -629,32 +657,6 @@ class LiveSandbox:
         except OSError:
             return 0
 
-    def _record(self, number, argv, cwd, user, outcome, duration_ms, started_at) -> None:
-        """The exec's row and the sandbox's count and last activity (a thread of its own: the
-        caller has its answer first)."""
-
-        def write() -> None:
-            try:
-                SandboxExec.objects.create(
-                    sandbox_id=self.id,
-                    position=number,
-                    command=argv,
-                    cwd=cwd,
-                    user="" if user is None else str(user)[:64],
-                    exit_code=outcome["exit_code"],
-                    timed_out=outcome["timed_out"],
-                    oom_killed=outcome["oom_killed"],
-                    duration_ms=duration_ms,
-                    started_at=started_at,
-                )
-                Sandbox.objects.filter(id=self.id).update(exec_count=F("exec_count") + 1, last_active_at=timezone.now())
-            except Exception:
-                logger.exception("sandbox %s: could not record exec %s", self.id, number)
-            finally:
-                connections.close_all()
-
-        threading.Thread(target=write, name="sandbox-record", daemon=True).start()
-
     # -- files and network -------------------------------------------------------------------
 
     def _quota(self) -> tuple[files.Quota, TreeUsage]:
@@ -743,14 +745,48 @@ class LiveSandbox:
                 clean = True
             finally:
                 self.lease.release(clean=clean)
+        self.recorder.close()
         close_old_connections()
         lifecycle.end_sandbox(self.id, ending.status, error=ending.error, kind=ending.kind, **fields)
+        control.announce_ready(self.config.data_dir, self.id)  # a POST still waiting learns it failed
         self.ended.set()
         if retired is not None:
             try:
                 remove_retired(retired)
             except OSError as exc:
                 logger.warning("sandbox %s: could not remove %s (the reaper will): %s", self.id, retired, exc)
+
+
+class _Recorder:
+    """Writes each exec's row and the sandbox's count, in order, on a thread of its own (one
+    database connection), after the exec's answer has gone."""
+
+    def __init__(self, sandbox_id: str):
+        self.sandbox_id = sandbox_id
+        self.queue: queue.SimpleQueue = queue.SimpleQueue()
+        self.thread = threading.Thread(target=self._run, name="sandbox-recorder", daemon=True)
+        self.thread.start()
+
+    def put(self, record: SandboxExec) -> None:
+        self.queue.put(record)
+
+    def close(self) -> None:
+        """Write what is queued, then stop."""
+        self.queue.put(None)
+        self.thread.join(timeout=60)
+
+    def _run(self) -> None:
+        try:
+            while (record := self.queue.get()) is not None:
+                try:
+                    record.save(force_insert=True)
+                    Sandbox.objects.filter(id=self.sandbox_id).update(
+                        exec_count=F("exec_count") + 1, last_active_at=timezone.now()
+                    )
+                except Exception:
+                    logger.exception("sandbox %s: could not record exec %s", self.sandbox_id, record.position)
+        finally:
+            connections.close_all()
 
 
 class _Limited:
@@ -785,13 +821,16 @@ def run_sandbox(sandbox_id: str, config, runtime, alive_fd: int | None = None) -
         environment = sandbox.prepare()
         sandbox.start()
         expires = sandbox.created_at + timedelta(seconds=sandbox.spec.max_lifetime_secs)
+        listener = control.listen(config.data_dir, sandbox.id)  # before ready: the API may call at once
+        sandbox.closing.callback(listener.close)
         if not lifecycle.sandbox_ready(
             sandbox.id, environment=environment, network=sandbox.spec.network.as_dict(), expires_at=expires
         ):
             ending = Ending(SandboxStatus.STOPPED)  # deleted while it started
         else:
+            control.announce_ready(config.data_dir, sandbox.id)
             close_old_connections()
-            ending = sandbox.serve(alive_fd)
+            ending = sandbox.serve(listener, alive_fd)
     except Ending as exc:
         ending = exc
     except SpecError as exc:

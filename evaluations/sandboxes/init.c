@@ -14,6 +14,10 @@
  *                  "X <id> <st>"   ended; <st> is waitpid's status
  *                  "F <id> <errno>" could not start
  *
+ * argv[2], when given, is the port of the egress relay (127.0.0.1 inside): the relay starts beside
+ * the init rather than before it, and the init waits until it listens before its first exec, so an
+ * exec's first connection finds it (about 15 ms after the sandbox is ready, at most 5 s).
+ *
  * Root in the sandbox can ptrace this process: the host treats its answers as the sandbox's own
  * word (an exec's exit status), never as something the host's own safety rests on. When the host's
  * end closes, init exits, and with it the sandbox (bubblewrap ends the pid namespace).
@@ -34,6 +38,7 @@
 #include <sys/syscall.h>
 #include <sys/types.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #define MAX_EXECS 1024
@@ -46,6 +51,30 @@ struct running {
 
 static struct running table[MAX_EXECS];
 static int control = -1;
+static int relay_port = 0; /* 0: none to wait for, or it listens */
+
+/* Whether /proc/net/tcp shows 127.0.0.1:port listening (state 0A), as the relay's own prelude checks. */
+static int relay_listens(void) {
+    char want[32], line[512];
+    snprintf(want, sizeof want, "0100007F:%04X", relay_port);
+    FILE *table_file = fopen("/proc/net/tcp", "re");
+    if (!table_file) return 0;
+    int found = 0;
+    while (!found && fgets(line, sizeof line, table_file)) {
+        char local[64], remote[64], state[8];
+        if (sscanf(line, " %*s %63s %63s %7s", local, remote, state) == 3 && !strcmp(local, want) && !strcmp(state, "0A"))
+            found = 1;
+    }
+    fclose(table_file);
+    return found;
+}
+
+static void await_relay(void) {
+    if (!relay_port) return;
+    struct timespec step = {0, 1000000};
+    for (int i = 0; i < 5000 && !relay_listens(); i++) nanosleep(&step, NULL);
+    relay_port = 0; /* once: past its bound, commands meet a relay that is not there, and fail closed */
+}
 
 static void say(const char *text) {
     if (send(control, text, strlen(text), MSG_NOSIGNAL) < 0 && errno != EINTR) _exit(0);
@@ -128,6 +157,7 @@ static void start(unsigned long id, int fds[4]) {
     if (!args || !env) { free(fields); free(args); free(env); goto bad; }
     memcpy(args, argv, argc * sizeof(char *));
     memcpy(env, envp, envc * sizeof(char *));
+    await_relay();
     int slot = -1;
     for (int i = 0; i < MAX_EXECS; i++)
         if (table[i].pid == 0) { slot = i; break; }
@@ -194,6 +224,7 @@ static void signal_exec(unsigned long id, int sig) {
 int main(int argc, char **argv) {
     if (argc < 2) return 2;
     control = atoi(argv[1]);
+    if (argc > 2) relay_port = atoi(argv[2]);
     prctl(PR_SET_CHILD_SUBREAPER, 1);
     sigset_t mask;
     sigemptyset(&mask);

@@ -137,6 +137,7 @@ def start_forkserver() -> None:
     from multiprocessing import connection, forkserver, resource_tracker
 
     from django.db import connections
+    from django.db.models.sql import compiler  # noqa: F401  (every process's first query imports it: shared)
 
     from evaluations.worker import child  # noqa: F401  (Django and the pipeline, imported once, shared)
 

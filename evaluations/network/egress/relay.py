@@ -54,6 +54,13 @@ exec "$@"
 """
 
 
+_PRELUDE_NO_WAIT = """\
+[ -x {socat} ] || {{ echo "egress relay: {socat} is missing in this sandbox" >&2; exit {failed}; }}
+({socat_argv} </dev/null >/dev/null &)
+exec "$@"
+"""
+
+
 def proxy_env(port: int = RELAY_PORT) -> dict[str, str]:
     """The variables that send a command's HTTP(S) through the relay.
 
@@ -72,12 +79,14 @@ def proxy_env(port: int = RELAY_PORT) -> dict[str, str]:
 
 
 def relay_wrapper(socket_in_sandbox: str = SANDBOX_SOCKET, port: int = RELAY_PORT,
-                  socat: Sequence[str] = (SOCAT,)) -> list[str]:  # fmt: skip
+                  socat: Sequence[str] = (SOCAT,), *, wait: bool = True) -> list[str]:  # fmt: skip
     """The argv to put before a command: ``[*relay_wrapper(), *argv]``.
 
     ``socat``: how to start socat inside the sandbox; its first word must be
     an executable path there (see ``docs/security.md``, "Network by policy", for a
     root without socat). Exit 125 with one line on stderr if the relay cannot start.
+    ``wait=False``: the command starts at once, socat beside it (a live sandbox's init,
+    which waits for the relay to listen before its first exec: sandboxes/init.c).
     """
     if not 1 <= port <= 65535:
         raise ValueError(f"relay port must be 1-65535, got {port}")
@@ -92,7 +101,8 @@ def relay_wrapper(socket_in_sandbox: str = SANDBOX_SOCKET, port: int = RELAY_POR
         f"TCP-LISTEN:{port},bind=127.0.0.1,fork,reuseaddr,nodelay,backlog=128",
         f"UNIX-CONNECT:{socket_in_sandbox}",
     ]  # fmt: skip
-    script = _PRELUDE.format(
+    prelude = _PRELUDE if wait else _PRELUDE_NO_WAIT
+    script = prelude.format(
         socat=shlex.quote(socat[0]),
         socat_argv=shlex.join(socat_argv),
         listen_hex=f"0100007F:{port:04X}",
