@@ -85,6 +85,24 @@ class OwnerColumn:
         return tuple(f for f in fields if f not in ("owner_text", OwnerFilter))
 
 
+class ReadOnlyDetail:
+    """A detail page of read-only fieldsets, and a list that reads only ``list_columns`` (its
+    large text and JSON columns are read by the detail page alone)."""
+
+    list_columns: tuple[str, ...] = ()
+
+    def get_readonly_fields(self, request, obj=None):
+        return [name for _, options in self.fieldsets for name in options["fields"]]
+
+    def get_queryset(self, request):
+        queryset = super().get_queryset(request)
+        match = request.resolver_match
+        opts = self.model._meta
+        if match is not None and match.url_name == f"{opts.app_label}_{opts.model_name}_changelist":
+            queryset = queryset.only(*self.list_columns)
+        return queryset
+
+
 class ReadOnlyInline(admin.TabularInline):
     """A plain table: no per-row caption (the object's str), "none" when empty."""
 

@@ -34,6 +34,7 @@ from evaluations.admin.detail import (
     DetailFields,
     OwnerColumn,
     OwnerFilter,
+    ReadOnlyDetail,
     TestResultInline,
     TransitionInline,
     detail_url,
@@ -66,7 +67,8 @@ WHOLE_JSON_FIELDS = ("task_metadata", "system_changes")
 
 
 @admin.register(Evaluation)
-class EvaluationAdmin(OwnerColumn, DetailFields, OutcomeFields, admin.ModelAdmin):
+class EvaluationAdmin(OwnerColumn, ReadOnlyDetail, DetailFields, OutcomeFields, admin.ModelAdmin):
+    list_columns = LIST_COLUMNS
     list_display = (
         "short_id", "state", "passed_text", "task", "language", "error_text", "owner_text", "created_short", "time",
     )  # fmt: skip
@@ -130,16 +132,6 @@ class EvaluationAdmin(OwnerColumn, DetailFields, OutcomeFields, admin.ModelAdmin
         ("Task", {"fields": ("task_prompt_pre", "original_pr_pre")}),
         ("Agent", {"fields": ("agent_exit_code", "agent_output_pre", "agent_patch_pre", "test_output_link")}),
     )
-
-    def get_readonly_fields(self, request, obj=None):
-        return [name for _, options in self.fieldsets for name in options["fields"]]
-
-    def get_queryset(self, request):
-        queryset = super().get_queryset(request)
-        match = request.resolver_match
-        if match is not None and match.url_name == "evaluations_evaluation_changelist":
-            queryset = queryset.only(*LIST_COLUMNS)
-        return queryset
 
     def has_add_permission(self, request):
         return False

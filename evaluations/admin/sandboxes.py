@@ -29,7 +29,7 @@ from django.urls import path, reverse
 from django.utils.html import format_html
 
 from evaluations.admin import format as fmt
-from evaluations.admin.detail import DetailFields, OwnerColumn, OwnerFilter, ReadOnlyInline
+from evaluations.admin.detail import DetailFields, OwnerColumn, OwnerFilter, ReadOnlyDetail, ReadOnlyInline
 from evaluations.admin.evaluations import forbidden
 from evaluations.api import sandboxes as api
 from evaluations.models import Sandbox, SandboxExec, SandboxStatus
@@ -138,7 +138,8 @@ class SandboxExecInline(ReadOnlyInline):
 
 
 @admin.register(Sandbox)
-class SandboxAdmin(OwnerColumn, admin.ModelAdmin):
+class SandboxAdmin(OwnerColumn, ReadOnlyDetail, admin.ModelAdmin):
+    list_columns = LIST_COLUMNS
     list_display = (
         "short_id", "state", "owner_text", "environment_text", "node_text", "created_short", "ready_after",
         "ended_after", "execs", "error_kind_text",
@@ -162,16 +163,6 @@ class SandboxAdmin(OwnerColumn, admin.ModelAdmin):
         ("Times", {"fields": TIME_FIELDS}),
         ("Host", {"fields": ("node", "public_url", "worker_id")}),
     )
-
-    def get_readonly_fields(self, request, obj=None):
-        return [name for _, options in self.fieldsets for name in options["fields"]]
-
-    def get_queryset(self, request):
-        queryset = super().get_queryset(request)
-        match = request.resolver_match
-        if match is not None and match.url_name == "evaluations_sandbox_changelist":
-            queryset = queryset.only(*LIST_COLUMNS)
-        return queryset
 
     def get_object(self, request, object_id, from_field=None):
         """404 for a sandbox that is not there (Django's default sends the operator to the index)."""
