@@ -326,6 +326,8 @@ class LiveSandbox:
                 logger.exception("sandbox %s: the sandbox could not run", self.id)
             finally:
                 self.channel.close()  # its end of file wakes every waiting exec
+                with contextlib.suppress(OSError):
+                    os.write(self._wake_w, b"!")  # and the serve loop, which sees the sandbox gone
 
         self._init_thread = threading.Thread(target=run, name="sandbox", daemon=True)
         self._init_thread.start()
@@ -405,6 +407,7 @@ class LiveSandbox:
     def _handle(self, conn) -> None:
         try:
             if not control.peer_is_us(conn):
+                conn.close()
                 return
             request = control.Request(conn)
         except (OSError, ValueError):
