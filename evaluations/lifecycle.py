@@ -320,6 +320,13 @@ def sandbox_ready(sandbox_id, **fields) -> bool:
     )
 
 
+def adopt_sandbox(sandbox_id, **fields) -> bool:
+    """A warm sandbox (ready, pooled) taken by a request; False when another took it first."""
+    return bool(
+        Sandbox.objects.filter(id=sandbox_id, pooled=True, status=SandboxStatus.READY).update(pooled=False, **fields)
+    )
+
+
 def end_sandbox(sandbox_id, status: str, *, error: str = "", kind: str | None = None, **fields) -> bool:
     """A live sandbox's end, written once: False when it had already ended."""
     return bool(

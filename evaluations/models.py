@@ -470,12 +470,17 @@ class Sandbox(models.Model):
     exec_count = models.PositiveIntegerField(default=0)
     egress = models.JSONField(default=list, blank=True)
     resources = models.JSONField(null=True, blank=True)
+    # SANDBOX_WARM_IMAGES: made ahead of any request, for the image ``pool_key``; a POST for that image
+    # takes one (pooled becomes False). Never listed nor found by the API while pooled.
+    pooled = models.BooleanField(default=False)
+    pool_key = models.CharField(max_length=2048, blank=True, default="")
 
     class Meta:
         ordering = ("-created_at", "-id")
         verbose_name_plural = "sandboxes"  # the admin's; Django's default would be "sandboxs"
         indexes = [
             models.Index(fields=["owner", "-created_at"], name="sandbox_owner_idx"),
+            models.Index(fields=["node", "pool_key", "status"], name="sandbox_pool_idx", condition=Q(pooled=True)),
             models.Index(
                 fields=["node", "status"], name="sandbox_live_idx", condition=Q(status__in=["starting", "ready"])
             ),

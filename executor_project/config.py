@@ -324,6 +324,10 @@ class Config:
     sandbox_create_wait_secs: int = integer("SANDBOX_CREATE_WAIT_SECS", 20, minimum=0, maximum=3600)
     max_context_bytes: int = integer("MAX_CONTEXT_BYTES", 512 * 1024 * 1024, minimum=1)
     public_url: str = text("PUBLIC_URL")
+    # Images whose sandboxes are made ahead (SANDBOX_WARM_COUNT each, counted in MAX_SANDBOXES), so
+    # that POST /sandboxes for one of them takes a started sandbox instead of starting one.
+    sandbox_warm_images: tuple[str, ...] = strings("SANDBOX_WARM_IMAGES")
+    sandbox_warm_count: int = integer("SANDBOX_WARM_COUNT", 1, minimum=0, maximum=64)
     # Not a variable: the executor's group of assets, read from STATIC_ASSETS_CONFIG by load().
     static_assets: tuple[Asset, ...] = ()
 

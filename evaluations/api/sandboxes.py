@@ -16,9 +16,11 @@ from __future__ import annotations
 import json
 import time
 import uuid
+from datetime import timedelta
 
 from django.conf import settings
 from django.http import HttpResponse, StreamingHttpResponse
+from django.utils import timezone
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
 from rest_framework import serializers
@@ -128,7 +130,7 @@ def _row(sandbox_id: str, caller) -> Sandbox:
         pk = uuid.UUID(str(sandbox_id))
     except ValueError:
         raise ApiError(404, "not_found", f"no sandbox {sandbox_id}") from None
-    row = caller.visible(Sandbox.objects).filter(id=pk).first()
+    row = caller.visible(Sandbox.objects).filter(id=pk, pooled=False).first()
     if row is None:
         raise ApiError(404, "not_found", f"no sandbox {sandbox_id}")
     return row
@@ -264,6 +266,10 @@ class SandboxListView(APIView):
         except SpecError as exc:
             raise ApiError(400, "bad_request", str(exc), fields={exc.field: [exc.sentence]}) from None
         node = fleet.node(config)
+        if (adopted := _adopt_warm(request, config, spec, node)) is not None:
+            return Response(
+                SandboxSerializer.build(adopted), status=201, headers={"Location": f"/sandboxes/{adopted.id}"}
+            )
         if Sandbox.objects.filter(node=node, status__in=LIVE_SANDBOX_STATUSES).count() >= config.max_sandboxes:
             raise ApiError(
                 503,
@@ -300,13 +306,52 @@ class SandboxListView(APIView):
         responses={200: SandboxSerializer(many=True), 401: UNAUTHORIZED},
     )
     def get(self, request):
-        rows = request.user.visible(Sandbox.objects).order_by("-created_at")
+        rows = request.user.visible(Sandbox.objects).filter(pooled=False).order_by("-created_at")
         wanted = request.query_params.get("status")
         if wanted:
             if wanted not in SandboxStatus.values:
                 raise ApiError(400, "bad_request", f"status: expected one of {', '.join(SandboxStatus.values)}")
             rows = rows.filter(status=wanted)
         return Response([SandboxSerializer.build(row) for row in rows[:1000]])
+
+
+def _adopt_warm(request, config, spec, node: str) -> Sandbox | None:
+    """A warm sandbox of the image asked for (SANDBOX_WARM_IMAGES), taken for this request: its row
+    the request's (owner, spec, times) in one conditional update, then its process told (it applies
+    the user, workdir, env and network). None when there is none to take, or the spec asks for
+    what a warm one was not made with (a Dockerfile, a task, its own memory or storage)."""
+    if spec.kind != "image" or spec.ref not in config.sandbox_warm_images or spec.memory_mb or spec.storage_mb:
+        return None
+    warm = Sandbox.objects.filter(node=node, pooled=True, pool_key=spec.ref, status=SandboxStatus.READY)
+    for candidate in warm.values_list("id", flat=True)[:3]:
+        now = timezone.now()
+        if not lifecycle.adopt_sandbox(
+            candidate,
+            owner=request.user.owner,
+            spec=spec.as_dict(),
+            network=spec.network.as_dict(),
+            idle_timeout_secs=spec.idle_timeout_secs,
+            max_lifetime_secs=spec.max_lifetime_secs,
+            created_at=now,
+            ready_at=now,
+            last_active_at=now,
+            expires_at=now + timedelta(seconds=spec.max_lifetime_secs),
+        ):
+            continue  # another request took it
+        wakeup.notify(config.data_dir)  # the worker makes the next warm one
+        header = {"op": "adopt", "spec": spec.as_dict(), "owner": request.user.owner}
+        try:
+            answer = control.call(config.data_dir, str(candidate), header, timeout=60)
+        except control.OwnerUnreachable:
+            lifecycle.end_sandbox(
+                candidate, SandboxStatus.FAILED, error="its process did not answer", kind="infrastructure"
+            )
+            continue
+        if answer.get("status") != 200:
+            lifecycle.end_sandbox(candidate, SandboxStatus.FAILED, error=answer.get("detail", ""), kind="task_invalid")
+            raise _owner_error(answer)
+        return Sandbox.objects.get(id=candidate)
+    return None
 
 
 def _create_body(request):

@@ -104,6 +104,8 @@ class LiveSandbox:
         self.runtime = runtime
         row = Sandbox.objects.get(id=self.id)
         self.owner = row.owner  # the tenant whose token made it: another's requests are not found
+        self.pooled = row.pooled  # made ahead (SANDBOX_WARM_IMAGES): it answers nothing but adopt and stop
+        self.lifetime_from = time.monotonic()  # its start, or when a request adopted it
         self.created_at = row.created_at
         self.spec: SandboxSpec = parse(row.spec, has_context=True)
         self.cancel = threading.Event()  # the spawner's: set, the sandbox is killed
@@ -388,6 +390,9 @@ class LiveSandbox:
             self.end(self._death())
             return
         now = time.monotonic()
+        if now - self.lifetime_from > self.spec.max_lifetime_secs:  # an adopted one's, from its adoption
+            self.end(Ending(SandboxStatus.EXPIRED, f"alive for {self.spec.max_lifetime_secs} s (max_lifetime_secs)"))
+            return
         with self._lock:
             idle = self.running_execs == 0 and now - self.last_active > self.spec.idle_timeout_secs
         if idle:
@@ -428,7 +433,10 @@ class LiveSandbox:
         header = request.header
         op = header.get("op")
         caller = header.get("caller")  # the tenant the API authenticated; None: an operator
-        if caller is not None and caller != self.owner:
+        if op == "adopt":
+            request.reply(self._adopt(header))
+            return
+        if (caller is not None and caller != self.owner) or (self.pooled and op != "stop"):
             request.reply({"status": 404, "error": "not_found", "detail": f"no sandbox {self.id}"})
             return
         if op == "stop":
@@ -454,6 +462,31 @@ class LiveSandbox:
             request.reply(self._network(header))
         else:
             request.reply({"status": 400, "error": "bad_request", "detail": f"unknown op {op!r}"})
+
+    def _adopt(self, header: dict) -> dict:
+        """A warm sandbox taken by a request (SANDBOX_WARM_IMAGES): its spec's user, workdir, env and
+        network from now on, its owner the request's, its lifetime and idle time from now."""
+        with self._lock:
+            if not self.pooled or self.ending is not None:
+                return {"status": 410, "error": "gone", "detail": "the sandbox is not a warm one any more"}
+            self.pooled = False
+        try:
+            spec = parse(header.get("spec"))
+            if spec.kind != "image" or spec.ref != self.spec.ref:
+                raise SpecError("environment", f"a warm sandbox of {self.spec.ref} cannot be {spec.ref}")
+            default_user = spec.user or self.image_config.get("User") or "root"
+            self.user(default_user)
+            workdir = spec.workdir or self.image_config.get("WorkingDir") or "/"
+            if workdir != self.workdir:
+                kinds.make_workdir(self.root, workdir)
+        except (SpecError, OSError) as exc:
+            self.end(Ending(SandboxStatus.FAILED, str(exc), ErrorKind.TASK_INVALID))
+            return {"status": 400, "error": "task_invalid", "detail": str(exc)}
+        with self._lock:
+            self.spec, self.owner, self.default_user, self.workdir = spec, header.get("owner"), default_user, workdir
+            self.lifetime_from = self.last_active = time.monotonic()
+        self.egress.policy = spec.network.applied_to(egress_policy(self.config))
+        return {"status": 200}
 
     # -- exec --------------------------------------------------------------------------------
 

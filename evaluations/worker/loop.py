@@ -24,23 +24,28 @@ import signal
 import socket
 import time
 import uuid
+from datetime import timedelta
 from multiprocessing.connection import wait
 
 from django.db import close_old_connections, connection, connections
 from django.db.models.functions import Now
+from django.utils import timezone
 
 from evaluations import lifecycle
 from evaluations.models import (
+    LIVE_SANDBOX_STATUSES,
     SHUTTING_DOWN,
     TTL_EXPIRED,
     ErrorKind,
     Evaluation,
+    Sandbox,
     SandboxStatus,
     Status,
     WorkerHeartbeat,
 )
 from evaluations.sandboxes import fleet, initbin
 from evaluations.sandboxes import reaping as sandbox_reaping
+from evaluations.sandboxes import spec as sandbox_spec
 from evaluations.worker import reaper, wakeup
 from evaluations.worker.callbacks import Dispatcher
 from evaluations.worker.child import sandbox_main
@@ -51,6 +56,7 @@ from evaluations.worker.pool import Pool, describe_exit
 logger = logging.getLogger("term_executor.worker")
 
 POLL_SECS = 2.0  # safety net when no wake-up arrives
+WARM_RETRY_SECS = 60  # a warm sandbox of an image failed: the next is tried this long after
 
 
 class Worker:
@@ -172,6 +178,7 @@ class Worker:
         self.expire_sessions()
         self.callbacks.dispatch()
         if stopping:
+            self.stop_sandboxes(warm_only=True)  # nobody's yet: no grace to give
             if now - self.stop_requested_at >= config.shutdown_grace_secs:
                 self.cancel_all(SHUTTING_DOWN)
                 self.stop_sandboxes()
@@ -180,8 +187,10 @@ class Worker:
         else:
             if self.pool.free > 0:
                 self.start_claimed(claim(self.worker_id, self.pool.free))
-            if self.sandboxes is not None and self.sandboxes.free > 0:
-                self.start_sandboxes(claim_sandboxes(self.worker_id, self.node, self.sandboxes.free))
+            if self.sandboxes is not None:
+                self.keep_warm()
+                if self.sandboxes.free > 0:
+                    self.start_sandboxes(claim_sandboxes(self.worker_id, self.node, self.sandboxes.free))
         waitables = [self.wake, *self.pool.sentinels(), *(self.sandboxes.sentinels() if self.sandboxes else ())]
         if self.listener is not None:
             waitables.append(self.listener)
@@ -228,6 +237,31 @@ class Worker:
                 logger.exception(reason)
                 lifecycle.end_sandbox(sandbox_id, SandboxStatus.FAILED, error=reason, kind=ErrorKind.INFRASTRUCTURE)
 
+    def keep_warm(self) -> None:
+        """SANDBOX_WARM_COUNT sandboxes of each of SANDBOX_WARM_IMAGES made ahead, within MAX_SANDBOXES;
+        an image whose warm sandbox failed in the last WARM_RETRY_SECS is not tried again meanwhile."""
+        config = self.config
+        if not config.sandbox_warm_images or not config.sandbox_warm_count:
+            return
+        live = Sandbox.objects.filter(node=self.node, status__in=LIVE_SANDBOX_STATUSES)
+        room = config.max_sandboxes - live.count()
+        recently = timezone.now() - timedelta(seconds=WARM_RETRY_SECS)
+        for ref in config.sandbox_warm_images:
+            warm = live.filter(pooled=True, pool_key=ref).count()
+            failing = Sandbox.objects.filter(  # while warm: the image's fault, not a request's
+                node=self.node, pooled=True, pool_key=ref, status=SandboxStatus.FAILED, ended_at__gte=recently
+            ).exists()
+            for _ in range(min(room, config.sandbox_warm_count - warm) if not failing else 0):
+                lifecycle.start_sandbox(
+                    spec=sandbox_spec.parse({"environment": {"image": ref}}).as_dict(),
+                    network=sandbox_spec.Network().as_dict(),
+                    node=self.node,
+                    public_url=config.public_url,
+                    pooled=True,
+                    pool_key=ref,
+                )
+                room -= 1
+
     def collect_sandboxes(self) -> None:
         """A sandbox's process that ended without ending its sandbox died: fail it, remove its leftovers."""
         if self.sandboxes is None:
@@ -238,12 +272,19 @@ class Worker:
                 logger.error("sandbox %s: %s", sandbox_id, reason)
             sandbox_reaping.remove_leftovers(self.config, sandbox_id)
 
-    def stop_sandboxes(self) -> None:
-        """After the grace period: each sandbox's process ends its sandbox (SIGTERM, its own teardown)."""
-        if self.sandboxes is not None:
-            for entry in self.sandboxes.running.values():
-                if entry.process.is_alive():
-                    os.kill(entry.process.pid, signal.SIGTERM)
+    def stop_sandboxes(self, *, warm_only: bool = False) -> None:
+        """After the grace period (``warm_only``: at once, the warm ones nobody has taken): each
+        sandbox's process ends its sandbox (SIGTERM, its own teardown)."""
+        if self.sandboxes is None or not self.sandboxes.running:
+            return
+        chosen = set(self.sandboxes.running)
+        if warm_only:
+            warm = Sandbox.objects.filter(id__in=list(chosen), pooled=True).values_list("id", flat=True)
+            chosen = {str(sandbox_id) for sandbox_id in warm}
+        for sandbox_id in chosen:
+            entry = self.sandboxes.running[sandbox_id]
+            if entry.process.is_alive():
+                os.kill(entry.process.pid, signal.SIGTERM)
 
     def expire_sessions(self) -> None:
         """Ask evaluations past SESSION_TTL_SECS to stop, unless a stop was already asked for
