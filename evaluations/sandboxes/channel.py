@@ -71,8 +71,11 @@ class InitChannel:
             self._init.close()
         return True
 
-    def start(self, exec_id: int, request: int, stdin: int, stdout: int, stderr: int) -> Exec:
-        """Ask the init to start exec ``exec_id`` (``request``: a memfd of its fields); wait for its answer."""
+    def start(self, exec_id: int, request: int, stdin: int, stdout: int, stderr: int, *, wait: bool = True) -> Exec:
+        """Ask the init to start exec ``exec_id`` (``request``: a memfd of its fields); wait for its answer.
+
+        ``wait=False``: return once asked; a start that failed then ends the exec at once, with
+        ``start_errno`` (a live sandbox's exec reads its pipes meanwhile: one hand-off less)."""
         entry = Exec(exec_id)
         with self._lock:
             if self._closed.is_set():
@@ -83,6 +86,8 @@ class InitChannel:
         except OSError:
             self._forget(exec_id)
             raise InitGone("the sandbox has ended") from None
+        if not wait:
+            return entry
         while not entry._started.wait(1.0):
             if self._closed.is_set():
                 break
@@ -165,8 +170,11 @@ class InitChannel:
             entry.pid = value
             entry._started.set()
         elif kind == "F":
+            with self._lock:
+                self._execs.pop(exec_id, None)
             entry.start_errno = value or 22
             entry._started.set()
+            entry._ended.set()
         elif kind == "X":
             entry.status = value
             entry._started.set()

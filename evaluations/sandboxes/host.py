@@ -607,7 +607,7 @@ class LiveSandbox:
             while view:
                 view = view[os.write(request, view) :]
             try:
-                entry = self.channel.start(number, request, stdin, out_w, err_w)
+                entry = self.channel.start(number, request, stdin, out_w, err_w, wait=False)
             except ExecStartError as exc:
                 return {
                     "status": 500,
@@ -625,6 +625,11 @@ class LiveSandbox:
             os.close(out_r)
             os.close(err_r)
             self.channel.forget(entry)
+        if entry.start_errno is not None:
+            detail = f"the sandbox could not start the exec: {os.strerror(entry.start_errno)}"
+            return {"status": 500, "error": "internal_error", "detail": detail}
+        if entry.gone and entry.pid is None:
+            return {"status": 410, "error": "gone", "detail": "the sandbox has ended"}
         oom = self._oom_kills() > oom_before
         if timed_out:
             code = TIMED_OUT_EXIT
