@@ -246,6 +246,12 @@ class SandboxListView(APIView):
         responses={
             201: SandboxSerializer,
             202: SandboxSerializer,
+            400: error(
+                "A bad body, or the sandbox failed for its image's or its request's sake",
+                "bad_request",
+                "invalid_json",
+                "task_invalid",
+            ),
             401: UNAUTHORIZED,
             413: error("The build context is too large", "payload_too_large"),
             503: error(
@@ -303,7 +309,11 @@ class SandboxListView(APIView):
         tags=[TAG_SANDBOXES],
         summary="The caller's sandboxes (operators: all), newest first",
         parameters=[OpenApiParameter("status", str, OpenApiParameter.QUERY, enum=SandboxStatus.values)],
-        responses={200: SandboxSerializer(many=True), 401: UNAUTHORIZED},
+        responses={
+            200: SandboxSerializer(many=True),
+            400: error("An unknown status", "bad_request"),
+            401: UNAUTHORIZED,
+        },
     )
     def get(self, request):
         rows = request.user.visible(Sandbox.objects).filter(pooled=False).order_by("-created_at")
