@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -120,32 +121,60 @@ def live_sandboxes(api: Api) -> list[dict]:
     return [sandbox for sandbox in sandboxes if sandbox["status"] in ("starting", "ready")]
 
 
-def test_the_oracle_solves_a_task_for_reward_one(harbor, sandbox_service, api, base_ref, tmp_path):
-    task = write_task(tmp_path / "tasks", "greet", base_ref)
-    (result,) = harbor_run(harbor, sandbox_service, tmp_path, task, "oracle")
-    assert reward(result) == 1.0
-    trial = tmp_path / "jobs" / "oracle" / result["trial_name"]
-    assert (trial / "verifier" / "reward.txt").read_text().strip() == "1"  # download_dir of /logs/verifier
-    oracle_log = (trial / "agent" / "oracle.txt").read_text()  # download_file of /logs/agent/oracle.txt
-    assert "solved as root in /app" in oracle_log  # the image's user and WORKDIR
-    assert "verifier ran in /app" in (trial / "verifier" / "test-stdout.txt").read_text()
-    assert live_sandboxes(api) == []
+# Harbor's own start-up costs seconds: the tasks run as two datasets, one per agent, two at a time.
 
 
-def test_the_nop_agent_leaves_it_unsolved_for_reward_zero(harbor, sandbox_service, api, base_ref, tmp_path):
-    task = write_task(tmp_path / "tasks", "greet", base_ref)
-    (result,) = harbor_run(harbor, sandbox_service, tmp_path, task, "nop")
-    assert reward(result) == 0.0
-    assert live_sandboxes(api) == []
+def write_phases_task(dataset: Path, base_ref: str, registry: str) -> Path:
+    """A task whose agent may reach only the registry (allowlist) and whose verifier nothing: each
+    phase probes the registry and the verifier rewards the expected pair."""
+    task = write_task(dataset, "phases", base_ref)
+    (task / "task.toml").write_text(
+        TASK_TOML.replace(
+            "[agent]\n", f'[agent]\nnetwork_mode = "allowlist"\nallowed_hosts = ["{registry.split(":")[0]}"]\n'
+        ).replace("[verifier]\n", '[verifier]\nnetwork_mode = "no-network"\n')
+    )
+    (task / "solution" / "solve.sh").write_text("#!/bin/bash\n" + PROBE.format(out="/app/agent.txt", registry=registry))
+    (task / "tests" / "test.sh").write_text(
+        "#!/bin/bash\n"
+        + PROBE.format(out="/logs/verifier/probe.txt", registry=registry)
+        + "cp /app/agent.txt /logs/verifier/agent.txt\n"
+        + "if grep -q ^reached /app/agent.txt && grep -q ^refused /logs/verifier/probe.txt; then r=1; else r=0; fi\n"
+        + "echo $r > /logs/verifier/reward.txt\n"
+    )
+    return task
 
 
-def test_two_tasks_at_once(harbor, sandbox_service, api, base_ref, tmp_path):
+def test_the_oracle_solves_each_task_two_at_a_time(harbor, sandbox_service, api, base_ref, hub_mirror, tmp_path):
+    """Two tasks of the suite's, one whose agent and verifier phases get their own network policy
+    (the environment starts public; Harbor switches to the agent's allowlist and back, then to the
+    verifier's no-network: PUT /network each time), and examples/harbor/fix-greeting (``FROM
+    debian:bookworm`` through the mirror, ``RUN useradd``, ``USER dev``, no-network: Harbor uploads
+    /solution and /tests as root, makes them executable as root, runs them as the image's user)."""
     dataset = tmp_path / "dataset"
     for name in ("first", "second"):
         write_task(dataset, name, base_ref)
+    write_phases_task(dataset, base_ref, hub_mirror.host)
+    shutil.copytree(EXAMPLES / "fix-greeting", dataset / "fix-greeting")
     results = harbor_run(harbor, sandbox_service, tmp_path, dataset, "oracle", concurrent=2)
-    assert sorted(result["task_name"] for result in results) == ["first", "second"]
-    assert [reward(result) for result in results] == [1.0, 1.0]
+    by_task = {result["task_name"]: result for result in results}
+    assert len(results) == 4 and {"first", "second", "phases"} <= set(by_task), sorted(by_task)
+    trials = tmp_path / "jobs" / "oracle"
+    seen = (trials / by_task["phases"]["trial_name"] / "verifier").glob("*.txt")
+    assert [reward(result) for result in results] == [1.0] * 4, {path.name: path.read_text() for path in seen}
+    first = trials / by_task["first"]["trial_name"]
+    assert (first / "verifier" / "reward.txt").read_text().strip() == "1"  # download_dir of /logs/verifier
+    oracle_log = (first / "agent" / "oracle.txt").read_text()  # download_file of /logs/agent/oracle.txt
+    assert "solved as root in /app" in oracle_log  # the image's user and WORKDIR
+    assert "verifier ran in /app" in (first / "verifier" / "test-stdout.txt").read_text()
+    assert live_sandboxes(api) == []
+
+
+def test_the_nop_agent_leaves_each_task_unsolved(harbor, sandbox_service, api, base_ref, tmp_path):
+    dataset = tmp_path / "dataset"
+    write_task(dataset, "greet", base_ref)
+    shutil.copytree(EXAMPLES / "fix-greeting", dataset / "fix-greeting")
+    results = harbor_run(harbor, sandbox_service, tmp_path, dataset, "nop", concurrent=2)
+    assert len(results) == 2 and [reward(result) for result in results] == [0.0, 0.0]
     assert live_sandboxes(api) == []
 
 
@@ -161,42 +190,3 @@ except Exception as error:
     print("refused", error)
 PY
 """
-
-
-def test_the_agent_and_verifier_phases_get_their_own_network_policy(
-    harbor, sandbox_service, api, base_ref, hub_mirror, tmp_path
-):
-    """The environment starts public; Harbor switches to the agent's allowlist and back, then to the
-    verifier's no-network and back (set_network_policy: PUT /network each time)."""
-    task = write_task(tmp_path / "tasks", "phases", base_ref)
-    (task / "task.toml").write_text(
-        TASK_TOML.replace(
-            "[agent]\n", f'[agent]\nnetwork_mode = "allowlist"\nallowed_hosts = ["{hub_mirror.host.split(":")[0]}"]\n'
-        ).replace("[verifier]\n", '[verifier]\nnetwork_mode = "no-network"\n')
-    )
-    (task / "solution" / "solve.sh").write_text(
-        "#!/bin/bash\n" + PROBE.format(out="/app/agent.txt", registry=hub_mirror.host)
-    )
-    (task / "tests" / "test.sh").write_text(
-        "#!/bin/bash\n"
-        + PROBE.format(out="/logs/verifier/probe.txt", registry=hub_mirror.host)
-        + "cp /app/agent.txt /logs/verifier/agent.txt\n"
-        + "if grep -q ^reached /app/agent.txt && grep -q ^refused /logs/verifier/probe.txt; then r=1; else r=0; fi\n"
-        + "echo $r > /logs/verifier/reward.txt\n"
-    )
-    (result,) = harbor_run(harbor, sandbox_service, tmp_path, task, "oracle")
-    verifier = tmp_path / "jobs" / "oracle" / result["trial_name"] / "verifier"
-    seen = (verifier / "agent.txt").read_text(), (verifier / "probe.txt").read_text()
-    assert reward(result) == 1.0, seen
-    assert live_sandboxes(api) == []
-
-
-def test_an_example_task_with_a_non_root_user_and_no_network(harbor, sandbox_service, api, tmp_path):
-    """examples/harbor/fix-greeting: ``FROM debian:bookworm`` (the mirror), ``RUN useradd``, ``USER
-    dev``, ``network_mode = "no-network"``. Harbor uploads /solution and /tests as root, makes them
-    executable as root, and runs them as the image's user."""
-    (result,) = harbor_run(harbor, sandbox_service, tmp_path, EXAMPLES / "fix-greeting", "oracle")
-    assert reward(result) == 1.0
-    (nop,) = harbor_run(harbor, sandbox_service, tmp_path / "nop", EXAMPLES / "fix-greeting", "nop")
-    assert reward(nop) == 0.0
-    assert live_sandboxes(api) == []
