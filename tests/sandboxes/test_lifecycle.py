@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import signal
-import time
 
 from evaluations.runtime import killer
 from tests.helpers.polling import wait_for
@@ -124,8 +123,14 @@ def test_max_sandboxes_then_the_reaper_after_a_dead_worker_and_sandbox(sandbox_s
     live.worker.wait(timeout=30)
     wait_for(lambda: not tagged(sandbox_id), what="the sandbox's processes to die with their owner")
     assert leftovers(live, sandbox_id), "a mount or a folder should be left for the reaper"
-    time.sleep(3)  # the worker's heartbeat goes stale (WORKER_STALE_SECS=2)
-    reaped = live.manage("reap_sessions")
-    assert "sandboxes_lost=1" in reaped.stdout + reaped.stderr, reaped.stdout + reaped.stderr
+
+    def reap() -> str | None:
+        """One reap; its line once it found the sandbox lost (its worker's heartbeat gone stale, past
+        WORKER_STALE_SECS=2): until then it leaves the live sandbox's folder and mount alone."""
+        reaped = live.manage("reap_sessions")
+        line = reaped.stdout + reaped.stderr
+        return line if "sandboxes_lost=1" in line else None
+
+    wait_for(reap, timeout=120, interval=1, what="the reaper to find the sandbox's worker lost")
     assert not leftovers(live, sandbox_id)
     assert api.json("GET", f"/sandboxes/{sandbox_id}")[1]["status"] == "failed"
