@@ -6,17 +6,17 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import threading
-import time
+import uuid
+from pathlib import Path
 
 import psutil
 import pytest
 from django.conf import settings
-from django.db import OperationalError
 
 from evaluations import lifecycle
 from evaluations.models import Evaluation, Status
 from evaluations.pipeline.cancel import CancelState, Stop
-from evaluations.runtime.killer import tagged
+from evaluations.runtime.killer import TAG_VAR, tagged
 from tests.helpers.polling import wait_for
 from tests.helpers.runtimes import run_evaluation
 from tests.helpers.tasks import ADD_TEST, NOOP, SOLVER
@@ -216,35 +216,53 @@ def test_cancel_during_the_agent_kills_it_fast(tasks, e2e_config, sandbox):
     cancel = CancelState()
     url = tasks.task()
     holder = {}
+    marker = f"te-cancel-test-{uuid.uuid4()}"  # the agent's argv, so that this test finds its own
+    agent = f"import os, sys\nos.execv(sys.executable, [sys.executable, '-c', 'import time; time.sleep(600)', {marker!r}])\n"
+
+    def sleeping_agent() -> str | None:
+        """The evaluation id in the environment of the agent's own process, once it runs: found in
+        /proc, not the database (the in-memory test database locks whole tables between threads, and
+        the pipeline's own writes would fail on this thread's reads)."""
+        for proc in psutil.process_iter(["cmdline"]):
+            with contextlib.suppress(psutil.Error):
+                if marker in (proc.info["cmdline"] or ()):
+                    eval_id = proc.environ().get(TAG_VAR)
+                    if eval_id and tagged(eval_id):
+                        return eval_id
+        return None
 
     def cancel_when_running():
-        # The in-memory test database locks whole tables between threads: retry on "locked".
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            time.sleep(0.05)
-            try:
-                row = Evaluation.objects.filter(task_url=url).values("id", "step").first()
-                if not row or row["step"] != "running_agent" or not tagged(str(row["id"])):
-                    continue
-                Evaluation.objects.filter(id=row["id"]).update(
-                    cancel_requested=True, cancel_reason="cancelled by DELETE"
-                )
-            except OperationalError:
-                continue
-            cancel.set(Stop.CANCELLED, "cancelled by DELETE")  # what the row watcher does with it
-            # The agent would sleep till its timeout (60 s, e2e_config) ends it: gone within 30 s is the kill.
-            with contextlib.suppress(AssertionError):  # still alive: said below, in the test's thread
-                wait_for(lambda eval_id=str(row["id"]): not tagged(eval_id), 30, what="the agent's processes to go")
-            holder["agent alive after the cancel"] = bool(tagged(str(row["id"])))
+        try:
+            eval_id = wait_for(sleeping_agent, 60, what="the agent to start")
+        except AssertionError as e:
+            holder["agent seen"] = str(e)
             return
+        cancel.set(Stop.CANCELLED, "cancelled by DELETE")  # what the row watcher does on a DELETE
+        # The agent would sleep till its timeout (60 s, e2e_config) ends it: gone within 30 s is the kill.
+        with contextlib.suppress(AssertionError):  # still alive: said below, in the test's thread
+            wait_for(lambda: not tagged(eval_id), 30, what="the agent's processes to go")
+        holder["alive after the cancel"] = [describe(proc.pid) for proc in tagged(eval_id)]
 
     thread = threading.Thread(target=cancel_when_running)
     thread.start()
-    evaluation = evaluate(url, "import time; time.sleep(600)", config=e2e_config, sandbox=sandbox, cancel=cancel)
+    evaluation = evaluate(url, agent, config=e2e_config, sandbox=sandbox, cancel=cancel)
     thread.join()
-    assert holder == {"agent alive after the cancel": False}
+    assert holder == {"alive after the cancel": []}
     assert (evaluation.status, evaluation.error) == ("cancelled", "running_agent: cancelled by DELETE")
     assert evaluation.error_kind == "cancelled"
+
+
+def describe(pid: int) -> str:
+    """What a process that outlived its kill is: enough to tell a frozen cgroup from an escapee."""
+    try:
+        proc = psutil.Process(pid)
+        with proc.oneshot():
+            return (
+                f"pid {pid} ppid {proc.ppid()} status {proc.status()} uids {tuple(proc.uids())} "
+                f"cgroup {Path(f'/proc/{pid}/cgroup').read_text().split()} cmdline {proc.cmdline()}"
+            )
+    except (psutil.Error, OSError) as e:
+        return f"pid {pid}: {e}"
 
 
 def test_bad_archive_fails_the_download_step(tasks, e2e_config, sandbox, tmp_path):
