@@ -119,7 +119,11 @@ def report_throughput(table: Table, figures: dict) -> None:
 
 def report_spawner(table: Table, figures: dict) -> None:
     plain = figures["plain"]
-    for key, name in (("spawner_none", "no sandbox"), ("spawner_bwrap", "bubblewrap")):
+    for key, name in (
+        ("spawner_none", "no sandbox"),
+        ("spawner_bwrap", "bubblewrap"),
+        ("spawner_phase", "an exec in a phase's sandbox"),
+    ):
         if key in figures:
             extra = figures[key] - plain
             table.add(

@@ -5,7 +5,8 @@
 Median wall time of RUNS runs of ``/bin/true`` (output captured): plain
 ``subprocess.run``, the same as the unprivileged uid, the bare ``bwrap``
 argv the sandbox builds (what bubblewrap itself costs), then
-``Spawner.run`` with no sandbox and with bubblewrap, and one kill sweep
+``Spawner.run`` with no sandbox, with bubblewrap, and as an exec in a phase's
+sandbox (SPEC §25: the phase's bubblewrap started by the warm-up), and one kill sweep
 (``Spawner.sweep``, six per evaluation without the sandbox). Run in a process of
 its own: the spawner makes its host a child subreaper and treats every
 child as a command.
@@ -97,6 +98,17 @@ def measure(runs: int) -> dict[str, float]:
                     raise RuntimeError(f"spawner bench command failed: {result}")
 
             figures[f"spawner_{runtime.name}"] = median_ms(run, runs)
+        if len(runtimes) > 1:  # a phase's sandbox (SPEC §25): each command an exec in one bubblewrap
+            spawner = Spawner(eval_id=f"bench-phase-{os.getpid()}", session_dir=session, runtime=runtimes[1], uid=uid)
+            with spawner.phase("bench", init_base=session.parent):
+
+                def exec_in_phase(spawner=spawner):
+                    policy = SandboxPolicy(writable=(session,))
+                    result = spawner.run(["/bin/true"], cwd=session, env=env, limits=LIMITS, policy=policy)
+                    if result.exit_code != 0:
+                        raise RuntimeError(f"spawner bench command failed: {result}")
+
+                figures["spawner_phase"] = median_ms(exec_in_phase, runs)
         # What the pipeline adds around commands: a kill sweep with nothing left to kill, one scan
         # of /proc (the evaluation's descendants and its own uid's processes). Timed read-only:
         # here the uid is shared (nobody, or the pool's first uid), and a real sweep by uid would

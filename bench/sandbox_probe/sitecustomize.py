@@ -71,8 +71,8 @@ TARGETS: dict[str, list[tuple[str, str]]] = {
         ("egress_policy", "egress policy"),
     ],
     "evaluations.sandboxes.control": [("listen", "serve: listen on the control socket")],
-    "evaluations.sandboxes.initbin": [("ensure_init", "start: ensure the init binary")],
-    "evaluations.sandboxes.channel": [
+    "evaluations.runtime.initbin": [("ensure_init", "start: ensure the init binary")],
+    "evaluations.runtime.initchannel": [
         ("InitChannel.__init__", "start: init channel"),
         ("InitChannel.wait_ready", "start: wait for the init's R"),
         ("InitChannel.start", "exec: init starts it (S)"),

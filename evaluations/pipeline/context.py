@@ -184,6 +184,11 @@ class Context:
         elif result.limit is not None:
             livelog.append_text(self.session.log, livelog.kill_line(result.limit_detail or result.limit.value))
 
+    def phase(self, name: str):
+        """A phase of this evaluation's commands (SPEC §25): those of one policy share one sandbox
+        (runtime/phase.py); every one of them ends with the ``with`` block."""
+        return self.spawner.phase(name, init_base=self.config.workspace_base)
+
     def command_runner(self, policy: SandboxPolicy) -> Callable[..., CommandResult]:
         """gitrepo's CommandRunner: the executor's own commands, through the same spawner."""
 

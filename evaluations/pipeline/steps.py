@@ -195,17 +195,18 @@ def installing_deps(ctx: Context) -> None:
     ctx.env.make_venv()  # SPEC §11; an image task runs with the image's own python (§21)
     env = {**ctx.base_env(), **static.task_env(ctx)}
     policy = ctx.task_policy(network=True, mounts=static.mounts(ctx))
-    for command, filled in zip(ctx.task.install, static.fill(ctx, ctx.task.install), strict=True):
-        result = ctx.run(["bash", "-c", filled], env=env, timeout_secs=remaining(deadline), policy=policy)
-        failure = limit_failure(
-            result, f"install command {command!r}", "INSTALL_TIMEOUT_SECS", config.install_timeout_secs
-        )
-        if failure:
-            raise failure
-        if result.exit_code != 0:
-            raise StepFailed(
-                f"install command {command!r} exited with code {result.exit_code}: {last_line(result.output)}"
+    with ctx.phase("install"):  # the task's install commands: one sandbox (SPEC §25)
+        for command, filled in zip(ctx.task.install, static.fill(ctx, ctx.task.install), strict=True):
+            result = ctx.run(["bash", "-c", filled], env=env, timeout_secs=remaining(deadline), policy=policy)
+            failure = limit_failure(
+                result, f"install command {command!r}", "INSTALL_TIMEOUT_SECS", config.install_timeout_secs
             )
+            if failure:
+                raise failure
+            if result.exit_code != 0:
+                raise StepFailed(
+                    f"install command {command!r} exited with code {result.exit_code}: {last_line(result.output)}"
+                )
     ctx.spawner.sweep()
     try:
         ctx.cache.keep()  # stored when this evaluation builds the snapshot; the tests get HOME back as it is now
@@ -313,7 +314,8 @@ def running_tests(ctx: Context) -> None:
         raise StepFailed(f"could not write test support files: {exc}", kind=ErrorKind.INFRASTRUCTURE) from None
     env = {**ctx.base_env(), **static.task_env(ctx)}
     try:
-        ctx.grade = grader.run(GradingSandbox(ctx, env, tests))
+        with ctx.phase("tests"):  # the tests' commands: one sandbox (SPEC §25), never the agent's
+            ctx.grade = grader.run(GradingSandbox(ctx, env, tests))
     except HostFault as exc:
         raise StepFailed(str(exc), kind=ErrorKind.INFRASTRUCTURE) from None
     lifecycle.store_test_results(ctx.eval_id, ctx.grade.results, **ctx.grade.stored())

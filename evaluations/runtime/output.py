@@ -13,6 +13,7 @@ import os
 import selectors
 import subprocess
 import time
+from collections.abc import Callable
 from typing import BinaryIO
 
 _CHUNK = 64 * 1024
@@ -101,25 +102,58 @@ def as_text(data: bytes) -> str:
 
 def pump(proc: subprocess.Popen, capture: OutputCapture, stdin_data: bytes | None) -> None:
     """Feed the command's stdin and capture its output until EOF (or exit + a short drain)."""
-    sel = selectors.DefaultSelector()
-    stdout_fd = proc.stdout.fileno()
-    sel.register(stdout_fd, selectors.EVENT_READ)
     pidfd = _pidfd(proc.pid)
-    if pidfd is not None:
-        sel.register(pidfd, selectors.EVENT_READ)
+    try:
+        pump_fds(
+            proc.stdout.fileno(),
+            capture,
+            stdin_fd=proc.stdin.fileno() if proc.stdin is not None else None,
+            close_stdin=proc.stdin.close if proc.stdin is not None else None,
+            stdin_data=stdin_data,
+            exited=lambda: proc.poll() is not None,
+            exit_fd=pidfd,
+        )
+    finally:
+        if pidfd is not None:
+            os.close(pidfd)
+        if proc.stdin is not None and not proc.stdin.closed:
+            with contextlib.suppress(OSError):
+                proc.stdin.close()
+        proc.stdout.close()
+
+
+def pump_fds(
+    stdout_fd: int,
+    capture: OutputCapture,
+    *,
+    stdin_fd: int | None,
+    close_stdin: Callable[[], None] | None,
+    stdin_data: bytes | None,
+    exited: Callable[[], bool],
+    exit_fd: int | None = None,
+) -> None:
+    """``pump`` over descriptors: ``exit_fd`` (a pidfd) becomes readable when the command exits;
+    without one, ``exited`` is asked every 50 ms (an exec in a phase's sandbox, runtime/phase.py).
+    ``close_stdin`` closes ``stdin_fd`` once ``stdin_data`` is written (at once when there is
+    none); the caller closes ``stdout_fd``."""
+    sel = selectors.DefaultSelector()
+    sel.register(stdout_fd, selectors.EVENT_READ)
+    if exit_fd is not None:
+        sel.register(exit_fd, selectors.EVENT_READ)
     pending = memoryview(stdin_data or b"")
-    if proc.stdin is not None:
-        os.set_blocking(proc.stdin.fileno(), False)
+    if stdin_fd is not None:
+        os.set_blocking(stdin_fd, False)
         if pending:
-            sel.register(proc.stdin.fileno(), selectors.EVENT_WRITE)
+            sel.register(stdin_fd, selectors.EVENT_WRITE)
         else:
-            proc.stdin.close()
+            close_stdin()
+            stdin_fd = None
     exited_at: float | None = None
     try:
         while True:
-            if exited_at is None and pidfd is None and proc.poll() is not None:
-                exited_at = time.monotonic()  # no pidfd on this kernel: poll
-            timeout = 0.05 if pidfd is None else None
+            if exited_at is None and exit_fd is None and exited():
+                exited_at = time.monotonic()  # no pidfd: poll
+            timeout = 0.05 if exit_fd is None else None
             if exited_at is not None:
                 timeout = exited_at + _DRAIN_AFTER_EXIT_SECS - time.monotonic()
                 if timeout <= 0:
@@ -130,27 +164,25 @@ def pump(proc: subprocess.Popen, capture: OutputCapture, stdin_data: bytes | Non
                     if not data:
                         return
                     capture.feed(data)
-                elif key.fd == pidfd:
+                elif key.fd == exit_fd:
                     exited_at = time.monotonic()
-                    sel.unregister(pidfd)
+                    sel.unregister(exit_fd)
                 else:
-                    pending = _write_some(proc.stdin, pending)
+                    pending = _write_some(stdin_fd, pending)
                     if not pending:
                         sel.unregister(key.fd)
-                        proc.stdin.close()
+                        close_stdin()
+                        stdin_fd = None
     finally:
         sel.close()
-        if pidfd is not None:
-            os.close(pidfd)
-        if proc.stdin is not None and not proc.stdin.closed:
+        if stdin_fd is not None:
             with contextlib.suppress(OSError):
-                proc.stdin.close()
-        proc.stdout.close()
+                close_stdin()
 
 
-def _write_some(pipe: BinaryIO, pending: memoryview) -> memoryview:
+def _write_some(fd: int, pending: memoryview) -> memoryview:
     try:
-        written = os.write(pipe.fileno(), pending[:_CHUNK])
+        written = os.write(fd, pending[:_CHUNK])
     except BlockingIOError:
         return pending
     except BrokenPipeError:

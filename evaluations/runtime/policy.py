@@ -104,7 +104,7 @@ class SandboxPolicy:
     # through the API are the ones its commands see), not the session's tmp/ bound over it.
     image_tmp: bool = False
     # A live sandbox's init starts before the egress relay listens, and waits for it before its
-    # first exec (sandboxes/init.c): the sandbox is ready a relay's start-up sooner.
+    # first exec (runtime/init.c): the sandbox is ready a relay's start-up sooner.
     relay_wait: bool = True
     # Fixed by the evaluation; the spawner fills these in.
     namespaces: bool = False  # bubblewrap: user, pid, ipc, uts, cgroup and (without network) net

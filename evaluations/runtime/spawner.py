@@ -20,6 +20,12 @@ output capture, sandboxing and killing are written once:
    evaluation runs in one cgroup of its own: memory (swap 0) and processes
    are enforced by the kernel, kills go through it, and its figures are the
    evaluation's ``resources``. ``close`` removes it.
+6. Within ``phase(name)`` (SPEC §25), a sandboxed command runs as an exec in
+   the phase's sandbox for its policy (phase.py): one bubblewrap for the
+   phase's commands instead of one each; limits, output, monitor, kills and
+   results as above; what a command left in it is killed when it ends, and
+   the phase's end ends the sandbox. The executor's own commands (``fresh_tmp``), an
+   image's, and those handed descriptors keep a sandbox of their own.
 
 The host process must be the evaluation's own (one per evaluation): the
 spawner makes it a child subreaper and treats all its children as commands.
@@ -55,10 +61,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from evaluations.runtime import cgroups, killer, sysvipc, uids
+from evaluations.runtime.initchannel import InitChannel
 from evaluations.runtime.monitor import Monitor, Peaks, folder_usage
-from evaluations.runtime.output import OutputCapture, pump
+from evaluations.runtime.output import OutputCapture, pump, pump_fds
+from evaluations.runtime.phase import ExecStartError, InitGone, PhaseKey, PhaseSandbox
 from evaluations.runtime.policy import NICE_BY_THREAD, RLimits, SandboxPolicy
-from evaluations.runtime.sandbox import fresh_tmp, prepare_mount_points, private_tmp, system_tool
+from evaluations.runtime.sandbox import SYSTEM_PATH, fresh_tmp, prepare_mount_points, private_tmp, system_tool
 from evaluations.runtime.types import MIB, CancelEvent, CommandResult, Limit, Limits, Verdict
 from evaluations.safefs import TreeUsage, remove_tree_nofollow
 
@@ -106,6 +114,9 @@ class Spawner:
         self._sandbox_init: int | object | None = None  # the running command's sandbox pid 1
         self.cgroup: cgroups.EvalCgroup | None = None  # made by the first command (its limits)
         self.peaks = Peaks()  # over every command: the evaluation's resources without a cgroup
+        self._phase: str | None = None  # the open phase's name (``phase``)
+        self._phase_base: Path | None = None  # where the init's folder is made (WORKSPACE_BASE)
+        self._phase_sandboxes: dict[PhaseKey, PhaseSandbox] = {}
         self._cpu_before = _children_cpu_seconds()
         killer.become_subreaper()
         for tool in ("prlimit", "setpriv", *(() if NICE_BY_THREAD else ("nice",))):
@@ -128,8 +139,13 @@ class Spawner:
         if self.cancel_event is not None and self.cancel_event.is_set():
             return CommandResult(None, "", 0, 0, Limit.CANCELLED, "cancelled")
         self._ensure_cgroup(limits)
+        policy = policy or SandboxPolicy()
+        if self._in_phase(policy, pass_fds):
+            sandbox = self._phase_sandbox(policy, limits, Path(cwd))
+            if sandbox is not None:
+                return self._exec(sandbox, argv, cwd=Path(cwd), env=env, limits=limits, stdin_data=stdin_data)
         with contextlib.ExitStack() as closing:
-            policy = self._complete(policy or SandboxPolicy(), limits, closing)
+            policy = self._complete(policy, limits, closing)
             launch = self.runtime.launch(
                 argv,
                 policy,
@@ -187,6 +203,156 @@ class Spawner:
             peak_processes=monitor.peaks.processes,
         )
 
+    # -- phases (SPEC §25, phase.py) ---------------------------------------------------------
+
+    @contextlib.contextmanager
+    def phase(self, name: str, *, init_base: Path):
+        """Within it, the sandboxed commands of one policy share one sandbox (``init_base``:
+        WORKSPACE_BASE, where the init's folder is made); every one of them ends with it."""
+        if self._phase is not None:
+            raise RuntimeError(f"phase {name!r} inside phase {self._phase!r}: phases do not nest")
+        self._phase, self._phase_base = name, Path(init_base)
+        try:
+            yield
+        finally:
+            self._phase = None
+            self.end_phase()
+
+    def end_phase(self) -> None:
+        """End every sandbox of the phase: its init's socket closed, its pid namespace seen gone."""
+        for sandbox in list(self._phase_sandboxes.values()):
+            self._end_sandbox(sandbox)
+
+    def phase_pids(self) -> set[int]:
+        """The open phase's sandboxes' own processes (not commands): bubblewrap, init, relay."""
+        return set().union(*(sandbox.own_pids() for sandbox in self._phase_sandboxes.values()))
+
+    def _in_phase(self, policy: SandboxPolicy, pass_fds: Sequence[int]) -> bool:
+        return (
+            self._phase is not None
+            and self.runtime.contains_processes
+            and not pass_fds
+            and not policy.fresh_tmp  # the executor's own command: a sandbox and a /tmp of its own
+            and policy.image is None  # an image's root would get the init's mount point in its layer
+            and policy.root is None  # a named root is read-only: no mount point for the init
+        )
+
+    def _phase_sandbox(self, policy: SandboxPolicy, limits: Limits, cwd: Path) -> PhaseSandbox | None:
+        """The phase's sandbox for this policy, started by its first command; None if one cannot
+        start here (the command then runs in a sandbox of its own, which says why if it fails too)."""
+        key = PhaseKey(policy, limits.disk_quota_bytes, limits.max_processes)
+        sandbox = self._phase_sandboxes.get(key)
+        if sandbox is not None and sandbox.alive:
+            return sandbox
+        if sandbox is not None:
+            self._end_sandbox(sandbox)
+        closing = contextlib.ExitStack()
+        channel = InitChannel()
+        closing.callback(channel.close)
+        try:
+            completed = self._complete(PhaseSandbox.init_policy(policy, self._phase_base), limits, closing)
+            sandbox = PhaseSandbox(key=key, policy=completed, channel=channel, closing=closing)
+            env = {"PATH": SYSTEM_PATH, killer.TAG_VAR: self.eval_id}
+            launch = self.runtime.launch(sandbox.init_argv(), completed, cwd=cwd, env=env)
+            closing.callback(launch.close)
+            proc = self._start(launch, False, completed.niceness, (channel.init_fd,))
+            channel.close_init_end()
+            if launch.info is not None:
+                launch.info.close_write_end()
+            self._phase_sandboxes[key] = sandbox
+            ready = sandbox.started(proc, self._adopt_sandbox_init(launch))
+        except BaseException:
+            if sandbox is not None and sandbox.proc is not None:
+                self._end_sandbox(sandbox)
+            else:
+                closing.close()
+            raise
+        if ready and sandbox.clearable:
+            return sandbox
+        log.warning("eval %s: phase %s: no sandbox for its commands (%s)", self.eval_id, self._phase, sandbox.errors())
+        self._end_sandbox(sandbox)
+        return None
+
+    def _end_sandbox(self, sandbox: PhaseSandbox) -> None:
+        if self._phase_sandboxes.get(sandbox.key) is sandbox:
+            del self._phase_sandboxes[sandbox.key]
+        proc = sandbox.proc
+        sandbox.end(kill=lambda: killer.kill_all(self.eval_id, proc.pid, uid=self._own_uid))
+        if proc is not None:
+            killer.release(proc.pid)
+        self._confirm_gone(sandbox.sandbox_init)
+        killer.reap_orphans()
+
+    def _exec(
+        self,
+        sandbox: PhaseSandbox,
+        argv: Sequence[str],
+        *,
+        cwd: Path,
+        env: dict[str, str],
+        limits: Limits,
+        stdin_data: bytes | None,
+    ) -> CommandResult:
+        """``run`` as an exec in the phase's sandbox: the same monitor, output and result; a
+        verdict kills the sandbox (and every process of the evaluation, as ``run``'s does)."""
+        env = sandbox.exec_env({**env, killer.TAG_VAR: self.eval_id}, cwd)
+        with contextlib.ExitStack() as closing:
+            live_log = closing.enter_context(open(self.live_log, "ab", buffering=0)) if self.live_log else None
+            capture = OutputCapture(limits.max_output_bytes, live_log)
+            started = time.monotonic()
+            monitor = Monitor(
+                limits=limits,
+                session_dir=self.session_dir,
+                cancel_event=self.cancel_event,
+                started_at=started,
+                on_verdict=lambda verdict: self._kill(sandbox.proc, verdict),
+                cgroup=self.cgroup,
+                **self._outside_usage(),
+            )
+            self._sandbox_init = sandbox.sandbox_init
+            entry = None
+            monitor.start()
+            try:
+                entry, out_r, in_w = sandbox.start_exec(list(argv), cwd, env, stdin_data is not None)
+                closing.callback(os.close, out_r)
+                pump_fds(
+                    out_r,
+                    capture,
+                    stdin_fd=in_w,
+                    close_stdin=lambda: os.close(in_w),
+                    stdin_data=stdin_data,
+                    exited=lambda: entry.wait(0),
+                )
+                capture.end_log()
+                entry.wait()  # its end, or the sandbox's (a verdict kills it)
+            except InitGone:
+                pass  # the sandbox ended before the exec began: a verdict, or its init killed
+            except ExecStartError as exc:
+                capture.feed(f"term-executor: could not start the command: {exc}\n".encode())
+            finally:
+                monitor.stop()
+                if monitor.verdict is not None or entry is None or not entry.wait(0) or entry.gone:
+                    self._end_sandbox(sandbox)  # nothing of a killed command outlives this
+                else:
+                    sandbox.clear()  # nor what a command that ended left running
+        code = _exec_exit_code(entry)
+        verdict = monitor.verdict
+        exit_code = None if verdict else code
+        verdict = (
+            verdict or monitor.kernel_verdict() or _file_size_verdict(code, limits) or monitor.final_folder_check()
+        )
+        self._add_peaks(monitor.peaks)
+        return CommandResult(
+            exit_code=exit_code,
+            output=capture.text(),
+            output_bytes=capture.total,
+            duration_ms=int((time.monotonic() - started) * 1000),
+            limit=verdict.limit if verdict else None,
+            limit_detail=verdict.detail if verdict else None,
+            peak_memory_bytes=monitor.peaks.memory_bytes,
+            peak_processes=monitor.peaks.processes,
+        )
+
     def _ensure_cgroup(self, limits: Limits) -> None:
         support = self.runtime.cgroups
         if support is None or not support.enforced:
@@ -224,6 +390,7 @@ class Spawner:
 
     def close(self) -> None:
         """After the last command: remove the evaluation's cgroup (killing anything left in it)."""
+        self.end_phase()
         if self.cgroup is not None and self.cgroup.remove():
             self.cgroup = None
 
@@ -356,7 +523,8 @@ class Spawner:
         its pid 1, or did not end in time) makes every later sweep scan /proc.
         """
         if self._all_confirmed_gone:
-            return 0
+            return 0  # a phase's sandboxes were cleared after each exec (``_exec``)
+        self.end_phase()  # a scan kills by tag and uid: a phase's sandboxes would go too
         count = killer.kill_all(self.eval_id, uid=self._own_uid)
         if count:
             log.info("eval %s: swept %s leftover process(es)", self.eval_id, count)
@@ -366,6 +534,15 @@ class Spawner:
 def _children_cpu_seconds() -> float:
     usage = resource.getrusage(resource.RUSAGE_CHILDREN)
     return usage.ru_utime + usage.ru_stime
+
+
+def _exec_exit_code(entry) -> int:
+    """An exec's exit status as a command's: 128 + N for a signal; a sandbox that ended under it
+    (its init killed) is a SIGKILL."""
+    if entry is None or entry.status is None:
+        return 128 + signal.SIGKILL
+    code = os.waitstatus_to_exitcode(entry.status)
+    return 128 - code if code < 0 else code
 
 
 def _file_size_verdict(exit_code: int, limits: Limits) -> Verdict | None:

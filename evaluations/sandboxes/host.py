@@ -6,7 +6,7 @@
    its ids mapped onto the lease's range (root in name only, SPEC §16).
 2. ``start``: the sandbox itself, one bubblewrap started by the evaluation's spawner (so its uid,
    rlimits, cgroup, monitor, disk quota and kill are the evaluations' own, unchanged) around our
-   init (``init.c``), whose socket only this process holds. The spawner's monitor watches the whole
+   init (``runtime/init.c``), whose socket only this process holds. The spawner's monitor watches the whole
    sandbox for its life: a limit crossed (memory, disk, files, processes, lifetime) ends it, and
    says which.
 3. ``serve``: requests from the API on the control socket (control.py), one thread each: an exec
@@ -51,14 +51,14 @@ from evaluations.network.egress.relay import RELAY_PORT, ensure_socat_bundle, pr
 from evaluations.pipeline import archive
 from evaluations.pipeline.context import RELAY_BUNDLE
 from evaluations.pipeline.session import Session, remove_retired
-from evaluations.runtime import Limits, Mount, SandboxPolicy, Spawner, killer, uids
+from evaluations.runtime import Limits, Mount, SandboxPolicy, Spawner, initbin, killer, uids
 from evaluations.runtime.idmap import image_id_base
+from evaluations.runtime.initchannel import ExecStartError, InitChannel, InitGone, exec_request
 from evaluations.runtime.output import OutputCapture
 from evaluations.runtime.sandbox import SYSTEM_PATH
 from evaluations.runtime.types import MIB, Limit
 from evaluations.safefs import TreeUsage, tree_usage
-from evaluations.sandboxes import control, files, initbin
-from evaluations.sandboxes.channel import ExecStartError, InitChannel, InitGone
+from evaluations.sandboxes import control, files
 from evaluations.sandboxes.spec import SandboxSpec, SpecError, check_variable, parse, parse_network
 from evaluations.tasks.registry import load_task
 from evaluations.tasks.spec import ImageEnvironment, TaskError
@@ -594,18 +594,12 @@ class LiveSandbox:
     def _run_exec(self, number: int, argv, cwd, env, timeout, user) -> dict:
         exec_tag = f"{self.tag}/exec-{number}"
         env = {**env, killer.TAG_VAR: exec_tag}
-        uid, gid = user
-        fields = [str(uid), str(gid), cwd, str(len(argv)), *argv, str(len(env)), *(f"{k}={v}" for k, v in env.items())]
-        request = os.memfd_create("sandbox-exec", os.MFD_CLOEXEC)
+        request = exec_request(*user, cwd, argv, env)
         out_r, out_w = os.pipe2(os.O_CLOEXEC)
         err_r, err_w = os.pipe2(os.O_CLOEXEC)
         stdin = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
         oom_before = self._oom_kills()
         try:
-            payload = b"".join(field.encode("utf-8", "surrogateescape") + b"\0" for field in fields)
-            view = memoryview(payload)
-            while view:
-                view = view[os.write(request, view) :]
             try:
                 entry = self.channel.start(number, request, stdin, out_w, err_w, wait=False)
             except ExecStartError as exc:

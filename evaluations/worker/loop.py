@@ -43,7 +43,8 @@ from evaluations.models import (
     Status,
     WorkerHeartbeat,
 )
-from evaluations.sandboxes import fleet, initbin
+from evaluations.runtime import initbin
+from evaluations.sandboxes import fleet
 from evaluations.sandboxes import reaping as sandbox_reaping
 from evaluations.sandboxes import spec as sandbox_spec
 from evaluations.worker import reaper, wakeup

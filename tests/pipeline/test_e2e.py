@@ -150,6 +150,26 @@ def test_test_budget_is_shared_and_an_overrun_is_timed_out(tasks, e2e_config, sa
     assert (evaluation.status, evaluation.error_kind) == ("failed", "tests_failed")  # a test over time failed
 
 
+def test_the_tests_share_one_sandbox_and_nothing_a_test_leaves_reaches_the_next(tasks, e2e_config, sandbox):
+    """SPEC §25: the tests' commands are execs in one sandbox (each sees the markers of those before
+    it in its /dev/shm, a tmpfs of each sandbox's own); a daemon a test leaves is gone before the
+    next starts, as when each had a sandbox of its own. The install commands share one too."""
+    count = "echo $(ls /dev/shm | grep -c '^seen-') >> {log}; touch /dev/shm/seen-$RANDOM$RANDOM\n"
+    url = tasks.task(
+        install=[count.format(log="$HOME/install.log")] * 2,
+        tests={
+            "a_daemon.sh": count.format(log="$HOME/tests.log") + "setsid sleep 300.5 </dev/null >/dev/null 2>&1 &\n",
+            "b_after.sh": count.format(log="$HOME/tests.log")
+            + "! pgrep -f 'sleep 300.5' && cat $HOME/install.log $HOME/tests.log | tr '\\n' ' '\n",
+        },
+    )
+    evaluation = evaluate(url, SOLVER, config=e2e_config, sandbox=sandbox)
+    daemon, after = evaluation.test_results.all()
+    assert daemon.passed and after.passed, (daemon.output, after.output)
+    if sandbox == "bwrap":  # without it, /dev/shm is the host's: the count says nothing
+        assert after.output.split() == ["0", "1", "0", "1"]  # install: one sandbox; tests: another
+
+
 FORK_STORM = """
 import os, time
 for _ in range(200):

@@ -1,14 +1,18 @@
 """Fixtures for the runtime tests: real processes under both runtimes.
 
 ``sp`` is a harness around one ``Spawner`` with a fresh eval id and session
-folder, parametrised over NoSandbox and Bubblewrap. Its teardown fails the
-test if any process tagged with that eval id is still alive. Where
+folder, parametrised over NoSandbox, Bubblewrap, and Bubblewrap within a
+phase (SPEC §25: each command an exec in the phase's one sandbox, the phase
+ended after the test, so every runtime test holds for both ways a sandboxed
+command runs). Its teardown fails the test if any process tagged with that
+eval id is still alive. Where
 bubblewrap does not work the bwrap half is skipped, or fails when
 ``REQUIRE_SANDBOX=1`` (as in CI).
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import shutil
@@ -38,10 +42,16 @@ def _bwrap_or_skip(bwrap_probe) -> Bubblewrap:
     return Bubblewrap(usable_language_runtimes(UID))
 
 
-@pytest.fixture(params=["none", "bwrap"])
-def runtime(request, bwrap_probe):
+@pytest.fixture(params=["none", "bwrap", "phase"])
+def runtime_mode(request) -> str:
+    """How a harness's commands run: no sandbox, a bubblewrap each, or execs in a phase's sandbox."""
+    return request.param
+
+
+@pytest.fixture
+def runtime(runtime_mode, bwrap_probe):
     """NoSandbox, then Bubblewrap (skipped or failed as the module says): a runtime object, starts nothing."""
-    if request.param == "none":
+    if runtime_mode == "none":
         return NoSandbox(usable_language_runtimes(UID))
     return _bwrap_or_skip(bwrap_probe)
 
@@ -66,10 +76,22 @@ class Harness:
     spawner: Spawner
     runtime: object
     session: Path
+    phase: contextlib.AbstractContextManager | None = None  # open for the harness's life (``end_phase``)
+
+    def end_phase(self) -> None:
+        """End the phase the harness's commands ran in (its sandbox and what is left in it)."""
+        if self.phase is not None:
+            self.phase.__exit__(None, None, None)
+            self.phase = None
 
     @property
     def eval_id(self) -> str:
         return self.spawner.eval_id
+
+    @property
+    def own(self) -> set[int]:
+        """The open phase's sandbox (not a command's process): what leftover checks pass over."""
+        return self.spawner.phase_pids()
 
     @property
     def sandboxed(self) -> bool:
@@ -90,24 +112,31 @@ class Harness:
         )
 
 
-def make_harness(runtime, session, **spawner_kwargs) -> Harness:
+def make_harness(runtime, session, *, in_phase: bool = False, **spawner_kwargs) -> Harness:
     eval_id = f"test-{uuid.uuid4().hex[:12]}"
     spawner = Spawner(eval_id=eval_id, session_dir=session, runtime=runtime, uid=UID, **spawner_kwargs)
-    return Harness(spawner, runtime, session)
+    harness = Harness(spawner, runtime, session)
+    if in_phase:
+        # The init's folder beside the session, under /tmp, which the sandbox uid traverses.
+        harness.phase = spawner.phase("test", init_base=session.parent)
+        harness.phase.__enter__()
+    return harness
 
 
 @pytest.fixture
-def harness_factory(runtime, session):
+def harness_factory(runtime, runtime_mode, session):
     """harness_factory(live_log=..., cancel_event=...) -> Harness around a Spawner; its commands are real
     processes. After the test every harness's spawner sweeps (kills) what is left of its evaluation,
     and any process still alive fails the test."""
     made: list[Harness] = []
 
     def make(**spawner_kwargs) -> Harness:
-        made.append(make_harness(runtime, session, **spawner_kwargs))
+        made.append(make_harness(runtime, session, in_phase=runtime_mode == "phase", **spawner_kwargs))
         return made[-1]
 
     yield make
+    for harness in made:
+        harness.end_phase()
     leftovers = {h.eval_id: tagged_alive(h.eval_id) for h in made}
     for harness in made:
         harness.spawner.sweep()

@@ -33,11 +33,14 @@ DEFAULT_LIMITS = Limits(
 )
 
 
-def tagged_alive(eval_id: str) -> list[psutil.Process]:
-    """Live processes carrying the tag, found independently of the code under test."""
+def tagged_alive(eval_id: str, keep: set[int] = frozenset()) -> list[psutil.Process]:
+    """Live processes carrying the tag, found independently of the code under test, but ``keep``
+    (a phase's own sandbox: ``Spawner.phase_pids``)."""
     alive = []
     for proc in psutil.process_iter():
         try:
+            if proc.pid in keep:
+                continue
             if proc.environ().get(TAG_VAR) == eval_id and proc.status() != psutil.STATUS_ZOMBIE:
                 alive.append(proc)
         except psutil.Error:
@@ -59,10 +62,11 @@ def give_to_sandbox_uid(path: Path) -> Path:
     return path
 
 
-def leftovers(eval_id: str) -> list[psutil.Process]:
+def leftovers(eval_id: str, keep: set[int] = frozenset()) -> list[psutil.Process]:
     """Tagged processes, and live descendants of this process (escapees without the tag), but the
-    ones the suite protected as not commands (tests/helpers/images.py's registry) and their own."""
-    kept = killer.protected_pids()
+    ones the suite protected as not commands (tests/helpers/images.py's registry) and their own,
+    and ``keep`` (a phase's own sandbox: ``Spawner.phase_pids``)."""
+    kept = killer.protected_pids() | set(keep)
     mine = psutil.Process().children(recursive=False)
     children = []
     for child in mine:
@@ -70,7 +74,7 @@ def leftovers(eval_id: str) -> list[psutil.Process]:
             continue
         with contextlib.suppress(psutil.Error):
             children += [child, *child.children(recursive=True)]
-    return tagged_alive(eval_id) + [p for p in children if _alive(p)]
+    return tagged_alive(eval_id, keep) + [p for p in children if _alive(p) and p.pid not in kept]
 
 
 def _alive(proc: psutil.Process) -> bool:

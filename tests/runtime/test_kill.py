@@ -46,14 +46,15 @@ def test_escapees_left_after_a_normal_exit_are_killed_by_sweep(sp):
     assert (result.exit_code, result.output) == (0, "started\n")
     if sp.sandboxed:
         # The command's exit ended the sandbox's pid namespace, and all inside it: run() waited
-        # for its pid 1, which ends after the kernel has killed the rest. No sweep needed.
-        assert not leftovers(sp.eval_id)
+        # for its pid 1, which ends after the kernel has killed the rest (in a phase: its
+        # sandbox was cleared when the exec ended). No sweep needed.
+        assert not leftovers(sp.eval_id, sp.own)
         assert sp.spawner.sweep() == 0
     else:
-        assert len(tagged_alive(sp.eval_id)) == 2
+        assert len(tagged_alive(sp.eval_id, sp.own)) == 2
         assert len(_untagged(marker)) == 1
         assert sp.spawner.sweep() == 3
-    assert not tagged_alive(sp.eval_id)
+    assert not tagged_alive(sp.eval_id, sp.own)
     assert not _untagged(marker)
 
 
@@ -61,9 +62,9 @@ def test_escapees_of_a_killed_command_die_before_run_returns(sp):
     marker = uuid.uuid4().int % 10**6
     result = sp.run(_escapees(marker) + "trap '' TERM; sleep 100", timeout_secs=1)
     assert result.limit == "timeout"
-    assert not tagged_alive(sp.eval_id)  # checked before any sweep
+    assert not tagged_alive(sp.eval_id, sp.own)  # checked before any sweep
     assert not _untagged(marker)
-    assert not leftovers(sp.eval_id)
+    assert not leftovers(sp.eval_id, sp.own)
 
 
 def test_a_background_process_holding_the_pipe_does_not_hold_run(sp):
@@ -71,7 +72,7 @@ def test_a_background_process_holding_the_pipe_does_not_hold_run(sp):
     assert (result.exit_code, result.output) == (0, "done\n")
     assert result.duration_ms < 1500
     if sp.sandboxed:  # the pid namespace ended with the command, before run() returned
-        assert not leftovers(sp.eval_id)
+        assert not leftovers(sp.eval_id, sp.own)
     assert sp.spawner.sweep() == (0 if sp.sandboxed else 1)
 
 
@@ -87,7 +88,7 @@ def test_no_zombie_is_left_behind(sp):
 
 def test_sweep_with_nothing_left_kills_nothing(sp):
     assert sp.run("true").exit_code == 0
-    assert not leftovers(sp.eval_id)
+    assert not leftovers(sp.eval_id, sp.own)
     assert sp.spawner.sweep() == 0
 
 

@@ -1,4 +1,4 @@
-"""The sandbox's init and the host's end of its socket (sandboxes/init.c, channel.py), without a
+"""The sandbox's init and the host's end of its socket (runtime/init.c, runtime/initchannel.py), without a
 sandbox around them: the protocol itself, good requests and bad."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ import subprocess
 
 import pytest
 
-from evaluations.sandboxes import initbin
-from evaluations.sandboxes.channel import ExecStartError, InitChannel, InitGone
+from evaluations.runtime import initbin
+from evaluations.runtime.initchannel import ExecStartError, InitChannel, InitGone
 
 
 @pytest.fixture

@@ -86,7 +86,7 @@ def relay_wrapper(socket_in_sandbox: str = SANDBOX_SOCKET, port: int = RELAY_POR
     an executable path there (see ``docs/security.md``, "Network by policy", for a
     root without socat). Exit 125 with one line on stderr if the relay cannot start.
     ``wait=False``: the command starts at once, socat beside it (a live sandbox's init,
-    which waits for the relay to listen before its first exec: sandboxes/init.c).
+    which waits for the relay to listen before its first exec: runtime/init.c).
     """
     if not 1 <= port <= 65535:
         raise ValueError(f"relay port must be 1-65535, got {port}")

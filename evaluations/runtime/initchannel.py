@@ -19,6 +19,21 @@ import socket
 import threading
 
 
+def exec_request(uid: int, gid: int, cwd: str, argv: list[str], env: dict[str, str]) -> int:
+    """An exec's fields as the init reads them (init.c), in a memfd the caller closes once sent."""
+    fields = [str(uid), str(gid), cwd, str(len(argv)), *argv, str(len(env)), *(f"{k}={v}" for k, v in env.items())]
+    payload = b"".join(field.encode("utf-8", "surrogateescape") + b"\0" for field in fields)
+    request = os.memfd_create("sandbox-exec", os.MFD_CLOEXEC)
+    try:
+        view = memoryview(payload)
+        while view:
+            view = view[os.write(request, view) :]
+    except BaseException:
+        os.close(request)
+        raise
+    return request
+
+
 class InitGone(Exception):
     """The init's end closed: the sandbox has ended (or never started)."""
 
@@ -67,9 +82,14 @@ class InitChannel:
         is this channel's end of file."""
         if not self._ready.wait(timeout):
             return False
+        self.close_init_end()
+        return True
+
+    def close_init_end(self) -> None:
+        """Close our copy of the init's end once the sandbox holds its own (started): then an init
+        that dies before it is ready is this channel's end of file at once, not a timeout."""
         if self._init.fileno() >= 0:
             self._init.close()
-        return True
 
     def start(self, exec_id: int, request: int, stdin: int, stdout: int, stderr: int, *, wait: bool = True) -> Exec:
         """Ask the init to start exec ``exec_id`` (``request``: a memfd of its fields); wait for its answer.

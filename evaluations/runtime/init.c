@@ -18,8 +18,9 @@
  * the init rather than before it, and the init waits until it listens before its first exec, so an
  * exec's first connection finds it (about 15 ms after the sandbox is ready, at most 5 s).
  *
- * Root in the sandbox can ptrace this process: the host treats its answers as the sandbox's own
- * word (an exec's exit status), never as something the host's own safety rests on. When the host's
+ * This process is not dumpable (no process of the sandbox can ptrace it without CAP_SYS_PTRACE,
+ * which none has); still, the host treats its answers as the sandbox's own word (an exec's exit
+ * status), never as something the host's own safety rests on. When the host's
  * end closes, init exits, and with it the sandbox (bubblewrap ends the pid namespace).
  */
 #define _GNU_SOURCE
@@ -226,6 +227,10 @@ int main(int argc, char **argv) {
     control = atoi(argv[1]);
     if (argc > 2) relay_port = atoi(argv[2]);
     prctl(PR_SET_CHILD_SUBREAPER, 1);
+    /* Not dumpable: a process of the sandbox without CAP_SYS_PTRACE there (none has it) cannot
+     * ptrace this one, so the exit statuses it reports are the commands' own. An exec's program
+     * is dumpable again after its execve, as any. */
+    prctl(PR_SET_DUMPABLE, 0);
     sigset_t mask;
     sigemptyset(&mask);
     sigaddset(&mask, SIGCHLD);

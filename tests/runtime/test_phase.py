@@ -1,0 +1,134 @@
+"""A phase's sandbox (SPEC §25, runtime/phase.py): one bubblewrap for the commands of a phase.
+
+Every runtime test also runs with its commands in a phase (conftest.py's ``phase`` mode); these are
+what only a phase has: which commands share a sandbox, what ends it, and the init's own guard.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from evaluations.runtime import SandboxPolicy, initbin
+from tests.runtime.conftest import make_harness
+from tests.runtime.support import DEFAULT_LIMITS, tagged_alive
+
+# Which sandbox a command ran in: a marker left in its /dev/shm (a tmpfs of each bubblewrap's own)
+# counts the commands that ran there before. (A namespace's inode number would not do: the kernel
+# reuses it once the namespace is gone.)
+PID_NS = ["bash", "-c", "ls /dev/shm | grep -c '^seen-' ; touch /dev/shm/seen-$RANDOM$RANDOM"]
+
+
+@pytest.fixture
+def phased(bwrap_runtime, session):
+    """A harness whose commands run in an open phase; after the test the phase ends and no process
+    carrying the evaluation's tag may be left (untagged escapees: test_kill.py, in every mode)."""
+    harness = make_harness(bwrap_runtime, session, in_phase=True)
+    yield harness
+    harness.end_phase()
+    assert not tagged_alive(harness.eval_id), "a process outlived its phase"
+
+
+def _run(harness, argv, policy: SandboxPolicy, **limits):
+    return harness.spawner.run(
+        argv,
+        cwd=harness.session,
+        env=harness.env(),
+        limits=dataclasses.replace(DEFAULT_LIMITS, **limits),
+        policy=policy,
+    )
+
+
+def _policy(harness, **fields) -> SandboxPolicy:
+    return SandboxPolicy(writable=(harness.session,), **fields)
+
+
+def test_the_commands_of_a_phase_share_one_sandbox(phased):
+    first, second = (phased.run(PID_NS) for _ in range(2))
+    assert (first.output, second.output) == ("0\n", "1\n")  # the second saw the first's marker
+    assert len(phased.spawner.phase_pids()) >= 3  # bubblewrap, its pid 1, the init
+
+
+def test_without_a_phase_each_command_has_its_own(bwrap_sp):
+    first, second = (bwrap_sp.run(PID_NS) for _ in range(2))
+    assert first.output == second.output == "0\n"
+    assert bwrap_sp.spawner.phase_pids() == set()
+
+
+def test_another_policy_gets_another_sandbox_and_the_executors_own_commands_one_each(phased):
+    assert [_run(phased, PID_NS, _policy(phased)).output for _ in range(3)] == ["0\n", "1\n", "2\n"]
+    assert [_run(phased, PID_NS, _policy(phased, network=True)).output for _ in range(2)] == ["0\n", "1\n"]
+    assert [_run(phased, PID_NS, _policy(phased, fresh_tmp=True)).output for _ in range(2)] == ["0\n", "0\n"]
+    assert _run(phased, PID_NS, _policy(phased)).output == "3\n"  # the first sandbox, still there
+
+
+def test_the_phase_ends_its_sandboxes(phased):
+    phased.run("sleep 0.1 & echo ok")
+    own = phased.spawner.phase_pids()
+    assert own and tagged_alive(phased.eval_id)  # the sandbox waits for the next command
+    phased.end_phase()
+    assert phased.spawner.phase_pids() == set()
+    assert not tagged_alive(phased.eval_id)
+
+
+def test_a_command_cannot_trace_or_read_the_init(phased):
+    """The init is not dumpable: the exit statuses it reports are the commands' own."""
+    script = (
+        "import ctypes, os\n"
+        "libc = ctypes.CDLL(None, use_errno=True)\n"
+        "init = next(int(p) for p in os.listdir('/proc') if p.isdigit() and open(f'/proc/{p}/comm').read().strip() == 'te-init')\n"
+        "print('attach', libc.ptrace(16, init, 0, 0), ctypes.get_errno())\n"
+        "try:\n"
+        "    open(f'/proc/{init}/environ', 'rb').read()\n"
+        "    print('environ read')\n"
+        "except PermissionError:\n"
+        "    print('environ refused')\n"
+    )
+    result = phased.run(["python3", "-c", script])
+    assert result.exit_code == 0, result.output
+    assert result.output.splitlines() == ["attach -1 1", "environ refused"]  # EPERM
+
+
+def test_a_timeout_ends_the_sandbox_and_the_next_command_gets_another(phased):
+    assert phased.run(PID_NS).output == "0\n"
+    result = phased.run("sleep 60 & sleep 60", timeout_secs=1)
+    assert result.limit == "timeout" and result.exit_code is None
+    assert not tagged_alive(phased.eval_id, phased.own)
+    assert phased.run(PID_NS).output == "0\n"  # a new sandbox
+
+
+def test_a_command_that_kills_the_init_ends_its_own_sandbox_only(phased):
+    result = phased.run("kill -9 $(pgrep -x te-init); sleep 5; echo survived")
+    assert result.exit_code == 137 and "survived" not in result.output
+    assert not tagged_alive(phased.eval_id, phased.own)
+    assert phased.run("echo next").output == "next\n"
+
+
+def test_stdin_and_exit_statuses_pass_through_an_exec(phased):
+    assert phased.run("cat", stdin_data=b"fed\n").output == "fed\n"
+    assert phased.run("exit 3").exit_code == 3
+    assert phased.run("kill -TERM $$").exit_code == 143
+    assert phased.run(["no-such-program-here"]).exit_code == 127
+
+
+def test_phases_do_not_nest(phased):
+    with pytest.raises(RuntimeError, match="do not nest"):
+        with phased.spawner.phase("inner", init_base=phased.session.parent):
+            pass
+
+
+def test_without_a_usable_init_each_command_runs_in_its_own_sandbox(bwrap_runtime, session, tmp_path, monkeypatch):
+    broken = tmp_path / "init"
+    broken.mkdir()
+    (broken / initbin.NAME).write_text("#!/bin/false\n")
+    (broken / initbin.NAME).chmod(0o755)
+    tmp_path.chmod(0o755)
+    monkeypatch.setattr(initbin, "ensure_init", lambda base: broken)
+    harness = make_harness(bwrap_runtime, session, in_phase=True)
+    try:
+        first, second = (harness.run(PID_NS) for _ in range(2))
+        assert first.output == second.output == "0\n"  # no shared sandbox: each its own bubblewrap
+    finally:
+        harness.end_phase()
+    assert not tagged_alive(harness.eval_id)
