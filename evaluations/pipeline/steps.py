@@ -314,6 +314,8 @@ def running_tests(ctx: Context) -> None:
         ctx.grade = grader.run(GradingSandbox(ctx, env, tests))
     except HostFault as exc:
         raise StepFailed(str(exc), kind=ErrorKind.INFRASTRUCTURE) from None
+    # Committed now, not staged (SPEC §25): the verdict (run._verdict) and finish's results hash read the
+    # rows back, and an event stream sends them as they commit, before the cleanup step's event.
     lifecycle.store_test_results(ctx.eval_id, ctx.grade.results, **ctx.grade.stored())
 
 
