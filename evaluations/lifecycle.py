@@ -13,9 +13,11 @@ writes a status or a transition (tests/test_layout.py holds every module to that
 
 from __future__ import annotations
 
+import datetime
 import hashlib
 import json
 from collections.abc import Iterable
+from typing import NamedTuple
 
 from django.db import transaction
 from django.db.models import Case, Exists, OuterRef, Value, When
@@ -99,6 +101,30 @@ def record(
     2. The transition stores the step and status the row holds after the UPDATE (a caller
        may change only one of them), and closes the previous transition's duration.
     3. The event streams following it are told once it commits (events/announce.py).
+
+    For a caller that knows nothing of the row. The pipeline writes through ``Progress``, which
+    knows what a caller here reads back (``_transition`` says what).
+    """
+    return _transition(eval_id, step, status, tuple(expect), fields, None) is not None
+
+
+class Mark(NamedTuple):
+    """A transition as its writer left it: its id, its time (its duration still open)."""
+
+    id: int
+    at: datetime.datetime
+
+
+def _transition(eval_id, step, status, expect: tuple, fields: dict, previous: Mark | None) -> Mark | None:
+    """``record``'s transaction; the new transition, or None when the row was not in ``expect``.
+
+    Without ``previous`` it reads the row's open transition; with it, three statements: the
+    conditional UPDATE, the previous transition's duration, the new one's INSERT. The row's step
+    and status are read back only when the change and ``expect`` do not say them (a claim moves
+    the status and keeps whatever step the row is at).
+
+    No savepoint of its own: inside a caller's transaction (finish, the worker's claim) a failed
+    statement fails the caller's whole change anyway, and a row not in ``expect`` writes nothing.
     """
     now = timezone.now()
     updates = dict(fields)
@@ -106,17 +132,62 @@ def record(
         updates["step"] = step
     if status is not None:
         updates["status"] = status
-    with transaction.atomic():
-        if Evaluation.objects.filter(id=eval_id, status__in=list(expect)).update(**updates) != 1:
-            return False
-        current_step, current_status = Evaluation.objects.filter(id=eval_id).values_list("step", "status").get()
-        transitions = Transition.objects.filter(evaluation_id=eval_id).order_by("-at", "-id")
-        previous = transitions.values("id", "at", "duration_ms").first()
-        if previous is not None and previous["duration_ms"] is None:
-            Transition.objects.filter(id=previous["id"]).update(duration_ms=_elapsed_ms(previous["at"], now))
-        Transition.objects.create(evaluation_id=eval_id, step=current_step, status=current_status, at=now)
+    with transaction.atomic(savepoint=False):
+        if Evaluation.objects.filter(id=eval_id, status__in=expect).update(**updates) != 1:
+            return None
+        if step is None or (status is None and len(expect) != 1):
+            step, status = Evaluation.objects.filter(id=eval_id).values_list("step", "status").get()
+        elif status is None:
+            status = expect[0]
+        if previous is None:
+            transitions = Transition.objects.filter(evaluation_id=eval_id).order_by("-at", "-id")
+            last = transitions.values("id", "at", "duration_ms").first()
+            if last is not None and last["duration_ms"] is None:
+                previous = Mark(last["id"], last["at"])
+        if previous is not None:
+            Transition.objects.filter(id=previous.id).update(duration_ms=_elapsed_ms(previous.at, now))
+        created = Transition.objects.create(evaluation_id=eval_id, step=step, status=status, at=now)
         announce(eval_id)
-    return True
+    return Mark(created.id, now)
+
+
+class Progress:
+    """One pipeline's writer of its evaluation (SPEC §25): a step's results go with the next transition.
+
+    1. ``stage(**fields)``: a step's results (the task's hash, the agent's output...), written by the
+       next ``record`` or by ``finish``, in that change's transaction: a step that fails or is
+       cancelled after staging still has them stored, with its failure.
+    2. ``record(step)``: conditional on the row being running, as all of a pipeline's changes are.
+       While the row runs its pipeline is the only writer of its transitions (a claim and a cancel
+       that ends a row need a pending one; the reaper ends it, after which no change here writes),
+       so it knows the row's step and status after its change, and its own last transition: no
+       SELECT. The first one looks up the claim's transition.
+    3. ``finish`` carries what is staged. A row ended elsewhere (the reaper) takes none of it: its
+       shown columns are signed by whoever ended it (``_seal_evaluation``).
+    """
+
+    def __init__(self, eval_id):
+        self.eval_id = eval_id
+        self.staged: dict = {}
+        self.last: Mark | None = None  # the transition this writer stored last
+
+    def stage(self, **fields) -> None:
+        self.staged.update(fields)
+
+    def record(self, step: str) -> bool:
+        mark = _transition(self.eval_id, step, None, (Status.RUNNING,), self.staged, self.last)
+        if mark is None:
+            return False
+        self.staged, self.last = {}, mark
+        return True
+
+    def finish(self, status: str, *, error: str = "", kind: str | None = None, **fields) -> bool:
+        """``finish``, with what is staged (``fields`` win) and the last transition known."""
+        fields = {**self.staged, **fields}
+        ended = _finish(self.eval_id, status, error, kind, (Status.RUNNING,), fields, self.last)
+        if ended:
+            self.staged = {}
+        return ended
 
 
 def store_test_results(eval_id, results: list[TestResult], **fields) -> None:
@@ -156,6 +227,13 @@ def finish(
     for a cancel and `infrastructure` for a failure nobody classified (the executor's, as an
     internal error is). Every end goes through here, so no ended evaluation lacks one.
     """
+    return _finish(eval_id, status, error, kind, tuple(expect), fields, None)
+
+
+def _finish(
+    eval_id, status: str, error: str, kind: str | None, expect: tuple, fields: dict, previous: Mark | None
+) -> bool:
+    """``finish``'s work; ``previous``: as for ``_transition``."""
     if status == Status.COMPLETED:
         kind = None
     elif kind is None:
@@ -174,11 +252,7 @@ def finish(
     if "reward" not in fields:  # SPEC §17: graders other than reward_file; null when nothing was graded
         fields["reward"] = 1.0 if passed else 0.0 if kind == ErrorKind.TESTS_FAILED else None
     with transaction.atomic():
-        ended = record(
-            eval_id,
-            step=Step.DONE,
-            status=status,
-            expect=expect,
+        fields.update(
             passed=passed,
             error=error,
             error_kind=kind,
@@ -186,8 +260,8 @@ def finish(
             duration_ms=_elapsed_ms(row["started_at"] or row["created_at"], now),
             results_sha256=results_sha256(eval_id, passed, results),
             executor_version=VERSION,
-            **fields,
         )
+        ended = _transition(eval_id, Step.DONE, status, expect, fields, previous) is not None
         if ended:
             _seal_evaluation(eval_id)
     if ended and row["batch_id"] is not None:

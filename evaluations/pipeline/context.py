@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from assets import AssetView
-from evaluations import livelog
+from evaluations import lifecycle, livelog
 from evaluations.environments import BadEnvironment, toolchains
 from evaluations.environments.kinds import BaseEnvironment
 from evaluations.grading.base import Grade
@@ -66,6 +66,7 @@ class Context:
     cancel: CancelState
     cache: WorkspaceCache  # the workspace cache's state; until cloning_repo decides, it acts as no cache
     env: BaseEnvironment  # what the task's commands run in: the host's until preparing_environment (kinds.py)
+    progress: lifecycle.Progress  # the row's writer: transitions, and the steps' results with them (stage)
     task: TaskSpec | None = None
     base_sha: str = ""
     step: str = "queued"
@@ -75,6 +76,11 @@ class Context:
     egress: EgressProxy | None = None  # the evaluation's proxy: its commands' only way out (sandbox only)
     agent_interpreter: str | None = None  # absolute, chosen by downloading_task (pipeline/agentenv.py)
     grade: Grade | None = None  # set by running_tests: what the task's grader made of the tests (evaluations/grading/)
+
+    def stage(self, **fields) -> None:
+        """A step's results for the evaluation's row, written with the next transition or the end
+        (lifecycle.Progress), never lost to a failure or a cancel that follows."""
+        self.progress.stage(**fields)
 
     def limits(self, timeout_secs: float) -> Limits:
         return Limits.of(self.config, timeout_secs)

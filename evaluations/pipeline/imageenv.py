@@ -26,7 +26,7 @@ from evaluations.images.errors import ImageError
 from evaluations.images.isolate import verifier_commands as verifier_commands_in
 from evaluations.images.pull import pull
 from evaluations.images.store import ImageStore
-from evaluations.models import ErrorKind, Evaluation
+from evaluations.models import ErrorKind
 from evaluations.network.egress.relay import BUNDLE_TARGET, SANDBOX_SOCKET
 from evaluations.pipeline.agentenv import find_interpreter
 from evaluations.pipeline.context import Context, StepFailed
@@ -68,7 +68,7 @@ def _named(ctx: Context) -> None:
     else:
         ctx.env = kinds.Named(ctx.session, ctx.spawner, environment)
         record = {"kind": "name", "ref": environment.name, "digest": None, "cached": True}
-    Evaluation.objects.filter(id=ctx.eval_id).update(environment=record)
+    ctx.stage(environment=record)
 
 
 def _image(ctx: Context, spec: ImageEnvironment) -> None:
@@ -111,7 +111,7 @@ def _image(ctx: Context, spec: ImageEnvironment) -> None:
         kind = ErrorKind.INFRASTRUCTURE
         raise StepFailed(f"could not prepare image {spec.ref}: {exc}", kind=kind) from None
     livelog.append_text(ctx.session.log, f"image {spec.ref}: {record.digest}{' (cached)' if result.cached else ''}\n")
-    Evaluation.objects.filter(id=ctx.eval_id).update(environment=_record(spec, result))
+    ctx.stage(environment=_record(spec, result))
 
 
 def _record(spec: ImageEnvironment, result) -> dict:

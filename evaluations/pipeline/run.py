@@ -3,10 +3,13 @@
 1. ``_prepare`` leases a uid, makes the session folder and the spawner. If
    any of it fails, what was made is undone and the evaluation fails with
    that cause (not as a process that died).
-2. Each step is recorded as it starts (lifecycle.record is conditional: if
-   the evaluation was ended elsewhere, by DELETE or the reaper, we stop). A
-   step raises StepFailed, Cancelled or WorkerLost; anything else is an
-   internal error. The error sentence always names the step.
+2. Each step is recorded as it starts (ctx.progress, lifecycle.Progress: the
+   change is conditional; if the evaluation was ended elsewhere, by the
+   reaper, we stop). What a step produced is staged on the context
+   (``ctx.stage``) and written with the next transition or the final state,
+   in its transaction (SPEC §25). A step raises StepFailed, Cancelled or
+   WorkerLost; anything else is an internal error. The error sentence always
+   names the step.
 3. ``_cleanup``: whatever happened, every process of the evaluation is killed
    and the session folder removed before the final state is written, so
    nothing of an evaluation outlives it.
@@ -82,6 +85,7 @@ def _prepare(
         if lease is not None:
             lease.release()  # not marked clean: the next holder scrubs it
         raise
+    progress = lifecycle.Progress(eval_id)
     ctx = Context(
         eval_id=eval_id,
         config=config,
@@ -90,8 +94,9 @@ def _prepare(
         runtime=runtime,
         spawner=spawner,
         cancel=cancel,
-        cache=WorkspaceCache(eval_id, config, session),
+        cache=WorkspaceCache(eval_id, config, session, progress.stage),
         env=kinds.Host(session, spawner),  # preparing_environment puts the task's own in its place
+        progress=progress,
         egress=egress,
     )
     return ctx, lease
@@ -112,13 +117,12 @@ class Ending(NamedTuple):
 
 def _steps(ctx: Context, log) -> Ending:
     """Run the steps; return how the evaluation ends."""
-    eval_id = ctx.eval_id
     try:
         for name, step in STEPS:
             ctx.step = name
             if ctx.egress is not None:
                 ctx.egress.set_step(name)  # each connection is recorded under the step that made it
-            if not lifecycle.record(eval_id, step=name):
+            if not ctx.progress.record(name):
                 log.info("ended elsewhere before %s; stopping", name)
                 # The conditional finish writes nothing.
                 return Ending(Status.CANCELLED, f"{name}: ended elsewhere", ErrorKind.CANCELLED)
@@ -149,9 +153,10 @@ def _cleanup(ctx: Context, lease: uids.UidLease | None, ending: Ending, log) -> 
     except OSError as exc:
         log.warning("could not release the workspace cache (the reaper will): %s", exc)
     close_old_connections()
-    lifecycle.record(eval_id, step=Step.CLEANUP)
+    ctx.progress.record(Step.CLEANUP)  # with what the last step staged
     livelog.append_text(session.log, livelog.end_block(status, error))
-    _keep_log(eval_id, session, config)
+    kept_log = _keep_log(session, config)
+    ctx.stage(log=kept_log)
     _keep_usage(ctx, log)
     retired = None
     try:
@@ -167,7 +172,10 @@ def _cleanup(ctx: Context, lease: uids.UidLease | None, ending: Ending, log) -> 
                 clean = True
             finally:
                 lease.release(clean=clean)  # clean: the next evaluation need not scrub it
-    lifecycle.finish(eval_id, status, error=error, kind=ending.kind, **(ending.fields or {}))
+    if not ctx.progress.finish(status, error=error, kind=ending.kind, **(ending.fields or {})) and kept_log:
+        # Ended elsewhere (the reaper found its worker lost): the row's shown columns are the ender's,
+        # signed; the live log is not among them, and GET /logs serves it from here on.
+        Evaluation.objects.filter(id=eval_id).update(log=kept_log)
     log.info("finished %s%s", status, f": {error}" if error else "")
     if retired is not None:
         try:
@@ -177,7 +185,7 @@ def _cleanup(ctx: Context, lease: uids.UidLease | None, ending: Ending, log) -> 
 
 
 def _keep_usage(ctx: Context, log) -> None:
-    """Store what the evaluation reached and used (``egress``, ``resources``); end its proxy and cgroup."""
+    """Stage what the evaluation reached and used (``egress``, ``resources``); end its proxy and cgroup."""
     fields = {}
     if ctx.egress is not None:
         ctx.egress.close()
@@ -190,7 +198,7 @@ def _keep_usage(ctx: Context, log) -> None:
         ctx.spawner.close()
     except OSError as exc:
         log.warning("could not remove the evaluation's cgroup (the reaper will): %s", exc)
-    Evaluation.objects.filter(id=ctx.eval_id).update(**fields)
+    ctx.stage(**fields)
 
 
 def lease_uid(config: Config) -> uids.UidLease | None:
@@ -200,8 +208,9 @@ def lease_uid(config: Config) -> uids.UidLease | None:
     return uids.acquire(config.sandbox_uid, config.sandbox_uid_count, uids.lock_dir(config.data_dir))
 
 
-def _keep_log(eval_id: str, session: Session, config: Config) -> None:
-    """Store the live log before its folder goes, so /logs offsets carry on after the end (any host).
+def _keep_log(session: Session, config: Config) -> str:
+    """The live log to store before its folder goes, so /logs offsets carry on after the end (any
+    host); "" when there is none.
 
     Over its cap, the head and the tail are kept around a marker, as for each command's
     output: the end of a log (the tests, the final status) matters as much as its start.
@@ -216,12 +225,12 @@ def _keep_log(eval_id: str, session: Session, config: Config) -> None:
                 handle.seek(size - (cap - len(head)))
                 tail = handle.read()
     except OSError:
-        return
+        return ""
     text = as_text(head)
     if tail:
         marker = livelog.truncation_line(size - len(head) - len(tail))
         text += ("" if text.endswith("\n") else "\n") + marker + as_text(tail)
-    Evaluation.objects.filter(id=eval_id).update(log=text)
+    return text
 
 
 def _verdict(ctx: Context) -> Ending:

@@ -9,7 +9,7 @@ from pathlib import Path
 from evaluations import languages, lifecycle
 from evaluations.grading import registry
 from evaluations.grading.base import HostFault
-from evaluations.models import ErrorKind, Evaluation
+from evaluations.models import ErrorKind
 from evaluations.network import urlguard
 from evaluations.pipeline import (
     archive,
@@ -55,10 +55,10 @@ def downloading_task(ctx: Context) -> None:
             timeout_secs=config.download_timeout_secs,
             policy=_policy(config),
         )
-        # SPEC §18: what was evaluated, signed with the result; stored now, so a failed extraction's has it too.
+        # SPEC §18: what was evaluated, signed with the result; staged now, so a failed extraction's has it too.
         with open(archive_path, "rb") as downloaded:
             task_sha256 = hashlib.file_digest(downloaded, "sha256").hexdigest()
-        Evaluation.objects.filter(id=ctx.eval_id).update(task_sha256=task_sha256)
+        ctx.stage(task_sha256=task_sha256)
         archive.extract_archive(
             archive_path,
             ctx.session.task,
@@ -78,9 +78,7 @@ def downloading_task(ctx: Context) -> None:
         raise StepFailed(str(exc)) from None
     finally:
         archive_path.unlink(missing_ok=True)
-    Evaluation.objects.filter(id=ctx.eval_id).update(
-        task_prompt=ctx.task.prompt, original_pr=ctx.task.original_pr or ""
-    )
+    ctx.stage(task_prompt=ctx.task.prompt, original_pr=ctx.task.original_pr or "")
     verifier.apply_request(ctx)  # SPEC §17: the task's limits, capped by the operator's
     try:  # SPEC §19: the toolchain of the task's language, before anything is cloned
         ctx.task = with_toolchain(ctx.task, config, ctx.command_path)
@@ -257,8 +255,8 @@ def running_agent(ctx: Context) -> None:
             produced["agent_patch"] = imageenv.agent_patch(ctx)  # the changes under WorkingDir, against the image
         else:
             produced["agent_patch"] = _agent_patch(ctx)
-    finally:  # one write: the output whatever happened, and the patch when there is one
-        Evaluation.objects.filter(id=ctx.eval_id).update(**produced)
+    finally:  # the output whatever happened, and the patch when there is one
+        ctx.stage(**produced)
     try:
         verifier.after_agent(ctx)  # in an image: system_changes and artifacts, whatever the agent's end
     except (OSError, SafeFSError) as exc:
@@ -318,6 +316,8 @@ def running_tests(ctx: Context) -> None:
             ctx.grade = grader.run(GradingSandbox(ctx, env, tests))
     except HostFault as exc:
         raise StepFailed(str(exc), kind=ErrorKind.INFRASTRUCTURE) from None
+    # Committed now, not staged (SPEC §25): the verdict (run._verdict) and finish's results hash read the
+    # rows back, and an event stream sends them as they commit, before the cleanup step's event.
     lifecycle.store_test_results(ctx.eval_id, ctx.grade.results, **ctx.grade.stored())
 
 

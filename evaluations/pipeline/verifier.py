@@ -27,7 +27,7 @@ import time
 
 from evaluations import artifacts, livelog
 from evaluations.grading.base import VerifierRun
-from evaluations.models import ErrorKind, Evaluation
+from evaluations.models import ErrorKind
 from evaluations.network.egress.policy import parse_rules
 from evaluations.network.egress.relay import RELAY_SHELL
 from evaluations.pipeline import imageenv
@@ -49,7 +49,7 @@ def apply_request(ctx: Context) -> None:
     """The task's request capped by the operator's settings, as the evaluation's Config; recorded."""
     task = ctx.task
     if task.format == "workspace":  # SPEC §19: SWE-Forge's difficulty, difficulty_score, install_config
-        Evaluation.objects.filter(id=ctx.eval_id).update(task_format=task.format, task_metadata=task.metadata)
+        ctx.stage(task_format=task.format, task_metadata=task.metadata)
         return
     request = task.request
     config = ctx.config
@@ -87,9 +87,7 @@ def apply_request(ctx: Context) -> None:
         "verifier_network": verifier_network(ctx),
         "allowed_hosts": list(request.allowed_hosts) if network == ALLOWLIST else None,
     }
-    Evaluation.objects.filter(id=ctx.eval_id).update(
-        task_format=task.format, limits_applied=limits, task_metadata=task.metadata
-    )
+    ctx.stage(task_format=task.format, limits_applied=limits, task_metadata=task.metadata)
 
 
 def agent_network(ctx: Context) -> bool:
@@ -132,8 +130,7 @@ def after_agent(ctx: Context) -> None:
     kept = artifacts.keep(ctx.eval_id, ctx.session.agent_logs, ctx.config, owner_uid=ctx.session.uid)
     if kept.artifacts or kept.omitted or kept.error:
         livelog.append_text(ctx.session.log, livelog.executor_line(kept.summary()))
-    fields = {"system_changes": imageenv.system_changes(ctx), "artifacts": kept.artifacts}
-    Evaluation.objects.filter(id=ctx.eval_id).update(**fields)
+    ctx.stage(system_changes=imageenv.system_changes(ctx), artifacts=kept.artifacts)
 
 
 def _mount_point(ctx: Context, target: str) -> None:

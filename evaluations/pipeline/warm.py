@@ -44,7 +44,7 @@ from typing import Protocol
 
 from evaluations.cache import mounts, overlay
 from evaluations.cache.store import FOLDERS, CacheUnavailable, Entry, Store, cache_key, move_in
-from evaluations.models import CacheUse, Evaluation
+from evaluations.models import CacheUse
 from evaluations.pipeline import gitrepo, mirror
 from evaluations.pipeline.session import Session
 from evaluations.runtime import SandboxPolicy
@@ -74,10 +74,11 @@ class GitAccess(Protocol):
 class WorkspaceCache:
     """One evaluation's use of the workspace cache: what it decided, the entry, the locks and mounts it holds."""
 
-    def __init__(self, eval_id: str, config: Config, session: Session):
+    def __init__(self, eval_id: str, config: Config, session: Session, stage: Callable[..., None]):
         self.eval_id = eval_id
         self.config = config
         self.session = session
+        self.stage = stage  # the evaluation's ``cache`` column, written with the next transition (Context.stage)
         self.use: str | None = None  # CacheUse, once clone has decided
         self.store: Store | None = None  # None: nothing built, nothing served
         self.key = ""
@@ -102,7 +103,7 @@ class WorkspaceCache:
         installs into its writable layer) turns the cache off.
         """
         self._decide(task, material)
-        Evaluation.objects.filter(id=self.eval_id).update(cache=self.use)
+        self.stage(cache=self.use)
         if self.store is None:  # off, or the cache folder unusable (a warning said why)
             return None
         try:
@@ -145,7 +146,7 @@ class WorkspaceCache:
         self.store = None
         if self.use == CacheUse.HIT:
             self.use = CacheUse.MISS
-            Evaluation.objects.filter(id=self.eval_id).update(cache=CacheUse.MISS)
+            self.stage(cache=CacheUse.MISS)
 
     def _clone(self, git: GitAccess, task: TaskSpec, resolve_pin: str | None) -> str:
         timeout = self.config.clone_timeout_secs
@@ -200,7 +201,7 @@ class WorkspaceCache:
         self.use = CacheUse.HIT
         self.in_use = self.store.hold_in_use(entry)
         self.store.record_hit(entry)
-        Evaluation.objects.filter(id=self.eval_id).update(cache=CacheUse.HIT)
+        self.stage(cache=CacheUse.HIT)
 
     # -- the mirror --------------------------------------------------------------------------
 

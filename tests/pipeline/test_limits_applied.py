@@ -7,13 +7,9 @@ import dataclasses
 import os
 from types import SimpleNamespace
 
-import pytest
-
 from evaluations.models import Evaluation
 from evaluations.pipeline import verifier
 from evaluations.tasks.registry import load_task
-
-pytestmark = pytest.mark.django_db
 
 
 def harbor(tmp_path, toml: str):
@@ -25,16 +21,18 @@ def harbor(tmp_path, toml: str):
 
 
 def applied(settings, tmp_path, toml: str, *, timeout_secs=None, **config):
-    evaluation = Evaluation.objects.create(task_url="http://x/t.tar.gz", agent_code="", timeout_secs=timeout_secs)
+    """The Config the evaluation's commands get, and what apply_request staged for its row (as a namespace)."""
+    evaluation = Evaluation(task_url="http://x/t.tar.gz", agent_code="", timeout_secs=timeout_secs)
+    staged = {}
     ctx = SimpleNamespace(
         task=harbor(tmp_path, toml),
         config=dataclasses.replace(settings.EXECUTOR, **config),
         evaluation=evaluation,
         eval_id=str(evaluation.id),
+        stage=staged.update,
     )
     verifier.apply_request(ctx)
-    evaluation.refresh_from_db()
-    return ctx.config, evaluation
+    return ctx.config, SimpleNamespace(**staged)
 
 
 def test_the_smaller_of_the_tasks_request_and_the_operators_limit_wins(settings, tmp_path):

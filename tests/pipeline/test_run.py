@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import os
 import shutil
 import tempfile
@@ -36,3 +37,33 @@ def test_a_failure_while_preparing_fails_the_evaluation_with_its_cause(tmp_path)
         assert not list(base.iterdir())
     finally:
         shutil.rmtree(base, ignore_errors=True)
+
+
+def evaluate(task_url: str, agent_code: str, config, **fields) -> Evaluation:
+    row = Evaluation.objects.create(task_url=task_url, agent_code=agent_code, **fields)
+    assert claim("test-worker", 1) == [row.id]
+    run_evaluation(str(row.id), config, "none")
+    row.refresh_from_db()
+    return row
+
+
+def test_what_a_failing_step_staged_is_stored_with_its_failure(www, http_server, e2e_config):
+    """downloading_task stages the archive's sha256 (SPEC §18), then cannot extract it: the failure
+    carries the hash (SPEC §25: a step's results go with the next transition, or with the end)."""
+    served = os.urandom(4096)
+    (www / "noise.tar.gz").write_bytes(served)
+    row = evaluate(http_server.url("/noise.tar.gz"), "x", e2e_config)
+    assert (row.status, row.step) == (Status.FAILED, "done")
+    assert row.error.startswith("downloading_task: "), row.error
+    assert row.task_sha256 == hashlib.sha256(served).hexdigest()
+    assert row.log and row.resources is not None  # staged at cleanup, written by finish
+
+
+def test_a_cancel_after_the_agent_staged_its_output_keeps_it(tasks, e2e_config):
+    """An agent past its timeout: running_agent stages what it printed, then the evaluation is cancelled."""
+    agent = "import time\nprint('halfway there', flush=True)\ntime.sleep(60)\n"
+    row = evaluate(tasks.task(), agent, e2e_config, timeout_secs=1)
+    assert (row.status, row.error_kind) == (Status.CANCELLED, "agent_timeout"), row.error
+    assert "halfway there" in row.agent_output
+    steps = list(row.transitions.values_list("step", flat=True))
+    assert steps[-3:] == ["running_agent", "cleanup", "done"]
