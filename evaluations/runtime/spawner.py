@@ -185,23 +185,7 @@ class Spawner:
                 self._confirm_gone(sandbox_init)
                 killer.reap_orphans()
         code = proc.returncode
-        code = 128 - code if code < 0 else code
-        verdict = monitor.verdict
-        exit_code = None if verdict else code
-        verdict = (
-            verdict or monitor.kernel_verdict() or _file_size_verdict(code, limits) or monitor.final_folder_check()
-        )
-        self._add_peaks(monitor.peaks)
-        return CommandResult(
-            exit_code=exit_code,
-            output=capture.text(),
-            output_bytes=capture.total,
-            duration_ms=int((time.monotonic() - started) * 1000),
-            limit=verdict.limit if verdict else None,
-            limit_detail=verdict.detail if verdict else None,
-            peak_memory_bytes=monitor.peaks.memory_bytes,
-            peak_processes=monitor.peaks.processes,
-        )
+        return self._result(128 - code if code < 0 else code, monitor, capture, limits, started)
 
     # -- phases (SPEC §25, phase.py) ---------------------------------------------------------
 
@@ -335,7 +319,13 @@ class Spawner:
                     self._end_sandbox(sandbox)  # nothing of a killed command outlives this
                 else:
                     sandbox.clear()  # nor what a command that ended left running
-        code = _exec_exit_code(entry)
+        return self._result(_exec_exit_code(entry), monitor, capture, limits, started)
+
+    def _result(
+        self, code: int, monitor: Monitor, capture: OutputCapture, limits: Limits, started: float
+    ) -> CommandResult:
+        """A command's result: its exit code unless a limit ended it, the limit the monitor, the
+        kernel or the last folder walk names, and its peaks (added to the evaluation's)."""
         verdict = monitor.verdict
         exit_code = None if verdict else code
         verdict = (
