@@ -4,7 +4,7 @@ The service is every process ``bin/serve`` starts, its commands left out:
 ``manage.py serve`` itself (started here exactly so), the gunicorn master and
 its workers, the worker, its forkserver (and multiprocessing's resource tracker,
 were one to start: the pool runs without), and the evaluation processes the
-forkserver forks. They are sampled every
+forkserver forks (the spare among them: evaluations/worker/pool.py). They are sampled every
 50 ms from /proc/PID/smaps_rollup; the figure is the peak of their sum, as RSS
 (pages shared between forked processes counted once per process) and as PSS
 (each shared page split among its sharers: the memory the service really
@@ -81,8 +81,8 @@ def _rollup(pid: int) -> dict[str, int]:
 
 def _role(proc: psutil.Process, parent_role: str | None) -> str:
     """What a process of the service is, from its parent's role, its name and its command line."""
-    if parent_role == "forkserver":
-        return "evaluation"
+    if parent_role == "forkserver":  # the spare waits for an id: no evaluation's life yet (monitor CPU)
+        return "spare" if proc.name() == "te-spare" else "evaluation"
     if parent_role == "gunicorn master":
         return "web worker"
     comm = proc.name()

@@ -346,8 +346,8 @@ def _role(proc: psutil.Process, parent_role: str | None) -> str:
         return "web worker"
     if parent_role == "worker" and name == "te-forkserver":
         return "forkserver"
-    if parent_role == "forkserver":
-        return "sandbox process (python)"
+    if parent_role == "forkserver":  # the evaluations' spare is one too (te-spare), before and after alike
+        return "spare evaluation process" if name == "te-spare" else "sandbox process (python)"
     if name == "bwrap":
         return "bwrap (outer)" if parent_role == "sandbox process (python)" else "bwrap (pid 1)"
     if parent_role == "bwrap (pid 1)":

@@ -14,6 +14,9 @@
    SHUTDOWN_GRACE_SECS, then cancel them with "executor shutting down".
 7. An evaluation whose process cannot be started is failed at once with the
    cause, never left running under this live worker.
+8. While the pool has room it keeps a spare evaluation process (pool.py),
+   forked on a tick that started nothing, so a claim does not wait for a
+   fork; stopping ends it.
 """
 
 from __future__ import annotations
@@ -94,7 +97,7 @@ class Worker:
         """A worker for ``runtime`` (the resolved ``evaluations.runtime.Runtime``), its first beat written."""
         worker = cls(
             config,
-            Pool(config.max_concurrent_evals, runtime),
+            Pool(config.max_concurrent_evals, runtime, spare=True),
             worker_id=f"{socket.gethostname()[:40]}-{os.getpid()}-{uuid.uuid4().hex[:6]}",
             sandbox=runtime.name,
             limits=runtime.cgroups.mode.value if runtime.cgroups else "monitor",
@@ -118,6 +121,7 @@ class Worker:
         try:
             self.loop()
         finally:
+            self.pool.end_spare()
             self.callbacks.shutdown()
             self.wake.close()
             if self.listener:
@@ -179,6 +183,7 @@ class Worker:
         self.expire_sessions()
         self.callbacks.dispatch()
         if stopping:
+            self.pool.end_spare()
             self.stop_sandboxes(warm_only=True)  # nobody's yet: no grace to give
             if now - self.stop_requested_at >= config.shutdown_grace_secs:
                 self.cancel_all(SHUTTING_DOWN)
@@ -186,8 +191,10 @@ class Worker:
             if not self.pool.running and not (self.sandboxes and self.sandboxes.running):
                 return True
         else:
-            if self.pool.free > 0:
-                self.start_claimed(claim(self.worker_id, self.pool.free))
+            claimed = claim(self.worker_id, self.pool.free)
+            self.start_claimed(claimed)
+            if not claimed:
+                self.keep_spare()
             if self.sandboxes is not None:
                 self.keep_warm()
                 if self.sandboxes.free > 0:
@@ -227,6 +234,14 @@ class Worker:
                 )
             else:
                 logger.info("claimed", extra={"eval_id": eval_id})
+
+    def keep_spare(self) -> None:
+        """The spare evaluation process, forked when this tick started none (not beside a new
+        evaluation, whose first steps it would slow): it takes the next claim (pool.py)."""
+        try:
+            self.pool.keep_spare()
+        except Exception:
+            logger.exception("could not fork the spare evaluation process; evaluations start without one")
 
     def start_sandboxes(self, sandbox_ids) -> None:
         """A process for each claimed sandbox; one that cannot start fails at once with the cause."""

@@ -18,12 +18,23 @@ row, which the evaluation process watches (pipeline/cancel.py). No
 ``multiprocessing.Event`` either: named semaphores need multiprocessing's
 resource tracker, one more process; a pipe needs nothing and vanishes with
 its holders, so the pool runs without a resource tracker.
+
+A pool may keep one spare (``spare=True``): a process forked ahead, while the
+pool has room, that waits for its work's id on that same pipe. ``start``
+hands the id to the spare rather than forking then, so the fork and
+multiprocessing's start-up are off the claim's path; the spare then calls the
+target exactly as a process started for the id would, and the pipe goes on
+as its liveness pipe. Until it has an id a spare is nobody's: not running,
+not counted, and the end of its pipe (the worker stopped or died) ends it
+having touched nothing. A spare that died is replaced; its work never
+waited on it (``start`` forks as before when no live spare is there).
 """
 
 from __future__ import annotations
 
 import ctypes
 import gc
+import logging
 import multiprocessing
 import os
 import select
@@ -36,7 +47,18 @@ from multiprocessing.connection import Connection
 
 from executor_project.process import name_process
 
+logger = logging.getLogger("term_executor.worker")
+
 _PR_SET_PDEATHSIG = 1
+SPARE_NAME = "te-spare"
+SPARE_EXIT_SECS = 5.0  # a spare told to go exits at once; past this it is killed
+
+
+@dataclass
+class Spare:
+    process: multiprocessing.Process
+    handoff: Connection  # the write end of its pipe: the id goes there, then it is the liveness pipe
+    pidfd: int
 
 
 @dataclass
@@ -49,10 +71,11 @@ class Running:
 
 
 class Pool:
-    def __init__(self, capacity: int, runtime, target=None):
+    def __init__(self, capacity: int, runtime, target=None, *, spare: bool = False):
         """``target(eval_id, runtime, alive_channel)`` runs in each process: child.main unless a test says.
 
         ``runtime``: the resolved ``evaluations.runtime.Runtime``, handed to every evaluation.
+        ``spare``: keep a process ready for the next id while there is room (``keep_spare``).
         """
         self.capacity = capacity
         self.runtime = runtime
@@ -62,37 +85,83 @@ class Pool:
             from evaluations.worker.child import main as target
         self.target = target
         self.running: dict[str, Running] = {}
+        self.keeps_spare = spare
+        self.spare: Spare | None = None
 
     @property
     def free(self) -> int:
         return self.capacity - len(self.running)
 
     def start(self, eval_id) -> None:
+        """Run ``target`` for ``eval_id``: in the spare if a live one waits, else in a process forked now."""
         eval_id = str(eval_id)
+        if self._hand_to_spare(eval_id):
+            return
+        process, alive_w = self._fork(target=self.target, args=(eval_id,), name=f"eval-{eval_id}")
+        self.running[eval_id] = Running(eval_id, process, alive_w, os.pidfd_open(process.pid))
+
+    def _fork(self, target, args: tuple, name: str) -> tuple[multiprocessing.Process, Connection]:
+        """A process running ``target(*args, runtime, read end)``; return it and the pipe's write end."""
         alive_r, alive_w = self.context.Pipe(duplex=False)
         try:
-            process = self.context.Process(
-                target=self.target, args=(eval_id, self.runtime, alive_r), name=f"eval-{eval_id}", daemon=False
-            )
+            process = self.context.Process(target=target, args=(*args, self.runtime, alive_r), name=name, daemon=False)
             process.start()  # the forkserver hands the child its own copy of the read end
         except BaseException:
             alive_w.close()
             raise
         finally:
             alive_r.close()
-        self.running[eval_id] = Running(eval_id, process, alive_w, os.pidfd_open(process.pid))
+        return process, alive_w
+
+    def keep_spare(self) -> None:
+        """Fork the spare if this pool keeps one, has none and has room for one more evaluation."""
+        if self.keeps_spare and self.spare is None and self.free > 0:
+            process, handoff = self._fork(target=wait_for_id, args=(self.target,), name="spare")
+            self.spare = Spare(process, handoff, os.pidfd_open(process.pid))
+
+    def _hand_to_spare(self, eval_id: str) -> bool:
+        """Give ``eval_id`` to the spare, which becomes its process; False if no live spare took it."""
+        spare, self.spare = self.spare, None
+        if spare is None:
+            return False
+        if not _has_exited(spare.pidfd):
+            try:
+                spare.handoff.send_bytes(eval_id.encode())
+            except OSError:  # it died meanwhile (EPIPE): its end is closed, nothing was read
+                pass
+            else:
+                spare.process.name = f"eval-{eval_id}"
+                self.running[eval_id] = Running(eval_id, spare.process, spare.handoff, spare.pidfd)
+                return True
+        _died(spare)
+        return False
+
+    def end_spare(self) -> None:
+        """End the spare, if any: the end of its pipe tells it to exit (it ran nothing); wait for it."""
+        spare, self.spare = self.spare, None
+        if spare is None:
+            return
+        spare.handoff.close()
+        if not select.select([spare.pidfd], [], [], SPARE_EXIT_SECS)[0]:
+            spare.process.kill()
+            select.select([spare.pidfd], [], [])
+        _collect(spare)
 
     def sentinels(self) -> list[int]:
-        """What to wait on: each process's pidfd. Not multiprocessing's sentinel, which is the
-        forkserver's report and ends (as "exit code 255") when the forkserver dies, though the
-        evaluation process, adopted by us (a subreaper), runs on."""
-        return [entry.pidfd for entry in self.running.values()]
+        """What to wait on: each process's pidfd (the spare's too: a dead spare is replaced). Not
+        multiprocessing's sentinel, which is the forkserver's report and ends (as "exit code 255")
+        when the forkserver dies, though the evaluation process, adopted by us (a subreaper), runs on."""
+        pidfds = [entry.pidfd for entry in self.running.values()]
+        return pidfds + [self.spare.pidfd] if self.spare is not None else pidfds
 
     def reap(self) -> list[tuple[str, int]]:
-        """Remove finished children; return [(eval_id, exitcode)]."""
+        """Remove finished children, and a spare that died; return [(eval_id, exitcode)] of the children."""
+        if self.spare is not None and _has_exited(self.spare.pidfd):
+            spare, self.spare = self.spare, None
+            _died(spare)
         finished = []
         for eval_id, entry in list(self.running.items()):
-            if select.select([entry.pidfd], [], [], 0)[0]:
+            if _has_exited(entry.pidfd):
                 finished.append((eval_id, _exit_code(entry.process)))
                 os.close(entry.pidfd)
                 entry.alive.close()
@@ -103,6 +172,40 @@ class Pool:
         for entry in self.running.values():
             if entry.process.is_alive():
                 entry.process.kill()
+
+
+def wait_for_id(target, runtime, channel: Connection) -> None:
+    """A spare's life: block until the worker hands it an id, then be that id's process (``target``,
+    the same channel as its liveness pipe); the end of the pipe first means exit, nothing touched.
+
+    It is named SPARE_NAME (``ps``) while it waits, and takes back its inherited name with the id,
+    so that its evaluation looks as one forked for it does."""
+    with open("/proc/self/comm") as comm:
+        inherited = comm.read().rstrip("\n")
+    name_process(SPARE_NAME)
+    try:
+        eval_id = channel.recv_bytes().decode()
+    except EOFError:
+        return
+    name_process(inherited)
+    target(eval_id, runtime, channel)
+
+
+def _has_exited(pidfd: int) -> bool:
+    return bool(select.select([pidfd], [], [], 0)[0])
+
+
+def _collect(spare: Spare) -> int | None:
+    """Let go of a spare that exited (or is about to, its pipe closed): its descriptors; return its exit code."""
+    spare.handoff.close()
+    exitcode = _exit_code(spare.process)
+    os.close(spare.pidfd)
+    return exitcode
+
+
+def _died(spare: Spare) -> None:
+    """A spare that died before its id (killed, out of memory): let go of it; keep_spare forks another."""
+    logger.warning("the spare evaluation process died (%s); another replaces it", describe_exit(_collect(spare)))
 
 
 def _exit_code(process: multiprocessing.Process) -> int | None:

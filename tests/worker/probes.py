@@ -101,3 +101,61 @@ def pool_worker_loss() -> None:
             }
         )
     )
+
+
+def write_pid(path: str, runtime, channel) -> None:
+    """A Pool target: write this process's pid to ``path`` (the id it was given)."""
+    with open(path, "w") as out:
+        out.write(str(os.getpid()))
+
+
+def pool_spare(folder: str) -> None:
+    """A real Pool keeping a spare: an id handed to the spare, one started after the spare died, the
+    spare at capacity and at the pool's end; report the pids and what each process ended with."""
+    _setup()
+    import signal
+    from multiprocessing.connection import wait
+
+    from evaluations.worker.pool import Pool
+
+    pool = Pool(1, None, target=write_pid, spare=True)
+
+    def run(name: str) -> tuple[list, int]:
+        path = os.path.join(folder, name)
+        pool.start(path)
+        wait(pool.sentinels(), timeout=60)
+        finished = [[os.path.basename(eval_id), code] for eval_id, code in pool.reap()]
+        with open(path) as written:
+            return finished, int(written.read())
+
+    report = {}
+    pool.keep_spare()
+    report["spare"] = pool.spare.process.pid
+    report["handed"], report["handed_pid"] = run("handed")
+    pool.keep_spare()
+    dead = pool.spare
+    os.kill(dead.process.pid, signal.SIGKILL)
+    wait([dead.pidfd], timeout=60)  # dead, and not yet reaped by the pool: start finds it so
+    report["dead_spare"] = dead.process.pid
+    report["after_death"], report["after_death_pid"] = run("after_death")
+    pool.keep_spare()
+    pool.start(os.path.join(folder, "full"))  # the spare takes it: the pool is full
+    pool.keep_spare()
+    report["spare_when_full"] = pool.spare is not None
+    wait(pool.sentinels(), timeout=60)
+    pool.reap()
+    pool.keep_spare()
+    ended = pool.spare
+    pool.end_spare()
+    report["ended_exitcode"] = ended.process.exitcode
+    report["left"] = [child.pid for child in _forkserver_children()]
+    print(json.dumps(report))
+
+
+def _forkserver_children():
+    import psutil
+
+    forkservers = [child for child in psutil.Process().children() if child.name() == "te-forkserver"]
+    return [
+        child for forkserver in forkservers for child in forkserver.children() if child.status() != psutil.STATUS_ZOMBIE
+    ]

@@ -1,0 +1,133 @@
+"""The spare evaluation process (evaluations/worker/pool.py): forked ahead while the pool has room,
+handed the next claim, replaced after; the worker's stop or death ends it."""
+
+from __future__ import annotations
+
+import signal
+import threading
+from datetime import datetime
+from itertools import pairwise
+from pathlib import Path
+
+import psutil
+import pytest
+
+from evaluations.worker.pool import SPARE_NAME
+from tests.helpers.database_marks import NO_DATABASE_URL
+from tests.helpers.polling import submit, wait_for, wait_terminal
+from tests.helpers.tasks import SOLVER
+from tests.worker.test_memory import probe_env, run_probe
+from tests.worker.test_worker import WAITS_FOR_GO, evaluation_process
+
+pytestmark = pytest.mark.slow
+
+
+def spares(worker_pid: int) -> list[psutil.Process]:
+    """The worker's spares: its descendants named SPARE_NAME (only a waiting spare is), zombies left out."""
+    found = []
+    for proc in psutil.Process(worker_pid).children(recursive=True):
+        try:
+            if proc.name() == SPARE_NAME and proc.status() != psutil.STATUS_ZOMBIE:
+                found.append(proc)
+        except psutil.NoSuchProcess:
+            pass
+    return found
+
+
+def the_spare(service, other_than: psutil.Process | None = None) -> psutil.Process:
+    """Wait for the worker's spare (one other than ``other_than``); never more than one."""
+
+    def found():
+        waiting = spares(service.worker.pid)
+        assert len(waiting) <= 1, waiting
+        return next((proc for proc in waiting if other_than is None or proc.pid != other_than.pid), None)
+
+    return wait_for(found, 30, what="a spare evaluation process")
+
+
+def gone(proc: psutil.Process) -> bool:
+    try:
+        return proc.status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+def test_the_pool_hands_an_id_to_its_spare_and_forks_when_the_spare_died(tmp_path):
+    report = run_probe(f"pool_spare({str(tmp_path)!r})", probe_env(tmp_path, NO_DATABASE_URL))
+    assert report["handed"] == [["handed", 0]] and report["handed_pid"] == report["spare"]
+    # The dead spare was found dead at the claim: the id ran in a process forked for it.
+    assert report["after_death"] == [["after_death", 0]]
+    assert report["after_death_pid"] not in (report["dead_spare"], report["spare"])
+    assert report["spare_when_full"] is False  # a spare only while the pool has room
+    assert report["ended_exitcode"] == 0  # told to go (its pipe closed), it ran nothing
+    assert report["left"] == []
+
+
+def test_a_claim_runs_in_the_spare_and_a_new_spare_takes_its_place(worker_service, tasks):
+    service = worker_service()
+    spare = the_spare(service)
+    eval_id = submit(service, tasks.task(), WAITS_FOR_GO + SOLVER)
+    go = Path(service.env["WORKSPACE_BASE"]) / eval_id / "repo" / "go"
+    wait_for(lambda: go.is_fifo(), 60, what="the agent's FIFO (it is running)")
+    assert evaluation_process(eval_id).pid == spare.pid
+    assert spare.name() != SPARE_NAME  # named as a process forked for its evaluation is
+    replacement = the_spare(service, other_than=spare)  # one evaluation of two: room for a spare
+    with open(go, "w") as fifo:
+        fifo.write("go\n")
+    body = wait_terminal(service, eval_id)
+    assert (body["status"], body["passed"]) == ("completed", True), body["error"]
+    assert not gone(replacement)
+
+
+def test_a_spare_that_died_is_replaced_and_loses_no_evaluation(worker_service, tasks):
+    service = worker_service()
+    spare = the_spare(service)
+    spare.kill()
+    wait_for(lambda: gone(spare), 10, what="the spare to die")
+    body = wait_terminal(service, submit(service, tasks.task(), SOLVER))
+    assert (body["status"], body["passed"]) == ("completed", True), body["error"]
+    the_spare(service, other_than=spare)
+    log = (service.folder / "worker.log").read_text()
+    assert "the spare evaluation process died (killed by SIGKILL); another replaces it" in log
+
+
+def test_the_workers_stop_or_death_leaves_no_spare(worker_service):
+    service = worker_service()
+    spare = the_spare(service)
+    service.worker.send_signal(signal.SIGTERM)
+    assert service.worker.wait(timeout=60) == 0
+    assert gone(spare)  # the worker waited for it
+    service.start_worker()
+    spare = the_spare(service)
+    service.worker.kill()
+    service.worker.wait(timeout=60)
+    wait_for(lambda: gone(spare), 10, what="the spare to end with its worker (the end of its pipe)")
+
+
+def test_capacity_one_still_runs_evaluations_one_by_one(worker_service, tasks):
+    service = worker_service(MAX_CONCURRENT_EVALS=1)
+    the_spare(service)
+    forkserver = next(proc for proc in psutil.Process(service.worker.pid).children() if proc.name() == "te-forkserver")
+    most, done = [0], threading.Event()
+
+    def count_processes():  # the forkserver's children: evaluation processes and the spare
+        while not done.is_set():
+            try:
+                alive = [proc for proc in forkserver.children() if proc.status() != psutil.STATUS_ZOMBIE]
+            except psutil.NoSuchProcess:
+                alive = []
+            most[0] = max(most[0], len(alive))
+            done.wait(0.005)
+
+    counter = threading.Thread(target=count_processes)
+    counter.start()
+    try:
+        ids = [submit(service, tasks.task(), SOLVER) for _ in range(3)]
+        bodies = [wait_terminal(service, eval_id) for eval_id in ids]
+    finally:
+        done.set()
+        counter.join()
+    assert [(body["status"], body["passed"]) for body in bodies] == [("completed", True)] * 3
+    spans = sorted((datetime.fromisoformat(b["started_at"]), datetime.fromisoformat(b["finished_at"])) for b in bodies)
+    assert all(finished <= started for (_, finished), (started, _) in pairwise(spans))
+    assert most[0] == 1
