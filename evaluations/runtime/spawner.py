@@ -60,7 +60,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from evaluations.runtime import cgroups, killer, sysvipc, uids
+from evaluations.runtime import cgroups, initbin, killer, sysvipc, uids
 from evaluations.runtime.initchannel import InitChannel
 from evaluations.runtime.monitor import Monitor, Peaks, folder_usage
 from evaluations.runtime.output import OutputCapture, pump, pump_fds
@@ -230,11 +230,16 @@ class Spawner:
             return sandbox
         if sandbox is not None:
             self._end_sandbox(sandbox)
+        try:
+            init_policy = PhaseSandbox.init_policy(policy, self._phase_base)
+        except (initbin.InitUnavailable, OSError) as exc:  # no compiler here: a bubblewrap each, as before
+            log.warning("eval %s: phase %s: no init for a shared sandbox: %s", self.eval_id, self._phase, exc)
+            return None
         closing = contextlib.ExitStack()
         channel = InitChannel()
         closing.callback(channel.close)
         try:
-            completed = self._complete(PhaseSandbox.init_policy(policy, self._phase_base), limits, closing)
+            completed = self._complete(init_policy, limits, closing)
             sandbox = PhaseSandbox(key=key, policy=completed, channel=channel, closing=closing)
             env = {"PATH": SYSTEM_PATH, killer.TAG_VAR: self.eval_id}
             launch = self.runtime.launch(sandbox.init_argv(), completed, cwd=cwd, env=env)

@@ -132,3 +132,17 @@ def test_without_a_usable_init_each_command_runs_in_its_own_sandbox(bwrap_runtim
     finally:
         harness.end_phase()
     assert not tagged_alive(harness.eval_id)
+
+
+def test_without_a_compiler_for_the_init_each_command_runs_in_its_own_sandbox(bwrap_runtime, session, monkeypatch):
+    def unavailable(base):
+        raise initbin.InitUnavailable("live sandboxes need a C compiler to build their init")
+
+    monkeypatch.setattr(initbin, "ensure_init", unavailable)
+    harness = make_harness(bwrap_runtime, session, in_phase=True)
+    try:
+        first, second = (harness.run(PID_NS) for _ in range(2))
+        assert first.output == second.output == "0\n"
+    finally:
+        harness.end_phase()
+    assert not tagged_alive(harness.eval_id)
