@@ -18,6 +18,20 @@ decompressed bytes and the files are checked as they go by, nothing is staged in
 5. ``ImageCaps`` (IMAGE_MAX_UNPACKED_BYTES, IMAGE_MAX_FILES) count the whole image, layer after
    layer, and are checked *before* a file is made or a byte written: a member's size is its
    header's (a sparse or zero-filled file counts by its size, not by the blocks it would use).
+   Layers unpacked at the same time (images/pull.py) share them under a lock.
+
+Three kinds of threads share the work, each doing what the others would wait on (bench/RESULTS.md,
+issue 38: most of an unpack is the kernel making inodes, then tar parsing, then gzip and sha256);
+what they hand each other, and how the stream's order is kept, is images/handoff.py's:
+
+6. The caller's thread reads the stream (a pull's: the network), decompresses and hashes it.
+7. One thread reads the tar and decides everything about every member in the stream's order: the
+   checks, the caps, folders, hard links, whiteouts, files over BUFFERED bytes.
+8. WRITERS threads make regular files (up to BUFFERED bytes, read into memory first) and symbolic
+   links: for a layer of small files, most of the time is the kernel's making their inodes.
+   Whatever fails, the error is the one a single thread would have met first.
+
+No thread outlives ``unpack_layer``: every one is joined before it returns or raises.
 """
 
 from __future__ import annotations
@@ -28,6 +42,7 @@ import hashlib
 import os
 import stat
 import tarfile
+import threading
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,6 +51,7 @@ import zstandard
 
 from evaluations import safefs
 from evaluations.images.errors import ImageError
+from evaluations.images.handoff import Pipe, Writers
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _CHUNK = 1 << 20
@@ -45,6 +61,9 @@ OPAQUE = ".wh..wh..opq"
 _XATTRS_KEPT = ("user.", "security.capability")  # never trusted.*: overlay reads its own there
 _GZIP_MAGIC = b"\x1f\x8b"
 _ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
+WRITERS = 2  # threads making files and symbolic links beside the tar's (0: the tar's thread makes them)
+BUFFERED = 1 << 20  # a regular file up to this size goes to a writer; a larger one is written by the tar's thread
+_STREAM_ERRORS = (tarfile.TarError, EOFError, zlib.error, gzip.BadGzipFile, zstandard.ZstdError)
 
 
 class DigestReader:
@@ -90,38 +109,37 @@ class _Prefixed:
 
 class ImageCaps:
     """What one image may unpack to, all its layers together: IMAGE_MAX_UNPACKED_BYTES and
-    IMAGE_MAX_FILES. ``check`` before anything lands, ``add`` once it has."""
+    IMAGE_MAX_FILES. ``reserve`` before anything lands; layers unpacked at once share one."""
 
     def __init__(self, max_bytes: int, max_files: int):
         self.max_bytes, self.max_files = max_bytes, max_files
         self.bytes = self.files = 0
+        self._lock = threading.Lock()
 
     @classmethod
     def of(cls, config) -> ImageCaps:
         return cls(config.image_max_unpacked_bytes, config.image_max_files)
 
-    def check(self, layer: str, files: int, size: int, what: str = "") -> None:
-        """ImageError naming ``layer`` and the cap if ``files`` more files of ``size`` bytes do not fit."""
-        if self.bytes + size > self.max_bytes:
-            raise ImageError(
-                f"Layer {layer} is refused: {what or 'it'} would take the image past IMAGE_MAX_UNPACKED_BYTES "
-                f"({self.max_bytes} bytes unpacked)."
-            )
-        if self.files + files > self.max_files:
-            raise ImageError(
-                f"Layer {layer} is refused: {what or 'it'} would take the image past IMAGE_MAX_FILES "
-                f"({self.max_files} files)."
-            )
-
-    def add(self, files: int, size: int) -> None:
-        self.files += files
-        self.bytes += size
+    def reserve(self, layer: str, files: int, size: int, what: str = "") -> None:
+        """Count ``files`` more files of ``size`` bytes; ImageError naming ``layer`` and the cap (and
+        nothing counted) if they do not fit."""
+        with self._lock:
+            if self.bytes + size > self.max_bytes:
+                raise ImageError(
+                    f"Layer {layer} is refused: {what or 'it'} would take the image past IMAGE_MAX_UNPACKED_BYTES "
+                    f"({self.max_bytes} bytes unpacked)."
+                )
+            if self.files + files > self.max_files:
+                raise ImageError(
+                    f"Layer {layer} is refused: {what or 'it'} would take the image past IMAGE_MAX_FILES "
+                    f"({self.max_files} files)."
+                )
+            self.files += files
+            self.bytes += size
 
     def count_stored(self, layer: str, meta: dict) -> None:
         """A layer the store holds already (its meta's counts) counts against the image's caps too."""
-        files, size = int(meta.get("files", 0)), int(meta.get("size_bytes", 0))
-        self.check(layer, files, size)
-        self.add(files, size)
+        self.reserve(layer, int(meta.get("files", 0)), int(meta.get("size_bytes", 0)))
 
 
 @dataclass(frozen=True)
@@ -155,20 +173,26 @@ def unpack_layer(stream, tree: Path, *, layer: str, diff_id: str | None, caps: I
 
     ``layer`` names it in messages (its blob digest); ``diff_id`` (sha256:...) is the config's, or
     None when nothing tells it yet (an import computes it); ``caps``: the image's, counting this
-    layer on top of the ones before it. ImageError for a hostile or broken layer or one over a
-    cap; OSError (ENOSPC) passes on for the store to report.
+    layer on top of the others. ImageError for a hostile or broken layer or one over a cap; OSError
+    (ENOSPC) passes on for the store to report. ``stream`` is read in the caller's thread only.
     """
     uncompressed = DigestReader(None, what=f"Layer {layer}")
     root_fd = safefs.open_root_dir(tree)
     try:
-        uncompressed.source = decompressed(stream)
-        writer = _LayerWriter(root_fd, layer, caps or ImageCaps(float("inf"), float("inf")))
-        with tarfile.open(fileobj=uncompressed, mode="r|", errorlevel=2) as archive:
-            for member in archive:
-                writer.add(archive, member)
-        uncompressed.drain()  # the end-of-archive blocks and padding are part of the diff_id
-    except (tarfile.TarError, EOFError, zlib.error, gzip.BadGzipFile, zstandard.ZstdError) as exc:
-        raise ImageError(f"Layer {layer} is not a valid (compressed) tar stream ({exc}).") from None
+        writer = _LayerWriter(root_fd, layer, caps or ImageCaps(float("inf"), float("inf")), WRITERS)
+        pipe = Pipe()
+        reader = threading.Thread(target=writer.read_tar, args=(pipe,), name=f"unpack-{layer[7:19]}", daemon=True)
+        reader.start()
+        try:
+            uncompressed.source = decompressed(stream)
+            while pipe.put(data := uncompressed.read(_CHUNK)) and data:
+                pass
+        except BaseException as exc:  # the tar's thread meets it where the stream has it
+            pipe.put(exc)
+        finally:
+            reader.join()
+        if writer.error is not None:
+            raise writer.error
     finally:
         os.close(root_fd)
     if diff_id is not None and uncompressed.digest != diff_id:
@@ -180,27 +204,52 @@ def unpack_layer(stream, tree: Path, *, layer: str, diff_id: str | None, caps: I
 
 
 class _LayerWriter:
-    """Makes each member below the open root ``root_fd``; see the module's rules."""
+    """Makes each member below the open root ``root_fd``; see the module's rules. ``read_tar`` runs
+    in the tar's thread; ``error`` is what ended it, if anything did."""
 
-    def __init__(self, root_fd: int, layer: str, caps: ImageCaps):
+    def __init__(self, root_fd: int, layer: str, caps: ImageCaps, writers: int):
         self.root_fd = root_fd
         self.layer = layer
         self.caps = caps
+        self.writers = Writers(writers)
         self.files = 0
         self.size_bytes = 0
         self.regular: set[tuple[str, ...]] = set()  # files made here: the only hard link targets
+        self.error: BaseException | None = None
+
+    def read_tar(self, pipe: Pipe) -> None:
+        try:
+            try:
+                with tarfile.open(fileobj=pipe, mode="r|", errorlevel=2) as archive:
+                    for member in archive:
+                        self.add(archive, member)
+                while pipe.read(_CHUNK):  # the end-of-archive blocks and padding: the diff_id hashes them
+                    pass
+            except _STREAM_ERRORS as exc:
+                raise ImageError(f"Layer {self.layer} is not a valid (compressed) tar stream ({exc}).") from None
+        except BaseException as exc:  # noqa: BLE001 - handed to unpack_layer's thread
+            self.error = exc
+            pipe.abandon()
+        try:
+            self.writers.close()
+        except BaseException as exc:  # noqa: BLE001 - an earlier member's failure: the one to tell
+            self.error = exc
+            pipe.abandon()
 
     def refuse(self, member: tarfile.TarInfo, why: str) -> ImageError:
         return ImageError(f"Layer {self.layer} is refused: member {member.name!r} {why}.")
 
-    def room(self, member: tarfile.TarInfo, size: int = 0) -> None:
-        """Before one more file (of ``size`` bytes) lands: the image's caps still hold it."""
-        self.caps.check(self.layer, 1, size, f"member {member.name!r}")
+    def failed(self, member: tarfile.TarInfo, exc: OSError) -> OSError | ImageError:
+        """What making ``member`` raising ``exc`` means: a full disk is the host's, anything else the layer's."""
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            return exc
+        return self.refuse(member, f"cannot be unpacked ({exc.strerror or exc})")
 
-    def made(self, size: int = 0) -> None:
+    def room(self, member: tarfile.TarInfo, size: int = 0) -> None:
+        """Before one more file (of ``size`` bytes) lands: counted, if the image's caps still hold it."""
+        self.caps.reserve(self.layer, 1, size, f"member {member.name!r}")
         self.files += 1
         self.size_bytes += size
-        self.caps.add(1, size)
 
     def add(self, archive: tarfile.TarFile, member: tarfile.TarInfo) -> None:
         parts = self.parts(member, member.name, "path")
@@ -216,9 +265,7 @@ class _LayerWriter:
         try:
             self.make(archive, member, parts, parent_fd)
         except OSError as exc:
-            if exc.errno in (errno.ENOSPC, errno.EDQUOT):
-                raise
-            raise self.refuse(member, f"cannot be unpacked ({exc.strerror or exc})") from None
+            raise self.failed(member, exc) from None
         finally:
             os.close(parent_fd)
 
@@ -234,15 +281,19 @@ class _LayerWriter:
 
     def open_parent(self, member: tarfile.TarInfo, parts: list[str], *, create: bool = True) -> int:
         """The folder holding ``parts``, walked from the root without following any link."""
+        self.writers.settle_path(parts[:-1])  # a file or link a writer is making on the way
         fd = os.dup(self.root_fd)
         try:
             for depth, part in enumerate(parts[:-1], start=1):
-                if create and _lstat(fd, part) is None:
-                    self.room(member)
-                    os.mkdir(part, 0o755, dir_fd=fd)
-                    self.made()
                 try:
-                    child = os.open(part, _DIR_FLAGS, dir_fd=fd)
+                    try:
+                        child = os.open(part, _DIR_FLAGS, dir_fd=fd)
+                    except FileNotFoundError:  # (a dangling link is ELOOP: refused below)
+                        if not create:
+                            raise
+                        self.room(member)
+                        os.mkdir(part, 0o755, dir_fd=fd)
+                        child = os.open(part, _DIR_FLAGS, dir_fd=fd)
                 except OSError as exc:
                     where = "/".join(parts[:depth])
                     if exc.errno in (errno.ELOOP, errno.ENOTDIR) and _is_link(fd, part):
@@ -273,16 +324,15 @@ class _LayerWriter:
             self.clear(parent_fd, [*parts[:-1], hidden])
             self.room(member)
             os.mknod(hidden, stat.S_IFCHR | 0o000, os.makedev(0, 0), dir_fd=parent_fd)
-            self.made()
             return
         mode = member.mode & 0o7777
         if member.isdir():
+            self.writers.settle(tuple(parts))
             existing = _lstat(parent_fd, name)
             if existing is None or not stat.S_ISDIR(existing.st_mode):
                 self.clear(parent_fd, parts)
                 self.room(member)
                 os.mkdir(name, 0o700, dir_fd=parent_fd)
-                self.made()
             fd = os.open(name, _DIR_FLAGS, dir_fd=parent_fd)
             try:
                 self.finish(fd, member, mode)
@@ -291,6 +341,15 @@ class _LayerWriter:
             return
         self.clear(parent_fd, parts)
         self.room(member, member.size if member.isreg() else 0)
+        if member.isreg() and member.size <= BUFFERED:
+            data = archive.extractfile(member).read()
+            self.writers.submit(tuple(parts), len(data), self.write_file, parent_fd, member, name, data)
+            self.regular.add(tuple(parts))
+            return
+        if member.issym():
+            self.check_symlink(member, parts)
+            self.writers.submit(tuple(parts), 0, self.write_symlink, parent_fd, member, name)
+            return
         if member.isreg():
             fd = os.open(
                 name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=parent_fd
@@ -298,9 +357,7 @@ class _LayerWriter:
             try:
                 source = archive.extractfile(member)
                 while chunk := source.read(_CHUNK):
-                    view = memoryview(chunk)
-                    while view:
-                        view = view[os.write(fd, view) :]
+                    _write_all(fd, chunk)
                 self.finish(fd, member, mode)
             finally:
                 os.close(fd)
@@ -312,22 +369,46 @@ class _LayerWriter:
                 self.finish(fd, member, mode)
             finally:
                 os.close(fd)
-        elif member.issym():
-            self.check_symlink(member, parts)
-            os.symlink(member.linkname, name, dir_fd=parent_fd)
-            os.chown(name, member.uid, member.gid, dir_fd=parent_fd, follow_symlinks=False)
         else:  # hard link
             target = tuple(self.parts(member, member.linkname, "hard link target"))
             if target not in self.regular:
                 raise self.refuse(member, f"is a hard link to {member.linkname!r}, which is not a file of this layer")
             target_fd = self.open_parent(member, list(target), create=False)
             try:
+                self.writers.settle(target)
                 os.link(target[-1], name, src_dir_fd=target_fd, dst_dir_fd=parent_fd, follow_symlinks=False)
             finally:
                 os.close(target_fd)
             self.regular.add(tuple(parts))
-        os.utime(name, ns=(int(member.mtime * 10**9),) * 2, dir_fd=parent_fd, follow_symlinks=False)
-        self.made(member.size if member.isreg() else 0)
+        _set_mtime(parent_fd, name, member)
+
+    def write_file(self, dir_fd: int, member: tarfile.TarInfo, name: str, data: bytes) -> None:
+        """A regular file of ``data`` at ``name`` in ``dir_fd`` (which it closes); a writer's job."""
+        try:
+            fd = os.open(
+                name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=dir_fd
+            )
+            try:
+                _write_all(fd, data)
+                self.finish(fd, member, member.mode & 0o7777)
+            finally:
+                os.close(fd)
+            _set_mtime(dir_fd, name, member)
+        except OSError as exc:
+            raise self.failed(member, exc) from None
+        finally:
+            os.close(dir_fd)
+
+    def write_symlink(self, dir_fd: int, member: tarfile.TarInfo, name: str) -> None:
+        """The symbolic link ``member`` at ``name`` in ``dir_fd`` (which it closes); a writer's job."""
+        try:
+            os.symlink(member.linkname, name, dir_fd=dir_fd)
+            os.chown(name, member.uid, member.gid, dir_fd=dir_fd, follow_symlinks=False)
+            _set_mtime(dir_fd, name, member)
+        except OSError as exc:
+            raise self.failed(member, exc) from None
+        finally:
+            os.close(dir_fd)
 
     def check_symlink(self, member: tarfile.TarInfo, parts: list[str]) -> None:
         target = member.linkname
@@ -356,10 +437,24 @@ class _LayerWriter:
 
     def clear(self, parent_fd: int, parts: list[str]) -> None:
         """Whatever an earlier member of this layer put at ``parts`` (a later member wins)."""
-        if _lstat(parent_fd, parts[-1]) is not None:
+        self.writers.settle(tuple(parts))
+        existing = _lstat(parent_fd, parts[-1])
+        if existing is not None:
+            if stat.S_ISDIR(existing.st_mode):
+                self.writers.settle_below(parts)
             safefs.remove_entry_nofollow(parent_fd, parts[-1])
             size = len(parts)
             self.regular = {path for path in self.regular if list(path[:size]) != parts}
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
+
+
+def _set_mtime(dir_fd: int, name: str, member: tarfile.TarInfo) -> None:
+    os.utime(name, ns=(int(member.mtime * 10**9),) * 2, dir_fd=dir_fd, follow_symlinks=False)
 
 
 def _is_link(dir_fd: int, name: str) -> bool:

@@ -4,14 +4,17 @@ from __future__ import annotations
 
 import io
 import os
+import shutil
 import stat
 import subprocess
+import threading
 
 import pytest
 
+from evaluations.images import unpack as unpack_module
 from evaluations.images.errors import ImageError
 from evaluations.images.unpack import unpack_layer
-from tests.helpers.images import layer, member, sha256, uncompressed
+from tests.helpers.images import layer, member, sha256, tree_listing, uncompressed
 
 LAYER = "sha256:" + "1" * 64
 
@@ -25,6 +28,10 @@ def tree(tmp_path, store):  # store: skips without root, as every test here need
 
 def unpack(blob: bytes, tree, *, diff_id: str | None = None):
     return unpack_layer(io.BytesIO(blob), tree, layer=LAYER, diff_id=diff_id)
+
+
+def threads_named(prefix: str) -> list[str]:
+    return [thread.name for thread in threading.enumerate() if thread.name.startswith(prefix)]
 
 
 @pytest.mark.parametrize(
@@ -241,3 +248,74 @@ def test_a_later_member_never_writes_through_an_earlier_link(tree, tmp_path):
     assert (tree / "a").stat().st_nlink == 1
     assert not (tree / "x").is_symlink() and (tree / "x").read_bytes() == b"a file now"
     assert outside.read_bytes() == b"untouched"
+
+
+# -- the writer threads (images/handoff.py): each path keeps the stream's order ---------------------
+
+
+def ordering_layer() -> bytes:
+    """Later members that look at, replace, link to, white out or remove what earlier members left
+    pending with a writer, beside enough small files to keep the writers busy."""
+    members = [member("d/")]
+    members += [member(f"d/f{n}", os.urandom(n * 37 % 4096), mode=0o640, uid=n, gid=n + 1) for n in range(300)]
+    members += [
+        member("d/f5", b"replaced"),  # a file pending at the same path
+        member("d/f6/", mode=0o750),  # a pending file replaced by a folder
+        member("d/f6/inner", b"below the new folder"),
+        member("d/f8", type="symlink", target="f9"),  # a pending file replaced by a link
+        member("e/"),
+        *(member(f"e/g{n}", b"g" * n) for n in range(60)),
+        member("e", type="symlink", target="d"),  # a folder with pending files replaced by a link
+        member("h", b"hard link target"),
+        member("h2", type="hardlink", target="h"),  # a link to a pending file
+        member("s", type="symlink", target="d"),
+        member("s", b"a file now"),  # a pending link replaced by a file
+        member("w/"),
+        member("w/x", b"whited out"),
+        member("w/.wh.x"),  # a whiteout of a pending file
+        member("o/"),
+        member("o/a", b"a"),
+        member("o/.wh..wh..opq"),
+        member("big", os.urandom(unpack_module.BUFFERED + 12345)),  # written by the tar's thread
+        member("cap", b"elf", pax={"SCHILY.xattr.user.note": "kept"}),
+        member("su", b"#!/bin/su\n", mode=0o4755),
+    ]
+    return layer(*members)
+
+
+def test_files_made_by_writer_threads_make_the_same_tree_as_one_thread(tmp_path, store, monkeypatch):
+    blob = ordering_layer()
+    diff_id = sha256(uncompressed(blob))
+    results = {}
+    for writers in (0, 1, 4):
+        tree = tmp_path / f"writers-{writers}"
+        tree.mkdir()
+        monkeypatch.setattr(unpack_module, "WRITERS", writers)
+        counts = unpack_layer(io.BytesIO(blob), tree, layer=LAYER, diff_id=diff_id)
+        results[writers] = (counts, tree_listing(tree))
+    assert results[1] == results[0] and results[4] == results[0]
+    counts, listing = results[0]
+    assert listing["d/f5"][6] == sha256(b"replaced").split(":")[1] and listing["d/f8"][6] == "f9"
+    assert listing["e"][6] == "d" and "e/g1" not in listing and listing["h2"][9] == "h"
+    assert stat.S_ISCHR(listing["w/x"][0]) and listing["o"][8] == (("trusted.overlay.opaque", b"y"),)
+    assert threads_named("unpack-") == []
+
+
+@pytest.mark.parametrize("between", [0, 200])
+def test_the_error_is_the_earliest_members_even_when_a_writer_meets_it(tree, monkeypatch, between):
+    """A writer fails on an early file (a capability the kernel refuses) while the tar's thread goes
+    on and refuses a later device node: the early member is the one named, as one thread would.
+    With nothing between them the tar's thread has refused before it could know of the writer's."""
+    blob = layer(
+        member("early", b"x", pax={"SCHILY.xattr.security.capability": "not a capability"}),
+        *(member(f"later{n}", os.urandom(2048)) for n in range(between)),
+        member("dev/null", type="char", devmajor=1, devminor=3),
+    )
+    for writers in (0, 3):
+        monkeypatch.setattr(unpack_module, "WRITERS", writers)
+        for leftover in tree.iterdir():
+            leftover.unlink() if not leftover.is_dir() else shutil.rmtree(leftover)
+        with pytest.raises(ImageError) as caught:
+            unpack(blob, tree)
+        assert str(caught.value) == f"Layer {LAYER} is refused: member 'early' cannot be unpacked (Invalid argument)."
+        assert threads_named("unpack-") == []
