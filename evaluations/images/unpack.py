@@ -20,16 +20,14 @@ decompressed bytes and the files are checked as they go by, nothing is staged in
    header's (a sparse or zero-filled file counts by its size, not by the blocks it would use).
    Layers unpacked at the same time (images/pull.py) share them under a lock.
 
-Three kinds of threads share the work, each doing what the others would wait on (bench/RESULTS.md,
-issue 38: most of an unpack is the kernel making inodes, then tar parsing, then gzip and sha256);
-what they hand each other, and how the stream's order is kept, is images/handoff.py's:
+Two threads share the work (bench/RESULTS.md, issue 38: after the kernel making inodes, the time
+goes to tar parsing, then to gzip and sha256):
 
-6. The caller's thread reads the stream (a pull's: the network), decompresses and hashes it.
-7. One thread reads the tar and decides everything about every member in the stream's order: the
-   checks, the caps, folders, hard links, whiteouts, files over BUFFERED bytes.
-8. WRITERS threads make regular files (up to BUFFERED bytes, read into memory first) and symbolic
-   links: for a layer of small files, most of the time is the kernel's making their inodes.
-   Whatever fails, the error is the one a single thread would have met first.
+6. The caller's thread reads the stream (a pull's: the network), decompresses and hashes it, and
+   hands it on in chunks (images/pipe.py); its errors (a broken gzip, a download cut
+   short) reach the other thread where the stream has them.
+7. One thread reads the tar and makes every member, in the stream's order. Threads making files
+   beside it were measured and cost more (handing over, the GIL) than they saved.
 
 No thread outlives ``unpack_layer``: every one is joined before it returns or raises.
 """
@@ -51,7 +49,7 @@ import zstandard
 
 from evaluations import safefs
 from evaluations.images.errors import ImageError
-from evaluations.images.handoff import Pipe, Writers
+from evaluations.images.pipe import Pipe
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _CHUNK = 1 << 20
@@ -61,8 +59,6 @@ OPAQUE = ".wh..wh..opq"
 _XATTRS_KEPT = ("user.", "security.capability")  # never trusted.*: overlay reads its own there
 _GZIP_MAGIC = b"\x1f\x8b"
 _ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
-WRITERS = 2  # threads making files and symbolic links beside the tar's (0: the tar's thread makes them)
-BUFFERED = 1 << 20  # a regular file up to this size goes to a writer; a larger one is written by the tar's thread
 _STREAM_ERRORS = (tarfile.TarError, EOFError, zlib.error, gzip.BadGzipFile, zstandard.ZstdError)
 
 
@@ -179,7 +175,7 @@ def unpack_layer(stream, tree: Path, *, layer: str, diff_id: str | None, caps: I
     uncompressed = DigestReader(None, what=f"Layer {layer}")
     root_fd = safefs.open_root_dir(tree)
     try:
-        writer = _LayerWriter(root_fd, layer, caps or ImageCaps(float("inf"), float("inf")), WRITERS)
+        writer = _LayerWriter(root_fd, layer, caps or ImageCaps(float("inf"), float("inf")))
         pipe = Pipe()
         reader = threading.Thread(target=writer.read_tar, args=(pipe,), name=f"unpack-{layer[7:19]}", daemon=True)
         reader.start()
@@ -207,11 +203,10 @@ class _LayerWriter:
     """Makes each member below the open root ``root_fd``; see the module's rules. ``read_tar`` runs
     in the tar's thread; ``error`` is what ended it, if anything did."""
 
-    def __init__(self, root_fd: int, layer: str, caps: ImageCaps, writers: int):
+    def __init__(self, root_fd: int, layer: str, caps: ImageCaps):
         self.root_fd = root_fd
         self.layer = layer
         self.caps = caps
-        self.writers = Writers(writers)
         self.files = 0
         self.size_bytes = 0
         self.regular: set[tuple[str, ...]] = set()  # files made here: the only hard link targets
@@ -230,20 +225,9 @@ class _LayerWriter:
         except BaseException as exc:  # noqa: BLE001 - handed to unpack_layer's thread
             self.error = exc
             pipe.abandon()
-        try:
-            self.writers.close()
-        except BaseException as exc:  # noqa: BLE001 - an earlier member's failure: the one to tell
-            self.error = exc
-            pipe.abandon()
 
     def refuse(self, member: tarfile.TarInfo, why: str) -> ImageError:
         return ImageError(f"Layer {self.layer} is refused: member {member.name!r} {why}.")
-
-    def failed(self, member: tarfile.TarInfo, exc: OSError) -> OSError | ImageError:
-        """What making ``member`` raising ``exc`` means: a full disk is the host's, anything else the layer's."""
-        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
-            return exc
-        return self.refuse(member, f"cannot be unpacked ({exc.strerror or exc})")
 
     def room(self, member: tarfile.TarInfo, size: int = 0) -> None:
         """Before one more file (of ``size`` bytes) lands: counted, if the image's caps still hold it."""
@@ -265,7 +249,9 @@ class _LayerWriter:
         try:
             self.make(archive, member, parts, parent_fd)
         except OSError as exc:
-            raise self.failed(member, exc) from None
+            if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+                raise
+            raise self.refuse(member, f"cannot be unpacked ({exc.strerror or exc})") from None
         finally:
             os.close(parent_fd)
 
@@ -281,7 +267,6 @@ class _LayerWriter:
 
     def open_parent(self, member: tarfile.TarInfo, parts: list[str], *, create: bool = True) -> int:
         """The folder holding ``parts``, walked from the root without following any link."""
-        self.writers.settle_path(parts[:-1])  # a file or link a writer is making on the way
         fd = os.dup(self.root_fd)
         try:
             for depth, part in enumerate(parts[:-1], start=1):
@@ -327,7 +312,6 @@ class _LayerWriter:
             return
         mode = member.mode & 0o7777
         if member.isdir():
-            self.writers.settle(tuple(parts))
             existing = _lstat(parent_fd, name)
             if existing is None or not stat.S_ISDIR(existing.st_mode):
                 self.clear(parent_fd, parts)
@@ -341,15 +325,6 @@ class _LayerWriter:
             return
         self.clear(parent_fd, parts)
         self.room(member, member.size if member.isreg() else 0)
-        if member.isreg() and member.size <= BUFFERED:
-            data = archive.extractfile(member).read()
-            self.writers.submit(tuple(parts), len(data), self.write_file, parent_fd, member, name, data)
-            self.regular.add(tuple(parts))
-            return
-        if member.issym():
-            self.check_symlink(member, parts)
-            self.writers.submit(tuple(parts), 0, self.write_symlink, parent_fd, member, name)
-            return
         if member.isreg():
             fd = os.open(
                 name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=parent_fd
@@ -357,7 +332,9 @@ class _LayerWriter:
             try:
                 source = archive.extractfile(member)
                 while chunk := source.read(_CHUNK):
-                    _write_all(fd, chunk)
+                    view = memoryview(chunk)
+                    while view:
+                        view = view[os.write(fd, view) :]
                 self.finish(fd, member, mode)
             finally:
                 os.close(fd)
@@ -369,46 +346,21 @@ class _LayerWriter:
                 self.finish(fd, member, mode)
             finally:
                 os.close(fd)
+        elif member.issym():
+            self.check_symlink(member, parts)
+            os.symlink(member.linkname, name, dir_fd=parent_fd)
+            os.chown(name, member.uid, member.gid, dir_fd=parent_fd, follow_symlinks=False)
         else:  # hard link
             target = tuple(self.parts(member, member.linkname, "hard link target"))
             if target not in self.regular:
                 raise self.refuse(member, f"is a hard link to {member.linkname!r}, which is not a file of this layer")
             target_fd = self.open_parent(member, list(target), create=False)
             try:
-                self.writers.settle(target)
                 os.link(target[-1], name, src_dir_fd=target_fd, dst_dir_fd=parent_fd, follow_symlinks=False)
             finally:
                 os.close(target_fd)
             self.regular.add(tuple(parts))
-        _set_mtime(parent_fd, name, member)
-
-    def write_file(self, dir_fd: int, member: tarfile.TarInfo, name: str, data: bytes) -> None:
-        """A regular file of ``data`` at ``name`` in ``dir_fd`` (which it closes); a writer's job."""
-        try:
-            fd = os.open(
-                name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=dir_fd
-            )
-            try:
-                _write_all(fd, data)
-                self.finish(fd, member, member.mode & 0o7777)
-            finally:
-                os.close(fd)
-            _set_mtime(dir_fd, name, member)
-        except OSError as exc:
-            raise self.failed(member, exc) from None
-        finally:
-            os.close(dir_fd)
-
-    def write_symlink(self, dir_fd: int, member: tarfile.TarInfo, name: str) -> None:
-        """The symbolic link ``member`` at ``name`` in ``dir_fd`` (which it closes); a writer's job."""
-        try:
-            os.symlink(member.linkname, name, dir_fd=dir_fd)
-            os.chown(name, member.uid, member.gid, dir_fd=dir_fd, follow_symlinks=False)
-            _set_mtime(dir_fd, name, member)
-        except OSError as exc:
-            raise self.failed(member, exc) from None
-        finally:
-            os.close(dir_fd)
+        os.utime(name, ns=(int(member.mtime * 10**9),) * 2, dir_fd=parent_fd, follow_symlinks=False)
 
     def check_symlink(self, member: tarfile.TarInfo, parts: list[str]) -> None:
         target = member.linkname
@@ -437,24 +389,10 @@ class _LayerWriter:
 
     def clear(self, parent_fd: int, parts: list[str]) -> None:
         """Whatever an earlier member of this layer put at ``parts`` (a later member wins)."""
-        self.writers.settle(tuple(parts))
-        existing = _lstat(parent_fd, parts[-1])
-        if existing is not None:
-            if stat.S_ISDIR(existing.st_mode):
-                self.writers.settle_below(parts)
+        if _lstat(parent_fd, parts[-1]) is not None:
             safefs.remove_entry_nofollow(parent_fd, parts[-1])
             size = len(parts)
             self.regular = {path for path in self.regular if list(path[:size]) != parts}
-
-
-def _write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view) :]
-
-
-def _set_mtime(dir_fd: int, name: str, member: tarfile.TarInfo) -> None:
-    os.utime(name, ns=(int(member.mtime * 10**9),) * 2, dir_fd=dir_fd, follow_symlinks=False)
 
 
 def _is_link(dir_fd: int, name: str) -> bool:

@@ -1,6 +1,6 @@
-"""Layers pulled at once (images/pull.py, LAYERS_AT_ONCE) and unpacked with writer threads
-(images/unpack.py, WRITERS): the same store as one layer after another, the same error when a layer
-is bad, and nothing of the pull's still running once it has failed or been cancelled."""
+"""Layers pulled at once (images/pull.py, LAYERS_AT_ONCE), each unpacked by two threads
+(images/unpack.py): the same store as one layer after another, the same error when a layer is bad,
+and nothing of the pull's still running once it has failed or been cancelled."""
 
 from __future__ import annotations
 
@@ -11,7 +11,6 @@ import threading
 import pytest
 
 from evaluations.images import pull as pull_module
-from evaluations.images import unpack as unpack_module
 from evaluations.images.errors import ImageError
 from evaluations.images.pull import pull
 from evaluations.images.store import ImageStore
@@ -39,20 +38,19 @@ def pull_threads() -> list[str]:
 
 
 def tar_threads() -> list[str]:
-    return [name for name in pull_threads() if name.startswith("unpack-") and not name.startswith("unpack-writer")]
+    return [name for name in pull_threads() if name.startswith("unpack-")]
 
 
 @contextlib.contextmanager
-def threads(monkeypatch, layers_at_once: int, writers: int):
+def at_once(monkeypatch, layers: int):
     with monkeypatch.context() as patch:
-        patch.setattr(pull_module, "LAYERS_AT_ONCE", layers_at_once)
-        patch.setattr(unpack_module, "WRITERS", writers)
+        patch.setattr(pull_module, "LAYERS_AT_ONCE", layers)
         yield
 
 
 def varied_layers() -> list[bytes]:
     """Layers that build on each other (whiteouts, an opaque folder, a replaced link), in every
-    compression, with a repeated layer, a file larger than unpack.BUFFERED and many small files."""
+    compression, with a repeated layer, a file of several chunks and many small files."""
     base = layer(
         member("etc/"),
         member("etc/passwd", b"root:x:0:0::/root:/bin/sh\n"),
@@ -79,7 +77,7 @@ def varied_layers() -> list[bytes]:
         member("run/pipe", type="fifo", mode=0o620),
         compression=None,
     )
-    big = layer(member("srv/big", os.urandom(unpack_module.BUFFERED * 2 + 7)))
+    big = layer(member("srv/big", os.urandom(5 * 1024 * 1024 + 7)))
     many = layer(*(member(f"home/u{n}/notes", os.urandom(700), uid=1000 + n, gid=1000 + n) for n in range(120)))
     return [base, above, links, big, links, many]
 
@@ -88,14 +86,10 @@ def test_layers_pulled_at_once_make_the_same_store_as_one_after_another(registry
     pushed = push_image(registry, "concurrent/same:v1", layers=varied_layers(), config={"Env": ["A=1"]})
     assert pushed.diff_ids[2] == pushed.diff_ids[4]  # the repeat
     pulled = {}
-    for name, layers_at_once, writers in [("one after another", 1, 0), ("default", None, None), ("wide", 6, 4)]:
+    for name, layers in [("one after another", 1), ("default", pull_module.LAYERS_AT_ONCE), ("wide", 6)]:
         store = ImageStore(tmp_path / name)
         lines = []
-        with threads(
-            monkeypatch,
-            pull_module.LAYERS_AT_ONCE if layers_at_once is None else layers_at_once,
-            unpack_module.WRITERS if writers is None else writers,
-        ):
+        with at_once(monkeypatch, layers):
             record = pull(pushed.ref, store=store, config=pull_config, progress=lines.append).record
         layers = {
             diff_id: (store.layer_meta(diff_id)["files"], store.layer_meta(diff_id)["size_bytes"], tree_listing(tree))
@@ -123,9 +117,9 @@ def test_one_bad_layer_among_several_fails_the_pull_as_one_after_another_would(t
     errors = {}
     with TestHTTPServer() as server:
         fake = FakeRegistry(server, "concurrent/bad", "v1", blobs, corrupt=3)
-        for name, layers_at_once, writers in [("one after another", 1, 0), ("at once", 3, 2)]:
+        for name, layers in [("one after another", 1), ("at once", 3)]:
             store = ImageStore(tmp_path / name)
-            with threads(monkeypatch, layers_at_once, writers), pytest.raises(ImageError) as caught:
+            with at_once(monkeypatch, layers), pytest.raises(ImageError) as caught:
                 pull(fake.ref, store=store, config=fake_config(server))
             errors[name] = (type(caught.value), str(caught.value), caught.value.kind)
             assert pull_threads() == []
@@ -163,7 +157,7 @@ def test_a_failing_layer_stops_the_one_fetched_beside_it(tmp_path, monkeypatch):
             fake = FakeRegistry(server, "concurrent/stop", "v1", blobs, corrupt=1)
             server.route(f"/v2/concurrent/stop/blobs/{fake.layer_digests[0]}", stalled(sent, release, blobs[0]))
             config = fake_config(server, DOWNLOAD_TIMEOUT_SECS="600", IMAGE_FETCH_STALL_SECS="600")
-            with threads(monkeypatch, 2, 2):
+            with at_once(monkeypatch, 2):
                 outcome = {}
                 thread = threading.Thread(target=lambda: _catch(outcome, fake.ref, store, config))
                 thread.start()
@@ -195,13 +189,13 @@ def test_a_cancel_mid_pull_stops_every_layers_worker(tmp_path, monkeypatch):
             for digest, blob in zip(fake.layer_digests, blobs, strict=True):
                 server.route(f"/v2/concurrent/cancel/blobs/{digest}", stalled(sent, release, blob))
             config = fake_config(server, DOWNLOAD_TIMEOUT_SECS="600", IMAGE_FETCH_STALL_SECS="600")
-            with threads(monkeypatch, 3, 2):
+            with at_once(monkeypatch, 3):
                 outcome = {}
                 thread = threading.Thread(target=lambda: _catch(outcome, ref, store, config, cancel.is_set))
                 thread.start()
                 for _ in range(3):  # three layers under way, each stalled mid-blob
                     assert sent.acquire(timeout=BOUND), "a layer was never asked for"
-                # Each of the three in its own thread, unpacking what came (a tar thread each, writers).
+                # Each of the three in its own thread, unpacking what came (a tar thread each).
                 wait_for(lambda: len(tar_threads()) == 3, BOUND, what="three layers unpacking")
                 assert len([name for name in pull_threads() if name.startswith("pull-layer")]) == 3
                 cancel.set()

@@ -4,17 +4,15 @@ from __future__ import annotations
 
 import io
 import os
-import shutil
 import stat
 import subprocess
 import threading
 
 import pytest
 
-from evaluations.images import unpack as unpack_module
-from evaluations.images.errors import ImageError
+from evaluations.images.errors import ImageError, ImageUnavailable
 from evaluations.images.unpack import unpack_layer
-from tests.helpers.images import layer, member, sha256, tree_listing, uncompressed
+from tests.helpers.images import layer, member, sha256, uncompressed
 
 LAYER = "sha256:" + "1" * 64
 
@@ -87,6 +85,7 @@ def test_hostile_members_are_refused_naming_the_layer_and_the_member(tree, membe
         unpack(layer(*members), tree)
     assert str(caught.value) == f"Layer {LAYER} is refused: member {name!r} {why}."
     assert caught.value.kind == "task_invalid"
+    assert threads_named("unpack-") == []
     assert not os.path.exists("/etc/cron.d/evil")
 
 
@@ -250,72 +249,42 @@ def test_a_later_member_never_writes_through_an_earlier_link(tree, tmp_path):
     assert outside.read_bytes() == b"untouched"
 
 
-# -- the writer threads (images/handoff.py): each path keeps the stream's order ---------------------
+# -- the stream's thread and the tar's (images/pipe.py) ------------------------------------------
 
 
-def ordering_layer() -> bytes:
-    """Later members that look at, replace, link to, white out or remove what earlier members left
-    pending with a writer, beside enough small files to keep the writers busy."""
-    members = [member("d/")]
-    members += [member(f"d/f{n}", os.urandom(n * 37 % 4096), mode=0o640, uid=n, gid=n + 1) for n in range(300)]
-    members += [
-        member("d/f5", b"replaced"),  # a file pending at the same path
-        member("d/f6/", mode=0o750),  # a pending file replaced by a folder
-        member("d/f6/inner", b"below the new folder"),
-        member("d/f8", type="symlink", target="f9"),  # a pending file replaced by a link
-        member("e/"),
-        *(member(f"e/g{n}", b"g" * n) for n in range(60)),
-        member("e", type="symlink", target="d"),  # a folder with pending files replaced by a link
-        member("h", b"hard link target"),
-        member("h2", type="hardlink", target="h"),  # a link to a pending file
-        member("s", type="symlink", target="d"),
-        member("s", b"a file now"),  # a pending link replaced by a file
-        member("w/"),
-        member("w/x", b"whited out"),
-        member("w/.wh.x"),  # a whiteout of a pending file
-        member("o/"),
-        member("o/a", b"a"),
-        member("o/.wh..wh..opq"),
-        member("big", os.urandom(unpack_module.BUFFERED + 12345)),  # written by the tar's thread
-        member("cap", b"elf", pax={"SCHILY.xattr.user.note": "kept"}),
-        member("su", b"#!/bin/su\n", mode=0o4755),
-    ]
-    return layer(*members)
+class CountingStream(io.BytesIO):
+    def __init__(self, data: bytes):
+        super().__init__(data)
+        self.served = 0
+
+    def read(self, size: int = -1) -> bytes:
+        data = super().read(size)
+        self.served += len(data)
+        return data
 
 
-def test_files_made_by_writer_threads_make_the_same_tree_as_one_thread(tmp_path, store, monkeypatch):
-    blob = ordering_layer()
-    diff_id = sha256(uncompressed(blob))
-    results = {}
-    for writers in (0, 1, 4):
-        tree = tmp_path / f"writers-{writers}"
-        tree.mkdir()
-        monkeypatch.setattr(unpack_module, "WRITERS", writers)
-        counts = unpack_layer(io.BytesIO(blob), tree, layer=LAYER, diff_id=diff_id)
-        results[writers] = (counts, tree_listing(tree))
-    assert results[1] == results[0] and results[4] == results[0]
-    counts, listing = results[0]
-    assert listing["d/f5"][6] == sha256(b"replaced").split(":")[1] and listing["d/f8"][6] == "f9"
-    assert listing["e"][6] == "d" and "e/g1" not in listing and listing["h2"][9] == "h"
-    assert stat.S_ISCHR(listing["w/x"][0]) and listing["o"][8] == (("trusted.overlay.opaque", b"y"),)
+def test_a_refused_layer_is_read_no_further_and_leaves_no_thread(tree):
+    """The tar's thread refuses the first member; the thread reading the stream stops soon after
+    (a few chunks ahead at most), not at the end of the 64 MiB behind it."""
+    blob = layer(member("dev/null", type="char", devmajor=1, devminor=3), member("rest", os.urandom(64 << 20)))
+    stream = CountingStream(blob)
+    with pytest.raises(ImageError, match="member 'dev/null' is a device node"):
+        unpack_layer(stream, tree, layer=LAYER, diff_id=None)
+    assert stream.served < len(blob) // 4
     assert threads_named("unpack-") == []
 
 
-@pytest.mark.parametrize("between", [0, 200])
-def test_the_error_is_the_earliest_members_even_when_a_writer_meets_it(tree, monkeypatch, between):
-    """A writer fails on an early file (a capability the kernel refuses) while the tar's thread goes
-    on and refuses a later device node: the early member is the one named, as one thread would.
-    With nothing between them the tar's thread has refused before it could know of the writer's."""
-    blob = layer(
-        member("early", b"x", pax={"SCHILY.xattr.security.capability": "not a capability"}),
-        *(member(f"later{n}", os.urandom(2048)) for n in range(between)),
-        member("dev/null", type="char", devmajor=1, devminor=3),
-    )
-    for writers in (0, 3):
-        monkeypatch.setattr(unpack_module, "WRITERS", writers)
-        for leftover in tree.iterdir():
-            leftover.unlink() if not leftover.is_dir() else shutil.rmtree(leftover)
-        with pytest.raises(ImageError) as caught:
-            unpack(blob, tree)
-        assert str(caught.value) == f"Layer {LAYER} is refused: member 'early' cannot be unpacked (Invalid argument)."
-        assert threads_named("unpack-") == []
+def test_a_stream_that_fails_midway_is_met_where_it_failed(tree):
+    """An error of the stream reaches the tar's thread after the members before it were made."""
+
+    class Failing(io.BytesIO):
+        def read(self, size: int = -1) -> bytes:
+            if self.tell() > len(blob) // 2:
+                raise ImageUnavailable("Downloading blob x failed (ConnectionResetError: reset).")
+            return super().read(min(size, 4096) if size and size > 0 else 4096)
+
+    blob = layer(member("first", b"made"), member("big", os.urandom(4 << 20)), compression=None)
+    with pytest.raises(ImageUnavailable, match="reset"):
+        unpack_layer(Failing(blob), tree, layer=LAYER, diff_id=None)
+    assert (tree / "first").read_bytes() == b"made"
+    assert threads_named("unpack-") == []
