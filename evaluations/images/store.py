@@ -112,7 +112,9 @@ class ImageRecord:
 
 
 class ImageStore:
-    """IMAGES_DIR. One object per thread (a pull, a build, a request): ``using`` keeps count of its own nesting."""
+    """IMAGES_DIR. One object per thread (a pull, a build, a request): ``using`` keeps count of its own nesting.
+    A pull's layer threads share their pull's: what they call (``add_layer``, ``has_layer``,
+    ``layer_meta``, ``new_blob``) keeps no state in the object."""
 
     def __init__(self, root: Path, max_bytes: int | None = None):
         self.root = Path(root)
