@@ -8,7 +8,10 @@
    so the other pulls of that layer try for themselves instead of waiting on a slow registry.
 3. A cancel (the evaluation's ``CancelState.is_set``) or the deadline is noticed within
    WATCH_SECS even while a read is blocked: a watcher thread shuts the pull's open connections
-   down, so the read returns at once, and ``check`` then says why.
+   down, so the read returns at once, and ``check`` then says why. A connection watched after
+   that is shut as it is watched.
+4. ``stop``: a layer of the pull failed, so the others (images/pull.py fetches several at once)
+   end too: their connections are shut at once and their next ``check`` raises ``Stopped``.
 
 All of these end the pull as ImageUnavailable (infrastructure): none is the task's fault. The
 pipeline turns a pull that stopped for its cancel into the evaluation's own ending.
@@ -24,6 +27,11 @@ import time
 from collections.abc import Callable, Iterator
 
 from evaluations.images.errors import ImageUnavailable
+
+
+class Stopped(ImageUnavailable):
+    """A layer given up because another layer of the same pull failed: that one's error is the pull's."""
+
 
 WATCH_SECS = 0.25  # how soon a blocked read notices a cancel or the deadline
 _LOCK_POLL_SECS = (0.01, 0.25)  # waiting for another process's layer: first and longest pause
@@ -41,6 +49,7 @@ class PullClock:
         self._open: dict[http.client.HTTPConnection, socket.socket] = {}
         self._guard = threading.Lock()
         self._done = threading.Event()
+        self._stopped = threading.Event()
         self._watcher: threading.Thread | None = None
 
     @classmethod
@@ -56,13 +65,25 @@ class PullClock:
         return self.ends_at - time.monotonic()
 
     def check(self) -> None:
-        """ImageUnavailable if the pull was cancelled or is past its deadline."""
+        """ImageUnavailable if the pull was cancelled or is past its deadline; Stopped if it was stopped."""
         if self.cancelled():
             raise ImageUnavailable(f"The pull of {self.what} was cancelled.")
         if self.left() <= 0:
             raise ImageUnavailable(
                 f"The pull of {self.what} took longer than IMAGE_PULL_TIMEOUT_SECS ({self.timeout_secs} s)."
             )
+        if self._stopped.is_set():
+            raise Stopped(f"The pull of {self.what} stopped: another of its layers failed.")
+
+    def stop(self) -> None:
+        """End the pull's other work: every open connection shut, every later ``check`` raising."""
+        self._stopped.set()
+        with self._guard:
+            for sock in self._open.values():
+                _shut(sock)
+
+    def _over(self) -> bool:
+        return self._stopped.is_set() or self.cancelled() or self.left() <= 0
 
     def socket_timeout(self, longest: float) -> float:
         """A socket timeout of at most ``longest`` and what is left of the pull (never 0: that means
@@ -97,6 +118,8 @@ class PullClock:
         if conn.sock is not None:
             with self._guard:
                 self._open[conn] = conn.sock
+            if self._over():  # after the watcher's last look, or a stop: no read may block on it
+                _shut(conn.sock)
 
     def unwatch(self, conn: http.client.HTTPConnection) -> None:
         with self._guard:
@@ -104,7 +127,7 @@ class PullClock:
 
     def _watch(self) -> None:
         while not self._done.wait(WATCH_SECS):
-            if self.cancelled() or self.left() <= 0:
+            if self._over():
                 with self._guard:
                     for sock in self._open.values():
                         _shut(sock)

@@ -18,6 +18,18 @@ decompressed bytes and the files are checked as they go by, nothing is staged in
 5. ``ImageCaps`` (IMAGE_MAX_UNPACKED_BYTES, IMAGE_MAX_FILES) count the whole image, layer after
    layer, and are checked *before* a file is made or a byte written: a member's size is its
    header's (a sparse or zero-filled file counts by its size, not by the blocks it would use).
+   Layers unpacked at the same time (images/pull.py) share them under a lock.
+
+Two threads share the work (bench/RESULTS.md, issue 38: after the kernel making inodes, the time
+goes to tar parsing, then to gzip and sha256):
+
+6. The caller's thread reads the stream (a pull's: the network), decompresses and hashes it, and
+   hands it on in chunks (images/pipe.py); its errors (a broken gzip, a download cut
+   short) reach the other thread where the stream has them.
+7. One thread reads the tar and makes every member, in the stream's order. Threads making files
+   beside it were measured and cost more (handing over, the GIL) than they saved.
+
+No thread outlives ``unpack_layer``: every one is joined before it returns or raises.
 """
 
 from __future__ import annotations
@@ -28,6 +40,7 @@ import hashlib
 import os
 import stat
 import tarfile
+import threading
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,6 +49,7 @@ import zstandard
 
 from evaluations import safefs
 from evaluations.images.errors import ImageError
+from evaluations.images.pipe import Pipe
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _CHUNK = 1 << 20
@@ -45,6 +59,7 @@ OPAQUE = ".wh..wh..opq"
 _XATTRS_KEPT = ("user.", "security.capability")  # never trusted.*: overlay reads its own there
 _GZIP_MAGIC = b"\x1f\x8b"
 _ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
+_STREAM_ERRORS = (tarfile.TarError, EOFError, zlib.error, gzip.BadGzipFile, zstandard.ZstdError)
 
 
 class DigestReader:
@@ -90,38 +105,37 @@ class _Prefixed:
 
 class ImageCaps:
     """What one image may unpack to, all its layers together: IMAGE_MAX_UNPACKED_BYTES and
-    IMAGE_MAX_FILES. ``check`` before anything lands, ``add`` once it has."""
+    IMAGE_MAX_FILES. ``reserve`` before anything lands; layers unpacked at once share one."""
 
     def __init__(self, max_bytes: int, max_files: int):
         self.max_bytes, self.max_files = max_bytes, max_files
         self.bytes = self.files = 0
+        self._lock = threading.Lock()
 
     @classmethod
     def of(cls, config) -> ImageCaps:
         return cls(config.image_max_unpacked_bytes, config.image_max_files)
 
-    def check(self, layer: str, files: int, size: int, what: str = "") -> None:
-        """ImageError naming ``layer`` and the cap if ``files`` more files of ``size`` bytes do not fit."""
-        if self.bytes + size > self.max_bytes:
-            raise ImageError(
-                f"Layer {layer} is refused: {what or 'it'} would take the image past IMAGE_MAX_UNPACKED_BYTES "
-                f"({self.max_bytes} bytes unpacked)."
-            )
-        if self.files + files > self.max_files:
-            raise ImageError(
-                f"Layer {layer} is refused: {what or 'it'} would take the image past IMAGE_MAX_FILES "
-                f"({self.max_files} files)."
-            )
-
-    def add(self, files: int, size: int) -> None:
-        self.files += files
-        self.bytes += size
+    def reserve(self, layer: str, files: int, size: int, what: str = "") -> None:
+        """Count ``files`` more files of ``size`` bytes; ImageError naming ``layer`` and the cap (and
+        nothing counted) if they do not fit."""
+        with self._lock:
+            if self.bytes + size > self.max_bytes:
+                raise ImageError(
+                    f"Layer {layer} is refused: {what or 'it'} would take the image past IMAGE_MAX_UNPACKED_BYTES "
+                    f"({self.max_bytes} bytes unpacked)."
+                )
+            if self.files + files > self.max_files:
+                raise ImageError(
+                    f"Layer {layer} is refused: {what or 'it'} would take the image past IMAGE_MAX_FILES "
+                    f"({self.max_files} files)."
+                )
+            self.files += files
+            self.bytes += size
 
     def count_stored(self, layer: str, meta: dict) -> None:
         """A layer the store holds already (its meta's counts) counts against the image's caps too."""
-        files, size = int(meta.get("files", 0)), int(meta.get("size_bytes", 0))
-        self.check(layer, files, size)
-        self.add(files, size)
+        self.reserve(layer, int(meta.get("files", 0)), int(meta.get("size_bytes", 0)))
 
 
 @dataclass(frozen=True)
@@ -155,20 +169,26 @@ def unpack_layer(stream, tree: Path, *, layer: str, diff_id: str | None, caps: I
 
     ``layer`` names it in messages (its blob digest); ``diff_id`` (sha256:...) is the config's, or
     None when nothing tells it yet (an import computes it); ``caps``: the image's, counting this
-    layer on top of the ones before it. ImageError for a hostile or broken layer or one over a
-    cap; OSError (ENOSPC) passes on for the store to report.
+    layer on top of the others. ImageError for a hostile or broken layer or one over a cap; OSError
+    (ENOSPC) passes on for the store to report. ``stream`` is read in the caller's thread only.
     """
     uncompressed = DigestReader(None, what=f"Layer {layer}")
     root_fd = safefs.open_root_dir(tree)
     try:
-        uncompressed.source = decompressed(stream)
         writer = _LayerWriter(root_fd, layer, caps or ImageCaps(float("inf"), float("inf")))
-        with tarfile.open(fileobj=uncompressed, mode="r|", errorlevel=2) as archive:
-            for member in archive:
-                writer.add(archive, member)
-        uncompressed.drain()  # the end-of-archive blocks and padding are part of the diff_id
-    except (tarfile.TarError, EOFError, zlib.error, gzip.BadGzipFile, zstandard.ZstdError) as exc:
-        raise ImageError(f"Layer {layer} is not a valid (compressed) tar stream ({exc}).") from None
+        pipe = Pipe()
+        reader = threading.Thread(target=writer.read_tar, args=(pipe,), name=f"unpack-{layer[7:19]}", daemon=True)
+        reader.start()
+        try:
+            uncompressed.source = decompressed(stream)
+            while pipe.put(data := uncompressed.read(_CHUNK)) and data:
+                pass
+        except BaseException as exc:  # the tar's thread meets it where the stream has it
+            pipe.put(exc)
+        finally:
+            reader.join()
+        if writer.error is not None:
+            raise writer.error
     finally:
         os.close(root_fd)
     if diff_id is not None and uncompressed.digest != diff_id:
@@ -180,7 +200,8 @@ def unpack_layer(stream, tree: Path, *, layer: str, diff_id: str | None, caps: I
 
 
 class _LayerWriter:
-    """Makes each member below the open root ``root_fd``; see the module's rules."""
+    """Makes each member below the open root ``root_fd``; see the module's rules. ``read_tar`` runs
+    in the tar's thread; ``error`` is what ended it, if anything did."""
 
     def __init__(self, root_fd: int, layer: str, caps: ImageCaps):
         self.root_fd = root_fd
@@ -189,18 +210,30 @@ class _LayerWriter:
         self.files = 0
         self.size_bytes = 0
         self.regular: set[tuple[str, ...]] = set()  # files made here: the only hard link targets
+        self.error: BaseException | None = None
+
+    def read_tar(self, pipe: Pipe) -> None:
+        try:
+            try:
+                with tarfile.open(fileobj=pipe, mode="r|", errorlevel=2) as archive:
+                    for member in archive:
+                        self.add(archive, member)
+                while pipe.read(_CHUNK):  # the end-of-archive blocks and padding: the diff_id hashes them
+                    pass
+            except _STREAM_ERRORS as exc:
+                raise ImageError(f"Layer {self.layer} is not a valid (compressed) tar stream ({exc}).") from None
+        except BaseException as exc:  # noqa: BLE001 - handed to unpack_layer's thread
+            self.error = exc
+            pipe.abandon()
 
     def refuse(self, member: tarfile.TarInfo, why: str) -> ImageError:
         return ImageError(f"Layer {self.layer} is refused: member {member.name!r} {why}.")
 
     def room(self, member: tarfile.TarInfo, size: int = 0) -> None:
-        """Before one more file (of ``size`` bytes) lands: the image's caps still hold it."""
-        self.caps.check(self.layer, 1, size, f"member {member.name!r}")
-
-    def made(self, size: int = 0) -> None:
+        """Before one more file (of ``size`` bytes) lands: counted, if the image's caps still hold it."""
+        self.caps.reserve(self.layer, 1, size, f"member {member.name!r}")
         self.files += 1
         self.size_bytes += size
-        self.caps.add(1, size)
 
     def add(self, archive: tarfile.TarFile, member: tarfile.TarInfo) -> None:
         parts = self.parts(member, member.name, "path")
@@ -237,12 +270,15 @@ class _LayerWriter:
         fd = os.dup(self.root_fd)
         try:
             for depth, part in enumerate(parts[:-1], start=1):
-                if create and _lstat(fd, part) is None:
-                    self.room(member)
-                    os.mkdir(part, 0o755, dir_fd=fd)
-                    self.made()
                 try:
-                    child = os.open(part, _DIR_FLAGS, dir_fd=fd)
+                    try:
+                        child = os.open(part, _DIR_FLAGS, dir_fd=fd)
+                    except FileNotFoundError:  # (a dangling link is ELOOP: refused below)
+                        if not create:
+                            raise
+                        self.room(member)
+                        os.mkdir(part, 0o755, dir_fd=fd)
+                        child = os.open(part, _DIR_FLAGS, dir_fd=fd)
                 except OSError as exc:
                     where = "/".join(parts[:depth])
                     if exc.errno in (errno.ELOOP, errno.ENOTDIR) and _is_link(fd, part):
@@ -273,7 +309,6 @@ class _LayerWriter:
             self.clear(parent_fd, [*parts[:-1], hidden])
             self.room(member)
             os.mknod(hidden, stat.S_IFCHR | 0o000, os.makedev(0, 0), dir_fd=parent_fd)
-            self.made()
             return
         mode = member.mode & 0o7777
         if member.isdir():
@@ -282,7 +317,6 @@ class _LayerWriter:
                 self.clear(parent_fd, parts)
                 self.room(member)
                 os.mkdir(name, 0o700, dir_fd=parent_fd)
-                self.made()
             fd = os.open(name, _DIR_FLAGS, dir_fd=parent_fd)
             try:
                 self.finish(fd, member, mode)
@@ -327,7 +361,6 @@ class _LayerWriter:
                 os.close(target_fd)
             self.regular.add(tuple(parts))
         os.utime(name, ns=(int(member.mtime * 10**9),) * 2, dir_fd=parent_fd, follow_symlinks=False)
-        self.made(member.size if member.isreg() else 0)
 
     def check_symlink(self, member: tarfile.TarInfo, parts: list[str]) -> None:
         target = member.linkname

@@ -1,7 +1,8 @@
 """Images for tests: layers built in Python, a real registry on 127.0.0.1, pushing to it.
 
 * ``layer(member(...), ...)``: the bytes of a layer tar (gzip, zstd or plain) from members
-  described in Python; ``tree_layer(path)``: a folder as one layer.
+  described in Python; ``tree_layer(path)``: a folder as one layer; ``tree_listing(path)``: what
+  an unpacked tree holds, to compare two.
 * ``RegistryServer``: Debian's ``docker-registry`` (distribution 2.8) on a free port of
   127.0.0.1 with its config and storage in a temp folder; plain HTTP, or HTTPS with a
   certificate a test CA signs (``tls=True``), or with htpasswd users (``users={...}``).
@@ -25,6 +26,7 @@ import os
 import shutil
 import socket
 import ssl
+import stat
 import subprocess
 import tarfile
 import tempfile
@@ -139,6 +141,31 @@ def tree_layer(tree: Path, out: Path) -> None:
         capture_output=True,
     )
     os.rename(tmp, out)
+
+
+def tree_listing(tree: Path) -> dict[str, tuple]:
+    """Every entry below ``tree``, by its path: type, mode, owner, mtime (not a folder's, which
+    making entries in it changes, nor a whiteout's, which is when it was made), size, content digest
+    or link target, device number, xattrs, and the first path (sorted) of the same inode for a hard
+    link. Two trees unpacked from the same layers are the same tree exactly when their listings are
+    equal."""
+    listing, first_of_inode = {}, {}
+    for path in sorted(tree.rglob("*")):
+        st = os.lstat(path)
+        kind = stat.S_IFMT(st.st_mode)
+        content = (
+            hashlib.sha256(path.read_bytes()).hexdigest() if stat.S_ISREG(st.st_mode)
+            else os.readlink(path) if stat.S_ISLNK(st.st_mode) else ""
+        )  # fmt: skip
+        xattrs = () if stat.S_ISLNK(st.st_mode) else tuple(
+            (name, os.getxattr(path, name, follow_symlinks=False)) for name in sorted(os.listxattr(path, follow_symlinks=False))
+        )  # fmt: skip
+        relpath = str(path.relative_to(tree))
+        same_as = first_of_inode.setdefault(st.st_ino, relpath) if not stat.S_ISDIR(st.st_mode) else relpath
+        mtime = None if stat.S_ISDIR(st.st_mode) or stat.S_ISCHR(st.st_mode) else st.st_mtime_ns
+        listing[relpath] = (kind, stat.S_IMODE(st.st_mode), st.st_uid, st.st_gid, mtime, st.st_size, content,
+                            st.st_rdev, xattrs, same_as)  # fmt: skip
+    return listing
 
 
 # -- a real registry ---------------------------------------------------------------------

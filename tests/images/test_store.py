@@ -127,3 +127,16 @@ def test_a_pull_evicts_older_images_beyond_the_limit_but_never_itself(registry, 
     pull(new.ref, store=store, config=config)
     assert [record.digest for record in store.images()] == [new.digest]
     assert not store.has_layer(old.diff_ids[0]) and store.has_layer(new.diff_ids[0])
+
+
+def test_trees_in_the_making_start_in_block_groups_of_their_own(store):
+    """``tmp/`` carries ext4's top-of-hierarchy flag (``chattr +T``, store._spread): each layer tree
+    made in it is placed away from the trees removed just before (issue 38)."""
+    shown = subprocess.run(["lsattr", "-d", str(store.root / "tmp")], capture_output=True, text=True)
+    if shown.returncode != 0:
+        pytest.skip(f"this file system keeps no inode flags: {shown.stderr.strip()}")
+    flags = shown.stdout.split()[0]
+    assert "T" in flags, flags
+    subprocess.run(["chattr", "-T", str(store.root / "tmp")], check=True)
+    assert "T" in subprocess.run(["lsattr", "-d", str(ImageStore(store.root).root / "tmp")],
+                                 capture_output=True, text=True, check=True).stdout.split()[0]  # fmt: skip

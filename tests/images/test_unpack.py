@@ -6,10 +6,11 @@ import io
 import os
 import stat
 import subprocess
+import threading
 
 import pytest
 
-from evaluations.images.errors import ImageError
+from evaluations.images.errors import ImageError, ImageUnavailable
 from evaluations.images.unpack import unpack_layer
 from tests.helpers.images import layer, member, sha256, uncompressed
 
@@ -25,6 +26,10 @@ def tree(tmp_path, store):  # store: skips without root, as every test here need
 
 def unpack(blob: bytes, tree, *, diff_id: str | None = None):
     return unpack_layer(io.BytesIO(blob), tree, layer=LAYER, diff_id=diff_id)
+
+
+def threads_named(prefix: str) -> list[str]:
+    return [thread.name for thread in threading.enumerate() if thread.name.startswith(prefix)]
 
 
 @pytest.mark.parametrize(
@@ -80,6 +85,7 @@ def test_hostile_members_are_refused_naming_the_layer_and_the_member(tree, membe
         unpack(layer(*members), tree)
     assert str(caught.value) == f"Layer {LAYER} is refused: member {name!r} {why}."
     assert caught.value.kind == "task_invalid"
+    assert threads_named("unpack-") == []
     assert not os.path.exists("/etc/cron.d/evil")
 
 
@@ -241,3 +247,44 @@ def test_a_later_member_never_writes_through_an_earlier_link(tree, tmp_path):
     assert (tree / "a").stat().st_nlink == 1
     assert not (tree / "x").is_symlink() and (tree / "x").read_bytes() == b"a file now"
     assert outside.read_bytes() == b"untouched"
+
+
+# -- the stream's thread and the tar's (images/pipe.py) ------------------------------------------
+
+
+class CountingStream(io.BytesIO):
+    def __init__(self, data: bytes):
+        super().__init__(data)
+        self.served = 0
+
+    def read(self, size: int = -1) -> bytes:
+        data = super().read(size)
+        self.served += len(data)
+        return data
+
+
+def test_a_refused_layer_is_read_no_further_and_leaves_no_thread(tree):
+    """The tar's thread refuses the first member; the thread reading the stream stops soon after
+    (a few chunks ahead at most), not at the end of the 64 MiB behind it."""
+    blob = layer(member("dev/null", type="char", devmajor=1, devminor=3), member("rest", os.urandom(64 << 20)))
+    stream = CountingStream(blob)
+    with pytest.raises(ImageError, match="member 'dev/null' is a device node"):
+        unpack_layer(stream, tree, layer=LAYER, diff_id=None)
+    assert stream.served < len(blob) // 4
+    assert threads_named("unpack-") == []
+
+
+def test_a_stream_that_fails_midway_is_met_where_it_failed(tree):
+    """An error of the stream reaches the tar's thread after the members before it were made."""
+
+    class Failing(io.BytesIO):
+        def read(self, size: int = -1) -> bytes:
+            if self.tell() > len(blob) // 2:
+                raise ImageUnavailable("Downloading blob x failed (ConnectionResetError: reset).")
+            return super().read(min(size, 4096) if size and size > 0 else 4096)
+
+    blob = layer(member("first", b"made"), member("big", os.urandom(4 << 20)), compression=None)
+    with pytest.raises(ImageUnavailable, match="reset"):
+        unpack_layer(Failing(blob), tree, layer=LAYER, diff_id=None)
+    assert (tree / "first").read_bytes() == b"made"
+    assert threads_named("unpack-") == []
