@@ -37,7 +37,7 @@ from pathlib import Path
 
 from evaluations.network.egress.relay import RELAY_PORT, proxy_env
 from evaluations.runtime import initbin, killer
-from evaluations.runtime.initchannel import Exec, ExecStartError, InitChannel, InitGone, exec_request
+from evaluations.runtime.initchannel import Exec, InitChannel, exec_request
 from evaluations.runtime.policy import SandboxPolicy
 from evaluations.runtime.types import Mount
 
@@ -256,6 +256,3 @@ def _subtree(root: int, table: list | None = None) -> set[int]:
                 found.add(child)
                 stack.append(child)
     return found
-
-
-__all__ = ["ExecStartError", "InitGone", "PhaseKey", "PhaseSandbox"]

@@ -61,10 +61,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from evaluations.runtime import cgroups, initbin, killer, sysvipc, uids
-from evaluations.runtime.initchannel import InitChannel
+from evaluations.runtime.initchannel import ExecStartError, InitChannel, InitGone
 from evaluations.runtime.monitor import Monitor, Peaks, folder_usage
 from evaluations.runtime.output import OutputCapture, pump, pump_fds
-from evaluations.runtime.phase import ExecStartError, InitGone, PhaseKey, PhaseSandbox
+from evaluations.runtime.phase import PhaseKey, PhaseSandbox
 from evaluations.runtime.policy import NICE_BY_THREAD, RLimits, SandboxPolicy
 from evaluations.runtime.sandbox import SYSTEM_PATH, fresh_tmp, prepare_mount_points, private_tmp, system_tool
 from evaluations.runtime.types import MIB, CancelEvent, CommandResult, Limit, Limits, Verdict
