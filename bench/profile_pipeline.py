@@ -4,8 +4,9 @@
 
 Needs pyinstrument (``.venv/bin/pip install pyinstrument``; an investigation
 tool, not a requirement). It runs the real pipeline (the worker's sandbox
-choice, a fresh SQLite database) in this process, as an evaluation process
-does, and prints the profile of the last run (the earlier ones warm caches).
+choice and, as root, its cgroups; a fresh SQLite database) in this process, as
+an evaluation process does, and prints the profile of the last run (the
+earlier ones warm caches).
 """
 
 from __future__ import annotations
@@ -48,11 +49,13 @@ def main() -> None:
         from evaluations.models import Evaluation, Status, Step
         from evaluations.pipeline.cancel import CancelState
         from evaluations.pipeline.run import run_pipeline
-        from evaluations.runtime import sandbox_uid, select_runtime
+        from evaluations.runtime import cgroups, sandbox_uid, select_runtime
 
         call_command("migrate", verbosity=0)
         config = settings.EXECUTOR
         runtime = select_runtime(config.sandbox, uid=sandbox_uid(), workdir=sessions)
+        if os.geteuid() == 0:  # as the worker's (worker/startup.py): each command joins the evaluation's cgroup
+            runtime.cgroups = cgroups.detect(config.cgroup_parent)
         sandbox = runtime.name
         with trivial_task(root) as task:
             for run in range(args.runs):
