@@ -76,6 +76,7 @@ class Context:
     egress: EgressProxy | None = None  # the evaluation's proxy: its commands' only way out (sandbox only)
     agent_interpreter: str | None = None  # absolute, chosen by downloading_task (pipeline/agentenv.py)
     grade: Grade | None = None  # set by running_tests: what the task's grader made of the tests (evaluations/grading/)
+    reset_for_tests: bool = False  # HOME and /tmp already reset after the agent, the tests' sandbox started (steps.py)
 
     def stage(self, **fields) -> None:
         """A step's results for the evaluation's row, written with the next transition or the end
@@ -190,10 +191,17 @@ class Context:
         elif result.limit is not None:
             livelog.append_text(self.session.log, livelog.kill_line(result.limit_detail or result.limit.value))
 
-    def phase(self, name: str):
+    def phase(self, name: str, *, executor: bool = False):
         """A phase of this evaluation's commands (SPEC §25): those of one policy share one sandbox
-        (runtime/phase.py); every one of them ends with the ``with`` block."""
-        return self.spawner.phase(name, init_base=self.config.workspace_base)
+        (runtime/phase.py); every one of them ends with the ``with`` block. ``executor``: the
+        executor's own commands of one job (the agent's patch) share one too."""
+        return self.spawner.phase(name, init_base=self.config.workspace_base, executor=executor)
+
+    def prestart(self, name: str, policy: SandboxPolicy, cwd: Path) -> None:
+        """Start the sandbox of the coming phase ``name`` for ``policy`` now, in the background
+        (runtime/spawner.py ``prestart``); the phase takes it, ready, or its end is ended unused."""
+        limits = self.limits(self.config.agent_timeout_secs)  # only its disk and process limits matter
+        self.spawner.prestart(name, policy, limits, cwd, init_base=self.config.workspace_base)
 
     def command_runner(self, policy: SandboxPolicy) -> Callable[..., CommandResult]:
         """gitrepo's CommandRunner: the executor's own commands, through the same spawner."""

@@ -14,9 +14,20 @@ from evaluations import livelog
 from evaluations.grading.base import VerifierRun
 from evaluations.pipeline import static, verifier
 from evaluations.pipeline.context import Context
-from evaluations.runtime import CommandResult, Mount
+from evaluations.runtime import CommandResult, Mount, SandboxPolicy
 from evaluations.safefs import write_file_nofollow
 from evaluations.tasks.spec import TestSpec
+
+
+def script_policy(ctx: Context, logs: Path | None = None) -> SandboxPolicy:
+    """The sandbox of a test script: the task's policy with the tests' network, the session's tests/
+    folder (made here) read-only, the static assets' mounts, and ``logs`` at /logs/verifier if given."""
+    tests = ctx.session.tests
+    tests.mkdir(mode=0o755, exist_ok=True)
+    mounts = [Mount(tests, str(tests), writable=False), *static.mounts(ctx)]
+    if logs is not None:
+        mounts.append(Mount(logs, verifier.VERIFIER_LOGS, writable=True))
+    return ctx.task_policy(network=ctx.config.test_network, mounts=mounts)
 
 
 class GradingSandbox:
@@ -25,7 +36,6 @@ class GradingSandbox:
     def __init__(self, ctx: Context, env: dict[str, str], tests: list[TestSpec]):
         self._ctx = ctx
         self._env = env
-        self._mounts = static.mounts(ctx)
         self.eval_id = ctx.eval_id
         self.task = ctx.task
         self.tests = tests
@@ -45,14 +55,9 @@ class GradingSandbox:
         self, name: str, text: str, *, timeout_secs: float, logs: Path | None = None, stdin_data: bytes | None = None
     ) -> CommandResult:
         ctx = self._ctx
-        tests = ctx.session.tests
-        tests.mkdir(mode=0o755, exist_ok=True)
-        write_file_nofollow(tests, name, text.encode(), 0o644)
-        mounts = [Mount(tests, str(tests), writable=False), *self._mounts]
-        if logs is not None:
-            mounts.append(Mount(logs, verifier.VERIFIER_LOGS, writable=True))
-        policy = ctx.task_policy(network=ctx.config.test_network, mounts=mounts)
-        argv = ["bash", str(tests / name)]
+        policy = script_policy(ctx, logs)
+        write_file_nofollow(ctx.session.tests, name, text.encode(), 0o644)
+        argv = ["bash", str(ctx.session.tests / name)]
         return ctx.run(argv, env=self._env, timeout_secs=timeout_secs, policy=policy, stdin_data=stdin_data)
 
     def run_verifier(self) -> VerifierRun:

@@ -143,6 +143,7 @@ def _steps(ctx: Context, log) -> Ending:
 def _cleanup(ctx: Context, lease: uids.UidLease | None, ending: Ending, log) -> None:
     eval_id, session, spawner, config = ctx.eval_id, ctx.session, ctx.spawner, ctx.config
     status, error = ending.status, ending.error
+    spawner.end_prestart()  # a sandbox started for a phase that never came (its step failed before)
     spawner.sweep()
     try:
         ctx.closing.close()  # the image's root unmounted, its pin let go (pipeline/imageenv.py)

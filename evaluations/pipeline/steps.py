@@ -15,6 +15,7 @@ from evaluations.pipeline import (
     archive,
     boundfolder,
     gitrepo,
+    grading_sandbox,
     imageenv,
     outcome,
     patch,
@@ -33,11 +34,14 @@ from evaluations.pipeline.context import (
 )
 from evaluations.pipeline.grading_sandbox import GradingSandbox
 from evaluations.pipeline.imageenv import preparing_environment
-from evaluations.runtime import Limit, Mount
+from evaluations.runtime import Limit, Mount, SandboxPolicy
 from evaluations.safefs import SafeFSError, clear_way, open_parent, write_file_nofollow
 from evaluations.tasks.language import NoToolchain, with_toolchain
 from evaluations.tasks.registry import load_task
 from evaluations.tasks.spec import TaskError
+
+PATCH_PHASE = "patch"  # the executor's git work on what the agent left: never in the agent's sandbox
+TESTS_PHASE = "tests"
 
 
 def _policy(config) -> urlguard.URLPolicy:
@@ -242,7 +246,16 @@ def running_agent(ctx: Context) -> None:
     mounts = [agent_folder, *static.mounts(ctx), *verifier.agent_mounts(ctx)]  # in an image, /logs/agent
     verifier.narrow_egress(ctx)  # a task's allowlist, from here on
     policy = ctx.task_policy(network=verifier.agent_network(ctx), mounts=mounts)
-    result = ctx.run(agent_argv(ctx, language, prompt), env=env, timeout_secs=timeout, policy=policy)
+    if ctx.task.repo is not None:  # the patch's sandbox starts while the agent runs (SPEC §25), apart from it
+        ctx.prestart(PATCH_PHASE, ctx.executor_policy(network=False), ctx.session.repo)
+    try:
+        _run_agent(ctx, agent_argv(ctx, language, prompt), env, timeout, policy)
+    finally:
+        ctx.spawner.end_prestart(PATCH_PHASE)  # one the patch did not take: the agent failed
+
+
+def _run_agent(ctx: Context, argv: list[str], env: dict[str, str], timeout: int, policy: SandboxPolicy) -> None:
+    result = ctx.run(argv, env=env, timeout_secs=timeout, policy=policy)
     produced = {"agent_output": result.output, "agent_exit_code": result.exit_code}
     failure = None
     try:
@@ -254,6 +267,7 @@ def running_agent(ctx: Context) -> None:
         elif ctx.task.repo is None:
             produced["agent_patch"] = imageenv.agent_patch(ctx)  # the changes under WorkingDir, against the image
         else:
+            _tests_ahead(ctx)  # the tests' sandbox starts while the patch is made
             produced["agent_patch"] = _agent_patch(ctx)
     finally:  # the output whatever happened, and the patch when there is one
         ctx.stage(**produced)
@@ -271,33 +285,54 @@ def _agent_patch(ctx: Context) -> str:
     # made at clone time, never from the agent's .git (issue 23).
     env = gitrepo.git_env(ctx.session.home, urlguard.git_allow_protocol(False))
     try:
-        text = patch.repo_patch(
-            ctx.command_runner(ctx.executor_policy(network=False)),
-            repo=ctx.session.repo,
-            base_sha=ctx.base_sha,
-            base_objects=ctx.session.base_objects,
-            env=env,
-            exclude=ctx.asset_excludes,
-            max_bytes=ctx.config.max_output_bytes * 8,
-        )
+        with ctx.phase(PATCH_PHASE, executor=True):  # its git scripts: one sandbox of theirs, prestarted
+            text = patch.repo_patch(
+                ctx.command_runner(ctx.executor_policy(network=False)),
+                repo=ctx.session.repo,
+                base_sha=ctx.base_sha,
+                base_objects=ctx.session.base_objects,
+                env=env,
+                exclude=ctx.asset_excludes,
+                max_bytes=ctx.config.max_output_bytes * 8,
+            )
     except gitrepo.GitError as exc:
         text = f"(no patch: {exc})"
     return text
 
 
+def _tests_ahead(ctx: Context) -> None:
+    """After the agent's end, before its patch (SPEC §25): HOME and /tmp reset for the tests, and
+    their sandbox prestarted with the policy of their scripts, so that it starts while the patch
+    is made (the patch reads only the repository, with a HOME and /tmp of its own). Only where the
+    tests' sandbox can be shared; a reset that fails is left to running_tests to redo and report."""
+    policy = grading_sandbox.script_policy(ctx)
+    if not ctx.spawner.can_share(policy):
+        return
+    try:
+        _reset_for_tests(ctx)
+    except StepFailed:
+        return
+    ctx.reset_for_tests = True
+    ctx.prestart(TESTS_PHASE, policy, Path(ctx.workdir))
+
+
+def _reset_for_tests(ctx: Context) -> None:
+    try:
+        ctx.spawner.scrub()  # without the sandbox: what the agent left in the host's /tmp, /dev/shm
+        ctx.cache.reset()  # no usercustomize, .pth or .gitconfig the agent planted
+        ctx.session.reset_tmp()
+    except OSError as exc:  # the walks neither follow nor stop at what the agent made: the host's fault
+        raise StepFailed(f"could not reset HOME and /tmp for the tests: {exc}", kind=ErrorKind.INFRASTRUCTURE) from None
+
+
 def running_tests(ctx: Context) -> None:
     grader = registry.for_task(ctx.task)  # what runs and how it is read (evaluations/grading/)
-    session = ctx.session
     tests = static.fill_tests(ctx, ctx.task.tests)
     if not tests and grader.needs_tests(ctx.task):
         raise StepFailed("task defines no tests", kind=ErrorKind.TASK_INVALID)
     ctx.spawner.sweep()
-    try:
-        ctx.spawner.scrub()  # without the sandbox: what the agent left in the host's /tmp, /dev/shm
-        ctx.cache.reset()  # no usercustomize, .pth or .gitconfig the agent planted
-        session.reset_tmp()
-    except OSError as exc:  # the walks neither follow nor stop at what the agent made: the host's fault
-        raise StepFailed(f"could not reset HOME and /tmp for the tests: {exc}", kind=ErrorKind.INFRASTRUCTURE) from None
+    if not ctx.reset_for_tests:  # else done after the agent, the tests' sandbox started then (_tests_ahead)
+        _reset_for_tests(ctx)
     try:
         # The task's file wins over whatever the agent left at its path (a folder, a link, a
         # FIFO, a file where a folder goes), as it does over a regular file: the tests run with
@@ -312,7 +347,7 @@ def running_tests(ctx: Context) -> None:
         raise StepFailed(f"could not write test support files: {exc}", kind=ErrorKind.INFRASTRUCTURE) from None
     env = {**ctx.base_env(), **static.task_env(ctx)}
     try:
-        with ctx.phase("tests"):  # the tests' commands: one sandbox (SPEC §25), never the agent's
+        with ctx.phase(TESTS_PHASE):  # the tests' commands: one sandbox (SPEC §25), never the agent's
             ctx.grade = grader.run(GradingSandbox(ctx, env, tests))
     except HostFault as exc:
         raise StepFailed(str(exc), kind=ErrorKind.INFRASTRUCTURE) from None

@@ -24,8 +24,11 @@ output capture, sandboxing and killing are written once:
    the phase's sandbox for its policy (phase.py): one bubblewrap for the
    phase's commands instead of one each; limits, output, monitor, kills and
    results as above; what a command left in it is killed when it ends, and
-   the phase's end ends the sandbox. The executor's own commands (``fresh_tmp``), an
-   image's, and those handed descriptors keep a sandbox of their own.
+   the phase's end ends the sandbox. The executor's own commands (``fresh_tmp``) keep a
+   sandbox of their own unless the phase is theirs (``executor=True``: one job's commands, as
+   the agent's patch, sharing one fresh /tmp); an image's, and those handed descriptors, always.
+   ``prestart(name, ...)`` starts a coming phase's sandbox in a thread while other work goes on
+   (the patch's while the agent runs): ``phase(name)`` takes it, ready.
 
 The host process must be the evaluation's own (one per evaluation): the
 spawner makes it a child subreaper and treats all its children as commands.
@@ -117,6 +120,8 @@ class Spawner:
         self._phase: str | None = None  # the open phase's name (``phase``)
         self._phase_base: Path | None = None  # where the init's folder is made (WORKSPACE_BASE)
         self._phase_sandboxes: dict[PhaseKey, PhaseSandbox] = {}
+        self._phase_executor = False  # the open phase's executor commands share its sandboxes too
+        self._prestarts: dict[str, _Prestart] = {}  # coming phases' sandboxes, starting (``prestart``)
         self._cpu_before = _children_cpu_seconds()
         killer.become_subreaper()
         for tool in ("prlimit", "setpriv", *(() if NICE_BY_THREAD else ("nice",))):
@@ -190,17 +195,57 @@ class Spawner:
     # -- phases (SPEC §25, phase.py) ---------------------------------------------------------
 
     @contextlib.contextmanager
-    def phase(self, name: str, *, init_base: Path):
+    def phase(self, name: str, *, init_base: Path, executor: bool = False):
         """Within it, the sandboxed commands of one policy share one sandbox (``init_base``:
-        WORKSPACE_BASE, where the init's folder is made); every one of them ends with it."""
+        WORKSPACE_BASE, where the init's folder is made); every one of them ends with it.
+        ``executor``: the executor's own commands (``fresh_tmp``) share one too, and one /tmp."""
         if self._phase is not None:
             raise RuntimeError(f"phase {name!r} inside phase {self._phase!r}: phases do not nest")
-        self._phase, self._phase_base = name, Path(init_base)
+        self._phase, self._phase_base, self._phase_executor = name, Path(init_base), executor
         try:
+            prestarted = self._take_prestart(name)
+            if prestarted is not None:
+                self._phase_sandboxes[prestarted.key] = prestarted
             yield
         finally:
-            self._phase = None
+            self._phase, self._phase_executor = None, False
             self.end_phase()
+
+    def prestart(self, name: str, policy: SandboxPolicy, limits: Limits, cwd: Path, *, init_base: Path) -> None:
+        """Start now the sandbox the commands of ``policy`` will share in the coming phase ``name``
+        (opened with the same ``executor``), so that its bubblewrap and init start while other
+        work goes on: launched here, its init awaited by a thread that does nothing else.
+        ``phase(name)`` takes it once ready; ``end_prestart`` (``sweep``, ``close``) ends one
+        never taken."""
+        if name in self._prestarts or not self._phaseable(policy, ()):
+            return
+        self._ensure_cgroup(limits)
+        key = PhaseKey(policy, limits.disk_quota_bytes, limits.max_processes)
+        launched = self._launch_phase_sandbox(key, policy, limits, Path(cwd), Path(init_base), name)
+        if launched is not None:
+            self._prestarts[name] = _Prestart(launched[0], lambda: self._await_phase_sandbox(*launched, name))
+
+    def end_prestart(self, name: str | None = None) -> None:
+        """End the sandbox prestarted for phase ``name`` (every one: None) if no phase took it."""
+        for each in [name] if name is not None else list(self._prestarts):
+            sandbox = self._take_prestart(each, ready_only=False)
+            if sandbox is not None:
+                self._end_sandbox(sandbox)
+
+    def _take_prestart(self, name: str, *, ready_only: bool = True) -> PhaseSandbox | None:
+        """The sandbox prestarted for ``name``, once its thread is done; with ``ready_only``, None
+        (and the sandbox ended) unless it is ready for execs and still alive."""
+        start = self._prestarts.pop(name, None)
+        if start is None:
+            return None
+        sandbox, ready = start.result()
+        if not ready_only or (ready and sandbox.clearable and sandbox.alive):
+            return sandbox
+        log.warning(
+            "eval %s: phase %s: its prestarted sandbox did not start (%s)", self.eval_id, name, sandbox.errors()
+        )
+        self._end_sandbox(sandbox)
+        return None
 
     def end_phase(self) -> None:
         """End every sandbox of the phase: its init's socket closed, its pid namespace seen gone."""
@@ -214,9 +259,19 @@ class Spawner:
     def _in_phase(self, policy: SandboxPolicy, pass_fds: Sequence[int]) -> bool:
         return (
             self._phase is not None
-            and self.runtime.contains_processes
+            # the executor's own command: a sandbox and a /tmp of its own, unless the phase is its job's
+            and (self._phase_executor or not policy.fresh_tmp)
+            and self._phaseable(policy, pass_fds)
+        )
+
+    def can_share(self, policy: SandboxPolicy) -> bool:
+        """Whether commands of ``policy`` can share a phase's sandbox here (``prestart`` one)."""
+        return self._phaseable(policy, ())
+
+    def _phaseable(self, policy: SandboxPolicy, pass_fds: Sequence[int]) -> bool:
+        return (
+            self.runtime.contains_processes
             and not pass_fds
-            and not policy.fresh_tmp  # the executor's own command: a sandbox and a /tmp of its own
             and policy.image is None  # an image's root would get the init's mount point in its layer
             and policy.root is None  # a named root is read-only: no mount point for the init
         )
@@ -230,10 +285,27 @@ class Spawner:
             return sandbox
         if sandbox is not None:
             self._end_sandbox(sandbox)
+        launched = self._launch_phase_sandbox(key, policy, limits, cwd, self._phase_base, self._phase)
+        if launched is None:
+            return None
+        sandbox = launched[0]
+        if self._await_phase_sandbox(*launched, self._phase) and sandbox.clearable:
+            self._phase_sandboxes[key] = sandbox
+            return sandbox
+        log.warning("eval %s: phase %s: no sandbox for its commands (%s)", self.eval_id, self._phase, sandbox.errors())
+        self._end_sandbox(sandbox)
+        return None
+
+    def _launch_phase_sandbox(
+        self, key: PhaseKey, policy: SandboxPolicy, limits: Limits, cwd: Path, base: Path, phase: str
+    ) -> tuple[PhaseSandbox, Launch] | None:
+        """A new sandbox for ``key``, started (its bubblewrap's Popen; ``_await_phase_sandbox``
+        waits for its init); None without an init. Always from the thread that runs the phase's
+        commands: bubblewrap dies with the thread that started it (``--die-with-parent``)."""
         try:
-            init_policy = PhaseSandbox.init_policy(policy, self._phase_base)
+            init_policy = PhaseSandbox.init_policy(policy, base)
         except (initbin.InitUnavailable, OSError) as exc:  # no compiler here: a bubblewrap each, as before
-            log.warning("eval %s: phase %s: no init for a shared sandbox: %s", self.eval_id, self._phase, exc)
+            log.warning("eval %s: phase %s: no init for a shared sandbox: %s", self.eval_id, phase, exc)
             return None
         closing = contextlib.ExitStack()
         channel = InitChannel()
@@ -244,23 +316,23 @@ class Spawner:
             env = {"PATH": SYSTEM_PATH, killer.TAG_VAR: self.eval_id}
             launch = self.runtime.launch(sandbox.init_argv(), completed, cwd=cwd, env=env)
             closing.callback(launch.close)
-            proc = self._start(launch, False, completed.niceness, (channel.init_fd,))
-            channel.close_init_end()
-            if launch.info is not None:
-                launch.info.close_write_end()
-            self._phase_sandboxes[key] = sandbox
-            ready = sandbox.started(proc, self._adopt_sandbox_init(launch))
+            sandbox.proc = self._start(launch, False, completed.niceness, (channel.init_fd,))
         except BaseException:
-            if sandbox is not None and sandbox.proc is not None:
-                self._end_sandbox(sandbox)
-            else:
-                closing.close()
+            closing.close()
             raise
-        if ready and sandbox.clearable:
-            return sandbox
-        log.warning("eval %s: phase %s: no sandbox for its commands (%s)", self.eval_id, self._phase, sandbox.errors())
-        self._end_sandbox(sandbox)
-        return None
+        channel.close_init_end()
+        if launch.info is not None:
+            launch.info.close_write_end()
+        return sandbox, launch
+
+    def _await_phase_sandbox(self, sandbox: PhaseSandbox, launch: Launch, phase: str) -> bool:
+        """Whether the launched sandbox's init runs. It may run in a ``prestart`` thread: it waits
+        and reads, never kills nor ends anything, and touches no state of the running command."""
+        try:
+            return sandbox.started(sandbox.proc, self._adopt_pid(launch))
+        except Exception:
+            log.exception("eval %s: phase %s: its sandbox's start failed", self.eval_id, phase)
+            return False  # the caller ends it (and, with it, what started)
 
     def _end_sandbox(self, sandbox: PhaseSandbox) -> None:
         if self._phase_sandboxes.get(sandbox.key) is sandbox:
@@ -385,6 +457,7 @@ class Spawner:
 
     def close(self) -> None:
         """After the last command: remove the evaluation's cgroup (killing anything left in it)."""
+        self.end_prestart()
         self.end_phase()
         if self.cgroup is not None and self.cgroup.remove():
             self.cgroup = None
@@ -433,16 +506,21 @@ class Spawner:
         return proc
 
     def _adopt_sandbox_init(self, launch: Launch) -> int | None:
+        """The running command's sandbox pid 1 (None without one), as ``_adopt_pid``; the monitor
+        reads it (``_sandbox_shm_bytes``)."""
+        pid = self._adopt_pid(launch)
+        self._sandbox_init = _UNREPORTED if pid is None else pid
+        return pid
+
+    def _adopt_pid(self, launch: Launch) -> int | None:
         """The sandbox's pid 1 (None without one), kept from any reap until ``_confirm_gone``."""
         pid = (
             launch.info.sandbox_init() if launch.info is not None else None
         )  # only a runtime that contains processes has one
         if pid is None:
             self._all_confirmed_gone = False  # nothing proves this command left nothing behind
-            self._sandbox_init = _UNREPORTED
         else:
             killer.adopt(pid)
-            self._sandbox_init = pid
         return pid
 
     def _sandbox_shm_bytes(self) -> int:
@@ -519,11 +597,31 @@ class Spawner:
         """
         if self._all_confirmed_gone:
             return 0  # a phase's sandboxes were cleared after each exec (``_exec``)
-        self.end_phase()  # a scan kills by tag and uid: a phase's sandboxes would go too
+        self.end_prestart()  # a scan kills by tag and uid: a phase's sandboxes would go too
+        self.end_phase()
         count = killer.kill_all(self.eval_id, uid=self._own_uid)
         if count:
             log.info("eval %s: swept %s leftover process(es)", self.eval_id, count)
         return count
+
+
+class _Prestart:
+    """A coming phase's sandbox, launched, and a thread awaiting its init (``Spawner.prestart``)."""
+
+    def __init__(self, sandbox: PhaseSandbox, wait):
+        self.sandbox = sandbox
+        self.ready = False
+        self._wait = wait
+        self.thread = threading.Thread(target=self._run, name="phase-prestart", daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        self.ready = self._wait()
+
+    def result(self) -> tuple[PhaseSandbox, bool]:
+        """The sandbox and whether its init runs, once known (bounded: READY_WAIT_SECS at most)."""
+        self.thread.join()
+        return self.sandbox, self.ready
 
 
 def _children_cpu_seconds() -> float:

@@ -170,6 +170,29 @@ def test_the_tests_share_one_sandbox_and_nothing_a_test_leaves_reaches_the_next(
         assert after.output.split() == ["0", "1", "0", "1"]  # install: one sandbox; tests: another
 
 
+def test_the_agent_never_sees_the_sandboxes_started_ahead_for_its_patch_and_the_tests(tasks, e2e_config, sandbox):
+    """SPEC §25: the patch's and the tests' sandboxes start while the agent runs and while the
+    patch is made; the agent cannot see them, and the tests get HOME and /tmp without what the
+    agent left there, and the patch what the agent changed."""
+    agent = SOLVER + (
+        "import os, subprocess\n"
+        "inits = subprocess.run(['pgrep', '-x', 'te-init'], capture_output=True, text=True).stdout.split()\n"
+        "pathlib.Path('seen.txt').write_text(f'inits={len(inits)}\\n')\n"
+        "pathlib.Path(os.environ['HOME'], 'planted-in-home').write_text('x')\n"
+        "pathlib.Path('/tmp/planted-in-tmp').write_text('x')\n"
+    )
+    url = tasks.task(
+        tests={"clean.sh": "test ! -e $HOME/planted-in-home && test ! -e /tmp/planted-in-tmp && test -e seen.txt\n"}
+    )
+    evaluation = evaluate(url, agent, config=e2e_config, sandbox=sandbox)
+    assert evaluation.status == "completed", evaluation.error
+    (clean,) = evaluation.test_results.all()
+    assert clean.passed, clean.output
+    assert "+inits=" in evaluation.agent_patch and "a + b" in evaluation.agent_patch
+    if sandbox == "bwrap":  # without one, the agent sees the host's processes (other tests' sandboxes)
+        assert "+inits=0" in evaluation.agent_patch
+
+
 FORK_STORM = """
 import os, time
 for _ in range(200):

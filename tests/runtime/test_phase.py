@@ -146,3 +146,82 @@ def test_without_a_compiler_for_the_init_each_command_runs_in_its_own_sandbox(bw
     finally:
         harness.end_phase()
     assert not tagged_alive(harness.eval_id)
+
+
+# -- the executor's own phase, and sandboxes started before their phase (Spawner.prestart) -----------
+
+
+def _prestart(harness, name: str, policy: SandboxPolicy) -> None:
+    harness.spawner.prestart(name, policy, DEFAULT_LIMITS, harness.session, init_base=harness.session.parent)
+
+
+def _executor_tmps(harness) -> list:
+    return sorted(path.name for path in harness.session.glob(".executor-tmp-*"))
+
+
+def test_an_executor_phase_shares_one_sandbox_and_one_fresh_tmp_among_its_commands(bwrap_sp):
+    policy = _policy(bwrap_sp, fresh_tmp=True)
+    with bwrap_sp.spawner.phase("patch", init_base=bwrap_sp.session.parent, executor=True):
+        first = _run(
+            bwrap_sp, [*PID_NS[:2], PID_NS[2] + "; ls -A /tmp | grep -c left-by; touch /tmp/left-by-first"], policy
+        )
+        second = _run(bwrap_sp, [*PID_NS[:2], PID_NS[2] + "; ls -A /tmp | grep left-by"], policy)
+        assert len(_executor_tmps(bwrap_sp)) == 1  # one fresh /tmp, the sandbox's
+    assert (first.output, second.output) == ("0\n0\n", "1\nleft-by-first\n")  # one sandbox and its /tmp
+    assert _executor_tmps(bwrap_sp) == []  # removed with the sandbox
+    assert not tagged_alive(bwrap_sp.eval_id)
+    # Outside such a phase, each executor command has a sandbox and a /tmp of its own again.
+    assert [_run(bwrap_sp, PID_NS, policy).output for _ in range(2)] == ["0\n", "0\n"]
+
+
+def test_a_prestarted_sandbox_is_the_one_its_phase_runs_in(bwrap_sp):
+    """Started before its phase, while another command runs apart from it (as the agent's patch
+    sandbox while the agent runs): that command cannot see it, the phase's commands run in it."""
+    policy = _policy(bwrap_sp, fresh_tmp=True)
+    _prestart(bwrap_sp, "patch", policy)
+    own = {proc.pid for proc in tagged_alive(bwrap_sp.eval_id)}
+    assert own  # its bubblewrap and init, launched before anything else ran
+    apart = bwrap_sp.run("ls /proc | grep -c '^[0-9]'; pgrep -x te-init || echo no-init")
+    assert apart.exit_code == 0 and apart.output.splitlines()[1] == "no-init", apart.output
+    with bwrap_sp.spawner.phase("patch", init_base=bwrap_sp.session.parent, executor=True):
+        assert own <= bwrap_sp.spawner.phase_pids()  # taken, alive after the thread that awaited it ended
+        assert _run(bwrap_sp, PID_NS, policy).output == "0\n"
+        assert _run(bwrap_sp, PID_NS, policy).output == "1\n"
+        assert own <= bwrap_sp.spawner.phase_pids()
+    assert not tagged_alive(bwrap_sp.eval_id)
+
+
+def test_a_prestarted_sandbox_no_phase_takes_is_ended(bwrap_sp):
+    _prestart(bwrap_sp, "patch", _policy(bwrap_sp, fresh_tmp=True))
+    assert tagged_alive(bwrap_sp.eval_id) and len(_executor_tmps(bwrap_sp)) == 1
+    bwrap_sp.spawner.end_prestart("patch")
+    assert not tagged_alive(bwrap_sp.eval_id) and _executor_tmps(bwrap_sp) == []
+    _prestart(bwrap_sp, "tests", _policy(bwrap_sp))
+    bwrap_sp.spawner.close()  # the evaluation's end ends any left
+    assert not tagged_alive(bwrap_sp.eval_id)
+
+
+def test_a_prestarted_sandbox_killed_before_its_phase_is_replaced(bwrap_sp):
+    """A limit's kill of another command kills every process of the evaluation, the prestarted
+    sandbox's too: its phase finds it dead, says so, and its commands get a new one."""
+    policy = _policy(bwrap_sp)
+    _prestart(bwrap_sp, "tests", policy)
+    result = bwrap_sp.run("sleep 60", timeout_secs=1)
+    assert result.limit == "timeout"
+    with bwrap_sp.spawner.phase("tests", init_base=bwrap_sp.session.parent):
+        assert [_run(bwrap_sp, PID_NS, policy).output for _ in range(2)] == ["0\n", "1\n"]
+    assert not tagged_alive(bwrap_sp.eval_id)
+
+
+def test_a_prestart_without_a_usable_init_leaves_its_phase_a_bubblewrap_each(bwrap_sp, tmp_path, monkeypatch):
+    broken = tmp_path / "init"
+    broken.mkdir()
+    (broken / initbin.NAME).write_text("#!/bin/false\n")
+    (broken / initbin.NAME).chmod(0o755)
+    tmp_path.chmod(0o755)
+    monkeypatch.setattr(initbin, "ensure_init", lambda base: broken)
+    policy = _policy(bwrap_sp)
+    _prestart(bwrap_sp, "tests", policy)
+    with bwrap_sp.spawner.phase("tests", init_base=bwrap_sp.session.parent):
+        assert [_run(bwrap_sp, PID_NS, policy).output for _ in range(2)] == ["0\n", "0\n"]
+    assert not tagged_alive(bwrap_sp.eval_id)
