@@ -17,8 +17,10 @@ generated layers of 4 MB each as ``bench/multi:latest``. Sections:
                root filesystem, as ours makes) beside it for reference.
 - ``build``    the rebuild of an unchanged small Dockerfile (FROM the base image, ENV, RUN,
                COPY), when ``evaluations.images.build`` exists in this checkout.
-- ``podman``   the same test command per trial, ``podman --runtime runc run --rm --network none``
-               (the image imported into a podman store of its own under /tmp) against an
+- ``podman``   the same test command per trial in a podman-per-trial harness (issue 38: as
+               Harbor's docker environment runs a trial, ``podman --runtime runc run --detach
+               --network none`` of the image, five ``podman exec`` steps, ``podman rm``; the image
+               imported into a podman store of its own under /tmp) against an
                evaluation of a task whose test is that command (its agent a no-op): overhead per
                trial (wall time minus the command's own time, which the command measures itself),
                and ``--trials`` trials two at a time.
@@ -66,6 +68,8 @@ TEST_COMMAND = (
 )
 PODMAN_RUN = ["--runtime", "runc", "run", "--rm", "--network", "none",
               "--ulimit", "nofile=1024:1024", "--ulimit", "nproc=1024:1024"]  # fmt: skip
+PODMAN_RUN_DETACHED = ["--runtime", "runc", "run", "--detach", "--network", "none",
+                       "--ulimit", "nofile=1024:1024", "--ulimit", "nproc=1024:1024"]  # fmt: skip
 
 
 # -- the images ------------------------------------------------------------------------------
@@ -147,6 +151,30 @@ class Podman:
         done = subprocess.run([*self.base, *PODMAN_RUN, self.image, *command], capture_output=True, text=True)
         if done.returncode != 0:
             raise RuntimeError(f"podman run failed ({done.returncode}): {done.stderr[-1000:]}")
+        return done
+
+    def trial(self, test_command: str) -> subprocess.CompletedProcess:
+        """One trial as a podman-per-trial harness runs it (issue 38; Harbor's docker environment):
+        a container started, five ``podman exec`` steps (set-up, the agent, the tests uploaded,
+        the tests run, their result read back), the container removed. Returns the tests' run."""
+        started = self._podman(*PODMAN_RUN_DETACHED, self.image, "sleep", "infinity")
+        container = started.stdout.strip()
+        try:
+            self._podman("exec", container, "mkdir", "-p", "/logs/agent", "/logs/verifier", "/tests")
+            self._podman("exec", container, "python3", "-c", NOOP_AGENT)
+            self._podman("exec", "-i", container, "sh", "-c", "cat > /tests/test.sh", stdin=test_command)
+            tests = self._podman(
+                "exec", container, "sh", "-c", "sh /tests/test.sh > /logs/verifier/out.txt; cat /logs/verifier/out.txt"
+            )
+            self._podman("exec", container, "cat", "/logs/verifier/out.txt")
+        finally:
+            self._podman("rm", "--force", "--time", "0", container)
+        return tests
+
+    def _podman(self, *argv: str, stdin: str | None = None) -> subprocess.CompletedProcess:
+        done = subprocess.run([*self.base, *argv], input=stdin, capture_output=True, text=True)
+        if done.returncode != 0:
+            raise RuntimeError(f"podman {argv[0]} failed ({done.returncode}): {done.stderr[-1000:]}")
         return done
 
     def close(self) -> None:
@@ -421,7 +449,7 @@ def podman_trials(root: Path, factory: TaskFactory, imgs: Images, trials: int, t
 
     def podman_once() -> tuple[float, float]:
         started = time.perf_counter()
-        done = tool.run("sh", "-c", TEST_COMMAND)
+        done = tool.trial(TEST_COMMAND)
         return time.perf_counter() - started, _own_secs(done.stdout)
 
     pod_wall, pod_own, ex_server, ex_client, ex_own, ex_tests, bodies = [], [], [], [], [], [], []
@@ -503,8 +531,8 @@ def table(figures: dict) -> str:
                 ms(w[f"executor_{key}"]),
                 f"podman run {ms(base)}" if base else "",
                 f"{w[f'executor_{key}'] / base:.2f}x" if base else "",
-                "<= 100 ms p50 (Daytona 110, E2B 440)" if key == "p50" else "",
-                ("ok" if w["executor_p50"] <= 0.1 else "MISS") if key == "p50" else "",
+                "<= 50 ms p50 (issue 38)" if key == "p50" else "",
+                ("ok" if w["executor_p50"] <= 0.05 else "MISS") if key == "p50" else "",
             ))  # fmt: skip
         rows.append(("  claim to the running_agent step, p50", ms(w["claim_to_agent_step_p50"]), "", "", "", ""))
         rows.append(("  running_agent step to the first statement (sandbox, python3), p50",
@@ -561,7 +589,7 @@ def table(figures: dict) -> str:
         rows.append((
             f"overhead per trial, p50 (n={t['trials']}; own time {ms(t['executor_own_p50'])} / {ms(t['podman_own_p50'])})",
             ms(t["executor_overhead_p50"]),
-            f"podman run {ms(t['podman_overhead_p50'])}",
+            f"podman trial {ms(t['podman_overhead_p50'])}",
             f"{ratio:.2f}x",
             ">= 3x (podman / executor)",
             "ok" if ratio >= 3 else "MISS",
@@ -573,14 +601,14 @@ def table(figures: dict) -> str:
         rows.append((
             "  of which the running_tests step (its duration minus own time)",
             ms(t["executor_tests_step_overhead_p50"]),
-            f"podman run {ms(t['podman_overhead_p50'])}",
+            f"podman trial {ms(t['podman_overhead_p50'])}",
             f"{t['podman_overhead_p50'] / t['executor_tests_step_overhead_p50']:.2f}x",
             "", "",
         ))  # fmt: skip
         rows.append((
             f"throughput, {t['trials']} trials, 2 at a time",
             f"{t['executor_rate']:.2f}/s",
-            f"podman run {t['podman_rate']:.2f}/s",
+            f"podman trials {t['podman_rate']:.2f}/s",
             f"{t['executor_rate'] / t['podman_rate']:.2f}x",
             "", "",
         ))  # fmt: skip

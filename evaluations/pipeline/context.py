@@ -191,11 +191,12 @@ class Context:
         elif result.limit is not None:
             livelog.append_text(self.session.log, livelog.kill_line(result.limit_detail or result.limit.value))
 
-    def phase(self, name: str, *, executor: bool = False):
+    def phase(self, name: str, *, executor: bool = False, retire: bool = False):
         """A phase of this evaluation's commands (SPEC §25): those of one policy share one sandbox
         (runtime/phase.py); every one of them ends with the ``with`` block. ``executor``: the
-        executor's own commands of one job (the agent's patch) share one too."""
-        return self.spawner.phase(name, init_base=self.config.workspace_base, executor=executor)
+        executor's own commands of one job (the agent's patch) share one too; ``retire``: the wait
+        for the sandboxes' end is left to the next phase's end (Spawner.phase)."""
+        return self.spawner.phase(name, init_base=self.config.workspace_base, executor=executor, retire=retire)
 
     def prestart(self, name: str, policy: SandboxPolicy, cwd: Path) -> None:
         """Start the sandbox of the coming phase ``name`` for ``policy`` now, in the background

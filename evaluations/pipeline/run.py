@@ -144,6 +144,7 @@ def _cleanup(ctx: Context, lease: uids.UidLease | None, ending: Ending, log) -> 
     eval_id, session, spawner, config = ctx.eval_id, ctx.session, ctx.spawner, ctx.config
     status, error = ending.status, ending.error
     spawner.end_prestart()  # a sandbox started for a phase that never came (its step failed before)
+    spawner.end_phase()  # and those of ended phases still to be seen gone (``phase(retire=True)``)
     spawner.sweep()
     try:
         ctx.closing.close()  # the image's root unmounted, its pin let go (pipeline/imageenv.py)

@@ -285,7 +285,8 @@ def _agent_patch(ctx: Context) -> str:
     # made at clone time, never from the agent's .git (issue 23).
     env = gitrepo.git_env(ctx.session.home, urlguard.git_allow_protocol(False))
     try:
-        with ctx.phase(PATCH_PHASE, executor=True):  # its git scripts: one sandbox of theirs, prestarted
+        # Its git scripts: one sandbox of theirs, prestarted; its end awaited with the tests' end.
+        with ctx.phase(PATCH_PHASE, executor=True, retire=True):
             text = patch.repo_patch(
                 ctx.command_runner(ctx.executor_policy(network=False)),
                 repo=ctx.session.repo,

@@ -97,6 +97,22 @@ def read_mounts(mountinfo: str | None = None, own_cgroup: str | None = None) -> 
     return Mounts(v2_root, v1)
 
 
+def favors_dynmods(mountinfo: str | None = None) -> bool:
+    """Whether a cgroup hierarchy is mounted with ``favordynmods`` (Linux 6.0+). Without it, moving
+    a process into a cgroup waits for an RCU grace period (the write side of the kernel's
+    cgroup_threadgroup_rwsem): every sandbox that joins the evaluation's cgroup pays it, 8 ms on an
+    idle machine here and more under load (bench/RESULTS.md, issue 38); the option is host-wide."""
+    if mountinfo is None:
+        mountinfo = Path("/proc/self/mountinfo").read_text()
+    for line in mountinfo.splitlines():
+        fields = line.split()
+        if "-" in fields and len(fields) > fields.index("-") + 3:
+            dash = fields.index("-")
+            if fields[dash + 1] in ("cgroup", "cgroup2") and "favordynmods" in fields[dash + 3].split(","):
+                return True
+    return False
+
+
 def _own_cgroup_folder(mount_point: Path, mount_root: str, own: str) -> Path | None:
     """Our cgroup's folder; a process started after the move into the leaf counts its parent."""
     if not (own == mount_root or own.startswith(mount_root.rstrip("/") + "/")):

@@ -122,6 +122,7 @@ class Spawner:
         self._phase_sandboxes: dict[PhaseKey, PhaseSandbox] = {}
         self._phase_executor = False  # the open phase's executor commands share its sandboxes too
         self._prestarts: dict[str, _Prestart] = {}  # coming phases' sandboxes, starting (``prestart``)
+        self._retired: list[PhaseSandbox] = []  # ended phases' sandboxes, told to end (``phase(retire=)``)
         self._cpu_before = _children_cpu_seconds()
         killer.become_subreaper()
         for tool in ("prlimit", "setpriv", *(() if NICE_BY_THREAD else ("nice",))):
@@ -195,21 +196,29 @@ class Spawner:
     # -- phases (SPEC §25, phase.py) ---------------------------------------------------------
 
     @contextlib.contextmanager
-    def phase(self, name: str, *, init_base: Path, executor: bool = False):
+    def phase(self, name: str, *, init_base: Path, executor: bool = False, retire: bool = False):
         """Within it, the sandboxed commands of one policy share one sandbox (``init_base``:
         WORKSPACE_BASE, where the init's folder is made); every one of them ends with it.
-        ``executor``: the executor's own commands (``fresh_tmp``) share one too, and one /tmp."""
+        ``executor``: the executor's own commands (``fresh_tmp``) share one too, and one /tmp.
+        ``retire``: at the end, each sandbox is only told to end (its init's socket closed: no
+        command can start in it, and its commands' leftovers were killed after each); the wait
+        for its end is the next ``end_phase``'s (or ``sweep``'s, ``close``'s), off this path."""
         if self._phase is not None:
             raise RuntimeError(f"phase {name!r} inside phase {self._phase!r}: phases do not nest")
         self._phase, self._phase_base, self._phase_executor = name, Path(init_base), executor
+        ended = False
         try:
             prestarted = self._take_prestart(name)
             if prestarted is not None:
                 self._phase_sandboxes[prestarted.key] = prestarted
             yield
+            ended = True
         finally:
             self._phase, self._phase_executor = None, False
-            self.end_phase()
+            if retire and ended:
+                self._retire_phase()
+            else:
+                self.end_phase()
 
     def prestart(self, name: str, policy: SandboxPolicy, limits: Limits, cwd: Path, *, init_base: Path) -> None:
         """Start now the sandbox the commands of ``policy`` will share in the coming phase ``name``
@@ -248,9 +257,17 @@ class Spawner:
         return None
 
     def end_phase(self) -> None:
-        """End every sandbox of the phase: its init's socket closed, its pid namespace seen gone."""
-        for sandbox in list(self._phase_sandboxes.values()):
+        """End every sandbox of the phase, and of earlier phases that retired theirs: its init's
+        socket closed, its pid namespace seen gone."""
+        for sandbox in [*self._retired, *self._phase_sandboxes.values()]:
             self._end_sandbox(sandbox)
+        self._retired.clear()
+
+    def _retire_phase(self) -> None:
+        for sandbox in list(self._phase_sandboxes.values()):
+            del self._phase_sandboxes[sandbox.key]
+            sandbox.channel.close()  # the init exits, and with it the sandbox; awaited by end_phase
+            self._retired.append(sandbox)
 
     def phase_pids(self) -> set[int]:
         """The open phase's sandboxes' own processes (not commands): bubblewrap, init, relay."""

@@ -25,6 +25,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import stat
 import sys
@@ -41,9 +42,12 @@ from evaluations.runtime import (
     sandbox_uid,
     select_runtime,
 )
+from evaluations.runtime.cgroupfs import favors_dynmods
 from evaluations.runtime.idmap import ID_COUNT
 from evaluations.runtime.sandbox import can_traverse
 from executor_project.config import Config
+
+logger = logging.getLogger(__name__)
 
 
 class StartupError(Exception):
@@ -62,6 +66,11 @@ def prepare_to_run(config: Config) -> Runtime:
     runtime = choose_runtime(config)
     if os.geteuid() == 0:
         runtime.cgroups = cgroups.detect(config.cgroup_parent)
+        if runtime.cgroups.enforced and not favors_dynmods():
+            logger.info(
+                "cgroups: each sandbox's move into its evaluation's cgroup waits for an RCU grace period; "
+                "a cgroup hierarchy mounted with favordynmods removes that wait (docs/operating.md)"
+            )
     log_startup_warnings()
     become_subreaper()  # orphans of a dead evaluation process come to us, not to init
     return runtime

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from evaluations.runtime import cgroups
-from evaluations.runtime.cgroupfs import Mounts, probe, read_mounts, setup_v2
+from evaluations.runtime.cgroupfs import Mounts, favors_dynmods, probe, read_mounts, setup_v2
 
 MIB = 1024 * 1024
 ALL_FEATURES = ("memory.swap.max", "memory.oom.group", "memory.peak", "pids.peak", "cgroup.kill")
@@ -176,3 +176,10 @@ def test_stale_cgroups_are_the_folders_not_the_parents_files(tmp_path):
     cgroup = v2_cgroup(tmp_path)
     assert cgroups.stale_cgroups([], support=cgroup.support) == ["e1"]
     assert cgroups.stale_cgroups(["e1"], support=cgroup.support) == []
+
+
+def test_favordynmods_is_read_off_any_cgroup_mount():
+    assert not favors_dynmods(HYBRID) and not favors_dynmods(PURE_V2)
+    assert favors_dynmods(PURE_V2.replace("rw,nsdelegate", "rw,nsdelegate,favordynmods"))
+    assert favors_dynmods(HYBRID.replace("cgroup rw,memory", "cgroup rw,memory,favordynmods"))
+    assert not favors_dynmods(HYBRID.replace("tmpfs rw,mode=755", "tmpfs rw,mode=755,favordynmods"))  # not a cgroup's

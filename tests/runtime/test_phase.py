@@ -11,6 +11,7 @@ import dataclasses
 import pytest
 
 from evaluations.runtime import SandboxPolicy, initbin
+from tests.helpers.polling import wait_for
 from tests.runtime.conftest import make_harness
 from tests.runtime.support import DEFAULT_LIMITS, tagged_alive
 
@@ -225,3 +226,24 @@ def test_a_prestart_without_a_usable_init_leaves_its_phase_a_bubblewrap_each(bwr
     with bwrap_sp.spawner.phase("tests", init_base=bwrap_sp.session.parent):
         assert [_run(bwrap_sp, PID_NS, policy).output for _ in range(2)] == ["0\n", "0\n"]
     assert not tagged_alive(bwrap_sp.eval_id)
+
+
+def test_a_retired_phase_sandbox_ends_on_its_own_and_is_collected_by_the_next_end(bwrap_sp):
+    policy = _policy(bwrap_sp, fresh_tmp=True)
+    with bwrap_sp.spawner.phase("patch", init_base=bwrap_sp.session.parent, executor=True, retire=True):
+        assert _run(bwrap_sp, ["bash", "-c", "sleep 300.25 & echo started"], policy).output == "started\n"
+        assert bwrap_sp.spawner.phase_pids()
+    assert bwrap_sp.spawner.phase_pids() == set()  # no command can start in it any more
+    wait_for(lambda: not tagged_alive(bwrap_sp.eval_id), timeout=30, what="the retired sandbox to end by itself")
+    assert len(_executor_tmps(bwrap_sp)) == 1  # its /tmp goes when its end is collected
+    bwrap_sp.spawner.end_phase()
+    assert _executor_tmps(bwrap_sp) == []
+
+
+def test_a_phase_that_raises_ends_its_sandboxes_at_once_even_when_it_would_retire_them(bwrap_sp):
+    policy = _policy(bwrap_sp, fresh_tmp=True)
+    with pytest.raises(RuntimeError, match="the step failed"):
+        with bwrap_sp.spawner.phase("patch", init_base=bwrap_sp.session.parent, executor=True, retire=True):
+            _run(bwrap_sp, ["true"], policy)
+            raise RuntimeError("the step failed")
+    assert not tagged_alive(bwrap_sp.eval_id) and _executor_tmps(bwrap_sp) == []
