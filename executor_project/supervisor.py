@@ -3,7 +3,7 @@
 serve execs this module (same pid, so both stay its children) in a bare interpreter,
 ``python -I -S``: no site, no Django, only the standard library and ``process.name_process``.
 A process that only waits then holds a few MB instead of an interpreter that imported Django
-(bench/RESULTS.md, issue 38: its PSS 32 -> ~4 MB).
+(bench/RESULTS.md, issue 38: its PSS 32 -> 4-5 MB).
 
 1. SIGTERM, SIGINT and SIGCHLD are blocked before serve forks (each child unblocks them) and
    stay blocked through the exec and to the end: this module takes them with ``sigwaitinfo``,

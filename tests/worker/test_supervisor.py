@@ -20,8 +20,8 @@ from tests.helpers.polling import wait_for
 from tests.helpers.service import PROJECT
 
 # argv: children as JSON {name: argv}, the stop timeout, the metrics folder, and what the parent does
-# before it execs: "" or "sigterm" (a SIGTERM to itself, pending across the exec) or "reap-ready"
-# (waits until every child has exited, without reaping them, then SIGTERMs itself).
+# before it execs: "" (nothing), "sigterm" (a SIGTERM to itself, pending across the exec) or
+# "exited-and-sigterm" (waits until every child has exited, without reaping them, then the same).
 PARENT = """
 import json, os, signal, sys
 from executor_project import supervisor
