@@ -96,6 +96,8 @@ def _role(proc: psutil.Process, parent_role: str | None) -> str:
         return named[comm]
     cmdline = " ".join(proc.cmdline())
     for needle, role in (
+        # serve after its exec, before it names itself (its argv names its children: first)
+        ("executor_project import supervisor", "serve"),
         ("resource_tracker", "resource tracker"),
         ("forkserver", "forkserver"),
         ("gunicorn", "gunicorn master"),

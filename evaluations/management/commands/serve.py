@@ -17,6 +17,10 @@
    shares these pages instead of importing its own copy (bench/RESULTS.md).
    The processes are named (``ps -o comm``): te-serve, te-gunicorn, te-worker,
    te-forkserver.
+6. Once both are forked, serve has nothing left to run but the waiting: it execs
+   ``executor_project/supervisor.py`` in a bare interpreter (same pid), which holds a
+   few MB where this one holds Django's. The signals it waits for are blocked from
+   before the forks, so none is lost while it execs.
 """
 
 from __future__ import annotations
@@ -26,7 +30,6 @@ import os
 import shutil
 import signal
 import sys
-import time
 import traceback
 
 from django.conf import settings
@@ -39,6 +42,7 @@ from evaluations.worker.startup import (
     check_signing_key,
     choose_runtime,
 )
+from executor_project import supervisor
 from executor_project.config import PROJECT_DIR
 from executor_project.process import name_process
 
@@ -69,44 +73,28 @@ class Command(BaseCommand):
             sys.stderr.flush()
             os.execv(sys.executable, [sys.executable, str(PROJECT_DIR / "manage.py"), "serve"])
         try:
-            self.serve(config)
+            self.serve(config, metrics_dir)
         finally:
             shutil.rmtree(metrics_dir, ignore_errors=True)
 
-    def serve(self, config) -> None:
+    def serve(self, config, metrics_dir) -> None:
         name_process("te-serve")
         os.chdir(PROJECT_DIR)
         preload()
-        stopping = {"signal": None}
-
-        def forward(signum, frame):
-            stopping["signal"] = signum
-
+        # Blocked until the supervisor takes them (each child unblocks them): none is lost meanwhile.
+        unblocked = signal.pthread_sigmask(signal.SIG_BLOCK, supervisor.SIGNALS)
         children = {
-            "gunicorn": fork("te-gunicorn", run_gunicorn),
-            "worker": fork("te-worker", run_worker),
+            "gunicorn": fork("te-gunicorn", run_gunicorn, unblocked),
+            "worker": fork("te-worker", run_worker, unblocked),
         }
-        signal.signal(signal.SIGTERM, forward)
-        signal.signal(signal.SIGINT, forward)
-        codes: dict[str, int] = {}
-        exited = None
-        while stopping["signal"] is None and exited is None:
-            exited = next(iter(collect(children, codes)), None)
-            time.sleep(0.2)
-        for name, pid in children.items():
-            if name not in codes:
-                _kill(pid, signal.SIGTERM)
-        deadline = time.monotonic() + config.shutdown_grace_secs + 15
-        while len(codes) < len(children) and time.monotonic() < deadline:
-            collect(children, codes)
-            time.sleep(0.1)
-        for name, pid in children.items():
-            if name not in codes:
-                _kill(pid, signal.SIGKILL)
-                codes[name] = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
-        if exited is not None:
-            self.stderr.write(f"serve: {exited} exited with code {codes[exited]}; stopped the rest")
-            sys.exit(1)
+        arguments = supervisor.arguments(children, config.shutdown_grace_secs + 15, str(metrics_dir))
+        sys.stdout.flush()
+        sys.stderr.flush()
+        try:
+            os.execv(sys.executable, supervisor.command(arguments))
+        except OSError as exc:  # the interpreter gone (replaced by an upgrade?): supervise from here
+            self.stderr.write(f"serve: cannot exec {sys.executable} ({exc}); supervising from this process")
+            supervisor.main(arguments)
 
 
 def preload() -> None:
@@ -154,8 +142,9 @@ def first_use() -> None:
             field.cached_col  # noqa: B018
 
 
-def fork(name: str, target) -> int:
-    """Run ``target`` in a child process that shares this one's pages; return its pid."""
+def fork(name: str, target, unblocked: set[signal.Signals]) -> int:
+    """Run ``target`` in a child process that shares this one's pages; return its pid.
+    The child's signal mask is set back to ``unblocked``."""
     pid = os.fork()
     if pid:
         return pid
@@ -163,6 +152,7 @@ def fork(name: str, target) -> int:
     try:
         for signum in (signal.SIGTERM, signal.SIGINT):
             signal.signal(signum, signal.SIG_DFL)
+        signal.pthread_sigmask(signal.SIG_SETMASK, unblocked)
         name_process(name)
         target()
         code = 0
@@ -188,26 +178,3 @@ def run_worker() -> None:
     from django.core.management import call_command
 
     call_command("run_worker")
-
-
-def collect(children: dict[str, int], codes: dict[str, int]) -> list[str]:
-    """Record the exit codes of children that ended; return their names."""
-    ended = []
-    for name, pid in children.items():
-        if name in codes:
-            continue
-        try:
-            done, status = os.waitpid(pid, os.WNOHANG)
-        except ChildProcessError:
-            done, status = pid, 0
-        if done:
-            codes[name] = os.waitstatus_to_exitcode(status)
-            ended.append(name)
-    return ended
-
-
-def _kill(pid: int, signum: int) -> None:
-    try:
-        os.kill(pid, signum)
-    except ProcessLookupError:
-        pass
