@@ -226,6 +226,12 @@ int main(int argc, char **argv) {
     if (argc < 2) return 2;
     control = atoi(argv[1]);
     if (argc > 2) relay_port = atoi(argv[2]);
+    /* Run from a descriptor (/proc/self/fd/N: initbin.exec_path), this process would be named N:
+     * the host finds it by its name. Nothing inherited but the socket stays open (the descriptor
+     * it was run from among them). */
+    prctl(PR_SET_NAME, "te-init");
+    if (control > 3) syscall(SYS_close_range, 3, control - 1, 0);
+    syscall(SYS_close_range, control + 1, ~0U, 0);
     prctl(PR_SET_CHILD_SUBREAPER, 1);
     /* Not dumpable: a process of the sandbox without CAP_SYS_PTRACE there (none has it) cannot
      * ptrace this one, so the exit statuses it reports are the commands' own. An exec's program

@@ -57,6 +57,19 @@ def ensure_init(base: Path) -> Path:
     return folder
 
 
+def open_binary(base: Path) -> int:
+    """The built init (``ensure_init``) open for a sandbox to run it from the descriptor, without a
+    mount point in the sandbox's root: its bubblewrap gets it with ``pass_fds`` and execs
+    ``exec_path(fd)`` (an image's layer and a read-only root stay untouched). Close-on-exec here."""
+    return os.open(ensure_init(base) / NAME, os.O_RDONLY | os.O_CLOEXEC)
+
+
+def exec_path(fd: int) -> str:
+    """The path a sandbox execs the init by when it holds it as descriptor ``fd``: its own /proc's
+    link to it (the init renames itself te-init, and closes the descriptor, at start)."""
+    return f"/proc/self/fd/{fd}"
+
+
 def cache_dir() -> Path:
     """This host's build cache: one binary per source, for every service and test run of the host."""
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "term-executor" / "sandbox-init"

@@ -39,7 +39,6 @@ from evaluations.network.egress.relay import RELAY_PORT, proxy_env
 from evaluations.runtime import initbin, killer
 from evaluations.runtime.initchannel import Exec, InitChannel, exec_request
 from evaluations.runtime.policy import SandboxPolicy
-from evaluations.runtime.types import Mount
 
 log = logging.getLogger(__name__)
 
@@ -61,10 +60,19 @@ class PhaseKey:
 class PhaseSandbox:
     """One bubblewrap around the init, for the commands of one phase that share its ``PhaseKey``."""
 
-    def __init__(self, *, key: PhaseKey, policy: SandboxPolicy, channel: InitChannel, closing: contextlib.ExitStack):
+    def __init__(
+        self,
+        *,
+        key: PhaseKey,
+        policy: SandboxPolicy,
+        channel: InitChannel,
+        binary: int,
+        closing: contextlib.ExitStack,
+    ):
         self.key = key
         self.policy = policy  # completed: what the sandbox was rendered from
         self.channel = channel
+        self.binary = binary  # the init, open (initbin.open_binary): run from it, no mount point
         self.closing = closing  # the fresh tmp, the launch's descriptors: closed by ``end``
         self.proc: subprocess.Popen | None = None
         self.sandbox_init: int | None = None  # bubblewrap's pid 1 of the namespace (host pid)
@@ -75,13 +83,14 @@ class PhaseSandbox:
         self._next_exec = 0
 
     @staticmethod
-    def init_policy(policy: SandboxPolicy, workspace_base: Path) -> SandboxPolicy:
-        """The command's policy plus the init's folder (and the relay started beside the init)."""
-        init_mount = Mount(initbin.ensure_init(workspace_base), initbin.TARGET_DIR)
-        return dataclasses.replace(policy, mounts=(*policy.mounts, init_mount), relay_wait=False)
+    def init_policy(policy: SandboxPolicy) -> SandboxPolicy:
+        """The command's policy, its relay started beside the init rather than before it."""
+        return dataclasses.replace(policy, relay_wait=False)
 
     def init_argv(self) -> list[str]:
-        argv = [initbin.TARGET, str(self.channel.init_fd)]
+        """Run from its descriptor (passed to bubblewrap with the socket's), so neither an image's
+        layer nor a read-only root needs a mount point for it."""
+        argv = [initbin.exec_path(self.binary), str(self.channel.init_fd)]
         return [*argv, str(RELAY_PORT)] if self.has_relay else argv
 
     @property

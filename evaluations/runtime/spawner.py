@@ -26,7 +26,7 @@ output capture, sandboxing and killing are written once:
    results as above; what a command left in it is killed when it ends, and
    the phase's end ends the sandbox. The executor's own commands (``fresh_tmp``) keep a
    sandbox of their own unless the phase is theirs (``executor=True``: one job's commands, as
-   the agent's patch, sharing one fresh /tmp); an image's, and those handed descriptors, always.
+   the agent's patch, sharing one fresh /tmp); those handed descriptors, always.
    ``prestart(name, ...)`` starts a coming phase's sandbox in a thread while other work goes on
    (the patch's while the agent runs): ``phase(name)`` takes it, ready.
 
@@ -286,12 +286,9 @@ class Spawner:
         return self._phaseable(policy, ())
 
     def _phaseable(self, policy: SandboxPolicy, pass_fds: Sequence[int]) -> bool:
-        return (
-            self.runtime.contains_processes
-            and not pass_fds
-            and policy.image is None  # an image's root would get the init's mount point in its layer
-            and policy.root is None  # a named root is read-only: no mount point for the init
-        )
+        # In any root (the host's, an image's, a named one): the init runs from a descriptor, with no
+        # mount point of its own there (phase.py).
+        return self.runtime.contains_processes and not pass_fds
 
     def _phase_sandbox(self, policy: SandboxPolicy, limits: Limits, cwd: Path) -> PhaseSandbox | None:
         """The phase's sandbox for this policy, started by its first command; None if one cannot
@@ -320,20 +317,21 @@ class Spawner:
         waits for its init); None without an init. Always from the thread that runs the phase's
         commands: bubblewrap dies with the thread that started it (``--die-with-parent``)."""
         try:
-            init_policy = PhaseSandbox.init_policy(policy, base)
+            binary = initbin.open_binary(base)
         except (initbin.InitUnavailable, OSError) as exc:  # no compiler here: a bubblewrap each, as before
             log.warning("eval %s: phase %s: no init for a shared sandbox: %s", self.eval_id, phase, exc)
             return None
         closing = contextlib.ExitStack()
+        closing.callback(os.close, binary)
         channel = InitChannel()
         closing.callback(channel.close)
         try:
-            completed = self._complete(init_policy, limits, closing)
-            sandbox = PhaseSandbox(key=key, policy=completed, channel=channel, closing=closing)
+            completed = self._complete(PhaseSandbox.init_policy(policy), limits, closing)
+            sandbox = PhaseSandbox(key=key, policy=completed, channel=channel, binary=binary, closing=closing)
             env = {"PATH": SYSTEM_PATH, killer.TAG_VAR: self.eval_id}
             launch = self.runtime.launch(sandbox.init_argv(), completed, cwd=cwd, env=env)
             closing.callback(launch.close)
-            sandbox.proc = self._start(launch, False, completed.niceness, (channel.init_fd,))
+            sandbox.proc = self._start(launch, False, completed.niceness, (channel.init_fd, binary))
         except BaseException:
             closing.close()
             raise

@@ -251,3 +251,27 @@ def test_a_failing_run_is_the_tasks_fault_with_its_line(tasks, config, base_imag
     assert (evaluation.status, evaluation.error_kind) == ("failed", "task_invalid"), evaluation.error
     assert evaluation.error.startswith("preparing_environment: ") and "line 3" in evaluation.error
     assert "building" in evaluation.error
+
+
+def test_an_images_install_commands_share_a_sandbox_and_its_tests_another_leaving_nothing_in_its_layer(
+    tasks, config, base_image
+):
+    """SPEC §25 in an image: each phase's commands are execs in one sandbox (the markers each sees in
+    its /dev/shm), the init run from a descriptor, so the image's layer gains no mount point for it."""
+    _, ref, _ = base_image
+    count = "echo $(ls /dev/shm | grep -c '^seen-') >> {log}; touch /dev/shm/seen-$RANDOM$RANDOM\n"
+    url = tasks.task(
+        workspace="environment: {image: '" + ref + "'}\n",
+        install=[count.format(log="/root/install.log")] * 2,
+        tests={
+            "a_first.sh": count.format(log="/root/tests.log"),
+            "b_second.sh": count.format(log="/root/tests.log")
+            + "test ! -e /run/te-init && cat /root/install.log /root/tests.log | tr '\\n' ' '\n",
+        },
+    )
+    agent = "import os; print('mount point left:', os.path.lexists('/run/te-init'))\n"
+    evaluation = evaluate(url, agent, config=config, sandbox="bwrap")
+    first, second = evaluation.test_results.all()
+    assert first.passed and second.passed, (evaluation.error, first.output, second.output)
+    assert second.output.split() == ["0", "1", "0", "1"]  # install: one sandbox; tests: another
+    assert "mount point left: False" in evaluation.agent_output  # the install's sandbox left none in the layer
