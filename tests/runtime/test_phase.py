@@ -119,13 +119,19 @@ def test_phases_do_not_nest(phased):
             pass
 
 
-def test_without_a_usable_init_each_command_runs_in_its_own_sandbox(bwrap_runtime, session, tmp_path, monkeypatch):
+@pytest.fixture
+def broken_init(tmp_path, monkeypatch):
+    """An init that exits at once (its sandbox never says it runs)."""
     broken = tmp_path / "init"
     broken.mkdir()
     (broken / initbin.NAME).write_text("#!/bin/false\n")
     (broken / initbin.NAME).chmod(0o755)
     tmp_path.chmod(0o755)
     monkeypatch.setattr(initbin, "ensure_init", lambda base: broken)
+
+
+@pytest.mark.usefixtures("broken_init")
+def test_without_a_usable_init_each_command_runs_in_its_own_sandbox(bwrap_runtime, session):
     harness = make_harness(bwrap_runtime, session, in_phase=True)
     try:
         first, second = (harness.run(PID_NS) for _ in range(2))
@@ -214,13 +220,8 @@ def test_a_prestarted_sandbox_killed_before_its_phase_is_replaced(bwrap_sp):
     assert not tagged_alive(bwrap_sp.eval_id)
 
 
-def test_a_prestart_without_a_usable_init_leaves_its_phase_a_bubblewrap_each(bwrap_sp, tmp_path, monkeypatch):
-    broken = tmp_path / "init"
-    broken.mkdir()
-    (broken / initbin.NAME).write_text("#!/bin/false\n")
-    (broken / initbin.NAME).chmod(0o755)
-    tmp_path.chmod(0o755)
-    monkeypatch.setattr(initbin, "ensure_init", lambda base: broken)
+@pytest.mark.usefixtures("broken_init")
+def test_a_prestart_without_a_usable_init_leaves_its_phase_a_bubblewrap_each(bwrap_sp):
     policy = _policy(bwrap_sp)
     _prestart(bwrap_sp, "tests", policy)
     with bwrap_sp.spawner.phase("tests", init_base=bwrap_sp.session.parent):
