@@ -30,7 +30,7 @@ import signal
 import threading
 import time
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 TAG_VAR = "TERM_EXECUTOR_EVAL"
@@ -218,8 +218,9 @@ def _stat(pid: int) -> Proc | None:
     return Proc(pid, int(fields[1]), dead, int(fields[19]), int(fields[21]) * _PAGE, exited, bool(flags & _PF_KTHREAD))
 
 
-def processes() -> list[Proc]:
+def processes(pids: Iterable[int] | None = None) -> list[Proc]:
     """Every process on the host that runs user code: one read of ``/proc/<pid>/stat`` each.
+    ``pids``: only those (a cgroup's members), not the whole host.
 
     Kernel threads (most of a quiet host's processes) are left out: none is ever a
     descendant, of a uid of ours or tagged. (psutil builds an object per process and
@@ -227,7 +228,8 @@ def processes() -> list[Proc]:
     bench/RESULTS.md.)
     """
     found = []
-    for name in os.listdir("/proc"):
+    names = os.listdir("/proc") if pids is None else map(str, pids)
+    for name in names:
         if name.isdigit() and (proc := _stat(int(name))) is not None and not proc.kernel_thread:
             found.append(proc)
     return found

@@ -32,7 +32,7 @@ import os
 import subprocess
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from evaluations.network.egress.relay import RELAY_PORT, proxy_env
@@ -68,11 +68,13 @@ class PhaseSandbox:
         channel: InitChannel,
         binary: int,
         closing: contextlib.ExitStack,
+        members: Callable[[], Iterable[int]] | None = None,
     ):
         self.key = key
         self.policy = policy  # completed: what the sandbox was rendered from
         self.channel = channel
         self.binary = binary  # the init, open (initbin.open_binary): run from it, no mount point
+        self.members = members  # the evaluation's cgroup's processes, where it has one: every one of the sandbox's
         self.closing = closing  # the fresh tmp, the launch's descriptors: closed by ``end``
         self.proc: subprocess.Popen | None = None
         self.sandbox_init: int | None = None  # bubblewrap's pid 1 of the namespace (host pid)
@@ -110,7 +112,7 @@ class PhaseSandbox:
             # Before any exec, the sandbox holds only the init and the relay's socat (which the
             # relay's shell started before becoming the init): named by their names now, when no
             # command of the phase could have taken one, and by (pid, start) afterwards.
-            table = killer.processes()
+            table = self._table()
             inside = _subtree(sandbox_init, table)
             named = [(proc, _comm(proc.pid)) for proc in table if proc.pid in inside]
             inits = [(proc.pid, proc.start) for proc, name in named if name == initbin.NAME]
@@ -129,6 +131,19 @@ class PhaseSandbox:
         pid 1 and the init is its one child): else each command needs a sandbox of its own."""
         return self.sandbox_init is not None and self._init is not None
 
+    def _table(self) -> list:
+        """The processes to look among for the sandbox's: the evaluation cgroup's members (a few,
+        where the host has hundreds; a process of the sandbox cannot leave the cgroup), or every
+        process of the host without a cgroup, or when the read does not hold the sandbox's pid 1."""
+        if self.members is not None and self.sandbox_init is not None:
+            try:
+                pids = set(self.members())
+            except OSError:
+                pids = set()
+            if self.sandbox_init in pids:
+                return killer.processes(pids)
+        return killer.processes()
+
     def errors(self) -> str:
         return self._errors.decode("utf-8", "replace").strip()
 
@@ -142,7 +157,7 @@ class PhaseSandbox:
         """The sandbox's own processes (host pids): bubblewrap, its pid 1, the init, the relay."""
         if self.proc is None:
             return set()
-        table = killer.processes()
+        table = self._table()
         return {self.proc.pid, *(pid for pid in (self.sandbox_init,) if pid is not None), *self._kept(table)}
 
     def _kept(self, table: list) -> set[int]:
@@ -194,7 +209,7 @@ class PhaseSandbox:
             return 0
 
         def leftovers() -> list:
-            table = killer.processes()
+            table = self._table()
             kept = self._kept(table)
             inside = _subtree(self.sandbox_init, table)
             return [proc for proc in table if proc.pid in inside and proc.pid not in kept and not proc.zombie]

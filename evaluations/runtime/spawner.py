@@ -327,7 +327,10 @@ class Spawner:
         closing.callback(channel.close)
         try:
             completed = self._complete(PhaseSandbox.init_policy(policy), limits, closing)
-            sandbox = PhaseSandbox(key=key, policy=completed, channel=channel, binary=binary, closing=closing)
+            members = self.cgroup.pids if self.cgroup is not None else None
+            sandbox = PhaseSandbox(
+                key=key, policy=completed, channel=channel, binary=binary, closing=closing, members=members
+            )
             env = {"PATH": SYSTEM_PATH, killer.TAG_VAR: self.eval_id}
             launch = self.runtime.launch(sandbox.init_argv(), completed, cwd=cwd, env=env)
             closing.callback(launch.close)

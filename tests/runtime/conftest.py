@@ -22,7 +22,8 @@ from pathlib import Path
 
 import pytest
 
-from evaluations.runtime import Bubblewrap, NoSandbox, SandboxPolicy, Spawner, probe_bwrap
+from evaluations.runtime import Bubblewrap, NoSandbox, SandboxPolicy, Spawner, cgroups, killer, probe_bwrap
+from evaluations.runtime.cgroupfs import probe, read_mounts
 from evaluations.runtime.sandbox import usable_language_runtimes
 from tests.runtime.support import DEFAULT_LIMITS, UID, give_to_sandbox_uid, tagged_alive
 
@@ -157,3 +158,23 @@ def bwrap_sp(bwrap_runtime, session):
     leftovers = tagged_alive(harness.eval_id)
     harness.spawner.sweep()
     assert not leftovers, f"processes still alive after the test: {leftovers}"
+
+
+@pytest.fixture
+def support():
+    """This host's cgroups under a parent of the test's own (removed after it); as root only."""
+    reason = "not root" if os.geteuid() != 0 else None
+    parent = f"te-test-{uuid.uuid4().hex[:10]}"
+    found = probe(read_mounts(), parent) if reason is None else None
+    if found is not None and not found.enforced:
+        reason = found.detail
+    if reason:
+        if os.environ.get("REQUIRE_SANDBOX") == "1":
+            pytest.fail(f"REQUIRE_SANDBOX=1 but no cgroup can be made here: {reason}")
+        pytest.skip(f"no cgroup can be made here: {reason}")
+    yield found
+    left = cgroups.remove_stale([], support=found)
+    for folder in found.parents.values():
+        folder.rmdir()
+    killer.reap_orphans()  # escapees reparented to this process if an earlier test made it a subreaper
+    assert not left, f"cgroups left by the test: {left}"

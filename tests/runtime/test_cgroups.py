@@ -18,31 +18,12 @@ from pathlib import Path
 
 import pytest
 
-from evaluations.runtime import cgroups, killer
-from evaluations.runtime.cgroupfs import Mounts, probe, read_mounts
+from evaluations.runtime import cgroups
+from evaluations.runtime.cgroupfs import Mounts, probe
 from tests.runtime.support import MIB, UID
 
 PROJECT = Path(__file__).resolve().parents[2]
 BOUND_SECS = 30  # every wait below ends by then
-
-
-@pytest.fixture
-def support():
-    reason = "not root" if os.geteuid() != 0 else None
-    parent = f"te-test-{uuid.uuid4().hex[:10]}"
-    found = probe(read_mounts(), parent) if reason is None else None
-    if found is not None and not found.enforced:
-        reason = found.detail
-    if reason:
-        if os.environ.get("REQUIRE_SANDBOX") == "1":
-            pytest.fail(f"REQUIRE_SANDBOX=1 but no cgroup can be made here: {reason}")
-        pytest.skip(f"no cgroup can be made here: {reason}")
-    yield found
-    left = cgroups.remove_stale([], support=found)
-    for folder in found.parents.values():
-        folder.rmdir()
-    killer.reap_orphans()  # escapees reparented to this process if an earlier test made it a subreaper
-    assert not left, f"cgroups left by the test: {left}"
 
 
 def new_id() -> str:

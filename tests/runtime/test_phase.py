@@ -6,11 +6,12 @@ what only a phase has: which commands share a sandbox, what ends it, and the ini
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 
 import pytest
 
-from evaluations.runtime import SandboxPolicy, initbin
+from evaluations.runtime import SandboxPolicy, initbin, killer
 from tests.helpers.polling import wait_for
 from tests.runtime.conftest import make_harness
 from tests.runtime.support import DEFAULT_LIMITS, tagged_alive
@@ -248,3 +249,34 @@ def test_a_phase_that_raises_ends_its_sandboxes_at_once_even_when_it_would_retir
             _run(bwrap_sp, ["true"], policy)
             raise RuntimeError("the step failed")
     assert not tagged_alive(bwrap_sp.eval_id) and _executor_tmps(bwrap_sp) == []
+
+
+def test_with_a_cgroup_a_sandbox_is_cleared_looking_only_at_the_evaluations_processes(
+    bwrap_runtime, session, support, monkeypatch
+):
+    """Where the evaluation has a cgroup, what a command left is found among the cgroup's members
+    (every process of the sandbox is one) rather than among every process of the host."""
+    runtime = copy.copy(bwrap_runtime)
+    runtime.cgroups = support
+    looked_at = []
+    whole_host = killer.processes
+
+    def spy(pids=None):
+        looked_at.append(None if pids is None else sorted(pids))
+        return whole_host(pids)
+
+    monkeypatch.setattr(killer, "processes", spy)
+    harness = make_harness(runtime, session, in_phase=True)
+    try:
+        left = harness.run("touch /dev/shm/seen-first; setsid sleep 300.75 </dev/null >/dev/null 2>&1 & echo started")
+        assert left.output == "started\n"
+        assert not [
+            p for p in tagged_alive(harness.eval_id, harness.spawner.phase_pids()) if "300.75" in " ".join(p.cmdline())
+        ]
+        assert harness.run(PID_NS).output == "1\n"  # the same sandbox, its leftover gone
+        members = [pids for pids in looked_at if pids is not None]
+        assert members and all(len(pids) < 20 for pids in members), looked_at  # the cgroup's few, not the host's
+    finally:
+        harness.end_phase()
+        harness.spawner.close()
+    assert not tagged_alive(harness.eval_id)
