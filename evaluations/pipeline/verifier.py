@@ -6,9 +6,10 @@
    ``agent_network``/``verifier_network`` say whether its commands have one, ``phase_egress`` switches
    the evaluation's proxy to the phase's allowlist as the phase begins.
 2. ``agent_mounts`` (running_agent): in an image, ``/logs/agent`` is the session's ``agent-logs/``, the
-   sandbox uid's; ``after_agent`` then, with no process of the agent alive, records what it changed
-   outside its working directory (``system_changes``) and keeps what it left in /logs/agent
-   (``artifacts``).
+   sandbox uid's, and ``/logs/verifier`` an empty folder (Harbor mounts it in every phase; what the
+   agent leaves there is removed when the verifier's is made, 3.); ``after_agent`` then, with no
+   process of the agent alive, records what it changed outside its working directory
+   (``system_changes``) and keeps what it left in /logs/agent (``artifacts``).
 3. ``run_verifier`` (running_tests): a fresh sandbox on the file system the agent left (or, for
    ``[verifier] isolated``, on the image plus only its working directory), the task's tests at ``/tests``
    (root's, read-only), an empty ``/logs/verifier``, ``bash /tests/<script>`` from the working directory.
@@ -127,15 +128,19 @@ def phase_egress(ctx: Context, phase: str) -> None:
 
 
 def agent_mounts(ctx: Context) -> list[Mount]:
-    """In an image: /logs/agent, writable (the session's agent-logs/, counted by its disk quota)."""
+    """In an image: /logs/agent, writable (the session's agent-logs/, counted by its disk quota), and
+    /logs/verifier, empty and writable (verifier/logs, made fresh: removed with what the agent left in
+    it when ``run_verifier`` makes the verifier's)."""
     if not ctx.env.agent_logs:
         return []
     folder = ctx.session.agent_logs
     if not folder.exists():
         folder.mkdir(mode=0o755)
         os.chown(folder, ctx.session.uid, ctx.session.uid)
+    _tests, logs = _verifier_folders(ctx, [])
     _mount_point(ctx, AGENT_LOGS)
-    return [Mount(folder, AGENT_LOGS, writable=True)]
+    _mount_point(ctx, VERIFIER_LOGS)
+    return [Mount(folder, AGENT_LOGS, writable=True), Mount(logs, VERIFIER_LOGS, writable=True)]
 
 
 def after_agent(ctx: Context) -> None:
