@@ -291,7 +291,9 @@ class EvaluationSerializer(Shape):
         allow_null=True,
         help_text="What a Harbor or Terminal-Bench task asked for, capped by the operator's settings (the smaller "
         "wins): agent_timeout_secs, verifier_timeout_secs, build_timeout_secs, cpus, memory_mb, storage_mb, "
-        "network, allowed_hosts.",
+        "network, allowed_hosts ([environment]'s); per phase agent_network_mode, agent_allowed_hosts, "
+        "verifier_network_mode, verifier_allowed_hosts (the task's [agent]/[verifier] over [environment]'s) and "
+        "agent_network, verifier_network (whether the phase's commands had the network at all).",
     )
     task_metadata = serializers.DictField(
         allow_null=True,

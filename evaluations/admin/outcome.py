@@ -18,7 +18,8 @@ from evaluations.admin.detail import whole_url
 # The order limits_applied's keys are shown in; others (a later version's) follow, sorted.
 LIMIT_KEYS = (
     "agent_timeout_secs", "verifier_timeout_secs", "build_timeout_secs", "cpus", "memory_mb", "storage_mb",
-    "network", "allowed_hosts",
+    "network", "allowed_hosts", "agent_network", "agent_network_mode", "agent_allowed_hosts",
+    "verifier_network", "verifier_network_mode", "verifier_allowed_hosts",
 )  # fmt: skip
 
 

@@ -1,9 +1,10 @@
 """What a grader is given (grading.base.Sandbox): the tests' sandbox of one evaluation, made of its Context.
 
 The grader decides what runs and reads its result (evaluations/grading/); how a command runs here is
-the pipeline's: the task's policy with the tests' network, the session's tests/ folder read-only and
-the static assets' mounts, the environment the step computed; the verifier's own sandbox, folders and
-shell are pipeline/verifier.py's.
+the pipeline's: the task's policy with the tests' network (TEST_NETWORK and the task's [verifier] phase,
+the evaluation's proxy switched to that phase as the sandbox is made), the session's tests/ folder
+read-only and the static assets' mounts, the environment the step computed; the verifier's own
+sandbox, folders and shell are pipeline/verifier.py's.
 """
 
 from __future__ import annotations
@@ -20,14 +21,15 @@ from evaluations.tasks.spec import TestSpec
 
 
 def script_policy(ctx: Context, logs: Path | None = None) -> SandboxPolicy:
-    """The sandbox of a test script: the task's policy with the tests' network, the session's tests/
-    folder (made here) read-only, the static assets' mounts, and ``logs`` at /logs/verifier if given."""
+    """The sandbox of a test script: the task's policy with the tests' network (verifier.verifier_network),
+    the session's tests/ folder (made here) read-only, the static assets' mounts, and ``logs`` at
+    /logs/verifier if given."""
     tests = ctx.session.tests
     tests.mkdir(mode=0o755, exist_ok=True)
     mounts = [Mount(tests, str(tests), writable=False), *static.mounts(ctx)]
     if logs is not None:
         mounts.append(Mount(logs, verifier.VERIFIER_LOGS, writable=True))
-    return ctx.task_policy(network=ctx.config.test_network, mounts=mounts)
+    return ctx.task_policy(network=verifier.verifier_network(ctx), mounts=mounts)
 
 
 class GradingSandbox:
@@ -41,6 +43,7 @@ class GradingSandbox:
         self.tests = tests
         self.max_tests = ctx.config.max_tests
         self.timeout_secs = ctx.config.test_timeout_secs
+        verifier.phase_egress(ctx, verifier.VERIFIER)  # the tests' network (SPEC §23), not the agent's
 
     def log(self, text: str) -> None:
         livelog.append_text(self._ctx.session.log, text)

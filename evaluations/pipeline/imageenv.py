@@ -216,8 +216,9 @@ def verifier_commands(ctx: Context, env: dict[str, str], shell: str, *, fixed: t
 
 def executor_made(ctx: Context) -> tuple[str, ...]:
     """What the executor and the sandbox put in the image's root (mount points, the host's CAs),
-    relative to the root: not the agent's."""
+    relative to the root: not the agent's (/logs/verifier: the mount point of verifier.agent_mounts)."""
     made = ["tmp", "proc", "dev", "sys", "run/term-executor", DISTRIBUTION_CA_BUNDLE, BUNDLE_TARGET, SANDBOX_SOCKET]
+    made.append("logs/verifier")
     made.append(str(ctx.config.workspace_base))
     return tuple(path.strip("/") for path in made)
 

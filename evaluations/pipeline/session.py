@@ -13,7 +13,8 @@ tests/    test scripts, written by the executor after the agent step
 saved/    root only: HOME and venv/ as the install step left them, given back to the tests
 agent-logs/  /logs/agent in an image (SPEC §17): the sandbox uid's; what the agent leaves there is kept
 verifier/ root's: tests/ (the verifier's /tests) and logs/ (its /logs/verifier, the sandbox uid's),
-          written after the agent (pipeline/verifier.py)
+          written after the agent (pipeline/verifier.py); in an image first the agent's empty
+          /logs/verifier, removed with what the agent left there when the verifier's is made
 log.txt   the live combined log (GET /evaluate/{id}/logs)
 
 The session folder is root's, mode 0710, group = the evaluation's own uid

@@ -244,7 +244,7 @@ def running_agent(ctx: Context) -> None:
     timeout = min(evaluation.timeout_secs or config.agent_timeout_secs, config.agent_timeout_secs)
     agent_folder = Mount(ctx.session.agent, str(ctx.session.agent), writable=False)
     mounts = [agent_folder, *static.mounts(ctx), *verifier.agent_mounts(ctx)]  # in an image, /logs/agent
-    verifier.narrow_egress(ctx)  # a task's allowlist, from here on
+    verifier.phase_egress(ctx, verifier.AGENT)  # the agent's network (SPEC §23), from here on
     policy = ctx.task_policy(network=verifier.agent_network(ctx), mounts=mounts)
     if ctx.task.repo is not None:  # the patch's sandbox starts while the agent runs (SPEC §25), apart from it
         ctx.prestart(PATCH_PHASE, ctx.executor_policy(network=False), ctx.session.repo)

@@ -2,11 +2,14 @@
 
 1. ``apply_request`` (downloading_task): the task's timeouts, memory, storage and network, each capped by
    the operator's setting (the smaller wins), become the evaluation's Config; ``limits_applied`` records
-   them.
+   them. Each phase has its own network (SPEC §23: [agent] and [verifier] over [environment]):
+   ``agent_network``/``verifier_network`` say whether its commands have one, ``phase_egress`` switches
+   the evaluation's proxy to the phase's allowlist as the phase begins.
 2. ``agent_mounts`` (running_agent): in an image, ``/logs/agent`` is the session's ``agent-logs/``, the
-   sandbox uid's; ``after_agent`` then, with no process of the agent alive, records what it changed
-   outside its working directory (``system_changes``) and keeps what it left in /logs/agent
-   (``artifacts``).
+   sandbox uid's, and ``/logs/verifier`` an empty folder (Harbor mounts it in every phase; what the
+   agent leaves there is removed when the verifier's is made, 3.); ``after_agent`` then, with no
+   process of the agent alive, records what it changed outside its working directory
+   (``system_changes``) and keeps what it left in /logs/agent (``artifacts``).
 3. ``run_verifier`` (running_tests): a fresh sandbox on the file system the agent left (or, for
    ``[verifier] isolated``, on the image plus only its working directory), the task's tests at ``/tests``
    (root's, read-only), an empty ``/logs/verifier``, ``bash /tests/<script>`` from the working directory.
@@ -34,12 +37,11 @@ from evaluations.pipeline import imageenv
 from evaluations.pipeline.context import Context, StepFailed
 from evaluations.runtime import Mount
 from evaluations.safefs import SafeFSError, remove_tree_nofollow, write_file_nofollow
-from evaluations.tasks.spec import SupportFile
+from evaluations.tasks.spec import AGENT, ALLOWLIST, ENVIRONMENT, NO_NETWORK, VERIFIER, NetworkRequest, SupportFile
 
 AGENT_LOGS = "/logs/agent"
 VERIFIER_LOGS = "/logs/verifier"
 TESTS = "/tests"
-NO_NETWORK, PUBLIC, ALLOWLIST = "no-network", "public", "allowlist"
 
 
 # -- 1. what the task asks for --------------------------------------------------------------------
@@ -68,12 +70,6 @@ def apply_request(ctx: Context) -> None:
     )
     applied = ctx.config
     cpus = os.cpu_count() or 1
-    network = request.network or PUBLIC
-    if network == ALLOWLIST:
-        try:
-            parse_rules(",".join(request.allowed_hosts), "task.toml: [environment] allowed_hosts")
-        except ValueError as exc:
-            raise StepFailed(str(exc), kind=ErrorKind.TASK_INVALID) from None
     limits = {
         "agent_timeout_secs": applied.agent_timeout_secs,
         "verifier_timeout_secs": applied.test_timeout_secs,
@@ -82,45 +78,69 @@ def apply_request(ctx: Context) -> None:
         "storage_mb": applied.disk_quota_mb,
         # Not enforced as a quota: the host's cores are shared by MAX_CONCURRENT_EVALS (docs/tasks.md).
         "cpus": min(float(request.cpus), float(cpus)) if request.cpus is not None else None,
-        "network": network,
+        **_network_limits("", request.phase_network(ENVIRONMENT)),  # network, allowed_hosts: [environment]'s
         "agent_network": agent_network(ctx),
         "verifier_network": verifier_network(ctx),
-        "allowed_hosts": list(request.allowed_hosts) if network == ALLOWLIST else None,
+        **_network_limits("agent_", request.phase_network(AGENT)),
+        **_network_limits("verifier_", request.phase_network(VERIFIER)),
     }
     ctx.stage(task_format=task.format, limits_applied=limits, task_metadata=task.metadata)
 
 
+def _network_limits(prefix: str, network: NetworkRequest) -> dict:
+    """What the task asked of one phase's network: ``<prefix>network_mode`` (``network`` for
+    [environment]'s) and ``<prefix>allowed_hosts`` (null unless an allowlist)."""
+    hosts = list(network.allowed_hosts) if network.mode == ALLOWLIST else None
+    return {f"{prefix}network_mode" if prefix else "network": network.mode, f"{prefix}allowed_hosts": hosts}
+
+
 def agent_network(ctx: Context) -> bool:
-    return ctx.config.agent_network and ctx.task.request.network != NO_NETWORK
+    """Whether the agent's commands have the network (the proxy): AGENT_NETWORK and the task's agent phase."""
+    return ctx.config.agent_network and ctx.task.request.phase_network(AGENT).mode != NO_NETWORK
 
 
 def verifier_network(ctx: Context) -> bool:
-    return ctx.config.test_network and ctx.task.request.network != NO_NETWORK
+    """Whether the tests' commands have the network (the proxy): TEST_NETWORK and the task's verifier phase."""
+    return ctx.config.test_network and ctx.task.request.phase_network(VERIFIER).mode != NO_NETWORK
 
 
-def narrow_egress(ctx: Context) -> None:
-    """``allowlist``: from the agent on, the proxy lets through only the task's hosts, and of those only
-    what the operator's rules allow (after the build: its RUN steps fetch packages as BUILD_NETWORK says)."""
-    request = ctx.task.request
-    if request.network != ALLOWLIST or ctx.egress is None:
+def phase_egress(ctx: Context, phase: str) -> None:
+    """The evaluation's proxy as ``phase`` (AGENT, VERIFIER) begins: the operator's rules (EGRESS_*),
+    narrowed to the phase's ``allowed_hosts`` when its network is an allowlist (a destination the list
+    does not name is refused; one it names is still the operator's to allow), to nothing when it is
+    ``no-network``. One proxy serves the evaluation, its policy switched between phases: a connection
+    is decided by the policy of the phase that made it. The build is not a phase of the task's (its
+    RUN steps fetch as BUILD_NETWORK says), nor is the clone (steps.cloning_repo)."""
+    if ctx.egress is None:
         return
-    rules = parse_rules(",".join(request.allowed_hosts), "allowed_hosts")
-    ctx.egress.policy = ctx.egress.policy.only(rules, "the task's allowed_hosts")
+    network = ctx.task.request.phase_network(phase)
+    policy = ctx.egress.policy
+    if network.mode == ALLOWLIST:
+        rules = parse_rules(",".join(network.allowed_hosts), "allowed_hosts")  # checked by the reader
+        ctx.egress.policy = policy.only(rules, f"the task's allowed_hosts ({phase})")
+    elif network.mode == NO_NETWORK:
+        ctx.egress.policy = policy.only((), f"the task's network_mode ({phase}): no-network")
+    else:
+        ctx.egress.policy = policy.widened()
 
 
 # -- 2. /logs/agent, and after the agent --------------------------------------------------------
 
 
 def agent_mounts(ctx: Context) -> list[Mount]:
-    """In an image: /logs/agent, writable (the session's agent-logs/, counted by its disk quota)."""
+    """In an image: /logs/agent, writable (the session's agent-logs/, counted by its disk quota), and
+    /logs/verifier, empty and writable (verifier/logs, made fresh: removed with what the agent left in
+    it when ``run_verifier`` makes the verifier's)."""
     if not ctx.env.agent_logs:
         return []
     folder = ctx.session.agent_logs
     if not folder.exists():
         folder.mkdir(mode=0o755)
         os.chown(folder, ctx.session.uid, ctx.session.uid)
+    _tests, logs = _verifier_folders(ctx, [])
     _mount_point(ctx, AGENT_LOGS)
-    return [Mount(folder, AGENT_LOGS, writable=True)]
+    _mount_point(ctx, VERIFIER_LOGS)
+    return [Mount(folder, AGENT_LOGS, writable=True), Mount(logs, VERIFIER_LOGS, writable=True)]
 
 
 def after_agent(ctx: Context) -> None:

@@ -11,6 +11,7 @@ import posixpath
 import re
 import tomllib
 from pathlib import Path
+from typing import NoReturn
 
 from evaluations.grading.tbparsers import swebench_from_config
 from evaluations.network.egress.policy import parse_rule
@@ -33,7 +34,12 @@ from evaluations.tasks.readers import (
     type_name,
 )
 from evaluations.tasks.spec import (
+    ALLOWLIST,
+    NETWORK_MODES,
+    NO_NETWORK,
+    PUBLIC,
     ImageEnvironment,
+    NetworkRequest,
     SupportFile,
     TaskError,
     TaskRequest,
@@ -44,9 +50,9 @@ from evaluations.tasks.spec import (
 
 FILE = "task.toml"  # what makes a folder a Harbor task
 
-NETWORK_MODES = ("no-network", "public", "allowlist")
 HARBOR_GRADERS = ("reward_file", "pytest", "swebench")
 _SIZE = re.compile(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([GMK])\s*", re.IGNORECASE)
+_HOST_LABEL = re.compile(r"[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?")  # Harbor's, for allowed_hosts names
 
 
 class _Table:
@@ -121,10 +127,12 @@ def load(root: Path, limits: TaskLimits) -> TaskSpec:
     agent = config.table("agent")
     verifier_table = config.table("verifier")
     environment_table = config.table("environment")
-    environment, env, request = _harbor_environment(root, environment_table, agent)
+    environment, env, request = _harbor_environment(root, environment_table)
     request = TaskRequest(
         agent_timeout_secs=agent.number("timeout_sec"),
         verifier_timeout_secs=verifier_table.number("timeout_sec"),
+        agent_network=_phase_network(agent),  # SPEC §23: each phase may override [environment]'s
+        verifier_network=_phase_network(verifier_table),
         **request,
     )
     grader = verifier_table.take("grader", "reward_file")
@@ -183,7 +191,7 @@ def _read_toml(path: Path) -> dict:
         raise TaskError("task.toml is nested too deeply") from None
 
 
-def _harbor_environment(root: Path, table: _Table, agent: _Table) -> tuple[ImageEnvironment, dict, dict]:
+def _harbor_environment(root: Path, table: _Table) -> tuple[ImageEnvironment, dict, dict]:
     """The image, the task's environment variables and the [environment] part of the request."""
     task_os = table.take("os", "linux")
     if not isinstance(task_os, str) or task_os.lower() not in ("linux", "windows"):
@@ -215,12 +223,8 @@ def _harbor_environment(root: Path, table: _Table, agent: _Table) -> tuple[Image
         "memory_mb": _megabytes(table, "memory"),
         "storage_mb": _megabytes(table, "storage"),
     }
-    network, hosts = _network(table)
-    agent_network, agent_hosts = _network(agent, baseline=False)  # [agent] may override for its phase
-    if agent_network is not None:
-        network, hosts = agent_network, agent_hosts
     env = _literal_env(table.table("env"))
-    return environment, env, {**request, "network": network, "allowed_hosts": hosts}
+    return environment, env, {**request, "network": _environment_network(table)}
 
 
 def _workdir(table: _Table) -> str | None:
@@ -252,45 +256,91 @@ def _megabytes(table: _Table, name: str) -> int | None:
     return parsed
 
 
-def _network(table: _Table, *, baseline: bool = True) -> tuple[str | None, tuple[str, ...]]:
-    """(mode, hosts): ``network_mode`` wins over the older ``allow_internet``; hosts with no mode
-    make an allowlist (as Harbor reads them). (None, ()) when the table says nothing."""
+def _environment_network(table: _Table) -> NetworkRequest | None:
+    """[environment]'s network, as Harbor 0.25 reads it (``BaselineNetworkPolicyConfig``):
+    ``network_mode`` (``public`` when absent), or the older ``allow_internet`` when the table has
+    neither ``network_mode`` nor ``allowed_hosts``. None when it says nothing."""
+    mode = _network_mode(table)
+    hosts = _allowed_hosts(table)
+    allow_internet = table.boolean("allow_internet")
+    if hosts and mode != ALLOWLIST:
+        _needs_allowlist(table, mode, "public by default")
+    if mode is None and hosts is None:
+        if allow_internet is None:
+            return None
+        mode = PUBLIC if allow_internet else NO_NETWORK
+    return NetworkRequest(mode or PUBLIC, hosts or ())
+
+
+def _phase_network(table: _Table) -> NetworkRequest | None:
+    """[agent]'s or [verifier]'s network for its phase (Harbor's ``PhaseNetworkPolicyConfig``): a
+    ``network_mode`` replaces [environment]'s whole policy for the phase; ``allowed_hosts`` goes with
+    ``network_mode = 'allowlist'``, even an empty list. None: the phase has [environment]'s."""
+    mode = _network_mode(table)
+    hosts = _allowed_hosts(table)
+    if hosts is not None and mode is None or hosts and mode != ALLOWLIST:
+        _needs_allowlist(table, mode, "without one the phase has [environment]'s network")
+    return NetworkRequest(mode, hosts or ()) if mode is not None else None
+
+
+def _network_mode(table: _Table) -> str | None:
     mode = table.take("network_mode")
     if mode is not None and mode not in NETWORK_MODES:
         shown = repr(mode) if isinstance(mode, str) else type_name(mode)
         raise TaskError(f"{table.where('network_mode')} must be one of {', '.join(NETWORK_MODES)}, got {shown}")
-    hosts = _allowed_hosts(table)
-    if hosts and mode not in (None, "allowlist"):
-        raise TaskError(f"{table.where('allowed_hosts')} goes with network_mode = 'allowlist', not {mode!r}")
-    allow_internet = table.boolean("allow_internet") if baseline else None
-    if mode is None and hosts:
-        mode = "allowlist"
-    if mode is None and allow_internet is not None:
-        mode = "public" if allow_internet else "no-network"
-    return mode, hosts
+    return mode
 
 
-def _allowed_hosts(table: _Table) -> tuple[str, ...]:
+def _needs_allowlist(table: _Table, mode: str | None, without: str) -> NoReturn:
+    where = table.where("allowed_hosts")
+    if mode is None:
+        raise TaskError(
+            f"{where} goes with network_mode = 'allowlist', and [{table.path}] sets no network_mode ({without})"
+        )
+    raise TaskError(f"{where} goes with network_mode = 'allowlist', not {mode!r}")
+
+
+def _allowed_hosts(table: _Table) -> tuple[str, ...] | None:
+    """The table's ``allowed_hosts``, each entry checked as Harbor checks it and as the egress proxy
+    reads it (a name, ``*.suffix``, an IPv4 or IPv6 address, a CIDR; no URL, port, brackets or zone),
+    lower case, without a trailing dot, duplicates dropped. None when the key is absent."""
     value = table.take("allowed_hosts")
     if value is None:
-        return ()
+        return None
     where = table.where("allowed_hosts")
-    if not isinstance(value, list) or not all(isinstance(host, str) for host in value):
-        raise TaskError(f"{where} must be a list of host names")
+    if not isinstance(value, list):
+        raise TaskError(f"{where} must be a list of host names, addresses or CIDRs, got {type_name(value)}")
     hosts = []
-    for host in value:
-        host = host.strip().lower().rstrip(".")
-        if "://" in host:
-            raise TaskError(f"{where}: {host!r} is a URL; give a host name, an address or a CIDR")
-        try:
-            rule = parse_rule(host)  # the egress proxy's own syntax: a name, *.domain, an address, a CIDR
-        except ValueError as exc:
-            raise TaskError(f"{where}: {host!r} {exc}") from None
-        if rule.port is not None:
-            raise TaskError(f"{where}: {host!r} names a port; give a host name, an address or a CIDR")
+    for index, entry in enumerate(value):
+        if not isinstance(entry, str):
+            raise TaskError(f"{where}[{index}] must be a string, got {type_name(entry)}")
+        host = _allowed_host(where, entry)
         if host not in hosts:
             hosts.append(host)
     return tuple(hosts)
+
+
+def _allowed_host(where: str, entry: str) -> str:
+    host = entry.strip().lower().rstrip(".")
+    shown = f"{where}: {entry[:100]!r}"
+    if not host:
+        raise TaskError(f"{where}: an entry is empty; give a host name, an address or a CIDR")
+    if "://" in host:
+        raise TaskError(f"{shown} is a URL; give a host name, an address or a CIDR")
+    if "[" in host or "]" in host:
+        raise TaskError(f"{shown} has brackets; give the address alone (as in ::1), without a port")
+    if "*" in host and not (host.startswith("*.") and "*" not in host[2:]):
+        raise TaskError(f"{shown} has a wildcard other than a leading '*.' (as in *.example.com)")
+    try:
+        rule = parse_rule(host)  # the egress proxy's own syntax: a name, *.domain, an address, a CIDR
+    except ValueError as exc:
+        raise TaskError(f"{shown} {exc}") from None
+    if rule.port is not None:
+        raise TaskError(f"{shown} names a port; give a host name, an address or a CIDR (every port is allowed)")
+    name = host.removeprefix("*.")  # as written: parse_rule has made a non-ASCII name IDNA
+    if rule.network is None and not all(_HOST_LABEL.fullmatch(label) for label in name.split(".")):
+        raise TaskError(f"{shown} is not a host name (letters, digits and hyphens between dots), an address or a CIDR")
+    return host
 
 
 def _literal_env(table: _Table) -> dict[str, str]:

@@ -71,6 +71,21 @@ class Verifier:
     isolated: bool = False  # [verifier] isolated: the image plus only the working directory the agent left
 
 
+NO_NETWORK, PUBLIC, ALLOWLIST = "no-network", "public", "allowlist"
+NETWORK_MODES = (NO_NETWORK, PUBLIC, ALLOWLIST)
+ENVIRONMENT, AGENT, VERIFIER = "environment", "agent", "verifier"  # whose network (SPEC §23)
+
+
+@dataclass(frozen=True)
+class NetworkRequest:
+    """A network a task asks for (Harbor's ``NetworkPolicy``): ``mode`` one of NETWORK_MODES;
+    ``allowed_hosts`` (``allowlist`` only) host names, ``*.`` wildcards, IPv4 and IPv6 addresses and
+    CIDRs, in the egress proxy's syntax without ports (tasks/harbor.py checks them)."""
+
+    mode: str = PUBLIC
+    allowed_hosts: tuple[str, ...] = ()
+
+
 @dataclass(frozen=True)
 class TaskRequest:
     """What a task asks for beyond SPEC §4 (task.toml, task.yaml); each capped by the operator's own
@@ -82,8 +97,15 @@ class TaskRequest:
     cpus: float | None = None
     memory_mb: int | None = None
     storage_mb: int | None = None
-    network: str | None = None  # no-network | public | allowlist
-    allowed_hosts: tuple[str, ...] = ()
+    network: NetworkRequest | None = None  # [environment]'s: every phase's unless its own table says
+    agent_network: NetworkRequest | None = None  # [agent]'s, for the agent's phase
+    verifier_network: NetworkRequest | None = None  # [verifier]'s, for the tests' phase
+
+    def phase_network(self, phase: str) -> NetworkRequest:
+        """The network ``phase`` (ENVIRONMENT, AGENT, VERIFIER) runs with: its own table's if it
+        has one, else [environment]'s, else ``public`` (Harbor's ``resolve_trial_network_plan``)."""
+        own = {ENVIRONMENT: None, AGENT: self.agent_network, VERIFIER: self.verifier_network}[phase]
+        return own or self.network or NetworkRequest()
 
 
 GRADERS = ("exit_code", "reward_file", "pytest", "swebench")

@@ -93,6 +93,8 @@ def test_every_entry_form_parses():
         ("[::1]443", "expected ':port' after ']'"),
         ("[pypi.org]:443", "is not a valid IP address or network"),
         ("::1:99999:1", "is not a valid IP address or network"),
+        ("fe80::1%eth0", "has an IPv6 zone ('%...'); give the address without it"),
+        ("[fe80::1%eth0]:443", "has an IPv6 zone"),
         ("a" * 64 + ".example", "is neither"),
     ],
 )
@@ -345,3 +347,16 @@ def test_an_address_the_executor_allows_for_one_step_passes_the_task_allowlist_t
     policy = narrowed("pypi.org").allowing(["10.0.0.9"], 8000, "the task's repository")
     assert policy.decide("10.0.0.9", 8000).allowed
     assert policy.decide("evil.example", 443) == Decision(False, NOT_IN_TASK_LIST)
+
+
+def test_one_phases_list_replaces_anothers_and_widening_leaves_the_operators_rules():
+    """A phase switch (pipeline/verifier.phase_egress): the agent's list, then the verifier's on the same
+    policy, never both; ``widened`` drops the list and keeps EGRESS_ALLOW, EGRESS_DENY and the defaults."""
+    agent = narrowed("pypi.org")
+    verifier = agent.only(parse_rules("*.pythonhosted.org", "allowed_hosts"))
+    assert verifier.decide("pypi.org", 443) == Decision(False, NOT_IN_TASK_LIST)
+    assert verifier.decide("files.pythonhosted.org", 443).allowed
+    public = verifier.widened()
+    assert public.decide("pypi.org", 443).allowed and public.decide("evil.example", 443).allowed
+    assert public.decide("internal.corp", 443) == Decision(False, "private address")
+    assert agent.decide("pypi.org", 443).allowed  # the agent's policy object is left as it was

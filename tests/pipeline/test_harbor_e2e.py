@@ -86,23 +86,26 @@ def test_a_harbor_task_built_from_its_dockerfile_is_graded_by_its_reward_json(ta
     assert failed.environment["cached"] is True  # the second build: every step from the build cache
 
 
-def test_the_agent_never_sees_the_tests_the_solution_or_the_verifiers_logs(tasks, config):
+def test_the_agent_never_sees_the_tests_or_the_solution_and_finds_logs_verifier_empty(tasks, config):
     folder = EXAMPLES / "harbor/fix-greeting"
     snoop = (
-        'for p in /tests /solution /logs/verifier; do test -e $p && echo "SAW $p"; done\n'
+        'for p in /tests /solution; do test -e $p && echo "SAW $p"; done\n'
+        'test -d /logs/verifier && test -z "$(ls -A /logs/verifier)" && echo "EMPTY /logs/verifier"\n'
         "id -un\n"
-        "echo 1 > /tmp/reward.txt; mkdir -p /logs && ln -sfn /etc /logs/verifier 2>/dev/null || true\n"
     )
     evaluation = evaluate(url := serve(tasks, folder), snoop + solution_agent(folder / "solution/solve.sh"),
                           config=config, sandbox="bwrap", language="bash")  # fmt: skip
     assert "SAW" not in evaluation.agent_output, evaluation.agent_output
+    assert "EMPTY /logs/verifier" in evaluation.agent_output, evaluation.agent_output  # as Harbor mounts it
     assert "dev" in evaluation.agent_output  # the image's USER
     assert (evaluation.status, evaluation.reward, evaluation.rewards) == ("completed", 1.0, {"reward": 1.0}), (
         evaluation.error, evaluation.log[-3000:])  # fmt: skip
     assert evaluation.limits_applied["network"] == "no-network"
     assert evaluation.limits_applied["agent_network"] is False
-    noop = evaluate(url, NOOP, config=config, sandbox="bwrap", language="bash")
-    assert (noop.status, noop.reward) == ("failed", 0.0)
+    # A reward the agent writes where the verifier's goes is gone before the verifier runs.
+    forger = "echo 1 > /logs/verifier/reward.txt && echo '{\"reward\": 1}' > /logs/verifier/reward.json\n"
+    noop = evaluate(url, forger, config=config, sandbox="bwrap", language="bash")
+    assert (noop.status, noop.reward, noop.rewards) == ("failed", 0.0, {"reward": 0.0}), (noop.error, noop.agent_output)
 
 
 def test_a_terminal_bench_task_is_graded_by_pytests_summary_and_exit_status(tasks, config):
@@ -193,16 +196,18 @@ def test_an_allowlist_lets_the_agent_reach_only_the_tasks_hosts(tasks, config):
 
 
 def test_links_an_agent_plants_where_the_verifiers_folders_go_are_replaced_not_followed(tasks, config, tmp_path):
-    """Root in its image, the agent puts links at /tests, /logs/verifier and /logs/agent to a folder of
-    its own holding a reward of 1; the executor makes real folders there before the verifier (bwrap would
-    follow a link on the host), and the reward is the verifier's own 0."""
+    """Root in its image, the agent puts a link at /tests to a folder of its own holding a reward of 1
+    (/logs/verifier is a mount while it runs: a link there lands inside it, and is discarded); the
+    executor makes real folders there before the verifier (bwrap would follow a link on the host), and
+    the reward is the verifier's own 0."""
     folder = harbor_folder(tmp_path / "links", toml="", test="#!/bin/bash\necho 0 > /logs/verifier/reward.txt\n")
     agent = (
         "mkdir -p /root/fake && echo 1 > /root/fake/reward.txt && echo 'exit 0' > /root/fake/test.sh\n"
-        "rm -rf /logs/verifier /tests && ln -s /root/fake /logs/verifier && ln -s /root/fake /tests\n"
-        "ls -la /logs /\n"
+        "rm -rf /tests && ln -s /root/fake /tests\n"
+        "rm -rf /logs/verifier; ln -sfn /root/fake /logs/verifier\n"
+        "ls -la /logs/verifier /\n"
     )
     evaluation = evaluate(serve(tasks, folder), agent, config=config, sandbox="bwrap", language="bash")
-    assert "verifier -> /root/fake" in evaluation.agent_output, evaluation.agent_output
+    assert "tests -> /root/fake" in evaluation.agent_output, evaluation.agent_output
     assert (evaluation.status, evaluation.reward, evaluation.error_kind) == ("failed", 0.0, "tests_failed"), (
         evaluation.error, evaluation.log[-3000:])  # fmt: skip

@@ -48,8 +48,9 @@ def test_the_smaller_of_the_tasks_request_and_the_operators_limit_wins(settings,
     limits = evaluation.limits_applied
     assert limits == {
         "agent_timeout_secs": 600, "verifier_timeout_secs": 31, "build_timeout_secs": 60, "memory_mb": 512,
-        "storage_mb": 2048, "cpus": float(os.cpu_count()), "network": "public", "agent_network": True,
-        "verifier_network": False, "allowed_hosts": None,
+        "storage_mb": 2048, "cpus": float(os.cpu_count()), "network": "public", "allowed_hosts": None,
+        "agent_network": True, "verifier_network": False, "agent_network_mode": "public",
+        "agent_allowed_hosts": None, "verifier_network_mode": "public", "verifier_allowed_hosts": None,
     }  # fmt: skip
     assert evaluation.task_format == "harbor"
 
@@ -74,7 +75,35 @@ def test_an_allowlist_is_recorded_with_its_hosts(settings, tmp_path):
     _, evaluation = applied(
         settings, tmp_path, 'network_mode = "allowlist"\nallowed_hosts = ["pypi.org", "*.pythonhosted.org"]\n'
     )
-    assert evaluation.limits_applied["allowed_hosts"] == ["pypi.org", "*.pythonhosted.org"]
+    limits = evaluation.limits_applied
+    assert limits["allowed_hosts"] == ["pypi.org", "*.pythonhosted.org"]
+    assert (limits["agent_network_mode"], limits["verifier_network_mode"]) == ("allowlist", "allowlist")
+    assert limits["agent_allowed_hosts"] == limits["verifier_allowed_hosts"] == ["pypi.org", "*.pythonhosted.org"]
+
+
+def test_each_phase_is_recorded_with_its_own_network(settings, tmp_path):
+    """SPEC §23: [agent] and [verifier] override [environment]'s network for their phase; ``network`` and
+    ``allowed_hosts`` stay [environment]'s, each phase's is beside them."""
+    _, evaluation = applied(
+        settings, tmp_path,
+        'network_mode = "allowlist"\nallowed_hosts = ["pypi.org"]\n[agent]\nnetwork_mode = "no-network"\n'
+        '[verifier]\nnetwork_mode = "allowlist"\nallowed_hosts = ["::1", "10.0.0.0/8"]\n',
+        test_network=True,
+    )  # fmt: skip
+    limits = evaluation.limits_applied
+    assert (limits["network"], limits["allowed_hosts"]) == ("allowlist", ["pypi.org"])
+    assert (limits["agent_network_mode"], limits["agent_allowed_hosts"], limits["agent_network"]) == (
+        "no-network", None, False)  # fmt: skip
+    assert (limits["verifier_network_mode"], limits["verifier_allowed_hosts"], limits["verifier_network"]) == (
+        "allowlist", ["::1", "10.0.0.0/8"], True)  # fmt: skip
+
+
+def test_a_phase_with_network_where_the_environment_has_none(settings, tmp_path):
+    _, evaluation = applied(
+        settings, tmp_path, 'network_mode = "no-network"\n[verifier]\nnetwork_mode = "public"\n', test_network=True
+    )
+    limits = evaluation.limits_applied
+    assert (limits["network"], limits["agent_network"], limits["verifier_network"]) == ("no-network", False, True)
 
 
 def test_metadata_is_kept(settings, tmp_path):

@@ -9,7 +9,17 @@ from pathlib import Path
 import pytest
 
 from evaluations.tasks.registry import load_task
-from evaluations.tasks.spec import ImageEnvironment, SupportFile, TaskError, TaskRequest, Verifier
+from evaluations.tasks.spec import (
+    AGENT,
+    ENVIRONMENT,
+    VERIFIER,
+    ImageEnvironment,
+    NetworkRequest,
+    SupportFile,
+    TaskError,
+    TaskRequest,
+    Verifier,
+)
 from tests.tasks.test_workspace import make_task
 
 HARBOR_TOML = """\
@@ -141,8 +151,7 @@ def test_a_full_harbor_task(tmp_path):
         cpus=2.0,
         memory_mb=2048,
         storage_mb=4096,
-        network="allowlist",
-        allowed_hosts=("pypi.org", "*.pythonhosted.org", "10.0.0.0/8"),
+        network=NetworkRequest("allowlist", ("pypi.org", "*.pythonhosted.org", "10.0.0.0/8")),
     )
     # [metadata] and what was not read, in task.toml's own shape; a TOML date as ISO text.
     assert spec.metadata == {
@@ -179,21 +188,48 @@ def test_docker_image_wins_over_the_dockerfile(tmp_path):
     assert load_task(root).environment == ImageEnvironment(image="python:3.12-slim")
 
 
+N = NetworkRequest
+
+
 @pytest.mark.parametrize(
-    ("environment", "agent", "network", "hosts"),
+    ("toml", "environment", "agent", "verifier"),
     [
-        ("allow_internet = false", "", "no-network", ()),
-        ("allow_internet = true", "", "public", ()),
-        ('allow_internet = false\nnetwork_mode = "public"', "", "public", ()),  # network_mode wins
-        ('allowed_hosts = ["example.com"]', "", "allowlist", ("example.com",)),  # hosts alone: an allowlist
-        ('network_mode = "public"', 'network_mode = "no-network"', "no-network", ()),  # the agent's phase
-        ("", 'network_mode = "allowlist"\nallowed_hosts = ["a.org"]', "allowlist", ("a.org",)),
-        ("", "", None, ()),
+        ("", N(), N(), N()),  # nothing said: public
+        ("[environment]\nallow_internet = false\n", N("no-network"), N("no-network"), N("no-network")),
+        ("[environment]\nallow_internet = true\n", N(), N(), N()),
+        ('[environment]\nallow_internet = false\nnetwork_mode = "public"\n', N(), N(), N()),  # network_mode wins
+        # Harbor's quirk, kept: allowed_hosts (even empty) set, the older allow_internet is not read.
+        ("[environment]\nallow_internet = false\nallowed_hosts = []\n", N(), N(), N()),
+        (
+            '[environment]\nnetwork_mode = "allowlist"\nallowed_hosts = ["a.org"]\n[agent]\nnetwork_mode = "public"\n',
+            N("allowlist", ("a.org",)), N(), N("allowlist", ("a.org",)),
+        ),  # the agent's phase overrides; the verifier's has the environment's
+        (
+            '[agent]\nnetwork_mode = "no-network"\n[verifier]\nnetwork_mode = "allowlist"\n'
+            'allowed_hosts = ["::1", "2001:DB8::/32", "10.0.0.0/8", "192.0.2.7", "*.Example.org.", "a.org", "A.org"]\n',
+            N(), N("no-network"), N("allowlist", ("::1", "2001:db8::/32", "10.0.0.0/8", "192.0.2.7", "*.example.org", "a.org")),
+        ),
+        (  # an override replaces the environment's whole policy: its hosts are not added to
+            '[environment]\nnetwork_mode = "allowlist"\nallowed_hosts = ["a.org"]\n'
+            '[agent]\nnetwork_mode = "allowlist"\nallowed_hosts = ["b.org"]\n',
+            N("allowlist", ("a.org",)), N("allowlist", ("b.org",)), N("allowlist", ("a.org",)),
+        ),
+        (  # a phase may have the network the environment has not, and an allowlist of nothing
+            '[environment]\nnetwork_mode = "no-network"\n[agent]\nnetwork_mode = "allowlist"\n'
+            '[verifier]\nnetwork_mode = "public"\nallowed_hosts = []\n',
+            N("no-network"), N("allowlist"), N(),
+        ),
     ],
-)
-def test_network_modes(tmp_path, environment, agent, network, hosts):
-    spec = load_task(harbor(tmp_path, f"[environment]\n{environment}\n[agent]\n{agent}\n"))
-    assert (spec.request.network, spec.request.allowed_hosts) == (network, hosts)
+)  # fmt: skip
+def test_each_phase_has_its_network(tmp_path, toml, environment, agent, verifier):
+    request = load_task(harbor(tmp_path, toml)).request
+    assert [request.phase_network(phase) for phase in (ENVIRONMENT, AGENT, VERIFIER)] == [environment, agent, verifier]
+
+
+def test_allow_internet_is_environments_alone(tmp_path):
+    """Harbor reads allow_internet in [environment] only: in [agent] it is a key Harbor does not know."""
+    spec = load_task(harbor(tmp_path, "[agent]\nallow_internet = false\n"))
+    assert spec.request.phase_network(AGENT) == N() and spec.metadata == {"agent": {"allow_internet": False}}
 
 
 @pytest.mark.parametrize(
@@ -264,16 +300,17 @@ def test_harbor_sizes(tmp_path, environment, memory, storage):
             "task.toml: [environment] allowed_hosts goes with network_mode = 'allowlist', not 'public'",
         ),
         (
-            '[environment]\nallowed_hosts = "a.org"\n',
-            "task.toml: [environment] allowed_hosts must be a list of host names",
+            '[environment]\nnetwork_mode = "allowlist"\nallowed_hosts = "a.org"\n',
+            "task.toml: [environment] allowed_hosts must be a list of host names, addresses or CIDRs, got a string",
         ),
         (
-            '[environment]\nallowed_hosts = ["https://a.org/x"]\n',
+            '[environment]\nnetwork_mode = "allowlist"\nallowed_hosts = ["https://a.org/x"]\n',
             "task.toml: [environment] allowed_hosts: 'https://a.org/x' is a URL; give a host name, an address or a CIDR",
         ),
         (
-            '[environment]\nallowed_hosts = ["a.org:443"]\n',
-            "task.toml: [environment] allowed_hosts: 'a.org:443' names a port; give a host name, an address or a CIDR",
+            '[environment]\nnetwork_mode = "allowlist"\nallowed_hosts = ["a.org:443"]\n',
+            "task.toml: [environment] allowed_hosts: 'a.org:443' names a port; give a host name, an address or a "
+            "CIDR (every port is allowed)",
         ),
         (
             '[environment]\nos = "windows"\n',
@@ -337,6 +374,109 @@ def test_harbor_sizes(tmp_path, environment, memory, storage):
     ],
 )
 def test_bad_task_toml_is_named(tmp_path, toml, message):
+    assert error(harbor(tmp_path, toml)) == message
+
+
+ALLOWLIST_IN = '[{}]\nnetwork_mode = "allowlist"\nallowed_hosts = {}\n'
+NOT_A_NAME = "is not a host name (letters, digits and hyphens between dots), an address or a CIDR"
+
+
+@pytest.mark.parametrize(
+    ("toml", "message"),
+    [
+        (
+            ALLOWLIST_IN.format("verifier", '["10.0.0.1/8"]'),
+            "task.toml: [verifier] allowed_hosts: '10.0.0.1/8' has host bits set; did you mean 10.0.0.0/8?",
+        ),
+        (
+            ALLOWLIST_IN.format("agent", '["10.0.0.0/33"]'),
+            "task.toml: [agent] allowed_hosts: '10.0.0.0/33' is not a valid IP address or network "
+            "('10.0.0.0/33' does not appear to be an IPv4 or IPv6 network)",
+        ),
+        (
+            ALLOWLIST_IN.format("verifier", '["2001:db8::1/32"]'),
+            "task.toml: [verifier] allowed_hosts: '2001:db8::1/32' has host bits set; did you mean 2001:db8::/32?",
+        ),
+        (
+            '[agent]\nallowed_hosts = ["a.org"]\n',
+            "task.toml: [agent] allowed_hosts goes with network_mode = 'allowlist', and [agent] sets no "
+            "network_mode (without one the phase has [environment]'s network)",
+        ),
+        (
+            "[verifier]\nallowed_hosts = []\n",
+            "task.toml: [verifier] allowed_hosts goes with network_mode = 'allowlist', and [verifier] sets no "
+            "network_mode (without one the phase has [environment]'s network)",
+        ),
+        (
+            '[environment]\nallowed_hosts = ["example.com"]\n',
+            "task.toml: [environment] allowed_hosts goes with network_mode = 'allowlist', and [environment] sets "
+            "no network_mode (public by default)",
+        ),
+        (
+            '[verifier]\nnetwork_mode = "no-network"\nallowed_hosts = ["a.org"]\n',
+            "task.toml: [verifier] allowed_hosts goes with network_mode = 'allowlist', not 'no-network'",
+        ),
+        (
+            "[verifier]\nnetwork_mode = true\n",
+            "task.toml: [verifier] network_mode must be one of no-network, public, allowlist, got a boolean",
+        ),
+        (
+            '[verifier]\nnetwork_mode = "Allowlist"\n',
+            "task.toml: [verifier] network_mode must be one of no-network, public, allowlist, got 'Allowlist'",
+        ),
+        (
+            ALLOWLIST_IN.format("verifier", "[1]"),
+            "task.toml: [verifier] allowed_hosts[0] must be a string, got a number",
+        ),
+        (
+            ALLOWLIST_IN.format("agent", '{a = "b"}'),
+            "task.toml: [agent] allowed_hosts must be a list of host names, addresses or CIDRs, got dict",
+        ),
+        (
+            ALLOWLIST_IN.format("agent", '["a.org", " "]'),
+            "task.toml: [agent] allowed_hosts: an entry is empty; give a host name, an address or a CIDR",
+        ),
+        (
+            ALLOWLIST_IN.format("verifier", '["[::1]"]'),
+            "task.toml: [verifier] allowed_hosts: '[::1]' has brackets; give the address alone (as in ::1), "
+            "without a port",
+        ),
+        (
+            ALLOWLIST_IN.format("verifier", '["[::1]:443"]'),
+            "task.toml: [verifier] allowed_hosts: '[::1]:443' has brackets; give the address alone (as in ::1), "
+            "without a port",
+        ),
+        (
+            ALLOWLIST_IN.format("agent", '["192.0.2.1:80"]'),
+            "task.toml: [agent] allowed_hosts: '192.0.2.1:80' names a port; give a host name, an address or a "
+            "CIDR (every port is allowed)",
+        ),
+        (
+            ALLOWLIST_IN.format("agent", '["fe80::1%eth0"]'),
+            "task.toml: [agent] allowed_hosts: 'fe80::1%eth0' has an IPv6 zone ('%...'); give the address without it",
+        ),
+        (
+            ALLOWLIST_IN.format("agent", '["*"]'),
+            "task.toml: [agent] allowed_hosts: '*' has a wildcard other than a leading '*.' (as in *.example.com)",
+        ),
+        (
+            ALLOWLIST_IN.format("agent", '["a.*.org"]'),
+            "task.toml: [agent] allowed_hosts: 'a.*.org' has a wildcard other than a leading '*.' (as in "
+            "*.example.com)",
+        ),
+        (
+            ALLOWLIST_IN.format("agent", '["*.192.0.2.1"]'),
+            "task.toml: [agent] allowed_hosts: '*.192.0.2.1' is neither an IP address, a CIDR network nor a host name",
+        ),
+        (ALLOWLIST_IN.format("verifier", '["a_b.example"]'), f"task.toml: [verifier] allowed_hosts: 'a_b.example' {NOT_A_NAME}"),
+        (ALLOWLIST_IN.format("verifier", '["*.bücher.de"]'), f"task.toml: [verifier] allowed_hosts: '*.bücher.de' {NOT_A_NAME}"),
+        (ALLOWLIST_IN.format("verifier", '["bücher.de"]'), f"task.toml: [verifier] allowed_hosts: 'bücher.de' {NOT_A_NAME}"),
+        (ALLOWLIST_IN.format("verifier", '["a.org/x"]'),
+         "task.toml: [verifier] allowed_hosts: 'a.org/x' is not a valid IP address or network ('a.org/x' does not "
+         "appear to be an IPv4 or IPv6 network)"),
+    ],
+)  # fmt: skip
+def test_a_bad_network_is_named_by_its_table_and_key(tmp_path, toml, message):
     assert error(harbor(tmp_path, toml)) == message
 
 

@@ -128,6 +128,8 @@ def _looks_like_address(host: str) -> bool:
 
 
 def _network(text: str) -> Network:
+    if "%" in text:  # ipaddress keeps a zone (fe80::1%eth0) in the network; no destination has one
+        raise ValueError("has an IPv6 zone ('%...'); give the address without it")
     try:
         return ipaddress.ip_network(text, strict=True)
     except ValueError as exc:
@@ -238,13 +240,18 @@ class EgressPolicy:
 
     def only(self, rules: Iterable[Rule], label: str = "the task's allowed_hosts") -> EgressPolicy:
         """This policy narrowed to ``rules`` (a task's allowlist, SPEC §17): a destination they do not
-        name is refused; one they name is then decided by this policy as before (the smaller wins)."""
-        narrowed = EgressPolicy(
-            self.allow, self.deny, default=self.default, resolver=self.resolver, own_addresses=self.own_addresses
-        )
+        name is refused; one they name is then decided by this policy as before (the smaller wins).
+        A narrowed policy's own narrowing is replaced, not combined (one phase's list, then another's)."""
+        narrowed = self.widened()
         narrowed.narrowing = tuple(rules)
         narrowed.narrowing_label = label
         return narrowed
+
+    def widened(self) -> EgressPolicy:
+        """This policy without a narrowing (``only``): the operator's rules alone."""
+        return EgressPolicy(
+            self.allow, self.deny, default=self.default, resolver=self.resolver, own_addresses=self.own_addresses
+        )
 
     def decide(self, host: str, port: int) -> Decision:
         """Whether a connection to ``host:port`` may be made, and to which addresses."""
