@@ -25,6 +25,7 @@ from django.utils import timezone
 
 from evaluations import VERSION, representation
 from evaluations.db import admission as admission_sql
+from evaluations.db.text import Utf8Sha256
 from evaluations.events.announce import announce
 from evaluations.models import (
     ACTIVE_STATUSES,
@@ -274,12 +275,24 @@ def _finish(
 
 def _seal_evaluation(eval_id) -> None:
     """SPEC §18: sign the object the API shows, read back inside the transaction that ended it, and
-    store the signature with the row: a row changed afterwards (by hand) no longer verifies."""
-    # The shown columns only (not the live log's copy) and no transitions: they are not signed.
-    evaluation = Evaluation.objects.only(*representation.EVALUATION_COLUMNS).get(id=eval_id)
-    tests = evaluation.test_results.all()
-    document = representation.evaluation_document(evaluation, (), tests)  # unsigned and ended: signed as built
-    Evaluation.objects.filter(id=eval_id).update(signature=document["signature"])
+    store the signature with the row: a row changed afterwards (by hand) no longer verifies.
+
+    Only what the signature covers is read and rendered (representation.evaluation_signature): the
+    signed columns, the tests' rows and the patch's digest, which the database computes
+    (db/text.py). The agent's output, the patch, the test output and the log stay in the database:
+    the process that ends an evaluation holds none of them a second time (issue 38).
+    """
+    row = (
+        Evaluation.objects.filter(id=eval_id)
+        .annotate(patch_sha256=Utf8Sha256("agent_patch"))
+        .values_list(*representation.SIGNED_COLUMNS, "patch_sha256", named=True)
+        .get()
+    )
+    tests = TestResult.objects.filter(evaluation_id=eval_id).values_list(
+        *representation.TEST_RESULT_COLUMNS, named=True
+    )
+    signature = representation.evaluation_signature(row, tests, row.patch_sha256)
+    Evaluation.objects.filter(id=eval_id).update(signature=signature)
 
 
 def cancel(eval_id, reason: str) -> str | None:
