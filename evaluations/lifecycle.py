@@ -25,7 +25,7 @@ from django.utils import timezone
 
 from evaluations import VERSION, representation
 from evaluations.db import admission as admission_sql
-from evaluations.db.text import Utf8Sha256
+from evaluations.db.text import Utf8Sha256, Utf8Text
 from evaluations.events.announce import announce
 from evaluations.models import (
     ACTIVE_STATUSES,
@@ -128,7 +128,9 @@ def _transition(eval_id, step, status, expect: tuple, fields: dict, previous: Ma
     statement fails the caller's whole change anyway, and a row not in ``expect`` writes nothing.
     """
     now = timezone.now()
-    updates = dict(fields)
+    # A text column given as bytes (its UTF-8: the kept log) is written as text by the database, never
+    # decoded here (db/text.py).
+    updates = {name: Utf8Text(value) if isinstance(value, bytes) else value for name, value in fields.items()}
     if step is not None:
         updates["step"] = step
     if status is not None:
@@ -157,7 +159,8 @@ class Progress:
 
     1. ``stage(**fields)``: a step's results (the task's hash, the agent's output...), written by the
        next ``record`` or by ``finish``, in that change's transaction: a step that fails or is
-       cancelled after staging still has them stored, with its failure.
+       cancelled after staging still has them stored, with its failure. A text column may be staged
+       as its UTF-8 (bytes: the kept log), which the database makes text.
     2. ``record(step)``: conditional on the row being running, as all of a pipeline's changes are.
        While the row runs its pipeline is the only writer of its transitions (a claim and a cancel
        that ends a row need a pending one; the reaper ends it, after which no change here writes),
