@@ -25,6 +25,7 @@ from django.utils import timezone
 
 from evaluations import VERSION, representation
 from evaluations.db import admission as admission_sql
+from evaluations.db.text import Utf8Sha256, Utf8Text
 from evaluations.events.announce import announce
 from evaluations.models import (
     ACTIVE_STATUSES,
@@ -127,7 +128,9 @@ def _transition(eval_id, step, status, expect: tuple, fields: dict, previous: Ma
     statement fails the caller's whole change anyway, and a row not in ``expect`` writes nothing.
     """
     now = timezone.now()
-    updates = dict(fields)
+    # A text column given as bytes (its UTF-8: the kept log) is written as text by the database, never
+    # decoded here (db/text.py).
+    updates = {name: Utf8Text(value) if isinstance(value, bytes) else value for name, value in fields.items()}
     if step is not None:
         updates["step"] = step
     if status is not None:
@@ -156,7 +159,8 @@ class Progress:
 
     1. ``stage(**fields)``: a step's results (the task's hash, the agent's output...), written by the
        next ``record`` or by ``finish``, in that change's transaction: a step that fails or is
-       cancelled after staging still has them stored, with its failure.
+       cancelled after staging still has them stored, with its failure. A text column may be staged
+       as its UTF-8 (bytes: the kept log), which the database makes text.
     2. ``record(step)``: conditional on the row being running, as all of a pipeline's changes are.
        While the row runs its pipeline is the only writer of its transitions (a claim and a cancel
        that ends a row need a pending one; the reaper ends it, after which no change here writes),
@@ -274,12 +278,24 @@ def _finish(
 
 def _seal_evaluation(eval_id) -> None:
     """SPEC §18: sign the object the API shows, read back inside the transaction that ended it, and
-    store the signature with the row: a row changed afterwards (by hand) no longer verifies."""
-    # The shown columns only (not the live log's copy) and no transitions: they are not signed.
-    evaluation = Evaluation.objects.only(*representation.EVALUATION_COLUMNS).get(id=eval_id)
-    tests = evaluation.test_results.all()
-    document = representation.evaluation_document(evaluation, (), tests)  # unsigned and ended: signed as built
-    Evaluation.objects.filter(id=eval_id).update(signature=document["signature"])
+    store the signature with the row: a row changed afterwards (by hand) no longer verifies.
+
+    Only what the signature covers is read and rendered (representation.evaluation_signature): the
+    signed columns, the tests' rows and the patch's digest, which the database computes
+    (db/text.py). The agent's output, the patch, the test output and the log stay in the database:
+    the process that ends an evaluation holds none of them a second time (issue 38).
+    """
+    row = (
+        Evaluation.objects.filter(id=eval_id)
+        .annotate(patch_sha256=Utf8Sha256("agent_patch"))
+        .values_list(*representation.SIGNED_COLUMNS, "patch_sha256", named=True)
+        .get()
+    )
+    tests = TestResult.objects.filter(evaluation_id=eval_id).values_list(
+        *representation.TEST_RESULT_COLUMNS, named=True
+    )
+    signature = representation.evaluation_signature(row, tests, row.patch_sha256)
+    Evaluation.objects.filter(id=eval_id).update(signature=signature)
 
 
 def cancel(eval_id, reason: str) -> str | None:

@@ -35,6 +35,13 @@ EVALUATION_COLUMNS = (
     "task_sha256", "executor_version", "signature",
     "cache",
 )  # fmt: skip
+# The columns the signed fields (signing.EVALUATION_FIELDS) read: what lifecycle's seal reads, with the
+# digest of agent_patch instead of the patch and the tests' rows (evaluation_signature).
+SIGNED_COLUMNS = (
+    "id", "task_url", "task_sha256", "agent_sha256", "environment", "status", "passed", "reward", "rewards",
+    "error_kind", "created_at", "started_at", "finished_at", "executor_version", "batch_id", "attempt",
+    "system_changes", "limits_applied", "artifacts", "owner",
+)  # fmt: skip
 TRANSITION_COLUMNS = ("step", "status", "at", "duration_ms")
 TEST_RESULT_COLUMNS = ("name", "kind", "passed", "exit_code", "timed_out", "duration_ms", "output")
 
@@ -85,6 +92,15 @@ class Shape(serializers.Serializer):
         body.update(zip(cls._read, map(call, cls._read.values(), repeat(source)), strict=True))
         body.update(values)
         return body
+
+    @classmethod
+    def build_only(cls, keys, source=None, /, **values) -> dict:
+        """Only ``keys`` of the object (what a signature covers): each from ``values`` if there, else read
+        from ``source``, as ``build`` reads it. ``source`` need hold only what those keys read."""
+        missing = [key for key in keys if key not in values and key not in cls._read]
+        if missing or not values.keys() <= set(keys):
+            raise TypeError(f"{cls.__name__}.build_only of {list(keys)} takes {sorted(missing)}, not {sorted(values)}")
+        return {key: values[key] if key in values else cls._read[key](source) for key in keys}
 
 
 def _str_or_none(name: str):
@@ -356,6 +372,21 @@ def evaluation_document(evaluation, transitions, test_results) -> dict:
     if body["signature"] is None and evaluation.status not in ACTIVE_STATUSES:
         body["signature"] = signing.sign_if_possible(body, signing.EVALUATION_FIELDS)
     return body
+
+
+def evaluation_signature(row, test_results, agent_patch_sha256: str | None) -> dict | None:
+    """SPEC §18: an ended evaluation's signature made from only what it covers (lifecycle's seal):
+    ``row`` has the SIGNED_COLUMNS, ``test_results`` the tests' TEST_RESULT_COLUMNS and
+    ``agent_patch_sha256`` is the digest of its patch, so no large text column (the agent's output,
+    the patch, the test output) is read or rendered for it. The signature ``evaluation_document``
+    makes of the whole object, byte for byte: both sign only these fields, read the same way."""
+    signed = EvaluationSerializer.build_only(
+        signing.EVALUATION_FIELDS,
+        row,
+        test_results=[TestResultSerializer.build(result) for result in test_results],
+        agent_patch_sha256=agent_patch_sha256,
+    )
+    return signing.sign_if_possible(signed, signing.EVALUATION_FIELDS)
 
 
 # One row of GET /evaluations.

@@ -24,6 +24,7 @@ from typing import NamedTuple
 from django.db import close_old_connections
 
 from evaluations import lifecycle, livelog
+from evaluations.db.text import Utf8Text
 from evaluations.environments import kinds
 from evaluations.grading import registry
 from evaluations.models import ErrorKind, Evaluation, Status, Step, TestResult
@@ -35,7 +36,6 @@ from evaluations.pipeline.session import Session, remove_retired
 from evaluations.pipeline.steps import STEPS
 from evaluations.pipeline.warm import WorkspaceCache
 from evaluations.runtime import Runtime, Spawner, sandbox_uid, uids
-from evaluations.runtime.output import as_text
 from executor_project.config import Config
 from executor_project.logs import evaluation_context
 
@@ -177,7 +177,7 @@ def _cleanup(ctx: Context, lease: uids.UidLease | None, ending: Ending, log) -> 
     if not ctx.progress.finish(status, error=error, kind=ending.kind, **(ending.fields or {})) and kept_log:
         # Ended elsewhere (the reaper found its worker lost): the row's shown columns are the ender's,
         # signed; the live log is not among them, and GET /logs serves it from here on.
-        Evaluation.objects.filter(id=eval_id).update(log=kept_log)
+        Evaluation.objects.filter(id=eval_id).update(log=Utf8Text(kept_log))
     log.info("finished %s%s", status, f": {error}" if error else "")
     if retired is not None:
         try:
@@ -210,9 +210,11 @@ def lease_uid(config: Config) -> uids.UidLease | None:
     return uids.acquire(config.sandbox_uid, config.sandbox_uid_count, uids.lock_dir(config.data_dir))
 
 
-def _keep_log(session: Session, config: Config) -> str:
+def _keep_log(session: Session, config: Config) -> bytes:
     """The live log to store before its folder goes, so /logs offsets carry on after the end (any
-    host); "" when there is none.
+    host); b"" when there is none. As its UTF-8 (``livelog.utf8_text``), which lifecycle writes as
+    text (db/text.py): a log with one executor's mark is no str of 2-4 bytes a character, encoded
+    again for its UPDATE (issue 38).
 
     Over its cap, the head and the tail are kept around a marker, as for each command's
     output: the end of a log (the tests, the final status) matters as much as its start.
@@ -227,12 +229,12 @@ def _keep_log(session: Session, config: Config) -> str:
                 handle.seek(size - (cap - len(head)))
                 tail = handle.read()
     except OSError:
-        return ""
-    text = as_text(head)
+        return b""
+    kept = livelog.utf8_text(head)
     if tail:
-        marker = livelog.truncation_line(size - len(head) - len(tail))
-        text += ("" if text.endswith("\n") else "\n") + marker + as_text(tail)
-    return text
+        marker = livelog.truncation_line(size - len(head) - len(tail)).encode()
+        kept = b"".join([kept, b"" if kept.endswith(b"\n") else b"\n", marker, livelog.utf8_text(tail)])
+    return kept
 
 
 def _verdict(ctx: Context) -> Ending:

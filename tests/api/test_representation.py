@@ -5,7 +5,9 @@ or one it requires that the body lacks, fails (tests/helpers/schema.py)."""
 
 from __future__ import annotations
 
+import uuid
 from datetime import UTC, datetime
+from types import SimpleNamespace
 
 import pytest
 
@@ -13,7 +15,7 @@ from evaluations import lifecycle
 from evaluations.api import assets, batches, environments, images, service, views  # noqa: F401  (their shapes)
 from evaluations.models import ErrorKind, Evaluation, Status, Step, TestResult, Transition
 from evaluations.network.egress.proxy import EgressRecord
-from evaluations.representation import BatchTaskSerializer, Shape, evaluation_json
+from evaluations.representation import BatchTaskSerializer, EvaluationSerializer, Shape, evaluation_json
 from tests.helpers.schema import conforms, document
 
 pytestmark = pytest.mark.django_db
@@ -160,3 +162,17 @@ def test_build_takes_exactly_the_given_fields():
     assert list(BatchTaskSerializer.build(mean_reward=None, pass_at_k=None, passes=0, attempts=1, task_url="u")) == [
         "task_url", "attempts", "passes", "pass_at_k", "mean_reward",
     ]  # fmt: skip
+
+
+def test_build_only_reads_the_keys_asked_and_takes_exactly_those_given():
+    """What the seal builds (lifecycle._seal_evaluation): a source holding only what those keys read."""
+    source = SimpleNamespace(id=uuid.UUID(int=1), task_url="u", agent_patch="never read")
+    keys = ("task_url", "eval_id", "agent_patch_sha256", "test_results")
+    built = EvaluationSerializer.build_only(keys, source, test_results=[], agent_patch_sha256=None)
+    assert built == {"task_url": "u", "eval_id": str(uuid.UUID(int=1)), "agent_patch_sha256": None, "test_results": []}
+    with pytest.raises(TypeError, match="test_results"):  # given, never read: it must be passed
+        EvaluationSerializer.build_only(keys, source, agent_patch_sha256=None)
+    with pytest.raises(TypeError, match="transitions"):  # a value no key asked for
+        EvaluationSerializer.build_only(keys, source, test_results=[], agent_patch_sha256=None, transitions=[])
+    with pytest.raises(AttributeError):  # a key whose column the source lacks: loud, not read later
+        EvaluationSerializer.build_only(("status",), source)

@@ -19,6 +19,8 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from django.core.management import call_command
 from django.core.management.base import CommandError
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
 
 from evaluations import VERSION, lifecycle, signing
 from evaluations.models import Evaluation, Status, TestResult
@@ -257,6 +259,40 @@ def test_an_ended_evaluation_is_signed_once_and_stored(api, data_dir, tmp_path):
     assert document["agent_patch_sha256"] == hashlib.sha256("diff --git a/x b/x\n+é\n".encode()).hexdigest()
     code, said = verify_result(saved(tmp_path, document))
     assert code == 0 and said.startswith(f"valid: signed by key {document['signature']['key_id']}")
+
+
+@pytest.mark.parametrize("patch", ["", "diff --git a/x b/x\n+\u00e9\u241e\U0001f600\u2028\n" * 5000])
+def test_the_seal_reads_only_what_it_signs_and_signs_as_the_whole_object_does(api, data_dir, patch):
+    """Issue 38: finish's seal reads none of the large text columns (the patch only through its digest,
+    computed by the database), and its signature is the one the whole object gets when read."""
+    evaluation = Evaluation.objects.create(
+        task_url="https://example.com/t.tar.gz", agent_code="x", status=Status.RUNNING, agent_sha256="ab" * 32,
+        agent_output="o\u241e" * 20000, agent_patch=patch, test_output="t" * 20000, log="l\u241e" * 20000,
+        task_prompt="p" * 20000, environment={"kind": "host", "ref": None, "digest": None, "cached": False},
+    )  # fmt: skip
+    TestResult.objects.create(evaluation=evaluation, name="fail_to_pass_a", kind="fail_to_pass", passed=False,
+                              exit_code=1, position=0, output="out \u2028\u00e9")  # fmt: skip
+    staged = {
+        "rewards": {"reward": 0.5, "tiny": 1e-7},
+        "system_changes": {"count": 1, "paths": ["/etc/\u00e9"], "suspicious": False},
+        "artifacts": [{"path": "a.txt", "size_bytes": 3, "sha256": "f" * 64}],
+        "limits_applied": {"cpus": 1.5, "network": False},
+    }
+    with CaptureQueriesContext(connection) as queries:
+        assert lifecycle.finish(evaluation.id, Status.FAILED, error="running_tests: 1 of 1 tests failed",
+                                kind="tests_failed", reward=0.5, **staged)  # fmt: skip
+    seal_read = [
+        q["sql"] for q in queries.captured_queries if q["sql"].startswith("SELECT") and "patch_sha256" in q["sql"]
+    ]
+    assert len(seal_read) == 1
+    for column in ("agent_output", "test_output", "log", "task_prompt", "agent_code", "metadata"):
+        assert f'"evaluations_evaluation"."{column}"' not in seal_read[0]
+    assert seal_read[0].count('"evaluations_evaluation"."agent_patch"') == 1  # inside the digest alone
+    stored = Evaluation.objects.get(id=evaluation.id).signature
+    Evaluation.objects.filter(id=evaluation.id).update(signature=None)
+    whole = api.get(f"/evaluate/{evaluation.id}").json()  # signed when read, from the whole object
+    assert whole["signature"] == stored
+    assert whole["agent_patch_sha256"] == (hashlib.sha256(patch.encode()).hexdigest() if patch else None)
 
 
 def test_unfinished_objects_have_a_null_signature(api, data_dir):

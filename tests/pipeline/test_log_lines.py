@@ -62,3 +62,13 @@ def test_a_long_log_is_stored_head_and_tail(tasks, e2e_config, sandbox):
     assert log[:marker].rsplit("\n", 1)[1].startswith("␞ [... ")  # the executor's line, on a line of its own
     assert "=== installing_deps ===" in log[:marker]
     assert len(log.encode()) <= 4 * 1024 + 100
+
+
+def test_bytes_that_are_not_text_are_kept_as_replacement_characters(tasks, e2e_config, sandbox):
+    """The kept log goes to the database as its UTF-8 (livelog.utf8_text, db/text.py): invalid UTF-8 and
+    NUL (which PostgreSQL refuses in text) are U+FFFD there, as in every stored output."""
+    raw = b"bad \xff\xe2\x90 nul \x00 ok \xc3\xa9\n"
+    agent = f"import sys\nsys.stdout.buffer.write({raw!r})\n"
+    evaluation = evaluate(tasks.task(), agent, config=e2e_config, sandbox=sandbox)
+    assert "\u241e === running_agent ===\nbad \ufffd\ufffd nul \ufffd ok \u00e9\n\u241e === " in evaluation.log
+    assert evaluation.agent_output == "bad \ufffd\ufffd nul \ufffd ok \u00e9\n"
