@@ -29,12 +29,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from evaluations.models import TERMINAL_STATUSES, Evaluation
-from evaluations.runtime.output import LOG_MARK, as_text
+from evaluations.runtime.output import LOG_MARK
 
 LOG_NAME = "log.txt"
 NOT_MARK = "\ufffd"  # what LOG_MARK in a command's output becomes
 MAX_CHUNK_BYTES = 1024 * 1024  # per response; a client asks again from the returned offset
-UTF8_PIECE_BYTES = 64 * 1024  # utf8_text's step
 
 
 @dataclass(frozen=True)
@@ -42,31 +41,6 @@ class LogChunk:
     data: bytes
     next_offset: int
     complete: bool  # the evaluation has ended and this chunk reaches the end of its log
-
-
-def utf8_text(data: bytes, piece: int = UTF8_PIECE_BYTES) -> bytes:
-    """``as_text(data).encode()``: what a command printed as text, as UTF-8, without a str of the whole
-    (up to 4 bytes a character, and encoded again to be stored: the kept log, issue 38).
-
-    ``data`` is cut before a byte that starts a character (never inside a UTF-8 sequence, so each
-    piece decodes as it does within the whole, invalid bytes included) and each piece goes through
-    ``as_text``; the pieces it left as they were are views of ``data``, and ``data`` itself is
-    returned when it left all of them (valid UTF-8 without NUL: the usual log).
-    """
-    view, pieces, changed, start = memoryview(data), [], False, 0
-    while start < len(data):
-        end = min(start + piece, len(data))
-        while end < len(data) and data[end] & 0xC0 == 0x80:  # a continuation byte: not a character's start
-            end += 1
-        chunk = data[start:end]
-        text = as_text(chunk).encode()
-        if text == chunk:
-            pieces.append(view[start:end])
-        else:
-            pieces.append(text)
-            changed = True
-        start = end
-    return b"".join(pieces) if changed else data
 
 
 def executor_line(text: str) -> str:

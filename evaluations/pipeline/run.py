@@ -36,6 +36,7 @@ from evaluations.pipeline.session import Session, remove_retired
 from evaluations.pipeline.steps import STEPS
 from evaluations.pipeline.warm import WorkspaceCache
 from evaluations.runtime import Runtime, Spawner, sandbox_uid, uids
+from evaluations.runtime.output import utf8_text
 from executor_project.config import Config
 from executor_project.logs import evaluation_context
 
@@ -212,7 +213,7 @@ def lease_uid(config: Config) -> uids.UidLease | None:
 
 def _keep_log(session: Session, config: Config) -> bytes:
     """The live log to store before its folder goes, so /logs offsets carry on after the end (any
-    host); b"" when there is none. As its UTF-8 (``livelog.utf8_text``), which lifecycle writes as
+    host); b"" when there is none. As its UTF-8 (``output.utf8_text``), which lifecycle writes as
     text (db/text.py): a log with one executor's mark is no str of 2-4 bytes a character, encoded
     again for its UPDATE (issue 38).
 
@@ -230,10 +231,10 @@ def _keep_log(session: Session, config: Config) -> bytes:
                 tail = handle.read()
     except OSError:
         return b""
-    kept = livelog.utf8_text(head)
+    kept = utf8_text(head)
     if tail:
         marker = livelog.truncation_line(size - len(head) - len(tail)).encode()
-        kept = b"".join([kept, b"" if kept.endswith(b"\n") else b"\n", marker, livelog.utf8_text(tail)])
+        kept = b"".join([kept, b"" if kept.endswith(b"\n") else b"\n", marker, utf8_text(tail)])
     return kept
 
 

@@ -100,6 +100,31 @@ def as_text(data: bytes) -> str:
     return data.decode("utf-8", errors="replace").replace("\0", "\ufffd")
 
 
+def utf8_text(data: bytes, piece: int = 64 * 1024) -> bytes:
+    """``as_text(data).encode()``: what a command printed as text, as UTF-8, without a str of the whole
+    (up to 4 bytes a character, and encoded again to be stored: the kept log, issue 38).
+
+    ``data`` is cut before a byte that starts a character (never inside a UTF-8 sequence, so each
+    piece decodes as it does within the whole, invalid bytes included) and each piece goes through
+    ``as_text``; the pieces it left as they were are views of ``data``, and ``data`` itself is
+    returned when it left all of them (valid UTF-8 without NUL: the usual log).
+    """
+    view, pieces, changed, start = memoryview(data), [], False, 0
+    while start < len(data):
+        end = min(start + piece, len(data))
+        while end < len(data) and data[end] & 0xC0 == 0x80:  # a continuation byte: not a character's start
+            end += 1
+        chunk = data[start:end]
+        text = as_text(chunk).encode()
+        if text == chunk:
+            pieces.append(view[start:end])
+        else:
+            pieces.append(text)
+            changed = True
+        start = end
+    return b"".join(pieces) if changed else data
+
+
 def pump(proc: subprocess.Popen, capture: OutputCapture, stdin_data: bytes | None) -> None:
     """Feed the command's stdin and capture its output until EOF (or exit + a short drain)."""
     pidfd = _pidfd(proc.pid)

@@ -65,7 +65,7 @@ def test_a_long_log_is_stored_head_and_tail(tasks, e2e_config, sandbox):
 
 
 def test_bytes_that_are_not_text_are_kept_as_replacement_characters(tasks, e2e_config, sandbox):
-    """The kept log goes to the database as its UTF-8 (livelog.utf8_text, db/text.py): invalid UTF-8 and
+    """The kept log goes to the database as its UTF-8 (runtime.output.utf8_text, db/text.py): invalid UTF-8 and
     NUL (which PostgreSQL refuses in text) are U+FFFD there, as in every stored output."""
     raw = b"bad \xff\xe2\x90 nul \x00 ok \xc3\xa9\n"
     agent = f"import sys\nsys.stdout.buffer.write({raw!r})\n"

@@ -1,11 +1,10 @@
-"""livelog.utf8_text: the kept log's UTF-8 made a piece at a time, exactly as runtime.output.as_text makes text."""
+"""runtime.output.utf8_text: the kept log's UTF-8 made a piece at a time, exactly as as_text makes text."""
 
 import random
 
 import pytest
 
-from evaluations.livelog import utf8_text
-from evaluations.runtime.output import as_text
+from evaluations.runtime.output import as_text, utf8_text
 
 # Valid characters of 1-4 bytes, NUL, and invalid UTF-8: a lone continuation byte, truncated sequences,
 # an overlong form, a surrogate's encoding, a code point past U+10FFFF, a byte that never starts one.
