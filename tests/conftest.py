@@ -3,6 +3,7 @@ service, and a real Debian environment. Each says what it starts and what it rem
 
 import dataclasses
 import hashlib
+import logging
 import os
 import shutil
 import tempfile
@@ -18,6 +19,18 @@ from tests.helpers.service import PROJECT, LiveService
 
 # Marks the tests that touch the database engine (``database``): .ci/run runs the rest once, without one.
 pytest_plugins = ("tests.helpers.database_marks",)
+
+
+@pytest.fixture(autouse=True)
+def _project_log_levels():
+    """What a test leaves of the project's loggers' levels is undone after it: a command run in the
+    test's own process (evaluate, verify_tasks, import_tasks, image) quiets them below -v 2, which
+    made tests/ops/test_logging.py fail when it ran after one in the same worker."""
+    loggers = [logging.getLogger(name) for name in ("term_executor", "evaluations")]
+    levels = [logger.level for logger in loggers]
+    yield
+    for logger, level in zip(loggers, levels, strict=True):
+        logger.setLevel(level)
 
 
 def pytest_configure(config):
