@@ -143,6 +143,7 @@ def load(root: Path, limits: TaskLimits) -> TaskSpec:
         raise TaskError(f"task.toml: [verifier] grader must be one of {', '.join(HARBOR_GRADERS)}, got {shown}")
     verifier = _harbor_verifier(root, verifier_table)
     solution, solution_files = _harbor_solution(root)
+    solution_env = _literal_env(config.table("solution").table("env"))
     prompt = read_text(
         root / "instruction.md",
         "instruction.md",
@@ -163,6 +164,7 @@ def load(root: Path, limits: TaskLimits) -> TaskSpec:
         metadata=jsonable(config.rest()),
         solution=solution,
         solution_files=solution_files,
+        solution_env=solution_env,
         swebench=swebench,
         workdir_files=bound.agent_files if bound else None,
         support_files=bound.test_files if bound else [],

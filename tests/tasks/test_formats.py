@@ -233,6 +233,35 @@ def test_a_bad_task_table_is_named(tmp_path, toml, message):
     assert error(harbor(tmp_path, toml)) == message
 
 
+def test_solution_env_is_the_solutions_and_not_the_metadatas(tmp_path):
+    toml = '[solution]\nnote = "kept"\n[solution.env]\nANSWER = "42"\nEMPTY = ""\n'
+    spec = load_task(harbor(tmp_path, toml))
+    assert spec.solution_env == {"ANSWER": "42", "EMPTY": ""} and spec.env == {}
+    assert spec.metadata == {"solution": {"note": "kept"}}
+    assert load_task(harbor(tmp_path / "b", "")).solution_env == {}
+
+
+@pytest.mark.parametrize(
+    ("toml", "message"),
+    [
+        ("solution = 1\n", "task.toml: [solution] must be a table, got a number"),
+        ('[solution]\nenv = "A=1"\n', "task.toml: [solution.env] must be a table, got a string"),
+        ("[solution.env]\nA = 1\n", "task.toml: [solution.env] A must be a string, got a number"),
+        (
+            '[solution.env]\n"a-b" = "1"\n',
+            "task.toml: [solution.env] a-b is not a valid variable name ([A-Z_][A-Z0-9_]*)",
+        ),
+        (
+            '[solution.env]\nKEY = "${KEY:-x}"\n',
+            "task.toml: [solution.env] KEY takes its value from the host's environment (${KEY:-x}); "
+            "this executor passes nothing of its own environment to a task",
+        ),
+    ],
+)
+def test_a_bad_solution_env_is_named(tmp_path, toml, message):
+    assert error(harbor(tmp_path, toml)) == message
+
+
 def test_workdir_overrides_the_images(tmp_path):
     spec = load_task(harbor(tmp_path, '[environment]\nworkdir = "/app//src/"\n'))
     assert spec.environment == ImageEnvironment(
