@@ -102,7 +102,6 @@ def test_the_agent_never_sees_the_tests_or_the_solution_and_finds_logs_verifier_
         evaluation.error, evaluation.log[-3000:])  # fmt: skip
     assert evaluation.limits_applied["network"] == "no-network"
     assert evaluation.limits_applied["agent_network"] is False
-    assert evaluation.task_metadata["task"] == {"name": "term-executor/fix-greeting", "version": "1.0.0"}
     # A reward the agent writes where the verifier's goes is gone before the verifier runs.
     forger = "echo 1 > /logs/verifier/reward.txt && echo '{\"reward\": 1}' > /logs/verifier/reward.json\n"
     noop = evaluate(url, forger, config=config, sandbox="bwrap", language="bash")

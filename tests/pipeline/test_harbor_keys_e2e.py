@@ -1,5 +1,5 @@
 """Harbor task.toml keys of SPEC §23 through the whole pipeline, on images pushed to the suite's registry:
-``[environment] docker_image``, ``workdir`` (over the image's WorkingDir, made when the image lacks it) and
+``[task] name`` and ``version`` (on the evaluation's ``task_metadata``), ``[environment] docker_image``, ``workdir`` (over the image's WorkingDir, made when the image lacks it) and
 ``[environment.env]`` (over the image's Env, for the agent and the verifier alike)."""
 
 from __future__ import annotations
@@ -36,6 +36,7 @@ def test_workdir_and_the_tasks_env_over_the_images_for_agent_and_verifier(tasks,
     image = pushed(base_image, base_layer, "keys/env:1", WorkingDir="/srv",
                    Env=[PATH, "GREETING=image", "KEEP=image"])  # fmt: skip
     toml = (
+        'schema_version = "1.4"\n[task]\nname = "suite/keys"\nversion = "0.1.0"\n'
         f'[environment]\ndocker_image = "{image}"\nworkdir = "/opt/work"\n'
         '[environment.env]\nGREETING = "task"\nONLY_TASK = "yes"\n[verifier.env]\nMODE = "strict"\n'
     )
@@ -49,6 +50,8 @@ def test_workdir_and_the_tasks_env_over_the_images_for_agent_and_verifier(tasks,
     assert "cwd=/opt/work greeting=task keep=image only=yes mode=strict" in evaluation.test_output
     assert (evaluation.status, evaluation.reward) == ("completed", 1.0), (evaluation.error, evaluation.log[-3000:])
     assert evaluation.environment["kind"] == "image" and evaluation.environment["ref"] == image
+    # [task] name and version: on the evaluation with the task's metadata, as task.toml wrote them
+    assert evaluation.task_metadata == {"schema_version": "1.4", "task": {"name": "suite/keys", "version": "0.1.0"}}
 
 
 def test_without_workdir_the_images_working_dir_and_env_stand(tasks, image_task_config, base_image, base_layer,
