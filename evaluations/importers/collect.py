@@ -137,7 +137,7 @@ def prepare(given: Given, scratch: Path, config) -> verify.Check:
         agent = verify.gold_agent(given.name, task.patch)
     else:
         files, executables, script = solution_files(task)
-        agent = verify.solution_agent(given.name, files, script, executables=executables)
+        agent = verify.solution_agent(given.name, files, script, executables=executables, env=task.solution_env)
     size = len(agent.encode("utf-8"))
     if size > config.max_agent_code_bytes:
         problem = (

@@ -11,7 +11,8 @@ and with a no-op agent (SPEC §15 --verify, §17 verify_tasks).
    SWE-bench's gold patch (``gold_agent``: ``git apply``, then ``patch
    --fuzz``, as SWE-bench's harness applies it) or a Harbor / Terminal-Bench
    reference solution (``solution_agent``: its files in /solution, then
-   ``bash solve.sh`` from the working directory, as Harbor's oracle agent).
+   ``bash solve.sh`` from the working directory with the task's
+   ``[solution.env]`` exported, as Harbor's oracle agent).
 3. The no-op run's agent changes nothing.
 4. A task is verified when the solution's reward is 1 and the no-op's is not,
    the no-op's having been graded (its tests ran); when the task's tests
@@ -154,10 +155,12 @@ def solution_agent(
     *,
     executables: frozenset[str] = frozenset(),
     where: str = SOLUTION_DIR,
+    env: dict[str, str] | None = None,
 ) -> str:
     """Harbor's oracle as a bash agent: ``files`` (relative path -> bytes, ``script`` among them; those
     in ``executables`` made executable) written to ``where`` (/solution), then ``bash /solution/<script>``
-    from the working directory, with DEBIAN_FRONTEND=noninteractive as Harbor's oracle sets it.
+    from the working directory, with DEBIAN_FRONTEND=noninteractive as Harbor's oracle sets it and
+    ``env`` (the task's [solution.env]) over it and over the task's own variables, as Harbor scopes it.
 
     The agent runs as the image's user, not as root: when /solution cannot be made (or written), the
     files go to a new folder under $TMPDIR, and a line says so.
@@ -186,6 +189,7 @@ def solution_agent(
             lines.append(f'chmod +x "$solution"/{quoted}')
     lines += [
         "export DEBIAN_FRONTEND=noninteractive",
+        *(f"export {name}={shlex.quote(value)}" for name, value in (env or {}).items()),
         f'exec bash "$solution"/{shlex.quote(script)}',
     ]
     return "\n".join(lines) + "\n"

@@ -52,6 +52,7 @@ FILE = "task.toml"  # what makes a folder a Harbor task
 
 HARBOR_GRADERS = ("reward_file", "pytest", "swebench")
 _SIZE = re.compile(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([GMK])\s*", re.IGNORECASE)
+_PACKAGE_NAME = re.compile(r"[a-zA-Z0-9][a-zA-Z0-9._-]*/[a-zA-Z0-9][a-zA-Z0-9._-]*")  # Harbor's ORG_NAME_PATTERN
 _HOST_LABEL = re.compile(r"[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?")  # Harbor's, for allowed_hosts names
 
 
@@ -121,6 +122,7 @@ def load(root: Path, limits: TaskLimits) -> TaskSpec:
     config.string("version")
     config.string("schema_version")
     config.taken -= {"version", "schema_version"}  # checked, and kept in the metadata
+    _package(config)
     if config.take("steps"):
         raise TaskError("task.toml: [[steps]] (a multi-step task) is not supported here")
     config.table("metadata")
@@ -141,6 +143,7 @@ def load(root: Path, limits: TaskLimits) -> TaskSpec:
         raise TaskError(f"task.toml: [verifier] grader must be one of {', '.join(HARBOR_GRADERS)}, got {shown}")
     verifier = _harbor_verifier(root, verifier_table)
     solution, solution_files = _harbor_solution(root)
+    solution_env = _literal_env(config.table("solution").table("env"))
     prompt = read_text(
         root / "instruction.md",
         "instruction.md",
@@ -161,10 +164,49 @@ def load(root: Path, limits: TaskLimits) -> TaskSpec:
         metadata=jsonable(config.rest()),
         solution=solution,
         solution_files=solution_files,
+        solution_env=solution_env,
         swebench=swebench,
         workdir_files=bound.agent_files if bound else None,
         support_files=bound.test_files if bound else [],
     )
+
+
+def _package(config: _Table) -> None:
+    """[task] (schema 1.3-1.4, Harbor's ``PackageInfo``): ``name`` (``org/name``, required in the
+    table), ``version`` (a non-empty string), ``description``, ``authors`` and ``keywords``, checked
+    as Harbor checks them; the table stays in the metadata as written."""
+    if "task" not in config.data:
+        return
+    table = config.table("task")
+    name = table.take("name")
+    if name is None:
+        raise TaskError("task.toml: [task] name is required in [task] (the package's name, as in 'org/name')")
+    if not isinstance(name, str):
+        raise TaskError(f"{table.where('name')} must be a string such as 'org/name', got {type_name(name)}")
+    if not _PACKAGE_NAME.fullmatch(name) or ".." in name:
+        raise TaskError(
+            f"{table.where('name')} must be 'org/name' (letters, digits, '.', '_' and '-', each part starting "
+            f"with a letter or digit, no '..'), got {name[:100]!r}"
+        )
+    if table.string("version") == "":
+        raise TaskError(f"{table.where('version')} must not be empty")
+    table.string("description")
+    keywords = table.take("keywords", [])
+    if not isinstance(keywords, list):
+        raise TaskError(f"{table.where('keywords')} must be a list of strings, got {type_name(keywords)}")
+    for index, word in enumerate(keywords):
+        if not isinstance(word, str):
+            raise TaskError(f"{table.where('keywords')}[{index}] must be a string, got {type_name(word)}")
+    authors = table.take("authors", [])
+    if not isinstance(authors, list):
+        raise TaskError(f"{table.where('authors')} must be a list of {{name, email}} tables, got {type_name(authors)}")
+    for index, author in enumerate(authors):
+        where = f"{table.where('authors')}[{index}]"
+        if not isinstance(author, dict) or not isinstance(author.get("name"), str):
+            raise TaskError(f"{where} must be a table with a name (a string) and an optional email")
+        if not isinstance(author.get("email", ""), str):
+            raise TaskError(f"{where} email must be a string, got {type_name(author['email'])}")
+    del config.tables["task"]  # checked; kept in the metadata as written
 
 
 def _bound_folder(root: Path, environment: ImageEnvironment):

@@ -156,6 +156,9 @@ class TaskSpec:
     # What the reference solution finds at /solution (Harbor: every file of solution/, solve.sh
     # included, as its OracleAgent uploads them); empty when the script needs nothing beside it.
     solution_files: list[SupportFile] = field(default_factory=list)
+    # Harbor's [solution.env]: on top of everything else for the reference solution's run alone
+    # (verify_tasks' solution agent, as Harbor's oracle scopes it); never an agent's to see.
+    solution_env: dict[str, str] = field(default_factory=dict)
     swebench: SwebenchTests | None = None  # grader swebench: what runs and how its log is read
     # SPEC §22: a compose volume binding a folder of the task at the working directory: what the agent
     # finds there (the folder without its tests and solution; the tests come back as support_files)

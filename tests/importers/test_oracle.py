@@ -368,6 +368,17 @@ def test_where_solution_cannot_be_made_the_files_go_under_tmpdir_and_a_line_says
     assert (tmp_path / "repo" / "answer.txt").read_bytes().endswith(b"helped\nDEBIAN_FRONTEND=noninteractive\n")
 
 
+def test_solution_env_is_over_debian_frontend_and_the_tasks_own_variables(tmp_path):
+    where = tmp_path / "solution"
+    env = {"DEBIAN_FRONTEND": "teletype", "SOLVE_EXIT": "4", "ODD": "a b'\"$(touch pwned)\n`x`"}
+    ran = run_agent(solution(where=str(where), env=env), tmp_path, SOLVE_EXIT="0")
+    assert ran.returncode == 4, ran.stdout + ran.stderr  # the solution's value, not the environment's
+    assert (tmp_path / "repo" / "answer.txt").read_bytes().endswith(b"helped\nDEBIAN_FRONTEND=teletype\n")
+    assert not list(tmp_path.rglob("pwned"))
+    probe = verify.solution_agent("t", {"solve.sh": b'printf %s "$ODD"'}, where=str(tmp_path / "s2"), env=env)
+    assert run_agent(probe, tmp_path).stdout == env["ODD"]  # byte for byte, nothing of it run
+
+
 def test_a_solution_without_its_script_is_refused():
     with pytest.raises(ValueError, match="the solution has no solve.sh"):
         verify.solution_agent("t", {"other.sh": b""})

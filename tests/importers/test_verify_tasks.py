@@ -123,6 +123,22 @@ def test_a_harbor_folder_is_packed_and_its_whole_solution_folder_travels(tmp_pat
     )
 
 
+def test_the_solution_agent_exports_solution_env(tmp_path):
+    toml = '[environment]\ndocker_image = "registry.example/task:1"\n[solution.env]\nANSWER = "42"\nQ = "it\'s $(x)"\n'
+    check = prepare(harbor_task(tmp_path / "env", **{"task.toml": toml}), tmp_path)
+    assert check.solution_agent == verify.solution_agent(
+        str(tmp_path / "env"),
+        {"solve.sh": SOLVE.encode(), "answer.txt": b"42\n"},
+        executables=frozenset({"solve.sh"}),
+        env={"ANSWER": "42", "Q": "it's $(x)"},
+    )
+    assert "export ANSWER=42\nexport Q='it'\"'\"'s $(x)'\n" in check.solution_agent
+    bad = harbor_task(tmp_path / "bad", **{"task.toml": toml + "N = 1\n"})
+    assert prepare(bad, tmp_path).problem == (
+        "the task is invalid (task_invalid): task.toml: [solution.env] N must be a string, got a number"
+    )
+
+
 def test_a_terminal_bench_archive_runs_its_solution_sh(tmp_path):
     archive = archive_of(terminal_bench_task(tmp_path / "tb"), tmp_path / "tb.tar.gz")
     check = prepare(archive, tmp_path)
@@ -325,7 +341,13 @@ def test_harbor_tasks_run_through_the_pipeline_with_their_solution_and_with_noth
     from /solution) earns reward 1, the no-op 0: verified. One whose test.sh rewards everyone is not."""
     registry, ref, _digest = base_image
     tasks = tmp_path / "tasks"
-    harbor_task(tasks / "answer", image=ref)
+    # [solution.env] is the solution run's alone, over the task's own [environment.env]
+    env_toml = (
+        f'[environment]\ndocker_image = "{ref}"\n[environment.env]\nANSWER = "41"\n[solution.env]\nANSWER = "42"\n'
+    )
+    harbor_task(
+        tasks / "answer", image=ref, **{"task.toml": env_toml, "solution/solve.sh": 'echo "$ANSWER" > answer.txt\n'}
+    )
     harbor_task(tasks / "lenient", image=ref, **{"tests/test.sh": "#!/bin/bash\necho 1 > /logs/verifier/reward.txt\n"})
     cli.migrate()
     cli.env["IMAGE_INSECURE_REGISTRIES"] = registry.host

@@ -172,6 +172,96 @@ def test_a_minimal_harbor_task_asks_for_nothing(tmp_path):
     assert spec.solution is None and spec.solution_files == []
 
 
+PACKAGE = """\
+schema_version = "1.4"
+
+[task]
+name = "acme/fix-greeting"
+version = "2.1.0-rc1"
+description = "Fix the greeting."
+keywords = ["shell"]
+authors = [{ name = "Ada", email = "ada@example.com" }, { name = "Bo" }]
+"""
+
+
+def test_task_name_and_version_are_checked_and_kept_in_the_metadata(tmp_path):
+    spec = load_task(harbor(tmp_path, PACKAGE))
+    assert spec.metadata == {
+        "schema_version": "1.4",
+        "task": {
+            "name": "acme/fix-greeting",
+            "version": "2.1.0-rc1",
+            "description": "Fix the greeting.",
+            "keywords": ["shell"],
+            "authors": [{"name": "Ada", "email": "ada@example.com"}, {"name": "Bo"}],
+        },
+    }
+    assert load_task(harbor(tmp_path / "b", '[task]\nname = "a.b/c_d-1"\n')).metadata == {"task": {"name": "a.b/c_d-1"}}
+
+
+@pytest.mark.parametrize(
+    ("toml", "message"),
+    [
+        ("task = 1\n", "task.toml: [task] must be a table, got a number"),
+        ('[task]\nversion = "1"\n', "task.toml: [task] name is required in [task] (the package's name, as in 'org/name')"),
+        ("[task]\nname = 7\n", "task.toml: [task] name must be a string such as 'org/name', got a number"),
+        *(
+            (
+                f"[task]\nname = {name!r}\n",
+                "task.toml: [task] name must be 'org/name' (letters, digits, '.', '_' and '-', each part starting "
+                f"with a letter or digit, no '..'), got {name!r}",
+            )
+            for name in ("hello", "a/b/c", "/b", "a/.b", "a/b..c", "a b/c", "a/", "")
+        ),
+        ('[task]\nname = "a/b"\nversion = 1\n', "task.toml: [task] version must be a string, got a number"),
+        ('[task]\nname = "a/b"\nversion = ""\n', "task.toml: [task] version must not be empty"),
+        ('[task]\nname = "a/b"\ndescription = []\n', "task.toml: [task] description must be a string, got a list"),
+        ('[task]\nname = "a/b"\nkeywords = "x"\n', "task.toml: [task] keywords must be a list of strings, got a string"),
+        ('[task]\nname = "a/b"\nkeywords = ["x", 2]\n', "task.toml: [task] keywords[1] must be a string, got a number"),
+        ('[task]\nname = "a/b"\nauthors = "Ada"\n',
+         "task.toml: [task] authors must be a list of {name, email} tables, got a string"),
+        ('[task]\nname = "a/b"\nauthors = [{ email = "a@b" }]\n',
+         "task.toml: [task] authors[0] must be a table with a name (a string) and an optional email"),
+        ('[task]\nname = "a/b"\nauthors = ["Ada"]\n',
+         "task.toml: [task] authors[0] must be a table with a name (a string) and an optional email"),
+        ('[task]\nname = "a/b"\nauthors = [{ name = "A", email = 1 }]\n',
+         "task.toml: [task] authors[0] email must be a string, got a number"),
+        ("schema_version = 1.4\n", "task.toml: schema_version must be a string, got a number"),
+    ],
+)  # fmt: skip
+def test_a_bad_task_table_is_named(tmp_path, toml, message):
+    assert error(harbor(tmp_path, toml)) == message
+
+
+def test_solution_env_is_the_solutions_and_not_the_metadatas(tmp_path):
+    toml = '[solution]\nnote = "kept"\n[solution.env]\nANSWER = "42"\nEMPTY = ""\n'
+    spec = load_task(harbor(tmp_path, toml))
+    assert spec.solution_env == {"ANSWER": "42", "EMPTY": ""} and spec.env == {}
+    assert spec.metadata == {"solution": {"note": "kept"}}
+    assert load_task(harbor(tmp_path / "b", "")).solution_env == {}
+
+
+@pytest.mark.parametrize(
+    ("toml", "message"),
+    [
+        ("solution = 1\n", "task.toml: [solution] must be a table, got a number"),
+        ('[solution]\nenv = "A=1"\n', "task.toml: [solution.env] must be a table, got a string"),
+        ("[solution.env]\nA = 1\n", "task.toml: [solution.env] A must be a string, got a number"),
+        (
+            '[solution.env]\n"a-b" = "1"\n',
+            "task.toml: [solution.env] a-b is not a valid variable name ([A-Z_][A-Z0-9_]*)",
+        ),
+        (
+            '[solution.env]\nKEY = "${KEY:-x}"\n',
+            "task.toml: [solution.env] KEY takes its value from the host's environment (${KEY:-x}); "
+            "this executor passes nothing of its own environment to a task",
+        ),
+    ],
+)
+def test_a_bad_solution_env_is_named(tmp_path, toml, message):
+    assert error(harbor(tmp_path, toml)) == message
+
+
 def test_workdir_overrides_the_images(tmp_path):
     spec = load_task(harbor(tmp_path, '[environment]\nworkdir = "/app//src/"\n'))
     assert spec.environment == ImageEnvironment(
