@@ -1,7 +1,8 @@
 /*
  * te-init: the first process of a live sandbox (SPEC §24). It starts each exec the host asks for
  * and reports how it ended; nothing else. Built static (no library of the image's is loaded) by
- * evaluations/sandboxes/initbin.py and bound read-only into the sandbox.
+ * evaluations/runtime/initbin.py; the sandbox runs it from a descriptor it inherits
+ * (/proc/self/fd/N), so it has no path, and no mount point, inside.
  *
  * The host holds the other end of a SOCK_SEQPACKET socket, passed as the descriptor named by
  * argv[1] (never a path inside the sandbox). Messages are one packet each:

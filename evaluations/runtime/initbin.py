@@ -6,6 +6,8 @@ egress relay's bundle), in a folder of its own named by the source's hash, made 
 but root; a changed ``init.c`` gets a new folder. It is built once per host into the user's cache
 (``~/.cache/term-executor/sandbox-init``) and copied from there. Building needs a C compiler with a
 static libc (Debian: ``gcc`` and ``libc6-dev``); where there is none, ``InitUnavailable`` says so.
+A sandbox runs it from a descriptor its bubblewrap inherits (``open_binary``, ``exec_path``), so no
+root it runs in, an image's layer or a read-only one, gets a mount point for it.
 """
 
 from __future__ import annotations
@@ -20,9 +22,6 @@ from pathlib import Path
 
 SOURCE = Path(__file__).with_name("init.c")
 NAME = "te-init"
-# Where the init's folder is bound in every sandbox: a folder of its own (an image's /run stays its own).
-TARGET_DIR = "/run/te-init"
-TARGET = f"{TARGET_DIR}/{NAME}"
 
 
 class InitUnavailable(RuntimeError):

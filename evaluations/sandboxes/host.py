@@ -51,7 +51,7 @@ from evaluations.network.egress.relay import RELAY_PORT, ensure_socat_bundle, pr
 from evaluations.pipeline import archive
 from evaluations.pipeline.context import RELAY_BUNDLE
 from evaluations.pipeline.session import Session, remove_retired
-from evaluations.runtime import Limits, Mount, SandboxPolicy, Spawner, initbin, killer, uids
+from evaluations.runtime import Limits, SandboxPolicy, Spawner, initbin, killer, uids
 from evaluations.runtime.idmap import image_id_base
 from evaluations.runtime.initchannel import ExecStartError, InitChannel, InitGone, exec_request
 from evaluations.runtime.output import OutputCapture
@@ -186,7 +186,6 @@ class LiveSandbox:
             as_root=True,
         )
         self.closing.callback(rootfs.unmount_root, self.session.root)
-        kinds.make_mount_point(self.root, initbin.TARGET_DIR)
         self.default_user = spec.user or self.image_config.get("User") or "root"
         self.user(self.default_user)  # an unknown user fails the sandbox now, not its first exec
         self.egress.policy = spec.network.applied_to(egress_policy(config))
@@ -311,22 +310,29 @@ class LiveSandbox:
             image=self.root,
             image_tmp=True,
             relay_wait=False,  # the init waits for the relay before its first exec instead
-            mounts=(Mount(initbin.ensure_init(self.config.workspace_base), initbin.TARGET_DIR),),
             ca_bundle=ca.host if ca is not None else None,
             egress_socket=Path(self.egress.socket_path),
             relay_bundle=self._relay_bundle(),
         )
-        argv = [initbin.TARGET, str(self.channel.init_fd), str(RELAY_PORT)]
+        # The init runs from a descriptor bubblewrap inherits: no mount point for it in the image's layer.
+        binary = initbin.open_binary(self.config.workspace_base)
+        argv = [initbin.exec_path(binary), str(self.channel.init_fd), str(RELAY_PORT)]
         env = {"PATH": SYSTEM_PATH}
 
         def run() -> None:
             try:
                 self._init_result = self.spawner.run(
-                    argv, cwd=Path("/"), env=env, limits=self.limits, policy=policy, pass_fds=(self.channel.init_fd,)
+                    argv,
+                    cwd=Path("/"),
+                    env=env,
+                    limits=self.limits,
+                    policy=policy,
+                    pass_fds=(self.channel.init_fd, binary),
                 )
             except Exception:
                 logger.exception("sandbox %s: the sandbox could not run", self.id)
             finally:
+                os.close(binary)
                 self.channel.close()  # its end of file wakes every waiting exec
                 with contextlib.suppress(OSError):
                     os.write(self._wake_w, b"!")  # and the serve loop, which sees the sandbox gone
