@@ -77,7 +77,6 @@ class Context:
     agent_interpreter: str | None = None  # absolute, chosen by downloading_task (pipeline/agentenv.py)
     grade: Grade | None = None  # set by running_tests: what the task's grader made of the tests (evaluations/grading/)
     reset_for_tests: bool = False  # HOME and /tmp already reset after the agent, the tests' sandbox started (steps.py)
-    agent_policy: SandboxPolicy | None = None  # the agent's sandbox, made once (steps._agent_policy)
 
     def stage(self, **fields) -> None:
         """A step's results for the evaluation's row, written with the next transition or the end

@@ -40,7 +40,6 @@ from evaluations.tasks.language import NoToolchain, with_toolchain
 from evaluations.tasks.registry import load_task
 from evaluations.tasks.spec import TaskError
 
-AGENT_PHASE = "agent"  # the agent's one command, in a sandbox of its own
 PATCH_PHASE = "patch"  # the executor's git work on what the agent left: never in the agent's sandbox
 TESTS_PHASE = "tests"
 
@@ -191,13 +190,6 @@ def _digest(path: Path) -> str:
 
 
 def installing_deps(ctx: Context) -> None:
-    _install(ctx)
-    # Every mount the agent's sandbox binds is made now (the clone's and the install's overlays):
-    # it starts while the agent's own install and the step's transitions go on (SPEC §25).
-    ctx.prestart(AGENT_PHASE, _agent_policy(ctx), Path(ctx.workdir))
-
-
-def _install(ctx: Context) -> None:
     config = ctx.config
     if ctx.cache.restore():  # a hit: the venv and HOME the install step left, from the snapshot
         return
@@ -250,8 +242,10 @@ def running_agent(ctx: Context) -> None:
     static.materialise(ctx)  # the agent's own copy of each asset, in repo/<save_path>
     # The request's own, within AGENT_TIMEOUT_SECS and what the task asked for (verifier.apply_request).
     timeout = min(evaluation.timeout_secs or config.agent_timeout_secs, config.agent_timeout_secs)
-    policy = _agent_policy(ctx)
+    agent_folder = Mount(ctx.session.agent, str(ctx.session.agent), writable=False)
+    mounts = [agent_folder, *static.mounts(ctx), *verifier.agent_mounts(ctx)]  # in an image, /logs/agent
     verifier.phase_egress(ctx, verifier.AGENT)  # the agent's network (SPEC §23), from here on
+    policy = ctx.task_policy(network=verifier.agent_network(ctx), mounts=mounts)
     if ctx.task.repo is not None:  # the patch's sandbox starts while the agent runs (SPEC §25), apart from it
         ctx.prestart(PATCH_PHASE, ctx.executor_policy(network=False), ctx.session.repo)
     try:
@@ -260,22 +254,8 @@ def running_agent(ctx: Context) -> None:
         ctx.spawner.end_prestart(PATCH_PHASE)  # one the patch did not take: the agent failed
 
 
-def _agent_policy(ctx: Context) -> SandboxPolicy:
-    """The agent's sandbox, made once (its sandbox is started ahead with it, and an image's /logs
-    folders are made fresh here): its folder read-only, the static assets, in an image /logs/agent
-    and /logs/verifier, the network of its phase."""
-    if ctx.agent_policy is None:
-        agent_folder = Mount(ctx.session.agent, str(ctx.session.agent), writable=False)
-        mounts = [agent_folder, *static.mounts(ctx), *verifier.agent_mounts(ctx)]
-        ctx.agent_policy = ctx.task_policy(network=verifier.agent_network(ctx), mounts=mounts)
-    return ctx.agent_policy
-
-
 def _run_agent(ctx: Context, argv: list[str], env: dict[str, str], timeout: int, policy: SandboxPolicy) -> None:
-    # A sandbox of its own (SPEC §25: never the tests' nor the executor's), started ahead by
-    # installing_deps; seen gone with every process of the agent before anything else runs.
-    with ctx.phase(AGENT_PHASE):
-        result = ctx.run(argv, env=env, timeout_secs=timeout, policy=policy)
+    result = ctx.run(argv, env=env, timeout_secs=timeout, policy=policy)
     produced = {"agent_output": result.output, "agent_exit_code": result.exit_code}
     failure = None
     try:

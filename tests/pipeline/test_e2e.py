@@ -171,10 +171,9 @@ def test_the_tests_share_one_sandbox_and_nothing_a_test_leaves_reaches_the_next(
 
 
 def test_the_agent_never_sees_the_sandboxes_started_ahead_for_its_patch_and_the_tests(tasks, e2e_config, sandbox):
-    """SPEC §25: the agent runs in a sandbox of its own (started ahead, with its init), the patch's
-    and the tests' sandboxes start while the agent runs and while the patch is made; the agent
-    cannot see them, and the tests get HOME and /tmp without what the agent left there, and the
-    patch what the agent changed."""
+    """SPEC §25: the patch's and the tests' sandboxes start while the agent runs and while the
+    patch is made; the agent cannot see them, and the tests get HOME and /tmp without what the
+    agent left there, and the patch what the agent changed."""
     agent = SOLVER + (
         "import os, subprocess\n"
         "inits = subprocess.run(['pgrep', '-x', 'te-init'], capture_output=True, text=True).stdout.split()\n"
@@ -191,7 +190,7 @@ def test_the_agent_never_sees_the_sandboxes_started_ahead_for_its_patch_and_the_
     assert clean.passed, clean.output
     assert "+inits=" in evaluation.agent_patch and "a + b" in evaluation.agent_patch
     if sandbox == "bwrap":  # without one, the agent sees the host's processes (other tests' sandboxes)
-        assert "+inits=1" in evaluation.agent_patch  # its own sandbox's init, not the patch's started beside it
+        assert "+inits=0" in evaluation.agent_patch
 
 
 FORK_STORM = """
