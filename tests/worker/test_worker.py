@@ -6,7 +6,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import psutil
@@ -161,8 +160,7 @@ def test_serve_runs_each_process_once_and_sigterm_stops_them_all(tmp_path, tasks
         assert metrics.is_dir()
         serve.send_signal(signal.SIGTERM)
         assert serve.wait(timeout=60) == 0
-        time.sleep(0.5)
-        assert not [proc for proc in everything if proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE]
+        wait_for(lambda: not running(everything), 30, what="every process of the service to end")
         assert not metrics.exists()
     finally:
         if serve.poll() is None:
@@ -218,14 +216,25 @@ def test_serve_stops_gunicorn_and_exits_1_naming_the_worker_when_the_worker_dies
         worker.kill()
         assert serve.wait(timeout=60) == 1
         assert log.read_text().splitlines()[-1] == "serve: worker exited with code -9; stopped the rest"
-        time.sleep(0.5)
         # gunicorn stopped gracefully (its master and web workers); the worker's forkserver follows its worker.
-        assert not [proc for proc in everything if proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE]
+        wait_for(lambda: not running(everything), 30, what="every process of the service to end")
         assert not (service.folder / "data" / "prometheus" / f"serve-{serve.pid}").exists()
     finally:
         if serve.poll() is None:
             serve.kill()
         service.database.drop()
+
+
+def running(processes: list[psutil.Process]) -> list[psutil.Process]:
+    """Those of ``processes`` still running (a zombie, or one gone meanwhile, is not)."""
+    alive = []
+    for proc in processes:
+        try:
+            if proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE:
+                alive.append(proc)
+        except psutil.NoSuchProcess:
+            pass
+    return alive
 
 
 def blocked_signals(pid: int) -> int:
