@@ -190,8 +190,10 @@ def inspect(base: Path, folder_name: str, shown: str | None = None) -> Environme
     """
     name = shown or folder_name
     folder = base / folder_name
-    real_base = os.path.realpath(base)
-    real = os.path.realpath(folder)
+    try:
+        real_base, real = inroot.host_path(base), inroot.host_path(folder)
+    except OSError:  # a loop of links: nothing it names exists
+        raise BadEnvironment(f"environment {name} does not exist (a dangling link)") from None
     if os.path.islink(folder) and not real.startswith(real_base.rstrip("/") + "/"):
         raise BadEnvironment(f"environment {name} is a symbolic link to {real}, outside ENVIRONMENTS_ROOT")
     try:

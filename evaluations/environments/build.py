@@ -37,6 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from evaluations import environments
+from evaluations.images import inroot
 
 DEFAULT_PACKAGES = "python3 python3-venv python3-pip git ca-certificates bash"
 DEFAULT_MIRROR = "http://deb.debian.org/debian"
@@ -278,7 +279,7 @@ def _put_in_place(building: Path, final: Path) -> Path | None:
 
 def _mounts_beneath(path: Path) -> list[str]:
     """Mount points at or under path (debootstrap mounts /proc and /sys in the tree), deepest first."""
-    real = os.path.realpath(path)
+    real = inroot.host_path(path)
     found = []
     with open("/proc/self/mountinfo") as handle:
         for line in handle:

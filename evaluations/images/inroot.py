@@ -305,6 +305,18 @@ def resolve(root_fd: int, path: str, *, keep_missing: bool = True, folder: bool 
             os.close(cur)
 
 
+def host_path(path) -> str:
+    """``path``, one of the host's own (a setting, an interpreter, a folder the executor made),
+    absolute with every link on it resolved: what ``os.path.realpath`` answers, by ``resolve``'s walk
+    from handles with the host's ``/`` as the root, so the project has one resolver and no
+    ``realpath``. What is missing is kept as written; a loop is ``OSError`` (``ELOOP``)."""
+    root_fd = open_root("/")
+    try:
+        return "/" + resolve(root_fd, os.path.abspath(path), folder=False)
+    finally:
+        os.close(root_fd)
+
+
 def _reopen(root_fd: int, names: list[str]) -> int:
     """The folder ``names`` below ``root_fd``, each a folder already resolved (no link on the way)."""
     cur = os.dup(root_fd)

@@ -60,6 +60,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from evaluations.images import inroot
 from evaluations.runtime import idmap
 from evaluations.runtime.cgroupfs import CgroupSupport
 from evaluations.runtime.killer import TAG_VAR
@@ -321,12 +322,12 @@ def _is_system(path: str) -> bool:
 
 def language_runtimes() -> list[str]:
     """Prefixes of the Python and Node this host has outside the system folders."""
-    candidates = [os.path.realpath(sys.base_prefix)]
+    candidates = [inroot.host_path(sys.base_prefix)]
     for name in ("python3", "node"):
         exe = shutil.which(name)
         if exe is None:
             continue
-        bindir = os.path.dirname(os.path.realpath(exe))
+        bindir = os.path.dirname(inroot.host_path(exe))
         # <prefix>/bin/<name>; a pyenv shim (<root>/shims/python3) is a script, not a runtime.
         if os.path.basename(bindir) == "bin":
             candidates.append(os.path.dirname(bindir))
@@ -359,7 +360,7 @@ def can_traverse(path: str, uid: int | None) -> bool:
     if uid is None:
         return os.access(path, os.X_OK)
     current = "/"
-    for part in ("", *Path(os.path.realpath(path)).parts[1:]):
+    for part in ("", *Path(inroot.host_path(path)).parts[1:]):
         current = os.path.join(current, part)
         try:
             st = os.stat(current)

@@ -282,3 +282,19 @@ def test_resolve_goes_past_path_max(plain):
     bottom = "/".join([LONG] * 25)
     assert inroot.resolve(fd, f"/{bottom}/same/same/made") == f"{bottom}/made"
     assert inroot.resolve(fd, f"/{bottom}/top/{LONG}/x/..") == LONG
+
+
+def test_host_path_resolves_the_hosts_own_paths_as_realpath_did(tmp_path):
+    """The host's own paths (settings, interpreters, the executor's folders): every link resolved
+    with / as the root, what is missing kept as written, a loop refused."""
+    (tmp_path / "real" / "deep").mkdir(parents=True)
+    (tmp_path / "rel").symlink_to("real/deep")
+    (tmp_path / "abs").symlink_to(tmp_path / "rel")
+    (tmp_path / "up").symlink_to("real/deep/../..")
+    for path in ("rel", "abs", "abs/missing/tail", "up/real", "real/deep/..", "dangling"):
+        assert inroot.host_path(tmp_path / path) == os.path.realpath(tmp_path / path), path
+    assert inroot.host_path("/") == "/"
+    (tmp_path / "loop").symlink_to("loop")
+    with pytest.raises(OSError) as caught:
+        inroot.host_path(tmp_path / "loop")
+    assert caught.value.errno == errno.ELOOP
