@@ -103,23 +103,32 @@ def web(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def web6(tmp_path_factory):
+    """An HTTP server on the host's ::1 (an IPv6 destination the operator's rules allow)."""
+    folder = tmp_path_factory.mktemp("www6")
+    (folder / "hello.txt").write_text("hello from ::1\n")
+    with TestHTTPServer(folder, host="::1") as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
 def shared_images(tmp_path_factory) -> Path:
     """IMAGES_DIR for every service of this test process: the base image pulled once, not per service."""
     return tmp_path_factory.mktemp("images")
 
 
 @pytest.fixture(scope="session")
-def sandbox_service(tmp_path_factory, hub_mirror, web, shared_images):
+def sandbox_service(tmp_path_factory, hub_mirror, web, web6, shared_images):
     """One service with its worker for the sandbox tests of this test process (a service's start
     and stop cost seconds; each test makes and deletes its own sandboxes). docker.io's mirror is
     the suite's registry (a Harbor example's ``FROM debian:bookworm``), which the operator's rules
-    let sandboxes reach, as ``web`` (EGRESS_ALLOW)."""
+    let sandboxes reach, as ``web`` and ``web6`` (EGRESS_ALLOW)."""
     service = start_service(
         tmp_path_factory.mktemp("sandbox-service"),
         hub_mirror,
         AUTH_TOKENS=",".join(f"{name}:{token}" for name, token in TENANTS.items()),
         IMAGE_REGISTRY_MIRRORS=f"docker.io={hub_mirror.host}",
-        EGRESS_ALLOW=f"127.0.0.1:{web.port},{hub_mirror.host}",
+        EGRESS_ALLOW=f"127.0.0.1:{web.port},[::1]:{web6.port},{hub_mirror.host}",
         IMAGES_DIR=str(shared_images),
     )
     yield service

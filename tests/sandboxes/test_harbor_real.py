@@ -190,3 +190,125 @@ except Exception as error:
     print("refused", error)
 PY
 """
+
+
+# -- the schema's other shapes (SPEC §23) through the backend (SPEC §24) ---------------------------
+
+STEP_TOML = """\
+schema_version = "1.4"
+multi_step_reward_strategy = "mean"
+
+[environment]
+build_timeout_sec = 600.0
+
+[[steps]]
+name = "create"
+
+[[steps]]
+name = "append"
+"""
+
+
+def write_steps_task(dataset: Path, base_ref: str) -> Path:
+    """Two steps on one environment: the second's verifier sees what the first's agent left."""
+    task = dataset / "steps"
+    (task / "environment").mkdir(parents=True)
+    (task / "environment" / "Dockerfile").write_text(f"FROM {base_ref}\nWORKDIR /app\n")
+    (task / "task.toml").write_text(STEP_TOML)
+    checks = {"create": "one", "append": "one two"}
+    for name, line in (("create", "echo one > /app/log.txt"), ("append", "echo two >> /app/log.txt")):
+        step = task / "steps" / name
+        for folder in ("solution", "tests"):
+            (step / folder).mkdir(parents=True)
+        (step / "instruction.md").write_text(f"Step {name}: run `{line}`.\n")
+        (step / "solution" / "solve.sh").write_text(f"#!/bin/bash\n{line}\n")
+        (step / "tests" / "test.sh").write_text(
+            "#!/bin/bash\n"
+            f'if [ "$(tr "\\n" " " < /app/log.txt 2>/dev/null | sed "s/ $//")" = "{checks[name]}" ]; '
+            "then echo 1; else echo 0; fi > /logs/verifier/reward.txt\n"
+        )
+    return task
+
+
+def write_separate_task(dataset: Path, base_ref: str) -> Path:
+    """The verifier in an environment of its own (tests/Dockerfile, the tests baked in, as Harbor
+    builds it), with only the declared artifact copied in at its path."""
+    task = write_task(dataset, "separate", base_ref)
+    separate = TASK_TOML.replace("[verifier]\n", '[verifier]\nenvironment_mode = "separate"\n')
+    (task / "task.toml").write_text('artifacts = ["/app/answer.txt"]\n' + separate)
+    (task / "tests" / "Dockerfile").write_text(f"FROM {base_ref}\nCOPY test.sh /tests/test.sh\n")
+    (task / "tests" / "test.sh").write_text(
+        "#!/bin/bash\n"
+        '[ "$(cat /app/answer.txt 2>/dev/null)" = "HELLO FROM SEPARATE" ] && [ ! -e /app/greeting.txt ] '
+        "&& echo 1 > /logs/verifier/reward.txt || echo 0 > /logs/verifier/reward.txt\n"
+    )
+    return task
+
+
+def write_healthcheck_task(dataset: Path, base_ref: str) -> Path:
+    """[environment.healthcheck] that passes at its third try: Harbor runs it through the backend's
+    exec before the agent, and the verifier finds the count it left."""
+    task = write_task(dataset, "healthy", base_ref)
+    (task / "task.toml").write_text(
+        TASK_TOML
+        + "\n[environment.healthcheck]\n"
+        + "command = 'n=$(cat /tmp/hc 2>/dev/null || echo 0); echo $((n + 1)) > /tmp/hc; [ \"$n\" -ge 2 ]'\n"
+        + "interval_sec = 0.1\nstart_interval_sec = 0.1\nstart_period_sec = 0.0\nretries = 5\n"
+    )
+    test = (task / "tests" / "test.sh").read_text()
+    (task / "tests" / "test.sh").write_text(test.replace("] && [", '] && [ "$(cat /tmp/hc)" = 3 ] && ['))
+    return task
+
+
+def write_ipv6_task(dataset: Path, base_ref: str, web6) -> Path:
+    """An agent allowlist of one IPv6 literal: the solution fetches from the host's ::1 through the
+    sandbox's proxy, and the verifier (no-network) cannot."""
+    task = write_task(dataset, "ipv6", base_ref)
+    (task / "task.toml").write_text(
+        TASK_TOML.replace("[agent]\n", '[agent]\nnetwork_mode = "allowlist"\nallowed_hosts = ["::1"]\n').replace(
+            "[verifier]\n", '[verifier]\nnetwork_mode = "no-network"\n'
+        )
+    )
+    fetch = FETCH6.format(port=web6.port)
+    (task / "solution" / "solve.sh").write_text(f"#!/bin/bash\n{fetch.format(out='/app/agent.txt')}")
+    (task / "tests" / "test.sh").write_text(
+        f"#!/bin/bash\n{fetch.format(out='/tmp/verifier.txt')}"
+        "if grep -q '^hello from ::1' /app/agent.txt && ! grep -q '^hello' /tmp/verifier.txt; then r=1; else r=0; fi\n"
+        "echo $r > /logs/verifier/reward.txt\n"
+    )
+    return task
+
+
+FETCH6 = """\
+env -u no_proxy -u NO_PROXY python3 - <<'PY' > {{out}} 2>&1 || true
+import urllib.request
+try:
+    print(urllib.request.urlopen("http://[::1]:{port}/hello.txt", timeout=20).read().decode())
+except Exception as error:
+    print("refused", error)
+PY
+"""
+
+
+def test_multi_step_separate_verifier_healthcheck_and_ipv6_tasks(
+    harbor, sandbox_service, api, base_ref, web6, tmp_path
+):
+    """Harbor drives the schema's other shapes through the backend (SPEC §23-24): a multi-step task
+    (each step's solution, then its verifier, on one sandbox), a separate verifier (a second
+    sandbox from tests/Dockerfile with only the artifact), a healthcheck, an IPv6 allowlist. The
+    oracle solves each; the nop agent solves none."""
+    dataset = tmp_path / "dataset"
+    write_steps_task(dataset, base_ref)
+    write_separate_task(dataset, base_ref)
+    write_healthcheck_task(dataset, base_ref)
+    write_ipv6_task(dataset, base_ref, web6)
+    solved = {
+        result["task_name"]: result
+        for result in harbor_run(harbor, sandbox_service, tmp_path, dataset, "oracle", concurrent=2)
+    }
+    assert sorted(solved) == ["healthy", "ipv6", "separate", "steps"]
+    assert {name: reward(result) for name, result in solved.items()} == dict.fromkeys(solved, 1.0)
+    assert [step["verifier_result"]["rewards"]["reward"] for step in solved["steps"]["step_results"]] == [1.0, 1.0]
+    unsolved = harbor_run(harbor, sandbox_service, tmp_path, dataset, "nop", concurrent=2)
+    assert {result["task_name"]: reward(result) for result in unsolved} == dict.fromkeys(solved, 0.0)
+    assert live_sandboxes(api) == []

@@ -92,18 +92,15 @@ def test_it_is_a_harbor_environment_with_its_type_and_capabilities(task, server,
     assert limits.cpu_limit and limits.memory_limit and limits.fractional_cpus and not limits.cpu_request
 
 
-def test_harbor_accepts_allowlists_of_names_wildcards_ipv4_and_cidrs_not_ipv6(task, server, tmp_path):
+def test_harbor_accepts_allowlists_of_names_wildcards_addresses_and_cidrs_of_both_families(task, server, tmp_path):
     environment = make(task, server, tmp_path)
-    allowed = NetworkPolicy(
-        network_mode=NetworkMode.ALLOWLIST, allowed_hosts=["pypi.org", "*.github.com", "1.1.1.1", "10.0.0.0/8"]
-    )
-    environment.validate_network_policy_support(allowed)  # Harbor's own check of our capabilities
+    hosts = ["pypi.org", "*.github.com", "1.1.1.1", "10.0.0.0/8", "2001:db8::1", "2001:db8::/32"]
+    for allowed in (hosts, *([host] for host in hosts)):  # Harbor's own check of our capabilities
+        environment.validate_network_policy_support(
+            NetworkPolicy(network_mode=NetworkMode.ALLOWLIST, allowed_hosts=allowed)
+        )
     environment.validate_network_policy_support(NetworkPolicy(network_mode=NetworkMode.NO_NETWORK))
-    for ipv6 in ("2001:db8::1", "2001:db8::/32"):
-        with pytest.raises(ValueError, match="IPv6"):
-            environment.validate_network_policy_support(
-                NetworkPolicy(network_mode=NetworkMode.ALLOWLIST, allowed_hosts=[ipv6])
-            )
+    assert environment.capabilities.network_allowlist_ipv6_cidrs and not environment.capabilities.docker_compose
 
 
 def test_url_and_token_come_from_ek_or_the_environment(task, server, tmp_path, monkeypatch):

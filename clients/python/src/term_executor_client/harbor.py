@@ -98,7 +98,7 @@ class TermExecutorEnvironment(BaseEnvironment):
     @property
     def capabilities(self) -> EnvironmentCapabilities:
         # Every connection leaves through the egress proxy, which applies the sandbox's policy
-        # (names, *.domain, addresses, networks) and can be changed at any time (PUT /network).
+        # (names, *.domain, IPv4 and IPv6 addresses and networks) and can be changed at any time (PUT /network).
         return EnvironmentCapabilities(
             disable_internet=True,
             network_allowlist=True,
@@ -106,6 +106,8 @@ class TermExecutorEnvironment(BaseEnvironment):
             network_allowlist_wildcard_hostnames=True,
             network_allowlist_ipv4_addresses=True,
             network_allowlist_ipv4_cidrs=True,
+            network_allowlist_ipv6_addresses=True,
+            network_allowlist_ipv6_cidrs=True,
             dynamic_network_policy=True,
         )
 
