@@ -159,8 +159,17 @@ def test_without_a_compiler_for_the_init_each_command_runs_in_its_own_sandbox(bw
 # -- the executor's own phase, and sandboxes started before their phase (Spawner.prestart) -----------
 
 
-def _prestart(harness, name: str, policy: SandboxPolicy) -> None:
+def _prestart(harness, name: str, policy: SandboxPolicy) -> set[int]:
+    """Prestart ``name``; the pids of its bubblewrap and init, once /proc shows them carrying the
+    evaluation's tag (bounded: read from another test's load, a just-started process's environment
+    can be unreadable for a moment)."""
     harness.spawner.prestart(name, policy, DEFAULT_LIMITS, harness.session, init_base=harness.session.parent)
+
+    def started() -> set[int]:
+        alive = tagged_alive(harness.eval_id)
+        return {proc.pid for proc in alive} if any(proc.name() == "te-init" for proc in alive) else set()
+
+    return wait_for(started, timeout=60, what=f"the sandbox prestarted for {name} and its init")
 
 
 def _executor_tmps(harness) -> list:
@@ -186,9 +195,7 @@ def test_a_prestarted_sandbox_is_the_one_its_phase_runs_in(bwrap_sp):
     """Started before its phase, while another command runs apart from it (as the agent's patch
     sandbox while the agent runs): that command cannot see it, the phase's commands run in it."""
     policy = _policy(bwrap_sp, fresh_tmp=True)
-    _prestart(bwrap_sp, "patch", policy)
-    own = {proc.pid for proc in tagged_alive(bwrap_sp.eval_id)}
-    assert own  # its bubblewrap and init, launched before anything else ran
+    own = _prestart(bwrap_sp, "patch", policy)  # its bubblewrap and init, launched before anything else ran
     apart = bwrap_sp.run("ls /proc | grep -c '^[0-9]'; pgrep -x te-init || echo no-init")
     assert apart.exit_code == 0 and apart.output.splitlines()[1] == "no-init", apart.output
     with bwrap_sp.spawner.phase("patch", init_base=bwrap_sp.session.parent, executor=True):
@@ -200,8 +207,7 @@ def test_a_prestarted_sandbox_is_the_one_its_phase_runs_in(bwrap_sp):
 
 
 def test_a_prestarted_sandbox_no_phase_takes_is_ended(bwrap_sp):
-    _prestart(bwrap_sp, "patch", _policy(bwrap_sp, fresh_tmp=True))
-    assert tagged_alive(bwrap_sp.eval_id) and len(_executor_tmps(bwrap_sp)) == 1
+    assert _prestart(bwrap_sp, "patch", _policy(bwrap_sp, fresh_tmp=True)) and len(_executor_tmps(bwrap_sp)) == 1
     bwrap_sp.spawner.end_prestart("patch")
     assert not tagged_alive(bwrap_sp.eval_id) and _executor_tmps(bwrap_sp) == []
     _prestart(bwrap_sp, "tests", _policy(bwrap_sp))
@@ -224,7 +230,7 @@ def test_a_prestarted_sandbox_killed_before_its_phase_is_replaced(bwrap_sp):
 @pytest.mark.usefixtures("broken_init")
 def test_a_prestart_without_a_usable_init_leaves_its_phase_a_bubblewrap_each(bwrap_sp):
     policy = _policy(bwrap_sp)
-    _prestart(bwrap_sp, "tests", policy)
+    bwrap_sp.spawner.prestart("tests", policy, DEFAULT_LIMITS, bwrap_sp.session, init_base=bwrap_sp.session.parent)
     with bwrap_sp.spawner.phase("tests", init_base=bwrap_sp.session.parent):
         assert [_run(bwrap_sp, PID_NS, policy).output for _ in range(2)] == ["0\n", "0\n"]
     assert not tagged_alive(bwrap_sp.eval_id)
