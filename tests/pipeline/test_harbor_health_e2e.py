@@ -38,7 +38,7 @@ CHECK = (
 )
 FETCH = (
     "python3 -c 'import urllib.request as u; "
-    'print(\"fetched\", u.urlopen(\"http://127.0.0.1:80/hello.txt\", timeout=10).read().decode().strip())\'\n'
+    'print("fetched", u.urlopen("http://127.0.0.1:80/hello.txt", timeout=10).read().decode().strip())\'\n'
 )
 
 
