@@ -211,9 +211,7 @@ class Spawner:
             proc = self._start(launch, False, policy.niceness, ())
             if launch.info is not None:
                 launch.info.close_write_end()
-            sandbox_init = launch.info.sandbox_init() if launch.info is not None else None
-            if sandbox_init is not None:
-                killer.adopt(sandbox_init)
+            sandbox_init = self._adopt_pid(launch)  # None: nothing proves its end, later sweeps scan
         except BaseException:
             closing.close()
             raise

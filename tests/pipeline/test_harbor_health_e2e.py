@@ -6,12 +6,16 @@ nothing of the environment outlives the evaluation (``evaluate`` checks no tagge
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
+import threading
 
 import pytest
 
+from evaluations.pipeline.cancel import CancelState, Stop
 from tests.helpers import images as images_helpers
+from tests.helpers.polling import wait_for
 from tests.pipeline.test_e2e import evaluate
 from tests.pipeline.test_harbor_e2e import harbor_folder, serve
 
@@ -163,3 +167,36 @@ def test_an_image_whose_cmd_is_a_shell_starts_nothing_and_keeps_a_network_of_its
     assert "entrypoint" not in evaluation.log and "healthcheck" not in evaluation.log
     assert evaluation.agent_output.strip().startswith("net:[")
     assert evaluation.agent_output.strip() != os.readlink("/proc/self/ns/net")  # never the host's
+
+
+def test_a_cancel_ends_the_wait_between_two_checks(tasks, image_task_config, base_image, base_layer, tmp_path):
+    """interval_sec = 900: without the cancel the evaluation would wait a quarter of an hour per check."""
+    image = server_image(base_image, base_layer, "health/server:4")
+    toml = (
+        f'[environment]\ndocker_image = "{image}"\n[environment.healthcheck]\n'
+        "command = 'echo checked-once; exit 1'\ninterval_sec = 900\nretries = 3\n"
+    )
+    folder = harbor_folder(tmp_path / "task", toml=toml, test="#!/bin/bash\necho 1 > /logs/verifier/reward.txt\n")
+    cancel = CancelState()
+    base = image_task_config.workspace_base
+
+    def checked_once() -> bool:
+        logs = [folder / "log.txt" for folder in base.iterdir() if (folder / "log.txt").is_file()]
+        return any("\nchecked-once" in log.read_text(errors="replace") for log in logs)
+
+    seen = []
+
+    def cancel_after_the_first_check():
+        with contextlib.suppress(AssertionError):  # not seen: said below, in the test's thread
+            seen.append(wait_for(checked_once, 300, what="the first healthcheck"))
+        cancel.set(Stop.CANCELLED, "cancelled by DELETE")
+
+    thread = threading.Thread(target=cancel_after_the_first_check)
+    thread.start()
+    evaluation = evaluate(serve(tasks, folder), "echo agent-ran\n", config=image_task_config, sandbox="bwrap",
+                          language="bash", cancel=cancel)  # fmt: skip
+    thread.join()
+    assert seen == [True], evaluation.log[-3000:]
+    assert (evaluation.status, evaluation.error) == ("cancelled", "installing_deps: cancelled by DELETE"), (
+        evaluation.error, evaluation.log[-3000:])  # fmt: skip
+    assert "agent-ran" not in evaluation.agent_output
