@@ -23,6 +23,7 @@ from evaluations.pipeline.cancel import CancelState, Stop
 from evaluations.pipeline.session import Session
 from evaluations.pipeline.warm import WorkspaceCache
 from evaluations.runtime import CommandResult, Limit, Limits, Mount, Runtime, SandboxPolicy, Spawner
+from evaluations.runtime.netns import SharedNetwork
 from evaluations.tasks.spec import TaskSpec
 from executor_project.config import Config
 
@@ -77,6 +78,9 @@ class Context:
     agent_interpreter: str | None = None  # absolute, chosen by downloading_task (pipeline/agentenv.py)
     grade: Grade | None = None  # set by running_tests: what the task's grader made of the tests (evaluations/grading/)
     reset_for_tests: bool = False  # HOME and /tmp already reset after the agent, the tests' sandbox started (steps.py)
+    # SPEC §23: the environment's network namespace, once its first process or healthcheck needs one
+    # (pipeline/services.py): every task command's sandbox joins it, as a container's processes share one.
+    netns: SharedNetwork | None = None
 
     def stage(self, **fields) -> None:
         """A step's results for the evaluation's row, written with the next transition or the end
@@ -138,6 +142,7 @@ class Context:
             mounts=mounts,
             ca_bundle=ca.host if ca is not None and self.runtime.isolated else None,
             **self._egress_fields(network, self.env.own_root),
+            **({"netns": self.netns.path} if self.netns is not None else {}),
         )
 
     def repository_env(self) -> dict[str, str]:

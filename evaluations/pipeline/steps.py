@@ -19,6 +19,7 @@ from evaluations.pipeline import (
     imageenv,
     outcome,
     patch,
+    services,
     static,
     verifier,
 )
@@ -191,6 +192,7 @@ def _digest(path: Path) -> str:
 
 def installing_deps(ctx: Context) -> None:
     config = ctx.config
+    services.starting_environment(ctx)  # SPEC §23: the image's first process, its healthcheck, before all else
     if ctx.cache.restore():  # a hit: the venv and HOME the install step left, from the snapshot
         return
     deadline = deadline_in(config.install_timeout_secs)

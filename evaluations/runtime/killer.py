@@ -310,14 +310,17 @@ def _ancestors(table: list[Proc]) -> set[int]:
     return found
 
 
-def evaluation_processes(eval_id: str, *, uid: int | None = None) -> list[Proc]:
+def evaluation_processes(
+    eval_id: str, *, uid: int | None = None, spare: Callable[[], set[int]] | None = None
+) -> list[Proc]:
     """What a kill must take, in one pass over /proc.
 
     With a uid of the evaluation's own, its processes are its descendants and
     that uid's: every command starts as the uid, and none can leave it
     (no_new_privs: no setuid program works), so the environments need not be
     read. With a shared uid (or from another process, as the reaper), the tag
-    finds those that left the tree.
+    finds those that left the tree. ``spare``: the pids to leave alone (the
+    spawner's background processes, read at each pass).
     """
     table = processes()
     found = {p.pid: p for p in descendants(table=table)}
@@ -325,21 +328,28 @@ def evaluation_processes(eval_id: str, *, uid: int | None = None) -> list[Proc]:
         found.update((p.pid, p) for p in owned_by(uid, table))
     else:
         found.update((p.pid, p) for p in tagged(eval_id, table))
-    for pid in _ancestors(table):
+    for pid in (*_ancestors(table), *(spare() if spare is not None else ())):
         found.pop(pid, None)
     return list(found.values())
 
 
-def kill_all(eval_id: str, process_group: int | None = None, *, uid: int | None = None) -> int:
+def kill_all(
+    eval_id: str,
+    process_group: int | None = None,
+    *,
+    uid: int | None = None,
+    spare: Callable[[], set[int]] | None = None,
+) -> int:
     """SIGKILL the group, then every process of the evaluation until none is left.
 
-    ``uid``: the evaluation's own uid (never a shared one): its processes go too.
+    ``uid``: the evaluation's own uid (never a shared one): its processes go too. ``spare``: as
+    ``evaluation_processes``'.
     Returns how many distinct processes were signalled.
     """
     if process_group is not None:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(process_group, signal.SIGKILL)
-    return kill_until_none(lambda: evaluation_processes(eval_id, uid=uid), f"evaluation {eval_id}")
+    return kill_until_none(lambda: evaluation_processes(eval_id, uid=uid, spare=spare), f"evaluation {eval_id}")
 
 
 def kill_tagged(tag: str) -> int:

@@ -87,6 +87,7 @@ class Tools:
     prlimit: str
     nice: str | None = None  # only where the niceness is not set by the starting thread
     bwrap: str | None = None  # only for a runtime with namespaces
+    nsenter: str | None = None  # only for a policy that joins a network namespace (``netns``)
 
 
 @dataclass(frozen=True)
@@ -118,6 +119,10 @@ class SandboxPolicy:
     egress_socket: Path | None = None  # the evaluation's egress proxy (evaluations/egress), bound at SANDBOX_SOCKET
     relay_bundle: Path | None = None  # the host's socat and its libraries, for a root without its own
     cgroup_procs: tuple[Path, ...] = ()  # the evaluation's cgroup: the command joins it before anything else
+    # The environment's network namespace (runtime/netns.py, SPEC §23): joined (as root, before the uid
+    # switch) instead of a new one, so the environment's processes, the agent and the verifier share
+    # one loopback, as the processes of one container do. Namespaces only.
+    netns: Path | None = None
 
 
 @dataclass(frozen=True)
@@ -140,6 +145,10 @@ def render(
 ) -> Rendered:
     """The whole argv of one command under ``policy``; the only place a policy becomes flags."""
     chain = join_prefix(policy.cgroup_procs) if policy.cgroup_procs else []  # as root, before the uid switch
+    if policy.namespaces and policy.netns is not None:
+        if tools.nsenter is None:
+            raise ValueError("a policy joining a network namespace needs nsenter")
+        chain += [tools.nsenter, f"--net={policy.netns}", "--"]  # as root: setns needs CAP_SYS_ADMIN
     chain += _privilege_prefix(policy, tools) + _rlimit_prefix(policy, tools)
     if not policy.namespaces:
         return Rendered([*chain, *argv], dict(env), Path(cwd))
@@ -198,7 +207,9 @@ def bwrap_flags(policy: SandboxPolicy, *, cwd: Path, env: Mapping[str, str], use
     a += ["--unshare-ipc"]  # no SysV IPC or POSIX queues shared with the host
     a += ["--unshare-uts"]  # own hostname
     a += ["--unshare-cgroup-try"]  # host cgroup paths not shown
-    a += ["--unshare-net"]  # only a loopback of its own, whatever the step: egress goes through the proxy
+    if policy.netns is None:
+        a += ["--unshare-net"]  # only a loopback of its own, whatever the step: egress goes through the proxy
+    # else: the environment's namespace, joined by nsenter before bwrap: its loopback alone, shared
     a += ["--die-with-parent"]  # the sandbox dies if the spawner does
     a += ["--new-session"]  # setsid: cannot push keystrokes into a terminal (TIOCSTI)
     if policy.image is not None:

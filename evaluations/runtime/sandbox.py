@@ -182,6 +182,7 @@ class Runtime:
             prlimit=system_tool("prlimit"),
             nice=None if NICE_BY_THREAD else system_tool("nice"),
             bwrap=self.bwrap,
+            nsenter=system_tool("nsenter") if policy.netns is not None else None,
         )
         info = InfoPipe() if self.contains_processes else None
         userns = idmap.image_userns_fd(policy.image.idmap) if policy.image is not None else None

@@ -64,6 +64,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from evaluations.runtime import cgroups, initbin, killer, sysvipc, uids
+from evaluations.runtime.background import Background
 from evaluations.runtime.initchannel import ExecStartError, InitChannel, InitGone
 from evaluations.runtime.monitor import Monitor, Peaks, folder_usage
 from evaluations.runtime.output import OutputCapture, pump, pump_fds
@@ -123,6 +124,7 @@ class Spawner:
         self._phase_executor = False  # the open phase's executor commands share its sandboxes too
         self._prestarts: dict[str, _Prestart] = {}  # coming phases' sandboxes, starting (``prestart``)
         self._retired: list[PhaseSandbox] = []  # ended phases' sandboxes, told to end (``phase(retire=)``)
+        self._backgrounds: list[Background] = []  # processes beside the commands (``background``)
         self._cpu_before = _children_cpu_seconds()
         killer.become_subreaper()
         for tool in ("prlimit", "setpriv", *(() if NICE_BY_THREAD else ("nice",))):
@@ -185,13 +187,48 @@ class Spawner:
             finally:
                 monitor.stop()
                 if monitor.verdict is not None or proc.poll() is None:
-                    killer.kill_all(self.eval_id, proc.pid, uid=self._own_uid)  # also after an exception
+                    spare = self._spare_for(monitor.verdict)
+                    killer.kill_all(self.eval_id, proc.pid, uid=self._own_uid, spare=spare)  # also after an exception
                     proc.wait()
                 killer.release(proc.pid)
                 self._confirm_gone(sandbox_init)
                 killer.reap_orphans()
         code = proc.returncode
         return self._result(128 - code if code < 0 else code, monitor, capture, limits, started)
+
+    def background(
+        self, name: str, argv: Sequence[str], *, cwd: Path, env: dict[str, str], limits: Limits, policy: SandboxPolicy
+    ) -> Background:
+        """Start ``argv`` as a command is started, and return at once: it runs beside the commands
+        that follow, spared by ``sweep``, until ``Background.stop`` or ``close`` (background.py).
+        ``limits``: its rlimits, cgroup and output cap (no timeout, no monitor: the cgroup holds it)."""
+        self._ensure_cgroup(limits)
+        closing = contextlib.ExitStack()
+        try:
+            policy = self._complete(policy, limits, closing)
+            launch = self.runtime.launch(argv, policy, cwd=Path(cwd), env={**env, killer.TAG_VAR: self.eval_id})
+            closing.callback(launch.close)
+            proc = self._start(launch, False, policy.niceness, ())
+            if launch.info is not None:
+                launch.info.close_write_end()
+            sandbox_init = self._adopt_pid(launch)  # None: nothing proves its end, later sweeps scan
+        except BaseException:
+            closing.close()
+            raise
+        started = Background(name, proc, OutputCapture(limits.max_output_bytes), closing, sandbox_init)
+        self._backgrounds.append(started)
+        return started
+
+    def _spare_fn(self):
+        """What a sweep leaves alone: the background processes' pids at each pass (None: nothing)."""
+        if not self._backgrounds:
+            return None
+
+        def spared() -> set[int]:
+            table = killer.processes()
+            return {pid for started in self._backgrounds for pid in started.pids(table)}
+
+        return spared
 
     # -- phases (SPEC §25, phase.py) ---------------------------------------------------------
 
@@ -356,7 +393,7 @@ class Spawner:
         if self._phase_sandboxes.get(sandbox.key) is sandbox:
             del self._phase_sandboxes[sandbox.key]
         proc = sandbox.proc
-        sandbox.end(kill=lambda: killer.kill_all(self.eval_id, proc.pid, uid=self._own_uid))
+        sandbox.end(kill=lambda: killer.kill_all(self.eval_id, proc.pid, uid=self._own_uid, spare=self._spare_fn()))
         if proc is not None:
             killer.release(proc.pid)
         self._confirm_gone(sandbox.sandbox_init)
@@ -474,9 +511,14 @@ class Spawner:
         return figures
 
     def close(self) -> None:
-        """After the last command: remove the evaluation's cgroup (killing anything left in it)."""
+        """After the last command: stop the background processes, remove the evaluation's cgroup
+        (killing anything left in it)."""
         self.end_prestart()
         self.end_phase()
+        for started in self._backgrounds:
+            if not started.stop():
+                self._all_confirmed_gone = False
+        self._backgrounds.clear()
         if self.cgroup is not None and self.cgroup.remove():
             self.cgroup = None
 
@@ -570,9 +612,18 @@ class Spawner:
 
     def _kill(self, proc: subprocess.Popen, verdict: Verdict) -> None:
         log.info("eval %s: killing pid %s: %s", self.eval_id, proc.pid, verdict.detail)
-        if self.cgroup is not None:
+        spare = self._spare_for(verdict)
+        if self.cgroup is not None and spare is None:
             self.cgroup.kill()  # every process the kernel counts in it, frozen first on v1
-        killer.kill_all(self.eval_id, proc.pid, uid=self._own_uid)
+        killer.kill_all(self.eval_id, proc.pid, uid=self._own_uid, spare=spare)
+
+    def _spare_for(self, verdict: Verdict | None):
+        """A command over its time (or cancelled) is killed with what it started, the background
+        processes spared (a healthcheck that hangs does not take the server it checks); over a
+        limit of the whole evaluation (memory, processes, disk, files), everything goes."""
+        if verdict is not None and verdict.limit not in (Limit.TIMEOUT, Limit.CANCELLED):
+            return None
+        return self._spare_fn()
 
     @property
     def _own_uid(self) -> int | None:
@@ -603,21 +654,22 @@ class Spawner:
         can bwrap, which only mounts on folders sandbox.prepare_mount_points made), and its IPC
         lives in the sandbox's namespace."""
         if self.exclusive_uid and not self._all_confirmed_gone:
-            uids.scrub(self.uid, keep=(self.session_dir,))
+            uids.scrub(self.uid, keep=(self.session_dir,), spare=self._spare_fn())
 
     def sweep(self) -> int:
         """Kill every remaining process of this evaluation; return how many were killed.
 
         Without a scan when every command so far ran in a sandbox that was seen to end
         (``_confirm_gone``): none of their processes can remain, and every process of the
-        evaluation is one of theirs. Any doubt (no sandbox, a sandbox that did not report
+        evaluation is one of theirs or of a background process's sandbox (``background``), which
+        a sweep leaves running, as a scan spares them. Any doubt (no sandbox, a sandbox that did not report
         its pid 1, or did not end in time) makes every later sweep scan /proc.
         """
         if self._all_confirmed_gone:
             return 0  # a phase's sandboxes were cleared after each exec (``_exec``)
         self.end_prestart()  # a scan kills by tag and uid: a phase's sandboxes would go too
         self.end_phase()
-        count = killer.kill_all(self.eval_id, uid=self._own_uid)
+        count = killer.kill_all(self.eval_id, uid=self._own_uid, spare=self._spare_fn())
         if count:
             log.info("eval %s: swept %s leftover process(es)", self.eval_id, count)
         return count

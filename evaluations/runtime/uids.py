@@ -33,6 +33,7 @@ import fcntl
 import logging
 import os
 import stat
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -127,20 +128,32 @@ def _mark(fd: int, state: bytes) -> None:
         os.pwrite(fd, state, 0)
 
 
-def scrub(uid: int, shared_dirs: tuple[str, ...] = SHARED_TMP_DIRS, *, keep: tuple[Path, ...] = ()) -> None:
-    """Kill every process of ``uid``, then remove its files in the shared folders (at any depth,
-    ``keep`` excepted) and its SysV IPC."""
-    kill_owned(uid)
+def scrub(
+    uid: int,
+    shared_dirs: tuple[str, ...] = SHARED_TMP_DIRS,
+    *,
+    keep: tuple[Path, ...] = (),
+    spare: Callable[[], set[int]] | None = None,
+) -> None:
+    """Kill every process of ``uid`` (but those ``spare`` names), then remove its files in the
+    shared folders (at any depth, ``keep`` excepted) and its SysV IPC."""
+    kill_owned(uid, spare=spare)
     for folder in shared_dirs:
         remove_owned(uid, folder, keep=keep)
     remove_sysv_ipc(uid)
 
 
-def kill_owned(uid: int) -> int:
-    """SIGKILL every process of ``uid`` until none is left (a fork storm forks while we kill)."""
+def kill_owned(uid: int, *, spare: Callable[[], set[int]] | None = None) -> int:
+    """SIGKILL every process of ``uid`` until none is left (a fork storm forks while we kill);
+    ``spare``: pids to leave alone (the spawner's background processes)."""
     if uid <= 0:
         raise ValueError("refusing to kill by uid 0")
-    return killer.kill_until_none(lambda: killer.owned_by(uid), f"uid {uid}")
+
+    def find() -> list[killer.Proc]:
+        kept = spare() if spare is not None else set()
+        return [proc for proc in killer.owned_by(uid) if proc.pid not in kept]
+
+    return killer.kill_until_none(find, f"uid {uid}")
 
 
 def remove_owned(uid: int, folder: str, *, keep: tuple[Path, ...] = ()) -> int:

@@ -74,6 +74,31 @@ def service_workdir(service: dict, where: str) -> str | None:
     return "/" + normal.lstrip("/")
 
 
+def service_argv(service: dict, key: str, where: str) -> tuple[str, ...] | None:
+    """The service's ``command`` or ``entrypoint`` as Compose reads it: a list of strings as it is,
+    a string split as a shell would split it (not run by one); None when absent."""
+    value = service.get(key)
+    if value is None:
+        return None
+    if isinstance(value, list) and all(isinstance(item, str) for item in value):
+        return tuple(value)
+    if isinstance(value, str):
+        try:
+            return tuple(shlex.split(value))
+        except ValueError as exc:
+            raise TaskError(f"{where}: '{key}' {value!r} cannot be split into words ({exc})") from None
+    raise TaskError(f"{where}: '{key}' must be a string or a list of strings")
+
+
+def keeps_alive(argv: tuple[str, ...] | list[str]) -> bool:
+    """Whether ``argv`` only keeps a container alive (``sleep infinity``, ``sh -c "sleep infinity"``,
+    ``tail -f /dev/null``, a shell with no terminal...): here there is no container to keep."""
+    words = list(argv)
+    if words[:2] in (["sh", "-c"], ["bash", "-c"]) and len(words) == 3:
+        words = words[2].split()
+    return words in _KEEP_ALIVE or (len(words) == 2 and words[0] == "sleep" and words[1].isdigit())
+
+
 def check_command(service: dict, where: str) -> None:
     """``command`` is the container's main process; the agent and the tests run beside it here as in
     Terminal-Bench (``docker exec``). One that only keeps the container alive is accepted; one that

@@ -15,7 +15,7 @@ from typing import NoReturn
 
 from evaluations.grading.tbparsers import swebench_from_config
 from evaluations.network.egress.policy import parse_rule
-from evaluations.tasks.compose import bound_folder, service_workdir, single_service
+from evaluations.tasks.compose import bound_folder, service_argv, service_workdir, single_service
 from evaluations.tasks.readers import (
     CONTROL_CHARS,
     ENV_NAME,
@@ -38,6 +38,8 @@ from evaluations.tasks.spec import (
     NETWORK_MODES,
     NO_NETWORK,
     PUBLIC,
+    FirstProcess,
+    Healthcheck,
     ImageEnvironment,
     NetworkRequest,
     SupportFile,
@@ -51,6 +53,9 @@ from evaluations.tasks.spec import (
 FILE = "task.toml"  # what makes a folder a Harbor task
 
 HARBOR_GRADERS = ("reward_file", "pytest", "swebench")
+# Harbor's docker backend runs the main service with this command (docker-compose-build.yaml,
+# docker-compose-prebuilt.yaml): the image's CMD never runs, its ENTRYPOINT does, with these words.
+HARBOR_MAIN_COMMAND = ("sh", "-c", "sleep infinity")
 _SIZE = re.compile(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([GMK])\s*", re.IGNORECASE)
 _PACKAGE_NAME = re.compile(r"[a-zA-Z0-9][a-zA-Z0-9._-]*/[a-zA-Z0-9][a-zA-Z0-9._-]*")  # Harbor's ORG_NAME_PATTERN
 _HOST_LABEL = re.compile(r"[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?")  # Harbor's, for allowed_hosts names
@@ -150,6 +155,8 @@ def load(root: Path, limits: TaskLimits) -> TaskSpec:
         required=True,
         cap=prompt_cap(limits.max_prompt_bytes, instruction=True),
     )
+    first_process = _first_process(root)
+    healthcheck = _healthcheck(environment_table)
     bound = _bound_folder(root, environment)
     swebench = swebench_from_config(verifier.files) if grader == "swebench" else None
     return image_task(
@@ -158,6 +165,8 @@ def load(root: Path, limits: TaskLimits) -> TaskSpec:
         grader=grader,
         prompt=prompt,
         environment=environment,
+        first_process=first_process,
+        healthcheck=healthcheck,
         env=env,
         verifier=verifier,
         request=request,
@@ -207,6 +216,48 @@ def _package(config: _Table) -> None:
         if not isinstance(author.get("email", ""), str):
             raise TaskError(f"{where} email must be a string, got {type_name(author['email'])}")
     del config.tables["task"]  # checked; kept in the metadata as written
+
+
+def _first_process(root: Path) -> FirstProcess:
+    """SPEC §23: the environment starts as Harbor's docker backend starts its main container: the
+    image's ENTRYPOINT (or the compose service's ``entrypoint``) with ``command`` (the compose
+    service's, else Harbor's ``sh -c "sleep infinity"``) as its arguments."""
+    compose = single_service(root / "environment", "environment/")
+    entrypoint = command = None
+    if compose is not None:
+        where = f"{compose['file']}: service {compose['name']!r}"
+        entrypoint = service_argv(compose["service"], "entrypoint", where)
+        command = service_argv(compose["service"], "command", where)
+    return FirstProcess(entrypoint=entrypoint, command=HARBOR_MAIN_COMMAND if command is None else command)
+
+
+def _healthcheck(environment: _Table) -> Healthcheck | None:
+    """[environment.healthcheck] as Harbor's ``HealthcheckConfig`` reads it, with its defaults; a value
+    Harbor would misread (a negative period, no retries, an empty command) is refused, naming the key."""
+    if environment.data.get("healthcheck") is None:
+        environment.take("healthcheck")
+        return None
+    table = environment.table("healthcheck")
+    command = table.string("command")
+    if command is None or not command.strip():
+        raise TaskError(f"{table.where('command')} must be a non-empty command (a string run with bash -c)")
+    if "\0" in command:
+        raise TaskError(f"{table.where('command')} must not contain a NUL character")
+    start_period = table.take("start_period_sec")
+    if start_period is not None and (
+        not is_number(start_period) or not math.isfinite(start_period) or start_period < 0
+    ):
+        shown = start_period if is_number(start_period) else type_name(start_period)
+        raise TaskError(f"{table.where('start_period_sec')} must be a number of seconds, 0 or more, got {shown}")
+    retries = table.number("retries", whole=True)
+    values = {
+        "interval_sec": table.number("interval_sec"),
+        "timeout_sec": table.number("timeout_sec"),
+        "start_period_sec": float(start_period) if start_period is not None else None,
+        "start_interval_sec": table.number("start_interval_sec"),
+        "retries": retries,
+    }
+    return Healthcheck(command=command, **{key: value for key, value in values.items() if value is not None})
 
 
 def _bound_folder(root: Path, environment: ImageEnvironment):

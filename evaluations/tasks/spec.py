@@ -71,6 +71,31 @@ class Verifier:
     isolated: bool = False  # [verifier] isolated: the image plus only the working directory the agent left
 
 
+@dataclass(frozen=True)
+class FirstProcess:
+    """SPEC §23: how the environment's first process starts, as its container's would
+    (pipeline/services.py): ``entrypoint`` and ``command`` are the compose service's, or None for the
+    image's ENTRYPOINT and CMD (a compose ``entrypoint`` drops the image's CMD, as in Docker)."""
+
+    entrypoint: tuple[str, ...] | None = None
+    command: tuple[str, ...] | None = None
+
+
+@dataclass(frozen=True)
+class Healthcheck:
+    """``[environment.healthcheck]`` (Harbor's ``HealthcheckConfig``, Docker's HEALTHCHECK): ``command``
+    (``bash -c``) must exit 0 before the agent runs; failures during ``start_period_sec`` (checked
+    every ``start_interval_sec``) do not count, then ``retries`` consecutive ones (every
+    ``interval_sec``) mean never healthy. Each check within ``timeout_sec``. Harbor's defaults."""
+
+    command: str
+    interval_sec: float = 5.0
+    timeout_sec: float = 30.0
+    start_period_sec: float = 0.0
+    start_interval_sec: float = 5.0
+    retries: int = 3
+
+
 NO_NETWORK, PUBLIC, ALLOWLIST = "no-network", "public", "allowlist"
 NETWORK_MODES = (NO_NETWORK, PUBLIC, ALLOWLIST)
 ENVIRONMENT, AGENT, VERIFIER = "environment", "agent", "verifier"  # whose network (SPEC §23)
@@ -144,6 +169,9 @@ class TaskSpec:
     support_files: list[SupportFile] = field(default_factory=list)
     # A name under ENVIRONMENTS_ROOT (whether it exists is checked at preparing_environment), or an image.
     environment: str | ImageEnvironment | None = None
+    # SPEC §23 (Harbor tasks): the image's first process, started before the agent; None: none starts.
+    first_process: FirstProcess | None = None
+    healthcheck: Healthcheck | None = None  # SPEC §23: must pass before the agent runs (pipeline/services.py)
     cache: bool = True  # workspace.yaml `cache: false`: never served from nor stored in the workspace cache
     # SPEC §17: the folder's format, how test output becomes a result, and (Harbor, Terminal-Bench) how
     # the verifier runs, what the task asks for, its metadata and its reference solution (a bash script).
