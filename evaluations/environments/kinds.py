@@ -24,6 +24,7 @@ stop): the pipeline holds one (``Context.env``) and asks it, never which kind it
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
 import stat
@@ -43,6 +44,8 @@ from evaluations.runtime.policy import DISTRIBUTION_CA_BUNDLE
 from evaluations.runtime.sandbox import SYSTEM_PATH
 from evaluations.runtime.types import ImageRoot
 from evaluations.safefs import SafeFSError, open_parent, open_root_dir
+
+ROOT_USERS = ("root", "0", "0:0", "root:root")  # an image's User that is its root: no lookup
 
 
 class BaseEnvironment(ABC):
@@ -109,6 +112,11 @@ class BaseEnvironment(ABC):
         """The host uid of what the executor writes there for its commands (the evaluation's lease)."""
         return self.session.uid
 
+    def verifier_owner(self) -> tuple[int, int] | None:
+        """The host uid and gid the verifier runs as, for its /logs/verifier (the lease, but in an
+        image whose verifier is another user than the agent's)."""
+        return None if self.session.uid is None else (self.session.uid, self.session.uid)
+
     def mount_point(self, target: str) -> None:
         """A folder at ``target`` for a bind of the executor's (/tests, /logs/verifier), where the
         sandbox would otherwise follow what the agent put there: only an image's root is writable."""
@@ -151,19 +159,26 @@ class BaseEnvironment(ABC):
         return (session.repo, session.home, session.tmp, session.venv)
 
     def sandbox_policy(
-        self, *, network: bool, mounts: Sequence[Mount] = (), ca_bundle: Path | None = None, **egress
+        self,
+        *,
+        network: bool,
+        mounts: Sequence[Mount] = (),
+        ca_bundle: Path | None = None,
+        verifier: bool = False,
+        **egress,
     ) -> SandboxPolicy:
-        """What a task's command may reach in it (``egress``: the proxy's socket and relay, when on)."""
+        """What a task's command may reach in it (``egress``: the proxy's socket and relay, when on);
+        ``verifier``: run as the verifier's user (an image's, SPEC §23), else as the agent's."""
         return SandboxPolicy(
             network=network,
             writable=self.writable(),
             mounts=tuple(mounts),
             ca_bundle=ca_bundle,
-            **self._root_fields(),
+            **self._root_fields(verifier),
             **egress,
         )
 
-    def _root_fields(self) -> dict:
+    def _root_fields(self, verifier: bool) -> dict:
         return {"root": self.root}
 
     def exec(
@@ -202,7 +217,7 @@ class Host(BaseEnvironment):
     def check_programs(self, needed: dict[str, str]) -> None:
         """The host's programs are the operator's; the agent's interpreter is looked for on its own."""
 
-    def _root_fields(self) -> dict:
+    def _root_fields(self, verifier: bool) -> dict:
         return {}
 
 
@@ -246,6 +261,7 @@ class Image(BaseEnvironment):
         mounted: ImageRoot,
         store: ImageStore,
         in_workdir: bool,
+        verifier_ids: tuple[int, int] | None = None,
     ):
         super().__init__(session, spawner)
         self.ref = ref
@@ -254,6 +270,9 @@ class Image(BaseEnvironment):
         self.mounted = mounted
         self.store = store
         self.in_workdir = in_workdir
+        # The verifier's uid and gid inside when not the map's user (the agent's): Harbor's [verifier]
+        # user, else the image's User when [agent] user named another (SPEC §23).
+        self.verifier_ids = verifier_ids
 
     @property
     def root(self) -> Path:
@@ -311,8 +330,15 @@ class Image(BaseEnvironment):
         session = self.session
         return (session.repo, session.home, session.tmp)
 
-    def _root_fields(self) -> dict:
+    def _root_fields(self, verifier: bool) -> dict:
+        if verifier and self.verifier_ids is not None:
+            return {"image": dataclasses.replace(self.mounted, run_as=self.verifier_ids)}
         return {"image": self.mounted}
+
+    def verifier_owner(self) -> tuple[int, int] | None:
+        idmap = self.mounted.idmap
+        uid, gid = self.verifier_ids or (idmap.user, idmap.group)
+        return idmap.host_uid(uid), idmap.host_gid(gid)
 
     def layers(self) -> list[Path]:
         """The image's layers in the store, lowest first."""
@@ -336,16 +362,23 @@ def mount_image(
     workdir: str,
     ca_host: Path | None,
     as_root: bool = False,
+    agent_user: str | None = None,
 ) -> ImageRoot:
     """An image's root in ``session_root``: its layers idmapped onto ``lease`` and ``id_base``
-    (runtime/idmap.py) under a writable layer of its own, its ``User`` the lease (``as_root``: its
-    root instead, as a live sandbox's init, which starts each exec as the user it names), the
-    host's CAs trusted in it, its ``workdir`` made. ImageError says what is wrong with the image."""
+    (runtime/idmap.py) under a writable layer of its own, its ``User`` the lease (``agent_user``,
+    Harbor's [agent] user, instead when given; ``as_root``: its root, as a live sandbox's init,
+    which starts each exec as the user it names), the host's CAs trusted in it, its ``workdir``
+    made. ImageError says what is wrong with the image."""
     layers = [store.layer_tree(layer) for layer in record.layers]
     root = rootfs.mount_root(layers, session_root, IdMap(lease=lease, base=id_base))
-    user = (record.config or {}).get("User") or ""
-    if not as_root and user and user not in ("root", "0", "0:0", "root:root"):
-        uid, gid = rootfs.resolve_user(root.rootfs, user)
+    user = agent_user or (record.config or {}).get("User") or ""
+    if not as_root and user and user not in ROOT_USERS:
+        try:
+            uid, gid = rootfs.resolve_user(root.rootfs, user)
+        except ImageError as exc:  # the root is unmounted with the session, as after any failure here
+            if agent_user:
+                raise ImageError(f"task.toml: [agent] user {agent_user!r} cannot run in the image: {exc}") from None
+            raise
         if (uid, gid) != (0, 0):
             rootfs.unmount_root(session_root, remove=True)
             root = rootfs.mount_root(layers, session_root, IdMap(lease=lease, base=id_base, user=uid, group=gid))
@@ -356,6 +389,11 @@ def mount_image(
     except OSError as exc:
         raise ImageError(f"the image's WorkingDir {workdir} cannot be a folder: {exc.strerror or exc}") from None
     return root
+
+
+def user_ids(root: ImageRoot, user: str) -> tuple[int, int]:
+    """``user`` (a name, a uid, with ``:group``) as ids inside ``root``, as Docker reads them."""
+    return (0, 0) if user in ROOT_USERS else rootfs.resolve_user(root.rootfs, user)
 
 
 def trust_host_ca(root: ImageRoot, ca_host: Path) -> None:

@@ -134,13 +134,15 @@ class Context:
     def trusted_ca(self) -> toolchains.CaBundle | None:
         return toolchains.host_ca(self.config, sandboxed=self.runtime.isolated)
 
-    def task_policy(self, *, network: bool, mounts: Sequence[Mount] = ()) -> SandboxPolicy:
-        """What a task's command may reach: the session's folders its environment binds, in its root."""
+    def task_policy(self, *, network: bool, mounts: Sequence[Mount] = (), verifier: bool = False) -> SandboxPolicy:
+        """What a task's command may reach: the session's folders its environment binds, in its root;
+        ``verifier``: as the verifier's user (an image's [verifier] user or User, SPEC §23)."""
         ca = self.trusted_ca
         return self.env.sandbox_policy(
             network=network,
             mounts=mounts,
             ca_bundle=ca.host if ca is not None and self.runtime.isolated else None,
+            verifier=verifier,
             **self._egress_fields(network, self.env.own_root),
             **({"netns": self.netns.path} if self.netns is not None else {}),
         )

@@ -29,7 +29,7 @@ def script_policy(ctx: Context, logs: Path | None = None) -> SandboxPolicy:
     mounts = [Mount(tests, str(tests), writable=False), *static.mounts(ctx)]
     if logs is not None:
         mounts.append(Mount(logs, verifier.VERIFIER_LOGS, writable=True))
-    return ctx.task_policy(network=verifier.verifier_network(ctx), mounts=mounts)
+    return ctx.task_policy(network=verifier.verifier_network(ctx), mounts=mounts, verifier=True)
 
 
 class GradingSandbox:

@@ -92,7 +92,8 @@ def _image(ctx: Context, spec: ImageEnvironment) -> None:
         image_config = dict(record.config or {})
         if spec.workdir:  # Harbor's [environment] workdir: the task's, over the image's
             image_config["WorkingDir"] = spec.workdir
-        mounted = _mount(ctx, store, record, image_config.get("WorkingDir") or "/")
+        request = ctx.task.request
+        mounted = _mount(ctx, store, record, image_config.get("WorkingDir") or "/", request.agent_user)
         ctx.env = kinds.Image(
             ctx.session,
             ctx.spawner,
@@ -102,7 +103,10 @@ def _image(ctx: Context, spec: ImageEnvironment) -> None:
             mounted=mounted,
             store=store,
             in_workdir=ctx.task.repo is None,  # SPEC §16: no repository, the image's WorkingDir is the workspace
+            verifier_ids=_verifier_ids(mounted, request, image_config),
         )
+        if ctx.env.verifier_ids is not None:
+            ctx.session.let_image_users_pass()
         ctx.closing.callback(ctx.env.close)
     except ImageError as exc:
         ctx.check_cancelled()  # a pull or build stopped by the evaluation's cancel ends as the cancel does
@@ -152,8 +156,21 @@ def _build(ctx: Context, spec: ImageEnvironment, store: ImageStore, progress) ->
     )
 
 
-def _mount(ctx: Context, store, record, workdir: str):
-    """The image's root for this evaluation, its User the evaluation's uid (runtime/idmap.py)."""
+def _verifier_ids(mounted, request, image_config: dict) -> tuple[int, int] | None:
+    """The verifier's uid and gid inside (SPEC §23): ``[verifier] user``, else the image's User, as
+    Harbor 0.25 runs it; None when that is the agent's user (the map's, the lease)."""
+    user = request.verifier_user or image_config.get("User") or "root"
+    try:
+        ids = kinds.user_ids(mounted, user)
+    except ImageError as exc:
+        if request.verifier_user:
+            raise ImageError(f"task.toml: [verifier] user {user!r} cannot run in the image: {exc}") from None
+        raise
+    return None if ids == (mounted.idmap.user, mounted.idmap.group) else ids
+
+
+def _mount(ctx: Context, store, record, workdir: str, agent_user: str | None):
+    """The image's root for this evaluation, its User (or [agent] user) the evaluation's uid (runtime/idmap.py)."""
     config = ctx.config
     ca = ctx.trusted_ca
     return kinds.mount_image(
@@ -164,6 +181,7 @@ def _mount(ctx: Context, store, record, workdir: str):
         id_base=image_id_base(config.image_uid_base, ctx.session.uid, config.sandbox_uid),
         workdir=workdir,
         ca_host=ca.host if ca is not None else None,
+        agent_user=agent_user,
     )
 
 

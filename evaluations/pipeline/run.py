@@ -36,6 +36,7 @@ from evaluations.pipeline.session import Session, remove_retired
 from evaluations.pipeline.steps import STEPS
 from evaluations.pipeline.warm import WorkspaceCache
 from evaluations.runtime import Runtime, Spawner, sandbox_uid, uids
+from evaluations.runtime.idmap import image_id_range
 from evaluations.runtime.output import utf8_text
 from executor_project.config import Config
 from executor_project.logs import evaluation_context
@@ -79,7 +80,11 @@ def _prepare(
             exclusive_uid=lease is not None,
         )
         if runtime.isolated:  # a sandbox's only way out (without one, commands have the host's network)
-            egress = EgressProxy(session.root / EGRESS_SOCKET, egress_policy(config), allowed_uid=uid).start()
+            # An image's other users (a verifier run as its root, the agent as [agent] user) are ids of the
+            # lease's range (runtime/idmap.py), which reach the proxy too.
+            ids = image_id_range(config.image_uid_base, uid, config.sandbox_uid) if uid is not None else None
+            proxy = EgressProxy(session.root / EGRESS_SOCKET, egress_policy(config), allowed_uid=uid, id_range=ids)
+            egress = proxy.start()
     except BaseException:
         if session is not None:
             session.remove()

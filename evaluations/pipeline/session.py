@@ -128,6 +128,13 @@ class Session:
         session.log.touch(mode=0o600)
         return session
 
+    def let_image_users_pass(self) -> None:
+        """The session's folder traversable (not listable) by every id, for an image whose verifier
+        runs as another user than the agent (SPEC §23): bubblewrap sets its sandbox up as that user's
+        id of the evaluation's range, which is not the lease the folder's group lets pass. Only
+        bubblewrap ever looks: no command of any evaluation has this host path in its view."""
+        os.chmod(self.root, 0o711)
+
     def keep_install_home(self) -> None:
         """After the install step: keep HOME and the venv for the tests (root only), give the agent copies.
 

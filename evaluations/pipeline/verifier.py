@@ -137,7 +137,7 @@ def agent_mounts(ctx: Context) -> list[Mount]:
     if not folder.exists():
         folder.mkdir(mode=0o755)
         os.chown(folder, ctx.session.uid, ctx.session.uid)
-    _tests, logs = _verifier_folders(ctx, [])
+    _tests, logs = _verifier_folders(ctx, [], owner=(ctx.session.uid, ctx.session.uid))  # the agent's, here
     _mount_point(ctx, AGENT_LOGS)
     _mount_point(ctx, VERIFIER_LOGS)
     return [Mount(folder, AGENT_LOGS, writable=True), Mount(logs, VERIFIER_LOGS, writable=True)]
@@ -177,7 +177,7 @@ def run_verifier(ctx: Context, env: dict[str, str]) -> VerifierRun:
     for mount in mounts:
         _mount_point(ctx, mount.target)
     network = verifier_network(ctx)
-    policy = ctx.task_policy(network=network, mounts=mounts)
+    policy = ctx.task_policy(network=network, mounts=mounts, verifier=True)
     env = {**env, **verifier.env}
     shell = "bash"
     if verifier.isolated:  # the image's own bash, PATH without the working directory (SPEC §21)
@@ -209,8 +209,9 @@ def reward_folder(ctx: Context):
     return logs
 
 
-def _verifier_folders(ctx: Context, files: list[SupportFile]):
-    """verifier/tests (root's, the task's files) and verifier/logs (empty, the sandbox uid's), made fresh."""
+def _verifier_folders(ctx: Context, files: list[SupportFile], owner: tuple[int, int] | None = None):
+    """verifier/tests (root's, the task's files) and verifier/logs (empty, ``owner``'s, else the
+    verifier's user's: the sandbox uid unless an image's verifier runs as another), made fresh."""
     folder = ctx.session.verifier
     try:
         if os.path.lexists(folder):
@@ -223,8 +224,9 @@ def _verifier_folders(ctx: Context, files: list[SupportFile]):
         _open_folders(tests)
         logs = folder / "logs"
         logs.mkdir(mode=0o755)
-        if ctx.session.uid is not None:
-            os.chown(logs, ctx.session.uid, ctx.session.uid)
+        owner = owner or ctx.env.verifier_owner()  # the verifier's user (SPEC §23), the agent's unless told
+        if owner is not None:
+            os.chown(logs, *owner)
     except (OSError, SafeFSError) as exc:
         raise StepFailed(f"could not write the verifier's files: {exc}", kind=ErrorKind.INFRASTRUCTURE) from None
     return tests, logs

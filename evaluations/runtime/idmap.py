@@ -68,6 +68,12 @@ def image_id_base(first: int, lease: int, pool_start: int) -> int:
     return first + (lease - pool_start) * ID_COUNT
 
 
+def image_id_range(first: int, lease: int, pool_start: int) -> range:
+    """Every host id of ``lease``'s range (``image_id_base``): what its image commands run as, but the lease."""
+    base = image_id_base(first, lease, pool_start)
+    return range(base, base + ID_COUNT)
+
+
 def _lines(special: int, lease: int, base: int) -> str:
     """``special`` -> lease, and around it 0..65535 -> base+n, as uid_map's "inside host count" lines."""
     lines = []

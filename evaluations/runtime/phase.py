@@ -86,7 +86,13 @@ class PhaseSandbox:
 
     @staticmethod
     def init_policy(policy: SandboxPolicy) -> SandboxPolicy:
-        """The command's policy, its relay started beside the init rather than before it."""
+        """The command's policy, its relay started beside the init rather than before it. In an
+        image whose commands run as another user than the map's (``ImageRoot.run_as``: a verifier's),
+        the init is the image's root, which starts each exec as that user, as a live sandbox's does:
+        bubblewrap cannot itself switch to a user and a group that are both not its own."""
+        image = policy.image
+        if image is not None and image.run_as is not None:
+            policy = dataclasses.replace(policy, image=dataclasses.replace(image, run_as=(0, 0)))
         return dataclasses.replace(policy, relay_wait=False)
 
     def init_argv(self) -> list[str]:
@@ -193,11 +199,11 @@ class PhaseSandbox:
         return entry, out_r, in_w
 
     def _ids(self) -> tuple[int, int]:
-        """The uid and gid the sandbox's commands run as, inside: the image's user in an image,
-        else the uid bubblewrap runs as (mapped to itself)."""
+        """The uid and gid the sandbox's commands run as, inside: their policy's image user
+        (ImageRoot.ids) in an image, else the uid bubblewrap runs as (mapped to itself)."""
         policy = self.policy
-        if policy.image is not None:
-            return policy.image.idmap.user, policy.image.idmap.group
+        if self.key.policy.image is not None:
+            return self.key.policy.image.ids
         if policy.uid is not None:
             return policy.uid, policy.uid
         return os.getuid(), os.getgid()

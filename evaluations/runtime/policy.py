@@ -271,13 +271,18 @@ def _host_root_flags(policy: SandboxPolicy) -> list[str]:
 
 
 def _image_user_flags(image: ImageRoot, userns_fd: int | None) -> list[str]:
-    """Join the evaluation's namespace (runtime/idmap.py) as the image's user; root keeps a container's caps."""
+    """Join the evaluation's namespace (runtime/idmap.py) as the user its commands run as (the map's:
+    the image's User or [agent] user; or the verifier's); root keeps a container's caps."""
     if userns_fd is None:
         raise ValueError("a policy with an image needs the user namespace's fd")
-    idmap = image.idmap
+    uid, gid = image.ids
+    if uid != 0 and gid != image.idmap.group:
+        # bubblewrap 0.8 sets the uid before the gid, and a user not root inside may take no other gid
+        # than its own: a sandbox of another user has the map's group (a phase's init switches both).
+        gid = image.idmap.group
     a = ["--userns", str(userns_fd)]  # ids 0-65535 inside, the evaluation's own on the host
-    a += ["--uid", str(idmap.user), "--gid", str(idmap.group)]  # the image's User
-    if idmap.user == 0:
+    a += ["--uid", str(uid), "--gid", str(gid)]
+    if uid == 0:
         for capability in CONTAINER_CAPABILITIES:
             a += ["--cap-add", capability]  # apt, chown, su: as root in a container, in the namespace only
     return a

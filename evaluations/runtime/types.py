@@ -61,6 +61,12 @@ class ImageRoot:
 
     rootfs: Path
     idmap: object  # an idmap.IdMap (types imports nothing of the runtime)
+    run_as: tuple[int, int] | None = None  # (uid, gid) inside, when not the map's user (a verifier's user)
+
+    @property
+    def ids(self) -> tuple[int, int]:
+        """The uid and gid its commands run as, inside: ``run_as``, else the map's user (the lease)."""
+        return self.run_as if self.run_as is not None else (self.idmap.user, self.idmap.group)
 
 
 @dataclass(frozen=True)

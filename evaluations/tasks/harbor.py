@@ -58,6 +58,7 @@ HARBOR_GRADERS = ("reward_file", "pytest", "swebench")
 HARBOR_MAIN_COMMAND = ("sh", "-c", "sleep infinity")
 _SIZE = re.compile(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([GMK])\s*", re.IGNORECASE)
 _PACKAGE_NAME = re.compile(r"[a-zA-Z0-9][a-zA-Z0-9._-]*/[a-zA-Z0-9][a-zA-Z0-9._-]*")  # Harbor's ORG_NAME_PATTERN
+_USER_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,31}")  # a passwd name or a number
 _HOST_LABEL = re.compile(r"[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?")  # Harbor's, for allowed_hosts names
 
 
@@ -140,6 +141,8 @@ def load(root: Path, limits: TaskLimits) -> TaskSpec:
         verifier_timeout_secs=verifier_table.number("timeout_sec"),
         agent_network=_phase_network(agent),  # SPEC §23: each phase may override [environment]'s
         verifier_network=_phase_network(verifier_table),
+        agent_user=_user(agent),  # SPEC §23: the image's User when absent, for both
+        verifier_user=_user(verifier_table),
         **request,
     )
     grader = verifier_table.take("grader", "reward_file")
@@ -434,6 +437,27 @@ def _allowed_host(where: str, entry: str) -> str:
     if rule.network is None and not all(_HOST_LABEL.fullmatch(label) for label in name.split(".")):
         raise TaskError(f"{shown} is not a host name (letters, digits and hyphens between dots), an address or a CIDR")
     return host
+
+
+def _user(table: _Table) -> str | None:
+    """A phase's ``user`` (Harbor's ``str | int``): a name or uid of the image, with ``:group`` as
+    Docker's ``--user`` takes it; looked up in the image's /etc/passwd when its root is mounted."""
+    value = table.take("user")
+    where = table.where("user")
+    if value is None:
+        return None
+    if isinstance(value, int) and not isinstance(value, bool):
+        if not 0 <= value < 65536:
+            raise TaskError(f"{where} must be a uid from 0 to 65535, got {value}")
+        return str(value)
+    if not isinstance(value, str):
+        raise TaskError(f"{where} must be a user name or a uid, got {type_name(value)}")
+    name, colon, group = value.partition(":")
+    if not _USER_NAME.fullmatch(name) or colon and not _USER_NAME.fullmatch(group):
+        raise TaskError(
+            f"{where} must be a user name or uid, optionally ':group' (as Docker's --user), got {value[:80]!r}"
+        )
+    return value
 
 
 def _literal_env(table: _Table) -> dict[str, str]:

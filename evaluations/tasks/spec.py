@@ -125,6 +125,8 @@ class TaskRequest:
     network: NetworkRequest | None = None  # [environment]'s: every phase's unless its own table says
     agent_network: NetworkRequest | None = None  # [agent]'s, for the agent's phase
     verifier_network: NetworkRequest | None = None  # [verifier]'s, for the tests' phase
+    agent_user: str | None = None  # [agent] user (a name or uid in the image): the image's User when None
+    verifier_user: str | None = None  # [verifier] user: the image's User when None (Harbor 0.25)
 
     def phase_network(self, phase: str) -> NetworkRequest:
         """The network ``phase`` (ENVIRONMENT, AGENT, VERIFIER) runs with: its own table's if it

@@ -373,6 +373,21 @@ def test_the_socket_belongs_to_the_sandbox_uid_and_other_peers_are_refused(start
     assert (record.host, record.allowed, record.reason) == ("", False, "peer uid not allowed")
 
 
+@pytest.mark.skipif(not IS_ROOT, reason="needs root to give the socket to another uid")
+def test_the_evaluations_id_range_may_connect_and_no_other_id(start):
+    """An image's other users (a verifier run as its root while the agent is [agent] user) are ids of
+    the evaluation's range: they may talk to its proxy (0666, the peer's uid checked); an id outside
+    the range and the lease's may not. Root (this process) stands for a peer of the range."""
+    inside = start(uid=65534, id_range=range(0, 1))
+    assert stat.S_IMODE(os.stat(inside.socket_path).st_mode) == 0o666
+    with connect(inside) as client:
+        client.sendall(b"CONNECT 10.0.0.1:443 HTTP/1.1\r\n\r\n")
+        assert read_all(client).startswith(b"HTTP/1.1 403")  # talked to: refused by the policy, not the peer check
+    outside = start(uid=65534, id_range=range(100000, 165536))
+    assert refused_unanswered(outside, b"CONNECT 10.0.0.1:443 HTTP/1.1\r\n\r\n")
+    assert only_record(outside).reason == "peer uid not allowed"
+
+
 def test_a_socket_path_too_long_for_unix_sockets_is_refused(folder):
     with pytest.raises(ValueError, match="longer than a Unix socket allows"):
         EgressProxy(folder / ("x" * 120), EgressPolicy(), None)

@@ -178,6 +178,24 @@ def test_the_network_policy_changes_between_phases(api, sandbox, web):
     }
 
 
+def test_every_user_of_the_image_has_the_sandbox_s_network(api, sandbox, web):
+    """An exec as another user than the sandbox's (root here, the image's nobody) goes out through
+    the same proxy, and its policy: the proxy knows every id of the sandbox's range, not the lease's alone."""
+    fetch = (
+        "python3 -c 'import sys, urllib.request; "
+        f'print(urllib.request.urlopen("http://127.0.0.1:{web.port}/hello.txt", timeout=20).read().decode())\''
+    )
+    direct = {"NO_PROXY": "", "no_proxy": ""}
+    for user in ("root", "nobody", 4242):
+        result = api.exec(sandbox, fetch, env=direct, user=user)
+        assert result["stdout"] == "hello from the host\n\n", (user, result)
+    status, _ = api.json("PUT", f"/sandboxes/{sandbox}/network", {"mode": "no-network"})
+    assert status == 200
+    for user in ("root", "nobody"):
+        refused = api.exec(sandbox, fetch, env=direct, user=user)
+        assert refused["exit_code"] != 0 and "403" in refused["stderr"], (user, refused)
+
+
 def test_the_host_services_are_out_of_reach(api, sandbox):
     """PostgreSQL, Redis, MariaDB and RabbitMQ on the host's loopback: a sandbox reaches none."""
     probe = (

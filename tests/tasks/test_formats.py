@@ -152,12 +152,12 @@ def test_a_full_harbor_task(tmp_path):
         memory_mb=2048,
         storage_mb=4096,
         network=NetworkRequest("allowlist", ("pypi.org", "*.pythonhosted.org", "10.0.0.0/8")),
+        agent_user="root",
     )
     # [metadata] and what was not read, in task.toml's own shape; a TOML date as ISO text.
     assert spec.metadata == {
         "version": "1.0",
         "metadata": {"difficulty": "easy", "created": "2025-01-02"},
-        "agent": {"user": "root"},
         "environment": {"mcp_servers": []},
     }
     assert spec.solution == "#!/bin/bash\ncp /solution/answer.txt .\n"
@@ -460,6 +460,18 @@ def test_harbor_sizes(tmp_path, environment, memory, storage):
         (
             "[agent\n",
             "task.toml is not valid TOML (Expected ']' at the end of a table declaration (at line 1, column 7))",
+        ),
+        ("[agent]\nuser = true\n", "task.toml: [agent] user must be a user name or a uid, got a boolean"),
+        ("[agent]\nuser = -1\n", "task.toml: [agent] user must be a uid from 0 to 65535, got -1"),
+        ("[verifier]\nuser = 65536\n", "task.toml: [verifier] user must be a uid from 0 to 65535, got 65536"),
+        ("[verifier]\nuser = 1.5\n", "task.toml: [verifier] user must be a user name or a uid, got a number"),
+        *(
+            (
+                f"[agent]\nuser = {value!r}\n",
+                f"task.toml: [agent] user must be a user name or uid, optionally ':group' (as Docker's --user), "
+                f"got {value!r}",
+            )
+            for value in ("", "a b", "dev:", ":dev", "../root", "x" * 33, "dev/x")
         ),
     ],
 )

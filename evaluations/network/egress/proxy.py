@@ -76,8 +76,10 @@ class EgressRecord:
 class EgressProxy:
     """``EgressProxy(path, policy, allowed_uid).start()``; ``set_step``, ``records``, ``close``.
 
-    ``allowed_uid``: the only uid that may connect (the evaluation's sandbox
-    uid); None means this process's own uid (a service not running as root).
+    ``allowed_uid``: the uid that may connect (the evaluation's sandbox uid); None means this
+    process's own uid (a service not running as root). ``id_range``: the evaluation's range of ids
+    for an image's other users (runtime/idmap.py: a verifier run as the image's root while the agent
+    is its ``[agent] user``), which may connect too; no other evaluation has an id in it.
     """
 
     def __init__(
@@ -86,6 +88,7 @@ class EgressProxy:
         policy: EgressPolicy,
         allowed_uid: int | None,
         *,
+        id_range: range | None = None,
         step: str = "",
         max_connections: int = 64,
         idle_timeout: float = 300.0,
@@ -99,6 +102,7 @@ class EgressProxy:
             raise ValueError(f"egress socket path is longer than a Unix socket allows (107 bytes): {self.socket_path}")
         self.policy = policy
         self.allowed_uid = os.geteuid() if allowed_uid is None else allowed_uid
+        self.id_range = id_range or range(0)
         self.step = step
         self.max_connections = max_connections
         self.idle_timeout = idle_timeout
@@ -118,7 +122,8 @@ class EgressProxy:
     # -- life ------------------------------------------------------------
 
     def start(self) -> EgressProxy:
-        """Listen on the socket (replacing a stale file), owned by ``allowed_uid``, mode 0600."""
+        """Listen on the socket (replacing a stale file), owned by ``allowed_uid``, mode 0600 (0666 with
+        an ``id_range``: its ids are no owner of the file; the SO_PEERCRED check stands for both)."""
         try:
             os.unlink(self.socket_path)
         except FileNotFoundError:
@@ -127,7 +132,7 @@ class EgressProxy:
         try:
             listener.bind(self.socket_path)
             # A peer of another uid that connects before these two lines still meets the SO_PEERCRED check.
-            os.chmod(self.socket_path, 0o600)
+            os.chmod(self.socket_path, 0o666 if self.id_range else 0o600)
             if self.allowed_uid != os.geteuid():
                 os.chown(self.socket_path, self.allowed_uid, self.allowed_uid)
             listener.listen(128)
@@ -200,7 +205,7 @@ class EgressProxy:
             return
         step = self.step
         pid, uid, _gid = struct.unpack("3i", client.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))
-        if uid != self.allowed_uid:
+        if uid != self.allowed_uid and uid not in self.id_range:
             log.warning("egress proxy %s: refused a connection from uid %s (pid %s)", self.socket_path, uid, pid)
             self._record(step, "", 0, False, PEER_REFUSED)
             _close_gently(client)
