@@ -46,6 +46,8 @@ from evaluations.runtime.types import ImageRoot
 from evaluations.safefs import SafeFSError, open_parent, open_root_dir
 
 ROOT_USERS = ("root", "0", "0:0", "root:root")  # an image's User that is its root: no lookup
+# Whose user a command of an image runs as (SPEC §23): the agent's is the map's (the lease's).
+AGENT_USER, VERIFIER_USER, IMAGE_USER = "agent", "verifier", "image"
 
 
 class BaseEnvironment(ABC):
@@ -164,21 +166,22 @@ class BaseEnvironment(ABC):
         network: bool,
         mounts: Sequence[Mount] = (),
         ca_bundle: Path | None = None,
-        verifier: bool = False,
+        user: str = AGENT_USER,
         **egress,
     ) -> SandboxPolicy:
         """What a task's command may reach in it (``egress``: the proxy's socket and relay, when on);
-        ``verifier``: run as the verifier's user (an image's, SPEC §23), else as the agent's."""
+        ``user``: whose user it runs as in an image (SPEC §23): the agent's (``[agent] user``, else the
+        image's User), the verifier's (``[verifier] user``, else the image's User) or the image's."""
         return SandboxPolicy(
             network=network,
             writable=self.writable(),
             mounts=tuple(mounts),
             ca_bundle=ca_bundle,
-            **self._root_fields(verifier),
+            **self._root_fields(user),
             **egress,
         )
 
-    def _root_fields(self, verifier: bool) -> dict:
+    def _root_fields(self, user: str) -> dict:
         return {"root": self.root}
 
     def exec(
@@ -217,7 +220,7 @@ class Host(BaseEnvironment):
     def check_programs(self, needed: dict[str, str]) -> None:
         """The host's programs are the operator's; the agent's interpreter is looked for on its own."""
 
-    def _root_fields(self, verifier: bool) -> dict:
+    def _root_fields(self, user: str) -> dict:
         return {}
 
 
@@ -261,7 +264,7 @@ class Image(BaseEnvironment):
         mounted: ImageRoot,
         store: ImageStore,
         in_workdir: bool,
-        verifier_ids: tuple[int, int] | None = None,
+        users: dict[str, tuple[int, int]] | None = None,
     ):
         super().__init__(session, spawner)
         self.ref = ref
@@ -270,9 +273,9 @@ class Image(BaseEnvironment):
         self.mounted = mounted
         self.store = store
         self.in_workdir = in_workdir
-        # The verifier's uid and gid inside when not the map's user (the agent's): Harbor's [verifier]
-        # user, else the image's User when [agent] user named another (SPEC §23).
-        self.verifier_ids = verifier_ids
+        # VERIFIER_USER, IMAGE_USER -> the uid and gid inside, for those that are not the map's user (the
+        # agent's): Harbor's [verifier] user, else the image's User when [agent] user named another (SPEC §23).
+        self.users = users or {}
 
     @property
     def root(self) -> Path:
@@ -330,14 +333,14 @@ class Image(BaseEnvironment):
         session = self.session
         return (session.repo, session.home, session.tmp)
 
-    def _root_fields(self, verifier: bool) -> dict:
-        if verifier and self.verifier_ids is not None:
-            return {"image": dataclasses.replace(self.mounted, run_as=self.verifier_ids)}
+    def _root_fields(self, user: str) -> dict:
+        if user in self.users:
+            return {"image": dataclasses.replace(self.mounted, run_as=self.users[user])}
         return {"image": self.mounted}
 
     def verifier_owner(self) -> tuple[int, int] | None:
         idmap = self.mounted.idmap
-        uid, gid = self.verifier_ids or (idmap.user, idmap.group)
+        uid, gid = self.users.get(VERIFIER_USER) or (idmap.user, idmap.group)
         return idmap.host_uid(uid), idmap.host_gid(gid)
 
     def layers(self) -> list[Path]:

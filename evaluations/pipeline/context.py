@@ -11,7 +11,7 @@ from pathlib import Path
 
 from assets import AssetView
 from evaluations import lifecycle, livelog
-from evaluations.environments import BadEnvironment, toolchains
+from evaluations.environments import BadEnvironment, kinds, toolchains
 from evaluations.environments.kinds import BaseEnvironment
 from evaluations.grading.base import Grade
 from evaluations.models import CANCEL_KINDS, ErrorKind, Evaluation
@@ -134,15 +134,17 @@ class Context:
     def trusted_ca(self) -> toolchains.CaBundle | None:
         return toolchains.host_ca(self.config, sandboxed=self.runtime.isolated)
 
-    def task_policy(self, *, network: bool, mounts: Sequence[Mount] = (), verifier: bool = False) -> SandboxPolicy:
+    def task_policy(
+        self, *, network: bool, mounts: Sequence[Mount] = (), user: str = kinds.AGENT_USER
+    ) -> SandboxPolicy:
         """What a task's command may reach: the session's folders its environment binds, in its root;
-        ``verifier``: as the verifier's user (an image's [verifier] user or User, SPEC §23)."""
+        ``user``: whose user it runs as in an image (kinds.AGENT_USER, VERIFIER_USER, IMAGE_USER; SPEC §23)."""
         ca = self.trusted_ca
         return self.env.sandbox_policy(
             network=network,
             mounts=mounts,
             ca_bundle=ca.host if ca is not None and self.runtime.isolated else None,
-            verifier=verifier,
+            user=user,
             **self._egress_fields(network, self.env.own_root),
             **({"netns": self.netns.path} if self.netns is not None else {}),
         )

@@ -12,6 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from evaluations import livelog
+from evaluations.environments import kinds
 from evaluations.grading.base import VerifierRun
 from evaluations.pipeline import static, verifier
 from evaluations.pipeline.context import Context
@@ -29,7 +30,7 @@ def script_policy(ctx: Context, logs: Path | None = None) -> SandboxPolicy:
     mounts = [Mount(tests, str(tests), writable=False), *static.mounts(ctx)]
     if logs is not None:
         mounts.append(Mount(logs, verifier.VERIFIER_LOGS, writable=True))
-    return ctx.task_policy(network=verifier.verifier_network(ctx), mounts=mounts, verifier=True)
+    return ctx.task_policy(network=verifier.verifier_network(ctx), mounts=mounts, user=kinds.VERIFIER_USER)
 
 
 class GradingSandbox:

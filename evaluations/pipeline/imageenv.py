@@ -103,9 +103,9 @@ def _image(ctx: Context, spec: ImageEnvironment) -> None:
             mounted=mounted,
             store=store,
             in_workdir=ctx.task.repo is None,  # SPEC §16: no repository, the image's WorkingDir is the workspace
-            verifier_ids=_verifier_ids(mounted, request, image_config),
+            users=_users(mounted, request, image_config),
         )
-        if ctx.env.verifier_ids is not None:
+        if ctx.env.users:
             ctx.session.let_image_users_pass()
         ctx.closing.callback(ctx.env.close)
     except ImageError as exc:
@@ -156,17 +156,22 @@ def _build(ctx: Context, spec: ImageEnvironment, store: ImageStore, progress) ->
     )
 
 
-def _verifier_ids(mounted, request, image_config: dict) -> tuple[int, int] | None:
-    """The verifier's uid and gid inside (SPEC §23): ``[verifier] user``, else the image's User, as
-    Harbor 0.25 runs it; None when that is the agent's user (the map's, the lease)."""
-    user = request.verifier_user or image_config.get("User") or "root"
+def _users(mounted, request, image_config: dict) -> dict[str, tuple[int, int]]:
+    """The uid and gid inside of the verifier (``[verifier] user``, else the image's User, as Harbor
+    0.25 runs it) and of the image's User (its entrypoint, its healthcheck), each where it is not
+    the agent's user (the map's: the lease). SPEC §23."""
+    image_user = image_config.get("User") or "root"
+    ids = {kinds.IMAGE_USER: kinds.user_ids(mounted, image_user)}
     try:
-        ids = kinds.user_ids(mounted, user)
+        ids[kinds.VERIFIER_USER] = kinds.user_ids(mounted, request.verifier_user or image_user)
     except ImageError as exc:
         if request.verifier_user:
-            raise ImageError(f"task.toml: [verifier] user {user!r} cannot run in the image: {exc}") from None
+            raise ImageError(
+                f"task.toml: [verifier] user {request.verifier_user!r} cannot run in the image: {exc}"
+            ) from None
         raise
-    return None if ids == (mounted.idmap.user, mounted.idmap.group) else ids
+    agent = (mounted.idmap.user, mounted.idmap.group)
+    return {name: found for name, found in ids.items() if found != agent}
 
 
 def _mount(ctx: Context, store, record, workdir: str, agent_user: str | None):

@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 
 from evaluations import livelog
+from evaluations.environments import kinds
 from evaluations.models import ErrorKind
 from evaluations.pipeline import static
 from evaluations.pipeline.context import Context, StepFailed, last_line
@@ -105,7 +106,8 @@ def starting_environment(ctx: Context) -> None:
     environment_network(ctx)
     env = {**ctx.base_env(), **static.task_env(ctx)}  # [environment.env]: every process of it, this one too
     if argv is not None:
-        start_service(ctx, ENTRYPOINT, argv, env=env, policy=ctx.task_policy(network=False))
+        policy = ctx.task_policy(network=False, user=kinds.IMAGE_USER)  # a container's first process: its User
+        start_service(ctx, ENTRYPOINT, argv, env=env, policy=policy)
     if healthcheck is not None:
         await_healthy(ctx, healthcheck, env)
 
@@ -116,7 +118,7 @@ def await_healthy(ctx: Context, healthcheck: Healthcheck, env: dict[str, str]) -
     ``start_interval_sec``; after it, ``retries`` consecutive failures (``interval_sec`` apart) and
     the environment never became healthy: the task's fault (``task_invalid``), with the last
     check's output. A check over ``timeout_sec`` is a failure (Docker's rule)."""
-    policy = ctx.task_policy(network=False)
+    policy = ctx.task_policy(network=False, user=kinds.IMAGE_USER)  # Harbor's exec with no user: the image's
     start_period_end = time.monotonic() + healthcheck.start_period_sec
     failures = 0
     log = ctx.session.log

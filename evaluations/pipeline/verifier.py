@@ -29,6 +29,7 @@ import os
 import time
 
 from evaluations import artifacts, livelog
+from evaluations.environments import kinds
 from evaluations.grading.base import VerifierRun
 from evaluations.models import ErrorKind
 from evaluations.network.egress.policy import parse_rules
@@ -177,7 +178,7 @@ def run_verifier(ctx: Context, env: dict[str, str]) -> VerifierRun:
     for mount in mounts:
         _mount_point(ctx, mount.target)
     network = verifier_network(ctx)
-    policy = ctx.task_policy(network=network, mounts=mounts, verifier=True)
+    policy = ctx.task_policy(network=network, mounts=mounts, user=kinds.VERIFIER_USER)
     env = {**env, **verifier.env}
     shell = "bash"
     if verifier.isolated:  # the image's own bash, PATH without the working directory (SPEC §21)

@@ -44,7 +44,9 @@ def verifier_test(http_server, expected: str) -> str:
     writes its reward itself (its /logs/verifier is its user's)."""
     return (
         "#!/bin/bash\n"
-        'echo "verifier=$(id -un):$(id -gn) left-by=$(stat -c %U /var/tmp/by-agent) net=$(' + fetch(http_server).strip() + ')"\n'
+        'echo "verifier=$(id -un):$(id -gn) left-by=$(stat -c %U /var/tmp/by-agent) net=$('
+        + fetch(http_server).strip()
+        + ')"\n'
         f'[ "$(id -un) $(stat -c %U /var/tmp/by-agent)" = "{expected}" ] && echo 1 > /logs/verifier/reward.txt '
         "|| echo 0 > /logs/verifier/reward.txt\n"
     )
@@ -56,18 +58,25 @@ AGENT = 'echo "agent=$(id -un)"; echo hi > /var/tmp/by-agent; touch /app/mine 2>
 def test_the_agent_runs_as_its_user_and_the_verifier_as_the_images(tasks, config, http_server, tmp_path):
     """``[agent] user = "nobody"`` on an image whose User is root: the agent is nobody (WORKDIR /app,
     root's, is not its to write, as under Docker), the verifier root, with its network, reading the
-    file nobody left."""
+    file nobody left; the image's entrypoint and the healthcheck run as the image's User (root)."""
     toml = (
         '[agent]\nuser = "nobody"\n[verifier]\nnetwork_mode = "allowlist"\nallowed_hosts = ["127.0.0.1"]\n'
         '[environment]\nnetwork_mode = "no-network"\n'
+        "[environment.healthcheck]\ncommand = 'test -s /var/tmp/first && test \"$(id -un)\" = root'\n"
+        "interval_sec = 0.2\nstart_interval_sec = 0.2\nstart_period_sec = 60.0\n"
     )
     folder = harbor_folder(tmp_path / "task", toml=toml, test=verifier_test(http_server, "root nobody"))
-    agent = AGENT + fetch(http_server)
+    (folder / "environment" / "Dockerfile").write_text(
+        "FROM debian:bookworm\nWORKDIR /app\n"
+        'ENTRYPOINT ["sh", "-c", "id -un > /var/tmp/first; exec \\"$@\\"", "entrypoint"]\n'
+    )
+    agent = 'echo "first=$(cat /var/tmp/first)"\n' + AGENT + fetch(http_server)
     evaluation = evaluate(serve(tasks, folder), agent, config=config, sandbox="bwrap", language="bash")
-    assert "agent=nobody" in evaluation.agent_output and "no /app for me" in evaluation.agent_output, (
+    assert "first=root" in evaluation.agent_output and "agent=nobody" in evaluation.agent_output, (
         evaluation.agent_output,
         evaluation.log[-3000:],
     )
+    assert "no /app for me" in evaluation.agent_output
     assert evaluation.agent_output.rstrip().endswith("refused")  # the agent's phase: no network
     assert "verifier=root:root left-by=nobody net=fetched" in evaluation.test_output, evaluation.test_output
     assert (evaluation.status, evaluation.reward) == ("completed", 1.0), (evaluation.error, evaluation.log[-3000:])
