@@ -77,6 +77,12 @@ class Context:
     agent_interpreter: str | None = None  # absolute, chosen by downloading_task (pipeline/agentenv.py)
     grade: Grade | None = None  # set by running_tests: what the task's grader made of the tests (evaluations/grading/)
     reset_for_tests: bool = False  # HOME and /tmp already reset after the agent, the tests' sandbox started (steps.py)
+    # SPEC §23: a separate verifier's environment, prepared with the agent's (pipeline/imageenv.py), which
+    # becomes ``env`` as the tests begin (pipeline/collect.py), its memory limit, and where each kept
+    # artifact goes in it (listed path -> artifacts.Placement).
+    verifier_env: BaseEnvironment | None = None
+    verifier_memory_mb: int | None = None
+    placed: dict = field(default_factory=dict)
 
     def stage(self, **fields) -> None:
         """A step's results for the evaluation's row, written with the next transition or the end

@@ -136,7 +136,7 @@ def load(root: Path, limits: TaskLimits) -> TaskSpec:
     verifier_table = config.table("verifier")
     environment_table = config.table("environment")
     environment, env, request = _harbor_environment(root, environment_table)
-    verifier, verifier_baseline = _harbor_verifier(root, verifier_table, environment, env)
+    verifier, verifier_baseline = _harbor_verifier(root, verifier_table, environment, env, request["memory_mb"])
     request = TaskRequest(
         agent_timeout_secs=agent.number("timeout_sec"),
         verifier_timeout_secs=verifier_table.number("timeout_sec"),
@@ -422,7 +422,7 @@ def _literal_env(table: _Table) -> dict[str, str]:
 
 
 def _harbor_verifier(
-    root: Path, table: _Table, environment: ImageEnvironment, env: dict[str, str]
+    root: Path, table: _Table, environment: ImageEnvironment, env: dict[str, str], memory_mb: int | None
 ) -> tuple[Verifier, NetworkRequest | None]:
     """[verifier]: its tests, variables, and where it runs (Harbor's ``VerifierConfig``); with a
     separate verifier, also its environment's network (the verifier phase's unless [verifier] says)."""
@@ -430,7 +430,7 @@ def _harbor_verifier(
         raise TaskError("task has no tests/test.sh (required)")
     regular_file(root / "tests" / "test.sh", "tests/test.sh", required=True)
     isolated = bool(table.boolean("isolated"))
-    separate, network = _separate_verifier(root, table, environment, env)
+    separate, network = _separate_verifier(root, table, environment, env, memory_mb)
     if separate is not None and isolated:
         raise TaskError(
             "task.toml: [verifier] isolated = true goes with a verifier on the agent's file system, not with "
@@ -447,13 +447,13 @@ def _harbor_verifier(
 
 
 def _separate_verifier(
-    root: Path, table: _Table, environment: ImageEnvironment, env: dict[str, str]
+    root: Path, table: _Table, environment: ImageEnvironment, env: dict[str, str], memory_mb: int | None
 ) -> tuple[SeparateVerifier | None, NetworkRequest | None]:
     """``environment_mode`` and [verifier.environment], as Harbor resolves them (``verifier_mode.py``):
     ``separate`` when asked, or when [verifier.environment] is there and no mode is named; its image
     [verifier.environment] docker_image, else tests/Dockerfile (context tests/), else the task's own
     environment afresh. Without [verifier.environment] it is a copy of [environment] (its workdir, env,
-    network); with one, that table's alone (its network ``public`` unless it says, as Harbor's default)."""
+    memory, network); with one, that table's alone (its network ``public`` unless it says, as Harbor's default)."""
     mode = table.take("environment_mode")
     if mode is not None and mode not in ("shared", "separate"):
         shown = repr(mode) if isinstance(mode, str) else type_name(mode)
@@ -470,7 +470,7 @@ def _separate_verifier(
         raise TaskError("tests/docker-compose.yaml: a verifier of several compose services is not supported here")
     if not own:
         image, bundled = _verifier_image(root, None, environment)
-        return SeparateVerifier(environment=image, bundled=bundled, env=env), None
+        return SeparateVerifier(environment=image, bundled=bundled, env=env, memory_mb=memory_mb), None
     config = table.table("environment")
     _linux_only(config)
     image, bundled = _verifier_image(root, config, environment)
