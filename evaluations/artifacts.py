@@ -229,10 +229,12 @@ def keep_sources(eval_id, sources: list[Source], config) -> Kept:
 
 def _candidates(source: Source, handles: list[int], omitted: list[Omission]) -> list[_Candidate]:
     """The files of one source that may be kept, sorted; its handles added to ``handles``."""
+    missing = [] if not source.listed else [Omission(source.shown, "not there")]  # /logs/agent never made: silent
     try:
         parent_fd, entry = source.open_parent()
     except FileNotFoundError:
-        return []  # not there (a folder never made, a path the agent left nothing at): nothing to keep
+        omitted += missing
+        return []
     except OSError as exc:
         omitted.append(Omission(source.shown, f"cannot be reached: {_reason(exc)}"))
         return []
@@ -240,6 +242,7 @@ def _candidates(source: Source, handles: list[int], omitted: list[Omission]) -> 
     try:
         st = os.stat(entry, dir_fd=parent_fd, follow_symlinks=False)
     except FileNotFoundError:
+        omitted += missing
         return []
     except OSError as exc:
         omitted.append(Omission(source.shown, f"cannot be opened: {_reason(exc)}"))

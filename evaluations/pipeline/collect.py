@@ -115,6 +115,7 @@ def place(ctx: Context) -> int:
     count, failed = 0, []
     root_fd = inroot.open_root(env.root)
     try:
+        os.close(copyin.mkdirs(root_fd, ARTIFACTS_DIR, 0, 0, idmap))  # there, empty or not, as Harbor uploads it
         for listed, placement in sorted(ctx.placed.items(), key=lambda item: item[1].path):
             try:
                 _write(ctx, root_fd, listed, placement, idmap, ids)

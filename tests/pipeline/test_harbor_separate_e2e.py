@@ -94,7 +94,7 @@ def test_a_verifier_environment_image_with_its_own_network_env_and_workdir(tasks
     test = (SEES + 'test "$FROM_IMAGE/$B/${A:-unset}" = yes/2/unset && test "$(pwd)" = /grade || ok=0\n'
             "echo $ok > /logs/verifier/reward.txt\n")  # fmt: skip
     toml = (
-        ARTIFACTS + "[environment.env]\nA = \"1\"\n[verifier.environment]\n"
+        ARTIFACTS + '[environment.env]\nA = "1"\n[verifier.environment]\n'
         f'docker_image = "{image}"\nworkdir = "/grade"\nnetwork_mode = "no-network"\nmemory_mb = 1024\n'
         '[verifier.environment.env]\nB = "2"\n'
     )
@@ -124,19 +124,30 @@ def pushed_with_tests(base_image, base_layer, name: str, test: str) -> str:
 
 HOSTILE = (
     "ln -s /etc/shadow /app/result.txt && mkdir -p /app/out && ln -s / /app/out/root\n"
-    "ln -s /etc/hostname /logs/artifacts/host && ln -s /etc /logs/artifacts/etc\n"
-    "echo fine > /app/out/fine.txt\n"
+    "ln -s /etc/hostname /logs/artifacts/host && ln -s /etc /logs/artifacts/etc && ln -s /etc/shadow /logs/agent/t\n"
+    "ln -s {host} /app/host && echo fine > /app/out/fine.txt\n"
 )
 
 
 def test_links_among_the_artifacts_are_never_followed_onto_the_host(tasks, config, tmp_path):
-    toml = ARTIFACTS + '[verifier]\nenvironment_mode = "separate"\n'
-    test = "#!/bin/bash\nls -la /app /app/out /logs/artifacts\necho 0 > /logs/verifier/reward.txt\n"
+    """Each link is left out, whether the entry itself (/app/result.txt, /logs/agent/t), below a folder
+    entry, or in /logs/artifacts; one on the way to an entry (/app/host/secret.txt, /app/host a link to a
+    folder of the host's) resolves inside the agent's root, where nothing is: the host's file is never read."""
+    host = tmp_path / "host-folder"
+    host.mkdir()
+    (host / "secret.txt").write_text("the host's secret\n")
+    toml = 'artifacts = ["/app/result.txt", {source = "/app/out", destination = "outputs"}, "/logs/agent/t", ' \
+           '"/app/host/secret.txt"]\n[verifier]\nenvironment_mode = "separate"\n'  # fmt: skip
+    test = "#!/bin/bash\nls -la /app /app/out /logs/artifacts\ncat /app/host/secret.txt\necho 0 > /logs/verifier/reward.txt\n"
     folder = harbor_folder(tmp_path / "hostile", toml=toml, test=test)
-    evaluation = run(tasks, config, folder, HOSTILE)
+    evaluation = run(tasks, config, folder, HOSTILE.format(host=host))
     assert [a["path"] for a in evaluation.artifacts] == ["artifacts/outputs/fine.txt"], evaluation.log[-3000:]
-    for left_out in ("/app/result.txt (cannot be opened: a symbolic link)", "artifacts/outputs/root (a symbolic link)",
-                     "artifacts/logs/artifacts/host (a symbolic link)", "artifacts/logs/artifacts/etc (a symbolic link)"):  # fmt: skip
-        assert left_out in evaluation.log, evaluation.log[-3000:]
-    # The verifier got the one file, and no link
-    assert "fine.txt" in evaluation.test_output and "root" not in evaluation.test_output.split("/app/out:")[-1]
+    line = next(line for line in evaluation.log.splitlines() if "artifacts: kept" in line)
+    assert line.endswith(
+        "left out 7: /app/host/secret.txt (not there); /app/result.txt (a symbolic link); /logs/agent/t (a symbolic "
+        "link); artifacts/logs/artifacts/etc (a symbolic link); artifacts/logs/artifacts/host (a symbolic link); "
+        "artifacts/outputs/root (a symbolic link); t (a symbolic link)"
+    ), line
+    # The verifier got the one file, no link, and nothing of the host's
+    assert "fine.txt" in evaluation.test_output and "root ->" not in evaluation.test_output
+    assert "secret" not in evaluation.test_output.replace("/app/host/secret.txt", "")
