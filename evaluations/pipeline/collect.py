@@ -5,14 +5,15 @@
    (verifier.after_agent, artifacts.keep_sources): /logs/artifacts (the session's agent-artifacts/,
    bound there for the agent as /logs/agent is), listed as ``artifacts/logs/artifacts/...``, and each
    entry of the task's ``artifacts``, listed as ``artifacts/`` plus its destination or its own path.
-   An entry under /logs/agent or /logs/artifacts is read from the session's folder, never through a
-   link (safefs); any other path in the agent's root through the one resolver (images/inroot.py),
+   An entry under /logs/agent, /logs/artifacts, /tmp or /var/tmp is read from the session's folder the
+   agent saw there, before the tests reset it, never through a link (safefs); any other path in the agent's root through the one resolver (images/inroot.py),
    its links followed only inside that root, the entry itself never: a link the agent left there,
    or anywhere below, is left out. What was kept is capped and listed as /logs/agent's files are.
 2. ``enter_separate`` (running_tests, before anything of the verifier's): the separate verifier's
    environment (imageenv._separate_verifier) becomes the task's, with its own variables and memory
    limit; the kept copies (the store's, not the agent's files) are written into its root at their
-   source paths (``place``), the image's root's, through the same resolver; its /tests is the
+   source paths (``place``), the image's root's, through the same resolver (under /tmp or /var/tmp:
+   into the session's tmp/, which its sandbox binds there, after the reset); its /tests is the
    task's (bound by run_verifier) unless its image brings its own (Harbor's bundled tests).
    The agent's root is not touched; nothing else of the agent's reaches the verifier.
 """
@@ -28,9 +29,10 @@ from evaluations.images import copyin, inroot
 from evaluations.images.errors import ImageError
 from evaluations.models import ErrorKind
 from evaluations.pipeline.context import Context, StepFailed
-from evaluations.safefs import open_root_dir, open_subdir
+from evaluations.safefs import open_root_dir, open_subdir, write_file_nofollow
 from evaluations.tasks.spec import AGENT_LOGS, ARTIFACTS_DIR, ARTIFACTS_LISTED
 
+TMP = ("/tmp", "/var/tmp")  # the agent's and the verifier's are the session's tmp/, not their roots'
 CONVENTION = (ARTIFACTS_LISTED, *ARTIFACTS_DIR.strip("/").split("/"))  # artifacts/logs/artifacts/...
 
 
@@ -52,7 +54,11 @@ def sources(ctx: Context) -> list[artifacts.Source]:
 
 def _opener(ctx: Context, path: str):
     """How to reach ``path`` after the agent (the folder holding it, and its name), and whose its files must be."""
-    for folder, inside in ((ctx.session.agent_logs, AGENT_LOGS), (ctx.session.agent_artifacts, ARTIFACTS_DIR)):
+    session = ctx.session
+    # The session's own folders the agent saw at these paths (its /tmp and /var/tmp: runtime/sandbox.py)
+    bound = ((session.agent_logs, AGENT_LOGS), (session.agent_artifacts, ARTIFACTS_DIR),
+             *((session.tmp, inside) for inside in TMP))  # fmt: skip
+    for folder, inside in bound:
         if path == inside or path.startswith(inside + "/"):
             parts = [part for part in path[len(inside) :].split("/") if part]
             return (lambda folder=folder, parts=parts: _in_folder(folder, parts)), ctx.session.uid
@@ -131,6 +137,12 @@ def place(ctx: Context) -> int:
 
 
 def _write(ctx: Context, root_fd: int, listed: str, placement, idmap, ids) -> None:
+    for inside in TMP:  # the verifier's /tmp is the session's (reset for the tests), bound over its root's
+        if placement.path.startswith(inside + "/"):
+            with artifacts.open_artifact(ctx.eval_id, listed, ctx.config) as kept:
+                data = kept.read()  # within MAX_ARTIFACT_BYTES
+            write_file_nofollow(ctx.session.tmp, placement.path[len(inside) + 1 :], data, placement.mode)
+            return
     folder, name = posixpath.split(placement.path)
     parent_fd = copyin.mkdirs(root_fd, folder, 0, 0, idmap)
     try:

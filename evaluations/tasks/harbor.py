@@ -513,7 +513,7 @@ def _artifacts(config: _Table) -> tuple[ArtifactEntry, ...]:
         if not isinstance(item, dict):
             raise TaskError(f"{where} must be a path or a table with a source, got {type_name(item)}")
         entry = _artifact(where, item)
-        if _within(entry.source, VERIFIER_LOGS):
+        if _within(entry.source, VERIFIER_LOGS) or _within(entry.source, "/tests"):
             raise TaskError(f"{where} source {entry.source!r} is the verifier's own folder, not the agent's")
         if _within(entry.source, ARTIFACTS_DIR) and entry.destination is None:
             continue  # collected at its own place with /logs/artifacts already (Harbor's "covered")

@@ -17,13 +17,14 @@ from tests.pipeline.test_harbor_keys_e2e import pushed
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
-ARTIFACTS = 'artifacts = ["/app/result.txt", {source = "/app/out", destination = "outputs"}]\n'
+ARTIFACTS = 'artifacts = ["/app/result.txt", {source = "/app/out", destination = "outputs"}, "/tmp/scratch.txt"]\n'
 # What the verifier must find (the artifacts, at their paths) and must not (the agent's other files).
 SEES = (
     "#!/bin/bash\nok=1\n"
     'test "$(cat /app/result.txt)" = 42 || { echo no result; ok=0; }\n'
     'test "$(cat /app/out/sub/b.txt)" = b && test -x /app/out/run.sh || { echo no out; ok=0; }\n'
     'test "$(cat /logs/artifacts/note.txt)" = note || { echo no note; ok=0; }\n'
+    'test "$(cat /tmp/scratch.txt)" = scratch || { echo no scratch; ok=0; }\n'
     "for other in /app/secret.txt /etc/planted /logs/agent/trajectory.json; do\n"
     '  test ! -e "$other" || { echo "sees $other"; ok=0; }\ndone\n'
 )
@@ -32,11 +33,11 @@ AGENT = (
     "echo 42 > /app/result.txt && mkdir -p /app/out/sub && echo a > /app/out/a.txt && echo b > /app/out/sub/b.txt\n"
     "printf '#!/bin/sh\\n' > /app/out/run.sh && chmod 755 /app/out/run.sh\n"
     "echo note > /logs/artifacts/note.txt && echo secret > /app/secret.txt && touch /etc/planted\n"
-    "echo '{}' > /logs/agent/trajectory.json\n"
+    "echo '{}' > /logs/agent/trajectory.json && echo scratch > /tmp/scratch.txt\n"
 )
 NOOP = "echo doing nothing\n"
 KEPT = ["artifacts/app/result.txt", "artifacts/logs/artifacts/note.txt", "artifacts/outputs/a.txt",
-        "artifacts/outputs/run.sh", "artifacts/outputs/sub/b.txt", "trajectory.json"]  # fmt: skip
+        "artifacts/outputs/run.sh", "artifacts/outputs/sub/b.txt", "artifacts/tmp/scratch.txt", "trajectory.json"]  # fmt: skip
 
 
 @pytest.fixture
@@ -66,7 +67,7 @@ def test_a_separate_verifier_sees_the_artifacts_and_nothing_else_of_the_agents(t
     verifier = solved.environment["verifier"]
     assert (verifier["kind"], verifier["ref"], verifier["cached"]) == ("dockerfile", "environment/Dockerfile", True)
     assert verifier["digest"] == solved.environment["digest"]
-    assert "artifacts: copied 5 files into the verifier's environment" in solved.log
+    assert "artifacts: copied 6 files into the verifier's environment" in solved.log
     # The agent's own root still has what it changed (the verifier never touched it)
     assert sorted(solved.system_changes["paths"]) == ["/etc/planted"]
     nothing = run(tasks, config, folder, NOOP)

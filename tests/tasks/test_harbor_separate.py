@@ -180,6 +180,11 @@ def test_artifacts_paths_and_tables(tmp_path):
             "task.toml: artifacts[0] source '/logs/verifier/reward.txt' is the verifier's own folder, not the agent's",
         ),
         (
+            'artifacts = ["tests/test.sh"]\n',
+            {},
+            "task.toml: artifacts[0] source '/tests/test.sh' is the verifier's own folder, not the agent's",
+        ),
+        (
             'artifacts = [{source = "/app", destination = "/abs"}]\n',
             {},
             "task.toml: artifacts[0] destination must be a relative path, got '/abs'",
