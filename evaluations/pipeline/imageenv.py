@@ -92,8 +92,8 @@ def _separate_verifier(ctx: Context) -> dict | None:
     """Harbor's ``[verifier] environment_mode = "separate"`` (SPEC §23): the verifier's image, pulled or
     built as the agent's is (the same store, cache and build; [verifier.environment] build_timeout_sec
     capped by BUILD_TIMEOUT_SECS), and its root mounted in ``verifier-image/`` of the session (as the
-    agent's is in the session: bound by no sandbox of the agent's), working in its own WorkingDir (the task's workdir
-    over it). It becomes the task's environment when the tests begin (verifier.separate_env)."""
+    agent's is in the session: bound by no sandbox of the agent's), working in its own WorkingDir (the
+    task's workdir over it). It becomes the task's environment as the tests begin (collect.enter_separate)."""
     separate = ctx.task.verifier.separate if ctx.task.verifier is not None else None
     if separate is None:
         return None
@@ -109,7 +109,7 @@ def _separate_verifier(ctx: Context) -> dict | None:
     limit = ctx.config.build_timeout_secs
     config = replace(ctx.config, build_timeout_secs=limit if asked is None else max(1, min(limit, math.ceil(asked))))
     env, result = _prepare(ctx, spec, kinds.VerifierImage, config, folder, f"{ctx.eval_id}.verifier", True,
-                           what="the verifier's ")  # fmt: skip
+                           what="the verifier's image")  # fmt: skip
     ctx.verifier_env = env
     try:
         env.check_programs({"bash": "the shell of the verifier's tests/test.sh"})
@@ -119,11 +119,12 @@ def _separate_verifier(ctx: Context) -> dict | None:
     return _record(spec, result)
 
 
-def _prepare(ctx: Context, spec: ImageEnvironment, kind, config: Config, folder: Path, holder: str,
+def _prepare(ctx: Context, spec: ImageEnvironment, env_class, config: Config, folder: Path, holder: str,
              in_workdir: bool, *, what: str = "") -> tuple[kinds.Image, object]:  # fmt: skip
     """``spec`` pulled or built into the store, pinned for the evaluation (``holder``: no eviction takes
     it meanwhile), and its root mounted in ``folder`` (``<folder>/rootfs``), the task's workdir over
-    its WorkingDir: an environment of ``kind`` and the pull's or build's result."""
+    its WorkingDir: an environment of ``env_class`` and the pull's or build's result. ``what`` names
+    the image in an error sentence when it is not the agent's."""
     store = ImageStore.of(config)  # IMAGES_DIR (default DATA_DIR/images), evicting down to IMAGES_MAX_BYTES
     progress = _progress(ctx)
     try:
@@ -138,7 +139,7 @@ def _prepare(ctx: Context, spec: ImageEnvironment, kind, config: Config, folder:
         if spec.workdir:  # Harbor's [environment] workdir: the task's, over the image's
             image_config["WorkingDir"] = spec.workdir
         mounted = _mount(ctx, store, record, image_config.get("WorkingDir") or "/", folder)
-        env = kind(
+        env = env_class(
             ctx.session,
             ctx.spawner,
             ref=spec.ref,
@@ -152,10 +153,10 @@ def _prepare(ctx: Context, spec: ImageEnvironment, kind, config: Config, folder:
         ctx.closing.callback(env.close)
     except ImageError as exc:
         ctx.check_cancelled()  # a pull or build stopped by the evaluation's cancel ends as the cancel does
-        raise StepFailed(f"{what}{exc}" if what else str(exc), kind=exc.kind) from None
+        raise StepFailed(f"{what}: {exc}" if what else str(exc), kind=exc.kind) from None
     except OSError as exc:
-        kind = ErrorKind.INFRASTRUCTURE
-        raise StepFailed(f"could not prepare {what}image {spec.ref}: {exc}", kind=kind) from None
+        shown = f"{what} {spec.ref}" if what else f"image {spec.ref}"
+        raise StepFailed(f"could not prepare {shown}: {exc}", kind=ErrorKind.INFRASTRUCTURE) from None
     return env, result
 
 

@@ -87,6 +87,12 @@ def test_tests_dockerfile_is_the_verifiers_image_with_its_own_tests(tasks, confi
     assert (solved.status, solved.reward) == ("completed", 1.0), (solved.error, solved.test_output,
                                                                   solved.log[-3000:])  # fmt: skip
     assert solved.environment["verifier"]["ref"] == "tests/Dockerfile"
+    # A verifier's image that cannot be built fails the evaluation before the agent runs, naming it
+    (folder / "tests/Dockerfile").write_text("FROM debian:bookworm\nRUN echo building the grader; exit 3\n")
+    broken = run(tasks, config, folder, AGENT)
+    assert (broken.status, broken.error_kind, broken.agent_output) == ("failed", "task_invalid", ""), broken.log[-3000:]
+    assert broken.error.startswith("preparing_environment: the verifier's image: "), broken.error
+    assert broken.environment["kind"] == "dockerfile" and "verifier" not in broken.environment
 
 
 def test_a_verifier_environment_image_with_its_own_network_env_and_workdir(tasks, config, tmp_path, base_image,
