@@ -29,7 +29,7 @@ from evaluations.images import copyin, inroot
 from evaluations.images.errors import ImageError
 from evaluations.models import ErrorKind
 from evaluations.pipeline.context import Context, StepFailed
-from evaluations.safefs import open_root_dir, open_subdir, write_file_nofollow
+from evaluations.safefs import SafeFSError, open_parent, open_root_dir, open_subdir, write_file_nofollow
 from evaluations.tasks.spec import AGENT_LOGS, ARTIFACTS_DIR, ARTIFACTS_LISTED
 
 TMP = ("/tmp", "/var/tmp")  # the agent's and the verifier's are the session's tmp/, not their roots'
@@ -126,7 +126,7 @@ def place(ctx: Context) -> int:
             try:
                 _write(ctx, root_fd, listed, placement, idmap, ids)
                 count += 1
-            except ImageError as exc:  # its folder is a file there: an earlier artifact's (the task's paths)
+            except (ImageError, SafeFSError) as exc:  # its folder is a file there: another artifact's
                 failed.append(f"{placement.path} ({exc})")
     finally:
         os.close(root_fd)
@@ -139,9 +139,15 @@ def place(ctx: Context) -> int:
 def _write(ctx: Context, root_fd: int, listed: str, placement, idmap, ids) -> None:
     for inside in TMP:  # the verifier's /tmp is the session's (reset for the tests), bound over its root's
         if placement.path.startswith(inside + "/"):
+            relpath = placement.path[len(inside) + 1 :]
             with artifacts.open_artifact(ctx.eval_id, listed, ctx.config) as kept:
                 data = kept.read()  # within MAX_ARTIFACT_BYTES
-            write_file_nofollow(ctx.session.tmp, placement.path[len(inside) + 1 :], data, placement.mode)
+            write_file_nofollow(ctx.session.tmp, relpath, data, placement.mode)
+            folder_fd, name = open_parent(ctx.session.tmp, relpath, create=False)
+            try:  # the evaluation's, as what its commands write there: the image's root's inside
+                os.chown(name, ctx.session.uid, ctx.session.uid, dir_fd=folder_fd, follow_symlinks=False)
+            finally:
+                os.close(folder_fd)
             return
     folder, name = posixpath.split(placement.path)
     parent_fd = copyin.mkdirs(root_fd, folder, 0, 0, idmap)
