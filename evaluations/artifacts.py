@@ -34,6 +34,7 @@ import os
 import stat
 import unicodedata
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO
@@ -67,6 +68,36 @@ class Omission:
     reason: str
 
 
+@dataclass(frozen=True)
+class Source:
+    """One place whose files are kept (SPEC §17, §23): the entry ``name`` of the folder ``open_parent()``
+    returns a handle of (the caller closes nothing: ``keep_sources`` does), a folder whose files are
+    listed under ``listed`` (``()``: by their own relative paths, as /logs/agent's) or one regular
+    file listed as ``listed``. The entry is never followed: a link there is left out. ``owner_uid``:
+    what its files must be owned by (None: no owner check, as for an image's own root); ``placed_at``:
+    its path in a separate verifier (None: not copied there); ``shown``: how a log line names it."""
+
+    shown: str
+    listed: tuple[str, ...]
+    open_parent: Callable[[], tuple[int, str]]
+    owner_uid: int | None = None
+    placed_at: str | None = None
+
+    @classmethod
+    def folder(cls, folder: Path, owner_uid: int | None, shown: str = "/logs/agent", **fields) -> Source:
+        """A folder of the executor's own making (its parent is trusted), as /logs/agent's."""
+        return cls(shown, fields.pop("listed", ()), lambda: (open_root_dir(folder.parent), folder.name),
+                   owner_uid, **fields)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where a kept file goes in a separate verifier (``Source.placed_at``), with its permission bits."""
+
+    path: str
+    mode: int
+
+
 @dataclass
 class Kept:
     """What ``keep`` did: the files kept (the evaluation's ``artifacts``) and what it left out."""
@@ -74,6 +105,8 @@ class Kept:
     artifacts: list[dict] = field(default_factory=list)
     omitted: list[Omission] = field(default_factory=list)
     error: str = ""  # the store could not be written: nothing kept
+    sources: tuple[str, ...] = ("/logs/agent",)  # how the summary names where they came from
+    placed: dict[str, Placement] = field(default_factory=dict)  # listed path -> its place in a separate verifier
 
     @property
     def total_bytes(self) -> int:
@@ -82,7 +115,8 @@ class Kept:
     def summary(self) -> str:
         """One sentence for the evaluation's log: what was kept and what was not, and why."""
         files = len(self.artifacts)
-        text = f"artifacts: kept {files} file{'' if files == 1 else 's'} ({self.total_bytes} bytes) from /logs/agent"
+        origin = ", ".join(self.sources[:MAX_SHOWN_OMISSIONS])
+        text = f"artifacts: kept {files} file{'' if files == 1 else 's'} ({self.total_bytes} bytes) from {origin}"
         if self.error:
             return f"{text}; {self.error}"
         if self.omitted:
@@ -155,53 +189,110 @@ def _eval_folder_name(eval_id) -> str:
 
 
 def keep(eval_id, folder: Path, config, *, owner_uid: int | None) -> Kept:
-    """Copy the files the agent left in ``folder`` (its ``/logs/agent``) into the store.
+    """Copy the files the agent left in ``folder`` (its ``/logs/agent``) into the store (``keep_sources``).
 
     Call it after the agent ended and no process of it is alive. ``owner_uid``: the evaluation's
     leased uid; files and folders owned by anyone else are left out (None: no owner check, for a
-    service without the sandbox). Returns the kept files sorted by path and what was left out;
-    never raises for what the folder holds. A store that cannot be written (disk full) keeps
-    nothing: ``Kept.error`` says why, and the evaluation goes on.
+    service without the sandbox)."""
+    return keep_sources(eval_id, [Source.folder(folder, owner_uid)], config)
+
+
+def keep_sources(eval_id, sources: list[Source], config) -> Kept:
+    """Copy the files of ``sources``, in their order, into the store, and say what was kept.
+
+    Returns the kept files sorted by path and what was left out; never raises for what the sources
+    hold. A listed path another source's file already took is left out (the first claim stands, as
+    Harbor's collection keeps it). A store that cannot be written (disk full) keeps nothing:
+    ``Kept.error`` says why, and the evaluation goes on.
     """
     name = _eval_folder_name(eval_id)
-    kept = Kept()
+    kept = Kept(sources=tuple(source.shown for source in sources))
     if config.max_artifact_bytes <= 0:
         return kept
+    handles: list[int] = []
     try:
-        root_fd = os.open(folder, _DIR_FLAGS)
-    except FileNotFoundError:
-        return kept  # the agent's folder was never made: nothing to keep
-    except OSError as exc:
-        kept.omitted.append(Omission("/logs/agent", f"cannot be opened: {_reason(exc)}"))
-        return kept
-    try:
-        candidates = _Walk(root_fd, owner_uid, kept.omitted).files()
+        candidates = []
+        for source in sources:
+            candidates += _candidates(source, handles, kept.omitted)
         if candidates:
-            _copy_all(name, root_fd, candidates, config, owner_uid, kept)
+            _copy_all(name, candidates, config, kept)
     finally:
-        os.close(root_fd)
+        for fd in handles:
+            os.close(fd)
     kept.omitted.sort(key=lambda o: o.path)
+    kept.artifacts.sort(key=lambda entry: entry["path"])
     if kept.artifacts or kept.omitted or kept.error:
         log = logger.warning if kept.error else logger.info
         log("evaluation %s: %s", name, kept.summary())
     return kept
 
 
+def _candidates(source: Source, handles: list[int], omitted: list[Omission]) -> list[_Candidate]:
+    """The files of one source that may be kept, sorted; its handles added to ``handles``."""
+    missing = [] if not source.listed else [Omission(source.shown, "not there")]  # /logs/agent never made: silent
+    try:
+        parent_fd, entry = source.open_parent()
+    except FileNotFoundError:
+        omitted += missing
+        return []
+    except OSError as exc:
+        omitted.append(Omission(source.shown, f"cannot be reached: {_reason(exc)}"))
+        return []
+    handles.append(parent_fd)
+    try:
+        st = os.stat(entry, dir_fd=parent_fd, follow_symlinks=False)
+    except FileNotFoundError:
+        omitted += missing
+        return []
+    except OSError as exc:
+        omitted.append(Omission(source.shown, f"cannot be opened: {_reason(exc)}"))
+        return []
+    if stat.S_ISDIR(st.st_mode):
+        try:
+            root_fd = os.open(entry, _DIR_FLAGS, dir_fd=parent_fd)
+        except OSError as exc:
+            omitted.append(Omission(source.shown, f"cannot be opened: {_reason(exc)}"))
+            return []
+        handles.append(root_fd)
+        if source.owner_uid is not None and source.listed and st.st_uid != source.owner_uid:
+            omitted.append(Omission(source.shown, f"owned by uid {st.st_uid}, not the evaluation's"))
+            return []
+        return _Walk(root_fd, source, omitted).files()
+    walk = _Walk(parent_fd, source, omitted)
+    reason = walk.refusal(source.listed, st) if source.listed else "not a folder"
+    if reason:
+        omitted.append(Omission(source.shown, f"cannot be opened: {reason}" if not source.listed else reason))
+        return []
+    return [_Candidate(source.listed, parent_fd, (entry,), source)]
+
+
 @dataclass(frozen=True)
 class _Candidate:
-    parts: tuple[str, ...]
+    parts: tuple[str, ...]  # its listed path's names
+    base_fd: int  # the folder ``rel`` starts from: its source's
+    rel: tuple[str, ...]
+    source: Source
 
     @property
     def path(self) -> str:
         return "/".join(self.parts)
 
+    @property
+    def placement(self) -> str | None:
+        """Its path in a separate verifier: a folder source's place plus its own path, a file's place."""
+        placed_at = self.source.placed_at
+        if placed_at is None or self.parts == self.source.listed:
+            return placed_at
+        return "/".join((placed_at.rstrip("/"), *self.rel))
+
 
 class _Walk:
-    """The regular files below an open folder that may be kept, and why each other entry may not."""
+    """The regular files below an open folder of one source that may be kept, and why each other entry may not."""
 
-    def __init__(self, root_fd: int, owner_uid: int | None, omitted: list[Omission]):
+    def __init__(self, root_fd: int, source: Source, omitted: list[Omission]):
         self.root_fd = root_fd
-        self.owner_uid = owner_uid
+        self.source = source
+        self.owner_uid = source.owner_uid
         self.omitted = omitted
         self.device = os.fstat(root_fd).st_dev
         self.seen = 0
@@ -211,14 +302,15 @@ class _Walk:
         self._scan(self.root_fd, ())
         if self.seen > MAX_ENTRIES:
             self.omitted.append(
-                Omission("/logs/agent", f"holds over {MAX_ENTRIES} entries: the rest were not looked at")
+                Omission(self.source.shown, f"holds over {MAX_ENTRIES} entries: the rest were not looked at")
             )
         return sorted(self.found, key=lambda c: c.path)
 
-    def _omit(self, parts: tuple[str, ...], reason: str) -> None:
-        self.omitted.append(Omission(_shown(parts) if parts else "/logs/agent", reason))
+    def _omit(self, rel: tuple[str, ...], reason: str) -> None:
+        listed = (*self.source.listed, *rel)
+        self.omitted.append(Omission(_shown(listed) if listed else self.source.shown, reason))
 
-    def _scan(self, dir_fd: int, prefix: tuple[str, ...]) -> None:
+    def _scan(self, dir_fd: int, rel: tuple[str, ...]) -> None:
         """One folder, then its sub-folders (recursion is bounded by MAX_PARTS)."""
         try:
             with os.scandir(dir_fd) as entries:
@@ -229,23 +321,24 @@ class _Walk:
                         break
                     listed.append(entry)
         except OSError as exc:
-            self._omit(prefix, f"folder cannot be listed: {_reason(exc)}")
+            self._omit(rel, f"folder cannot be listed: {_reason(exc)}")
             return
         for entry in listed:  # those counted, even once the bound is reached: the rest were never seen
-            parts = (*prefix, entry.name)
+            parts = (*rel, entry.name)
             try:
                 st = entry.stat(follow_symlinks=False)
             except OSError:
                 continue  # vanished since the listing
-            reason = self._refusal(parts, st)
+            reason = self.refusal((*self.source.listed, *parts), st)
             if reason:
                 self._omit(parts, reason)
             elif stat.S_ISDIR(st.st_mode):
                 self._enter(dir_fd, parts)
             else:
-                self.found.append(_Candidate(parts))
+                self.found.append(_Candidate((*self.source.listed, *parts), self.root_fd, parts, self.source))
 
-    def _refusal(self, parts: tuple[str, ...], st: os.stat_result) -> str:
+    def refusal(self, parts: tuple[str, ...], st: os.stat_result) -> str:
+        """Why the entry to be listed as ``parts`` may not be kept ("" when it may)."""
         mode = st.st_mode
         if stat.S_ISLNK(mode):
             return "a symbolic link"
@@ -281,8 +374,8 @@ class _Walk:
             os.close(child)
 
 
-def _copy_all(name: str, root_fd: int, candidates: list[_Candidate], config, owner_uid, kept: Kept) -> None:
-    """Copy the candidates in path order into a new folder, then publish it by a rename."""
+def _copy_all(name: str, candidates: list[_Candidate], config, kept: Kept) -> None:
+    """Copy the candidates in their order into a new folder, then publish it by a rename."""
     store = store_root(config)
     budget = config.max_artifact_bytes
     staging = f"{KEEPING_PREFIX}{name}-{os.urandom(4).hex()}"
@@ -297,11 +390,15 @@ def _copy_all(name: str, root_fd: int, candidates: list[_Candidate], config, own
         stage_fd = os.open(staging, _DIR_FLAGS, dir_fd=store_fd)
         try:
             used = 0
+            claims = _Claims()
             for candidate in candidates:
                 if len(kept.artifacts) >= MAX_FILES:
                     kept.omitted.append(Omission(_shown(candidate.parts), f"over {MAX_FILES} files"))
                     continue
-                entry = _copy_one(root_fd, stage_fd, candidate, budget - used, owner_uid, kept.omitted)
+                if not claims.take(candidate.parts):
+                    kept.omitted.append(Omission(_shown(candidate.parts), "its listed path is another file's"))
+                    continue
+                entry = _copy_one(stage_fd, candidate, budget - used, kept)
                 if entry is not None:
                     kept.artifacts.append(entry)
                     used += entry["size_bytes"]
@@ -315,6 +412,7 @@ def _copy_all(name: str, root_fd: int, candidates: list[_Candidate], config, own
     except OSError as exc:
         kept.error = f"nothing kept: the artifact store {store} could not be written: {_reason(exc)}"
         kept.artifacts.clear()
+        kept.placed.clear()
         try:
             remove_entry_nofollow(store_fd, staging)
         except OSError:
@@ -323,19 +421,35 @@ def _copy_all(name: str, root_fd: int, candidates: list[_Candidate], config, own
         os.close(store_fd)
 
 
-def _copy_one(root_fd, stage_fd, candidate: _Candidate, room: int, owner_uid, omitted: list) -> dict | None:
+class _Claims:
+    """Listed paths taken so far: each file's, and the folders above each (no path is both)."""
+
+    def __init__(self):
+        self.files: set[tuple[str, ...]] = set()
+        self.folders: set[tuple[str, ...]] = set()
+
+    def take(self, parts: tuple[str, ...]) -> bool:
+        above = [parts[:depth] for depth in range(1, len(parts))]
+        if parts in self.files or parts in self.folders or any(folder in self.files for folder in above):
+            return False
+        self.files.add(parts)
+        self.folders.update(above)
+        return True
+
+
+def _copy_one(stage_fd, candidate: _Candidate, room: int, kept: Kept) -> dict | None:
     """Copy one file if it still is what the walk saw and fits in ``room`` bytes; else note why not.
 
-    Reading errors are the agent's folder's (noted); writing errors are the store's (raised).
+    Reading errors are the source's (noted); writing errors are the store's (raised).
     """
-    parts = candidate.parts
+    parts, rel, omitted, owner_uid = candidate.parts, candidate.rel, kept.omitted, candidate.source.owner_uid
     try:
-        parent_fd = open_subdir(root_fd, list(parts[:-1]), create=False)
+        parent_fd = open_subdir(candidate.base_fd, list(rel[:-1]), create=False)
     except SafeFSError:
         omitted.append(Omission(_shown(parts), "its folder changed after it was listed"))
         return None
     try:
-        src = os.open(parts[-1], _READ_FLAGS, dir_fd=parent_fd)
+        src = os.open(rel[-1], _READ_FLAGS, dir_fd=parent_fd)
     except OSError as exc:
         omitted.append(Omission(_shown(parts), f"cannot be opened: {_reason(exc)}"))
         return None
@@ -351,9 +465,13 @@ def _copy_one(root_fd, stage_fd, candidate: _Candidate, room: int, owner_uid, om
             return None
         dest_dir = open_subdir(stage_fd, list(parts[:-1]), create=True)
         try:
-            return _stream(src, dest_dir, candidate, room, omitted)
+            entry = _stream(src, dest_dir, candidate, room, omitted)
         finally:
             os.close(dest_dir)
+        if entry is not None and candidate.placement is not None:
+            # as Harbor's upload makes them: the image's root's, readable; an executable stays one
+            kept.placed[entry["path"]] = Placement(candidate.placement, stat.S_IMODE(st.st_mode) & 0o755 | 0o644)
+        return entry
     finally:
         os.close(src)
 

@@ -216,6 +216,11 @@ class EvaluationEnvironmentSerializer(serializers.Serializer):
         required=False,
         help_text="A Dockerfile's FROM / COPY --from images IMAGE_REWRITES replaced: [{ref, rewritten_from}].",
     )
+    verifier = serializers.DictField(
+        required=False,
+        help_text="SPEC §23, a Harbor task's separate verifier: its own image's {kind, ref, digest, cached} "
+        "(and rewritten_from or rewrites), as the agent's.",
+    )
 
 
 def _sha256(text: str | None) -> str | None:
@@ -309,7 +314,8 @@ class EvaluationSerializer(Shape):
         "wins): agent_timeout_secs, verifier_timeout_secs, build_timeout_secs, cpus, memory_mb, storage_mb, "
         "network, allowed_hosts ([environment]'s); per phase agent_network_mode, agent_allowed_hosts, "
         "verifier_network_mode, verifier_allowed_hosts (the task's [agent]/[verifier] over [environment]'s) and "
-        "agent_network, verifier_network (whether the phase's commands had the network at all).",
+        "agent_network, verifier_network (whether the phase's commands had the network at all); "
+        "verifier_memory_mb (a separate verifier's, SPEC §23).",
     )
     task_metadata = serializers.DictField(
         allow_null=True,
@@ -329,7 +335,8 @@ class EvaluationSerializer(Shape):
     artifacts = shown(
         serializers.ListField(
             child=serializers.DictField(),
-            help_text="Files the agent left under /logs/agent, kept: [{path, size_bytes, sha256}]; "
+            help_text="Files the agent left under /logs/agent, kept: [{path, size_bytes, sha256}], and (SPEC §23) "
+            "under /logs/artifacts and at the task's artifacts paths, listed under artifacts/; "
             "GET /evaluate/{id}/artifacts/{path} serves one.",
         ),
         lambda evaluation: evaluation.artifacts or [],

@@ -489,3 +489,59 @@ def test_what_a_real_process_of_another_uid_wrote(config):
         assert keep(uuid.uuid4(), folder, config, owner_uid=ME).artifacts == []
     finally:
         shutil.rmtree(base)
+
+
+# -- several sources (SPEC §23: /logs/artifacts and the task's artifacts list) --------------------
+
+
+def test_sources_are_kept_in_order_under_their_listed_paths_with_their_places(config, agent, tmp_path, secret):
+    """/logs/agent's files by their own paths, a folder source under its listed prefix, one file as its
+    listed path; a later file whose listed path an earlier one took is left out; a file source that is
+    a link, and a missing one, are named; each placed file knows where a separate verifier finds it."""
+    write(agent, "artifacts/logs/artifacts/note.txt", "from /logs/agent")  # claims the listed path first
+    convention = tmp_path / "session" / "agent-artifacts"
+    write(convention, "note.txt", "from /logs/artifacts")
+    write(convention, "sub/run.sh", "#!/bin/sh\n").chmod(0o750)
+    image = tmp_path / "image"
+    write(image, "app/out.txt", "42")
+    os.symlink(secret, image / "app" / "link.txt")
+
+    def entry(path):
+        return lambda: (os.open(image / "app", os.O_RDONLY | os.O_DIRECTORY), path)
+
+    sources = [
+        artifacts.Source.folder(agent, ME),
+        artifacts.Source.folder(
+            convention, ME, "/logs/artifacts", listed=("artifacts", "logs", "artifacts"), placed_at="/logs/artifacts"
+        ),  # fmt: skip
+        artifacts.Source("/app/out.txt", ("artifacts", "app", "out.txt"), entry("out.txt"), placed_at="/app/out.txt"),
+        artifacts.Source("/app/link.txt", ("artifacts", "app", "link.txt"), entry("link.txt"), placed_at="/x"),
+        artifacts.Source("/app/none", ("artifacts", "app", "none"), entry("none"), placed_at="/app/none"),
+    ]
+    eval_id = uuid.uuid4()
+    kept = artifacts.keep_sources(eval_id, sources, config)
+    assert [a["path"] for a in kept.artifacts] == [
+        "artifacts/app/out.txt", "artifacts/logs/artifacts/note.txt", "artifacts/logs/artifacts/sub/run.sh"]  # fmt: skip
+    assert stored(config, eval_id)["artifacts/logs/artifacts/note.txt"] == b"from /logs/agent"
+    assert reasons(kept) == {
+        "artifacts/logs/artifacts/note.txt": "its listed path is another file's",
+        "/app/link.txt": "a symbolic link",
+        "/app/none": "not there",
+    }
+    assert kept.placed == {
+        "artifacts/app/out.txt": artifacts.Placement("/app/out.txt", 0o644),
+        "artifacts/logs/artifacts/sub/run.sh": artifacts.Placement("/logs/artifacts/sub/run.sh", 0o754),
+    }
+    assert kept.summary().startswith(
+        "artifacts: kept 3 files (28 bytes) from /logs/agent, /logs/artifacts, /app/out.txt, /app/link.txt, /app/none;"
+    )
+
+
+def test_a_folder_claimed_by_a_file_leaves_the_files_below_it_out(config, agent, tmp_path):
+    write(agent, "artifacts", "a file where a folder of listed paths goes")
+    other = tmp_path / "other"
+    write(other, "x.txt", "x")
+    source = artifacts.Source.folder(other, ME, "/other", listed=("artifacts", "other"))
+    kept = artifacts.keep_sources(uuid.uuid4(), [artifacts.Source.folder(agent, ME), source], config)
+    assert [a["path"] for a in kept.artifacts] == ["artifacts"]
+    assert reasons(kept) == {"artifacts/other/x.txt": "its listed path is another file's"}

@@ -265,6 +265,7 @@ class Image(BaseEnvironment):
         store: ImageStore,
         in_workdir: bool,
         users: dict[str, tuple[int, int]] | None = None,
+        folder: Path | None = None,
     ):
         super().__init__(session, spawner)
         self.ref = ref
@@ -276,6 +277,7 @@ class Image(BaseEnvironment):
         # VERIFIER_USER, IMAGE_USER -> the uid and gid inside, for those that are not the map's user (the
         # agent's): Harbor's [verifier] user, else the image's User when [agent] user named another (SPEC §23).
         self.users = users or {}
+        self.folder = folder or session.root  # where its root is mounted (images/rootfs.py: <folder>/rootfs)
 
     @property
     def root(self) -> Path:
@@ -349,10 +351,21 @@ class Image(BaseEnvironment):
 
     def isolate(self) -> None:
         """``[verifier] isolated``: the image plus only the working directory as the agent left it."""
-        self.mounted = isolate_workdir(self.session.root, self.layers(), self.mounted.idmap, self.workdir)
+        self.mounted = isolate_workdir(self.folder, self.layers(), self.mounted.idmap, self.workdir)
 
     def close(self) -> None:
-        rootfs.unmount_root(self.session.root)
+        rootfs.unmount_root(self.folder)
+
+
+class VerifierImage(Image):
+    """A separate verifier's root (Harbor's ``environment_mode = "separate"``, SPEC §23): an image's,
+    mounted in a folder of the session of its own, never the agent's root. Its commands get the
+    session's HOME and /tmp (reset for the tests, as a shared verifier's) and its working directory
+    in the image, but not the session's repo/, which the agent could write: nothing of the agent's
+    reaches it but the artifacts the executor copies in."""
+
+    def writable(self) -> tuple[Path, ...]:
+        return (self.session.home, self.session.tmp)
 
 
 def mount_image(

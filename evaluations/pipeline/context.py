@@ -81,6 +81,12 @@ class Context:
     # SPEC §23: the environment's network namespace, once its first process or healthcheck needs one
     # (pipeline/services.py): every task command's sandbox joins it, as a container's processes share one.
     netns: SharedNetwork | None = None
+    # SPEC §23: a separate verifier's environment, prepared with the agent's (pipeline/imageenv.py), which
+    # becomes ``env`` as the tests begin (pipeline/collect.py), its memory limit, and where each kept
+    # artifact goes in it (listed path -> artifacts.Placement).
+    verifier_env: BaseEnvironment | None = None
+    verifier_memory_mb: int | None = None
+    placed: dict = field(default_factory=dict)
 
     def stage(self, **fields) -> None:
         """A step's results for the evaluation's row, written with the next transition or the end

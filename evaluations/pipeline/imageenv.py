@@ -16,6 +16,9 @@ reference pulled and ``rewritten_from`` the task's; a Dockerfile's record lists 
 
 from __future__ import annotations
 
+import math
+import os
+from dataclasses import replace
 from pathlib import Path
 
 from evaluations import environments, languages, livelog
@@ -46,14 +49,15 @@ def choose_environment(config: Config, task) -> environments.Environment | None:
 
 def preparing_environment(ctx: Context) -> None:
     spec = ctx.task.environment
-    if isinstance(spec, ImageEnvironment):
-        _image(ctx, spec)
-    else:
-        _named(ctx)
+    record = _image(ctx, spec) if isinstance(spec, ImageEnvironment) else _named(ctx)
+    ctx.stage(environment=record)
     _check_programs(ctx)
+    verifier = _separate_verifier(ctx)
+    if verifier is not None:  # SPEC §23: the verifier's own image beside the agent's
+        ctx.stage(environment={**record, "verifier": verifier})
 
 
-def _named(ctx: Context) -> None:
+def _named(ctx: Context) -> dict:
     try:
         environment = choose_environment(ctx.config, ctx.task)
     except environments.BadEnvironment as exc:
@@ -68,33 +72,76 @@ def _named(ctx: Context) -> None:
     else:
         ctx.env = kinds.Named(ctx.session, ctx.spawner, environment)
         record = {"kind": "name", "ref": environment.name, "digest": None, "cached": True}
-    ctx.stage(environment=record)
+    return record
 
 
-def _image(ctx: Context, spec: ImageEnvironment) -> None:
-    config = ctx.config
+def _image(ctx: Context, spec: ImageEnvironment) -> dict:
     if not ctx.runtime.isolated or ctx.session.uid is None:
         raise StepFailed(
             f"image {spec.ref} needs the sandbox and the service running as root (user namespaces, mounts); "
             "this executor has neither",
             kind=ErrorKind.INFRASTRUCTURE,
         )
+    # SPEC §16: no repository, the image's WorkingDir is the workspace
+    ctx.env, result = _prepare(ctx, spec, kinds.Image, ctx.config, ctx.session.root, ctx.eval_id, ctx.task.repo is None,
+                               agent_user=ctx.task.request.agent_user)  # fmt: skip
+    livelog.append_text(ctx.session.log, f"image {spec.ref}: {result.record.digest}{_cached(result)}\n")
+    return _record(spec, result)
+
+
+def _separate_verifier(ctx: Context) -> dict | None:
+    """Harbor's ``[verifier] environment_mode = "separate"`` (SPEC §23): the verifier's image, pulled or
+    built as the agent's is (the same store, cache and build; [verifier.environment] build_timeout_sec
+    capped by BUILD_TIMEOUT_SECS), and its root mounted in ``verifier-image/`` of the session (as the
+    agent's is in the session: bound by no sandbox of the agent's), working in its own WorkingDir (the
+    task's workdir over it). It becomes the task's environment as the tests begin (collect.enter_separate)."""
+    separate = ctx.task.verifier.separate if ctx.task.verifier is not None else None
+    if separate is None:
+        return None
+    spec = separate.environment
+    folder = ctx.session.verifier_image
+    try:
+        folder.mkdir(mode=0o700)
+        os.chown(folder, os.geteuid(), ctx.session.uid)
+        os.chmod(folder, 0o710)  # as the session's: the sandbox (its uid) passes to the root, nobody lists it
+    except OSError as exc:
+        raise StepFailed(f"could not make the verifier's folder: {exc}", kind=ErrorKind.INFRASTRUCTURE) from None
+    asked = separate.build_timeout_secs
+    limit = ctx.config.build_timeout_secs
+    config = replace(ctx.config, build_timeout_secs=limit if asked is None else max(1, min(limit, math.ceil(asked))))
+    env, result = _prepare(ctx, spec, kinds.VerifierImage, config, folder, f"{ctx.eval_id}.verifier", True,
+                           what="the verifier's image")  # fmt: skip
+    ctx.verifier_env = env
+    try:
+        env.check_programs({"bash": "the shell of the verifier's tests/test.sh"})
+    except environments.BadEnvironment as exc:
+        raise StepFailed(f"the verifier's {exc}") from None
+    livelog.append_text(ctx.session.log, f"verifier image {spec.ref}: {result.record.digest}{_cached(result)}\n")
+    return _record(spec, result)
+
+
+def _prepare(ctx: Context, spec: ImageEnvironment, env_class, config: Config, folder: Path, holder: str,
+             in_workdir: bool, *, what: str = "", agent_user: str | None = None) -> tuple[kinds.Image, object]:  # fmt: skip
+    """``spec`` pulled or built into the store, pinned for the evaluation (``holder``: no eviction takes
+    it meanwhile), and its root mounted in ``folder`` (``<folder>/rootfs``), the task's workdir over
+    its WorkingDir: an environment of ``env_class`` and the pull's or build's result. ``what`` names
+    the image in an error sentence when it is not the agent's; ``agent_user``: its map's user (the
+    lease) instead of its User ([agent] user, SPEC §23)."""
     store = ImageStore.of(config)  # IMAGES_DIR (default DATA_DIR/images), evicting down to IMAGES_MAX_BYTES
     progress = _progress(ctx)
     try:
         if spec.image is not None:
             result = pull(spec.image, store=store, config=config, progress=progress, cancelled=ctx.cancel.is_set)
         else:
-            result = _build(ctx, spec, store, progress)
+            result = _build(ctx, spec, store, progress, config)
         record = result.record
-        ctx.closing.enter_context(store.pin(record.digest, ctx.eval_id))  # no eviction takes it meanwhile
+        ctx.closing.enter_context(store.pin(record.digest, holder))
         store.touch(record.digest)
         image_config = dict(record.config or {})
         if spec.workdir:  # Harbor's [environment] workdir: the task's, over the image's
             image_config["WorkingDir"] = spec.workdir
-        request = ctx.task.request
-        mounted = _mount(ctx, store, record, image_config.get("WorkingDir") or "/", request.agent_user)
-        ctx.env = kinds.Image(
+        mounted = _mount(ctx, store, record, image_config.get("WorkingDir") or "/", folder, agent_user)
+        env = env_class(
             ctx.session,
             ctx.spawner,
             ref=spec.ref,
@@ -102,20 +149,24 @@ def _image(ctx: Context, spec: ImageEnvironment) -> None:
             config=image_config,
             mounted=mounted,
             store=store,
-            in_workdir=ctx.task.repo is None,  # SPEC §16: no repository, the image's WorkingDir is the workspace
-            users=_users(mounted, request, image_config),
+            in_workdir=in_workdir,
+            users=_users(mounted, ctx.task.request.verifier_user, image_config),
+            folder=folder,
         )
-        if ctx.env.users:
-            ctx.session.let_image_users_pass()
-        ctx.closing.callback(ctx.env.close)
+        ctx.closing.callback(env.close)
+        if env.users:
+            ctx.session.let_image_users_pass(folder)
     except ImageError as exc:
         ctx.check_cancelled()  # a pull or build stopped by the evaluation's cancel ends as the cancel does
-        raise StepFailed(str(exc), kind=exc.kind) from None
+        raise StepFailed(f"{what}: {exc}" if what else str(exc), kind=exc.kind) from None
     except OSError as exc:
-        kind = ErrorKind.INFRASTRUCTURE
-        raise StepFailed(f"could not prepare image {spec.ref}: {exc}", kind=kind) from None
-    livelog.append_text(ctx.session.log, f"image {spec.ref}: {record.digest}{' (cached)' if result.cached else ''}\n")
-    ctx.stage(environment=_record(spec, result))
+        shown = f"{what} {spec.ref}" if what else f"image {spec.ref}"
+        raise StepFailed(f"could not prepare {shown}: {exc}", kind=ErrorKind.INFRASTRUCTURE) from None
+    return env, result
+
+
+def _cached(result) -> str:
+    return " (cached)" if result.cached else ""
 
 
 def _record(spec: ImageEnvironment, result) -> dict:
@@ -128,11 +179,10 @@ def _record(spec: ImageEnvironment, result) -> dict:
     return record
 
 
-def _build(ctx: Context, spec: ImageEnvironment, store: ImageStore, progress) -> build.BuildResult:
+def _build(ctx: Context, spec: ImageEnvironment, store: ImageStore, progress, config: Config) -> build.BuildResult:
     """The task's Dockerfile built as ``manage.py image build`` builds one: every RUN through the
     sandbox as this evaluation's uid, root in name only over its id range, egress through this
     evaluation's proxy (BUILD_NETWORK), within BUILD_TIMEOUT_SECS."""
-    config = ctx.config
     lease = ctx.session.uid
     network = config.build_network == "on" and ctx.egress is not None
     ca = ctx.trusted_ca
@@ -156,32 +206,31 @@ def _build(ctx: Context, spec: ImageEnvironment, store: ImageStore, progress) ->
     )
 
 
-def _users(mounted, request, image_config: dict) -> dict[str, tuple[int, int]]:
+def _users(mounted, verifier_user: str | None, image_config: dict) -> dict[str, tuple[int, int]]:
     """The uid and gid inside of the verifier (``[verifier] user``, else the image's User, as Harbor
     0.25 runs it) and of the image's User (its entrypoint, its healthcheck), each where it is not
     the agent's user (the map's: the lease). SPEC §23."""
     image_user = image_config.get("User") or "root"
     ids = {kinds.IMAGE_USER: kinds.user_ids(mounted, image_user)}
     try:
-        ids[kinds.VERIFIER_USER] = kinds.user_ids(mounted, request.verifier_user or image_user)
+        ids[kinds.VERIFIER_USER] = kinds.user_ids(mounted, verifier_user or image_user)
     except ImageError as exc:
-        if request.verifier_user:
-            raise ImageError(
-                f"task.toml: [verifier] user {request.verifier_user!r} cannot run in the image: {exc}"
-            ) from None
+        if verifier_user:
+            raise ImageError(f"task.toml: [verifier] user {verifier_user!r} cannot run in the image: {exc}") from None
         raise
     agent = (mounted.idmap.user, mounted.idmap.group)
     return {name: found for name, found in ids.items() if found != agent}
 
 
-def _mount(ctx: Context, store, record, workdir: str, agent_user: str | None):
-    """The image's root for this evaluation, its User (or [agent] user) the evaluation's uid (runtime/idmap.py)."""
+def _mount(ctx: Context, store, record, workdir: str, folder: Path, agent_user: str | None):
+    """The image's root for this evaluation in ``folder``, its User (or [agent] user) the evaluation's
+    uid (runtime/idmap.py)."""
     config = ctx.config
     ca = ctx.trusted_ca
     return kinds.mount_image(
         store,
         record,
-        ctx.session.root,
+        folder,
         lease=ctx.session.uid,
         id_base=image_id_base(config.image_uid_base, ctx.session.uid, config.sandbox_uid),
         workdir=workdir,
@@ -241,7 +290,7 @@ def executor_made(ctx: Context) -> tuple[str, ...]:
     """What the executor and the sandbox put in the image's root (mount points, the host's CAs),
     relative to the root: not the agent's (/logs/verifier: the mount point of verifier.agent_mounts)."""
     made = ["tmp", "proc", "dev", "sys", "run/term-executor", DISTRIBUTION_CA_BUNDLE, BUNDLE_TARGET, SANDBOX_SOCKET]
-    made.append("logs/verifier")
+    made += ["logs/verifier", "logs/artifacts"]
     made.append(str(ctx.config.workspace_base))
     return tuple(path.strip("/") for path in made)
 

@@ -12,6 +12,8 @@ tmp/      /tmp (and TMPDIR) of every command, so it counts against the disk quot
 tests/    test scripts, written by the executor after the agent step
 saved/    root only: HOME and venv/ as the install step left them, given back to the tests
 agent-logs/  /logs/agent in an image (SPEC §17): the sandbox uid's; what the agent leaves there is kept
+agent-artifacts/  /logs/artifacts in an image (SPEC §23): as agent-logs/, collected with the task's artifacts
+verifier-image/   root's, 0710 as the session's: a separate verifier's root (SPEC §23), mounted there (pipeline/imageenv.py)
 verifier/ root's: tests/ (the verifier's /tests) and logs/ (its /logs/verifier, the sandbox uid's),
           written after the agent (pipeline/verifier.py); in an image first the agent's empty
           /logs/verifier, removed with what the agent left there when the verifier's is made
@@ -82,6 +84,14 @@ class Session:
         return self.root / "verifier"
 
     @property
+    def agent_artifacts(self) -> Path:
+        return self.root / "agent-artifacts"
+
+    @property
+    def verifier_image(self) -> Path:
+        return self.root / "verifier-image"
+
+    @property
     def home(self) -> Path:
         return self.root / "home"
 
@@ -128,12 +138,14 @@ class Session:
         session.log.touch(mode=0o600)
         return session
 
-    def let_image_users_pass(self) -> None:
-        """The session's folder traversable (not listable) by every id, for an image whose verifier
-        runs as another user than the agent (SPEC §23): bubblewrap sets its sandbox up as that user's
-        id of the evaluation's range, which is not the lease the folder's group lets pass. Only
-        bubblewrap ever looks: no command of any evaluation has this host path in its view."""
-        os.chmod(self.root, 0o711)
+    def let_image_users_pass(self, folder: Path) -> None:
+        """The session's folder, and ``folder`` in it where an image's root is mounted, traversable
+        (not listable) by every id, for an image whose commands run as more users than the agent's
+        (SPEC §23): bubblewrap sets a sandbox up as its user's id of the evaluation's range, which is
+        not the lease the folders' group lets pass. Only bubblewrap ever looks: no command of any
+        evaluation has these host paths in its view."""
+        for each in {self.root, Path(folder)}:
+            os.chmod(each, 0o711)
 
     def keep_install_home(self) -> None:
         """After the install step: keep HOME and the venv for the tests (root only), give the agent copies.

@@ -14,6 +14,7 @@ from evaluations.network import urlguard
 from evaluations.pipeline import (
     archive,
     boundfolder,
+    collect,
     gitrepo,
     grading_sandbox,
     imageenv,
@@ -336,6 +337,7 @@ def running_tests(ctx: Context) -> None:
     ctx.spawner.sweep()
     if not ctx.reset_for_tests:  # else done after the agent, the tests' sandbox started then (_tests_ahead)
         _reset_for_tests(ctx)
+    collect.enter_separate(ctx)  # SPEC §23: a separate verifier's environment, the artifacts copied in
     try:
         # The task's file wins over whatever the agent left at its path (a folder, a link, a
         # FIFO, a file where a folder goes), as it does over a regular file: the tests run with

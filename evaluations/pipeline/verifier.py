@@ -34,14 +34,23 @@ from evaluations.grading.base import VerifierRun
 from evaluations.models import ErrorKind
 from evaluations.network.egress.policy import parse_rules
 from evaluations.network.egress.relay import RELAY_SHELL
-from evaluations.pipeline import imageenv
+from evaluations.pipeline import collect, imageenv
 from evaluations.pipeline.context import Context, StepFailed
 from evaluations.runtime import Mount
 from evaluations.safefs import SafeFSError, remove_tree_nofollow, write_file_nofollow
-from evaluations.tasks.spec import AGENT, ALLOWLIST, ENVIRONMENT, NO_NETWORK, VERIFIER, NetworkRequest, SupportFile
+from evaluations.tasks.spec import (
+    AGENT,
+    AGENT_LOGS,
+    ALLOWLIST,
+    ARTIFACTS_DIR,
+    ENVIRONMENT,
+    NO_NETWORK,
+    VERIFIER,
+    VERIFIER_LOGS,
+    NetworkRequest,
+    SupportFile,
+)
 
-AGENT_LOGS = "/logs/agent"
-VERIFIER_LOGS = "/logs/verifier"
 TESTS = "/tests"
 
 
@@ -85,6 +94,9 @@ def apply_request(ctx: Context) -> None:
         **_network_limits("agent_", request.phase_network(AGENT)),
         **_network_limits("verifier_", request.phase_network(VERIFIER)),
     }
+    separate = task.verifier.separate if task.verifier is not None else None
+    if separate is not None:  # SPEC §23: its environment's own memory ([verifier.environment], else [environment]'s)
+        ctx.verifier_memory_mb = limits["verifier_memory_mb"] = capped(separate.memory_mb, config.memory_limit_mb)
     ctx.stage(task_format=task.format, limits_applied=limits, task_metadata=task.metadata)
 
 
@@ -129,26 +141,33 @@ def phase_egress(ctx: Context, phase: str) -> None:
 
 
 def agent_mounts(ctx: Context) -> list[Mount]:
-    """In an image: /logs/agent, writable (the session's agent-logs/, counted by its disk quota), and
-    /logs/verifier, empty and writable (verifier/logs, made fresh: removed with what the agent left in
-    it when ``run_verifier`` makes the verifier's)."""
+    """In an image: /logs/agent and /logs/artifacts, writable (the session's agent-logs/ and
+    agent-artifacts/, counted by its disk quota), and /logs/verifier, empty and writable
+    (verifier/logs, made fresh: removed with what the agent left in it when ``run_verifier`` makes the
+    verifier's)."""
     if not ctx.env.agent_logs:
         return []
-    folder = ctx.session.agent_logs
-    if not folder.exists():
-        folder.mkdir(mode=0o755)
-        os.chown(folder, ctx.session.uid, ctx.session.uid)
+    for folder in (ctx.session.agent_logs, ctx.session.agent_artifacts):
+        if not folder.exists():
+            folder.mkdir(mode=0o755)
+            os.chown(folder, ctx.session.uid, ctx.session.uid)
     _tests, logs = _verifier_folders(ctx, [], owner=(ctx.session.uid, ctx.session.uid))  # the agent's, here
-    _mount_point(ctx, AGENT_LOGS)
-    _mount_point(ctx, VERIFIER_LOGS)
-    return [Mount(folder, AGENT_LOGS, writable=True), Mount(logs, VERIFIER_LOGS, writable=True)]
+    for target in (AGENT_LOGS, ARTIFACTS_DIR, VERIFIER_LOGS):
+        _mount_point(ctx, target)
+    return [
+        Mount(ctx.session.agent_logs, AGENT_LOGS, writable=True),
+        Mount(ctx.session.agent_artifacts, ARTIFACTS_DIR, writable=True),
+        Mount(logs, VERIFIER_LOGS, writable=True),
+    ]
 
 
 def after_agent(ctx: Context) -> None:
-    """With no process of the agent alive: what it changed outside its folder, and its artifacts."""
+    """With no process of the agent alive: what it changed outside its folder, and its artifacts:
+    /logs/agent's files, and /logs/artifacts' and the task's ``artifacts`` (collect.sources)."""
     if not ctx.env.agent_logs:
         return
-    kept = artifacts.keep(ctx.eval_id, ctx.session.agent_logs, ctx.config, owner_uid=ctx.session.uid)
+    kept = artifacts.keep_sources(ctx.eval_id, collect.sources(ctx), ctx.config)
+    ctx.placed = kept.placed  # what a separate verifier finds, at the same paths (collect.place)
     if kept.artifacts or kept.omitted or kept.error:
         livelog.append_text(ctx.session.log, livelog.executor_line(kept.summary()))
     ctx.stage(system_changes=imageenv.system_changes(ctx), artifacts=kept.artifacts)
@@ -172,8 +191,10 @@ def run_verifier(ctx: Context, env: dict[str, str]) -> VerifierRun:
     if verifier.isolated:
         _isolate(ctx)
     tests, logs = _verifier_folders(ctx, verifier.files)
-    mounts = [Mount(tests, TESTS), Mount(logs, VERIFIER_LOGS, writable=True)]
-    if ctx.env.agent_logs and ctx.session.agent_logs.exists():
+    mounts = [Mount(logs, VERIFIER_LOGS, writable=True)]
+    if verifier.separate is None or not verifier.separate.bundled:  # a bundled image's /tests is its own
+        mounts.insert(0, Mount(tests, TESTS))
+    if verifier.separate is None and ctx.env.agent_logs and ctx.session.agent_logs.exists():
         mounts.append(Mount(ctx.session.agent_logs, AGENT_LOGS))  # what the agent left, read-only
     for mount in mounts:
         _mount_point(ctx, mount.target)

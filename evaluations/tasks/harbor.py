@@ -13,6 +13,8 @@ import tomllib
 from pathlib import Path
 from typing import NoReturn
 
+from evaluations.artifacts import UnsafeName
+from evaluations.artifacts import check_path as check_artifact_path
 from evaluations.grading.tbparsers import swebench_from_config
 from evaluations.network.egress.policy import parse_rule
 from evaluations.tasks.compose import bound_folder, service_argv, service_workdir, single_service
@@ -35,13 +37,17 @@ from evaluations.tasks.readers import (
 )
 from evaluations.tasks.spec import (
     ALLOWLIST,
+    ARTIFACTS_DIR,
     NETWORK_MODES,
     NO_NETWORK,
     PUBLIC,
+    VERIFIER_LOGS,
+    ArtifactEntry,
     FirstProcess,
     Healthcheck,
     ImageEnvironment,
     NetworkRequest,
+    SeparateVerifier,
     SupportFile,
     TaskError,
     TaskRequest,
@@ -136,11 +142,13 @@ def load(root: Path, limits: TaskLimits) -> TaskSpec:
     verifier_table = config.table("verifier")
     environment_table = config.table("environment")
     environment, env, request = _harbor_environment(root, environment_table)
+    verifier, verifier_baseline = _harbor_verifier(root, verifier_table, environment, env, request["memory_mb"])
     request = TaskRequest(
         agent_timeout_secs=agent.number("timeout_sec"),
         verifier_timeout_secs=verifier_table.number("timeout_sec"),
         agent_network=_phase_network(agent),  # SPEC §23: each phase may override [environment]'s
-        verifier_network=_phase_network(verifier_table),
+        # Harbor's verifier phase: [verifier]'s own, else a separate verifier's environment's
+        verifier_network=_phase_network(verifier_table) or verifier_baseline,
         agent_user=_user(agent),  # SPEC §23: the image's User when absent, for both
         verifier_user=_user(verifier_table),
         **request,
@@ -149,7 +157,7 @@ def load(root: Path, limits: TaskLimits) -> TaskSpec:
     if grader not in HARBOR_GRADERS:
         shown = repr(grader) if isinstance(grader, str) else type_name(grader)
         raise TaskError(f"task.toml: [verifier] grader must be one of {', '.join(HARBOR_GRADERS)}, got {shown}")
-    verifier = _harbor_verifier(root, verifier_table)
+    collected = _artifacts(config)
     solution, solution_files = _harbor_solution(root)
     solution_env = _literal_env(config.table("solution").table("env"))
     prompt = read_text(
@@ -180,6 +188,7 @@ def load(root: Path, limits: TaskLimits) -> TaskSpec:
         swebench=swebench,
         workdir_files=bound.agent_files if bound else None,
         support_files=bound.test_files if bound else [],
+        artifacts=collected,
     )
 
 
@@ -289,18 +298,7 @@ def _read_toml(path: Path) -> dict:
 
 def _harbor_environment(root: Path, table: _Table) -> tuple[ImageEnvironment, dict, dict]:
     """The image, the task's environment variables and the [environment] part of the request."""
-    task_os = table.take("os", "linux")
-    if not isinstance(task_os, str) or task_os.lower() not in ("linux", "windows"):
-        raise TaskError(f"{table.where('os')} must be linux or windows, got {task_os!r}")
-    if task_os.lower() == "windows":
-        raise TaskError("task.toml: [environment] os = 'windows': Windows tasks cannot run here (Linux only)")
-    gpus = table.take("gpus")
-    if gpus is not None and (not isinstance(gpus, int) or isinstance(gpus, bool) or gpus < 0):
-        raise TaskError(f"{table.where('gpus')} must be a whole number, got {type_name(gpus)}")
-    if gpus:
-        raise TaskError(f"task.toml: [environment] gpus = {gpus}: this executor has no GPUs")
-    if table.take("tpu") is not None:
-        raise TaskError("task.toml: [environment] tpu: this executor has no TPUs")
+    _linux_only(table)
     image = table.take("docker_image")
     if image is not None:
         where = table.where("docker_image")
@@ -321,6 +319,22 @@ def _harbor_environment(root: Path, table: _Table) -> tuple[ImageEnvironment, di
     }
     env = _literal_env(table.table("env"))
     return environment, env, {**request, "network": _environment_network(table)}
+
+
+def _linux_only(table: _Table) -> None:
+    """An environment table's ``os``, ``gpus`` and ``tpu``: Linux without accelerators, or a refusal."""
+    task_os = table.take("os", "linux")
+    if not isinstance(task_os, str) or task_os.lower() not in ("linux", "windows"):
+        raise TaskError(f"{table.where('os')} must be linux or windows, got {task_os!r}")
+    if task_os.lower() == "windows":
+        raise TaskError(f"{table.where('os')} = 'windows': Windows tasks cannot run here (Linux only)")
+    gpus = table.take("gpus")
+    if gpus is not None and (not isinstance(gpus, int) or isinstance(gpus, bool) or gpus < 0):
+        raise TaskError(f"{table.where('gpus')} must be a whole number, got {type_name(gpus)}")
+    if gpus:
+        raise TaskError(f"{table.where('gpus')} = {gpus}: this executor has no GPUs")
+    if table.take("tpu") is not None:
+        raise TaskError(f"{table.where('tpu')}: this executor has no TPUs")
 
 
 def _workdir(table: _Table) -> str | None:
@@ -482,24 +496,160 @@ def _literal_env(table: _Table) -> dict[str, str]:
     return env
 
 
-def _harbor_verifier(root: Path, table: _Table) -> Verifier:
-    mode = table.take("environment_mode")
-    if mode not in (None, "shared"):
-        raise TaskError(
-            f"task.toml: [verifier] environment_mode = {mode!r} is not supported here: the tests run on the "
-            "file system the agent left ([verifier] isolated = true: on the image and the working directory only)"
-        )
-    if table.take("environment") is not None:
-        raise TaskError("task.toml: [verifier.environment] (a verifier container of its own) is not supported here")
+def _harbor_verifier(
+    root: Path, table: _Table, environment: ImageEnvironment, env: dict[str, str], memory_mb: int | None
+) -> tuple[Verifier, NetworkRequest | None]:
+    """[verifier]: its tests, variables, and where it runs (Harbor's ``VerifierConfig``); with a
+    separate verifier, also its environment's network (the verifier phase's unless [verifier] says)."""
     if not is_folder(root / "tests", "tests"):
         raise TaskError("task has no tests/test.sh (required)")
     regular_file(root / "tests" / "test.sh", "tests/test.sh", required=True)
-    return Verifier(
+    isolated = bool(table.boolean("isolated"))
+    separate, network = _separate_verifier(root, table, environment, env, memory_mb)
+    if separate is not None and isolated:
+        raise TaskError(
+            "task.toml: [verifier] isolated = true goes with a verifier on the agent's file system, not with "
+            "environment_mode = 'separate' (which sees only the artifacts already)"
+        )
+    verifier = Verifier(
         script="test.sh",
         files=folder_files(root / "tests", "tests"),
         env=_literal_env(table.table("env")),
-        isolated=bool(table.boolean("isolated")),
+        isolated=isolated,
+        separate=separate,
     )
+    return verifier, network
+
+
+def _separate_verifier(
+    root: Path, table: _Table, environment: ImageEnvironment, env: dict[str, str], memory_mb: int | None
+) -> tuple[SeparateVerifier | None, NetworkRequest | None]:
+    """``environment_mode`` and [verifier.environment], as Harbor resolves them (``verifier_mode.py``):
+    ``separate`` when asked, or when [verifier.environment] is there and no mode is named; its image
+    [verifier.environment] docker_image, else tests/Dockerfile (context tests/), else the task's own
+    environment afresh. Without [verifier.environment] it is a copy of [environment] (its workdir, env,
+    memory, network); with one, that table's alone (its network ``public`` unless it says, as Harbor's default)."""
+    mode = table.take("environment_mode")
+    if mode is not None and mode not in ("shared", "separate"):
+        shown = repr(mode) if isinstance(mode, str) else type_name(mode)
+        raise TaskError(f"{table.where('environment_mode')} must be 'shared' or 'separate', got {shown}")
+    own = "environment" in table.data
+    if mode == "shared" and own:
+        raise TaskError(
+            "task.toml: [verifier] environment_mode = 'shared' goes with no [verifier.environment] (the verifier "
+            "runs in the agent's environment); remove the table or set environment_mode = 'separate'"
+        )
+    if mode != "separate" and not own:
+        return None, None
+    if regular_file(root / "tests" / "docker-compose.yaml", "tests/docker-compose.yaml", required=False):
+        raise TaskError("tests/docker-compose.yaml: a verifier of several compose services is not supported here")
+    if not own:
+        image, bundled = _verifier_image(root, None, environment)
+        return SeparateVerifier(environment=image, bundled=bundled, env=env, memory_mb=memory_mb), None
+    config = table.table("environment")
+    _linux_only(config)
+    image, bundled = _verifier_image(root, config, environment)
+    separate = SeparateVerifier(
+        environment=dataclasses.replace(image, workdir=_workdir(config)),
+        bundled=bundled,
+        env=_literal_env(config.table("env")),
+        memory_mb=_megabytes(config, "memory"),
+        build_timeout_secs=config.number("build_timeout_sec"),
+    )
+    config.number("cpus")  # checked, and recorded as [environment]'s is: no CPU quota here
+    _megabytes(config, "storage")  # checked: the evaluation's disk quota covers both roots (docs/harbor.md)
+    return separate, _environment_network(config) or NetworkRequest()
+
+
+def _verifier_image(root: Path, config: _Table | None, environment: ImageEnvironment) -> tuple[ImageEnvironment, bool]:
+    """The separate verifier's image and whether it brings its own /tests (Harbor's ``bundled_tests``)."""
+    image = config.take("docker_image") if config is not None else None
+    if image is not None:
+        where = config.where("docker_image")
+        return image_environment(image, where, where), True
+    if regular_file(root / "tests" / "Dockerfile", "tests/Dockerfile", required=False):
+        return ImageEnvironment(dockerfile="tests/Dockerfile", context="tests"), True
+    return environment, False  # [environment]'s workdir with it, unless [verifier.environment] has its own
+
+
+def _artifacts(config: _Table) -> tuple[ArtifactEntry, ...]:
+    """The top-level ``artifacts`` (Harbor's ``list[str | ArtifactConfig]``): paths, or tables of
+    ``source``, ``destination`` and ``service``; each checked as Harbor checks it, and as the listed
+    name of what it collects must be (artifacts.check_path). /logs/artifacts is collected whatever it says."""
+    value = config.take("artifacts", [])
+    if not isinstance(value, list):
+        raise TaskError(f"task.toml: artifacts must be a list of paths or {{source, destination}} tables, "
+                        f"got {type_name(value)}")  # fmt: skip
+    entries: list[ArtifactEntry] = []
+    for index, item in enumerate(value):
+        where = f"task.toml: artifacts[{index}]"
+        if isinstance(item, str):
+            item = {"source": item}
+        if not isinstance(item, dict):
+            raise TaskError(f"{where} must be a path or a table with a source, got {type_name(item)}")
+        entry = _artifact(where, item)
+        if _within(entry.source, VERIFIER_LOGS) or _within(entry.source, "/tests"):
+            raise TaskError(f"{where} source {entry.source!r} is the verifier's own folder, not the agent's")
+        if _within(entry.source, ARTIFACTS_DIR) and entry.destination is None:
+            continue  # collected at its own place with /logs/artifacts already (Harbor's "covered")
+        if all(entry.listed != other.listed for other in entries):
+            entries.append(entry)
+    return tuple(entries)
+
+
+def _within(path: str, folder: str) -> bool:
+    return path == folder or path.startswith(folder + "/")
+
+
+def _artifact(where: str, item: dict) -> ArtifactEntry:
+    source = item.get("source")
+    if source is None:
+        raise TaskError(f"{where} needs a source: a path in the agent's environment (as /app/out.txt)")
+    if not isinstance(source, str) or not source.strip("/ "):
+        shown = repr(source) if isinstance(source, str) else type_name(source)
+        raise TaskError(f"{where} source must be a path in the agent's environment (as /app/out.txt), got {shown}")
+    if CONTROL_CHARS.search(source.replace(" ", "")) or "\\" in source:
+        raise TaskError(f"{where} source {source[:100]!r} has a control character or a backslash")
+    if ".." in source.split("/"):
+        raise TaskError(f"{where} source must not contain '..' components, got {source[:100]!r}")
+    service = item.get("service")
+    if service is not None and not isinstance(service, str):
+        raise TaskError(f"{where} service must be a compose service's name, got {type_name(service)}")
+    if service not in (None, "main"):
+        raise TaskError(
+            f"{where} service = {service[:60]!r}: collecting from a compose service other than main is not "
+            "supported here (the agent's environment is its only one)"
+        )
+    exclude = item.get("exclude", [])
+    if not isinstance(exclude, list) or not all(isinstance(pattern, str) for pattern in exclude):
+        raise TaskError(f"{where} exclude must be a list of patterns, got {type_name(exclude)}")
+    if exclude:
+        raise TaskError(f"{where} exclude: leaving parts of an artifact out by pattern is not supported here")
+    destination = _artifact_destination(where, item.get("destination"))
+    entry = ArtifactEntry(source=posixpath.normpath("/" + source.lstrip("/")), destination=destination)
+    try:
+        check_artifact_path(entry.listed)
+    except UnsafeName as exc:
+        raise TaskError(f"{where} cannot be listed as {entry.listed[:100]!r}: {exc}") from None
+    return entry
+
+
+def _artifact_destination(where: str, value: object) -> str | None:
+    """Harbor's checks of ``destination``: a relative path, forward slashes, no ``..``, not ``manifest.json``."""
+    if value is None or value == "":
+        return None
+    if not isinstance(value, str):
+        raise TaskError(f"{where} destination must be a relative path, got {type_name(value)}")
+    if "\\" in value:
+        raise TaskError(f"{where} destination must use forward slashes, got {value[:100]!r}")
+    if value.startswith("/"):
+        raise TaskError(f"{where} destination must be a relative path, got {value[:100]!r}")
+    if ".." in value.split("/"):
+        raise TaskError(f"{where} destination must not contain '..' components, got {value[:100]!r}")
+    normal = posixpath.normpath(value)
+    if normal in (".", "manifest.json"):
+        raise TaskError(f"{where} destination {value[:100]!r} names no file, or the reserved manifest.json")
+    return normal
 
 
 def _harbor_solution(root: Path) -> tuple[str | None, list[SupportFile]]:

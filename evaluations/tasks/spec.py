@@ -60,15 +60,50 @@ class ImageEnvironment:
 
 
 @dataclass(frozen=True)
+class SeparateVerifier:
+    """Harbor's ``[verifier] environment_mode = "separate"`` (SPEC §23): the verifier's own image, in a
+    root of its own into which only the collected artifacts are copied, as Harbor's
+    ``resolve_verifier_environment_definition`` chooses it: ``[verifier.environment] docker_image``, else
+    ``tests/Dockerfile`` (context ``tests/``), else the task's own environment, built or pulled afresh."""
+
+    environment: ImageEnvironment  # its image or Dockerfile, and its workdir over the image's WorkingDir
+    # The image's own /tests (a tests/Dockerfile or [verifier.environment] docker_image: Harbor uploads
+    # nothing then); False: the task's tests/ at /tests, as for a shared verifier.
+    bundled: bool
+    env: dict[str, str] = field(default_factory=dict)  # its environment's variables ([verifier.environment.env])
+    memory_mb: int | None = None  # [verifier.environment] memory_mb, capped by MEMORY_LIMIT_MB
+    build_timeout_secs: float | None = None  # [verifier.environment] build_timeout_sec, capped by BUILD_TIMEOUT_SECS
+
+
+@dataclass(frozen=True)
 class Verifier:
     """How a Harbor or Terminal-Bench task's tests run (SPEC §17): after the agent, in a fresh sandbox on
     the file system it left, ``files`` at /tests, /logs/verifier empty, ``bash /tests/<script>`` from the
-    working directory, with ``env`` on top of the task's."""
+    working directory, with ``env`` on top of the task's; or (``separate``) in an environment of its own."""
 
     script: str  # relative to /tests: "test.sh" (Harbor) or "run-tests.sh" (Terminal-Bench 1.x)
     files: list[SupportFile] = field(default_factory=list)  # every file of /tests, the script included
     env: dict[str, str] = field(default_factory=dict)
     isolated: bool = False  # [verifier] isolated: the image plus only the working directory the agent left
+    separate: SeparateVerifier | None = None  # [verifier] environment_mode = "separate"
+
+
+AGENT_LOGS, ARTIFACTS_DIR, VERIFIER_LOGS = "/logs/agent", "/logs/artifacts", "/logs/verifier"  # Harbor's
+ARTIFACTS_LISTED = "artifacts"  # the first name of a collected artifact's listed path (Harbor's trial artifacts/)
+
+
+@dataclass(frozen=True)
+class ArtifactEntry:
+    """What the agent leaves that is collected after it (SPEC §23, Harbor's ``ArtifactConfig``): the file or
+    folder at ``source`` (absolute, normalised) in the agent's environment, listed as ``artifacts/`` plus
+    ``destination`` (relative) or the source's own path, and copied into a separate verifier at ``source``."""
+
+    source: str
+    destination: str | None = None
+
+    @property
+    def listed(self) -> str:
+        return f"{ARTIFACTS_LISTED}/{self.destination or self.source.lstrip('/')}"
 
 
 @dataclass(frozen=True)
@@ -196,6 +231,8 @@ class TaskSpec:
     # SPEC §19: a workspace task's reference solution as a diff of its repository (SWE-Forge's and
     # import_swebench's ``patch``), applied by verify_tasks' gold-patch agent; never the agent's to see.
     patch: str | None = None
+    # SPEC §23: task.toml's top-level ``artifacts``, collected after the agent beside /logs/artifacts
+    artifacts: tuple[ArtifactEntry, ...] = ()
 
 
 def image_task(root: Path, **fields) -> TaskSpec:

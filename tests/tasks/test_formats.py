@@ -436,15 +436,6 @@ def test_harbor_sizes(tmp_path, environment, memory, storage):
         ),
         ("[environment.env]\nN = 1\n", "task.toml: [environment.env] N must be a string, got a number"),
         (
-            '[verifier]\nenvironment_mode = "separate"\n',
-            "task.toml: [verifier] environment_mode = 'separate' is not supported here: the tests run on the file "
-            "system the agent left ([verifier] isolated = true: on the image and the working directory only)",
-        ),
-        (
-            '[verifier.environment]\ndocker_image = "x"\n',
-            "task.toml: [verifier.environment] (a verifier container of its own) is not supported here",
-        ),
-        (
             '[verifier]\ngrader = "exit_code"\n',
             "task.toml: [verifier] grader must be one of reward_file, pytest, swebench, got 'exit_code'",
         ),
