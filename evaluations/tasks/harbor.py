@@ -15,6 +15,7 @@ from typing import NoReturn
 
 from evaluations.grading.tbparsers import swebench_from_config
 from evaluations.network.egress.policy import parse_rule
+from evaluations.tasks import harbor_steps
 from evaluations.tasks.compose import bound_folder, service_workdir, single_service
 from evaluations.tasks.readers import (
     CONTROL_CHARS,
@@ -123,8 +124,8 @@ def load(root: Path, limits: TaskLimits) -> TaskSpec:
     config.string("schema_version")
     config.taken -= {"version", "schema_version"}  # checked, and kept in the metadata
     _package(config)
-    if config.take("steps"):
-        raise TaskError("task.toml: [[steps]] (a multi-step task) is not supported here")
+    entries = config.take("steps")  # [[steps]] (SPEC §23): read by harbor_steps.py once the tables are
+    strategy = config.take("multi_step_reward_strategy") if entries else None
     config.table("metadata")
     agent = config.table("agent")
     verifier_table = config.table("verifier")
@@ -141,15 +142,26 @@ def load(root: Path, limits: TaskLimits) -> TaskSpec:
     if grader not in HARBOR_GRADERS:
         shown = repr(grader) if isinstance(grader, str) else type_name(grader)
         raise TaskError(f"task.toml: [verifier] grader must be one of {', '.join(HARBOR_GRADERS)}, got {shown}")
-    verifier = _harbor_verifier(root, verifier_table)
+    verifier = _harbor_verifier(root, verifier_table, required=not entries)
     solution, solution_files = _harbor_solution(root)
     solution_env = _literal_env(config.table("solution").table("env"))
-    prompt = read_text(
-        root / "instruction.md",
-        "instruction.md",
-        required=True,
-        cap=prompt_cap(limits.max_prompt_bytes, instruction=True),
-    )
+    steps = None
+    if entries:
+        steps = harbor_steps.read(
+            root, entries, strategy, request=request, verifier=verifier, grader=grader,
+            solution=(solution, solution_files), limits=limits,
+        )  # fmt: skip
+        prompt, verifier = steps.prompt, steps.verifier
+    else:
+        prompt = read_text(
+            root / "instruction.md",
+            "instruction.md",
+            required=True,
+            cap=prompt_cap(limits.max_prompt_bytes, instruction=True),
+        )
+    metadata = jsonable(config.rest())
+    if steps is not None and any(steps.kept):
+        metadata["steps"] = steps.kept  # each step's keys not read, in order
     bound = _bound_folder(root, environment)
     swebench = swebench_from_config(verifier.files) if grader == "swebench" else None
     return image_task(
@@ -161,13 +173,14 @@ def load(root: Path, limits: TaskLimits) -> TaskSpec:
         env=env,
         verifier=verifier,
         request=request,
-        metadata=jsonable(config.rest()),
+        metadata=metadata,
         solution=solution,
         solution_files=solution_files,
         solution_env=solution_env,
         swebench=swebench,
         workdir_files=bound.agent_files if bound else None,
         support_files=bound.test_files if bound else [],
+        **({"steps": steps.steps, "reward_strategy": steps.strategy} if steps is not None else {}),
     )
 
 
@@ -407,7 +420,9 @@ def _literal_env(table: _Table) -> dict[str, str]:
     return env
 
 
-def _harbor_verifier(root: Path, table: _Table) -> Verifier:
+def _harbor_verifier(root: Path, table: _Table, *, required: bool = True) -> Verifier:
+    """[verifier] and tests/; ``required``: tests/test.sh must be there (a multi-step task's steps may
+    each bring their own, harbor_steps.py)."""
     mode = table.take("environment_mode")
     if mode not in (None, "shared"):
         raise TaskError(
@@ -417,11 +432,13 @@ def _harbor_verifier(root: Path, table: _Table) -> Verifier:
     if table.take("environment") is not None:
         raise TaskError("task.toml: [verifier.environment] (a verifier container of its own) is not supported here")
     if not is_folder(root / "tests", "tests"):
-        raise TaskError("task has no tests/test.sh (required)")
-    regular_file(root / "tests" / "test.sh", "tests/test.sh", required=True)
+        if required:
+            raise TaskError("task has no tests/test.sh (required)")
+    else:
+        regular_file(root / "tests" / "test.sh", "tests/test.sh", required=required)
     return Verifier(
         script="test.sh",
-        files=folder_files(root / "tests", "tests"),
+        files=folder_files(root / "tests", "tests") if is_folder(root / "tests", "tests") else [],
         env=_literal_env(table.table("env")),
         isolated=bool(table.boolean("isolated")),
     )
