@@ -20,6 +20,7 @@ from evaluations.network.egress import EgressProxy
 from evaluations.network.egress.relay import ensure_socat_bundle
 from evaluations.pipeline import gitrepo
 from evaluations.pipeline.cancel import CancelState, Stop
+from evaluations.pipeline.multistep import TaskSteps
 from evaluations.pipeline.session import Session
 from evaluations.pipeline.warm import WorkspaceCache
 from evaluations.runtime import CommandResult, Limit, Limits, Mount, Runtime, SandboxPolicy, Spawner
@@ -77,6 +78,7 @@ class Context:
     agent_interpreter: str | None = None  # absolute, chosen by downloading_task (pipeline/agentenv.py)
     grade: Grade | None = None  # set by running_tests: what the task's grader made of the tests (evaluations/grading/)
     reset_for_tests: bool = False  # HOME and /tmp already reset after the agent, the tests' sandbox started (steps.py)
+    steps: TaskSteps | None = None  # a task of [[steps]]: their run (pipeline/multistep.py), set by downloading_task
 
     def stage(self, **fields) -> None:
         """A step's results for the evaluation's row, written with the next transition or the end

@@ -27,6 +27,7 @@ import dataclasses
 import math
 import os
 import time
+from pathlib import Path
 
 from evaluations import artifacts, livelog
 from evaluations.grading.base import VerifierRun
@@ -37,7 +38,17 @@ from evaluations.pipeline import imageenv
 from evaluations.pipeline.context import Context, StepFailed
 from evaluations.runtime import Mount
 from evaluations.safefs import SafeFSError, remove_tree_nofollow, write_file_nofollow
-from evaluations.tasks.spec import AGENT, ALLOWLIST, ENVIRONMENT, NO_NETWORK, VERIFIER, NetworkRequest, SupportFile
+from evaluations.tasks.spec import (
+    AGENT,
+    ALLOWLIST,
+    ENVIRONMENT,
+    NO_NETWORK,
+    VERIFIER,
+    NetworkRequest,
+    SupportFile,
+    TaskRequest,
+)
+from executor_project.config import Config
 
 AGENT_LOGS = "/logs/agent"
 VERIFIER_LOGS = "/logs/verifier"
@@ -54,20 +65,7 @@ def apply_request(ctx: Context) -> None:
         ctx.stage(task_format=task.format, task_metadata=task.metadata)
         return
     request = task.request
-    config = ctx.config
-    timeout = ctx.evaluation.timeout_secs or config.agent_timeout_secs
-
-    def capped(asked, limit):
-        return limit if asked is None else max(1, min(limit, math.ceil(asked)))
-
-    ctx.config = dataclasses.replace(
-        config,
-        agent_timeout_secs=capped(request.agent_timeout_secs, min(timeout, config.agent_timeout_secs)),
-        test_timeout_secs=capped(request.verifier_timeout_secs, config.test_timeout_secs),
-        build_timeout_secs=capped(request.build_timeout_secs, config.build_timeout_secs),
-        memory_limit_mb=capped(request.memory_mb, config.memory_limit_mb),
-        disk_quota_mb=capped(request.storage_mb, config.disk_quota_mb),
-    )
+    ctx.config = capped_config(ctx.config, request, ctx.evaluation.timeout_secs)
     applied = ctx.config
     cpus = os.cpu_count() or 1
     limits = {
@@ -85,6 +83,25 @@ def apply_request(ctx: Context) -> None:
         **_network_limits("verifier_", request.phase_network(VERIFIER)),
     }
     ctx.stage(task_format=task.format, limits_applied=limits, task_metadata=task.metadata)
+
+
+def capped_config(config: Config, request: TaskRequest, asked_timeout: int | None) -> Config:
+    """``config`` (the operator's) with ``request``'s timeouts, memory and storage, each capped by it;
+    ``asked_timeout``: the evaluation's own timeout_secs, if it set one. A multi-step task's steps each
+    apply theirs to the same operator's config (pipeline/multistep.py)."""
+    timeout = asked_timeout or config.agent_timeout_secs
+
+    def capped(asked, limit):
+        return limit if asked is None else max(1, min(limit, math.ceil(asked)))
+
+    return dataclasses.replace(
+        config,
+        agent_timeout_secs=capped(request.agent_timeout_secs, min(timeout, config.agent_timeout_secs)),
+        test_timeout_secs=capped(request.verifier_timeout_secs, config.test_timeout_secs),
+        build_timeout_secs=capped(request.build_timeout_secs, config.build_timeout_secs),
+        memory_limit_mb=capped(request.memory_mb, config.memory_limit_mb),
+        disk_quota_mb=capped(request.storage_mb, config.disk_quota_mb),
+    )
 
 
 def _network_limits(prefix: str, network: NetworkRequest) -> dict:
@@ -133,14 +150,24 @@ def agent_mounts(ctx: Context) -> list[Mount]:
     it when ``run_verifier`` makes the verifier's)."""
     if not ctx.env.agent_logs:
         return []
-    folder = ctx.session.agent_logs
-    if not folder.exists():
-        folder.mkdir(mode=0o755)
-        os.chown(folder, ctx.session.uid, ctx.session.uid)
+    folder = agent_logs(ctx)
+    for made in (ctx.session.agent_logs, folder):
+        if not made.exists():
+            made.mkdir(mode=0o755)
+            os.chown(made, ctx.session.uid, ctx.session.uid)
     _tests, logs = _verifier_folders(ctx, [])
     _mount_point(ctx, AGENT_LOGS)
     _mount_point(ctx, VERIFIER_LOGS)
     return [Mount(folder, AGENT_LOGS, writable=True), Mount(logs, VERIFIER_LOGS, writable=True)]
+
+
+def agent_logs(ctx: Context) -> Path:
+    """The session's folder at /logs/agent: agent-logs/, or for a task of [[steps]] agent-logs/<step>/,
+    new for each step (Harbor empties /logs/agent before each step's agent); ``after_agent`` keeps them
+    all, each step's files under its name."""
+    if ctx.steps is None:
+        return ctx.session.agent_logs
+    return ctx.session.agent_logs / ctx.steps.current.name
 
 
 def after_agent(ctx: Context) -> None:
@@ -172,8 +199,8 @@ def run_verifier(ctx: Context, env: dict[str, str]) -> VerifierRun:
         _isolate(ctx)
     tests, logs = _verifier_folders(ctx, verifier.files)
     mounts = [Mount(tests, TESTS), Mount(logs, VERIFIER_LOGS, writable=True)]
-    if ctx.env.agent_logs and ctx.session.agent_logs.exists():
-        mounts.append(Mount(ctx.session.agent_logs, AGENT_LOGS))  # what the agent left, read-only
+    if ctx.env.agent_logs and agent_logs(ctx).exists():
+        mounts.append(Mount(agent_logs(ctx), AGENT_LOGS))  # what the agent left, read-only
     for mount in mounts:
         _mount_point(ctx, mount.target)
     network = verifier_network(ctx)

@@ -150,6 +150,7 @@ def load(root: Path, limits: TaskLimits) -> TaskSpec:
         steps = harbor_steps.read(
             root, entries, strategy, request=request, verifier=verifier, grader=grader,
             solution=(solution, solution_files), limits=limits,
+            readers=harbor_steps.Readers(_Table, _phase_network, _literal_env),
         )  # fmt: skip
         prompt, verifier = steps.prompt, steps.verifier
     else:

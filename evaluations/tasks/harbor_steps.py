@@ -27,10 +27,10 @@ import dataclasses
 import math
 import re
 import unicodedata
+from collections.abc import Callable
 from pathlib import Path
 from typing import NamedTuple
 
-from evaluations.tasks import harbor
 from evaluations.tasks.readers import (
     TaskLimits,
     folder_files,
@@ -57,6 +57,15 @@ _BAD_NAME_CHARS = re.compile(r'[<>:"/\\|?*\x00-\x1f\x7f]')  # Harbor's step_name
 _DEVICE_NAME = re.compile(r"(CON|PRN|AUX|NUL|CONIN\$|CONOUT\$|(?:COM|LPT)[1-9¹²³])", re.IGNORECASE)
 
 
+class Readers(NamedTuple):
+    """harbor.py's readers of task.toml's tables, given by it (this module is below it): ``table`` its
+    ``_Table``, ``phase_network`` and ``literal_env`` as it reads [agent]'s network and [verifier.env]."""
+
+    table: Callable
+    phase_network: Callable
+    literal_env: Callable
+
+
 class Steps(NamedTuple):
     """What a multi-step task's reading gives ``harbor.load``: its steps, how their rewards make the
     task's, the prompt and verifier the task shows (the first step's), and a step's keys not read."""
@@ -78,6 +87,7 @@ def read(
     grader: str,
     solution: tuple[str | None, list[SupportFile]],
     limits: TaskLimits,
+    readers: Readers,
 ) -> Steps:
     """The task's steps, ``entries`` being task.toml's ``steps`` (present and not empty)."""
     if strategy is not None and strategy not in REWARD_STRATEGIES:
@@ -88,9 +98,13 @@ def read(
     if len(entries) > MAX_STEPS:
         raise TaskError(f"task.toml: [[steps]] has {len(entries)} steps, over the {MAX_STEPS} this executor runs")
     if grader != "reward_file":
-        raise TaskError(f"task.toml: [verifier] grader = {grader!r} with [[steps]]: a step is graded by its reward file")
+        raise TaskError(
+            f"task.toml: [verifier] grader = {grader!r} with [[steps]]: a step is graded by its reward file"
+        )
     if verifier.isolated:
-        raise TaskError("task.toml: [verifier] isolated = true with [[steps]]: every step's verifier shares the environment")
+        raise TaskError(
+            "task.toml: [verifier] isolated = true with [[steps]]: every step's verifier shares the environment"
+        )
     if not is_folder(root / "steps", "steps"):
         raise TaskError("task.toml has [[steps]] but the task has no steps/ folder (steps/<name>/instruction.md)")
     steps, kept, seen = [], [], set()
@@ -98,20 +112,24 @@ def read(
         name = entry.get("name")
         label = f"task.toml: [[steps]] #{index + 1}" + (f" ({name[:80]!r})" if isinstance(name, str) else "")
         try:
-            step, rest = _step(root, entry, request=request, verifier=verifier, solution=solution, limits=limits)
+            step, rest = _step(
+                root, entry, readers, request=request, verifier=verifier, solution=solution, limits=limits
+            )
         except TaskError as exc:
             raise TaskError(f"{label}: {str(exc).removeprefix('task.toml: ')}") from None
         key = unicodedata.normalize("NFC", step.name).casefold()
         if key in seen:
-            raise TaskError(f"{label}: name is another step's too (names are compared case- and form-blind, as Harbor does)")
+            raise TaskError(
+                f"{label}: name is another step's too (names are compared case- and form-blind, as Harbor does)"
+            )
         seen.add(key)
         steps.append(step)
         kept.append(rest)
     return Steps(tuple(steps), strategy or MEAN, steps[0].prompt, steps[0].verifier, kept)
 
 
-def _step(root, entry: dict, *, request, verifier, solution, limits) -> tuple[TaskStep, dict]:
-    table = harbor._Table(entry, "steps")
+def _step(root, entry: dict, readers: Readers, *, request, verifier, solution, limits) -> tuple[TaskStep, dict]:
+    table = readers.table(entry, "steps")
     name = _name(table.take("name"))
     for refused in ("healthcheck", "artifacts"):
         if table.take(refused) is not None:
@@ -123,7 +141,9 @@ def _step(root, entry: dict, *, request, verifier, solution, limits) -> tuple[Ta
             raise TaskError(f"[{phase.path}] user: a step's own user is not supported here")
     mode = verifier_table.take("environment_mode")
     if mode not in (None, "shared"):
-        raise TaskError(f"[steps.verifier] environment_mode = {mode!r}: a step's verifier runs in the task's environment here")
+        raise TaskError(
+            f"[steps.verifier] environment_mode = {mode!r}: a step's verifier runs in the task's environment here"
+        )
     for refused in ("environment", "collect"):
         if verifier_table.take(refused) is not None:
             raise TaskError(f"[steps.verifier] {refused} is not supported here")
@@ -131,10 +151,10 @@ def _step(root, entry: dict, *, request, verifier, solution, limits) -> tuple[Ta
         request,
         agent_timeout_secs=agent.number("timeout_sec") or request.agent_timeout_secs,
         verifier_timeout_secs=verifier_table.number("timeout_sec") or HARBOR_VERIFIER_TIMEOUT_SECS,
-        agent_network=harbor._phase_network(agent) or request.agent_network,
-        verifier_network=harbor._phase_network(verifier_table) or request.verifier_network,
+        agent_network=readers.phase_network(agent) or request.agent_network,
+        verifier_network=readers.phase_network(verifier_table) or request.verifier_network,
     )
-    env = {**verifier.env, **harbor._literal_env(verifier_table.table("env"))}
+    env = {**verifier.env, **readers.literal_env(verifier_table.table("env"))}
     min_reward = _min_reward(table)
     folder = root / "steps" / name
     shown = f"steps/{name}"
@@ -211,7 +231,9 @@ def _tests(folder: Path, shown: str, shared: list[SupportFile]) -> list[SupportF
         parts = path.split("/")
         for depth in range(1, len(parts)):
             if "/".join(parts[:depth]) in paths:
-                raise TaskError(f"{shown}/tests/{path} and tests/{'/'.join(parts[:depth])}: a file where the other has a folder")
+                raise TaskError(
+                    f"{shown}/tests/{path} and tests/{'/'.join(parts[:depth])}: a file where the other has a folder"
+                )
     if "test.sh" not in merged:
         raise TaskError(f"the step has no test script: neither {shown}/tests/test.sh nor tests/test.sh exists")
     return [merged[path] for path in sorted(merged)]

@@ -125,66 +125,151 @@ STEP = '[[steps]]\nname = "write"\n'
 @pytest.mark.parametrize(
     ("toml", "files", "message"),
     [
-        ('multi_step_reward_strategy = "max"\n' + STEP, {},
-         "task.toml: multi_step_reward_strategy must be mean or final, got 'max'"),
+        (
+            'multi_step_reward_strategy = "max"\n' + STEP,
+            {},
+            "task.toml: multi_step_reward_strategy must be mean or final, got 'max'",
+        ),
         ("steps = [1]\n", {}, "task.toml: [[steps]] must be an array of tables, got a list"),
         ("steps = 3\n", {}, "task.toml: [[steps]] must be an array of tables, got a number"),
-        ("[[steps]]\nmin_reward = 1\n", {}, "task.toml: [[steps]] #1: [steps] name is required (the step's folder under steps/)"),
+        (
+            "[[steps]]\nmin_reward = 1\n",
+            {},
+            "task.toml: [[steps]] #1: [steps] name is required (the step's folder under steps/)",
+        ),
         ("[[steps]]\nname = 7\n", {}, "task.toml: [[steps]] #1: [steps] name must be a string, got a number"),
-        ('[[steps]]\nname = "a/b"\n', {},
-         "task.toml: [[steps]] #1 ('a/b'): [steps] name 'a/b' is not a portable folder name (no path separators, "
-         "control or reserved characters, device names or trailing dots and spaces; at most 255 bytes)"),
-        ('[[steps]]\nname = ".."\n', {}, "task.toml: [[steps]] #1 ('..'): [steps] name '..' is not a portable folder "
-         "name (no path separators, control or reserved characters, device names or trailing dots and spaces; at "
-         "most 255 bytes)"),
-        (STEP + '[[steps]]\nname = "Write"\n', {"steps/Write/instruction.md": "x\n"},
-         "task.toml: [[steps]] #2 ('Write'): name is another step's too (names are compared case- and form-blind, "
-         "as Harbor does)"),
-        (STEP + '[[steps]]\nname = "gone"\n', {}, "task.toml: [[steps]] #2 ('gone'): name: there is no steps/gone/ "
-         "folder (its instruction.md, tests/ and solution/)"),
-        (STEP + "[steps.agent]\ntimeout_sec = -1\n", {},
-         "task.toml: [[steps]] #1 ('write'): [steps.agent] timeout_sec must be a positive number, got -1"),
-        (STEP + '[steps.verifier]\ntimeout_sec = "1"\n', {},
-         "task.toml: [[steps]] #1 ('write'): [steps.verifier] timeout_sec must be a positive number, got a string"),
-        (STEP + '[steps.agent]\nnetwork_mode = "open"\n', {},
-         "task.toml: [[steps]] #1 ('write'): [steps.agent] network_mode must be one of no-network, public, "
-         "allowlist, got 'open'"),
-        (STEP + '[steps.verifier]\nallowed_hosts = ["a.org"]\n', {},
-         "task.toml: [[steps]] #1 ('write'): [steps.verifier] allowed_hosts goes with network_mode = 'allowlist', "
-         "and [steps.verifier] sets no network_mode (without one the phase has [environment]'s network)"),
-        (STEP + '[steps.verifier.env]\nKEY = "${KEY}"\n', {},
-         "task.toml: [[steps]] #1 ('write'): [steps.verifier.env] KEY takes its value from the host's environment "
-         "(${KEY}); this executor passes nothing of its own environment to a task"),
-        (STEP + 'min_reward = "1"\n', {}, "task.toml: [[steps]] #1 ('write'): [steps] min_reward must be a number, got a string"),
-        (STEP + "min_reward = nan\n", {}, "task.toml: [[steps]] #1 ('write'): [steps] min_reward must be a finite number, got nan"),
-        (STEP + "min_reward = {}\n", {},
-         "task.toml: [[steps]] #1 ('write'): [steps] min_reward is an empty table: give a number, or thresholds by reward key"),
-        (STEP + "min_reward = { style = true }\n", {},
-         "task.toml: [[steps]] #1 ('write'): [steps] min_reward.style must be a number, got a boolean"),
-        (STEP + '[steps.agent]\nuser = "dev"\n', {},
-         "task.toml: [[steps]] #1 ('write'): [steps.agent] user: a step's own user is not supported here"),
-        (STEP + '[steps.healthcheck]\ncommand = "true"\n', {},
-         "task.toml: [[steps]] #1 ('write'): [steps] healthcheck: a step's own healthcheck is not supported here"),
-        (STEP + 'artifacts = ["/app/out"]\n', {},
-         "task.toml: [[steps]] #1 ('write'): [steps] artifacts: a step's own artifacts is not supported here"),
-        (STEP + '[steps.verifier]\nenvironment_mode = "separate"\n', {},
-         "task.toml: [[steps]] #1 ('write'): [steps.verifier] environment_mode = 'separate': a step's verifier runs "
-         "in the task's environment here"),
-        (STEP, {"steps/write/workdir/setup.sh": "true\n"},
-         "task.toml: [[steps]] #1 ('write'): steps/write/workdir/ (files and setup.sh staged before the step) is not "
-         "supported here"),
-        (STEP, {"steps/write/instruction.md": None}, "task.toml: [[steps]] #1 ('write'): task has no "
-         "steps/write/instruction.md (required)"),
-        (STEP, {"tests/test.sh": None}, "task.toml: [[steps]] #1 ('write'): the step has no test script: neither "
-         "steps/write/tests/test.sh nor tests/test.sh exists"),
-        (STEP, {"steps/write/solution/solve.sh": None}, "task.toml: [[steps]] #1 ('write'): task has no "
-         "steps/write/solution/solve.sh (required)"),
-        (STEP, {"steps/write/tests/helper.py/x": "x\n"}, "task.toml: [[steps]] #1 ('write'): steps/write/tests/"
-         "helper.py/x and tests/helper.py: a file where the other has a folder"),
-        ('[verifier]\ngrader = "pytest"\n' + STEP, {},
-         "task.toml: [verifier] grader = 'pytest' with [[steps]]: a step is graded by its reward file"),
-        ("[verifier]\nisolated = true\n" + STEP, {},
-         "task.toml: [verifier] isolated = true with [[steps]]: every step's verifier shares the environment"),
+        (
+            '[[steps]]\nname = "a/b"\n',
+            {},
+            "task.toml: [[steps]] #1 ('a/b'): [steps] name 'a/b' is not a portable folder name (no path separators, "
+            "control or reserved characters, device names or trailing dots and spaces; at most 255 bytes)",
+        ),
+        (
+            '[[steps]]\nname = ".."\n',
+            {},
+            "task.toml: [[steps]] #1 ('..'): [steps] name '..' is not a portable folder "
+            "name (no path separators, control or reserved characters, device names or trailing dots and spaces; at "
+            "most 255 bytes)",
+        ),
+        (
+            STEP + '[[steps]]\nname = "Write"\n',
+            {"steps/Write/instruction.md": "x\n"},
+            "task.toml: [[steps]] #2 ('Write'): name is another step's too (names are compared case- and form-blind, "
+            "as Harbor does)",
+        ),
+        (
+            STEP + '[[steps]]\nname = "gone"\n',
+            {},
+            "task.toml: [[steps]] #2 ('gone'): name: there is no steps/gone/ "
+            "folder (its instruction.md, tests/ and solution/)",
+        ),
+        (
+            STEP + "[steps.agent]\ntimeout_sec = -1\n",
+            {},
+            "task.toml: [[steps]] #1 ('write'): [steps.agent] timeout_sec must be a positive number, got -1",
+        ),
+        (
+            STEP + '[steps.verifier]\ntimeout_sec = "1"\n',
+            {},
+            "task.toml: [[steps]] #1 ('write'): [steps.verifier] timeout_sec must be a positive number, got a string",
+        ),
+        (
+            STEP + '[steps.agent]\nnetwork_mode = "open"\n',
+            {},
+            "task.toml: [[steps]] #1 ('write'): [steps.agent] network_mode must be one of no-network, public, "
+            "allowlist, got 'open'",
+        ),
+        (
+            STEP + '[steps.verifier]\nallowed_hosts = ["a.org"]\n',
+            {},
+            "task.toml: [[steps]] #1 ('write'): [steps.verifier] allowed_hosts goes with network_mode = 'allowlist', "
+            "and [steps.verifier] sets no network_mode (without one the phase has [environment]'s network)",
+        ),
+        (
+            STEP + '[steps.verifier.env]\nKEY = "${KEY}"\n',
+            {},
+            "task.toml: [[steps]] #1 ('write'): [steps.verifier.env] KEY takes its value from the host's environment "
+            "(${KEY}); this executor passes nothing of its own environment to a task",
+        ),
+        (
+            STEP + 'min_reward = "1"\n',
+            {},
+            "task.toml: [[steps]] #1 ('write'): [steps] min_reward must be a number, got a string",
+        ),
+        (
+            STEP + "min_reward = nan\n",
+            {},
+            "task.toml: [[steps]] #1 ('write'): [steps] min_reward must be a finite number, got nan",
+        ),
+        (
+            STEP + "min_reward = {}\n",
+            {},
+            "task.toml: [[steps]] #1 ('write'): [steps] min_reward is an empty table: give a number, or thresholds by reward key",
+        ),
+        (
+            STEP + "min_reward = { style = true }\n",
+            {},
+            "task.toml: [[steps]] #1 ('write'): [steps] min_reward.style must be a number, got a boolean",
+        ),
+        (
+            STEP + '[steps.agent]\nuser = "dev"\n',
+            {},
+            "task.toml: [[steps]] #1 ('write'): [steps.agent] user: a step's own user is not supported here",
+        ),
+        (
+            STEP + '[steps.healthcheck]\ncommand = "true"\n',
+            {},
+            "task.toml: [[steps]] #1 ('write'): [steps] healthcheck: a step's own healthcheck is not supported here",
+        ),
+        (
+            STEP + 'artifacts = ["/app/out"]\n',
+            {},
+            "task.toml: [[steps]] #1 ('write'): [steps] artifacts: a step's own artifacts is not supported here",
+        ),
+        (
+            STEP + '[steps.verifier]\nenvironment_mode = "separate"\n',
+            {},
+            "task.toml: [[steps]] #1 ('write'): [steps.verifier] environment_mode = 'separate': a step's verifier runs "
+            "in the task's environment here",
+        ),
+        (
+            STEP,
+            {"steps/write/workdir/setup.sh": "true\n"},
+            "task.toml: [[steps]] #1 ('write'): steps/write/workdir/ (files and setup.sh staged before the step) is not "
+            "supported here",
+        ),
+        (
+            STEP,
+            {"steps/write/instruction.md": None},
+            "task.toml: [[steps]] #1 ('write'): task has no steps/write/instruction.md (required)",
+        ),
+        (
+            STEP,
+            {"tests/test.sh": None},
+            "task.toml: [[steps]] #1 ('write'): the step has no test script: neither "
+            "steps/write/tests/test.sh nor tests/test.sh exists",
+        ),
+        (
+            STEP,
+            {"steps/write/solution/solve.sh": None},
+            "task.toml: [[steps]] #1 ('write'): task has no steps/write/solution/solve.sh (required)",
+        ),
+        (
+            STEP,
+            {"steps/write/tests/helper.py/x": "x\n"},
+            "task.toml: [[steps]] #1 ('write'): steps/write/tests/"
+            "helper.py/x and tests/helper.py: a file where the other has a folder",
+        ),
+        (
+            '[verifier]\ngrader = "pytest"\n' + STEP,
+            {},
+            "task.toml: [verifier] grader = 'pytest' with [[steps]]: a step is graded by its reward file",
+        ),
+        (
+            "[verifier]\nisolated = true\n" + STEP,
+            {},
+            "task.toml: [verifier] isolated = true with [[steps]]: every step's verifier shares the environment",
+        ),
     ],
 )
 def test_a_bad_step_is_named_by_its_number_name_and_key(tmp_path, toml, files, message):
@@ -197,5 +282,7 @@ def test_steps_are_bounded(tmp_path):
 
 
 def test_a_task_with_steps_but_no_steps_folder_is_refused(tmp_path):
-    root = make_task(tmp_path / "t", {"task.toml": STEP, "environment/Dockerfile": "FROM x\n", "tests/test.sh": "true\n"})
+    root = make_task(
+        tmp_path / "t", {"task.toml": STEP, "environment/Dockerfile": "FROM x\n", "tests/test.sh": "true\n"}
+    )
     assert error(root) == "task.toml has [[steps]] but the task has no steps/ folder (steps/<name>/instruction.md)"
