@@ -152,3 +152,27 @@ def test_a_step_whose_verifier_gives_no_reward_stops_the_rest_and_fails(tasks, i
         "/logs/verifier/reward.txt exists; step 'one' gave no reward: 'two' did not run"
     ), evaluation.log[-3000:]
     assert shown(evaluation) == [("one", None, None, False)]
+
+
+def test_each_steps_own_timeouts_apply(tasks, image_task_config, tmp_path, base_image):
+    """Step one's verifier has 1 s ([steps.verifier] timeout_sec) and sleeps: no reward, the rest stop. With
+    step two's agent given 1 s ([steps.agent] timeout_sec) instead, its agent's sleep ends the evaluation."""
+    sleepy = ONE_TEST.replace("#!/bin/bash\n", "#!/bin/bash\nsleep 60\n", 1)
+    _registry, image, _digest = base_image
+    root = steps_task(tmp_path / "verifier", image, one="[steps.verifier]\ntimeout_sec = 1\n")
+    (root / "steps/one/tests/test.sh").write_text(sleepy)
+    evaluation = evaluate(serve(tasks, root), SOLVE_BOTH, config=image_task_config, sandbox="bwrap", language="bash")
+    assert (evaluation.status, evaluation.error_kind) == ("failed", "tests_failed"), evaluation.log[-3000:]
+    assert evaluation.error == (
+        "running_tests: step 'one': the verifier test.sh timed out; step 'one' gave no reward: 'two' did not run"
+    )
+    assert shown(evaluation) == [("one", None, None, False)]
+
+    root = steps_task(tmp_path / "agent", image)
+    toml = (root / "task.toml").read_text() + "[steps.agent]\ntimeout_sec = 1\n"  # step two's
+    (root / "task.toml").write_text(toml)
+    agent = SOLVE_BOTH + '[ "$TASK_STEP" = two ] && sleep 60\ntrue\n'
+    evaluation = evaluate(serve(tasks, root), agent, config=image_task_config, sandbox="bwrap", language="bash")
+    assert (evaluation.status, evaluation.error_kind) == ("cancelled", "agent_timeout"), evaluation.log[-3000:]
+    assert evaluation.error == "running_agent: agent timed out after 1 s"
+    assert shown(evaluation) == [("one", 1.0, {"reward": 1.0}, True)] and evaluation.reward is None
