@@ -261,6 +261,9 @@ class Evaluation(Submission, IdempotencyColumns, CallbackColumns):
     # pass_to_pass: {...}}): test_results holds at most MAX_TESTS of them, these count them all.
     test_counts = models.JSONField(null=True, blank=True)
     artifacts = models.JSONField(default=list, blank=True)
+    # SPEC §23: a Harbor task of [[steps]], each step run ([{name, reward, rewards, passed, duration_ms}],
+    # in order, those a stop left out absent); null for a task of one step.
+    steps = models.JSONField(null=True, blank=True)
     # Which run of its task this is within its batch (SPEC §17 attempts), from 1.
     attempt = models.PositiveSmallIntegerField(default=1)
 

@@ -33,14 +33,14 @@ EVALUATION_COLUMNS = (
     "egress", "resources", "error_kind", "retry_of_id", "owner", "environment", "reward", "rewards", "task_format",
     "limits_applied", "task_metadata", "system_changes", "artifacts", "attempt", "batch_id", "test_counts",
     "task_sha256", "executor_version", "signature",
-    "cache",
+    "cache", "steps",
 )  # fmt: skip
 # The columns the signed fields (signing.EVALUATION_FIELDS) read: what lifecycle's seal reads, with the
 # digest of agent_patch instead of the patch and the tests' rows (evaluation_signature).
 SIGNED_COLUMNS = (
     "id", "task_url", "task_sha256", "agent_sha256", "environment", "status", "passed", "reward", "rewards",
     "error_kind", "created_at", "started_at", "finished_at", "executor_version", "batch_id", "attempt",
-    "system_changes", "limits_applied", "artifacts", "owner",
+    "system_changes", "limits_applied", "artifacts", "owner", "steps",
 )  # fmt: skip
 TRANSITION_COLUMNS = ("step", "status", "at", "duration_ms")
 TEST_RESULT_COLUMNS = ("name", "kind", "passed", "exit_code", "timed_out", "duration_ms", "output")
@@ -178,6 +178,16 @@ class EgressSerializer(serializers.Serializer):
     bytes_out = serializers.IntegerField()
     bytes_in = serializers.IntegerField()
     count = serializers.IntegerField(help_text="Connections aggregated in this entry.")
+
+
+class TaskStepSerializer(serializers.Serializer):
+    name = serializers.CharField(help_text="The step's name (task.toml [[steps]] name).")
+    reward = serializers.FloatField(allow_null=True, help_text="Its reward file's headline; null when it gave none.")
+    rewards = serializers.DictField(
+        child=serializers.FloatField(), allow_null=True, help_text="Its reward.json (or {reward: n}) as read."
+    )
+    passed = serializers.BooleanField(help_text="Its reward is at least 1.")
+    duration_ms = serializers.IntegerField(help_text="From its agent's start to its verifier's end.")
 
 
 class ResourcesSerializer(serializers.Serializer):
@@ -326,6 +336,13 @@ class EvaluationSerializer(Shape):
         allow_null=True,
         help_text="In an image: {count, paths (the first 200, sorted), suspicious}: what the agent created, changed "
         "or removed outside its working directory and /logs/agent.",
+    )
+    steps = TaskStepSerializer(
+        many=True,
+        allow_null=True,
+        help_text="SPEC §23, a Harbor task of [[steps]]: each step run, in order (those after a step that stopped "
+        "the rest are absent); reward and rewards are then the task's by its multi_step_reward_strategy (mean, "
+        "final). null for a task of one step.",
     )
     test_counts = serializers.DictField(
         allow_null=True,

@@ -44,6 +44,7 @@ EVALUATION_FIELDS = (
     "eval_id", "task_url", "task_sha256", "agent_sha256", "environment", "status", "passed", "reward",
     "rewards", "error_kind", "test_results", "agent_patch_sha256", "created_at", "started_at", "finished_at",
     "executor_version", "batch_id", "attempt", "system_changes", "limits_applied", "artifacts", "owner",
+    "steps",
 )  # fmt: skip
 # ... and of a batch object (representation.batch_document).
 BATCH_FIELDS = (

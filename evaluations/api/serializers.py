@@ -33,6 +33,7 @@ RESERVED_ENV = frozenset(
         "TASK_PROMPT",
         "REPO_DIR",
         "TASK_ID",
+        "TASK_STEP",  # SPEC §23: a task of [[steps]]'s step, the executor's to set
         "STATIC_ASSETS_DIR",
     }
 )

@@ -23,12 +23,14 @@
    uploads the folder); Terminal-Bench's ``solution.sh`` (or its
    ``solution.yaml`` as one script); a workspace task's ``patch`` (SWE-Forge's,
    and what import_swebench writes: the row's gold patch), applied by
-   ``verify.gold_agent`` as ``import_swebench --verify`` applies it.
+   ``verify.gold_agent`` as ``import_swebench --verify`` applies it. A task of
+   ``[[steps]]`` (SPEC §23): each step's own ``steps/<name>/solution/``, else
+   the task's, as Harbor's oracle takes them, in one agent run once per step.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from evaluations.pipeline import archive
@@ -127,6 +129,8 @@ def prepare(given: Given, scratch: Path, config) -> verify.Check:
         )
     except TaskError as exc:
         return verify.Check(given.name, task_archive, None, f"the task is invalid (task_invalid): {exc}")
+    if task.steps:  # SPEC §23: each step's own solution/, else the task's
+        return _steps_check(given, task_archive, task, config)
     if task.solution is None and task.patch is None:
         problem = NO_SOLUTION[task.format]
         why_not = (task.metadata or {}).get("solution_not_converted")  # Terminal-Bench's solution.yaml
@@ -138,6 +142,11 @@ def prepare(given: Given, scratch: Path, config) -> verify.Check:
     else:
         files, executables, script = solution_files(task)
         agent = verify.solution_agent(given.name, files, script, executables=executables, env=task.solution_env)
+    return _sized(given, task_archive, agent, task, config)
+
+
+def _sized(given: Given, task_archive: Path, agent: str, task: TaskSpec, config) -> verify.Check:
+    """The check with ``agent``, or why not: an agent over MAX_AGENT_CODE_BYTES cannot be sent."""
     size = len(agent.encode("utf-8"))
     if size > config.max_agent_code_bytes:
         problem = (
@@ -146,6 +155,22 @@ def prepare(given: Given, scratch: Path, config) -> verify.Check:
         )
         return verify.Check(given.name, task_archive, None, problem, task.format)
     return verify.Check(given.name, task_archive, agent, None, task.format)
+
+
+def _steps_check(given: Given, task_archive: Path, task: TaskSpec, config) -> verify.Check:
+    """A multi-step task's check: one agent running each step's reference solution (verify.steps_agent)."""
+    agents = {}
+    for step in task.steps:
+        if step.solution is None:
+            problem = f"step {step.name!r} has no reference solution (steps/{step.name}/solution/solve.sh or solution/solve.sh)"
+            return verify.Check(given.name, task_archive, None, problem, task.format)
+        files, executables, script = solution_files(
+            replace(task, solution=step.solution, solution_files=step.solution_files)
+        )
+        agents[step.name] = verify.solution_agent(
+            f"{given.name} (step {step.name})", files, script, executables=executables, env=task.solution_env
+        )
+    return _sized(given, task_archive, verify.steps_agent(given.name, agents), task, config)
 
 
 def solution_files(task: TaskSpec) -> tuple[dict[str, bytes], frozenset[str], str]:

@@ -12,7 +12,9 @@ and with a no-op agent (SPEC §15 --verify, §17 verify_tasks).
    --fuzz``, as SWE-bench's harness applies it) or a Harbor / Terminal-Bench
    reference solution (``solution_agent``: its files in /solution, then
    ``bash solve.sh`` from the working directory with the task's
-   ``[solution.env]`` exported, as Harbor's oracle agent).
+   ``[solution.env]`` exported, as Harbor's oracle agent); for a task of
+   ``[[steps]]`` each step's, chosen by the TASK_STEP it runs for
+   (``steps_agent``).
 3. The no-op run's agent changes nothing.
 4. A task is verified when the solution's reward is 1 and the no-op's is not,
    the no-op's having been graded (its tests ran); when the task's tests
@@ -192,6 +194,23 @@ def solution_agent(
         *(f"export {name}={shlex.quote(value)}" for name, value in (env or {}).items()),
         f'exec bash "$solution"/{shlex.quote(script)}',
     ]
+    return "\n".join(lines) + "\n"
+
+
+def steps_agent(task: str, agents: dict[str, str]) -> str:
+    """A multi-step task's reference solutions (SPEC §23) as one bash agent: run once per step, it runs
+    the step's own (``agents``: step name -> its ``solution_agent``), chosen by TASK_STEP, the step the
+    executor runs it for, as Harbor's oracle takes each step's solution in turn."""
+    lines = [
+        "#!/bin/bash",
+        f"# the reference solutions of {_one_line(task)}'s steps, run by manage.py verify_tasks as Harbor's oracle runs them",
+        'agent=$(mktemp "${TMPDIR:-/tmp}/step-agent.XXXXXX") || exit 1',
+        'case "${TASK_STEP:-}" in',
+    ]
+    for name, text in agents.items():
+        lines += [f"{shlex.quote(name)})", _heredoc(text.encode("utf-8"), '"$agent"').rstrip("\n"), ";;"]
+    lines += ['*) echo "verify_tasks: no reference solution for step ${TASK_STEP:-(none)}"; exit 1 ;;', "esac"]
+    lines.append('exec bash "$agent"')
     return "\n".join(lines) + "\n"
 
 

@@ -20,6 +20,7 @@ from evaluations.network.egress import EgressProxy
 from evaluations.network.egress.relay import ensure_socat_bundle
 from evaluations.pipeline import gitrepo
 from evaluations.pipeline.cancel import CancelState, Stop
+from evaluations.pipeline.multistep import TaskSteps
 from evaluations.pipeline.session import Session
 from evaluations.pipeline.warm import WorkspaceCache
 from evaluations.runtime import CommandResult, Limit, Limits, Mount, Runtime, SandboxPolicy, Spawner
@@ -87,6 +88,7 @@ class Context:
     verifier_env: BaseEnvironment | None = None
     verifier_memory_mb: int | None = None
     placed: dict = field(default_factory=dict)
+    steps: TaskSteps | None = None  # a task of [[steps]]: their run (pipeline/multistep.py), set by downloading_task
 
     def stage(self, **fields) -> None:
         """A step's results for the evaluation's row, written with the next transition or the end

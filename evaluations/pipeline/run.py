@@ -33,7 +33,7 @@ from evaluations.pipeline import outcome
 from evaluations.pipeline.cancel import CancelState
 from evaluations.pipeline.context import Cancelled, Context, StepFailed, WorkerLost
 from evaluations.pipeline.session import Session, remove_retired
-from evaluations.pipeline.steps import STEPS
+from evaluations.pipeline.steps import in_order
 from evaluations.pipeline.warm import WorkspaceCache
 from evaluations.runtime import Runtime, Spawner, sandbox_uid, uids
 from evaluations.runtime.idmap import image_id_range
@@ -124,7 +124,7 @@ class Ending(NamedTuple):
 def _steps(ctx: Context, log) -> Ending:
     """Run the steps; return how the evaluation ends."""
     try:
-        for name, step in STEPS:
+        for name, step in in_order(ctx):
             ctx.step = name
             if ctx.egress is not None:
                 ctx.egress.set_step(name)  # each connection is recorded under the step that made it
@@ -245,5 +245,7 @@ def _keep_log(session: Session, config: Config) -> bytes:
 
 def _verdict(ctx: Context) -> Ending:
     """How the evaluation ends, as the task's grader says from its grade and the rows stored (SPEC §17)."""
+    if ctx.steps is not None:  # SPEC §23: the task's reward made of its steps' (pipeline/multistep.py)
+        return Ending(*ctx.steps.verdict())
     results = list(TestResult.objects.filter(evaluation_id=ctx.eval_id).values_list("name", "passed"))
     return Ending(*registry.for_task(ctx.task).verdict(ctx.grade, results))

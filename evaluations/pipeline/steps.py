@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from evaluations import languages, lifecycle
@@ -36,6 +37,7 @@ from evaluations.pipeline.context import (
 )
 from evaluations.pipeline.grading_sandbox import GradingSandbox
 from evaluations.pipeline.imageenv import preparing_environment
+from evaluations.pipeline.multistep import TaskSteps
 from evaluations.runtime import Limit, Mount, SandboxPolicy
 from evaluations.safefs import SafeFSError, clear_way, open_parent, write_file_nofollow
 from evaluations.tasks.language import NoToolchain, with_toolchain
@@ -85,7 +87,11 @@ def downloading_task(ctx: Context) -> None:
     finally:
         archive_path.unlink(missing_ok=True)
     ctx.stage(task_prompt=ctx.task.prompt, original_pr=ctx.task.original_pr or "")
+    operator = ctx.config
     verifier.apply_request(ctx)  # SPEC §17: the task's limits, capped by the operator's
+    if ctx.task.steps:  # SPEC §23: each step's request capped by the operator's, as the task's (multistep.py)
+        timeout = ctx.evaluation.timeout_secs
+        ctx.steps = TaskSteps(ctx.task, [verifier.capped_config(operator, s.request, timeout) for s in ctx.task.steps])
     try:  # SPEC §19: the toolchain of the task's language, before anything is cloned
         ctx.task = with_toolchain(ctx.task, config, ctx.command_path)
     except NoToolchain as exc:
@@ -241,6 +247,7 @@ def running_agent(ctx: Context) -> None:
         "TASK_PROMPT": str(prompt_file),
         "REPO_DIR": ctx.workdir,
         "TASK_ID": ctx.eval_id,
+        **(ctx.steps.agent_env() if ctx.steps is not None else {}),  # SPEC §23: TASK_STEP
     }
     static.materialise(ctx)  # the agent's own copy of each asset, in repo/<save_path>
     # The request's own, within AGENT_TIMEOUT_SECS and what the task asked for (verifier.apply_request).
@@ -259,7 +266,8 @@ def running_agent(ctx: Context) -> None:
 
 def _run_agent(ctx: Context, argv: list[str], env: dict[str, str], timeout: int, policy: SandboxPolicy) -> None:
     result = ctx.run(argv, env=env, timeout_secs=timeout, policy=policy)
-    produced = {"agent_output": result.output, "agent_exit_code": result.exit_code}
+    output = ctx.steps.agent_output(result.output) if ctx.steps is not None else result.output
+    produced = {"agent_output": output, "agent_exit_code": result.exit_code}
     failure = None
     try:
         ctx.spawner.sweep()  # the agent's daemons die here, before anything is graded
@@ -358,7 +366,8 @@ def running_tests(ctx: Context) -> None:
         raise StepFailed(str(exc), kind=ErrorKind.INFRASTRUCTURE) from None
     # Committed now, not staged (SPEC §25): the verdict (run._verdict) and finish's results hash read the
     # rows back, and an event stream sends them as they commit, before the cleanup step's event.
-    lifecycle.store_test_results(ctx.eval_id, ctx.grade.results, **ctx.grade.stored())
+    results, stored = ctx.steps.stored(ctx.grade) if ctx.steps is not None else (ctx.grade.results, ctx.grade.stored())
+    lifecycle.store_test_results(ctx.eval_id, results, **stored)
 
 
 def _chown(ctx: Context, workdir: int, relpath: str) -> None:
@@ -369,6 +378,17 @@ def _chown(ctx: Context, workdir: int, relpath: str) -> None:
             os.chown(name, owner, owner, dir_fd=folder, follow_symlinks=False)
         finally:
             os.close(folder)
+
+
+def in_order(ctx: Context) -> Iterator[tuple[str, Callable[[Context], None]]]:
+    """STEPS in order; for a task of [[steps]] (SPEC §23), running_agent and running_tests once for each
+    of its steps, in order, until one stops the rest (pipeline/multistep.py). Lazy: whether the task
+    has steps is known once downloading_task has read it."""
+    for name, step in STEPS:
+        if name == "running_agent" and ctx.steps is not None:
+            yield from ctx.steps.rounds(running_agent, running_tests)
+            return
+        yield name, step
 
 
 STEPS = (

@@ -27,6 +27,7 @@ import dataclasses
 import math
 import os
 import time
+from pathlib import Path
 
 from evaluations import artifacts, livelog
 from evaluations.environments import kinds
@@ -49,7 +50,9 @@ from evaluations.tasks.spec import (
     VERIFIER_LOGS,
     NetworkRequest,
     SupportFile,
+    TaskRequest,
 )
+from executor_project.config import Config
 
 TESTS = "/tests"
 
@@ -64,20 +67,8 @@ def apply_request(ctx: Context) -> None:
         ctx.stage(task_format=task.format, task_metadata=task.metadata)
         return
     request = task.request
-    config = ctx.config
-    timeout = ctx.evaluation.timeout_secs or config.agent_timeout_secs
-
-    def capped(asked, limit):
-        return limit if asked is None else max(1, min(limit, math.ceil(asked)))
-
-    ctx.config = dataclasses.replace(
-        config,
-        agent_timeout_secs=capped(request.agent_timeout_secs, min(timeout, config.agent_timeout_secs)),
-        test_timeout_secs=capped(request.verifier_timeout_secs, config.test_timeout_secs),
-        build_timeout_secs=capped(request.build_timeout_secs, config.build_timeout_secs),
-        memory_limit_mb=capped(request.memory_mb, config.memory_limit_mb),
-        disk_quota_mb=capped(request.storage_mb, config.disk_quota_mb),
-    )
+    operator = ctx.config
+    ctx.config = capped_config(operator, request, ctx.evaluation.timeout_secs)
     applied = ctx.config
     cpus = os.cpu_count() or 1
     limits = {
@@ -96,8 +87,28 @@ def apply_request(ctx: Context) -> None:
     }
     separate = task.verifier.separate if task.verifier is not None else None
     if separate is not None:  # SPEC §23: its environment's own memory ([verifier.environment], else [environment]'s)
-        ctx.verifier_memory_mb = limits["verifier_memory_mb"] = capped(separate.memory_mb, config.memory_limit_mb)
+        ctx.verifier_memory_mb = limits["verifier_memory_mb"] = _capped(separate.memory_mb, operator.memory_limit_mb)
     ctx.stage(task_format=task.format, limits_applied=limits, task_metadata=task.metadata)
+
+
+def capped_config(config: Config, request: TaskRequest, asked_timeout: int | None) -> Config:
+    """``config`` (the operator's) with ``request``'s timeouts, memory and storage, each capped by it;
+    ``asked_timeout``: the evaluation's own timeout_secs, if it set one. A multi-step task's steps each
+    apply theirs to the same operator's config (pipeline/multistep.py)."""
+    timeout = asked_timeout or config.agent_timeout_secs
+    return dataclasses.replace(
+        config,
+        agent_timeout_secs=_capped(request.agent_timeout_secs, min(timeout, config.agent_timeout_secs)),
+        test_timeout_secs=_capped(request.verifier_timeout_secs, config.test_timeout_secs),
+        build_timeout_secs=_capped(request.build_timeout_secs, config.build_timeout_secs),
+        memory_limit_mb=_capped(request.memory_mb, config.memory_limit_mb),
+        disk_quota_mb=_capped(request.storage_mb, config.disk_quota_mb),
+    )
+
+
+def _capped(asked, limit):
+    """What the task asked, within the operator's ``limit`` (the smaller wins); ``limit`` if it asked nothing."""
+    return limit if asked is None else max(1, min(limit, math.ceil(asked)))
 
 
 def _network_limits(prefix: str, network: NetworkRequest) -> dict:
@@ -147,18 +158,28 @@ def agent_mounts(ctx: Context) -> list[Mount]:
     verifier's)."""
     if not ctx.env.agent_logs:
         return []
-    for folder in (ctx.session.agent_logs, ctx.session.agent_artifacts):
-        if not folder.exists():
-            folder.mkdir(mode=0o755)
-            os.chown(folder, ctx.session.uid, ctx.session.uid)
+    folder = agent_logs(ctx)
+    for made in (ctx.session.agent_logs, folder, ctx.session.agent_artifacts):
+        if not made.exists():
+            made.mkdir(mode=0o755)
+            os.chown(made, ctx.session.uid, ctx.session.uid)
     _tests, logs = _verifier_folders(ctx, [], owner=(ctx.session.uid, ctx.session.uid))  # the agent's, here
     for target in (AGENT_LOGS, ARTIFACTS_DIR, VERIFIER_LOGS):
         _mount_point(ctx, target)
     return [
-        Mount(ctx.session.agent_logs, AGENT_LOGS, writable=True),
+        Mount(folder, AGENT_LOGS, writable=True),
         Mount(ctx.session.agent_artifacts, ARTIFACTS_DIR, writable=True),
         Mount(logs, VERIFIER_LOGS, writable=True),
     ]
+
+
+def agent_logs(ctx: Context) -> Path:
+    """The session's folder at /logs/agent: agent-logs/, or for a task of [[steps]] agent-logs/<step>/,
+    new for each step (Harbor empties /logs/agent before each step's agent); ``after_agent`` keeps them
+    all, each step's files under its name."""
+    if ctx.steps is None:
+        return ctx.session.agent_logs
+    return ctx.session.agent_logs / ctx.steps.current.name
 
 
 def after_agent(ctx: Context) -> None:
@@ -194,8 +215,8 @@ def run_verifier(ctx: Context, env: dict[str, str]) -> VerifierRun:
     mounts = [Mount(logs, VERIFIER_LOGS, writable=True)]
     if verifier.separate is None or not verifier.separate.bundled:  # a bundled image's /tests is its own
         mounts.insert(0, Mount(tests, TESTS))
-    if verifier.separate is None and ctx.env.agent_logs and ctx.session.agent_logs.exists():
-        mounts.append(Mount(ctx.session.agent_logs, AGENT_LOGS))  # what the agent left, read-only
+    if verifier.separate is None and ctx.env.agent_logs and agent_logs(ctx).exists():
+        mounts.append(Mount(agent_logs(ctx), AGENT_LOGS))  # what the agent left, read-only
     for mount in mounts:
         _mount_point(ctx, mount.target)
     network = verifier_network(ctx)

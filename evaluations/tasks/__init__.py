@@ -29,8 +29,8 @@ What holds for every format:
    unknown ``[agent] user`` under ``"agent"``; Terminal-Bench: ``task.yaml``'s other keys;
    SWE-Forge: its difficulty and install_config).
 5. What would run differently here than where the task was written is refused, not approximated:
-   a Windows task, GPUs or TPUs, several services, multi-step tasks, a verifier container of its
-   own, a compose service's own entrypoint or user, environment values taken from the host
+   a Windows task, GPUs or TPUs, several services, a step's own user, healthcheck or staged files
+   (harbor_steps.py: multi-step tasks otherwise run), a verifier container of its own, a compose service's own entrypoint or user, environment values taken from the host
    (``${VAR}``).
 6. Harbor tasks are graded by their reward file; ``[verifier] grader = "pytest"`` (written by
    ``manage.py import_tasks`` for a converted Terminal-Bench task, ignored by Harbor itself) keeps

@@ -17,6 +17,7 @@ from evaluations.artifacts import UnsafeName
 from evaluations.artifacts import check_path as check_artifact_path
 from evaluations.grading.tbparsers import swebench_from_config
 from evaluations.network.egress.policy import parse_rule
+from evaluations.tasks import harbor_steps
 from evaluations.tasks.compose import bound_folder, service_argv, service_workdir, single_service
 from evaluations.tasks.readers import (
     CONTROL_CHARS,
@@ -135,14 +136,16 @@ def load(root: Path, limits: TaskLimits) -> TaskSpec:
     config.string("schema_version")
     config.taken -= {"version", "schema_version"}  # checked, and kept in the metadata
     _package(config)
-    if config.take("steps"):
-        raise TaskError("task.toml: [[steps]] (a multi-step task) is not supported here")
+    entries = config.take("steps")  # [[steps]] (SPEC §23): read by harbor_steps.py once the tables are
+    strategy = config.take("multi_step_reward_strategy") if entries else None
     config.table("metadata")
     agent = config.table("agent")
     verifier_table = config.table("verifier")
     environment_table = config.table("environment")
     environment, env, request = _harbor_environment(root, environment_table)
-    verifier, verifier_baseline = _harbor_verifier(root, verifier_table, environment, env, request["memory_mb"])
+    verifier, verifier_baseline = _harbor_verifier(
+        root, verifier_table, environment, env, request["memory_mb"], required=not entries
+    )
     request = TaskRequest(
         agent_timeout_secs=agent.number("timeout_sec"),
         verifier_timeout_secs=verifier_table.number("timeout_sec"),
@@ -157,17 +160,34 @@ def load(root: Path, limits: TaskLimits) -> TaskSpec:
     if grader not in HARBOR_GRADERS:
         shown = repr(grader) if isinstance(grader, str) else type_name(grader)
         raise TaskError(f"task.toml: [verifier] grader must be one of {', '.join(HARBOR_GRADERS)}, got {shown}")
+    if entries and verifier.separate is not None:
+        raise TaskError(
+            "task.toml: [verifier] environment_mode = 'separate' (or [verifier.environment]) with [[steps]] is not "
+            "supported here: each step's verifier runs on the environment the steps share"
+        )
     collected = _artifacts(config)
     solution, solution_files = _harbor_solution(root)
     solution_env = _literal_env(config.table("solution").table("env"))
-    prompt = read_text(
-        root / "instruction.md",
-        "instruction.md",
-        required=True,
-        cap=prompt_cap(limits.max_prompt_bytes, instruction=True),
-    )
+    steps = None
+    if entries:
+        steps = harbor_steps.read(
+            root, entries, strategy, request=request, verifier=verifier, grader=grader,
+            solution=(solution, solution_files), limits=limits,
+            readers=harbor_steps.Readers(_Table, _phase_network, _literal_env),
+        )  # fmt: skip
+        prompt, verifier = steps.prompt, steps.verifier
+    else:
+        prompt = read_text(
+            root / "instruction.md",
+            "instruction.md",
+            required=True,
+            cap=prompt_cap(limits.max_prompt_bytes, instruction=True),
+        )
     first_process = _first_process(root)
     healthcheck = _healthcheck(environment_table)
+    metadata = jsonable(config.rest())
+    if steps is not None and any(steps.kept):
+        metadata["steps"] = steps.kept  # each step's keys not read, in order
     bound = _bound_folder(root, environment)
     swebench = swebench_from_config(verifier.files) if grader == "swebench" else None
     return image_task(
@@ -181,7 +201,7 @@ def load(root: Path, limits: TaskLimits) -> TaskSpec:
         env=env,
         verifier=verifier,
         request=request,
-        metadata=jsonable(config.rest()),
+        metadata=metadata,
         solution=solution,
         solution_files=solution_files,
         solution_env=solution_env,
@@ -189,6 +209,7 @@ def load(root: Path, limits: TaskLimits) -> TaskSpec:
         workdir_files=bound.agent_files if bound else None,
         support_files=bound.test_files if bound else [],
         artifacts=collected,
+        **({"steps": steps.steps, "reward_strategy": steps.strategy} if steps is not None else {}),
     )
 
 
@@ -497,13 +518,23 @@ def _literal_env(table: _Table) -> dict[str, str]:
 
 
 def _harbor_verifier(
-    root: Path, table: _Table, environment: ImageEnvironment, env: dict[str, str], memory_mb: int | None
+    root: Path,
+    table: _Table,
+    environment: ImageEnvironment,
+    env: dict[str, str],
+    memory_mb: int | None,
+    *,
+    required: bool = True,
 ) -> tuple[Verifier, NetworkRequest | None]:
     """[verifier]: its tests, variables, and where it runs (Harbor's ``VerifierConfig``); with a
-    separate verifier, also its environment's network (the verifier phase's unless [verifier] says)."""
+    separate verifier, also its environment's network (the verifier phase's unless [verifier] says).
+    ``required``: tests/test.sh must be there (a multi-step task's steps may each bring their own,
+    harbor_steps.py)."""
     if not is_folder(root / "tests", "tests"):
-        raise TaskError("task has no tests/test.sh (required)")
-    regular_file(root / "tests" / "test.sh", "tests/test.sh", required=True)
+        if required:
+            raise TaskError("task has no tests/test.sh (required)")
+    else:
+        regular_file(root / "tests" / "test.sh", "tests/test.sh", required=required)
     isolated = bool(table.boolean("isolated"))
     separate, network = _separate_verifier(root, table, environment, env, memory_mb)
     if separate is not None and isolated:
@@ -513,7 +544,7 @@ def _harbor_verifier(
         )
     verifier = Verifier(
         script="test.sh",
-        files=folder_files(root / "tests", "tests"),
+        files=folder_files(root / "tests", "tests") if is_folder(root / "tests", "tests") else [],
         env=_literal_env(table.table("env")),
         isolated=isolated,
         separate=separate,

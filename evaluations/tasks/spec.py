@@ -171,6 +171,23 @@ class TaskRequest:
 
 
 GRADERS = ("exit_code", "reward_file", "pytest", "swebench")
+MEAN, FINAL = "mean", "final"  # Harbor's multi_step_reward_strategy
+REWARD_STRATEGIES = (MEAN, FINAL)
+
+
+@dataclass(frozen=True)
+class TaskStep:
+    """One ``[[steps]]`` entry of a Harbor task (SPEC §23, tasks/harbor_steps.py): its agent's prompt and
+    request, its verifier (the task's tests/ under its own steps/<name>/tests/), when it stops the rest
+    (``min_reward``: a number gating the ``reward`` key, or a table of keys) and its reference solution."""
+
+    name: str
+    prompt: str
+    verifier: Verifier
+    request: TaskRequest  # the task's, with the step's timeouts and phase networks resolved as Harbor does
+    min_reward: float | dict[str, float] | None = None
+    solution: str | None = None  # steps/<name>/solution/solve.sh, else the task's solution/solve.sh
+    solution_files: list[SupportFile] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -233,6 +250,10 @@ class TaskSpec:
     patch: str | None = None
     # SPEC §23: task.toml's top-level ``artifacts``, collected after the agent beside /logs/artifacts
     artifacts: tuple[ArtifactEntry, ...] = ()
+    # SPEC §23: a Harbor task's [[steps]], run in order in one environment, and how the task's reward is
+    # made of theirs (MEAN or FINAL); empty for a task of one step.
+    steps: tuple[TaskStep, ...] = ()
+    reward_strategy: str = MEAN
 
 
 def image_task(root: Path, **fields) -> TaskSpec:

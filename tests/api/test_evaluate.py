@@ -53,9 +53,10 @@ def test_get_returns_every_field_of_the_evaluation_object(api):
         "agent_patch", "test_output", "transitions", "results_sha256", "egress", "resources", "cache",
         "error_kind", "retry_of", "owner", "environment", "reward", "rewards", "task_format", "limits_applied",
         "task_metadata", "system_changes", "artifacts", "batch_id", "attempt", "test_counts",
-        "task_sha256", "agent_patch_sha256", "executor_version", "signature",
+        "task_sha256", "agent_patch_sha256", "executor_version", "signature", "steps",
     }  # fmt: skip
     assert (body["error_kind"], body["retry_of"], body["owner"]) == (None, None, None)  # null while pending or running
+    assert body["steps"] is None  # SPEC §23: a Harbor task of [[steps]] only
     assert body["cache"] is None  # decided at cloning_repo (SPEC §13)
     assert body["environment"] is None  # decided at preparing_environment (SPEC §16)
     assert body["metadata"] == {"a": 1}

@@ -74,7 +74,7 @@ def test_the_documented_fields_are_the_api_fields(document):
         "agent_patch", "test_output", "transitions", "results_sha256", "egress", "resources", "cache",
         "error_kind", "retry_of", "owner", "environment", "reward", "rewards", "task_format", "limits_applied",
         "task_metadata", "system_changes", "artifacts", "batch_id", "attempt", "test_counts",
-        "task_sha256", "agent_patch_sha256", "executor_version", "signature",
+        "task_sha256", "agent_patch_sha256", "executor_version", "signature", "steps",
     }  # fmt: skip
     assert set(schemas["EvaluationEnvironment"]["properties"]) == {
         "kind", "ref", "digest", "cached", "rewritten_from", "rewrites", "verifier",

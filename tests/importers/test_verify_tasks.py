@@ -9,6 +9,7 @@ import io
 import json
 import os
 import re
+import subprocess
 import tarfile
 from pathlib import Path
 
@@ -389,3 +390,74 @@ def test_the_example_datasets_verify_through_the_pipeline(cli, hub_mirror, bubbl
         assert (entry["verified"], entry["solution_reward"], entry["noop_reward"]) == (True, 1.0, 0.0), (name, entry)
     assert entries["word-count"]["format"] == "terminal-bench" and entries["sales-report"]["format"] == "harbor"
     assert done.stdout.splitlines()[-1] == f"3 verified, 0 not verified; results in {out}/verification.json"
+
+
+# -- a task of [[steps]] (SPEC §23) ------------------------------------------------------------------
+
+STEP_TEST = """#!/bin/bash
+if [ "$(cat {name}.txt 2>/dev/null)" = {name} ]; then echo 1; else echo 0; fi > /logs/verifier/reward.txt
+"""
+
+
+def steps_task(folder: Path, image: str = "registry.example/task:1", **files: str | None) -> Path:
+    """Two steps, each rewarding its own file; step one brings its solution, step two takes the task's."""
+    return write(
+        folder,
+        {
+            "task.toml": f'[environment]\ndocker_image = "{image}"\n[[steps]]\nname = "one"\n[[steps]]\nname = "two"\n',
+            "steps/one/instruction.md": "Write one to one.txt.\n",
+            "steps/one/tests/test.sh": STEP_TEST.format(name="one"),
+            "steps/one/solution/solve.sh": "#!/bin/bash\ncp /solution/one.txt .\n",
+            "steps/one/solution/one.txt": "one\n",
+            "steps/two/instruction.md": "Write two to two.txt.\n",
+            "tests/test.sh": STEP_TEST.format(name="two"),
+            "solution/solve.sh": "#!/bin/bash\necho two > two.txt\n",
+            **files,
+        },
+        executable=("steps/one/solution/solve.sh", "solution/solve.sh"),
+    )
+
+
+def test_a_task_of_steps_runs_each_steps_solution_by_task_step(tmp_path):
+    folder = steps_task(tmp_path / "steps")
+    check = prepare(folder, tmp_path)
+    assert (check.problem, check.format) == (None, "harbor")
+    one = verify.solution_agent(f"{folder} (step one)", {"solve.sh": b"#!/bin/bash\ncp /solution/one.txt .\n",
+                                "one.txt": b"one\n"}, executables=frozenset({"solve.sh"}))  # fmt: skip
+    two = verify.solution_agent(f"{folder} (step two)", {"solve.sh": b"#!/bin/bash\necho two > two.txt\n"},
+                                executables=frozenset({"solve.sh"}))  # fmt: skip
+    assert check.solution_agent == verify.steps_agent(str(folder), {"one": one, "two": two})
+    none = steps_task(tmp_path / "none", **{"solution/solve.sh": None})
+    assert prepare(none, tmp_path).problem == (
+        "step 'two' has no reference solution (steps/two/solution/solve.sh or solution/solve.sh)"
+    )
+
+
+def test_the_steps_agent_runs_the_step_it_is_run_for(tmp_path):
+    agents = {"one": "#!/bin/bash\necho ran one\n", "it's two": "#!/bin/bash\necho ran two\n"}
+    script = tmp_path / "agent.sh"
+    script.write_text(verify.steps_agent("t", agents))
+    for step, said in (("one", "ran one\n"), ("it's two", "ran two\n")):
+        done = subprocess.run(
+            ["bash", str(script)], env={**os.environ, "TASK_STEP": step}, capture_output=True, text=True
+        )
+        assert (done.returncode, done.stdout) == (0, said), done.stderr
+    done = subprocess.run(
+        ["bash", str(script)], env={**os.environ, "TASK_STEP": "three"}, capture_output=True, text=True
+    )
+    assert (done.returncode, done.stdout) == (1, "verify_tasks: no reference solution for step three\n")
+
+
+@pytest.mark.slow
+def test_a_task_of_steps_verifies_through_the_pipeline(cli, base_image, bubblewrap, tmp_path):
+    """Each step's reference solution as that step's agent earns reward 1 (the mean of 1 and 1); the no-op's 0."""
+    registry, ref, _digest = base_image
+    steps_task(tmp_path / "tasks" / "steps", image=ref)
+    cli.migrate()
+    cli.env["IMAGE_INSECURE_REGISTRIES"] = registry.host
+    out = tmp_path / "out"
+    done = cli.manage("verify_tasks", str(tmp_path / "tasks"), "--out", str(out), timeout=600)
+    assert done.returncode == 0, done.stdout + done.stderr
+    (entry,) = json.loads((out / "verification.json").read_text())
+    assert (entry["verified"], entry["solution_reward"], entry["noop_reward"]) == (True, 1.0, 0.0), done.stdout
+    assert entry["noop"]["error"] == "running_tests: reward 0 < 1 (mean of the steps' rewards)"

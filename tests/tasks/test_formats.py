@@ -424,7 +424,10 @@ def test_harbor_sizes(tmp_path, environment, memory, storage):
             "got '/app/../etc'",
         ),
         ("[environment]\nworkdir = 1\n", "task.toml: [environment] workdir must be a string, got a number"),
-        ('[[steps]]\nname = "one"\n', "task.toml: [[steps]] (a multi-step task) is not supported here"),
+        (
+            '[[steps]]\nname = "one"\n',
+            "task.toml has [[steps]] but the task has no steps/ folder (steps/<name>/instruction.md)",
+        ),
         (
             '[verifier.env]\nOPENAI_API_KEY = "${OPENAI_API_KEY}"\n',
             "task.toml: [verifier.env] OPENAI_API_KEY takes its value from the host's environment "

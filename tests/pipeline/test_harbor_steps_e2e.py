@@ -1,0 +1,178 @@
+"""Harbor tasks of [[steps]] of the suite's own (SPEC §23) through the whole pipeline, on the suite's Debian
+image: one environment, each step's agent then its verifier, in order; the evaluation's steps, its reward
+by the task's strategy, and a step stopping the rest as Harbor's MultiStepTrial stops them."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.pipeline.test_e2e import evaluate
+from tests.pipeline.test_harbor_e2e import serve
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
+
+# Each step's test: its own file holds its word; step two's "style" says whether step one's file is still
+# there (one environment). Step one writes no reward when the agent left no-reward saying yes.
+ONE_TEST = (
+    "#!/bin/bash\n"
+    'test "$(cat one.txt 2>/dev/null)" = one && r=1 || r=0\n'
+    "ls /tests > /logs/verifier/tests-seen.txt\n"
+    '[ "$(cat no-reward 2>/dev/null)" = yes ] || echo $r > /logs/verifier/reward.txt\n'
+)
+SHARED_TEST = (
+    "#!/bin/bash\n"
+    'test "$(cat two.txt 2>/dev/null)" = two && r=1 || r=0\n'
+    "test -e /logs/verifier/tests-seen.txt && r=0  # step one's /logs/verifier is gone\n"
+    "test -f one.txt && kept=1 || kept=0\n"
+    'echo "{\\"reward\\": $r, \\"style\\": $kept}" > /logs/verifier/reward.json\n'
+)
+# The agent: the step it runs for from TASK_STEP, its prompt from TASK_PROMPT; what it saw of /logs/agent
+# (empty for every step, as Harbor empties it) and of /tests (nothing: an empty folder once a verifier ran,
+# as Harbor's /tests is between steps).
+AGENT = (
+    'cd "$REPO_DIR"\n'
+    'echo "step=$TASK_STEP prompt=$(cat "$TASK_PROMPT")"\n'
+    'echo "logs-agent-entries=$(ls -A /logs/agent | wc -l)"\n'
+    'test -n "$(ls -A /tests 2>/dev/null)" && echo SAW-TESTS\n'
+    'echo "$TASK_STEP" > /logs/agent/trace.txt\n'
+)
+SOLVE_BOTH = AGENT + 'echo "$TASK_STEP" > "$TASK_STEP.txt"\n'
+SOLVE_TWO_ONLY = AGENT + '[ "$TASK_STEP" = two ] && echo two > two.txt\ntrue\n'
+REFUSE_ONE_REWARD = AGENT + '[ "$TASK_STEP" = one ] && echo yes > no-reward\ntrue\n'
+
+
+def steps_task(root: Path, image: str, toml: str = "", one: str = "") -> Path:
+    """Two steps: one (its own tests/test.sh; ``one``: more of its table), two (the task's tests/test.sh)."""
+    files = {
+        "task.toml": f'{toml}\n[environment]\ndocker_image = "{image}"\n'
+        f'[[steps]]\nname = "one"\n{one}[steps.agent]\ntimeout_sec = 120\n'
+        '[[steps]]\nname = "two"\n',
+        "steps/one/instruction.md": "Write one to one.txt.",
+        "steps/one/tests/test.sh": ONE_TEST,
+        "steps/two/instruction.md": "Write two to two.txt.",
+        "tests/test.sh": SHARED_TEST,
+    }
+    for relpath, text in files.items():
+        (root / relpath).parent.mkdir(parents=True, exist_ok=True)
+        (root / relpath).write_text(text)
+    return root
+
+
+def run(tasks, config, tmp_path, base_image, agent: str, toml: str = "", one: str = ""):
+    _registry, image, _digest = base_image
+    url = serve(tasks, steps_task(tmp_path / "task", image, toml, one))
+    return evaluate(url, agent, config=config, sandbox="bwrap", language="bash")
+
+
+def shown(evaluation) -> list[tuple]:
+    return [(s["name"], s["reward"], s["rewards"], s["passed"]) for s in evaluation.steps]
+
+
+def transitions(evaluation) -> list[str]:
+    return [t.step for t in evaluation.transitions.all()][5:]  # from installing_agent on
+
+
+def test_the_solution_passes_both_steps_in_one_environment(tasks, image_task_config, tmp_path, base_image):
+    evaluation = run(tasks, image_task_config, tmp_path, base_image, SOLVE_BOTH)
+    assert (evaluation.status, evaluation.passed, evaluation.reward) == ("completed", True, 1.0), (
+        evaluation.error, evaluation.log[-3000:])  # fmt: skip
+    assert evaluation.rewards == {"reward": 1.0, "style": 0.5}  # per key; a key a step lacks counts 0
+    assert shown(evaluation) == [
+        ("one", 1.0, {"reward": 1.0}, True), ("two", 1.0, {"reward": 1.0, "style": 1.0}, True)]  # fmt: skip
+    assert all(isinstance(s["duration_ms"], int) and s["duration_ms"] >= 0 for s in evaluation.steps)
+    assert transitions(evaluation) == ["installing_agent", "running_agent", "running_tests", "running_agent",
+                                       "running_tests", "cleanup", "done"]  # fmt: skip
+    output = evaluation.agent_output
+    assert "=== step one ===\nstep=one prompt=Write one to one.txt." in output, output
+    assert "=== step two ===\nstep=two prompt=Write two to two.txt." in output, output
+    assert output.count("logs-agent-entries=0") == 2 and "SAW-TESTS" not in output, output
+    assert [r.name for r in evaluation.test_results.all()] == ["one/test.sh", "two/test.sh"]
+    assert "=== step one ===" in evaluation.test_output and "=== step two ===" in evaluation.test_output
+    assert sorted(a["path"] for a in evaluation.artifacts) == ["one/trace.txt", "two/trace.txt"]
+    assert evaluation.limits_applied["agent_timeout_secs"] == image_task_config.agent_timeout_secs
+    assert evaluation.signature is not None and "steps" in evaluation.signature["fields"]
+
+
+def test_a_no_op_agent_gets_reward_0(tasks, image_task_config, tmp_path, base_image):
+    evaluation = run(tasks, image_task_config, tmp_path, base_image, AGENT)
+    assert (evaluation.status, evaluation.passed, evaluation.reward) == ("failed", False, 0.0), evaluation.error
+    assert evaluation.error_kind == "tests_failed"
+    assert evaluation.error == "running_tests: reward 0 < 1 (mean of the steps' rewards)"
+    assert shown(evaluation) == [
+        ("one", 0.0, {"reward": 0.0}, False),
+        ("two", 0.0, {"reward": 0.0, "style": 0.0}, False),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("toml", "one", "status", "reward", "ran", "error"),
+    [
+        # No min_reward: a failed step stops nothing; the mean of 0 and 1.
+        ("", "", "failed", 0.5, ["one", "two"], "running_tests: reward 0.5 < 1 (mean of the steps' rewards)"),
+        # final: the last step's reward, as it is.
+        ('multi_step_reward_strategy = "final"', "", "completed", 1.0, ["one", "two"], ""),
+        # min_reward on step one: its reward 0 stops the rest; the mean is over the step run.
+        (
+            "",
+            "min_reward = 1\n",
+            "failed",
+            0.0,
+            ["one"],
+            "running_tests: reward 0 < 1 (mean of the steps' rewards); step 'one' reward=0 below min_reward 1: 'two' "
+            "did not run",
+        ),
+        # A key gated that the reward lacks counts -inf: stopped too.
+        (
+            "",
+            "min_reward = { style = 0 }\n",
+            "failed",
+            0.0,
+            ["one"],
+            "running_tests: reward 0 < 1 (mean of the steps' rewards); step 'one' style=-inf below min_reward 0: 'two' "
+            "did not run",
+        ),
+    ],
+)
+def test_a_failing_step_stops_the_rest_only_as_harbor_does(
+    tasks, image_task_config, tmp_path, base_image, toml, one, status, reward, ran, error
+):
+    evaluation = run(tasks, image_task_config, tmp_path, base_image, SOLVE_TWO_ONLY, toml, one)
+    assert (evaluation.status, evaluation.reward, evaluation.error) == (status, reward, error), evaluation.log[-3000:]
+    assert [s["name"] for s in evaluation.steps] == ran
+    assert transitions(evaluation).count("running_agent") == len(ran)
+
+
+def test_a_step_whose_verifier_gives_no_reward_stops_the_rest_and_fails(tasks, image_task_config, tmp_path, base_image):
+    evaluation = run(tasks, image_task_config, tmp_path, base_image, REFUSE_ONE_REWARD)
+    assert (evaluation.status, evaluation.error_kind, evaluation.reward) == ("failed", "tests_failed", None)
+    assert evaluation.error == (
+        "running_tests: step 'one': the verifier wrote no reward: neither /logs/verifier/reward.json nor "
+        "/logs/verifier/reward.txt exists; step 'one' gave no reward: 'two' did not run"
+    ), evaluation.log[-3000:]
+    assert shown(evaluation) == [("one", None, None, False)]
+
+
+def test_each_steps_own_timeouts_apply(tasks, image_task_config, tmp_path, base_image):
+    """Step one's verifier has 1 s ([steps.verifier] timeout_sec) and sleeps: no reward, the rest stop. With
+    step two's agent given 1 s ([steps.agent] timeout_sec) instead, its agent's sleep ends the evaluation."""
+    sleepy = ONE_TEST.replace("#!/bin/bash\n", "#!/bin/bash\nsleep 60\n", 1)
+    _registry, image, _digest = base_image
+    root = steps_task(tmp_path / "verifier", image, one="[steps.verifier]\ntimeout_sec = 1\n")
+    (root / "steps/one/tests/test.sh").write_text(sleepy)
+    evaluation = evaluate(serve(tasks, root), SOLVE_BOTH, config=image_task_config, sandbox="bwrap", language="bash")
+    assert (evaluation.status, evaluation.error_kind) == ("failed", "tests_failed"), evaluation.log[-3000:]
+    assert evaluation.error == (
+        "running_tests: step 'one': the verifier test.sh timed out; step 'one' gave no reward: 'two' did not run"
+    )
+    assert shown(evaluation) == [("one", None, None, False)]
+
+    root = steps_task(tmp_path / "agent", image)
+    toml = (root / "task.toml").read_text() + "[steps.agent]\ntimeout_sec = 1\n"  # step two's
+    (root / "task.toml").write_text(toml)
+    agent = SOLVE_BOTH + '[ "$TASK_STEP" = two ] && sleep 60\ntrue\n'
+    evaluation = evaluate(serve(tasks, root), agent, config=image_task_config, sandbox="bwrap", language="bash")
+    assert (evaluation.status, evaluation.error_kind) == ("cancelled", "agent_timeout"), evaluation.log[-3000:]
+    assert evaluation.error == "running_agent: agent timed out after 1 s"
+    assert shown(evaluation) == [("one", 1.0, {"reward": 1.0}, True)] and evaluation.reward is None

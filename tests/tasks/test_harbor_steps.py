@@ -1,0 +1,288 @@
+"""A Harbor task's [[steps]] read into TaskSpec.steps (SPEC §23), as Harbor 0.25's StepConfig and TaskPaths
+read them; each bad value one TaskError naming the step (its number and name) and the key."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from evaluations.tasks.registry import load_task
+from evaluations.tasks.spec import AGENT, VERIFIER, NetworkRequest, SupportFile, TaskError
+from tests.tasks.test_workspace import make_task
+
+TOML = """\
+multi_step_reward_strategy = "final"
+
+[agent]
+timeout_sec = 300
+
+[verifier]
+timeout_sec = 90
+
+[verifier.env]
+MODE = "strict"
+LEVEL = "1"
+
+[environment]
+network_mode = "no-network"
+
+[[steps]]
+name = "write"
+min_reward = 1
+colour = "blue"
+
+[steps.agent]
+timeout_sec = 30
+network_mode = "public"
+
+[[steps]]
+name = "check"
+min_reward = { reward = 0.5, style = 1 }
+
+[steps.verifier]
+timeout_sec = 45
+network_mode = "allowlist"
+allowed_hosts = ["PyPI.org"]
+
+[steps.verifier.env]
+LEVEL = "2"
+"""
+
+
+def task(tmp_path: Path, toml: str = TOML, **extra: str | bytes | None) -> Path:
+    files = {
+        "task.toml": toml,
+        "environment/Dockerfile": "FROM debian:bookworm\n",
+        "tests/test.sh": "#!/bin/bash\necho shared\n",
+        "tests/helper.py": "print('shared')\n",
+        "steps/write/instruction.md": "Write 1 to /app/a.\n",
+        "steps/write/solution/solve.sh": "#!/bin/bash\necho 1 > /app/a\n",
+        "steps/write/solution/data.txt": "x\n",
+        "steps/check/instruction.md": "Write 2 to /app/b.\n",
+        "steps/check/tests/test.sh": "#!/bin/bash\necho own\n",
+        "steps/check/tests/helper.py": "print('own')\n",
+        "solution/solve.sh": "#!/bin/bash\necho shared solution\n",
+    }
+    files.update(extra)
+    kept = {path: text for path, text in files.items() if text is not None}
+    return make_task(tmp_path / "steps-task", kept, executable=tuple(p for p in kept if p.endswith(".sh")))
+
+
+def error(root: Path) -> str:
+    with pytest.raises(TaskError) as info:
+        load_task(root)
+    return str(info.value)
+
+
+def test_each_step_has_its_prompt_tests_solution_timeouts_env_and_network(tmp_path):
+    spec = load_task(task(tmp_path))
+    assert spec.format == "harbor" and spec.reward_strategy == "final"
+    write, check = spec.steps
+    assert (write.name, write.prompt, check.name, check.prompt) == (
+        "write", "Write 1 to /app/a.\n", "check", "Write 2 to /app/b.\n")  # fmt: skip
+    assert spec.prompt == write.prompt and spec.verifier == write.verifier  # what the task shows: its first step
+    # /tests: tests/, then the step's tests/ over it; the script the step's, else the task's
+    assert write.verifier.files == [
+        SupportFile("helper.py", b"print('shared')\n", 0o644), SupportFile("test.sh", b"#!/bin/bash\necho shared\n", 0o755)]  # fmt: skip
+    assert check.verifier.files == [
+        SupportFile("helper.py", b"print('own')\n", 0o644), SupportFile("test.sh", b"#!/bin/bash\necho own\n", 0o755)]  # fmt: skip
+    assert write.verifier.script == check.verifier.script == "test.sh"
+    assert write.verifier.env == {"MODE": "strict", "LEVEL": "1"}
+    assert check.verifier.env == {"MODE": "strict", "LEVEL": "2"}
+    # Timeouts: the step's agent's, else [agent]'s; the step's verifier's, else Harbor's default 600 s.
+    assert (write.request.agent_timeout_secs, write.request.verifier_timeout_secs) == (30.0, 600.0)
+    assert (check.request.agent_timeout_secs, check.request.verifier_timeout_secs) == (300.0, 45.0)
+    assert write.request.phase_network(AGENT) == NetworkRequest("public")
+    assert write.request.phase_network(VERIFIER) == NetworkRequest("no-network")
+    assert check.request.phase_network(AGENT) == NetworkRequest("no-network")
+    assert check.request.phase_network(VERIFIER) == NetworkRequest("allowlist", ("pypi.org",))
+    assert (write.min_reward, check.min_reward) == (1.0, {"reward": 0.5, "style": 1.0})
+    # The step's own solution/, else the task's.
+    assert write.solution == "#!/bin/bash\necho 1 > /app/a\n"
+    assert [f.relpath for f in write.solution_files] == ["data.txt", "solve.sh"]
+    assert check.solution == "#!/bin/bash\necho shared solution\n"
+    assert spec.metadata["steps"] == [{"colour": "blue"}, {}]  # a step's keys not read are kept
+
+
+def test_a_task_of_steps_needs_no_instruction_md_nor_shared_tests(tmp_path):
+    root = task(tmp_path, '[[steps]]\nname = "check"\n', **{"tests/test.sh": None, "tests/helper.py": None})
+    spec = load_task(root)
+    assert [step.name for step in spec.steps] == ["check"] and spec.reward_strategy == "mean"
+    assert spec.steps[0].min_reward is None
+    assert spec.steps[0].request.verifier_timeout_secs == 600.0
+
+
+def test_a_single_step_task_is_as_before(tmp_path):
+    root = task(tmp_path, "steps = []\n", **{"instruction.md": "Do it.\n"})
+    spec = load_task(root)
+    assert spec.steps == () and spec.prompt == "Do it.\n"
+
+
+STEP = '[[steps]]\nname = "write"\n'
+
+
+@pytest.mark.parametrize(
+    ("toml", "files", "message"),
+    [
+        (
+            'multi_step_reward_strategy = "max"\n' + STEP,
+            {},
+            "task.toml: multi_step_reward_strategy must be mean or final, got 'max'",
+        ),
+        ("steps = [1]\n", {}, "task.toml: [[steps]] must be an array of tables, got a list"),
+        ("steps = 3\n", {}, "task.toml: [[steps]] must be an array of tables, got a number"),
+        (
+            "[[steps]]\nmin_reward = 1\n",
+            {},
+            "task.toml: [[steps]] #1: [steps] name is required (the step's folder under steps/)",
+        ),
+        ("[[steps]]\nname = 7\n", {}, "task.toml: [[steps]] #1: [steps] name must be a string, got a number"),
+        (
+            '[[steps]]\nname = "a/b"\n',
+            {},
+            "task.toml: [[steps]] #1 ('a/b'): [steps] name 'a/b' is not a portable folder name (no path separators, "
+            "control or reserved characters, device names or trailing dots and spaces; at most 255 bytes)",
+        ),
+        (
+            '[[steps]]\nname = ".."\n',
+            {},
+            "task.toml: [[steps]] #1 ('..'): [steps] name '..' is not a portable folder "
+            "name (no path separators, control or reserved characters, device names or trailing dots and spaces; at "
+            "most 255 bytes)",
+        ),
+        (
+            STEP + '[[steps]]\nname = "Write"\n',
+            {"steps/Write/instruction.md": "x\n"},
+            "task.toml: [[steps]] #2 ('Write'): name is another step's too (names are compared case- and form-blind, "
+            "as Harbor does)",
+        ),
+        (
+            STEP + '[[steps]]\nname = "gone"\n',
+            {},
+            "task.toml: [[steps]] #2 ('gone'): name: there is no steps/gone/ "
+            "folder (its instruction.md, tests/ and solution/)",
+        ),
+        (
+            STEP + "[steps.agent]\ntimeout_sec = -1\n",
+            {},
+            "task.toml: [[steps]] #1 ('write'): [steps.agent] timeout_sec must be a positive number, got -1",
+        ),
+        (
+            STEP + '[steps.verifier]\ntimeout_sec = "1"\n',
+            {},
+            "task.toml: [[steps]] #1 ('write'): [steps.verifier] timeout_sec must be a positive number, got a string",
+        ),
+        (
+            STEP + '[steps.agent]\nnetwork_mode = "open"\n',
+            {},
+            "task.toml: [[steps]] #1 ('write'): [steps.agent] network_mode must be one of no-network, public, "
+            "allowlist, got 'open'",
+        ),
+        (
+            STEP + '[steps.verifier]\nallowed_hosts = ["a.org"]\n',
+            {},
+            "task.toml: [[steps]] #1 ('write'): [steps.verifier] allowed_hosts goes with network_mode = 'allowlist', "
+            "and [steps.verifier] sets no network_mode (without one the phase has [environment]'s network)",
+        ),
+        (
+            STEP + '[steps.verifier.env]\nKEY = "${KEY}"\n',
+            {},
+            "task.toml: [[steps]] #1 ('write'): [steps.verifier.env] KEY takes its value from the host's environment "
+            "(${KEY}); this executor passes nothing of its own environment to a task",
+        ),
+        (
+            STEP + 'min_reward = "1"\n',
+            {},
+            "task.toml: [[steps]] #1 ('write'): [steps] min_reward must be a number, got a string",
+        ),
+        (
+            STEP + "min_reward = nan\n",
+            {},
+            "task.toml: [[steps]] #1 ('write'): [steps] min_reward must be a finite number, got nan",
+        ),
+        (
+            STEP + "min_reward = {}\n",
+            {},
+            "task.toml: [[steps]] #1 ('write'): [steps] min_reward is an empty table: give a number, or thresholds by reward key",
+        ),
+        (
+            STEP + "min_reward = { style = true }\n",
+            {},
+            "task.toml: [[steps]] #1 ('write'): [steps] min_reward.style must be a number, got a boolean",
+        ),
+        (
+            STEP + '[steps.agent]\nuser = "dev"\n',
+            {},
+            "task.toml: [[steps]] #1 ('write'): [steps.agent] user: a step's own user is not supported here",
+        ),
+        (
+            STEP + '[steps.healthcheck]\ncommand = "true"\n',
+            {},
+            "task.toml: [[steps]] #1 ('write'): [steps] healthcheck: a step's own healthcheck is not supported here",
+        ),
+        (
+            STEP + 'artifacts = ["/app/out"]\n',
+            {},
+            "task.toml: [[steps]] #1 ('write'): [steps] artifacts: a step's own artifacts is not supported here",
+        ),
+        (
+            STEP + '[steps.verifier]\nenvironment_mode = "separate"\n',
+            {},
+            "task.toml: [[steps]] #1 ('write'): [steps.verifier] environment_mode = 'separate': a step's verifier runs "
+            "in the task's environment here",
+        ),
+        (
+            STEP,
+            {"steps/write/workdir/setup.sh": "true\n"},
+            "task.toml: [[steps]] #1 ('write'): steps/write/workdir/ (files and setup.sh staged before the step) is not "
+            "supported here",
+        ),
+        (
+            STEP,
+            {"steps/write/instruction.md": None},
+            "task.toml: [[steps]] #1 ('write'): task has no steps/write/instruction.md (required)",
+        ),
+        (
+            STEP,
+            {"tests/test.sh": None},
+            "task.toml: [[steps]] #1 ('write'): the step has no test script: neither "
+            "steps/write/tests/test.sh nor tests/test.sh exists",
+        ),
+        (
+            STEP,
+            {"steps/write/solution/solve.sh": None},
+            "task.toml: [[steps]] #1 ('write'): task has no steps/write/solution/solve.sh (required)",
+        ),
+        (
+            STEP,
+            {"steps/write/tests/helper.py/x": "x\n"},
+            "task.toml: [[steps]] #1 ('write'): steps/write/tests/"
+            "helper.py/x and tests/helper.py: a file where the other has a folder",
+        ),
+        (
+            '[verifier]\ngrader = "pytest"\n' + STEP,
+            {},
+            "task.toml: [verifier] grader = 'pytest' with [[steps]]: a step is graded by its reward file",
+        ),
+        (
+            "[verifier]\nisolated = true\n" + STEP,
+            {},
+            "task.toml: [verifier] isolated = true with [[steps]]: every step's verifier shares the environment",
+        ),
+    ],
+)
+def test_a_bad_step_is_named_by_its_number_name_and_key(tmp_path, toml, files, message):
+    assert error(task(tmp_path, toml, **files)) == message
+
+
+def test_steps_are_bounded(tmp_path):
+    toml = "".join(f'[[steps]]\nname = "s{n}"\n' for n in range(101))
+    assert error(task(tmp_path, toml)) == "task.toml: [[steps]] has 101 steps, over the 100 this executor runs"
+
+
+def test_a_task_with_steps_but_no_steps_folder_is_refused(tmp_path):
+    root = make_task(
+        tmp_path / "t", {"task.toml": STEP, "environment/Dockerfile": "FROM x\n", "tests/test.sh": "true\n"}
+    )
+    assert error(root) == "task.toml has [[steps]] but the task has no steps/ folder (steps/<name>/instruction.md)"
