@@ -24,15 +24,17 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers import harbor_venv
 from tests.helpers.http import request
 from tests.helpers.httpserver import TestHTTPServer
 from tests.helpers.polling import wait_for
 from tests.helpers.service import PROJECT, free_port
 from tests.helpers.tasks import ADD_TEST, SOLVER, TaskFactory
+from tests.sandboxes.conftest import TOKEN as SANDBOX_TOKEN
 
 pytestmark = pytest.mark.slow
 
-TOKEN = "container-test-token"
+TOKEN = SANDBOX_TOKEN  # what tests/sandboxes' Harbor runs pass
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 OPERATING = (PROJECT / "docs" / "operating.md").read_text()
 # Away from the host services' defaults (SANDBOX_UID 60000.., IMAGE_UID_BASE 100000000..).
@@ -81,6 +83,7 @@ def www(tmp_path_factory):
 class Container:
     def __init__(self, name: str, port: int, volumes: list[str]):
         self.name, self.port, self.volumes = name, port, volumes
+        self.base_url = f"http://127.0.0.1:{port}"
 
     def url(self, path: str) -> str:
         return f"http://127.0.0.1:{self.port}{path}"
@@ -105,15 +108,13 @@ class Container:
         return done.stdout + done.stderr
 
 
-@pytest.fixture(scope="module")
-def container(image, registry, hub_mirror, www):
-    """The image run with the docs' line: named volumes of its own, on 127.0.0.1:<port> of the host's network."""
-    name = f"te-test-{uuid.uuid4().hex[:8]}"
-    port = free_port()
+def run_argv(image: str, name: str, env: dict[str, str]) -> tuple[list[str], list[str]]:
+    """The docs' line for ``image``, named ``name``, with volumes of its own (te-data:/data ->
+    te-data-<name>:/data), the host's network for -p, and ``env`` added: (argv, volumes)."""
     argv = docs_run_line("podman")
     volumes = []
     for i, word in enumerate(argv):
-        if word == "-v" and ":" in argv[i + 1]:  # te-data:/data -> a volume of this run's own
+        if word == "-v" and ":" in argv[i + 1]:
             volume, _, target = argv[i + 1].partition(":")
             volumes.append(f"{volume}-{name}")
             argv[i + 1] = f"{volumes[-1]}:{target}"
@@ -122,6 +123,21 @@ def container(image, registry, hub_mirror, www):
     at = argv.index("-p")
     argv[at : at + 2] = ["--network", "host"]
     argv[argv.index("--name") + 1] = name
+    argv[-1:-1] = [word for key, value in env.items() for word in ("-e", f"{key}={value}")]
+    argv[-1] = image
+    return argv, volumes
+
+
+def remove(name: str, volumes: list[str]) -> None:
+    subprocess.run(["podman", "rm", "-f", "-t", "30", name], capture_output=True, timeout=120)
+    subprocess.run(["podman", "volume", "rm", "-f", *volumes], capture_output=True, timeout=120)
+
+
+@pytest.fixture(scope="module")
+def container(image, registry, hub_mirror, www):
+    """The image run with the docs' line, on 127.0.0.1:<port> of the host's network."""
+    name = f"te-test-{uuid.uuid4().hex[:8]}"
+    port = free_port()
     env = {
         "GUNICORN_BIND": f"127.0.0.1:{port}",
         "ALLOWED_PRIVATE_HOSTS": "127.0.0.1",  # the task archives and repositories of `www`
@@ -129,8 +145,8 @@ def container(image, registry, hub_mirror, www):
         "IMAGE_REGISTRY_MIRRORS": f"docker.io={hub_mirror.host}",  # a Harbor task's FROM debian:bookworm
         **OWN_IDS,
     }
-    argv[-1:-1] = [word for key, value in env.items() for word in ("-e", f"{key}={value}")] + cgroup_flags(name)
-    argv[-1] = image
+    argv, volumes = run_argv(image, name, env)
+    argv[-1:-1] = cgroup_flags(name)
     started = subprocess.run(argv, capture_output=True, text=True, timeout=120)
     assert started.returncode == 0, (argv, started.stderr)
     running = Container(name, port, volumes)
@@ -138,8 +154,26 @@ def container(image, registry, hub_mirror, www):
         wait_for(lambda: _healthy(running), 180, interval=0.5, what="the container's /health")
         yield running
     finally:
-        subprocess.run(["podman", "rm", "-f", "-t", "30", name], capture_output=True, timeout=120)
-        subprocess.run(["podman", "volume", "rm", "-f", *volumes], capture_output=True, timeout=120)
+        remove(name, volumes)
+
+
+def test_without_the_added_capabilities_it_refuses_to_start_naming_them(image):
+    """The docs' line less its --cap-add flags: the engine's default root, which bin/serve refuses."""
+    name = f"te-test-{uuid.uuid4().hex[:8]}"
+    argv, volumes = run_argv(image, name, {"GUNICORN_BIND": f"127.0.0.1:{free_port()}", **OWN_IDS})
+    for flag in ("SYS_ADMIN", "SYS_PTRACE", "MKNOD"):
+        at = argv.index(flag)
+        assert argv[at - 1] == "--cap-add"
+        del argv[at - 1 : at + 1]
+    argv.remove("-d")
+    try:
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=300)
+    finally:
+        remove(name, volumes)
+    assert done.returncode == 2, (done.returncode, done.stderr[-3000:])
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith("term-executor: configuration error: the service runs as root without CAP_SYS_ADMIN"), last
+    assert "(--cap-add SYS_ADMIN --cap-add SYS_PTRACE --cap-add MKNOD; docs/operating.md, Docker)" in last, last
 
 
 def _healthy(container: Container) -> bool:
@@ -283,3 +317,16 @@ def test_the_image_is_tagged_by_content_and_its_base_is_a_build_argument(image):
     labels = subprocess.run(["podman", "image", "inspect", "-f", "{{.Config.Cmd}}", image], capture_output=True,
                             text=True).stdout  # fmt: skip
     assert "bin/serve" in labels
+
+
+def test_harbor_runs_a_trial_on_the_containers_live_sandboxes(container, base_image, tmp_path):
+    """The Harbor backend (term_executor_client.harbor, SPEC §24): real Harbor 0.25 builds a task's
+    Dockerfile (its context sent to the container), runs the oracle and the verifier, reads the reward."""
+    from tests.sandboxes.test_harbor_real import harbor_run, reward, write_task
+
+    harbor = harbor_venv.ensure() / "bin" / "harbor"
+    write_task(tmp_path / "dataset", "greet", base_image[1])
+    results = harbor_run(harbor, container, tmp_path, tmp_path / "dataset", "oracle")
+    assert [reward(result) for result in results] == [1.0]
+    status, sandboxes = container.call("GET", "/sandboxes")
+    assert status == 200 and not [s for s in sandboxes if s["status"] in ("starting", "ready")], sandboxes
