@@ -290,6 +290,18 @@ def test_a_live_sandbox_runs_execs_and_an_agent_reaches_neither_the_host_nor_it(
                                 "*/root/secret"], capture_output=True, text=True, timeout=60)  # fmt: skip
         secrets = found.stdout.split()  # in the sandbox's root, and in its writable layer
         assert len(secrets) == 2, (found.stdout, found.stderr)
+        # Root in name only: the image's root is the sandbox's leased uid on disk, its other ids a range of
+        # IMAGE_UID_BASE's (65536 per leased uid), never the container's (the host's) root.
+        status, ran = container.call("POST", f"/sandboxes/{sandbox}/exec",
+                                     {"command": "touch /var/tmp/by-nobody", "user": "65534"})  # fmt: skip
+        assert (status, ran["exit_code"]) == (200, 0), ran
+        upper = next(path for path in secrets if "/.image/upper/" in path).removesuffix("/root/secret")
+        owners = subprocess.run(["podman", "exec", container.name, "stat", "-c", "%u", f"{upper}/root/secret",
+                                 f"{upper}/var/tmp/by-nobody"], capture_output=True, text=True, timeout=60)  # fmt: skip
+        root_owner, nobody_owner = map(int, owners.stdout.split())
+        assert 61000 <= root_owner < 61064, owners.stdout
+        base = int(OWN_IDS["IMAGE_UID_BASE"]) + (root_owner - 61000) * 65536
+        assert nobody_owner == base + 65534, (owners.stdout, base)
         ports = [host_listener] + ([5432] if _listening(5432) else [])
         server, folder = www
         tasks = TaskFactory(folder, server.url(""))
