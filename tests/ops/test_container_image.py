@@ -82,6 +82,7 @@ def image() -> str:
 @pytest.fixture(scope="module")
 def www(tmp_path_factory):
     folder = tmp_path_factory.mktemp("www")
+    (folder / "hello.txt").write_text("hello from the host\n")
     with TestHTTPServer(folder) as server:
         yield server, folder
 
@@ -149,6 +150,7 @@ def container(image, registry, hub_mirror, www):
         "ALLOWED_PRIVATE_HOSTS": "127.0.0.1",  # the task archives and repositories of `www`
         "IMAGE_INSECURE_REGISTRIES": registry.host,
         "IMAGE_REGISTRY_MIRRORS": f"docker.io={hub_mirror.host}",  # a Harbor task's FROM debian:bookworm
+        "EGRESS_ALLOW": f"127.0.0.1:{www[0].port}",  # the one host port agents may reach, through the proxy
         **OWN_IDS,
     }
     argv, volumes = run_argv(image, name, env)
@@ -268,6 +270,13 @@ done
 for secret in {secrets}; do cat "$secret" 2>&1 && echo "read the secret" || echo "secret unreadable"; done
 echo "sessions: $(ls /workspaces 2>&1 | tr '\\n' ' ')"
 echo "uid $(id -u)"
+for url in {proxied}; do  # through the evaluation's egress proxy (its variables, less NO_PROXY's 127.0.0.1)
+  env -u no_proxy -u NO_PROXY python3 -c 'import sys, urllib.request
+try:
+    print("proxied", sys.argv[1], urllib.request.urlopen(sys.argv[1], timeout=20).read().decode().strip())
+except Exception as error:
+    print("proxy refused", sys.argv[1], error)' "$url"
+done
 """
 
 
@@ -306,7 +315,9 @@ def test_a_live_sandbox_runs_execs_and_an_agent_reaches_neither_the_host_nor_it(
         server, folder = www
         tasks = TaskFactory(folder, server.url(""))
         url = tasks.task()
-        agent = REACH.format(ports=" ".join(map(str, ports)), secrets=" ".join(map(shlex.quote, secrets)))
+        allowed, refused = f"http://127.0.0.1:{server.port}/hello.txt", f"http://127.0.0.1:{host_listener}/"
+        agent = REACH.format(ports=" ".join(map(str, ports)), secrets=" ".join(map(shlex.quote, secrets)),
+                             proxied=f"{allowed} {refused}")  # fmt: skip
         result = container.evaluate({"task_url": url, "agent_code": agent, "agent_language": "bash"})
         out = result["agent_output"]
         for port in ports:
@@ -316,6 +327,10 @@ def test_a_live_sandbox_runs_execs_and_an_agent_reaches_neither_the_host_nor_it(
         assert sandbox not in sessions and "sandbox-" not in sessions, out  # at most its own folder
         uid = int(re.search(r"uid (\d+)", out).group(1))
         assert 61000 <= uid < 61064, out
+        # The egress proxy: EGRESS_ALLOW's host port reached, any other of the host's refused; both recorded.
+        assert f"proxied {allowed} hello from the host" in out and f"proxy refused {refused}" in out, out
+        seen = {(e["port"], e["allowed"]) for e in result["egress"] if e["host"] == "127.0.0.1"}
+        assert {(server.port, True), (host_listener, False)} <= seen, result["egress"]
     finally:
         container.call("DELETE", f"/sandboxes/{sandbox}")
 
