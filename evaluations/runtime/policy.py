@@ -31,11 +31,13 @@ from evaluations.network.egress.relay import (
     proxy_env,
     relay_wrapper,
 )
+from evaluations.runtime import capabilities
 from evaluations.runtime.cgroups import join_prefix
 from evaluations.runtime.types import ImageRoot, Mount
 
 COMMAND_NICENESS = 10  # below the service and the other evaluations' bookkeeping
-NICE_BY_THREAD = os.geteuid() == 0  # only root can raise its thread's priority back afterwards
+# Raising a thread's priority back afterwards takes CAP_SYS_NICE: root's on a host, not in a container.
+NICE_BY_THREAD = os.geteuid() == 0 and "CAP_SYS_NICE" in capabilities.effective()
 # /dev/shm is RAM the memory monitor cannot see unless mapped: capped like Docker's default.
 SHM_BYTES = 64 * 1024 * 1024
 HOST_SYSTEM_ROOTS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")

@@ -18,9 +18,12 @@
 4. The image id ranges (IMAGE_UID_BASE, SANDBOX_UID_COUNT x 65536 ids) meet no subordinate range
    of /etc/subuid or /etc/subgid and no account of /etc/passwd or /etc/group (SPEC §21,
    ``check_image_ids``): an id shared with another user would share its files and processes.
-5. The signing key (SPEC §18) is read, or made at first start: a SIGNING_KEY_FILE that is
+5. As root, the capabilities root's work takes (``check_privileges``): in a container, root holds
+   only what the engine grants; without, say, CAP_SYS_ADMIN, every image task would fail at its
+   mount, so start-up stops with one line naming each missing capability and the flag that grants it.
+6. The signing key (SPEC §18) is read, or made at first start: a SIGNING_KEY_FILE that is
    missing, unreadable or not Ed25519 stops start-up with one line naming it.
-6. The start-up warnings are logged.
+7. The start-up warnings are logged.
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ from evaluations.runtime import (
     Runtime,
     SandboxUnavailable,
     become_subreaper,
+    capabilities,
     cgroups,
     hostids,
     sandbox_uid,
@@ -62,6 +66,7 @@ class StartupError(Exception):
 def prepare_to_run(config: Config) -> Runtime:
     check_folders(config)
     check_image_ids(config)
+    check_privileges()
     check_signing_key(config)
     runtime = choose_runtime(config)
     if os.geteuid() == 0:
@@ -91,6 +96,21 @@ def check_image_ids(config: Config, files: hostids.HostIdFiles = hostids.SYSTEM)
         raise StartupError(
             f"IMAGE_UID_BASE: the image id ranges ({start}-{stop - 1}, SANDBOX_UID_COUNT x 65536 ids) overlap "
             f"{'; '.join(found[:5])}{more}: set IMAGE_UID_BASE to ids nothing else on this host uses"
+        )
+
+
+def check_privileges(status: str | None = None, euid: int | None = None) -> None:
+    """As root (``euid``, default this process's), StartupError naming the capabilities root's work needs
+    that this process (``status``: a ``/proc/<pid>/status``, default its own) lacks."""
+    if (os.geteuid() if euid is None else euid) != 0:
+        return  # no uid switches, no image tasks: the start-up warnings say so
+    missing = capabilities.missing_as_root(status)
+    if missing:
+        needs = "; ".join(f"{name} ({capabilities.NEEDED_AS_ROOT[name]})" for name in missing)
+        flags = " ".join(f"--cap-add {name.removeprefix('CAP_')}" for name in missing)
+        raise StartupError(
+            f"the service runs as root without {needs}: in a container, grant them ({flags}; docs/operating.md, "
+            "Docker), or run it as another user, without image tasks"
         )
 
 

@@ -1,5 +1,6 @@
-"""The Dockerfile, read as text (no Docker here): what it copies exists, it runs the README's command
-(and docs/operating.md's docker run line says what it needs)."""
+"""The Dockerfile, read as text: what it copies exists, it runs the README's command, its base is a build
+argument (and docs/operating.md's docker run line says what it needs). tests/ops/test_container_image.py
+builds it with podman and runs it."""
 
 from __future__ import annotations
 
@@ -72,13 +73,20 @@ def test_the_command_is_the_readmes_under_tini():
     assert json.loads(only("ENTRYPOINT")) == ["/usr/bin/tini", "--"]
 
 
-def test_base_packages_user_healthcheck_and_volumes():
-    assert re.match(r"python:3\.\d+-slim", only("FROM"))
+def test_the_base_is_a_build_argument_defaulting_to_pythons_bookworm():
+    """FROM ${BASE_IMAGE}: a host that reaches only its own registry builds with --build-arg BASE_IMAGE=..."""
+    assert STEPS[0] == ("ARG", "BASE_IMAGE=python:3.11-slim-bookworm")
+    assert only("FROM") == "${BASE_IMAGE}"
+    assert "--build-arg BASE_IMAGE=" in DOCKERFILE and "--build-arg BASE_IMAGE=" in OPERATING
+
+
+def test_base_packages_root_healthcheck_and_volumes():
     installs = " ".join(args for kw, args in STEPS if kw == "RUN" and "apt-get install" in args).split()
-    for package in ("git", "bubblewrap", "socat", "nodejs", "tini", "util-linux"):  # socat: the egress relay
+    for package in ("git", "bubblewrap", "socat", "nodejs", "tini", "util-linux", "python3", "python3-pip",
+                    "python3-venv", "build-essential"):  # fmt: skip  # socat: the egress relay; gcc: the sandboxes' init
         assert package in installs
-    user = only("USER")
-    assert user not in ("root", "0") and re.search(rf"useradd .*\b{user}\b", DOCKERFILE)
+    # The service is the container's root, as on a host: a uid per evaluation, image id ranges, mounts.
+    assert not [args for kw, args in STEPS if kw == "USER"]
     assert "/health" in only("HEALTHCHECK")
     values = env()
     volumes = json.loads(only("VOLUME"))
@@ -94,6 +102,22 @@ def test_the_operator_guide_documents_the_docker_run_line_and_its_privileges(fla
     assert any(f"--security-opt {flag}" in line for line in run_lines)
     assert f"--security-opt {flag}" in DOCKERFILE  # the header says the same
     assert "--privileged" not in " ".join(run_lines)
+
+
+# podman's default capabilities (Docker's add MKNOD, NET_RAW and AUDIT_WRITE).
+PODMAN_DEFAULTS = {"CAP_CHOWN", "CAP_DAC_OVERRIDE", "CAP_FOWNER", "CAP_FSETID", "CAP_KILL", "CAP_NET_BIND_SERVICE",
+                   "CAP_SETFCAP", "CAP_SETGID", "CAP_SETPCAP", "CAP_SETUID", "CAP_SYS_CHROOT"}  # fmt: skip
+
+
+def test_the_run_line_adds_exactly_the_capabilities_the_start_up_check_asks_for():
+    from evaluations.runtime.capabilities import NEEDED_AS_ROOT
+
+    line = re.search(r"^docker run [^\n]*", OPERATING, re.M).group(0)
+    added = {"CAP_" + name for name in re.findall(r"--cap-add (\w+)", line)}
+    assert added == set(NEEDED_AS_ROOT) - PODMAN_DEFAULTS == {"CAP_SYS_ADMIN", "CAP_SYS_PTRACE", "CAP_MKNOD"}
+    for name in added:
+        assert f"--cap-add {name.removeprefix('CAP_')}" in DOCKERFILE  # the header says the same
+        assert f"`--cap-add {name.removeprefix('CAP_')}`" in OPERATING  # and the guide's table says why
 
 
 def test_the_build_context_leaves_local_state_out():
@@ -114,6 +138,6 @@ def test_the_image_carries_every_task_languages_toolchain_and_our_builder_reads_
     installs = " ".join(args for kw, args in STEPS if kw == "RUN" and "apt-get install" in args).split()
     for program in set(TOOLCHAINS.values()):
         assert TOOLCHAIN_PACKAGES[program] in installs, program
-    assert only("FROM").startswith("python:") and "rustc" in installs and "npm" in installs
+    assert "rustc" in installs and "npm" in installs
     npm_globals = " ".join(args for kw, args in STEPS if kw == "RUN" and "npm install -g" in args).split()
     assert "yarn@1" in npm_globals and "pnpm@9" in npm_globals

@@ -39,6 +39,7 @@ from evaluations.worker.startup import (
     StartupError,
     check_folders,
     check_image_ids,
+    check_privileges,
     check_signing_key,
     choose_runtime,
 )
@@ -60,6 +61,7 @@ class Command(BaseCommand):
         try:
             check_folders(config)  # before anything starts: one line, exit 2
             check_image_ids(config)  # SPEC §21: IMAGE_UID_BASE's ranges are ours alone
+            check_privileges()  # as root in a container: the capabilities root's work takes
             check_signing_key(config)  # SPEC §18: made at first start, or SIGNING_KEY_FILE's
             choose_runtime(config)  # SANDBOX=auto without a working bubblewrap too (the worker chooses its own)
         except StartupError as exc:
