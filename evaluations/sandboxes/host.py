@@ -37,7 +37,7 @@ from django.db import close_old_connections, connections
 from django.db.models import F
 from django.utils import timezone
 
-from evaluations import lifecycle
+from evaluations import lifecycle, livelog
 from evaluations.environments import kinds
 from evaluations.environments.toolchains import CA_VARIABLES, host_ca
 from evaluations.images import build, rootfs
@@ -49,7 +49,8 @@ from evaluations.network import urlguard
 from evaluations.network.egress import EgressProxy, egress_policy
 from evaluations.network.egress.relay import RELAY_PORT, ensure_socat_bundle, proxy_env
 from evaluations.pipeline import archive
-from evaluations.pipeline.context import RELAY_BUNDLE
+from evaluations.pipeline.context import RELAY_BUNDLE, StepFailed
+from evaluations.pipeline.services import first_process
 from evaluations.pipeline.session import Session, remove_retired
 from evaluations.runtime import Limits, SandboxPolicy, Spawner, initbin, killer, uids
 from evaluations.runtime.idmap import image_id_base
@@ -60,8 +61,9 @@ from evaluations.runtime.types import MIB, Limit
 from evaluations.safefs import TreeUsage, tree_usage
 from evaluations.sandboxes import control, files
 from evaluations.sandboxes.spec import SandboxSpec, SpecError, check_variable, parse, parse_network
+from evaluations.tasks.harbor import HARBOR_MAIN_COMMAND
 from evaluations.tasks.registry import load_task
-from evaluations.tasks.spec import ImageEnvironment, TaskError
+from evaluations.tasks.spec import FirstProcess, ImageEnvironment, TaskError
 
 logger = logging.getLogger("term_executor.sandboxes")
 
@@ -344,6 +346,40 @@ class LiveSandbox:
             raise Ending(
                 SandboxStatus.FAILED, f"the sandbox did not start: {self._sandbox_end()}", ErrorKind.INFRASTRUCTURE
             )
+        if not self.pooled:  # a warm one's starts when a request adopts it, with the request's variables
+            self._start_first_process()
+
+    def _start_first_process(self) -> None:
+        """The image's ENTRYPOINT in the background, as Harbor's docker backend starts its main container
+        (the image's CMD replaced by ``sh -c "sleep infinity"``; SPEC §23-24): exec 0 of the init, as the
+        image's User, from the working directory, with the sandbox's variables. Nothing when the image
+        has no ENTRYPOINT (a container that is only kept alive). It is no exec of the API's: it keeps no
+        sandbox from its idle end, and its exit status and output go to the sandbox's log when it ends
+        (the sandbox's end ends it)."""
+        try:
+            argv = first_process(self.image_config, FirstProcess(command=HARBOR_MAIN_COMMAND))
+        except StepFailed as exc:
+            raise Ending(SandboxStatus.FAILED, str(exc), ErrorKind.TASK_INVALID) from None
+        if argv is None:
+            return
+        request = {"command": argv, "user": self.image_config.get("User") or "root"}
+        try:
+            argv, cwd, env, _timeout, user = self._exec_request(request)
+        except SpecError as exc:
+            raise Ending(SandboxStatus.FAILED, f"the image's first process: {exc}", ErrorKind.TASK_INVALID) from None
+
+        def run() -> None:
+            outcome = self._run_exec(0, argv, cwd, env, None, user)
+            if "status" in outcome:  # it could not start: the sandbox has ended, or the init refused
+                how, output = outcome["detail"], ""
+            else:
+                how, output = f"exit {outcome['exit_code']}", outcome["stdout"] + outcome["stderr"]
+            text = f"=== entrypoint ({how}) ===\n{output}"
+            with contextlib.suppress(OSError):
+                livelog.append_text(self.session.log, text if text.endswith("\n") else text + "\n")
+
+        logger.info("sandbox %s: first process %s", self.id, argv)
+        threading.Thread(target=run, name="sandbox-entrypoint", daemon=True).start()
 
     def _sandbox_end(self) -> str:
         result = self._init_result
@@ -492,6 +528,11 @@ class LiveSandbox:
             self.spec, self.owner, self.default_user, self.workdir = spec, header.get("owner"), default_user, workdir
             self.lifetime_from = self.last_active = time.monotonic()
         self.egress.policy = spec.network.applied_to(egress_policy(self.config))
+        try:
+            self._start_first_process()
+        except Ending as ending:
+            self.end(ending)
+            return {"status": 400, "error": "task_invalid", "detail": ending.error}
         return {"status": 200}
 
     # -- exec --------------------------------------------------------------------------------

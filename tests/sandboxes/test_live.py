@@ -7,6 +7,7 @@ import tarfile
 
 import pytest
 
+from tests.helpers import images as images_helpers
 from tests.helpers.polling import wait_for
 
 
@@ -98,3 +99,49 @@ def test_metrics_count_live_sandboxes_and_their_execs(api, sandbox):
 
     text = wait_for(counted, timeout=60, what="the execs to be counted")  # recorded after each answer
     assert figure(text, 'term_executor_sandboxes{status="ready"}') >= 1
+
+
+# An ENTRYPOINT that starts a server as the image's User (daemon), then runs its arguments: Harbor's
+# docker backend keeps it and replaces the CMD by sh -c "sleep infinity".
+SERVING = 'python3 -m http.server 8000 --directory /etc >/dev/null 2>&1 & echo "first as $(id -un)"; exec "$@"'
+PROCESSES = (  # "user argv" of each process of the sandbox (the image has no ps)
+    'python3 -c \'import os, pwd\nfor p in filter(str.isdigit, os.listdir("/proc")):\n'
+    '    try: print(pwd.getpwuid(os.stat(f"/proc/{p}").st_uid).pw_name, '
+    'open(f"/proc/{p}/cmdline", "rb").read().replace(bytes(1), b" ").decode().strip())\n'
+    "    except OSError: pass'"
+)
+FETCH = (
+    "for i in $(seq 300); do python3 -c 'import urllib.request; "
+    'urllib.request.urlopen("http://127.0.0.1:8000/hostname", timeout=5)\' 2>/dev/null && echo served && exit 0; '
+    "sleep 0.1; done; echo never"
+)
+
+
+def test_the_images_entrypoint_runs_as_its_first_process(api, base_image, base_layer):
+    """SPEC §23-24: the image's ENTRYPOINT starts with the sandbox, as a container's, as its User, its
+    CMD replaced by Harbor's ``sleep infinity``; an exec reaches what it serves on 127.0.0.1. An image
+    without one starts nothing."""
+    registry, _, _ = base_image
+    images_helpers.push_image(
+        registry,
+        "live/entrypoint:1",
+        layers=[base_layer],
+        config={
+            "Entrypoint": ["sh", "-c", SERVING, "first"],
+            "Cmd": ["bash", "-c", "echo never run"],
+            "User": "daemon",
+        },
+    )
+    made = api.create({"environment": {"image": f"{registry.host}/live/entrypoint:1"}})["sandbox_id"]
+    try:
+        assert api.exec(made, FETCH, user="root")["stdout"] == "served\n"
+        started = api.exec(made, PROCESSES, user="root")["stdout"].splitlines()
+        assert "daemon sleep infinity" in started, started
+        assert any(line.startswith("daemon python3 -m http.server 8000") for line in started), started
+    finally:
+        api.call("DELETE", f"/sandboxes/{made}")
+    plain = api.create({"environment": {"image": base_image[1]}})["sandbox_id"]
+    try:
+        assert not [line for line in api.exec(plain, PROCESSES)["stdout"].splitlines() if "sleep" in line]
+    finally:
+        api.call("DELETE", f"/sandboxes/{plain}")
