@@ -208,7 +208,7 @@ def test_artifacts_paths_and_tables(tmp_path):
             'artifacts = [{source = "/var/lib/db", service = "db"}]\n',
             {},
             "task.toml: artifacts[0] service = 'db': collecting from a compose service other than main is not "
-            "supported here (the agent's environment is its only one)",
+            "supported here (artifacts are read from the agent's root only)",
         ),
         (
             'artifacts = [{source = "/app", exclude = [".git"]}]\n',
