@@ -126,7 +126,10 @@ def test_a_service_reached_by_name_by_the_agent_and_the_verifier_and_collect_run
     assert "collected $literal" in evaluation.test_output, (evaluation.test_output, evaluation.log[-3000:])
     assert "127.0.0.1       web" in evaluation.test_output and "127.0.0.1       main" in evaluation.test_output
     assert (evaluation.status, evaluation.reward) == ("completed", 1.0), (evaluation.error, evaluation.log[-3000:])
-    assert "healthcheck of service 'web': healthy" in evaluation.log and "collect 1 in service 'web': exit code 0" in evaluation.log
+    assert (
+        "healthcheck of service 'web': healthy" in evaluation.log
+        and "collect 1 in service 'web': exit code 0" in evaluation.log
+    )
     assert "collect 2 in service 'main': exit code 0" in evaluation.log and "as nobody in main" in evaluation.log
     # /etc/hosts is the executor's, not something the agent changed
     assert "etc/hosts" not in (evaluation.system_changes or {}).get("paths", [])
@@ -155,7 +158,8 @@ def test_depends_on_starts_a_service_after_the_one_it_waits_for(tasks, image_tas
     agent = f"{FETCH} http://front:8082/from-back.txt\n"
     evaluation = evaluate(serve(tasks, folder), agent, config=image_task_config, sandbox="bwrap", language="bash")
     assert "hello from the service" in evaluation.agent_output, (evaluation.agent_output, evaluation.log[-3000:])
-    assert evaluation.log.index("healthcheck of service 'back': healthy") < evaluation.log.index("service 'front': starting")
+    back_healthy = evaluation.log.index("healthcheck of service 'back': healthy")
+    assert back_healthy < evaluation.log.index("service 'front': starting")
     assert (evaluation.status, evaluation.reward) == ("completed", 1.0), (evaluation.error, evaluation.log[-3000:])
     assert left_running(marker) == []
 
