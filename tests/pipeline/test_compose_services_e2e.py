@@ -81,8 +81,10 @@ def left_running(marker: str) -> list[int]:
 
 def test_left_running_finds_a_process_by_the_marker_in_its_shells_arguments():
     marker = f"compose-check-{uuid.uuid4().hex}"
-    shell = subprocess.Popen(["sh", "-c", "read line; :", marker], stdin=subprocess.PIPE)
+    shell = subprocess.Popen(["sh", "-c", "echo up; read line; :", marker], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE)  # fmt: skip
     try:
+        assert shell.stdout.readline() == b"up\n"  # it runs sh now (its command line is the marker's)
         assert left_running(marker) == [shell.pid]
     finally:
         shell.communicate(b"\n")
@@ -255,3 +257,29 @@ def test_a_service_built_from_its_context_with_its_entrypoint_and_user(tasks, im
     assert "nobody" in evaluation.agent_output  # the service's user, resolved in its own image
     assert (evaluation.status, evaluation.reward) == ("completed", 1.0), (evaluation.error, evaluation.log[-3000:])
     assert left_running(marker) == []
+
+
+def test_failures_within_the_start_period_do_not_count_and_a_keep_alive_command_starts_nothing(
+    tasks, image_task_config, images, tmp_path
+):
+    main, web = images
+    # Each check counts itself in the service's own /tmp and fails its first three times: with one retry
+    # only, the start period (an hour) is what lets the fourth pass.
+    # ($$: a literal $, Compose's escape)
+    count = "n=$$(cat /tmp/checks 2>/dev/null || echo 0); echo $$((n + 1)) > /tmp/checks; echo check $$n; [ $$n -ge 3 ]"
+    check = {"test": ["CMD-SHELL", count], "interval": "50ms", "start_interval": "50ms", "start_period": "1h",
+             "retries": 1}  # fmt: skip
+    compose = {"services": {"main": {}, "idle": {"image": web, "command": "sleep infinity", "healthcheck": check}}}
+    folder = task(tmp_path / "idle", main, compose, test="#!/bin/bash\necho 1 > /logs/verifier/reward.txt\n")
+    evaluation = evaluate(serve(tasks, folder), "echo ran\n", config=image_task_config, sandbox="bwrap",
+                          language="bash")  # fmt: skip
+    assert (evaluation.status, evaluation.reward) == ("completed", 1.0), (evaluation.error, evaluation.log[-3000:])
+    assert "service 'idle': nothing to start" in evaluation.log
+    assert "healthcheck of service 'idle': healthy" in evaluation.log
+    # The same check without a start period: its first failure is the last
+    del check["start_period"]
+    folder = task(tmp_path / "sick", main, compose, test="#!/bin/bash\necho 1 > /logs/verifier/reward.txt\n")
+    evaluation = evaluate(serve(tasks, folder), "echo ran\n", config=image_task_config, sandbox="bwrap",
+                          language="bash")  # fmt: skip
+    assert (evaluation.status, evaluation.error_kind) == ("failed", "task_invalid"), evaluation.error
+    assert evaluation.error.endswith("exited 1 1 time(s) in a row: check 0"), evaluation.error
