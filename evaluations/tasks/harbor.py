@@ -173,7 +173,7 @@ def load(root: Path, limits: TaskLimits) -> TaskSpec:
             "task.toml: [[verifier.collect]] with [[steps]] is not supported here (each step's verifier "
             "would need its own hooks)"
         )
-    collected = _artifacts(config)
+    collected = _artifacts(config, compose.services)
     solution, solution_files = _harbor_solution(root)
     solution_env = _literal_env(config.table("solution").table("env"))
     steps = None
@@ -611,10 +611,10 @@ def _verifier_image(root: Path, config: _Table | None, environment: ImageEnviron
     return environment, False  # [environment]'s workdir with it, unless [verifier.environment] has its own
 
 
-def _artifacts(config: _Table) -> tuple[ArtifactEntry, ...]:
+def _artifacts(config: _Table, services=()) -> tuple[ArtifactEntry, ...]:
     """The top-level ``artifacts`` (Harbor's ``list[str | ArtifactConfig]``): paths, or tables of
-    ``source``, ``destination`` and ``service``; each checked as Harbor checks it, and as the listed
-    name of what it collects must be (artifacts.check_path). /logs/artifacts is collected whatever it says."""
+    ``source``, ``destination`` and ``service`` (main, or one of ``services``, the compose file's others,
+    read from its root); each checked as Harbor checks it, and as the listed name of what it collects must be (artifacts.check_path). /logs/artifacts is collected whatever it says."""
     value = config.take("artifacts", [])
     if not isinstance(value, list):
         raise TaskError(f"task.toml: artifacts must be a list of paths or {{source, destination}} tables, "
@@ -626,10 +626,11 @@ def _artifacts(config: _Table) -> tuple[ArtifactEntry, ...]:
             item = {"source": item}
         if not isinstance(item, dict):
             raise TaskError(f"{where} must be a path or a table with a source, got {type_name(item)}")
-        entry = _artifact(where, item)
-        if _within(entry.source, VERIFIER_LOGS) or _within(entry.source, "/tests"):
+        entry = _artifact(where, item, {MAIN, *(service.name for service in services)})
+        agents = entry.service == MAIN  # a service's own root has no folder of the agent's or the verifier's
+        if agents and (_within(entry.source, VERIFIER_LOGS) or _within(entry.source, "/tests")):
             raise TaskError(f"{where} source {entry.source!r} is the verifier's own folder, not the agent's")
-        if _within(entry.source, ARTIFACTS_DIR) and entry.destination is None:
+        if agents and _within(entry.source, ARTIFACTS_DIR) and entry.destination is None:
             continue  # collected at its own place with /logs/artifacts already (Harbor's "covered")
         if all(entry.listed != other.listed for other in entries):
             entries.append(entry)
@@ -640,7 +641,7 @@ def _within(path: str, folder: str) -> bool:
     return path == folder or path.startswith(folder + "/")
 
 
-def _artifact(where: str, item: dict) -> ArtifactEntry:
+def _artifact(where: str, item: dict, names: set[str]) -> ArtifactEntry:
     source = item.get("source")
     if source is None:
         raise TaskError(f"{where} needs a source: a path in the agent's environment (as /app/out.txt)")
@@ -654,18 +655,21 @@ def _artifact(where: str, item: dict) -> ArtifactEntry:
     service = item.get("service")
     if service is not None and not isinstance(service, str):
         raise TaskError(f"{where} service must be a compose service's name, got {type_name(service)}")
-    if service not in (None, "main"):
+    service = MAIN if service is None else service
+    if service not in names:
         raise TaskError(
-            f"{where} service = {service[:60]!r}: collecting from a compose service other than main is not "
-            "supported here (artifacts are read from the agent's root only)"
+            f"{where} service = {service[:60]!r} is not a service of environment/docker-compose.yaml "
+            f"({', '.join(sorted(names))})"
         )
+    if service != MAIN and not source.startswith("/"):
+        raise TaskError(f"{where} source must be an absolute path in service {service!r}, got {source[:100]!r}")
     exclude = item.get("exclude", [])
     if not isinstance(exclude, list) or not all(isinstance(pattern, str) for pattern in exclude):
         raise TaskError(f"{where} exclude must be a list of patterns, got {type_name(exclude)}")
     if exclude:
         raise TaskError(f"{where} exclude: leaving parts of an artifact out by pattern is not supported here")
     destination = _artifact_destination(where, item.get("destination"))
-    entry = ArtifactEntry(source=posixpath.normpath("/" + source.lstrip("/")), destination=destination)
+    entry = ArtifactEntry(source=posixpath.normpath("/" + source.lstrip("/")), destination=destination, service=service)
     try:
         check_artifact_path(entry.listed)
     except UnsafeName as exc:

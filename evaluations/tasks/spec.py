@@ -126,6 +126,7 @@ class ArtifactEntry:
 
     source: str
     destination: str | None = None
+    service: str = "main"  # a compose service's root to read ``source`` from (SPEC §23); listed alike
 
     @property
     def listed(self) -> str:

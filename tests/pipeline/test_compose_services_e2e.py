@@ -38,9 +38,9 @@ def images(base_image, base_layer):
     return f"{registry.host}/compose/main:1", f"{registry.host}/compose/web:1"
 
 
-def task(root, main: str, compose: dict, *, test: str, toml: str = ""):
-    files = {
-        "task.toml": f'[environment]\ndocker_image = "{main}"\nworkdir = "/app"\n' + toml,
+def task(root, main: str, compose: dict, *, test: str, toml: str = "", top: str = ""):
+    files = {  # top: task.toml's top-level keys, before its tables
+        "task.toml": top + f'[environment]\ndocker_image = "{main}"\nworkdir = "/app"\n' + toml,
         "instruction.md": "Fetch the page.\n",
         "environment/docker-compose.yaml": json.dumps(compose),  # JSON is YAML
         "tests/test.sh": test,
@@ -120,7 +120,8 @@ def test_a_service_reached_by_name_by_the_agent_and_the_verifier_and_collect_run
         '[[verifier.collect]]\nservice = "web"\ncommand = "echo collected $GREETING > /srv/collected.txt"\n'
         '[[verifier.collect]]\ncommand = "echo as $(id -un) in main"\nuser = "nobody"\n'
     )
-    folder = task(tmp_path / "web", main, compose, test=test, toml=toml)
+    top = 'artifacts = [{source = "/srv/collected.txt", service = "web"}]\n'  # read from the service's root
+    folder = task(tmp_path / "web", main, compose, test=test, toml=toml, top=top)
     agent = f"{FETCH} http://web:8080/hello.txt | tee answer.txt\n"
     evaluation = evaluate(serve(tasks, folder), agent, config=image_task_config, sandbox="bwrap", language="bash")
     assert "hello from the service" in evaluation.agent_output, (evaluation.agent_output, evaluation.log[-3000:])
@@ -133,6 +134,7 @@ def test_a_service_reached_by_name_by_the_agent_and_the_verifier_and_collect_run
         and "collect 1 in service 'web': exit code 0" in evaluation.log
     )
     assert "collect 2 in service 'main': exit code 0" in evaluation.log and "as nobody in main" in evaluation.log
+    assert "artifacts/srv/collected.txt" in [artifact["path"] for artifact in evaluation.artifacts]
     # /etc/hosts is the executor's, not something the agent changed
     assert "etc/hosts" not in (evaluation.system_changes or {}).get("paths", [])
     assert left_running(marker) == []

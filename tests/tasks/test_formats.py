@@ -13,6 +13,7 @@ from evaluations.tasks.spec import (
     AGENT,
     ENVIRONMENT,
     VERIFIER,
+    ArtifactEntry,
     Collect,
     Healthcheck,
     ImageEnvironment,
@@ -625,7 +626,11 @@ SERVICES = """services:
 
 
 def test_several_compose_services_main_and_the_others_in_start_order(tmp_path):
-    toml = HARBOR_TOML + '[[verifier.collect]]\nservice = "db"\ncommand = "pg_dump > /dump.sql"\ntimeout_sec = 5\n'
+    toml = (  # artifacts is a top-level key: before [[verifier.collect]]'s table
+        'artifacts = [{source = "/dump.sql", service = "db"}, "/app/out.txt"]\n'
+        + HARBOR_TOML
+        + '[[verifier.collect]]\nservice = "db"\ncommand = "pg_dump > /dump.sql"\ntimeout_sec = 5\n'
+    )
     root = harbor(tmp_path, toml=toml, **{"environment/docker-compose.yaml": SERVICES,
                                            "environment/db/Dockerfile.db": "FROM postgres\n"})  # fmt: skip
     spec = load_task(root)
@@ -651,6 +656,12 @@ def test_several_compose_services_main_and_the_others_in_start_order(tmp_path):
                                           timeout_sec=0.5, retries=5, start_period_sec=0.0,
                                           start_interval_sec=2.0)  # fmt: skip
     assert spec.collect == (Collect(command="pg_dump > /dump.sql", service="db", timeout_secs=5.0),)
+    assert spec.artifacts == (ArtifactEntry(source="/dump.sql", service="db"), ArtifactEntry(source="/app/out.txt"))
+    assert spec.artifacts[0].listed == "artifacts/dump.sql"  # as Harbor's: every service's under artifacts/
+    relative = 'artifacts = [{source = "dump.sql", service = "db"}]\n' + HARBOR_TOML
+    root = harbor(tmp_path / "relative", toml=relative, **{"environment/docker-compose.yaml": SERVICES,
+                                                          "environment/db/Dockerfile.db": "FROM postgres\n"})  # fmt: skip
+    assert error(root) == "task.toml: artifacts[0] source must be an absolute path in service 'db', got 'dump.sql'"
     one = harbor(tmp_path / "one", **{"environment/docker-compose.yaml": "services:\n  main: {build: .}\n"})
     assert load_task(one).services == ()
 
