@@ -368,6 +368,18 @@ class VerifierImage(Image):
         return (self.session.home, self.session.tmp)
 
 
+class ServiceImage(Image):
+    """A compose service's root (SPEC §23, pipeline/services.py): an image's, mounted in a folder of
+    the session of its own, as a container of its own: nothing of the session bound in it, its /tmp
+    its own root's."""
+
+    def writable(self) -> tuple[Path, ...]:
+        return ()
+
+    def sandbox_policy(self, **fields) -> SandboxPolicy:
+        return dataclasses.replace(super().sandbox_policy(**fields), image_tmp=True)
+
+
 def mount_image(
     store: ImageStore,
     record,
@@ -379,11 +391,13 @@ def mount_image(
     ca_host: Path | None,
     as_root: bool = False,
     agent_user: str | None = None,
+    user_key: str = "task.toml: [agent] user",
 ) -> ImageRoot:
     """An image's root in ``session_root``: its layers idmapped onto ``lease`` and ``id_base``
     (runtime/idmap.py) under a writable layer of its own, its ``User`` the lease (``agent_user``,
     Harbor's [agent] user, instead when given; ``as_root``: its root, as a live sandbox's init,
-    which starts each exec as the user it names), the host's CAs trusted in it, its ``workdir``
+    which starts each exec as the user it names; ``user_key`` names where ``agent_user`` was given,
+    for its error: a compose service's ``user``), the host's CAs trusted in it, its ``workdir``
     made. ImageError says what is wrong with the image."""
     layers = [store.layer_tree(layer) for layer in record.layers]
     root = rootfs.mount_root(layers, session_root, IdMap(lease=lease, base=id_base))
@@ -393,7 +407,7 @@ def mount_image(
             uid, gid = rootfs.resolve_user(root.rootfs, user)
         except ImageError as exc:  # the root is unmounted with the session, as after any failure here
             if agent_user:
-                raise ImageError(f"task.toml: [agent] user {agent_user!r} cannot run in the image: {exc}") from None
+                raise ImageError(f"{user_key} {agent_user!r} cannot run in the image: {exc}") from None
             raise
         if (uid, gid) != (0, 0):
             rootfs.unmount_root(session_root, remove=True)

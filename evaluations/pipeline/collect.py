@@ -30,6 +30,7 @@ from evaluations.images.errors import ImageError
 from evaluations.models import ErrorKind
 from evaluations.pipeline.context import Context, StepFailed
 from evaluations.safefs import SafeFSError, open_parent, open_root_dir, open_subdir, write_file_nofollow
+from evaluations.tasks.compose import MAIN
 from evaluations.tasks.spec import AGENT_LOGS, ARTIFACTS_DIR, ARTIFACTS_LISTED
 
 TMP = ("/tmp", "/var/tmp")  # the agent's and the verifier's are the session's tmp/, not their roots'
@@ -46,14 +47,18 @@ def sources(ctx: Context) -> list[artifacts.Source]:
         ),
     ]
     for entry in ctx.task.artifacts:
-        opener, owner = _opener(ctx, entry.source)
+        opener, owner = _opener(ctx, entry.source, entry.service)
         listed = tuple(entry.listed.split("/"))
         found.append(artifacts.Source(entry.source, listed, opener, owner, placed_at=entry.source))
     return found
 
 
-def _opener(ctx: Context, path: str):
-    """How to reach ``path`` after the agent (the folder holding it, and its name), and whose its files must be."""
+def _opener(ctx: Context, path: str, service: str = MAIN):
+    """How to reach ``path`` after the agent (the folder holding it, and its name), and whose its files
+    must be; ``service``: a compose service's root, read alike (its ids the evaluation's too)."""
+    if service != MAIN:
+        service_root = ctx.services[service].environment.root
+        return (lambda: _in_root(service_root, path)), None
     session = ctx.session
     # The session's own folders the agent saw at these paths (its /tmp and /var/tmp: runtime/sandbox.py)
     bound = ((session.agent_logs, AGENT_LOGS), (session.agent_artifacts, ARTIFACTS_DIR),

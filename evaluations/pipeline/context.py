@@ -17,7 +17,7 @@ from evaluations.grading.base import Grade
 from evaluations.models import CANCEL_KINDS, ErrorKind, Evaluation
 from evaluations.network import urlguard
 from evaluations.network.egress import EgressProxy
-from evaluations.network.egress.relay import ensure_socat_bundle
+from evaluations.network.egress.relay import NO_PROXY, ensure_socat_bundle
 from evaluations.pipeline import gitrepo
 from evaluations.pipeline.cancel import CancelState, Stop
 from evaluations.pipeline.multistep import TaskSteps
@@ -78,6 +78,9 @@ class Context:
     egress: EgressProxy | None = None  # the evaluation's proxy: its commands' only way out (sandbox only)
     agent_interpreter: str | None = None  # absolute, chosen by downloading_task (pipeline/agentenv.py)
     grade: Grade | None = None  # set by running_tests: what the task's grader made of the tests (evaluations/grading/)
+    # SPEC §23: the task's compose services other than main (name -> services.Running): their roots
+    # prepared by preparing_environment, started by starting_environment (pipeline/services.py)
+    services: dict = field(default_factory=dict)
     reset_for_tests: bool = False  # HOME and /tmp already reset after the agent, the tests' sandbox started (steps.py)
     # SPEC §23: the environment's network namespace, once its first process or healthcheck needs one
     # (pipeline/services.py): every task command's sandbox joins it, as a container's processes share one.
@@ -100,7 +103,11 @@ class Context:
 
     def base_env(self) -> dict[str, str]:
         """The clean environment every command starts from, the environment's (environments/kinds.py)."""
-        return self.env.command_env(self.trusted_ca)
+        env = self.env.command_env(self.trusted_ca)
+        if self.services:  # SPEC §23: a service's name is the shared loopback, never the proxy's to reach
+            bypass = ",".join([NO_PROXY, "main", *self.services])
+            env.update(NO_PROXY=bypass, no_proxy=bypass)
+        return env
 
     @property
     def workdir(self) -> str:
@@ -193,9 +200,13 @@ class Context:
         timeout_secs: float,
         policy: SandboxPolicy,
         stdin_data: bytes | None = None,
+        environment: BaseEnvironment | None = None,
     ) -> CommandResult:
-        """Run one command of this evaluation in its environment; a cancel raises Cancelled."""
-        result = self.env.exec(argv, env=env, limits=self.limits(timeout_secs), policy=policy, stdin_data=stdin_data)
+        """Run one command of this evaluation in its environment (``environment``: another of its
+        roots, a compose service's); a cancel raises Cancelled."""
+        result = (environment or self.env).exec(
+            argv, env=env, limits=self.limits(timeout_secs), policy=policy, stdin_data=stdin_data
+        )
         self._log_kill(result)
         if result.limit is Limit.CANCELLED:
             self.raise_cancelled()

@@ -31,6 +31,7 @@ from evaluations.images.pull import pull
 from evaluations.images.store import ImageStore
 from evaluations.models import ErrorKind
 from evaluations.network.egress.relay import BUNDLE_TARGET, SANDBOX_SOCKET
+from evaluations.pipeline import services
 from evaluations.pipeline.agentenv import find_interpreter
 from evaluations.pipeline.context import Context, StepFailed
 from evaluations.runtime.idmap import image_id_base
@@ -55,6 +56,8 @@ def preparing_environment(ctx: Context) -> None:
     verifier = _separate_verifier(ctx)
     if verifier is not None:  # SPEC §23: the verifier's own image beside the agent's
         ctx.stage(environment={**record, "verifier": verifier})
+    if isinstance(spec, ImageEnvironment) and ctx.task.services:
+        _service_images(ctx)  # SPEC §23: started by starting_environment (pipeline/services.py)
 
 
 def _named(ctx: Context) -> dict:
@@ -100,12 +103,7 @@ def _separate_verifier(ctx: Context) -> dict | None:
         return None
     spec = separate.environment
     folder = ctx.session.verifier_image
-    try:
-        folder.mkdir(mode=0o700)
-        os.chown(folder, os.geteuid(), ctx.session.uid)
-        os.chmod(folder, 0o710)  # as the session's: the sandbox (its uid) passes to the root, nobody lists it
-    except OSError as exc:
-        raise StepFailed(f"could not make the verifier's folder: {exc}", kind=ErrorKind.INFRASTRUCTURE) from None
+    _image_folder(ctx, folder, "the verifier's folder")
     asked = separate.build_timeout_secs
     limit = ctx.config.build_timeout_secs
     config = replace(ctx.config, build_timeout_secs=limit if asked is None else max(1, min(limit, math.ceil(asked))))
@@ -120,13 +118,48 @@ def _separate_verifier(ctx: Context) -> dict | None:
     return _record(spec, result)
 
 
+def _service_images(ctx: Context) -> None:
+    """SPEC §23: each compose service's image pulled or built as the agent's is (the same store, cache
+    and build), its root mounted in ``services/<name>/`` of the session (bound by no other sandbox),
+    working in its ``working_dir`` (else its WorkingDir), its User the service's ``user`` when it names
+    one; then /etc/hosts naming every service in each root of the evaluation (services.write_hosts)."""
+    parent = ctx.session.root / services.SERVICES_DIR
+    _image_folder(ctx, parent, "the services' folder", mode=0o711)  # passed by each service's ids, never listed
+    for service in ctx.task.services:
+        spec = service.environment
+        if service.workdir:
+            spec = replace(spec, workdir=service.workdir)
+        folder = parent / service.name
+        _image_folder(ctx, folder, f"service {service.name!r}'s folder")
+        env, result = _prepare(ctx, spec, kinds.ServiceImage, ctx.config, folder, f"{ctx.eval_id}.{service.name}",
+                               True, what=f"service {service.name!r}'s image", agent_user=service.user,
+                               user_key=f"environment/docker-compose.yaml: service {service.name!r}: 'user'")  # fmt: skip
+        livelog.append_text(ctx.session.log, f"service {service.name} image {spec.ref}: "
+                            f"{result.record.digest}{_cached(result)}\n")  # fmt: skip
+        ctx.services[service.name] = services.Running(service=service, environment=env)
+    services.write_all_hosts(ctx)
+
+
+def _image_folder(ctx: Context, folder: Path, shown: str, *, mode: int = 0o710) -> None:
+    """A folder of the session for an image's root: root's, its group the lease's (``mode`` 0710: as
+    the session's, the sandbox passes to the root and nobody lists it)."""
+    try:
+        folder.mkdir(mode=0o700)
+        os.chown(folder, os.geteuid(), ctx.session.uid)
+        os.chmod(folder, mode)
+    except OSError as exc:
+        raise StepFailed(f"could not make {shown}: {exc}", kind=ErrorKind.INFRASTRUCTURE) from None
+
+
 def _prepare(ctx: Context, spec: ImageEnvironment, env_class, config: Config, folder: Path, holder: str,
-             in_workdir: bool, *, what: str = "", agent_user: str | None = None) -> tuple[kinds.Image, object]:  # fmt: skip
+             in_workdir: bool, *, what: str = "", agent_user: str | None = None,
+             user_key: str | None = None) -> tuple[kinds.Image, object]:  # fmt: skip
     """``spec`` pulled or built into the store, pinned for the evaluation (``holder``: no eviction takes
     it meanwhile), and its root mounted in ``folder`` (``<folder>/rootfs``), the task's workdir over
     its WorkingDir: an environment of ``env_class`` and the pull's or build's result. ``what`` names
     the image in an error sentence when it is not the agent's; ``agent_user``: its map's user (the
-    lease) instead of its User ([agent] user, SPEC §23)."""
+    lease) instead of its User ([agent] user, SPEC §23); ``user_key``: where ``agent_user`` comes from
+    when it is not [agent] user (a compose service's ``user``: the user all its processes run as)."""
     store = ImageStore.of(config)  # IMAGES_DIR (default DATA_DIR/images), evicting down to IMAGES_MAX_BYTES
     progress = _progress(ctx)
     try:
@@ -140,7 +173,11 @@ def _prepare(ctx: Context, spec: ImageEnvironment, env_class, config: Config, fo
         image_config = dict(record.config or {})
         if spec.workdir:  # Harbor's [environment] workdir: the task's, over the image's
             image_config["WorkingDir"] = spec.workdir
-        mounted = _mount(ctx, store, record, image_config.get("WorkingDir") or "/", folder, agent_user)
+        verifier_user = ctx.task.request.verifier_user
+        if user_key is not None:  # a compose service: its user alone, the map's
+            image_config["User"] = agent_user or image_config.get("User")
+            verifier_user = None
+        mounted = _mount(ctx, store, record, image_config.get("WorkingDir") or "/", folder, agent_user, user_key)
         env = env_class(
             ctx.session,
             ctx.spawner,
@@ -150,7 +187,7 @@ def _prepare(ctx: Context, spec: ImageEnvironment, env_class, config: Config, fo
             mounted=mounted,
             store=store,
             in_workdir=in_workdir,
-            users=_users(mounted, ctx.task.request.verifier_user, image_config),
+            users=_users(mounted, verifier_user, image_config),
             folder=folder,
         )
         ctx.closing.callback(env.close)
@@ -222,7 +259,7 @@ def _users(mounted, verifier_user: str | None, image_config: dict) -> dict[str, 
     return {name: found for name, found in ids.items() if found != agent}
 
 
-def _mount(ctx: Context, store, record, workdir: str, folder: Path, agent_user: str | None):
+def _mount(ctx: Context, store, record, workdir: str, folder: Path, agent_user: str | None, user_key: str | None):
     """The image's root for this evaluation in ``folder``, its User (or [agent] user) the evaluation's
     uid (runtime/idmap.py)."""
     config = ctx.config
@@ -236,6 +273,7 @@ def _mount(ctx: Context, store, record, workdir: str, folder: Path, agent_user: 
         workdir=workdir,
         ca_host=ca.host if ca is not None else None,
         agent_user=agent_user,
+        **({"user_key": user_key} if user_key is not None else {}),
     )
 
 
@@ -273,6 +311,8 @@ def isolate(ctx: Context) -> None:
     directory (images/isolate.py), the host's CAs trusted in it again."""
     ctx.env.isolate()
     _trust_host_ca(ctx, ctx.env.mounted)
+    if ctx.services:  # the services' names, in the new root as in the agent's (SPEC §23)
+        services.write_hosts(ctx.env.mounted, services.host_names(ctx))
 
 
 def verifier_commands(ctx: Context, env: dict[str, str], shell: str, *, fixed: tuple[str, ...] = ()):
@@ -291,6 +331,8 @@ def executor_made(ctx: Context) -> tuple[str, ...]:
     relative to the root: not the agent's (/logs/verifier: the mount point of verifier.agent_mounts)."""
     made = ["tmp", "proc", "dev", "sys", "run/term-executor", DISTRIBUTION_CA_BUNDLE, BUNDLE_TARGET, SANDBOX_SOCKET]
     made += ["logs/verifier", "logs/artifacts"]
+    if ctx.task is not None and ctx.task.services:
+        made.append("etc/hosts")  # the services' names (pipeline/services.py), as Docker writes it
     made.append(str(ctx.config.workspace_base))
     return tuple(path.strip("/") for path in made)
 

@@ -12,10 +12,21 @@ container's main process starts, and its healthcheck, which must pass before the
    then ``[environment.healthcheck]`` with Harbor's semantics (``await_healthy``).
 3. A first process that ends is no error by itself (its exit status and output go to the log); the
    healthcheck is what a task uses to say its environment must be up.
+4. A Harbor task's compose services other than ``main`` (``ctx.services``, their roots prepared by
+   preparing_environment in ``<session>/services/<name>``, imageenv.py) start first, in
+   ``depends_on`` order (tasks/compose.py), each with ``start_service`` in its own root as its
+   image's User or its ``user``, with Docker's environment; every one named in ``/etc/hosts`` of
+   every root at 127.0.0.1 (the shared loopback). Each ``service_healthy`` dependency is awaited
+   before what depends on it, then every health check (as ``docker compose up --wait``, Harbor's)
+   before main's first process and the agent, with Docker's timing (``await_healthy``,
+   ``wait_first``): one that never passes, or a service that ends first, is ``task_invalid``.
+5. After the agent, [[verifier.collect]] commands run in their service (``collect``), best effort.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import os
 import shlex
 import threading
 import time
@@ -23,27 +34,55 @@ from pathlib import Path
 
 from evaluations import livelog
 from evaluations.environments import kinds
+from evaluations.environments.kinds import BaseEnvironment
+from evaluations.images import rootfs
+from evaluations.images.errors import ImageError
 from evaluations.models import ErrorKind
 from evaluations.pipeline import static
 from evaluations.pipeline.context import Context, StepFailed, last_line
 from evaluations.runtime import Limit, SandboxPolicy
 from evaluations.runtime.background import Background
 from evaluations.runtime.netns import NetworkUnavailable, SharedNetwork
-from evaluations.tasks.compose import keeps_alive
-from evaluations.tasks.spec import FirstProcess, Healthcheck, ImageEnvironment
+from evaluations.runtime.sandbox import SYSTEM_PATH
+from evaluations.runtime.types import ImageRoot
+from evaluations.safefs import SafeFSError, write_file_nofollow
+from evaluations.tasks.compose import MAIN, keeps_alive
+from evaluations.tasks.spec import FirstProcess, Healthcheck, ImageEnvironment, Service
 
 ENTRYPOINT = "entrypoint"
+SERVICES_DIR = "services"  # <session>/services/<name>/rootfs: each compose service's root
+COLLECT_LOG_BYTES = 4096  # what the log keeps of a [[verifier.collect]] command's output
 _CANCEL_POLL_SECS = 0.1  # how soon a wait between two checks sees a cancel
 
 
+@dataclasses.dataclass
+class Running:
+    """A compose service of the evaluation: its root (prepared), then its process (started)."""
+
+    service: Service
+    environment: kinds.ServiceImage
+    policy: SandboxPolicy | None = None
+    env: dict[str, str] = dataclasses.field(default_factory=dict)
+    process: Background | None = None  # None: nothing to run but what keeps a container alive
+    healthy: bool = False
+
+
 def start_service(
-    ctx: Context, name: str, argv: list[str], *, env: dict[str, str], policy: SandboxPolicy
+    ctx: Context,
+    name: str,
+    argv: list[str],
+    *,
+    env: dict[str, str],
+    policy: SandboxPolicy,
+    cwd: str | None = None,
 ) -> Background:
     """Start ``argv`` as a process of the evaluation's environment, beside its commands, from the
-    working directory; stopped (and its output logged) when the evaluation's ``closing`` closes."""
+    working directory (``cwd``: another, a compose service's); stopped (and its output logged) when
+    the evaluation's ``closing`` closes."""
     limits = ctx.limits(ctx.config.agent_timeout_secs)  # its rlimits and output cap; it has no timeout
     livelog.append_text(ctx.session.log, livelog.executor_line(f"{name}: starting {shlex.join(argv)}"))
-    started = ctx.spawner.background(name, argv, cwd=Path(ctx.workdir), env=env, limits=limits, policy=policy)
+    where = Path(cwd or ctx.workdir)
+    started = ctx.spawner.background(name, argv, cwd=where, env=env, limits=limits, policy=policy)
     ctx.closing.callback(_stop, ctx, started)
     return started
 
@@ -96,7 +135,9 @@ def _words(config: dict, key: str) -> list[str]:
 
 
 def starting_environment(ctx: Context) -> None:
-    """SPEC §23: the image's first process in the background, then the healthcheck, before the agent."""
+    """SPEC §23: the compose services, then the image's first process in the background, then the
+    healthcheck, before the agent."""
+    start_services(ctx)
     start, healthcheck = ctx.task.first_process, ctx.task.healthcheck
     if not isinstance(ctx.task.environment, ImageEnvironment) or (start is None and healthcheck is None):
         return
@@ -112,45 +153,76 @@ def starting_environment(ctx: Context) -> None:
         await_healthy(ctx, healthcheck, env)
 
 
-def await_healthy(ctx: Context, healthcheck: Healthcheck, env: dict[str, str]) -> None:
-    """Harbor's ``run_healthcheck`` (Docker's HEALTHCHECK): ``bash -c command`` until it exits 0.
-    A failure during the start period does not count, and the next check follows after
-    ``start_interval_sec``; after it, ``retries`` consecutive failures (``interval_sec`` apart) and
-    the environment never became healthy: the task's fault (``task_invalid``), with the last
-    check's output. A check over ``timeout_sec`` is a failure (Docker's rule)."""
-    policy = ctx.task_policy(network=False, user=kinds.IMAGE_USER)  # Harbor's exec with no user: the image's
+def await_healthy(
+    ctx: Context,
+    healthcheck: Healthcheck,
+    env: dict[str, str],
+    *,
+    policy: SandboxPolicy | None = None,
+    environment: BaseEnvironment | None = None,
+    who: str = "environment",
+    wait_first: bool = False,
+    ended=None,
+) -> None:
+    """Harbor's ``run_healthcheck`` (Docker's HEALTHCHECK): its command (``bash -c``, or a compose
+    test's argv) until it exits 0. A failure during the start period does not count, and the next
+    check follows after ``start_interval_sec``; after it, ``retries`` consecutive failures
+    (``interval_sec`` apart) and ``who`` never became healthy: the task's fault (``task_invalid``),
+    with the last check's output. A check over ``timeout_sec`` is a failure (Docker's rule).
+    ``wait_first``: Docker's own timing (a compose service's), the first check after an interval
+    too, where Harbor checks at once; ``ended()``: how the checked process ended, or None while it
+    runs (an end is never healthy); ``policy`` and ``environment``: what it runs in (default the
+    task's, as the image's User: Harbor's exec with no user)."""
+    if policy is None:
+        policy = ctx.task_policy(network=False, user=kinds.IMAGE_USER)
     start_period_end = time.monotonic() + healthcheck.start_period_sec
     failures = 0
     log = ctx.session.log
-    livelog.append_text(log, livelog.executor_line(f"healthcheck: {healthcheck.command}"))
-    with ctx.phase("healthcheck"):  # every check an exec in one sandbox (SPEC §25)
+    livelog.append_text(log, livelog.executor_line(f"{_label(who)}: {healthcheck.command}"))
+
+    def pause() -> None:
+        in_start_period = time.monotonic() < start_period_end
+        _wait(ctx, healthcheck.start_interval_sec if in_start_period else healthcheck.interval_sec)
+
+    with ctx.phase(_label(who)):  # every check an exec in one sandbox (SPEC §25)
+        if wait_first:
+            pause()
         while True:
+            gone = ended() if ended is not None else None
+            if gone is not None:
+                raise StepFailed(f"{who} never became healthy: {gone}", kind=ErrorKind.TASK_INVALID)
             in_start_period = time.monotonic() < start_period_end
             result = ctx.run(
-                ["bash", "-c", healthcheck.command], env=env, timeout_secs=healthcheck.timeout_sec, policy=policy
+                healthcheck.run_argv,
+                env=env,
+                timeout_secs=healthcheck.timeout_sec,
+                policy=policy,
+                environment=environment,
             )
             if result.limit not in (None, Limit.TIMEOUT):
-                raise StepFailed(f"{result.limit_detail} in the healthcheck", kind=ErrorKind.LIMIT_EXCEEDED)
+                raise StepFailed(f"{result.limit_detail} in {_label(who)}", kind=ErrorKind.LIMIT_EXCEEDED)
             if result.limit is None and result.exit_code == 0:
-                livelog.append_text(log, livelog.executor_line("healthcheck: healthy"))
+                livelog.append_text(log, livelog.executor_line(f"{_label(who)}: healthy"))
                 return
-            if in_start_period:
-                _wait(ctx, healthcheck.start_interval_sec)
-                continue
-            failures += 1
-            if failures >= healthcheck.retries:
-                raise StepFailed(_never_healthy(healthcheck, result), kind=ErrorKind.TASK_INVALID)
-            _wait(ctx, healthcheck.interval_sec)
+            if not in_start_period:
+                failures += 1
+                if failures >= healthcheck.retries:
+                    raise StepFailed(_never_healthy(who, healthcheck, result), kind=ErrorKind.TASK_INVALID)
+            pause()
 
 
-def _never_healthy(healthcheck: Healthcheck, result) -> str:
+def _label(who: str) -> str:
+    return "healthcheck" if who == "environment" else f"healthcheck of {who}"
+
+
+def _never_healthy(who: str, healthcheck: Healthcheck, result) -> str:
     how = (
         f"timed out after {healthcheck.timeout_sec:g} s"
         if result.limit is Limit.TIMEOUT
         else f"exited {result.exit_code}"
     )
     return (
-        f"environment never became healthy: {healthcheck.command!r} {how} "
+        f"{who} never became healthy: {healthcheck.command!r} {how} "
         f"{healthcheck.retries} time(s) in a row: {last_line(result.output)}"
     )
 
@@ -163,3 +235,154 @@ def _wait(ctx: Context, seconds: float) -> None:
         ctx.check_cancelled()
         pause.wait(min(left, _CANCEL_POLL_SECS))
     ctx.check_cancelled()
+
+
+# -- a Harbor task's compose services (SPEC §23) ------------------------------------------------------
+
+
+def start_services(ctx: Context) -> None:
+    """Each compose service in ``depends_on`` order, after what it waits for (``service_healthy``:
+    its check passed); then every check, as ``docker compose up --wait``."""
+    if not ctx.services:
+        return
+    environment_network(ctx)
+    for running in ctx.services.values():  # in start order (tasks/compose.py)
+        for other, condition in running.service.depends_on.items():
+            if condition == "service_healthy":
+                _await(ctx, ctx.services[other])
+        _start_one(ctx, running)
+    for running in ctx.services.values():
+        _await(ctx, running)
+
+
+def _start_one(ctx: Context, running: Running) -> None:
+    service, environment = running.service, running.environment
+    shown = f"service {service.name!r}"
+    config = environment.config  # the image's, its User and WorkingDir the service's when it names them
+    argv = first_process(config, FirstProcess(entrypoint=service.entrypoint, command=service.command))
+    if argv is None and not (service.entrypoint or service.command or config.get("Entrypoint") or config.get("Cmd")):
+        raise StepFailed(
+            f"environment/docker-compose.yaml: {shown} has nothing to run (no command or entrypoint, "
+            "and its image has no Cmd or Entrypoint)"
+        )
+    ca = ctx.trusted_ca
+    running.policy = environment.sandbox_policy(
+        network=False,  # no relay: its loopback is the environment's, nothing more
+        ca_bundle=ca.host if ca is not None else None,
+        user=kinds.IMAGE_USER,  # its image's User, or its compose ``user``
+        netns=ctx.netns.path,
+    )
+    running.env = _service_env(service, config, running.policy.image)
+    if argv is None:  # only what keeps a container alive: its root serves its checks and hooks
+        livelog.append_text(ctx.session.log, livelog.executor_line(f"{shown}: nothing to start"))
+        return
+    running.process = start_service(ctx, shown, argv, env=running.env, policy=running.policy, cwd=environment.workdir)
+
+
+def _service_env(service: Service, config: dict, root: ImageRoot) -> dict[str, str]:
+    """As Docker's: PATH, HOME (its user's, from the image's /etc/passwd) and HOSTNAME, then the
+    image's Env, then the service's ``environment``."""
+    items = config.get("Env") or []
+    image_env = dict(item.split("=", 1) for item in items if isinstance(item, str) and "=" in item)
+    uid = str(root.ids[0])
+    home = next((row[5] for row in rootfs.table(root.rootfs, "/etc/passwd") if row[2] == uid and len(row) > 5), "/")
+    return {"PATH": SYSTEM_PATH, "HOME": home or "/", "HOSTNAME": service.name, **image_env, **service.env}
+
+
+def _await(ctx: Context, running: Running) -> None:
+    """The service's health check passed (once; nothing without one); else task_invalid."""
+    service = running.service
+    if service.healthcheck is None or running.healthy:
+        return
+
+    def ended() -> str | None:
+        process = running.process
+        if process is None or process.exit_code is None:
+            return None
+        output = last_line(process.output())
+        return f"it exited with code {process.exit_code}" + (f": {output}" if output else "")
+
+    await_healthy(
+        ctx,
+        service.healthcheck,
+        running.env,
+        policy=running.policy,
+        environment=running.environment,
+        who=f"service {service.name!r}",
+        wait_first=True,
+        ended=ended,
+    )
+    running.healthy = True
+
+
+def host_names(ctx: Context) -> list[str]:
+    """The names at 127.0.0.1 in every root: main, and each service."""
+    return [MAIN, *ctx.services]
+
+
+def write_all_hosts(ctx: Context) -> None:
+    """/etc/hosts in every root of the evaluation: main's, a separate verifier's, each service's."""
+    names = host_names(ctx)
+    roots = [ctx.env, ctx.verifier_env, *(running.environment for running in ctx.services.values())]
+    for environment in roots:
+        if environment is not None:
+            write_hosts(environment.mounted, names)
+
+
+def write_hosts(root: ImageRoot, names: list[str]) -> None:
+    """/etc/hosts in ``root``: localhost, and every service's name, at 127.0.0.1 (the shared
+    loopback), written as the image's root owns it, nothing on the way followed."""
+    text = "127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n" + "".join(
+        f"127.0.0.1\t{name}\n" for name in names
+    )
+    try:
+        kinds.make_mount_point(root, "/etc")  # a real folder, made if missing, nothing followed
+        write_file_nofollow(root.rootfs, "etc/hosts", text.encode(), 0o644)
+        fd = os.open(root.rootfs / "etc", os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        try:
+            os.chown("hosts", root.idmap.host_uid(0), root.idmap.host_gid(0), dir_fd=fd, follow_symlinks=False)
+        finally:
+            os.close(fd)
+    except (OSError, SafeFSError) as exc:
+        raise StepFailed(f"could not write /etc/hosts for the services: {exc}", kind=ErrorKind.INFRASTRUCTURE) from None
+
+
+def collect(ctx: Context) -> None:
+    """Each [[verifier.collect]] command in its service, in order, after the agent (Harbor's hooks),
+    as ``sh -c``: main's in the task's root, a service's in its own, as its user (the image's User,
+    as Harbor's exec with no user) or the hook's. Best effort, as Harbor's: its exit and output go
+    to the log, a failure never ends the evaluation."""
+    if not ctx.task.collect:
+        return
+    with ctx.phase("collect"):  # a phase's init switches to each hook's user (SPEC §25)
+        for index, hook in enumerate(ctx.task.collect):
+            _collect_one(ctx, index, hook)
+
+
+def _collect_one(ctx: Context, index: int, hook) -> None:
+    shown = f"collect {index + 1} in service {hook.service!r}"
+    if hook.service == MAIN:
+        environment, env = ctx.env, {**ctx.base_env(), **static.task_env(ctx)}
+        policy = ctx.task_policy(network=False, user=kinds.IMAGE_USER)
+    else:
+        running = ctx.services[hook.service]
+        environment, env, policy = running.environment, running.env, running.policy
+    try:
+        if hook.user is not None:
+            ids = kinds.user_ids(policy.image, hook.user)
+            policy = dataclasses.replace(policy, image=dataclasses.replace(policy.image, run_as=ids))
+    except ImageError as exc:
+        livelog.append_text(ctx.session.log, livelog.executor_line(f"{shown}: user {hook.user!r}: {exc}"))
+        return
+    result = ctx.run(
+        ["/bin/sh", "-c", hook.command],
+        env=env,
+        timeout_secs=hook.timeout_secs,
+        policy=policy,
+        environment=environment,
+    )
+    how = f"exit code {result.exit_code}" if result.limit is None else (result.limit_detail or "stopped")
+    text = livelog.executor_line(f"{shown}: {how}")
+    if result.output.strip():
+        text += livelog.unmarked(result.output[-COLLECT_LOG_BYTES:].rstrip("\n") + "\n")
+    livelog.append_text(ctx.session.log, text)

@@ -282,6 +282,7 @@ def _run_agent(ctx: Context, argv: list[str], env: dict[str, str], timeout: int,
             produced["agent_patch"] = _agent_patch(ctx)
     finally:  # the output whatever happened, and the patch when there is one
         ctx.stage(**produced)
+    services.collect(ctx)  # SPEC §23: [[verifier.collect]], in their services, before the artifacts are read
     try:
         verifier.after_agent(ctx)  # in an image: system_changes and artifacts, whatever the agent's end
     except (OSError, SafeFSError) as exc:

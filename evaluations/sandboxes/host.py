@@ -278,6 +278,14 @@ class LiveSandbox:
                 "(a live sandbox runs in an image)",
                 ErrorKind.TASK_INVALID,
             )
+        if task.services:  # SPEC §23: an evaluation starts them beside the agent; a live sandbox is one root
+            names = ", ".join(service.name for service in task.services)
+            raise Ending(
+                SandboxStatus.FAILED,
+                f"environment.task_url: the task has compose services besides main ({names}); "
+                "a live sandbox runs main's environment alone, so it cannot be this task's",
+                ErrorKind.TASK_INVALID,
+            )
         return task.root, task.environment
 
     def _build_environment(self) -> build.BuildEnvironment:

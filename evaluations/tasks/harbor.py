@@ -18,7 +18,7 @@ from evaluations.artifacts import check_path as check_artifact_path
 from evaluations.grading.tbparsers import swebench_from_config
 from evaluations.network.egress.policy import parse_rule
 from evaluations.tasks import harbor_steps
-from evaluations.tasks.compose import bound_folder, service_argv, service_workdir, single_service
+from evaluations.tasks.compose import MAIN, SERVICE_NAME, bound_folder, harbor_services, service_argv, service_workdir
 from evaluations.tasks.readers import (
     CONTROL_CHARS,
     ENV_NAME,
@@ -44,6 +44,7 @@ from evaluations.tasks.spec import (
     PUBLIC,
     VERIFIER_LOGS,
     ArtifactEntry,
+    Collect,
     FirstProcess,
     Healthcheck,
     ImageEnvironment,
@@ -165,7 +166,14 @@ def load(root: Path, limits: TaskLimits) -> TaskSpec:
             "task.toml: [verifier] environment_mode = 'separate' (or [verifier.environment]) with [[steps]] is not "
             "supported here: each step's verifier runs on the environment the steps share"
         )
-    collected = _artifacts(config)
+    compose = harbor_services(root)  # SPEC §23: main, and the services started beside it
+    collect = _collect(verifier_table, compose.services)
+    if entries and collect:
+        raise TaskError(
+            "task.toml: [[verifier.collect]] with [[steps]] is not supported here (each step's verifier "
+            "would need its own hooks)"
+        )
+    collected = _artifacts(config, compose.services)
     solution, solution_files = _harbor_solution(root)
     solution_env = _literal_env(config.table("solution").table("env"))
     steps = None
@@ -183,12 +191,12 @@ def load(root: Path, limits: TaskLimits) -> TaskSpec:
             required=True,
             cap=prompt_cap(limits.max_prompt_bytes, instruction=True),
         )
-    first_process = _first_process(root)
+    first_process = _first_process(compose.main)
     healthcheck = _healthcheck(environment_table)
     metadata = jsonable(config.rest())
     if steps is not None and any(steps.kept):
         metadata["steps"] = steps.kept  # each step's keys not read, in order
-    bound = _bound_folder(root, environment)
+    bound = _bound_folder(root, environment, compose.main)
     swebench = swebench_from_config(verifier.files) if grader == "swebench" else None
     return image_task(
         root,
@@ -210,6 +218,8 @@ def load(root: Path, limits: TaskLimits) -> TaskSpec:
         support_files=bound.test_files if bound else [],
         artifacts=collected,
         **({"steps": steps.steps, "reward_strategy": steps.strategy} if steps is not None else {}),
+        services=compose.services,
+        collect=collect,
     )
 
 
@@ -251,11 +261,10 @@ def _package(config: _Table) -> None:
     del config.tables["task"]  # checked; kept in the metadata as written
 
 
-def _first_process(root: Path) -> FirstProcess:
+def _first_process(compose: dict | None) -> FirstProcess:
     """SPEC §23: the environment starts as Harbor's docker backend starts its main container: the
     image's ENTRYPOINT (or the compose service's ``entrypoint``) with ``command`` (the compose
     service's, else Harbor's ``sh -c "sleep infinity"``) as its arguments."""
-    compose = single_service(root / "environment", "environment/")
     entrypoint = command = None
     if compose is not None:
         where = f"{compose['file']}: service {compose['name']!r}"
@@ -293,11 +302,10 @@ def _healthcheck(environment: _Table) -> Healthcheck | None:
     return Healthcheck(command=command, **{key: value for key, value in values.items() if value is not None})
 
 
-def _bound_folder(root: Path, environment: ImageEnvironment):
-    """environment/docker-compose.yaml's one service: a volume binding a folder of environment/ at the
+def _bound_folder(root: Path, environment: ImageEnvironment, compose: dict | None):
+    """environment/docker-compose.yaml's main service: a volume binding a folder of environment/ at the
     working directory ([environment] workdir, else the service's working_dir), as import_tasks writes
     for a Terminal-Bench task that had one; its other keys are Harbor's business, not read here."""
-    compose = single_service(root / "environment", "environment/")
     if compose is None or not compose["service"].get("volumes"):
         return None
     where = f"{compose['file']}: service {compose['name']!r}"
@@ -603,10 +611,10 @@ def _verifier_image(root: Path, config: _Table | None, environment: ImageEnviron
     return environment, False  # [environment]'s workdir with it, unless [verifier.environment] has its own
 
 
-def _artifacts(config: _Table) -> tuple[ArtifactEntry, ...]:
+def _artifacts(config: _Table, services=()) -> tuple[ArtifactEntry, ...]:
     """The top-level ``artifacts`` (Harbor's ``list[str | ArtifactConfig]``): paths, or tables of
-    ``source``, ``destination`` and ``service``; each checked as Harbor checks it, and as the listed
-    name of what it collects must be (artifacts.check_path). /logs/artifacts is collected whatever it says."""
+    ``source``, ``destination`` and ``service`` (main, or one of ``services``, the compose file's others,
+    read from its root); each checked as Harbor checks it, and as the listed name of what it collects must be (artifacts.check_path). /logs/artifacts is collected whatever it says."""
     value = config.take("artifacts", [])
     if not isinstance(value, list):
         raise TaskError(f"task.toml: artifacts must be a list of paths or {{source, destination}} tables, "
@@ -618,10 +626,11 @@ def _artifacts(config: _Table) -> tuple[ArtifactEntry, ...]:
             item = {"source": item}
         if not isinstance(item, dict):
             raise TaskError(f"{where} must be a path or a table with a source, got {type_name(item)}")
-        entry = _artifact(where, item)
-        if _within(entry.source, VERIFIER_LOGS) or _within(entry.source, "/tests"):
+        entry = _artifact(where, item, {MAIN, *(service.name for service in services)})
+        agents = entry.service == MAIN  # a service's own root has no folder of the agent's or the verifier's
+        if agents and (_within(entry.source, VERIFIER_LOGS) or _within(entry.source, "/tests")):
             raise TaskError(f"{where} source {entry.source!r} is the verifier's own folder, not the agent's")
-        if _within(entry.source, ARTIFACTS_DIR) and entry.destination is None:
+        if agents and _within(entry.source, ARTIFACTS_DIR) and entry.destination is None:
             continue  # collected at its own place with /logs/artifacts already (Harbor's "covered")
         if all(entry.listed != other.listed for other in entries):
             entries.append(entry)
@@ -632,7 +641,7 @@ def _within(path: str, folder: str) -> bool:
     return path == folder or path.startswith(folder + "/")
 
 
-def _artifact(where: str, item: dict) -> ArtifactEntry:
+def _artifact(where: str, item: dict, names: set[str]) -> ArtifactEntry:
     source = item.get("source")
     if source is None:
         raise TaskError(f"{where} needs a source: a path in the agent's environment (as /app/out.txt)")
@@ -646,18 +655,21 @@ def _artifact(where: str, item: dict) -> ArtifactEntry:
     service = item.get("service")
     if service is not None and not isinstance(service, str):
         raise TaskError(f"{where} service must be a compose service's name, got {type_name(service)}")
-    if service not in (None, "main"):
+    service = MAIN if service is None else service
+    if service not in names:
         raise TaskError(
-            f"{where} service = {service[:60]!r}: collecting from a compose service other than main is not "
-            "supported here (the agent's environment is its only one)"
+            f"{where} service = {service[:60]!r} is not a service of environment/docker-compose.yaml "
+            f"({', '.join(sorted(names))})"
         )
+    if service != MAIN and not source.startswith("/"):
+        raise TaskError(f"{where} source must be an absolute path in service {service!r}, got {source[:100]!r}")
     exclude = item.get("exclude", [])
     if not isinstance(exclude, list) or not all(isinstance(pattern, str) for pattern in exclude):
         raise TaskError(f"{where} exclude must be a list of patterns, got {type_name(exclude)}")
     if exclude:
         raise TaskError(f"{where} exclude: leaving parts of an artifact out by pattern is not supported here")
     destination = _artifact_destination(where, item.get("destination"))
-    entry = ArtifactEntry(source=posixpath.normpath("/" + source.lstrip("/")), destination=destination)
+    entry = ArtifactEntry(source=posixpath.normpath("/" + source.lstrip("/")), destination=destination, service=service)
     try:
         check_artifact_path(entry.listed)
     except UnsafeName as exc:
@@ -681,6 +693,47 @@ def _artifact_destination(where: str, value: object) -> str | None:
     if normal in (".", "manifest.json"):
         raise TaskError(f"{where} destination {value[:100]!r} names no file, or the reserved manifest.json")
     return normal
+
+
+def _collect(table: _Table, services) -> tuple[Collect, ...]:
+    """[[verifier.collect]] (Harbor's ``VerifierCollectConfig``): ``command`` (required), ``service``
+    (default main; a service of environment/docker-compose.yaml), ``timeout_sec`` (default 60),
+    ``user`` (a name or a uid; default the service's user: main's the image's User, as Harbor's exec)."""
+    value = table.take("collect", [])
+    where = table.where("collect")
+    if not isinstance(value, list):
+        raise TaskError(f"{where} must be [[verifier.collect]] tables, got {type_name(value)}")
+    names = {MAIN, *(service.name for service in services)}
+    hooks = []
+    for index, hook in enumerate(value):
+        shown = f"task.toml: [[verifier.collect]] {index + 1}"
+        if not isinstance(hook, dict):
+            raise TaskError(f"{shown} must be a table, got {type_name(hook)}")
+        unknown = sorted(set(hook) - {"command", "service", "timeout_sec", "user"})
+        if unknown:
+            raise TaskError(f"{shown}: key {unknown[0]!r} is not one of command, service, timeout_sec, user")
+        command = hook.get("command")
+        if not isinstance(command, str) or not command.strip() or "\0" in command:
+            raise TaskError(f"{shown}: 'command' must be a shell command (a non-empty string)")
+        service = hook.get("service", MAIN)
+        if not isinstance(service, str) or not SERVICE_NAME.fullmatch(service.strip()):
+            raise TaskError(f"{shown}: 'service' must be a compose service name, got {service!r}")
+        service = service.strip()
+        if service not in names:
+            raise TaskError(
+                f"{shown}: 'service' {service!r} is not a service of environment/docker-compose.yaml "
+                f"({', '.join(sorted(names))})"
+            )
+        timeout = hook.get("timeout_sec", 60.0)
+        if not is_number(timeout) or not math.isfinite(timeout) or timeout <= 0:
+            raise TaskError(f"{shown}: 'timeout_sec' must be a positive number, got {timeout!r}")
+        user = hook.get("user")
+        if isinstance(user, int) and not isinstance(user, bool) and user >= 0:
+            user = str(user)
+        if user is not None and (not isinstance(user, str) or not user or CONTROL_CHARS.search(user)):
+            raise TaskError(f"{shown}: 'user' must be a user name or a uid, got {user!r}")
+        hooks.append(Collect(command=command, service=service, timeout_secs=float(timeout), user=user))
+    return tuple(hooks)
 
 
 def _harbor_solution(root: Path) -> tuple[str | None, list[SupportFile]]:

@@ -76,6 +76,32 @@ class SeparateVerifier:
 
 
 @dataclass(frozen=True)
+class Service:
+    """A compose service other than ``main`` (SPEC §23): a sandbox of its own beside the agent's,
+    sharing its loopback; started before the agent, in ``depends_on`` order, kept until the end."""
+
+    name: str
+    environment: ImageEnvironment  # its image, or its build (paths relative to the task root)
+    command: tuple[str, ...] | None = None  # over the image's Cmd
+    entrypoint: tuple[str, ...] | None = None  # over the image's Entrypoint (and then without its Cmd)
+    env: dict[str, str] = field(default_factory=dict)  # over the image's Env
+    workdir: str | None = None  # over the image's WorkingDir
+    user: str | None = None  # over the image's User
+    healthcheck: Healthcheck | None = None
+    depends_on: dict[str, str] = field(default_factory=dict)  # name: service_started | service_healthy
+
+
+@dataclass(frozen=True)
+class Collect:
+    """A [[verifier.collect]] command: run in ``service`` after the agent, before the verifier (Harbor's hooks)."""
+
+    command: str
+    service: str = "main"
+    timeout_secs: float = 60.0
+    user: str | None = None
+
+
+@dataclass(frozen=True)
 class Verifier:
     """How a Harbor or Terminal-Bench task's tests run (SPEC §17): after the agent, in a fresh sandbox on
     the file system it left, ``files`` at /tests, /logs/verifier empty, ``bash /tests/<script>`` from the
@@ -100,6 +126,7 @@ class ArtifactEntry:
 
     source: str
     destination: str | None = None
+    service: str = "main"  # a compose service's root to read ``source`` from (SPEC §23); listed alike
 
     @property
     def listed(self) -> str:
@@ -129,6 +156,13 @@ class Healthcheck:
     start_period_sec: float = 0.0
     start_interval_sec: float = 5.0
     retries: int = 3
+    # A compose service's ``healthcheck: test`` (tasks/compose.py): its argv ("CMD"; "CMD-SHELL" is
+    # ``/bin/sh -c text``), ``command`` then only its text for the log; None: ``bash -c command``.
+    argv: tuple[str, ...] | None = None
+
+    @property
+    def run_argv(self) -> list[str]:
+        return list(self.argv) if self.argv is not None else ["bash", "-c", self.command]
 
 
 NO_NETWORK, PUBLIC, ALLOWLIST = "no-network", "public", "allowlist"
@@ -254,6 +288,10 @@ class TaskSpec:
     # made of theirs (MEAN or FINAL); empty for a task of one step.
     steps: tuple[TaskStep, ...] = ()
     reward_strategy: str = MEAN
+    # SPEC §23: environment/docker-compose.yaml's services other than ``main``, in start order, and
+    # [[verifier.collect]]'s commands, run after the agent
+    services: tuple[Service, ...] = ()
+    collect: tuple[Collect, ...] = ()
 
 
 def image_task(root: Path, **fields) -> TaskSpec:

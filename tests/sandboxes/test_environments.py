@@ -103,6 +103,25 @@ def test_a_tasks_own_environment(api, image_ref, web):
         api.call("DELETE", f"/sandboxes/{body['sandbox_id']}")
 
 
+def test_a_task_with_compose_services_cannot_be_a_sandbox(api, image_ref, web):
+    name = f"compose-{uuid.uuid4().hex[:8]}.tar.gz"
+    compose = f"services:\n  main: {{}}\n  db: {{image: '{image_ref}'}}\n"
+    write_archive(
+        Path(web.www) / name,
+        {
+            "task.toml": f'[environment]\ndocker_image = "{image_ref}"\n',
+            "instruction.md": "Do it.\n",
+            "environment/docker-compose.yaml": compose,
+            "tests/test.sh": Exec("#!/bin/bash\necho 1 > /logs/verifier/reward.txt\n"),
+        },
+        "tar.gz",
+        top="task",
+    )
+    status, body = api.json("POST", "/sandboxes", {"environment": {"task_url": web.url(f"/{name}")}})
+    assert status == 400 and body["error"] == "task_invalid", body
+    assert "the task has compose services besides main (db)" in body["detail"], body
+
+
 def test_a_task_without_an_image_cannot_be_a_sandbox(api, web):
     name = f"workspace-{uuid.uuid4().hex[:8]}.tar.gz"
     write_archive(

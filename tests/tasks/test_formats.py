@@ -13,8 +13,12 @@ from evaluations.tasks.spec import (
     AGENT,
     ENVIRONMENT,
     VERIFIER,
+    ArtifactEntry,
+    Collect,
+    Healthcheck,
     ImageEnvironment,
     NetworkRequest,
+    Service,
     SupportFile,
     TaskError,
     TaskRequest,
@@ -599,12 +603,156 @@ def test_a_harbor_task_without_tests_is_refused(tmp_path):
     assert error(root) == "tests is not a folder"
 
 
-def test_several_compose_services_are_refused(tmp_path):
-    compose = "services:\n  main: {build: .}\n  db: {image: postgres}\n"
-    root = harbor(tmp_path, **{"environment/docker-compose.yaml": compose})
-    assert error(root) == "environment/docker-compose.yaml has 2 services (db, main); a task runs in one container here"
+SERVICES = """services:
+  main:
+    build: .
+    depends_on: {web: {condition: service_healthy}}
+  web:
+    image: registry.example/web:1
+    command: python3 -m http.server 8000
+    environment: {MODE: fast, COUNT: 2, ENABLED: true, PRICE: "$$5"}
+    healthcheck: {test: [CMD-SHELL, "curl -f localhost:8000"], interval: 1m30s, timeout: 500ms, retries: 5,
+                  start_period: 0s, start_interval: 2s}
+    depends_on: [db]
+    ports: ["8000:8000"]
+    x-note: ignored
+  db:
+    build: {context: db, dockerfile: Dockerfile.db, args: [VERSION=16], target: run}
+    entrypoint: [docker-entrypoint.sh]
+    environment: [POSTGRES_PASSWORD=secret]
+    user: "999"
+    working_dir: /var/lib/db
+"""
+
+
+def test_several_compose_services_main_and_the_others_in_start_order(tmp_path):
+    toml = (  # artifacts is a top-level key: before [[verifier.collect]]'s table
+        'artifacts = [{source = "/dump.sql", service = "db"}, "/app/out.txt"]\n'
+        + HARBOR_TOML
+        + '[[verifier.collect]]\nservice = "db"\ncommand = "pg_dump > /dump.sql"\ntimeout_sec = 5\n'
+    )
+    root = harbor(tmp_path, toml=toml, **{"environment/docker-compose.yaml": SERVICES,
+                                           "environment/db/Dockerfile.db": "FROM postgres\n"})  # fmt: skip
+    spec = load_task(root)
+    db, web = spec.services  # db first: web depends on it
+    assert db == Service(
+        name="db",
+        environment=ImageEnvironment(
+            dockerfile="environment/db/Dockerfile.db",
+            context="environment/db",
+            build_args={"VERSION": "16"},
+            target="run",
+        ),  # fmt: skip
+        entrypoint=("docker-entrypoint.sh",),
+        env={"POSTGRES_PASSWORD": "secret"},
+        user="999",
+        workdir="/var/lib/db",
+    )
+    assert web.environment == ImageEnvironment(image="registry.example/web:1")
+    assert web.command == ("python3", "-m", "http.server", "8000") and web.depends_on == {"db": "service_started"}
+    assert web.env == {"MODE": "fast", "COUNT": "2", "ENABLED": "true", "PRICE": "$5"}  # $$: a literal $
+    assert web.healthcheck == Healthcheck(command="/bin/sh -c 'curl -f localhost:8000'",
+                                          argv=("/bin/sh", "-c", "curl -f localhost:8000"), interval_sec=90.0,
+                                          timeout_sec=0.5, retries=5, start_period_sec=0.0,
+                                          start_interval_sec=2.0)  # fmt: skip
+    assert spec.collect == (Collect(command="pg_dump > /dump.sql", service="db", timeout_secs=5.0),)
+    assert spec.artifacts == (ArtifactEntry(source="/dump.sql", service="db"), ArtifactEntry(source="/app/out.txt"))
+    assert spec.artifacts[0].listed == "artifacts/dump.sql"  # as Harbor's: every service's under artifacts/
+    relative = 'artifacts = [{source = "dump.sql", service = "db"}]\n' + HARBOR_TOML
+    root = harbor(tmp_path / "relative", toml=relative, **{"environment/docker-compose.yaml": SERVICES,
+                                                          "environment/db/Dockerfile.db": "FROM postgres\n"})  # fmt: skip
+    assert error(root) == "task.toml: artifacts[0] source must be an absolute path in service 'db', got 'dump.sql'"
     one = harbor(tmp_path / "one", **{"environment/docker-compose.yaml": "services:\n  main: {build: .}\n"})
-    assert load_task(one).format == "harbor"
+    assert load_task(one).services == ()
+
+
+@pytest.mark.parametrize(
+    ("compose", "message"),
+    [
+        ("services:\n  app: {build: .}\n  db: {image: postgres}\n",
+         "environment/docker-compose.yaml has 2 services (app, db) and none named 'main' (the agent's)"),
+        ("services:\n  main: {}\n  db: {image: postgres, privileged: true}\n",
+         "environment/docker-compose.yaml: service 'db': key 'privileged' is not supported here (a service may say "
+         "image, build, command, entrypoint, environment, healthcheck, depends_on, working_dir, user, ports, expose)"),
+        ("services:\n  main: {}\n  db: {image: postgres, volumes: ['./data:/data']}\n",
+         "environment/docker-compose.yaml: service 'db': key 'volumes' is not supported here (a service may say "
+         "image, build, command, entrypoint, environment, healthcheck, depends_on, working_dir, user, ports, expose)"),
+        ("services:\n  main: {}\n  db: {command: run}\n",
+         "environment/docker-compose.yaml: service 'db' has neither 'image' nor 'build': it has nothing to run"),
+        ("services:\n  main: {}\n  db: {image: postgres, environment: {PASSWORD: '${PASSWORD}'}}\n",
+         "environment/docker-compose.yaml: service 'db': 'environment': PASSWORD takes a value from the host's "
+         "environment (${PASSWORD}); this executor passes nothing of its own environment to a task"),
+        ("services:\n  main: {}\n  db: {image: postgres, environment: [PASSWORD]}\n",
+         "environment/docker-compose.yaml: service 'db': 'environment' 'PASSWORD' takes its value from the host's "
+         "environment; this executor passes nothing of its own environment to a task"),
+        ("services:\n  main: {}\n  db: {image: postgres, command: 'run --home $HOME'}\n",
+         "environment/docker-compose.yaml: service 'db': 'command' takes a value from the host's environment "
+         "(run --home $HOME); this executor passes nothing of its own environment to a task"),
+        ("services:\n  main: {}\n  db: {image: postgres, command: {run: 1}}\n",
+         "environment/docker-compose.yaml: service 'db': 'command' must be a string or a list of strings, got dict"),
+        ("services:\n  main: {}\n  db: {image: postgres, healthcheck: {test: [CMD, pg_isready], interval: 10}}\n",
+         "environment/docker-compose.yaml: service 'db': 'healthcheck' 'interval' must be a duration such as 10s, "
+         "500ms or 1m30s, got 10"),
+        ("services:\n  main: {}\n  db: {image: postgres, healthcheck: {test: [RUN, pg_isready]}}\n",
+         "environment/docker-compose.yaml: service 'db': 'healthcheck' 'test' must start with CMD (an argv) or "
+         "CMD-SHELL (one command), got ['RUN', 'pg_isready']"),
+        ("services:\n  main: {}\n  db: {image: postgres, healthcheck: {test: true}}\n",
+         "environment/docker-compose.yaml: service 'db': 'healthcheck' 'test' must be a command (a string, or a list "
+         "starting with CMD or CMD-SHELL)"),
+        ("services:\n  main: {}\n  db: {image: postgres, healthcheck: {test: 'true', retries: 0}}\n",
+         "environment/docker-compose.yaml: service 'db': 'healthcheck' 'retries' must be a whole number of at least 1, "
+         "got 0"),
+        ("services:\n  main: {depends_on: [cache]}\n  db: {image: postgres}\n",
+         "environment/docker-compose.yaml: service 'main': 'depends_on' names 'cache', which is not a service of "
+         "environment/docker-compose.yaml"),
+        ("services:\n  main: {depends_on: {db: {condition: service_healthy}}}\n  db: {image: postgres}\n",
+         "environment/docker-compose.yaml: service 'main': 'depends_on': 'db' condition service_healthy, and 'db' has "
+         "no healthcheck"),
+        ("services:\n  main: {}\n  db: {image: postgres, depends_on: {a: {condition: service_completed_successfully}}}\n",
+         "environment/docker-compose.yaml: service 'db': 'depends_on': 'a' condition 'service_completed_successfully' "
+         "is not supported here (only service_started, service_healthy)"),
+        ("services:\n  main: {}\n  a: {image: x, depends_on: [b]}\n  b: {image: x, depends_on: [a]}\n",
+         "environment/docker-compose.yaml: 'depends_on' makes a cycle (a -> b -> a)"),
+        ("services:\n  main: {}\n  a: {image: x, depends_on: [a]}\n",
+         "environment/docker-compose.yaml: service 'a': 'depends_on' names the service itself"),
+        ("services:\n  main: {}\n  a: {image: x, depends_on: {main: {condition: service_healthy}}}\n",
+         "environment/docker-compose.yaml: service 'a': 'depends_on': 'main' can only be waited for as "
+         "service_started (it is the agent's)"),
+        ("services:\n  main: {}\n  db: {build: ../..}\n",
+         "environment/docker-compose.yaml: service 'db': 'build' 'context' '../..' must be a relative path inside the "
+         "task, without '..'"),
+        ("services:\n  main: {}\n  db: {build: {context: ., dockerfile: Missing}}\n",
+         "environment/docker-compose.yaml: service 'db': 'build' 'dockerfile' 'Missing' is not a file of the task"),
+        ("services:\n  main: {}\n  db: {build: {context: ., network: host}}\n",
+         "environment/docker-compose.yaml: service 'db': 'build' key 'network' is not supported here (only context, "
+         "dockerfile, args, target)"),
+        ("services:\n  main: {}\n  'bad name': {image: x}\n",
+         "environment/docker-compose.yaml: service name 'bad name' must start with a letter or digit and hold only "
+         "letters, digits, '_', '.' and '-'"),
+    ],
+)  # fmt: skip
+def test_bad_compose_services_are_refused_naming_service_and_key(tmp_path, compose, message):
+    root = harbor(tmp_path, **{"environment/docker-compose.yaml": compose})
+    assert error(root) == message
+
+
+@pytest.mark.parametrize(
+    ("collect", "message"),
+    [
+        ('service = "db"\n', "task.toml: [[verifier.collect]] 1: 'command' must be a shell command (a non-empty string)"),
+        ('command = "x"\nservice = "cache"\n',
+         "task.toml: [[verifier.collect]] 1: 'service' 'cache' is not a service of environment/docker-compose.yaml "
+         "(db, main)"),
+        ('command = "x"\ntimeout_sec = 0\n', "task.toml: [[verifier.collect]] 1: 'timeout_sec' must be a positive number, got 0"),
+        ('command = "x"\nshell = "bash"\n',
+         "task.toml: [[verifier.collect]] 1: key 'shell' is not one of command, service, timeout_sec, user"),
+    ],
+)  # fmt: skip
+def test_bad_collect_commands_are_refused(tmp_path, collect, message):
+    compose = "services:\n  main: {build: .}\n  db: {image: postgres}\n"
+    root = harbor(tmp_path, toml=HARBOR_TOML + "[[verifier.collect]]\n" + collect,
+                  **{"environment/docker-compose.yaml": compose})  # fmt: skip
+    assert error(root) == message
 
 
 def test_harbor_files_are_held_to_the_caps_and_rules(tmp_path):

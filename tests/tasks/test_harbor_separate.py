@@ -207,8 +207,7 @@ def test_artifacts_paths_and_tables(tmp_path):
         (
             'artifacts = [{source = "/var/lib/db", service = "db"}]\n',
             {},
-            "task.toml: artifacts[0] service = 'db': collecting from a compose service other than main is not "
-            "supported here (the agent's environment is its only one)",
+            "task.toml: artifacts[0] service = 'db' is not a service of environment/docker-compose.yaml (main)",
         ),
         (
             'artifacts = [{source = "/app", exclude = [".git"]}]\n',

@@ -73,7 +73,10 @@ def test_the_compose_services_command_and_entrypoint(tmp_path):
     assert spec.first_process == FirstProcess(entrypoint=("/start.sh", "--quiet"), command=("serve", "--port", "80"))
     bad = "services:\n  main:\n    command: {run: x}\n"
     message = error(harbor(tmp_path / "bad", "", **{"environment/docker-compose.yaml": bad}))
-    assert message == "environment/docker-compose.yaml: service 'main': 'command' must be a string or a list of strings"
+    assert (
+        message
+        == "environment/docker-compose.yaml: service 'main': 'command' must be a string or a list of strings, got dict"
+    )
     unsplittable = 'services:\n  main:\n    entrypoint: "sh -c \'x"\n'
     message = error(harbor(tmp_path / "quote", "", **{"environment/docker-compose.yaml": unsplittable}))
     assert message.startswith("environment/docker-compose.yaml: service 'main': 'entrypoint' \"sh -c 'x\" cannot be")
