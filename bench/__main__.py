@@ -279,7 +279,7 @@ def main() -> int:
     print(f"bench took {time.monotonic() - started:.0f} s")
     if args.json:
         with open(args.json, "w") as out:
-            json.dump(raw | {"loads": loads}, out, indent=1, default=str)
+            json.dump(raw | {"loads": loads, "table": table.rows}, out, indent=1, default=str)
     return 0
 
 

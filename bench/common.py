@@ -194,6 +194,8 @@ def machine() -> dict[str, str]:
         "ram": f"{memory_kib / 1024 / 1024:.1f} GiB",
         "kernel": platform.release(),
         "python": platform.python_version(),
-        "commit": commit.stdout.strip() + (" + uncommitted changes" if dirty.stdout.strip() else ""),
+        # BENCH_COMMIT: where the code has no git (the bench inside the container: bench/container.py)
+        "commit": os.environ.get("BENCH_COMMIT")
+        or commit.stdout.strip() + (" + uncommitted changes" if dirty.stdout.strip() else ""),
         "load": load_average(),
     }

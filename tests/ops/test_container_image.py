@@ -21,11 +21,12 @@ import socket
 import subprocess
 import sys
 import uuid
-from pathlib import Path
 
 import pytest
 
 from tests.helpers import harbor_venv
+from tests.helpers.container import CGROUP_V1, OWN_IDS, cgroup_flags, remove
+from tests.helpers.container import run_argv as container_line
 from tests.helpers.http import request
 from tests.helpers.httpserver import TestHTTPServer
 from tests.helpers.polling import wait_for
@@ -37,28 +38,6 @@ pytestmark = pytest.mark.slow
 
 TOKEN = SANDBOX_TOKEN  # what tests/sandboxes' Harbor runs pass
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
-OPERATING = (PROJECT / "docs" / "operating.md").read_text()
-# Away from the host services' defaults (SANDBOX_UID 60000.., IMAGE_UID_BASE 100000000..).
-OWN_IDS = {"SANDBOX_UID": "61000", "SANDBOX_UID_COUNT": "64", "IMAGE_UID_BASE": "300000000"}
-
-
-def docs_run_line(engine: str) -> list[str]:
-    """docs/operating.md's `docker run` line (its "Docker" section), as argv with ``engine`` for docker."""
-    lines = re.findall(r"^docker run (?:[^\n]*\\\n)*[^\n]*", OPERATING, re.M)
-    assert len(lines) == 1, lines
-    argv = shlex.split(lines[0].replace("\\\n", " "))
-    assert argv[:2] == ["docker", "run"] and argv[-1] == "term-executor", argv
-    return [engine, *argv[1:]]
-
-
-CGROUP_V1 = Path("/sys/fs/cgroup/memory/memory.limit_in_bytes").exists()
-
-
-def cgroup_flags(name: str) -> list[str]:
-    """docs/operating.md's flags for kernel limits in the container, on this host's cgroup version."""
-    if CGROUP_V1:  # the host's hierarchies, and a DATA_DIR (which names the cgroup folder) of its own
-        return ["-v", "/sys/fs/cgroup:/sys/fs/cgroup:rw", "-e", f"DATA_DIR=/data/{name}"]
-    return ["--cgroupns=private", "--security-opt", "unmask=/sys/fs/cgroup"]
 
 
 def need_podman() -> None:
@@ -116,28 +95,8 @@ class Container:
 
 
 def run_argv(image: str, name: str, env: dict[str, str]) -> tuple[list[str], list[str]]:
-    """The docs' line for ``image``, named ``name``, with volumes of its own (te-data:/data ->
-    te-data-<name>:/data), the host's network for -p, and ``env`` added: (argv, volumes)."""
-    argv = docs_run_line("podman")
-    volumes = []
-    for i, word in enumerate(argv):
-        if word == "-v" and ":" in argv[i + 1]:
-            volume, _, target = argv[i + 1].partition(":")
-            volumes.append(f"{volume}-{name}")
-            argv[i + 1] = f"{volumes[-1]}:{target}"
-    argv = [w.replace("AUTH_TOKEN=change-me", f"AUTH_TOKEN={TOKEN}") for w in argv]
-    assert argv.count("-p") == 1 and argv.count("--name") == 1
-    at = argv.index("-p")
-    argv[at : at + 2] = ["--network", "host"]
-    argv[argv.index("--name") + 1] = name
-    argv[-1:-1] = [word for key, value in env.items() for word in ("-e", f"{key}={value}")]
-    argv[-1] = image
-    return argv, volumes
-
-
-def remove(name: str, volumes: list[str]) -> None:
-    subprocess.run(["podman", "rm", "-f", "-t", "30", name], capture_output=True, timeout=120)
-    subprocess.run(["podman", "volume", "rm", "-f", *volumes], capture_output=True, timeout=120)
+    """The docs' line (tests/helpers/container.py) with this module's token."""
+    return container_line(image, name, env, TOKEN)
 
 
 @pytest.fixture(scope="module")
