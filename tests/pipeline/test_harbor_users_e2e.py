@@ -97,6 +97,21 @@ def test_a_verifier_user_of_its_own_over_the_images_user(tasks, config, http_ser
     assert (evaluation.status, evaluation.reward) == ("completed", 1.0), (evaluation.error, evaluation.log[-3000:])
 
 
+def test_an_entrypoint_as_a_third_user_is_refused_named(tasks, config, http_server, tmp_path):
+    """The image's User nobody, [agent] user root, and an ENTRYPOINT: it would run as nobody in a
+    sandbox of its own, which bubblewrap cannot set up as a user neither root nor the agent's."""
+    folder = harbor_folder(tmp_path / "task", toml="[agent]\nuser = 0\n", test=verifier_test(http_server, "x"))
+    (folder / "environment" / "Dockerfile").write_text(
+        'FROM debian:bookworm\nUSER nobody\nENTRYPOINT ["sh", "-c", "exec \\"$@\\"", "entrypoint"]\n'
+    )
+    evaluation = evaluate(serve(tasks, folder), AGENT, config=config, sandbox="bwrap", language="bash")
+    assert (evaluation.status, evaluation.error_kind) == ("failed", "task_invalid"), evaluation.log[-2000:]
+    assert "the image's ENTRYPOINT would run as its User 'nobody' while the agent runs as [agent] user '0'" in (
+        evaluation.error
+    )
+    assert evaluation.agent_output == ""
+
+
 @pytest.mark.parametrize(
     ("toml", "message"),
     [
