@@ -421,6 +421,8 @@ def test_the_pipelines_calls_read_the_image_from_the_store_and_the_path_from_its
         session=SimpleNamespace(root=session),
         env=image,
         trusted_ca=None,
+        task=None,  # no task, no compose services (executor_made, isolate read them)
+        services={},
     )
     assert imageenv.system_changes(ctx) == {"count": 1, "paths": ["/opt/runner"], "suspicious": ["/opt/runner"]}
     imageenv.isolate(ctx)
