@@ -68,17 +68,7 @@ class Background:
         included (nothing leaves a pid namespace)."""
         if self.proc.poll() is not None and self.sandbox_init is None:
             return set()
-        table = killer.processes() if table is None else table
-        children: dict[int, list[int]] = {}
-        for proc in table:
-            children.setdefault(proc.ppid, []).append(proc.pid)
-        found, stack = {self.proc.pid}, [self.proc.pid]
-        while stack:
-            for child in children.get(stack.pop(), ()):
-                if child not in found:
-                    found.add(child)
-                    stack.append(child)
-        return found
+        return {self.proc.pid, *killer.subtree(self.proc.pid, table)}
 
     def stop(self) -> bool:
         """Kill it and everything it started; True when its sandbox was seen to end (idempotent)."""

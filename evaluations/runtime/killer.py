@@ -261,6 +261,21 @@ def _tag(eval_id: str) -> bytes:
     return f"{TAG_VAR}={eval_id}".encode()
 
 
+def subtree(root: int, table: list[Proc] | None = None) -> set[int]:
+    """Every descendant of ``root`` (host pids, ``root`` left out), by the process table's parent links."""
+    children: dict[int, list[int]] = {}
+    for proc in processes() if table is None else table:
+        children.setdefault(proc.ppid, []).append(proc.pid)
+    found: set[int] = set()
+    stack = [root]
+    while stack:
+        for child in children.get(stack.pop(), ()):
+            if child not in found:
+                found.add(child)
+                stack.append(child)
+    return found
+
+
 def descendants(
     exclude: set[int] | None = None, *, zombies: bool = False, table: list[Proc] | None = None
 ) -> list[Proc]:

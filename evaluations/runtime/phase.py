@@ -119,7 +119,7 @@ class PhaseSandbox:
             # relay's shell started before becoming the init): named by their names now, when no
             # command of the phase could have taken one, and by (pid, start) afterwards.
             table = self._table()
-            inside = _subtree(sandbox_init, table)
+            inside = killer.subtree(sandbox_init, table)
             named = [(proc, _comm(proc.pid)) for proc in table if proc.pid in inside]
             inits = [(proc.pid, proc.start) for proc, name in named if name == initbin.NAME]
             if len(inits) == 1:
@@ -172,7 +172,7 @@ class PhaseSandbox:
         kept = {pid for pid, start in (self._init, *self._relay) if (pid, start) in alive} if self._init else set()
         for relay, start in self._relay:
             if (relay, start) in alive:
-                kept |= _subtree(relay, table)
+                kept |= killer.subtree(relay, table)
         return kept
 
     def start_exec(self, argv: list[str], cwd: Path, env: dict[str, str], stdin: bool) -> tuple[Exec, int, int | None]:
@@ -217,7 +217,7 @@ class PhaseSandbox:
         def leftovers() -> list:
             table = self._table()
             kept = self._kept(table)
-            inside = _subtree(self.sandbox_init, table)
+            inside = killer.subtree(self.sandbox_init, table)
             return [proc for proc in table if proc.pid in inside and proc.pid not in kept and not proc.zombie]
 
         return killer.kill_until_none(leftovers, f"a phase sandbox's leftovers (pid {self.sandbox_init})")
@@ -271,18 +271,3 @@ def _await_listening(sandbox_init: int, port: int = RELAY_PORT) -> bool:
             return False
         time.sleep(0.002)
     return False
-
-
-def _subtree(root: int, table: list | None = None) -> set[int]:
-    """Every descendant of ``root`` (host pids), by the process table's parent links."""
-    children: dict[int, list[int]] = {}
-    for proc in killer.processes() if table is None else table:
-        children.setdefault(proc.ppid, []).append(proc.pid)
-    found: set[int] = set()
-    stack = [root]
-    while stack:
-        for child in children.get(stack.pop(), ()):
-            if child not in found:
-                found.add(child)
-                stack.append(child)
-    return found
