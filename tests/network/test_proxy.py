@@ -169,6 +169,29 @@ def test_an_upload_through_a_tunnel_is_counted_as_bytes_out(start, www):
     assert only_record(proxy).bytes_out == len(request)
 
 
+@pytest.mark.parametrize("use_splice", [True, False])
+def test_the_client_sees_the_end_only_after_every_byte_is_counted(start, www, monkeypatch, use_splice):
+    """CI caught the upload's last piece counted after the client had read the end (the tunnel shut
+    the client's socket before the copying thread had counted): a slow count makes that certain."""
+    counted = EgressProxy._add_bytes
+
+    def slow_count(self, record, out=0, into=0):
+        if out:
+            threading.Event().wait(0.05)  # the copying thread is late, as under load
+        counted(self, record, out=out, into=into)
+
+    monkeypatch.setattr(EgressProxy, "_add_bytes", slow_count)
+    proxy = start(f"127.0.0.1:{www.port}", use_splice=use_splice)
+    payload = os.urandom(256 * 1024)
+    request = f"POST /upload HTTP/1.1\r\nHost: x\r\nContent-Length: {len(payload)}\r\n\r\n".encode() + payload
+    with connect(proxy) as client:
+        client.sendall(f"CONNECT 127.0.0.1:{www.port} HTTP/1.1\r\n\r\n".encode() + request)
+        assert client.recv(len(ESTABLISHED)) == ESTABLISHED
+        _, _, body = split(read_all(client))
+    assert body == str(len(payload)).encode()
+    assert only_record(proxy).bytes_out == len(request)
+
+
 def test_https_through_a_tunnel_checks_the_certificate_by_name(start, tmp_path):
     ca, cert, key = make_tls_files(tmp_path / "tls", ("localhost",))
     with TestHTTPServer(tmp_path, ssl_context=server_tls_context(cert, key)) as server:

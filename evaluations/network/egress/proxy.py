@@ -297,6 +297,16 @@ class _Connection:
                 except OSError:
                     pass
 
+    def _stop_copying(self) -> None:
+        """Wake the copying thread without ending the client's reading: the destination both ways,
+        the client's sending side only (its reader sees no end until the counts are in)."""
+        for sock, how in ((self.upstream, socket.SHUT_RDWR), (self.client, socket.SHUT_RD)):
+            if sock is not None:
+                try:
+                    sock.shutdown(how)
+                except OSError:
+                    pass
+
     def _run(self) -> None:
         proxy = self.proxy
         try:
@@ -330,10 +340,10 @@ class _Connection:
         except Exception:
             log.exception("egress proxy %s: connection failed", proxy.socket_path)
         finally:
-            self.abort()
+            self._stop_copying()
             if self._helper is not None:
                 self._helper.join()
-            _close_gently(self.client)
+            _close_gently(self.client)  # the client sees its end only now, every byte counted
             if self.upstream is not None:
                 self.upstream.close()
             proxy._forget(self)
@@ -439,13 +449,16 @@ class _Connection:
             if not n:
                 return
             self.last_activity = time.monotonic()
-            self._send_all(dst, buffer[:n])
-            count(n)
+            self._send_all(dst, buffer[:n], count)
 
-    def _send_all(self, dst: socket.socket, view: memoryview) -> None:
+    def _send_all(self, dst: socket.socket, view: memoryview, count) -> None:
+        """Send all of ``view``, counting each piece as it goes: a connection ended between two
+        pieces has counted every byte the destination got."""
         while view:
             try:
-                view = view[dst.send(view) :]
+                sent = dst.send(view)
+                count(sent)
+                view = view[sent:]
                 self.last_activity = time.monotonic()
             except BlockingIOError:  # SO_SNDTIMEO: the reader is slow
                 if self._idle():
@@ -472,12 +485,13 @@ class _Connection:
                 left = n
                 while left:
                     try:
-                        left -= os.splice(pipe_r, dst_fd, left)
+                        sent = os.splice(pipe_r, dst_fd, left)
+                        count(sent)  # piece by piece: an end between two pieces loses no count
+                        left -= sent
                         self.last_activity = time.monotonic()
                     except BlockingIOError:
                         if self._idle():
                             raise TimeoutError("idle") from None
-                count(n)
         finally:
             os.close(pipe_r)
             os.close(pipe_w)
