@@ -36,6 +36,19 @@ def sandbox(request):
 
 
 @pytest.fixture
+def hub_task_config(e2e_config, hub_mirror, tmp_path):
+    """e2e_config for Harbor tasks as written (``FROM debian:bookworm``): a store of the test's own,
+    docker.io mirrored by the suite's registry on 127.0.0.1 over plain HTTP."""
+    return dataclasses.replace(
+        e2e_config,
+        images_dir=tmp_path / "images",
+        image_registry_mirrors=(f"docker.io={hub_mirror.host}",),
+        image_insecure_registries=(hub_mirror.host,),
+        allowed_private_hosts=("127.0.0.1",),
+    )
+
+
+@pytest.fixture
 def image_task_config(e2e_config, base_image, tmp_path):
     """e2e_config for image tasks: a store of the test's own, the suite's registry (tests/conftest.py's
     ``base_image``) reached over plain HTTP on 127.0.0.1."""

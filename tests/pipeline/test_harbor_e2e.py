@@ -29,17 +29,8 @@ LEAVE_TRAJECTORY = "mkdir -p /logs/agent/steps && echo '{\"step\": 1}' > /logs/a
 
 
 @pytest.fixture
-def config(e2e_config, hub_mirror, tmp_path):
-    return dataclasses.replace(
-        e2e_config,
-        images_dir=tmp_path / "images",
-        image_registry_mirrors=(f"docker.io={hub_mirror.host}",),
-        image_insecure_registries=(hub_mirror.host,),
-        allowed_private_hosts=("127.0.0.1",),
-        egress_allow=REGISTRIES,
-        agent_timeout_secs=300,
-        test_timeout_secs=300,
-    )
+def config(hub_task_config):
+    return dataclasses.replace(hub_task_config, egress_allow=REGISTRIES, agent_timeout_secs=300, test_timeout_secs=300)
 
 
 def serve(tasks, folder: Path) -> str:

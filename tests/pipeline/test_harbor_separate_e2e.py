@@ -6,8 +6,6 @@ are copied, at their paths; /logs/artifacts and the task's ``artifacts`` are kep
 
 from __future__ import annotations
 
-import dataclasses
-
 import pytest
 
 from tests.helpers import images as images_helpers
@@ -41,15 +39,9 @@ KEPT = ["artifacts/app/result.txt", "artifacts/logs/artifacts/note.txt", "artifa
 
 
 @pytest.fixture
-def config(e2e_config, hub_mirror, tmp_path):
-    """``FROM debian:bookworm`` from the suite's registry (Docker Hub's mirror here), as test_harbor_e2e's."""
-    return dataclasses.replace(
-        e2e_config,
-        images_dir=tmp_path / "images",
-        image_registry_mirrors=(f"docker.io={hub_mirror.host}",),
-        image_insecure_registries=(hub_mirror.host,),
-        allowed_private_hosts=("127.0.0.1",),
-    )
+def config(hub_task_config):
+    """``FROM debian:bookworm`` from the suite's registry (Docker Hub's mirror here)."""
+    return hub_task_config
 
 
 def run(tasks, config, folder, agent):

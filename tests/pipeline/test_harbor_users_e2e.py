@@ -16,18 +16,10 @@ pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
 
 @pytest.fixture
-def config(e2e_config, hub_mirror, http_server, tmp_path):
-    """test_harbor_e2e's (docker.io is the suite's registry), with only the HTTP server let through."""
+def config(hub_task_config, http_server):
+    """Harbor tasks as written (docker.io is the suite's registry), with only the HTTP server let through."""
     http_server.respond("/hello", body=b"hello\n")
-    return dataclasses.replace(
-        e2e_config,
-        images_dir=tmp_path / "images",
-        image_registry_mirrors=(f"docker.io={hub_mirror.host}",),
-        image_insecure_registries=(hub_mirror.host,),
-        allowed_private_hosts=("127.0.0.1",),
-        egress_allow=(f"127.0.0.1:{http_server.port}",),
-        test_network=True,
-    )
+    return dataclasses.replace(hub_task_config, egress_allow=(f"127.0.0.1:{http_server.port}",), test_network=True)
 
 
 def fetch(http_server) -> str:
