@@ -28,6 +28,7 @@ DATA_DIR/artifacts/ (the service's, 0700: no sandbox uid reaches anything here b
 from __future__ import annotations
 
 import errno
+import fnmatch
 import hashlib
 import logging
 import os
@@ -82,6 +83,7 @@ class Source:
     open_parent: Callable[[], tuple[int, str]]
     owner_uid: int | None = None
     placed_at: str | None = None
+    exclude: tuple[str, ...] = ()  # a folder's tar --exclude patterns (Harbor's ``ArtifactConfig.exclude``)
 
     @classmethod
     def folder(cls, folder: Path, owner_uid: int | None, shown: str = "/logs/agent", **fields) -> Source:
@@ -286,6 +288,16 @@ class _Candidate:
         return "/".join((placed_at.rstrip("/"), *self.rel))
 
 
+def excluded(parts: tuple[str, ...], patterns: tuple[str, ...]) -> bool:
+    """Whether GNU tar's ``--exclude=PATTERN`` (its defaults: not anchored, wildcards, ``*`` matching
+    ``/``) leaves out the member ``./`` + ``parts`` of ``tar -C SOURCE .``, as Harbor collects a folder
+    artifact: a pattern matches the whole name or any tail of it that starts after a ``/``; a folder
+    left out is left out with everything below it (the caller does not enter it)."""
+    name = "./" + "/".join(parts)
+    tails = [name] + [name[i + 1 :] for i, char in enumerate(name) if char == "/"]
+    return any(fnmatch.fnmatchcase(tail, pattern) for pattern in patterns for tail in tails)
+
+
 class _Walk:
     """The regular files below an open folder of one source that may be kept, and why each other entry may not."""
 
@@ -325,6 +337,8 @@ class _Walk:
             return
         for entry in listed:  # those counted, even once the bound is reached: the rest were never seen
             parts = (*rel, entry.name)
+            if self.source.exclude and excluded(parts, self.source.exclude):
+                continue  # the task left it out (a folder: all of it), as tar --exclude does: no omission
             try:
                 st = entry.stat(follow_symlinks=False)
             except OSError:

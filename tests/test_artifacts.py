@@ -9,10 +9,13 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import io
 import os
 import shutil
 import socket
 import stat
+import subprocess
+import tarfile
 import uuid
 from pathlib import Path
 
@@ -545,3 +548,42 @@ def test_a_folder_claimed_by_a_file_leaves_the_files_below_it_out(config, agent,
     kept = artifacts.keep_sources(uuid.uuid4(), [artifacts.Source.folder(agent, ME), source], config)
     assert [a["path"] for a in kept.artifacts] == ["artifacts"]
     assert reasons(kept) == {"artifacts/other/x.txt": "its listed path is another file's"}
+
+
+# -- a folder's exclude patterns (Harbor's ArtifactConfig.exclude: tar --exclude) -------------------
+
+TREE = (
+    "keep.txt", "cache.pyc", "src/a.py", "src/a.pyc", "src/node_modules/x/y.js", "node_modules/z.js",
+    "build/tmp/t.o", "build/out.bin", "deep/build/tmp/u.o", "logs/run 1.log", "logs/run2.log",
+)  # fmt: skip
+PATTERNS = (
+    ("*.pyc",), ("node_modules",), ("build/tmp",), ("src",), ("./keep.txt",), ("src/*",), ("run 1.log",),
+    ("*/tmp",), ("logs/*.log", "keep*"), ("b*",), ("nothing",),
+)  # fmt: skip
+
+
+@pytest.mark.parametrize("patterns", PATTERNS, ids=lambda p: "+".join(p))
+def test_exclude_leaves_out_what_gnu_tar_leaves_out(config, tmp_path, patterns):
+    """The same folder through ``tar -C SOURCE -cf - --exclude=... .`` (Harbor's download of a folder
+    artifact) and through the walk: the same files, and nothing named as an omission."""
+    folder = tmp_path / "out"
+    for path in TREE:
+        write(folder, path, path)
+    flags = [f"--exclude={pattern}" for pattern in patterns]
+    listing = subprocess.run(["tar", "-C", folder, "-cf", "-", *flags, "."], capture_output=True, check=True).stdout
+    with tarfile.open(fileobj=io.BytesIO(listing)) as archive:
+        by_tar = sorted(m.name.removeprefix("./") for m in archive.getmembers() if m.isfile())
+    source = artifacts.Source.folder(folder, ME, "/out", listed=("artifacts", "out"), exclude=patterns)
+    kept = artifacts.keep_sources(uuid.uuid4(), [source], config)
+    assert [a["path"].removeprefix("artifacts/out/") for a in kept.artifacts] == by_tar
+    assert kept.omitted == []
+
+
+def test_exclude_is_matched_on_names_the_walk_never_follows(config, tmp_path, secret):
+    """A pattern changes what is left out, never what is looked at: a link is still a link."""
+    folder = tmp_path / "out"
+    write(folder, "a.txt", "a")
+    os.symlink(secret, folder / "b.txt")
+    source = artifacts.Source.folder(folder, ME, "/out", listed=("artifacts", "out"), exclude=("a.*",))
+    kept = artifacts.keep_sources(uuid.uuid4(), [source], config)
+    assert kept.artifacts == [] and reasons(kept) == {"artifacts/out/b.txt": "a symbolic link"}

@@ -49,7 +49,8 @@ def sources(ctx: Context) -> list[artifacts.Source]:
     for entry in ctx.task.artifacts:
         opener, owner = _opener(ctx, entry.source, entry.service)
         listed = tuple(entry.listed.split("/"))
-        found.append(artifacts.Source(entry.source, listed, opener, owner, placed_at=entry.source))
+        found.append(artifacts.Source(entry.source, listed, opener, owner, placed_at=entry.source,
+                                      exclude=entry.exclude))  # fmt: skip
     return found
 
 

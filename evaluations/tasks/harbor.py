@@ -64,6 +64,8 @@ HARBOR_GRADERS = ("reward_file", "pytest", "swebench")
 # Harbor's docker backend runs the main service with this command (docker-compose-build.yaml,
 # docker-compose-prebuilt.yaml): the image's CMD never runs, its ENTRYPOINT does, with these words.
 HARBOR_MAIN_COMMAND = ("sh", "-c", "sleep infinity")
+MAX_EXCLUDE = 64  # an artifact's exclude patterns
+MAX_EXCLUDE_CHARS = 256  # one pattern's length
 _SIZE = re.compile(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([GMK])\s*", re.IGNORECASE)
 _PACKAGE_NAME = re.compile(r"[a-zA-Z0-9][a-zA-Z0-9._-]*/[a-zA-Z0-9][a-zA-Z0-9._-]*")  # Harbor's ORG_NAME_PATTERN
 _USER_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,31}")  # a passwd name or a number
@@ -663,18 +665,38 @@ def _artifact(where: str, item: dict, names: set[str]) -> ArtifactEntry:
         )
     if service != MAIN and not source.startswith("/"):
         raise TaskError(f"{where} source must be an absolute path in service {service!r}, got {source[:100]!r}")
-    exclude = item.get("exclude", [])
-    if not isinstance(exclude, list) or not all(isinstance(pattern, str) for pattern in exclude):
-        raise TaskError(f"{where} exclude must be a list of patterns, got {type_name(exclude)}")
-    if exclude:
-        raise TaskError(f"{where} exclude: leaving parts of an artifact out by pattern is not supported here")
+    exclude = _artifact_exclude(where, item.get("exclude", []))
     destination = _artifact_destination(where, item.get("destination"))
-    entry = ArtifactEntry(source=posixpath.normpath("/" + source.lstrip("/")), destination=destination, service=service)
+    entry = ArtifactEntry(source=posixpath.normpath("/" + source.lstrip("/")), destination=destination,
+                          service=service, exclude=exclude)  # fmt: skip
     try:
         check_artifact_path(entry.listed)
     except UnsafeName as exc:
         raise TaskError(f"{where} cannot be listed as {entry.listed[:100]!r}: {exc}") from None
     return entry
+
+
+def _artifact_exclude(where: str, value: object) -> tuple[str, ...]:
+    """Harbor's ``exclude``: tar ``--exclude`` patterns for a folder artifact (ignored for a file, as in
+    Harbor); each a non-empty string without control characters, at most MAX_EXCLUDE of them. A
+    trailing ``/`` is dropped (tar matches names, and a folder's has none)."""
+    if not isinstance(value, list) or not all(isinstance(pattern, str) for pattern in value):
+        raise TaskError(f"{where} exclude must be a list of patterns, got {type_name(value)}")
+    if len(value) > MAX_EXCLUDE:
+        raise TaskError(f"{where} exclude has {len(value)} patterns, over the {MAX_EXCLUDE} this executor takes")
+    patterns = []
+    for pattern in value:
+        if (
+            not pattern.strip("/ ")
+            or len(pattern) > MAX_EXCLUDE_CHARS
+            or CONTROL_CHARS.search(pattern.replace(" ", ""))
+        ):
+            raise TaskError(
+                f"{where} exclude: {pattern[:100]!r} must be a pattern of 1 to {MAX_EXCLUDE_CHARS} characters, "
+                "no control characters (spaces are fine)"
+            )
+        patterns.append(pattern.rstrip("/"))
+    return tuple(dict.fromkeys(patterns))
 
 
 def _artifact_destination(where: str, value: object) -> str | None:

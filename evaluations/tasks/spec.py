@@ -127,6 +127,7 @@ class ArtifactEntry:
     source: str
     destination: str | None = None
     service: str = "main"  # a compose service's root to read ``source`` from (SPEC §23); listed alike
+    exclude: tuple[str, ...] = ()  # a folder's patterns left out (tar --exclude, artifacts.excluded)
 
     @property
     def listed(self) -> str:

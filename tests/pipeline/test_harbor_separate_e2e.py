@@ -15,7 +15,10 @@ from tests.pipeline.test_harbor_keys_e2e import pushed
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
-ARTIFACTS = 'artifacts = ["/app/result.txt", {source = "/app/out", destination = "outputs"}, "/tmp/scratch.txt"]\n'
+ARTIFACTS = (
+    'artifacts = ["/app/result.txt", {source = "/app/out", destination = "outputs", exclude = ["*.log", "cache"]},'
+    ' "/tmp/scratch.txt"]\n'
+)
 # What the verifier must find (the artifacts, at their paths) and must not (the agent's other files).
 SEES = (
     "#!/bin/bash\nok=1\n"
@@ -23,7 +26,7 @@ SEES = (
     'test "$(cat /app/out/sub/b.txt)" = b && test -x /app/out/run.sh || { echo no out; ok=0; }\n'
     'test "$(cat /logs/artifacts/note.txt)" = note || { echo no note; ok=0; }\n'
     'test "$(cat /tmp/scratch.txt)" = scratch || { echo no scratch; ok=0; }\n'
-    "for other in /app/secret.txt /etc/planted /logs/agent/trajectory.json; do\n"
+    "for other in /app/secret.txt /etc/planted /logs/agent/trajectory.json /app/out/x.log /app/out/sub/cache; do\n"
     '  test ! -e "$other" || { echo "sees $other"; ok=0; }\ndone\n'
 )
 TEST = SEES + "echo $ok > /logs/verifier/reward.txt\n"
@@ -32,6 +35,7 @@ AGENT = (
     "printf '#!/bin/sh\\n' > /app/out/run.sh && chmod 755 /app/out/run.sh\n"
     "echo note > /logs/artifacts/note.txt && echo secret > /app/secret.txt && touch /etc/planted\n"
     "echo '{}' > /logs/agent/trajectory.json && echo scratch > /tmp/scratch.txt\n"
+    "echo left > /app/out/x.log && mkdir -p /app/out/sub/cache && echo left > /app/out/sub/cache/c.txt\n"
 )
 NOOP = "echo doing nothing\n"
 KEPT = ["artifacts/app/result.txt", "artifacts/logs/artifacts/note.txt", "artifacts/outputs/a.txt",

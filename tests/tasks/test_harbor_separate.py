@@ -84,6 +84,15 @@ def test_artifacts_paths_and_tables(tmp_path):
     assert "artifacts" not in (task.metadata or {})
 
 
+def test_an_artifacts_exclude_patterns_are_kept_as_tar_reads_them(tmp_path):
+    toml = 'artifacts = [{source = "/app", exclude = ["*.pyc", "node_modules/", "my dir", "*.pyc"]}, "/out.txt"]\n'
+    task = load_task(harbor(tmp_path, toml))
+    assert task.artifacts == (
+        ArtifactEntry("/app", exclude=("*.pyc", "node_modules", "my dir")),  # the trailing / dropped, once each
+        ArtifactEntry("/out.txt"),
+    )
+
+
 @pytest.mark.parametrize(
     ("toml", "extra", "message"),
     [
@@ -210,9 +219,37 @@ def test_artifacts_paths_and_tables(tmp_path):
             "task.toml: artifacts[0] service = 'db' is not a service of environment/docker-compose.yaml (main)",
         ),
         (
-            'artifacts = [{source = "/app", exclude = [".git"]}]\n',
+            'artifacts = [{source = "/app", exclude = ".git"}]\n',
             {},
-            "task.toml: artifacts[0] exclude: leaving parts of an artifact out by pattern is not supported here",
+            "task.toml: artifacts[0] exclude must be a list of patterns, got a string",
+        ),
+        (
+            'artifacts = [{source = "/app", exclude = [".git", 3]}]\n',
+            {},
+            "task.toml: artifacts[0] exclude must be a list of patterns, got a list",
+        ),
+        (
+            'artifacts = [{source = "/app", exclude = ["/"]}]\n',
+            {},
+            "task.toml: artifacts[0] exclude: '/' must be a pattern of 1 to 256 characters, no control characters "
+            "(spaces are fine)",
+        ),
+        (
+            'artifacts = [{source = "/app", exclude = ["a\\tb"]}]\n',
+            {},
+            "task.toml: artifacts[0] exclude: 'a\\tb' must be a pattern of 1 to 256 characters, no control "
+            "characters (spaces are fine)",
+        ),
+        (
+            f'artifacts = [{{source = "/app", exclude = ["{"x" * 257}"]}}]\n',
+            {},
+            f"task.toml: artifacts[0] exclude: '{'x' * 100}' must be a pattern of 1 to 256 characters, no control "
+            "characters (spaces are fine)",
+        ),
+        (
+            "artifacts = [{source = '/app', exclude = [" + ", ".join(f"'p{i}'" for i in range(65)) + "]}]\n",
+            {},
+            "task.toml: artifacts[0] exclude has 65 patterns, over the 64 this executor takes",
         ),
         (
             f'artifacts = ["/{"d/" * 16}f"]\n',
