@@ -82,7 +82,9 @@ def start_service(
     limits = ctx.limits(ctx.config.agent_timeout_secs)  # its rlimits and output cap; it has no timeout
     livelog.append_text(ctx.session.log, livelog.executor_line(f"{name}: starting {shlex.join(argv)}"))
     where = Path(cwd or ctx.workdir)
-    started = ctx.spawner.background(name, argv, cwd=where, env=env, limits=limits, policy=policy)
+    started = ctx.spawner.background(
+        name, argv, cwd=where, env=env, limits=limits, policy=policy, init_base=ctx.config.workspace_base
+    )
     ctx.closing.callback(_stop, ctx, started)
     return started
 
@@ -147,27 +149,10 @@ def starting_environment(ctx: Context) -> None:
     environment_network(ctx)
     env = {**ctx.base_env(), **static.task_env(ctx)}  # [environment.env]: every process of it, this one too
     if argv is not None:
-        _check_first_user(ctx)
         policy = ctx.task_policy(network=False, user=kinds.IMAGE_USER)  # a container's first process: its User
         start_service(ctx, ENTRYPOINT, argv, env=env, policy=policy)
     if healthcheck is not None:
         await_healthy(ctx, healthcheck, env)
-
-
-def _check_first_user(ctx: Context) -> None:
-    """The first process runs as the image's User in a sandbox of its own (no init to switch users):
-    bubblewrap starts it as that user only when it is the agent's (the map's) or root. An image
-    whose User is another user than root and than ``[agent] user`` is refused, named, rather than
-    run as the wrong user (bubblewrap, switched to such a user, can no longer set up the mounts)."""
-    ids = getattr(ctx.env, "users", {}).get(kinds.IMAGE_USER)
-    if ids is not None and ids[0] != 0:
-        user = ctx.env.config.get("User")
-        raise StepFailed(
-            f"the image's ENTRYPOINT would run as its User {user!r} while the agent runs as [agent] user "
-            f"{ctx.task.request.agent_user!r}: an entrypoint as a third user (neither root nor the agent's) "
-            "is not supported here",
-            kind=ErrorKind.TASK_INVALID,
-        )
 
 
 def await_healthy(

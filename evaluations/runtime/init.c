@@ -15,6 +15,12 @@
  *                  "X <id> <st>"   ended; <st> is waitpid's status
  *                  "F <id> <errno>" could not start
  *
+ * "te-init --as UID GID PROGRAM ARGS...": no init at all, a switch. Started as the sandbox's root
+ * (which bubblewrap needs to set the sandbox up), it drops the supplementary groups, takes the
+ * group and user given and execs the program (PATH searched) with every descriptor but 0-2 closed:
+ * a process of the sandbox as a user that is neither root nor the one bubblewrap can switch to by
+ * itself (runtime/spawner.py's background: an image's first process as its User).
+ *
  * argv[2], when given, is the port of the egress relay (127.0.0.1 inside): the relay starts beside
  * the init rather than before it, and the init waits until it listens before its first exec, so an
  * exec's first connection finds it (about 15 ms after the sandbox is ready, at most 5 s).
@@ -223,8 +229,28 @@ static void signal_exec(unsigned long id, int sig) {
         if (table[i].pid > 0 && table[i].id == id) kill(-table[i].pid, sig);
 }
 
+/* "--as UID GID PROGRAM ARGS...": become UID:GID (no supplementary groups), then exec. */
+static int switch_and_exec(int argc, char **argv) {
+    if (argc < 5) return 2;
+    char *end;
+    unsigned long uid = strtoul(argv[2], &end, 10);
+    if (*argv[2] == 0 || *end) return 2;
+    unsigned long gid = strtoul(argv[3], &end, 10);
+    if (*argv[3] == 0 || *end) return 2;
+    syscall(SYS_close_range, 3, ~0U, 0);  /* the descriptor it was run from among them */
+    if (setgroups(0, NULL) < 0 && errno != EPERM) { perror("te-init: setgroups"); return 126; }
+    if (setgid((gid_t)gid) < 0) { perror("te-init: setgid"); return 126; }
+    if (setuid((uid_t)uid) < 0) { perror("te-init: setuid"); return 126; }
+    if (getuid() != (uid_t)uid || geteuid() != (uid_t)uid) { fputs("te-init: the switch did not hold\n", stderr); return 126; }
+    execvp(argv[4], argv + 4);
+    int code = errno == ENOENT ? 127 : 126;
+    fprintf(stderr, "te-init: %s: %s\n", argv[4], strerror(errno));
+    return code;
+}
+
 int main(int argc, char **argv) {
     if (argc < 2) return 2;
+    if (strcmp(argv[1], "--as") == 0) return switch_and_exec(argc, argv);
     control = atoi(argv[1]);
     if (argc > 2) relay_port = atoi(argv[2]);
     /* Run from a descriptor (/proc/self/fd/N: initbin.exec_path), this process would be named N:

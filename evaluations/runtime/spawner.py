@@ -197,18 +197,40 @@ class Spawner:
         return self._result(128 - code if code < 0 else code, monitor, capture, limits, started)
 
     def background(
-        self, name: str, argv: Sequence[str], *, cwd: Path, env: dict[str, str], limits: Limits, policy: SandboxPolicy
+        self,
+        name: str,
+        argv: Sequence[str],
+        *,
+        cwd: Path,
+        env: dict[str, str],
+        limits: Limits,
+        policy: SandboxPolicy,
+        init_base: Path | None = None,
     ) -> Background:
         """Start ``argv`` as a command is started, and return at once: it runs beside the commands
         that follow, spared by ``sweep``, until ``Background.stop`` or ``close`` (background.py).
-        ``limits``: its rlimits, cgroup and output cap (no timeout, no monitor: the cgroup holds it)."""
+        ``limits``: its rlimits, cgroup and output cap (no timeout, no monitor: the cgroup holds it).
+        In an image, as a user bubblewrap cannot set a sandbox up as (``ImageRoot.run_as``, not root:
+        only the map's user and root can), the sandbox is the image's root's and the init
+        (``init_base``: where it is built, WORKSPACE_BASE) switches to that user and execs ``argv``."""
         self._ensure_cgroup(limits)
         closing = contextlib.ExitStack()
         try:
+            pass_fds: tuple[int, ...] = ()
+            image = policy.image
+            if image is not None and image.run_as is not None and image.run_as[0] != 0:
+                if init_base is None:
+                    raise ValueError(f"background {name}: another user than root or the map's needs init_base")
+                binary = initbin.open_binary(init_base)
+                closing.callback(os.close, binary)
+                uid, gid = image.run_as
+                argv = [initbin.exec_path(binary), "--as", str(uid), str(gid), *argv]
+                policy = dataclasses.replace(policy, image=dataclasses.replace(image, run_as=(0, 0)))
+                pass_fds = (binary,)
             policy = self._complete(policy, limits, closing)
             launch = self.runtime.launch(argv, policy, cwd=Path(cwd), env={**env, killer.TAG_VAR: self.eval_id})
             closing.callback(launch.close)
-            proc = self._start(launch, False, policy.niceness, ())
+            proc = self._start(launch, False, policy.niceness, pass_fds)
             if launch.info is not None:
                 launch.info.close_write_end()
             sandbox_init = self._adopt_pid(launch)  # None: nothing proves its end, later sweeps scan

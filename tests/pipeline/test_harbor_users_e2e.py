@@ -89,19 +89,28 @@ def test_a_verifier_user_of_its_own_over_the_images_user(tasks, config, http_ser
     assert (evaluation.status, evaluation.reward) == ("completed", 1.0), (evaluation.error, evaluation.log[-3000:])
 
 
-def test_an_entrypoint_as_a_third_user_is_refused_named(tasks, config, http_server, tmp_path):
-    """The image's User nobody, [agent] user root, and an ENTRYPOINT: it would run as nobody in a
-    sandbox of its own, which bubblewrap cannot set up as a user neither root nor the agent's."""
-    folder = harbor_folder(tmp_path / "task", toml="[agent]\nuser = 0\n", test=verifier_test(http_server, "x"))
+def test_an_entrypoint_as_a_third_user_runs_as_that_user_without_capabilities(tasks, config, http_server, tmp_path):
+    """The image's User nobody, [agent] user root: the ENTRYPOINT and the healthcheck run as nobody
+    (neither root nor the map's user: the sandbox is set up as the image's root and the init switches),
+    with no capability left; the agent, root, sees what the entrypoint wrote; the verifier is the
+    image's User too."""
+    toml = (
+        "[agent]\nuser = 0\n"
+        "[environment.healthcheck]\ncommand = 'test -s /var/tmp/first && test \"$(id -un)\" = nobody'\n"
+        "interval_sec = 0.2\nstart_interval_sec = 0.2\nstart_period_sec = 60.0\n"
+    )
+    folder = harbor_folder(tmp_path / "task", toml=toml, test=verifier_test(http_server, "nobody root"))
+    first = "echo $(id -un):$(id -gn):$(id -G):$(grep CapEff /proc/self/status | cut -f2) > /var/tmp/first"
     (folder / "environment" / "Dockerfile").write_text(
-        'FROM debian:bookworm\nUSER nobody\nENTRYPOINT ["sh", "-c", "exec \\"$@\\"", "entrypoint"]\n'
+        f'FROM debian:bookworm\nUSER nobody\nENTRYPOINT ["sh", "-c", "{first}; exec \\"$@\\"", "entrypoint"]\n'
     )
-    evaluation = evaluate(serve(tasks, folder), AGENT, config=config, sandbox="bwrap", language="bash")
-    assert (evaluation.status, evaluation.error_kind) == ("failed", "task_invalid"), evaluation.log[-2000:]
-    assert "the image's ENTRYPOINT would run as its User 'nobody' while the agent runs as [agent] user '0'" in (
-        evaluation.error
-    )
-    assert evaluation.agent_output == ""
+    agent = 'echo "first=$(cat /var/tmp/first)"\n' + AGENT
+    evaluation = evaluate(serve(tasks, folder), agent, config=config, sandbox="bwrap", language="bash")
+    assert "first=nobody:nogroup:65534:0000000000000000" in evaluation.agent_output, (
+        evaluation.agent_output, evaluation.error, evaluation.log[-3000:])  # fmt: skip
+    assert "agent=root" in evaluation.agent_output
+    assert "verifier=nobody:nogroup left-by=root" in evaluation.test_output, evaluation.test_output
+    assert (evaluation.status, evaluation.reward) == ("completed", 1.0), (evaluation.error, evaluation.log[-3000:])
 
 
 @pytest.mark.parametrize(

@@ -119,3 +119,43 @@ def test_closing_the_hosts_end_ends_the_init(tmp_path):
     assert channel.wait_ready(30)
     channel.close()
     assert process.wait(timeout=30) == 0
+
+
+# -- "--as UID GID PROGRAM ...": the switch a background process of a third user starts through ----
+
+
+def switch(tmp_path, *args, pass_fds=()):
+    binary = initbin.ensure_init(tmp_path) / initbin.NAME
+    return subprocess.run([str(binary), "--as", *args], capture_output=True, text=True, timeout=30, pass_fds=pass_fds,
+                          env={"PATH": "/usr/bin:/bin"})  # fmt: skip
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="switching users needs root, as the service has")
+def test_as_switches_user_and_group_drops_the_others_and_every_descriptor(tmp_path):
+    kept_r, kept_w = os.pipe()  # inherited: closed before the program runs
+    try:
+        done = switch(tmp_path, "65534", "65533", "sh", "-c",
+                      f"id -u; id -g; id -G; test -e /proc/self/fd/{kept_w} && echo open || echo closed; "
+                      "grep CapEff /proc/self/status", pass_fds=(kept_w,))  # fmt: skip
+    finally:
+        os.close(kept_r)
+        os.close(kept_w)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split("\n")[:4] == ["65534", "65533", "65533", "closed"]
+    assert done.stdout.split()[-1] == "0000000000000000"
+
+
+@pytest.mark.parametrize(
+    ("args", "code", "said"),
+    [
+        (("65534", "65534"), 2, ""),  # no program
+        (("x", "65534", "true"), 2, ""),
+        (("65534", "", "true"), 2, ""),
+        (("65534", "1x", "true"), 2, ""),
+        (("65534", "65534", "no-such-program"), 127, "te-init: no-such-program: No such file or directory"),
+    ],
+)
+def test_as_refuses_what_it_cannot_read_and_names_a_missing_program(tmp_path, args, code, said):
+    done = switch(tmp_path, *args)
+    assert done.returncode == code, done.stderr
+    assert said in done.stderr
