@@ -59,11 +59,16 @@ _DEVICE_NAME = re.compile(r"(CON|PRN|AUX|NUL|CONIN\$|CONOUT\$|(?:COM|LPT)[1-9Â¹Â
 
 class Readers(NamedTuple):
     """harbor.py's readers of task.toml's tables, given by it (this module is below it): ``table`` its
-    ``_Table``, ``phase_network`` and ``literal_env`` as it reads [agent]'s network and [verifier.env]."""
+    ``_Table``, ``phase_network`` and ``literal_env`` as it reads [agent]'s network and [verifier.env],
+    ``user`` a phase's user, ``healthcheck`` a table's ``healthcheck`` and ``artifacts`` a table's
+    ``artifacts`` as it reads [agent] user, [environment.healthcheck] and the top-level ``artifacts``."""
 
     table: Callable
     phase_network: Callable
     literal_env: Callable
+    user: Callable
+    healthcheck: Callable
+    artifacts: Callable
 
 
 class Steps(NamedTuple):
@@ -131,14 +136,19 @@ def read(
 def _step(root, entry: dict, readers: Readers, *, request, verifier, solution, limits) -> tuple[TaskStep, dict]:
     table = readers.table(entry, "steps")
     name = _name(table.take("name"))
-    for refused in ("healthcheck", "artifacts"):
-        if table.take(refused) is not None:
-            raise TaskError(f"[steps] {refused}: a step's own {refused} is not supported here")
+    healthcheck = readers.healthcheck(table)
+    artifacts = readers.artifacts(table)
     agent = table.table("agent")
     verifier_table = table.table("verifier")
-    for phase in (agent, verifier_table):
-        if phase.take("user") is not None:
-            raise TaskError(f"[{phase.path}] user: a step's own user is not supported here")
+    agent_user = readers.user(agent)
+    if agent_user is not None and agent_user != request.agent_user:
+        task_user = "the image's User" if request.agent_user is None else f"[agent] user {request.agent_user!r}"
+        raise TaskError(
+            f"[steps.agent] user = {agent_user!r}: a step's agent user other than the task's ({task_user}) is not "
+            "supported here: the agent's user is the evaluation's uid in the image's id map, fixed when the root "
+            "is mounted before the first step"
+        )
+    verifier_user = readers.user(verifier_table)
     mode = verifier_table.take("environment_mode")
     if mode not in (None, "shared"):
         raise TaskError(
@@ -153,6 +163,7 @@ def _step(root, entry: dict, readers: Readers, *, request, verifier, solution, l
         verifier_timeout_secs=verifier_table.number("timeout_sec") or HARBOR_VERIFIER_TIMEOUT_SECS,
         agent_network=readers.phase_network(agent) or request.agent_network,
         verifier_network=readers.phase_network(verifier_table) or request.verifier_network,
+        verifier_user=verifier_user or request.verifier_user,
     )
     env = {**verifier.env, **readers.literal_env(verifier_table.table("env"))}
     min_reward = _min_reward(table)
@@ -160,8 +171,8 @@ def _step(root, entry: dict, readers: Readers, *, request, verifier, solution, l
     shown = f"steps/{name}"
     if not is_folder(folder, shown):
         raise TaskError(f"name: there is no {shown}/ folder (its instruction.md, tests/ and solution/)")
-    if is_folder(folder / "workdir", f"{shown}/workdir"):
-        raise TaskError(f"{shown}/workdir/ (files and setup.sh staged before the step) is not supported here")
+    workdir = folder / "workdir"
+    workdir_files = folder_files(workdir, f"{shown}/workdir") if is_folder(workdir, f"{shown}/workdir") else []
     prompt = read_text(
         folder / "instruction.md",
         f"{shown}/instruction.md",
@@ -174,6 +185,9 @@ def _step(root, entry: dict, readers: Readers, *, request, verifier, solution, l
         verifier=dataclasses.replace(verifier, files=_tests(folder, shown, verifier.files), env=env),
         request=step_request,
         min_reward=min_reward,
+        healthcheck=healthcheck,
+        artifacts=artifacts,
+        workdir_files=workdir_files,
         **_solution(folder, shown, solution),
     )
     return step, jsonable(table.rest())
