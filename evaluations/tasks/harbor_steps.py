@@ -5,20 +5,23 @@
 
 1. A step is a table with a ``name`` (a portable folder name, unique as Harbor compares them: NFC,
    case folded), its own ``steps/<name>/instruction.md`` (the prompt, held to the prompt's cap) and
-   optional ``[steps.agent]`` (``timeout_sec``, ``network_mode``, ``allowed_hosts``),
-   ``[steps.verifier]`` (the same, and ``[steps.verifier.env]``) and ``min_reward`` (a number, or a
-   table of numbers by reward key).
+   optional ``[steps.agent]`` (``timeout_sec``, ``network_mode``, ``allowed_hosts``, ``user``),
+   ``[steps.verifier]`` (the same, and ``[steps.verifier.env]``), ``min_reward`` (a number, or a
+   table of numbers by reward key), ``healthcheck`` and ``artifacts`` (read as [environment.healthcheck]
+   and the top-level ``artifacts`` are) and ``steps/<name>/workdir/`` (its files, ``setup.sh`` among them).
 2. What Harbor resolves, resolved here: the agent's timeout is the step's, else [agent]'s; the
    verifier's is the step's, else 600 s (Harbor's ``VerifierConfig`` default, which its fallback to
    [verifier]'s never reaches); a phase's network is the step's table's, else [agent]'s or [verifier]'s,
-   else [environment]'s; the verifier's variables are [verifier.env] under [steps.verifier.env].
+   else [environment]'s; the verifier's variables are [verifier.env] under [steps.verifier.env]; the
+   verifier's user the step's, else [verifier]'s.
 3. The verifier's /tests: tests/ (if any), then steps/<name>/tests/ over it; its script the step's
    tests/test.sh, else tests/test.sh (one of the two is required). The reference solution: the step's
    solution/ (solve.sh required there), else the task's solution/.
 4. What would run differently here is refused with a sentence naming the step (its number from 1 and
-   its name) and the key: a step's own user, healthcheck, artifacts, collect hooks, verifier
-   environment, and ``steps/<name>/workdir/``; grader other than reward_file and ``[verifier]
-   isolated`` with steps. A step's keys not read here are kept in the metadata, under ``steps``.
+   its name) and the key: a step's agent user other than the task's (the agent's user is the map's,
+   fixed when the root is mounted), its collect hooks and verifier environment; grader other than
+   reward_file and ``[verifier] isolated`` with steps. A step's keys not read here are kept in the
+   metadata, under ``steps``.
 """
 
 from __future__ import annotations
