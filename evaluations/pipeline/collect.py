@@ -45,7 +45,7 @@ def sources(ctx: Context) -> list[artifacts.Source]:
     uid = ctx.session.uid
     step = () if ctx.steps is None else (ctx.steps.current.name,)
     found = []
-    if step:  # in the store: kept at the end of each earlier step (its copies, read back)
+    if step and ctx.steps.outcomes:  # in the store: kept after each earlier step's agent (the copies, read back)
         found.append(artifacts.Source.folder(artifacts.kept_folder(ctx.eval_id, ctx.config), None, "the earlier steps"))
     found += [
         artifacts.Source.folder(agent_logs(ctx), uid, listed=step),

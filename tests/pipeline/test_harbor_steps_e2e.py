@@ -228,11 +228,11 @@ def test_a_steps_workdir_setup_healthcheck_and_artifacts(tasks, image_task_confi
     assert output.count("artifacts-entries=0") == 2, output  # /logs/artifacts: empty for each step's agent
     assert "healthcheck of the step's environment: healthy" in evaluation.log
     assert sorted(a["path"] for a in evaluation.artifacts) == [
-        "one/artifacts/all.txt",  # the task's entry, in each step's collection
+        "one/artifacts/app/all.txt",  # the task's entry, in each step's collection
+        "one/artifacts/app/one.txt",  # step one's own
         "one/artifacts/logs/artifacts/conv.txt",
-        "one/artifacts/one.txt",  # step one's own
         "one/trace.txt",
-        "two/artifacts/all.txt",
+        "two/artifacts/app/all.txt",
         "two/artifacts/logs/artifacts/conv.txt",
         "two/trace.txt",
     ]
@@ -301,3 +301,23 @@ def test_each_steps_verifier_runs_as_its_own_user(tasks, image_task_config, tmp_
         "image: "
     ), evaluation.error
     assert evaluation.steps in (None, [])
+
+
+def test_setup_runs_as_the_agents_user_over_files_root_owns(tasks, image_task_config, tmp_path, base_image):
+    """[agent] user = "nobody" (and [steps.agent] user the same, accepted): setup.sh runs as nobody over the
+    staged files, which are root's, as docker cp leaves them; the step's healthcheck runs as nobody too."""
+    _registry, image, _digest = base_image
+    one = "[steps.healthcheck]\ncommand = 'test \"$(id -un)\" = nobody'\n"
+    setup = 'echo "$(id -un) $(stat -c %U /app/data/in.txt) $(stat -c %U /app/setup.sh)" > /tmp/who\n'
+    files = {"steps/one/workdir/setup.sh": setup, "steps/one/workdir/data/in.txt": "in\n"}
+    root = staged_task(tmp_path / "task", image, one=one, files=files)
+    toml = (root / "task.toml").read_text()
+    toml = toml.replace('artifacts = ["/app/all.txt"]', "").replace(
+        "timeout_sec = 120\n", 'timeout_sec = 120\nuser = "nobody"\n'
+    )
+    (root / "task.toml").write_text('[agent]\nuser = "nobody"\n' + toml)
+    agent = 'echo "who=$(cat /tmp/who)"\n' + AGENT + 'echo "$TASK_STEP" > "/tmp/$TASK_STEP.txt"\n'
+    evaluation = evaluate(serve(tasks, root), agent, config=image_task_config, sandbox="bwrap", language="bash")
+    assert "who=nobody root root" in evaluation.agent_output, (evaluation.agent_output, evaluation.log[-3000:])
+    assert "healthcheck of the step's environment: healthy" in evaluation.log
+    assert [s["name"] for s in evaluation.steps] == ["one", "two"]
