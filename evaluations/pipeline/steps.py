@@ -454,7 +454,9 @@ def _run_setup(ctx: Context, step: TaskStep) -> str:
         result = ctx.run(["bash", script], env=env, timeout_secs=timeout, policy=policy)
     ctx.spawner.sweep()
     if result.output.strip():
-        livelog.append_text(ctx.session.log, livelog.unmarked(result.output[-4096:].rstrip("\n") + "\n"))
+        livelog.append_text(
+            ctx.session.log, livelog.unmarked(result.output[-services.COLLECT_LOG_BYTES :].rstrip("\n") + "\n")
+        )
     if result.limit is Limit.TIMEOUT:
         return f"setup.sh timed out after {timeout} s"
     if result.limit is not None:
