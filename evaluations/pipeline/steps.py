@@ -424,7 +424,7 @@ def _stage_workdir(ctx: Context, step: TaskStep) -> None:
         root_fd = inroot.open_root(env.root)
         try:
             for file in step.workdir_files:
-                folder, name = posixpath.split(posixpath.join(env.working_dir, file.relpath))
+                folder, name = posixpath.split(posixpath.join(env.working_dir, file.relpath).lstrip("/"))
                 parent_fd = copyin.mkdirs(root_fd, folder, 0, 0, idmap)
                 try:
                     copyin.clear(parent_fd, name, folders=True)
@@ -434,7 +434,12 @@ def _stage_workdir(ctx: Context, step: TaskStep) -> None:
                     os.close(parent_fd)
         finally:
             os.close(root_fd)
-    except (ImageError, SafeFSError, OSError) as exc:
+    except (ImageError, SafeFSError) as exc:  # what the image or an earlier step left on the way (Harbor's cp fails)
+        raise StepFailed(
+            f"step {step.name!r}: could not copy steps/{step.name}/workdir/ into {env.working_dir}: {exc}",
+            kind=ErrorKind.TASK_INVALID,
+        ) from None
+    except OSError as exc:  # the host's (a full disk)
         raise StepFailed(
             f"step {step.name!r}: could not copy steps/{step.name}/workdir/ into {env.working_dir}: {exc}",
             kind=ErrorKind.INFRASTRUCTURE,

@@ -321,3 +321,18 @@ def test_setup_runs_as_the_agents_user_over_files_root_owns(tasks, image_task_co
     assert "who=nobody root root" in evaluation.agent_output, (evaluation.agent_output, evaluation.log[-3000:])
     assert "healthcheck of the step's environment: healthy" in evaluation.log
     assert [s["name"] for s in evaluation.steps] == ["one", "two"]
+
+
+def test_a_workdir_file_that_cannot_be_placed_fails_the_evaluation(tasks, image_task_config, tmp_path, base_image):
+    """Step one's agent leaves a file at /app/data; step two's workdir/data/in.txt needs a folder there: the
+    copy fails as Harbor's docker cp does (the task's, named), before step two's agent."""
+    _registry, image, _digest = base_image
+    root = staged_task(tmp_path / "task", image, files={"steps/two/workdir/data/in.txt": "in\n"})
+    agent = SOLVE_BOTH + "echo file > /app/data\n"
+    evaluation = evaluate(serve(tasks, root), agent, config=image_task_config, sandbox="bwrap", language="bash")
+    assert (evaluation.status, evaluation.error_kind) == ("failed", "task_invalid"), evaluation.log[-3000:]
+    assert evaluation.error == (
+        "running_agent: step 'two': could not copy steps/two/workdir/ into /app: a part of /app/data is in the "
+        "image, and not a folder"
+    )
+    assert "step=two" not in evaluation.agent_output
