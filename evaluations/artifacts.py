@@ -183,6 +183,12 @@ def _shown(parts: list[str] | tuple[str, ...]) -> str:
     return text if len(text) <= 200 else text[:200] + "..."
 
 
+def kept_folder(eval_id, config) -> Path:
+    """The store's folder of what an evaluation kept so far (a task of [[steps]] keeps each step's over the
+    earlier steps', pipeline/collect.py)."""
+    return store_root(config) / _eval_folder_name(eval_id)
+
+
 def _eval_folder_name(eval_id) -> str:
     return str(uuid.UUID(str(eval_id)))  # canonical: nothing but hex and dashes reaches a path
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import posixpath
+from pathlib import Path
 
 from evaluations import artifacts, livelog
 from evaluations.images import copyin, inroot
@@ -38,20 +39,43 @@ CONVENTION = (ARTIFACTS_LISTED, *ARTIFACTS_DIR.strip("/").split("/"))  # artifac
 
 
 def sources(ctx: Context) -> list[artifacts.Source]:
-    """/logs/agent (its files by their own paths), /logs/artifacts, then the task's entries, in order."""
-    session, uid = ctx.session, ctx.session.uid
-    found = [
-        artifacts.Source.folder(session.agent_logs, uid),
+    """/logs/agent (its files by their own paths), /logs/artifacts, then the task's entries, in order. For
+    a task of [[steps]]: what the earlier steps kept, then the running step's, each listed under its name
+    (``<step>/...``, as a task of one step lists its own; its entries the task's then its own)."""
+    uid = ctx.session.uid
+    step = () if ctx.steps is None else (ctx.steps.current.name,)
+    found = []
+    if step and ctx.steps.outcomes:  # in the store: kept after each earlier step's agent (the copies, read back)
+        found.append(artifacts.Source.folder(artifacts.kept_folder(ctx.eval_id, ctx.config), None, "the earlier steps"))
+    found += [
+        artifacts.Source.folder(agent_logs(ctx), uid, listed=step),
         artifacts.Source.folder(
-            session.agent_artifacts, uid, ARTIFACTS_DIR, listed=CONVENTION, placed_at=ARTIFACTS_DIR
-        ),
+            agent_artifacts(ctx), uid, ARTIFACTS_DIR, listed=(*step, *CONVENTION), placed_at=ARTIFACTS_DIR
+        ),  # fmt: skip
     ]
     for entry in ctx.task.artifacts:
         opener, owner = _opener(ctx, entry.source, entry.service)
-        listed = tuple(entry.listed.split("/"))
+        listed = (*step, *entry.listed.split("/"))
         found.append(artifacts.Source(entry.source, listed, opener, owner, placed_at=entry.source,
                                       exclude=entry.exclude))  # fmt: skip
     return found
+
+
+def agent_logs(ctx: Context) -> Path:
+    """The session's folder at /logs/agent: agent-logs/, or for a task of [[steps]] agent-logs/<step>/,
+    new for each step (Harbor empties /logs/agent before each step's agent)."""
+    if ctx.steps is None:
+        return ctx.session.agent_logs
+    return ctx.session.agent_logs / ctx.steps.current.name
+
+
+def agent_artifacts(ctx: Context) -> Path:
+    """The session's folder at /logs/artifacts: agent-artifacts/, or for a task of [[steps]]
+    agent-artifacts/<step>/, new for each step (Harbor moves its contents to steps/<name>/artifacts/
+    after each step)."""
+    if ctx.steps is None:
+        return ctx.session.agent_artifacts
+    return ctx.session.agent_artifacts / ctx.steps.current.name
 
 
 def _opener(ctx: Context, path: str, service: str = MAIN):
@@ -62,7 +86,7 @@ def _opener(ctx: Context, path: str, service: str = MAIN):
         return (lambda: _in_root(service_root, path)), None
     session = ctx.session
     # The session's own folders the agent saw at these paths (its /tmp and /var/tmp: runtime/sandbox.py)
-    bound = ((session.agent_logs, AGENT_LOGS), (session.agent_artifacts, ARTIFACTS_DIR),
+    bound = ((agent_logs(ctx), AGENT_LOGS), (agent_artifacts(ctx), ARTIFACTS_DIR),
              *((session.tmp, inside) for inside in TMP))  # fmt: skip
     for folder, inside in bound:
         if path == inside or path.startswith(inside + "/"):

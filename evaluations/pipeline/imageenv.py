@@ -88,6 +88,8 @@ def _image(ctx: Context, spec: ImageEnvironment) -> dict:
     # SPEC §16: no repository, the image's WorkingDir is the workspace
     ctx.env, result = _prepare(ctx, spec, kinds.Image, ctx.config, ctx.session.root, ctx.eval_id, ctx.task.repo is None,
                                agent_user=ctx.task.request.agent_user)  # fmt: skip
+    if ctx.steps is not None:
+        _step_users(ctx)
     livelog.append_text(ctx.session.log, f"image {spec.ref}: {result.record.digest}{_cached(result)}\n")
     return _record(spec, result)
 
@@ -243,17 +245,33 @@ def _build(ctx: Context, spec: ImageEnvironment, store: ImageStore, progress, co
     )
 
 
-def _users(mounted, verifier_user: str | None, image_config: dict) -> dict[str, tuple[int, int]]:
+def _step_users(ctx: Context) -> None:
+    """A task of [[steps]]: each step's verifier's user (``[steps.verifier] user``, else [verifier]'s) as
+    ids in the image's root, looked up now, before any agent ran (multistep.TaskSteps sets the step's
+    as it begins)."""
+    env = ctx.env
+    try:
+        for number, step in enumerate(ctx.task.steps, 1):
+            key = f"task.toml: [[steps]] #{number} ({step.name!r}): [steps.verifier] user"
+            ctx.steps.users[step.name] = _users(env.mounted, step.request.verifier_user, env.config, key)
+    except ImageError as exc:
+        raise StepFailed(str(exc), kind=exc.kind) from None
+    if any(ctx.steps.users.values()) and not env.users:
+        ctx.session.let_image_users_pass(env.folder)
+
+
+def _users(mounted, verifier_user: str | None, image_config: dict,
+           key: str = "task.toml: [verifier] user") -> dict[str, tuple[int, int]]:  # fmt: skip
     """The uid and gid inside of the verifier (``[verifier] user``, else the image's User, as Harbor
     0.25 runs it) and of the image's User (its entrypoint, its healthcheck), each where it is not
-    the agent's user (the map's: the lease). SPEC §23."""
+    the agent's user (the map's: the lease). SPEC §23. ``key`` names where ``verifier_user`` is from."""
     image_user = image_config.get("User") or "root"
     ids = {kinds.IMAGE_USER: kinds.user_ids(mounted, image_user)}
     try:
         ids[kinds.VERIFIER_USER] = kinds.user_ids(mounted, verifier_user or image_user)
     except ImageError as exc:
         if verifier_user:
-            raise ImageError(f"task.toml: [verifier] user {verifier_user!r} cannot run in the image: {exc}") from None
+            raise ImageError(f"{key} {verifier_user!r} cannot run in the image: {exc}") from None
         raise
     agent = (mounted.idmap.user, mounted.idmap.group)
     return {name: found for name, found in ids.items() if found != agent}

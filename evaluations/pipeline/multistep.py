@@ -6,10 +6,15 @@ order.
    order (steps.in_order puts them where a task of one step has its own): each a transition of the
    evaluation (lifecycle writes them, as for every step), the step named in the live log. Before its
    agent, the task the pipeline sees is the step's (its prompt, verifier, timeouts and networks) and
-   the Config the operator's capped by the step's request (verifier.capped_config).
+   the Config the operator's capped by the step's request (verifier.capped_config), the verifier's user
+   the step's (``users``, looked up by imageenv), its artifacts the task's then its own. Then, before the
+   agent, the step's environment is readied (``preparing``: steps.preparing_step, its workdir/, setup.sh
+   and healthcheck); when that fails the step gives no reward, neither its agent nor its verifier runs
+   and the rest do not run (Harbor's step exception in ``_prepare_step``).
 2. Between steps nothing of the environment is reset but what a single step resets too: the agent's
    processes are gone before each verifier (running_agent's sweep), /logs/verifier is made empty for each
-   verifier, /logs/agent is a new folder for each agent (verifier.agent_logs); HOME and TMPDIR are reset
+   verifier, /logs/agent and /logs/artifacts are new folders for each agent (collect.agent_logs, each
+   step's artifacts kept under its name); HOME and TMPDIR are reset
    before each verifier as before the one of a task of one step.
 3. After a step's verifier: its outcome (``{name, reward, rewards, passed, duration_ms}``, staged as the
    evaluation's ``steps``). The rest do not run (Harbor's ``_should_stop_after_step``) when the verifier
@@ -51,6 +56,7 @@ class StepOutcome:
     passed: bool
     duration_ms: int
     error: str = ""
+    phase: str = "running_tests"  # where ``error`` arose: running_agent when the step's setup or healthcheck failed
 
     def shown(self) -> dict:
         return {
@@ -74,17 +80,24 @@ class TaskSteps:
         self.blocks: list[str] = []  # each step's test output under its name
         self.rows = 0  # test_results rows stored so far
         self.stopped = ""  # why the steps after the last one run did not run
+        self.users: dict[str, dict] = {}  # each step's ids of its verifier's and the image's users (imageenv)
         self._started = 0.0
+        self._unprepared = False  # the step's setup or healthcheck failed: neither its agent nor its verifier runs
 
-    def rounds(self, running_agent: Step, running_tests: Step) -> Iterator[tuple[str, Step]]:
-        """(pipeline step name, function) of every task step's agent and verifier, until one stops the rest."""
+    def rounds(
+        self, running_agent: Step, running_tests: Step, preparing: Callable[..., str]
+    ) -> Iterator[tuple[str, Step]]:
+        """(pipeline step name, function) of every task step's agent and verifier, until one stops the rest;
+        ``preparing(ctx, step)`` readies the environment for the step before its agent (steps.preparing_step):
+        "" when it did, else why not."""
         for index, step in enumerate(self.task.steps):
-            yield "running_agent", lambda ctx, i=index, s=step: self._agent(ctx, i, s, running_agent)
-            yield "running_tests", lambda ctx, i=index, s=step: self._tests(ctx, i, s, running_tests)
-            if self.stopped:
+            yield "running_agent", lambda ctx, i=index, s=step: self._agent(ctx, i, s, running_agent, preparing)
+            if not self._unprepared:
+                yield "running_tests", lambda ctx, i=index, s=step: self._tests(ctx, i, s, running_tests)
+            if self.stopped or self._unprepared:
                 return
 
-    def _agent(self, ctx, index: int, step: TaskStep, running_agent: Step) -> None:
+    def _agent(self, ctx, index: int, step: TaskStep, running_agent: Step, preparing: Callable[..., str]) -> None:
         self.current = step
         self._started = time.monotonic()
         livelog.append_text(
@@ -97,8 +110,23 @@ class TaskSteps:
             request=step.request,
             solution=step.solution,
             solution_files=step.solution_files,
+            artifacts=(*self.task.artifacts, *step.artifacts),  # Harbor's: the task's, then the step's own
         )
         ctx.config = self.configs[index]
+        if step.name in self.users:  # its verifier's user ([steps.verifier] user, else [verifier] user)
+            ctx.env.users = self.users[step.name]
+        error = preparing(ctx, step)
+        if error:  # Harbor's step exception before its agent: no verifier, the rest do not run
+            self._unprepared = True
+            duration = int((time.monotonic() - self._started) * 1000)
+            self.outcomes.append(StepOutcome(step.name, None, None, False, duration, error, "running_agent"))
+            ctx.stage(steps=[o.shown() for o in self.outcomes])
+            livelog.append_text(ctx.session.log, livelog.executor_line(f"step {step.name!r}: {error}"))
+            rest = self.task.steps[index + 1 :]
+            if rest:
+                self.stopped = f"step {step.name!r} gave no reward: {', '.join(repr(s.name) for s in rest)} did not run"
+                livelog.append_text(ctx.session.log, livelog.executor_line(self.stopped))
+            return
         running_agent(ctx)
 
     def _tests(self, ctx, index: int, step: TaskStep, running_tests: Step) -> None:
@@ -162,7 +190,7 @@ class TaskSteps:
         stopped = f"; {self.stopped}" if self.stopped else ""
         broken = next((o for o in self.outcomes if o.error), None)
         if broken is not None:
-            error = f"running_tests: step {broken.name!r}: {broken.error}{stopped}"
+            error = f"{broken.phase}: step {broken.name!r}: {broken.error}{stopped}"
             return Verdict(Status.FAILED, error, ErrorKind.TESTS_FAILED, fields)
         if reward is None or reward < 1:
             shown = "no reward" if reward is None else f"reward {reward:g} < 1"

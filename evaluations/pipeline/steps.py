@@ -3,13 +3,19 @@
 from __future__ import annotations
 
 import hashlib
+import io
 import os
+import posixpath
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from evaluations import languages, lifecycle
+from evaluations import languages, lifecycle, livelog
+from evaluations.environments import kinds
 from evaluations.grading import registry
 from evaluations.grading.base import HostFault
+from evaluations.images import copyin, inroot
+from evaluations.images.errors import ImageError
 from evaluations.models import ErrorKind
 from evaluations.network import urlguard
 from evaluations.pipeline import (
@@ -42,7 +48,7 @@ from evaluations.runtime import Limit, Mount, SandboxPolicy
 from evaluations.safefs import SafeFSError, clear_way, open_parent, write_file_nofollow
 from evaluations.tasks.language import NoToolchain, with_toolchain
 from evaluations.tasks.registry import load_task
-from evaluations.tasks.spec import TaskError
+from evaluations.tasks.spec import SETUP_SCRIPT, TaskError, TaskStep
 
 PATCH_PHASE = "patch"  # the executor's git work on what the agent left: never in the agent's sandbox
 TESTS_PHASE = "tests"
@@ -381,13 +387,97 @@ def _chown(ctx: Context, workdir: int, relpath: str) -> None:
             os.close(folder)
 
 
+# -- a task step's own environment, before its agent (SPEC §23, Harbor's MultiStepTrial._prepare_step) -----
+
+
+def preparing_step(ctx: Context, step: TaskStep) -> str:
+    """As Harbor 0.25 readies the environment for a step, as the agent's user: steps/<name>/workdir/'s
+    files copied into WorkingDir, its setup.sh run there (``bash setup.sh``), then the step's own
+    healthcheck. "" when all passed; else why not (the step then gives no reward and the rest do not
+    run, as Harbor's step exception). A fault of the host's still ends the evaluation."""
+    if step.workdir_files:
+        _stage_workdir(ctx, step)
+    if step.setup:
+        error = _run_setup(ctx, step)
+        if error:
+            return error
+    if step.healthcheck is not None:
+        env = {**ctx.base_env(), **static.task_env(ctx)}
+        policy = ctx.task_policy(network=False, user=kinds.AGENT_USER)  # Harbor: the step's default user
+        try:
+            services.await_healthy(ctx, step.healthcheck, env, policy=policy, who="the step's environment")
+        except StepFailed as exc:
+            if exc.kind is not ErrorKind.TASK_INVALID:
+                raise
+            return str(exc)
+    return ""
+
+
+def _stage_workdir(ctx: Context, step: TaskStep) -> None:
+    """Harbor's ``upload_dir`` (``docker compose cp``) into the working directory: each file written in
+    the image's root through the one in-root resolver (images/inroot.py, copyin.py), owned by the image's
+    root as docker cp leaves them, what stood at its name replaced; the folders on the way made as root's."""
+    env = ctx.env
+    idmap = env.mounted.idmap
+    ids = idmap.host_uid(0), idmap.host_gid(0)
+    try:
+        root_fd = inroot.open_root(env.root)
+        try:
+            for file in step.workdir_files:
+                folder, name = posixpath.split(posixpath.join(env.working_dir, file.relpath).lstrip("/"))
+                parent_fd = copyin.mkdirs(root_fd, folder, 0, 0, idmap)
+                try:
+                    copyin.clear(parent_fd, name, folders=True)
+                    copyin.write_file(io.BytesIO(file.data), len(file.data), parent_fd, name, ids, file.mode,
+                                      time.time_ns())  # fmt: skip
+                finally:
+                    os.close(parent_fd)
+        finally:
+            os.close(root_fd)
+    except (ImageError, SafeFSError) as exc:  # what the image or an earlier step left on the way (Harbor's cp fails)
+        raise StepFailed(
+            f"step {step.name!r}: could not copy steps/{step.name}/workdir/ into {env.working_dir}: {exc}",
+            kind=ErrorKind.TASK_INVALID,
+        ) from None
+    except OSError as exc:  # the host's (a full disk)
+        raise StepFailed(
+            f"step {step.name!r}: could not copy steps/{step.name}/workdir/ into {env.working_dir}: {exc}",
+            kind=ErrorKind.INFRASTRUCTURE,
+        ) from None
+
+
+def _run_setup(ctx: Context, step: TaskStep) -> str:
+    """``bash setup.sh`` in WorkingDir as the agent's user, with the agent's network, within the step's agent
+    timeout (Harbor's has none); a non-zero exit or a timeout is the step's failure."""
+    verifier.phase_egress(ctx, verifier.AGENT)
+    env = {**ctx.base_env(), **static.task_env(ctx)}
+    policy = ctx.task_policy(network=verifier.agent_network(ctx), mounts=static.mounts(ctx))
+    timeout = ctx.config.agent_timeout_secs
+    script = posixpath.join(ctx.env.working_dir, SETUP_SCRIPT)
+    livelog.append_text(ctx.session.log, livelog.executor_line(f"step {step.name!r}: bash {script}"))
+    with ctx.phase("setup"):
+        result = ctx.run(["bash", script], env=env, timeout_secs=timeout, policy=policy)
+    ctx.spawner.sweep()
+    if result.output.strip():
+        livelog.append_text(
+            ctx.session.log, livelog.unmarked(result.output[-services.COLLECT_LOG_BYTES :].rstrip("\n") + "\n")
+        )
+    if result.limit is Limit.TIMEOUT:
+        return f"setup.sh timed out after {timeout} s"
+    if result.limit is not None:
+        raise StepFailed(f"{result.limit_detail} in step {step.name!r}'s setup.sh", kind=ErrorKind.LIMIT_EXCEEDED)
+    if result.exit_code != 0:
+        return f"setup.sh exited with code {result.exit_code}: {last_line(result.output)}"
+    return ""
+
+
 def in_order(ctx: Context) -> Iterator[tuple[str, Callable[[Context], None]]]:
     """STEPS in order; for a task of [[steps]] (SPEC §23), running_agent and running_tests once for each
     of its steps, in order, until one stops the rest (pipeline/multistep.py). Lazy: whether the task
     has steps is known once downloading_task has read it."""
     for name, step in STEPS:
         if name == "running_agent" and ctx.steps is not None:
-            yield from ctx.steps.rounds(running_agent, running_tests)
+            yield from ctx.steps.rounds(running_agent, running_tests, preparing_step)
             return
         yield name, step
 

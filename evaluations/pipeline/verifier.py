@@ -27,7 +27,6 @@ import dataclasses
 import math
 import os
 import time
-from pathlib import Path
 
 from evaluations import artifacts, livelog
 from evaluations.environments import kinds
@@ -153,13 +152,13 @@ def phase_egress(ctx: Context, phase: str) -> None:
 
 def agent_mounts(ctx: Context) -> list[Mount]:
     """In an image: /logs/agent and /logs/artifacts, writable (the session's agent-logs/ and
-    agent-artifacts/, counted by its disk quota), and /logs/verifier, empty and writable
-    (verifier/logs, made fresh: removed with what the agent left in it when ``run_verifier`` makes the
-    verifier's)."""
+    agent-artifacts/, or their <step>/ folders, counted by its disk quota: collect.agent_logs), and
+    /logs/verifier, empty and writable (verifier/logs, made fresh: removed with what the agent left in
+    it when ``run_verifier`` makes the verifier's)."""
     if not ctx.env.agent_logs:
         return []
-    folder = agent_logs(ctx)
-    for made in (ctx.session.agent_logs, folder, ctx.session.agent_artifacts):
+    folder, artifacts_folder = collect.agent_logs(ctx), collect.agent_artifacts(ctx)
+    for made in (ctx.session.agent_logs, folder, ctx.session.agent_artifacts, artifacts_folder):
         if not made.exists():
             made.mkdir(mode=0o755)
             os.chown(made, ctx.session.uid, ctx.session.uid)
@@ -168,18 +167,9 @@ def agent_mounts(ctx: Context) -> list[Mount]:
         _mount_point(ctx, target)
     return [
         Mount(folder, AGENT_LOGS, writable=True),
-        Mount(ctx.session.agent_artifacts, ARTIFACTS_DIR, writable=True),
+        Mount(artifacts_folder, ARTIFACTS_DIR, writable=True),
         Mount(logs, VERIFIER_LOGS, writable=True),
     ]
-
-
-def agent_logs(ctx: Context) -> Path:
-    """The session's folder at /logs/agent: agent-logs/, or for a task of [[steps]] agent-logs/<step>/,
-    new for each step (Harbor empties /logs/agent before each step's agent); ``after_agent`` keeps them
-    all, each step's files under its name."""
-    if ctx.steps is None:
-        return ctx.session.agent_logs
-    return ctx.session.agent_logs / ctx.steps.current.name
 
 
 def after_agent(ctx: Context) -> None:
@@ -215,8 +205,8 @@ def run_verifier(ctx: Context, env: dict[str, str]) -> VerifierRun:
     mounts = [Mount(logs, VERIFIER_LOGS, writable=True)]
     if verifier.separate is None or not verifier.separate.bundled:  # a bundled image's /tests is its own
         mounts.insert(0, Mount(tests, TESTS))
-    if verifier.separate is None and ctx.env.agent_logs and agent_logs(ctx).exists():
-        mounts.append(Mount(agent_logs(ctx), AGENT_LOGS))  # what the agent left, read-only
+    if verifier.separate is None and ctx.env.agent_logs and collect.agent_logs(ctx).exists():
+        mounts.append(Mount(collect.agent_logs(ctx), AGENT_LOGS))  # what the agent left, read-only
     for mount in mounts:
         _mount_point(ctx, mount.target)
     network = verifier_network(ctx)

@@ -183,7 +183,10 @@ def load(root: Path, limits: TaskLimits) -> TaskSpec:
         steps = harbor_steps.read(
             root, entries, strategy, request=request, verifier=verifier, grader=grader,
             solution=(solution, solution_files), limits=limits,
-            readers=harbor_steps.Readers(_Table, _phase_network, _literal_env),
+            readers=harbor_steps.Readers(
+                _Table, _phase_network, _literal_env, _user, _healthcheck,
+                lambda table: _artifacts(table, compose.services, "[steps] artifacts"),
+            ),
         )  # fmt: skip
         prompt, verifier = steps.prompt, steps.verifier
     else:
@@ -613,17 +616,18 @@ def _verifier_image(root: Path, config: _Table | None, environment: ImageEnviron
     return environment, False  # [environment]'s workdir with it, unless [verifier.environment] has its own
 
 
-def _artifacts(config: _Table, services=()) -> tuple[ArtifactEntry, ...]:
+def _artifacts(config: _Table, services=(), key: str = "artifacts") -> tuple[ArtifactEntry, ...]:
     """The top-level ``artifacts`` (Harbor's ``list[str | ArtifactConfig]``): paths, or tables of
     ``source``, ``destination`` and ``service`` (main, or one of ``services``, the compose file's others,
-    read from its root); each checked as Harbor checks it, and as the listed name of what it collects must be (artifacts.check_path). /logs/artifacts is collected whatever it says."""
+    read from its root); each checked as Harbor checks it, and as the listed name of what it collects must be (artifacts.check_path). /logs/artifacts is collected whatever it says.
+    ``key``: how a refusal names the list (a step's: ``[steps] artifacts``, harbor_steps.py)."""
     value = config.take("artifacts", [])
     if not isinstance(value, list):
-        raise TaskError(f"task.toml: artifacts must be a list of paths or {{source, destination}} tables, "
+        raise TaskError(f"task.toml: {key} must be a list of paths or {{source, destination}} tables, "
                         f"got {type_name(value)}")  # fmt: skip
     entries: list[ArtifactEntry] = []
     for index, item in enumerate(value):
-        where = f"task.toml: artifacts[{index}]"
+        where = f"task.toml: {key}[{index}]"
         if isinstance(item, str):
             item = {"source": item}
         if not isinstance(item, dict):

@@ -5,20 +5,23 @@
 
 1. A step is a table with a ``name`` (a portable folder name, unique as Harbor compares them: NFC,
    case folded), its own ``steps/<name>/instruction.md`` (the prompt, held to the prompt's cap) and
-   optional ``[steps.agent]`` (``timeout_sec``, ``network_mode``, ``allowed_hosts``),
-   ``[steps.verifier]`` (the same, and ``[steps.verifier.env]``) and ``min_reward`` (a number, or a
-   table of numbers by reward key).
+   optional ``[steps.agent]`` (``timeout_sec``, ``network_mode``, ``allowed_hosts``, ``user``),
+   ``[steps.verifier]`` (the same, and ``[steps.verifier.env]``), ``min_reward`` (a number, or a
+   table of numbers by reward key), ``healthcheck`` and ``artifacts`` (read as [environment.healthcheck]
+   and the top-level ``artifacts`` are) and ``steps/<name>/workdir/`` (its files, ``setup.sh`` among them).
 2. What Harbor resolves, resolved here: the agent's timeout is the step's, else [agent]'s; the
    verifier's is the step's, else 600 s (Harbor's ``VerifierConfig`` default, which its fallback to
    [verifier]'s never reaches); a phase's network is the step's table's, else [agent]'s or [verifier]'s,
-   else [environment]'s; the verifier's variables are [verifier.env] under [steps.verifier.env].
+   else [environment]'s; the verifier's variables are [verifier.env] under [steps.verifier.env]; the
+   verifier's user the step's, else [verifier]'s.
 3. The verifier's /tests: tests/ (if any), then steps/<name>/tests/ over it; its script the step's
    tests/test.sh, else tests/test.sh (one of the two is required). The reference solution: the step's
    solution/ (solve.sh required there), else the task's solution/.
 4. What would run differently here is refused with a sentence naming the step (its number from 1 and
-   its name) and the key: a step's own user, healthcheck, artifacts, collect hooks, verifier
-   environment, and ``steps/<name>/workdir/``; grader other than reward_file and ``[verifier]
-   isolated`` with steps. A step's keys not read here are kept in the metadata, under ``steps``.
+   its name) and the key: a step's agent user other than the task's (the agent's user is the map's,
+   fixed when the root is mounted), its collect hooks and verifier environment; grader other than
+   reward_file and ``[verifier] isolated`` with steps. A step's keys not read here are kept in the
+   metadata, under ``steps``.
 """
 
 from __future__ import annotations
@@ -59,11 +62,16 @@ _DEVICE_NAME = re.compile(r"(CON|PRN|AUX|NUL|CONIN\$|CONOUT\$|(?:COM|LPT)[1-9Â¹Â
 
 class Readers(NamedTuple):
     """harbor.py's readers of task.toml's tables, given by it (this module is below it): ``table`` its
-    ``_Table``, ``phase_network`` and ``literal_env`` as it reads [agent]'s network and [verifier.env]."""
+    ``_Table``, ``phase_network`` and ``literal_env`` as it reads [agent]'s network and [verifier.env],
+    ``user`` a phase's user, ``healthcheck`` a table's ``healthcheck`` and ``artifacts`` a table's
+    ``artifacts`` as it reads [agent] user, [environment.healthcheck] and the top-level ``artifacts``."""
 
     table: Callable
     phase_network: Callable
     literal_env: Callable
+    user: Callable
+    healthcheck: Callable
+    artifacts: Callable
 
 
 class Steps(NamedTuple):
@@ -131,14 +139,19 @@ def read(
 def _step(root, entry: dict, readers: Readers, *, request, verifier, solution, limits) -> tuple[TaskStep, dict]:
     table = readers.table(entry, "steps")
     name = _name(table.take("name"))
-    for refused in ("healthcheck", "artifacts"):
-        if table.take(refused) is not None:
-            raise TaskError(f"[steps] {refused}: a step's own {refused} is not supported here")
+    healthcheck = readers.healthcheck(table)
+    artifacts = readers.artifacts(table)
     agent = table.table("agent")
     verifier_table = table.table("verifier")
-    for phase in (agent, verifier_table):
-        if phase.take("user") is not None:
-            raise TaskError(f"[{phase.path}] user: a step's own user is not supported here")
+    agent_user = readers.user(agent)
+    if agent_user is not None and agent_user != request.agent_user:
+        task_user = "the image's User" if request.agent_user is None else f"[agent] user {request.agent_user!r}"
+        raise TaskError(
+            f"[steps.agent] user = {agent_user!r}: a step's agent user other than the task's ({task_user}) is not "
+            "supported here: the agent's user is the evaluation's uid in the image's id map, fixed when the root "
+            "is mounted before the first step"
+        )
+    verifier_user = readers.user(verifier_table)
     mode = verifier_table.take("environment_mode")
     if mode not in (None, "shared"):
         raise TaskError(
@@ -153,6 +166,7 @@ def _step(root, entry: dict, readers: Readers, *, request, verifier, solution, l
         verifier_timeout_secs=verifier_table.number("timeout_sec") or HARBOR_VERIFIER_TIMEOUT_SECS,
         agent_network=readers.phase_network(agent) or request.agent_network,
         verifier_network=readers.phase_network(verifier_table) or request.verifier_network,
+        verifier_user=verifier_user or request.verifier_user,
     )
     env = {**verifier.env, **readers.literal_env(verifier_table.table("env"))}
     min_reward = _min_reward(table)
@@ -160,8 +174,8 @@ def _step(root, entry: dict, readers: Readers, *, request, verifier, solution, l
     shown = f"steps/{name}"
     if not is_folder(folder, shown):
         raise TaskError(f"name: there is no {shown}/ folder (its instruction.md, tests/ and solution/)")
-    if is_folder(folder / "workdir", f"{shown}/workdir"):
-        raise TaskError(f"{shown}/workdir/ (files and setup.sh staged before the step) is not supported here")
+    workdir = folder / "workdir"
+    workdir_files = folder_files(workdir, f"{shown}/workdir") if is_folder(workdir, f"{shown}/workdir") else []
     prompt = read_text(
         folder / "instruction.md",
         f"{shown}/instruction.md",
@@ -174,6 +188,9 @@ def _step(root, entry: dict, readers: Readers, *, request, verifier, solution, l
         verifier=dataclasses.replace(verifier, files=_tests(folder, shown, verifier.files), env=env),
         request=step_request,
         min_reward=min_reward,
+        healthcheck=healthcheck,
+        artifacts=artifacts,
+        workdir_files=workdir_files,
         **_solution(folder, shown, solution),
     )
     return step, jsonable(table.rest())

@@ -210,6 +210,9 @@ MEAN, FINAL = "mean", "final"  # Harbor's multi_step_reward_strategy
 REWARD_STRATEGIES = (MEAN, FINAL)
 
 
+SETUP_SCRIPT = "setup.sh"  # a step's workdir/setup.sh (Harbor's ``step_setup_path``)
+
+
 @dataclass(frozen=True)
 class TaskStep:
     """One ``[[steps]]`` entry of a Harbor task (SPEC §23, tasks/harbor_steps.py): its agent's prompt and
@@ -223,6 +226,14 @@ class TaskStep:
     min_reward: float | dict[str, float] | None = None
     solution: str | None = None  # steps/<name>/solution/solve.sh, else the task's solution/solve.sh
     solution_files: list[SupportFile] = field(default_factory=list)
+    healthcheck: Healthcheck | None = None  # its own: after its setup, before its agent (as the task's)
+    artifacts: tuple[ArtifactEntry, ...] = ()  # its own, collected with the task's after its agent
+    workdir_files: list[SupportFile] = field(default_factory=list)  # steps/<name>/workdir/: into WorkingDir first
+
+    @property
+    def setup(self) -> bool:
+        """steps/<name>/workdir/setup.sh: run (``bash setup.sh``) in WorkingDir once the files are there."""
+        return any(file.relpath == SETUP_SCRIPT for file in self.workdir_files)
 
 
 @dataclass(frozen=True)

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from evaluations import artifacts
 from tests.pipeline.test_e2e import evaluate
 from tests.pipeline.test_harbor_e2e import serve
 
@@ -176,3 +177,162 @@ def test_each_steps_own_timeouts_apply(tasks, image_task_config, tmp_path, base_
     assert (evaluation.status, evaluation.error_kind) == ("cancelled", "agent_timeout"), evaluation.log[-3000:]
     assert evaluation.error == "running_agent: agent timed out after 1 s"
     assert shown(evaluation) == [("one", 1.0, {"reward": 1.0}, True)] and evaluation.reward is None
+
+
+# -- a step's own workdir/ and setup.sh, healthcheck, artifacts and verifier user (Harbor 0.25) -------------
+
+STAGED_AGENT = (
+    AGENT + 'echo "ready=$(cat ready 2>/dev/null) listing=$(cat listing 2>/dev/null)"\n'
+    'echo "artifacts-entries=$(ls -A /logs/artifacts | wc -l)"\n'
+    'echo "$TASK_STEP" > /logs/artifacts/conv.txt; echo "$TASK_STEP" > "$TASK_STEP.txt"; echo all > all.txt\n'
+)
+
+
+def staged_task(root: Path, image: str, one: str = "", two: str = "", files: dict | None = None) -> Path:
+    """steps_task in WorkingDir /app, a task-level artifact (/app/all.txt), ``one``/``two``: more of each
+    step's table, ``files``: more files (None removes one)."""
+    steps_task(root, image, 'artifacts = ["/app/all.txt"]', one)
+    toml = (
+        (root / "task.toml")
+        .read_text()
+        .replace(f'docker_image = "{image}"\n', f'docker_image = "{image}"\nworkdir = "/app"\n')
+    )
+    (root / "task.toml").write_text(toml + two)
+    for relpath, text in (files or {}).items():
+        if text is None:
+            (root / relpath).unlink()
+            continue
+        (root / relpath).parent.mkdir(parents=True, exist_ok=True)
+        (root / relpath).write_text(text)
+    return root
+
+
+SETUP = 'echo "set-up-by-$(id -un)-in-$(pwd)" > ready\nls data > listing\n'
+
+
+def test_a_steps_workdir_setup_healthcheck_and_artifacts(tasks, image_task_config, tmp_path, base_image):
+    """Step one: its workdir/ copied into /app (root's, as docker cp leaves it), its setup.sh run there as the
+    agent's user, its healthcheck passing once setup is done, then its agent. Each step's artifacts (the task's
+    /app/all.txt, step one's own /app/one.txt, its /logs/artifacts, new for each step) under its name."""
+    _registry, image, _digest = base_image
+    one = (
+        'artifacts = ["/app/one.txt"]\n[steps.healthcheck]\ncommand = "test -s /app/ready"\n'
+        "interval_sec = 0.2\nstart_interval_sec = 0.2\n"
+    )
+    files = {"steps/one/workdir/setup.sh": SETUP, "steps/one/workdir/data/in.txt": "in\n"}
+    root = staged_task(tmp_path / "task", image, one=one, files=files)
+    evaluation = evaluate(serve(tasks, root), STAGED_AGENT, config=image_task_config, sandbox="bwrap", language="bash")
+    assert (evaluation.status, evaluation.reward) == ("completed", 1.0), (evaluation.error, evaluation.log[-3000:])
+    output = evaluation.agent_output
+    assert "ready=set-up-by-root-in-/app listing=in.txt" in output, output
+    assert output.count("artifacts-entries=0") == 2, output  # /logs/artifacts: empty for each step's agent
+    assert "healthcheck of the step's environment: healthy" in evaluation.log
+    assert sorted(a["path"] for a in evaluation.artifacts) == [
+        "one/artifacts/app/all.txt",  # the task's entry, in each step's collection
+        "one/artifacts/app/one.txt",  # step one's own
+        "one/artifacts/logs/artifacts/conv.txt",
+        "one/trace.txt",
+        "two/artifacts/app/all.txt",
+        "two/artifacts/logs/artifacts/conv.txt",
+        "two/trace.txt",
+    ]
+    with artifacts.open_artifact(evaluation.id, "one/artifacts/logs/artifacts/conv.txt", image_task_config) as kept:
+        assert kept.read() == b"one\n"  # step one's, kept as it was after step one
+    with artifacts.open_artifact(evaluation.id, "two/artifacts/logs/artifacts/conv.txt", image_task_config) as kept:
+        assert kept.read() == b"two\n"
+
+
+@pytest.mark.parametrize(
+    ("one", "two", "files", "error", "ran"),
+    [
+        (
+            "",
+            "",
+            {"steps/one/workdir/setup.sh": "echo broken >&2; exit 3\n"},
+            "running_agent: step 'one': setup.sh exited with code 3: broken; step 'one' gave no reward: 'two' did "
+            "not run",
+            [],
+        ),
+        (
+            "",
+            '[steps.healthcheck]\ncommand = "test -e /app/never"\nretries = 2\ninterval_sec = 0.1\n',
+            {},
+            "running_agent: step 'two': the step's environment never became healthy: 'test -e /app/never' exited 1 "
+            "2 time(s) in a row: no output",
+            ["one"],
+        ),
+    ],
+)
+def test_a_failing_setup_or_healthcheck_fails_its_step_before_its_agent(
+    tasks, image_task_config, tmp_path, base_image, one, two, files, error, ran
+):
+    """Harbor's step exception before the agent: the step gives no reward, neither its agent nor its verifier
+    runs, and the rest do not run."""
+    _registry, image, _digest = base_image
+    root = staged_task(tmp_path / "task", image, one=one, two=two, files=files)
+    evaluation = evaluate(serve(tasks, root), SOLVE_BOTH, config=image_task_config, sandbox="bwrap", language="bash")
+    assert (evaluation.status, evaluation.error_kind) == ("failed", "tests_failed"), evaluation.log[-3000:]
+    assert evaluation.error == error, evaluation.log[-3000:]
+    failed = "two" if ran else "one"
+    assert [s["name"] for s in evaluation.steps] == [*ran, failed]
+    assert evaluation.steps[-1]["reward"] is None and evaluation.steps[-1]["passed"] is False
+    assert f"step={failed}" not in evaluation.agent_output  # its agent never ran
+    assert [r.name for r in evaluation.test_results.all()] == [f"{name}/test.sh" for name in ran]
+
+
+USER_TEST = '#!/bin/bash\necho "verifier=$(id -un)"\necho 1 > /logs/verifier/reward.txt\n'
+
+
+def test_each_steps_verifier_runs_as_its_own_user(tasks, image_task_config, tmp_path, base_image):
+    """[steps.verifier] user = "nobody" on step one; step two's verifier the image's User (root), as Harbor's."""
+    _registry, image, _digest = base_image
+    files = {"steps/one/tests/test.sh": USER_TEST, "tests/test.sh": USER_TEST}
+    root = staged_task(tmp_path / "task", image, one='[steps.verifier]\nuser = "nobody"\n', files=files)
+    evaluation = evaluate(serve(tasks, root), SOLVE_BOTH, config=image_task_config, sandbox="bwrap", language="bash")
+    assert (evaluation.status, evaluation.reward) == ("completed", 1.0), (evaluation.error, evaluation.log[-3000:])
+    one, two = evaluation.test_output.split("=== step two ===")
+    assert "verifier=nobody" in one and "verifier=root" in two, evaluation.test_output
+
+    root = staged_task(tmp_path / "ghost", image, one='[steps.verifier]\nuser = "ghost"\n', files=files)
+    evaluation = evaluate(serve(tasks, root), SOLVE_BOTH, config=image_task_config, sandbox="bwrap", language="bash")
+    assert (evaluation.status, evaluation.error_kind) == ("failed", "task_invalid"), evaluation.log[-3000:]
+    assert evaluation.error.startswith(
+        "preparing_environment: task.toml: [[steps]] #1 ('one'): [steps.verifier] user 'ghost' cannot run in the "
+        "image: "
+    ), evaluation.error
+    assert evaluation.steps in (None, [])
+
+
+def test_setup_runs_as_the_agents_user_over_files_root_owns(tasks, image_task_config, tmp_path, base_image):
+    """[agent] user = "nobody" (and [steps.agent] user the same, accepted): setup.sh runs as nobody over the
+    staged files, which are root's, as docker cp leaves them; the step's healthcheck runs as nobody too."""
+    _registry, image, _digest = base_image
+    one = "[steps.healthcheck]\ncommand = 'test \"$(id -un)\" = nobody'\n"
+    setup = 'echo "$(id -un) $(stat -c %U /app/data/in.txt) $(stat -c %U /app/setup.sh)" > /tmp/who\n'
+    files = {"steps/one/workdir/setup.sh": setup, "steps/one/workdir/data/in.txt": "in\n"}
+    root = staged_task(tmp_path / "task", image, one=one, files=files)
+    toml = (root / "task.toml").read_text()
+    toml = toml.replace('artifacts = ["/app/all.txt"]', "").replace(
+        "timeout_sec = 120\n", 'timeout_sec = 120\nuser = "nobody"\n'
+    )
+    (root / "task.toml").write_text('[agent]\nuser = "nobody"\n' + toml)
+    agent = 'echo "who=$(cat /tmp/who)"\n' + AGENT + 'echo "$TASK_STEP" > "/tmp/$TASK_STEP.txt"\n'
+    evaluation = evaluate(serve(tasks, root), agent, config=image_task_config, sandbox="bwrap", language="bash")
+    assert "who=nobody root root" in evaluation.agent_output, (evaluation.agent_output, evaluation.log[-3000:])
+    assert "healthcheck of the step's environment: healthy" in evaluation.log
+    assert [s["name"] for s in evaluation.steps] == ["one", "two"]
+
+
+def test_a_workdir_file_that_cannot_be_placed_fails_the_evaluation(tasks, image_task_config, tmp_path, base_image):
+    """Step one's agent leaves a file at /app/data; step two's workdir/data/in.txt needs a folder there: the
+    copy fails as Harbor's docker cp does (the task's, named), before step two's agent."""
+    _registry, image, _digest = base_image
+    root = staged_task(tmp_path / "task", image, files={"steps/two/workdir/data/in.txt": "in\n"})
+    agent = SOLVE_BOTH + "echo file > /app/data\n"
+    evaluation = evaluate(serve(tasks, root), agent, config=image_task_config, sandbox="bwrap", language="bash")
+    assert (evaluation.status, evaluation.error_kind) == ("failed", "task_invalid"), evaluation.log[-3000:]
+    assert evaluation.error == (
+        "running_agent: step 'two': could not copy steps/two/workdir/ into /app: a part of /app/data is in the "
+        "image, and not a folder"
+    )
+    assert "step=two" not in evaluation.agent_output

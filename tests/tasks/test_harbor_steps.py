@@ -214,17 +214,77 @@ STEP = '[[steps]]\nname = "write"\n'
         (
             STEP + '[steps.agent]\nuser = "dev"\n',
             {},
-            "task.toml: [[steps]] #1 ('write'): [steps.agent] user: a step's own user is not supported here",
+            "task.toml: [[steps]] #1 ('write'): [steps.agent] user = 'dev': a step's agent user other than the task's "
+            "(the image's User) is not supported here: the agent's user is the evaluation's uid in the image's id "
+            "map, fixed when the root is mounted before the first step",
         ),
         (
-            STEP + '[steps.healthcheck]\ncommand = "true"\n',
+            '[agent]\nuser = "dev"\n' + STEP + "[steps.agent]\nuser = 0\n",
             {},
-            "task.toml: [[steps]] #1 ('write'): [steps] healthcheck: a step's own healthcheck is not supported here",
+            "task.toml: [[steps]] #1 ('write'): [steps.agent] user = '0': a step's agent user other than the task's "
+            "([agent] user 'dev') is not supported here: the agent's user is the evaluation's uid in the image's id "
+            "map, fixed when the root is mounted before the first step",
         ),
         (
-            STEP + 'artifacts = ["/app/out"]\n',
+            STEP + "[steps.verifier]\nuser = 70000\n",
             {},
-            "task.toml: [[steps]] #1 ('write'): [steps] artifacts: a step's own artifacts is not supported here",
+            "task.toml: [[steps]] #1 ('write'): [steps.verifier] user must be a uid from 0 to 65535, got 70000",
+        ),
+        (
+            STEP + '[steps.verifier]\nuser = "a b"\n',
+            {},
+            "task.toml: [[steps]] #1 ('write'): [steps.verifier] user must be a user name or uid, optionally ':group' "
+            "(as Docker's --user), got 'a b'",
+        ),
+        (
+            STEP + "[steps.verifier]\nuser = true\n",
+            {},
+            "task.toml: [[steps]] #1 ('write'): [steps.verifier] user must be a user name or a uid, got a boolean",
+        ),
+        (
+            STEP + '[steps.healthcheck]\ncommand = " "\n',
+            {},
+            "task.toml: [[steps]] #1 ('write'): [steps.healthcheck] command must be a non-empty command (a string "
+            "run with bash -c)",
+        ),
+        (
+            STEP + '[steps.healthcheck]\ncommand = "true"\nretries = 1.5\n',
+            {},
+            "task.toml: [[steps]] #1 ('write'): [steps.healthcheck] retries must be a positive whole number, got 1.5",
+        ),
+        (
+            STEP + '[steps.healthcheck]\ncommand = "true"\nstart_period_sec = -1\n',
+            {},
+            "task.toml: [[steps]] #1 ('write'): [steps.healthcheck] start_period_sec must be a number of seconds, "
+            "0 or more, got -1",
+        ),
+        (
+            STEP + "healthcheck = 1\n",
+            {},
+            "task.toml: [[steps]] #1 ('write'): [steps.healthcheck] must be a table, got a number",
+        ),
+        (
+            STEP + 'artifacts = "/app/out"\n',
+            {},
+            "task.toml: [[steps]] #1 ('write'): [steps] artifacts must be a list of paths or {source, destination} "
+            "tables, got a string",
+        ),
+        (
+            STEP + 'artifacts = ["/app/../etc"]\n',
+            {},
+            "task.toml: [[steps]] #1 ('write'): [steps] artifacts[0] source must not contain '..' components, "
+            "got '/app/../etc'",
+        ),
+        (
+            STEP + 'artifacts = [{ source = "/app/x", destination = "/abs" }]\n',
+            {},
+            "task.toml: [[steps]] #1 ('write'): [steps] artifacts[0] destination must be a relative path, got '/abs'",
+        ),
+        (
+            STEP + 'artifacts = ["/logs/verifier/x"]\n',
+            {},
+            "task.toml: [[steps]] #1 ('write'): [steps] artifacts[0] source '/logs/verifier/x' is the verifier's own "
+            "folder, not the agent's",
         ),
         (
             STEP + '[steps.verifier]\nenvironment_mode = "separate"\n',
@@ -233,10 +293,14 @@ STEP = '[[steps]]\nname = "write"\n'
             "in the task's environment here",
         ),
         (
-            STEP,
-            {"steps/write/workdir/setup.sh": "true\n"},
-            "task.toml: [[steps]] #1 ('write'): steps/write/workdir/ (files and setup.sh staged before the step) is not "
-            "supported here",
+            STEP + '[[steps.verifier.collect]]\ncommand = "true"\n',
+            {},
+            "task.toml: [[steps]] #1 ('write'): [steps.verifier] collect is not supported here",
+        ),
+        (
+            STEP + '[steps.verifier.environment]\ndocker_image = "x"\n',
+            {},
+            "task.toml: [[steps]] #1 ('write'): [steps.verifier] environment is not supported here",
         ),
         (
             STEP,
@@ -286,3 +350,40 @@ def test_a_task_with_steps_but_no_steps_folder_is_refused(tmp_path):
         tmp_path / "t", {"task.toml": STEP, "environment/Dockerfile": "FROM x\n", "tests/test.sh": "true\n"}
     )
     assert error(root) == "task.toml has [[steps]] but the task has no steps/ folder (steps/<name>/instruction.md)"
+
+
+def test_a_steps_own_user_healthcheck_artifacts_and_workdir(tmp_path):
+    """[steps.verifier] user over [verifier] user; [steps.agent] user the task's own is no change; a step's
+    healthcheck with Harbor's defaults; its artifacts read as the top-level ones; steps/<name>/workdir/'s files."""
+    toml = (
+        'artifacts = ["/app/all.log"]\n[agent]\nuser = "dev"\n[verifier]\nuser = "root"\n'
+        '[[steps]]\nname = "write"\nartifacts = ["/app/out", { source = "/app/x", destination = "x.txt" }, '
+        '"/logs/artifacts/seen"]\n[steps.agent]\nuser = "dev"\n[steps.verifier]\nuser = 1000\n'
+        '[steps.healthcheck]\ncommand = "test -e ready"\nstart_period_sec = 2\n'
+        '[[steps]]\nname = "check"\n'
+    )
+    root = task(
+        tmp_path,
+        toml,
+        **{"steps/write/workdir/setup.sh": "touch ready\n", "steps/write/workdir/data/in.txt": "in\n"},
+    )
+    spec = load_task(root)
+    write, check = spec.steps
+    assert (write.request.agent_user, write.request.verifier_user) == ("dev", "1000")
+    assert (check.request.agent_user, check.request.verifier_user) == ("dev", "root")  # the task's
+    assert write.healthcheck.command == "test -e ready" and write.healthcheck.start_period_sec == 2.0
+    assert (write.healthcheck.interval_sec, write.healthcheck.retries) == (5.0, 3)  # Harbor's defaults
+    assert check.healthcheck is None and check.artifacts == () and check.workdir_files == []
+    # /logs/artifacts/... with no destination: collected with /logs/artifacts already, as at the top level
+    assert [(a.source, a.listed) for a in write.artifacts] == [
+        ("/app/out", "artifacts/app/out"), ("/app/x", "artifacts/x.txt")]  # fmt: skip
+    assert [a.source for a in spec.artifacts] == ["/app/all.log"]  # the task's stay the task's
+    assert [(f.relpath, f.data) for f in write.workdir_files] == [
+        ("data/in.txt", b"in\n"), ("setup.sh", b"touch ready\n")]  # fmt: skip
+    assert write.setup and not check.setup
+
+
+def test_a_step_workdir_of_a_link_is_refused(tmp_path):
+    root = task(tmp_path, STEP, **{"steps/write/workdir/setup.sh": "true\n"})
+    (root / "steps/write/workdir/link").symlink_to("/etc/passwd")
+    assert error(root) == "task.toml: [[steps]] #1 ('write'): steps/write/workdir/link is a symbolic link"
