@@ -111,6 +111,7 @@ class TaskSteps:
             solution=step.solution,
             solution_files=step.solution_files,
             artifacts=(*self.task.artifacts, *step.artifacts),  # Harbor's: the task's, then the step's own
+            collect=(*self.task.collect, *step.collect),  # Harbor's _collect_hooks_for: the same order
         )
         ctx.config = self.configs[index]
         if step.name in self.users:  # its verifier's user ([steps.verifier] user, else [verifier] user)

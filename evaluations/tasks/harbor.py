@@ -170,11 +170,6 @@ def load(root: Path, limits: TaskLimits) -> TaskSpec:
         )
     compose = harbor_services(root)  # SPEC §23: main, and the services started beside it
     collect = _collect(verifier_table, compose.services)
-    if entries and collect:
-        raise TaskError(
-            "task.toml: [[verifier.collect]] with [[steps]] is not supported here (each step's verifier "
-            "would need its own hooks)"
-        )
     collected = _artifacts(config, compose.services)
     solution, solution_files = _harbor_solution(root)
     solution_env = _literal_env(config.table("solution").table("env"))
@@ -186,6 +181,7 @@ def load(root: Path, limits: TaskLimits) -> TaskSpec:
             readers=harbor_steps.Readers(
                 _Table, _phase_network, _literal_env, _user, _healthcheck,
                 lambda table: _artifacts(table, compose.services, "[steps] artifacts"),
+                lambda table: _collect(table, compose.services, "[[steps.verifier.collect]]"),
             ),
         )  # fmt: skip
         prompt, verifier = steps.prompt, steps.verifier
@@ -721,7 +717,7 @@ def _artifact_destination(where: str, value: object) -> str | None:
     return normal
 
 
-def _collect(table: _Table, services) -> tuple[Collect, ...]:
+def _collect(table: _Table, services, key: str = "[[verifier.collect]]") -> tuple[Collect, ...]:
     """[[verifier.collect]] (Harbor's ``VerifierCollectConfig``): ``command`` (required), ``service``
     (default main; a service of environment/docker-compose.yaml), ``timeout_sec`` (default 60),
     ``user`` (a name or a uid; default the service's user: main's the image's User, as Harbor's exec)."""
@@ -732,7 +728,7 @@ def _collect(table: _Table, services) -> tuple[Collect, ...]:
     names = {MAIN, *(service.name for service in services)}
     hooks = []
     for index, hook in enumerate(value):
-        shown = f"task.toml: [[verifier.collect]] {index + 1}"
+        shown = f"task.toml: {key} {index + 1}"
         if not isinstance(hook, dict):
             raise TaskError(f"{shown} must be a table, got {type_name(hook)}")
         unknown = sorted(set(hook) - {"command", "service", "timeout_sec", "user"})

@@ -19,7 +19,7 @@
    solution/ (solve.sh required there), else the task's solution/.
 4. What would run differently here is refused with a sentence naming the step (its number from 1 and
    its name) and the key: a step's agent user other than the task's (the agent's user is the map's,
-   fixed when the root is mounted), its collect hooks and verifier environment; grader other than
+   fixed when the root is mounted) and its verifier environment; grader other than
    reward_file and ``[verifier] isolated`` with steps. A step's keys not read here are kept in the
    metadata, under ``steps``.
 """
@@ -63,8 +63,9 @@ _DEVICE_NAME = re.compile(r"(CON|PRN|AUX|NUL|CONIN\$|CONOUT\$|(?:COM|LPT)[1-9Â¹Â
 class Readers(NamedTuple):
     """harbor.py's readers of task.toml's tables, given by it (this module is below it): ``table`` its
     ``_Table``, ``phase_network`` and ``literal_env`` as it reads [agent]'s network and [verifier.env],
-    ``user`` a phase's user, ``healthcheck`` a table's ``healthcheck`` and ``artifacts`` a table's
-    ``artifacts`` as it reads [agent] user, [environment.healthcheck] and the top-level ``artifacts``."""
+    ``user`` a phase's user, ``healthcheck`` a table's ``healthcheck``, ``artifacts`` a table's
+    ``artifacts`` and ``collect`` a verifier table's ``collect`` as it reads [agent] user,
+    [environment.healthcheck], the top-level ``artifacts`` and [[verifier.collect]]."""
 
     table: Callable
     phase_network: Callable
@@ -72,6 +73,7 @@ class Readers(NamedTuple):
     user: Callable
     healthcheck: Callable
     artifacts: Callable
+    collect: Callable
 
 
 class Steps(NamedTuple):
@@ -157,9 +159,9 @@ def _step(root, entry: dict, readers: Readers, *, request, verifier, solution, l
         raise TaskError(
             f"[steps.verifier] environment_mode = {mode!r}: a step's verifier runs in the task's environment here"
         )
-    for refused in ("environment", "collect"):
-        if verifier_table.take(refused) is not None:
-            raise TaskError(f"[steps.verifier] {refused} is not supported here")
+    if verifier_table.take("environment") is not None:
+        raise TaskError("[steps.verifier] environment is not supported here")
+    collect = readers.collect(verifier_table)  # Harbor's: run after this step's agent, after the task's own
     step_request = dataclasses.replace(
         request,
         agent_timeout_secs=agent.number("timeout_sec") or request.agent_timeout_secs,
@@ -190,6 +192,7 @@ def _step(root, entry: dict, readers: Readers, *, request, verifier, solution, l
         min_reward=min_reward,
         healthcheck=healthcheck,
         artifacts=artifacts,
+        collect=collect,
         workdir_files=workdir_files,
         **_solution(folder, shown, solution),
     )

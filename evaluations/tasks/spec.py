@@ -228,6 +228,7 @@ class TaskStep:
     solution_files: list[SupportFile] = field(default_factory=list)
     healthcheck: Healthcheck | None = None  # its own: after its setup, before its agent (as the task's)
     artifacts: tuple[ArtifactEntry, ...] = ()  # its own, collected with the task's after its agent
+    collect: tuple[Collect, ...] = ()  # [[steps.verifier.collect]]: run after its agent, after the task's
     workdir_files: list[SupportFile] = field(default_factory=list)  # steps/<name>/workdir/: into WorkingDir first
 
     @property

@@ -336,3 +336,18 @@ def test_a_workdir_file_that_cannot_be_placed_fails_the_evaluation(tasks, image_
         "image, and not a folder"
     )
     assert "step=two" not in evaluation.agent_output
+
+
+def test_collect_hooks_run_after_each_steps_agent_the_tasks_then_its_own(
+    tasks, image_task_config, tmp_path, base_image
+):
+    """Harbor's ``_collect_hooks_for``: after each step's agent, the task's [[verifier.collect]], then the
+    step's own [[steps.verifier.collect]], before that step's artifacts are read."""
+    toml = 'artifacts = ["/hooks.txt"]\n[[verifier.collect]]\ncommand = "echo task-$(id -un) >> /hooks.txt"\n'
+    one = '[[steps.verifier.collect]]\ncommand = "echo one >> /hooks.txt"\n'
+    evaluation = run(tasks, image_task_config, tmp_path, base_image, SOLVE_BOTH, toml=toml, one=one)
+    assert (evaluation.status, evaluation.reward) == ("completed", 1.0), (evaluation.error, evaluation.log[-3000:])
+    with artifacts.open_artifact(evaluation.id, "one/artifacts/hooks.txt", image_task_config) as kept:
+        assert kept.read() == b"task-root\none\n"
+    with artifacts.open_artifact(evaluation.id, "two/artifacts/hooks.txt", image_task_config) as kept:
+        assert kept.read() == b"task-root\none\ntask-root\n"

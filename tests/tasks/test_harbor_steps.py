@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from evaluations.tasks.registry import load_task
-from evaluations.tasks.spec import AGENT, VERIFIER, NetworkRequest, SupportFile, TaskError
+from evaluations.tasks.spec import AGENT, VERIFIER, Collect, NetworkRequest, SupportFile, TaskError
 from tests.tasks.test_workspace import make_task
 
 TOML = """\
@@ -293,9 +293,16 @@ STEP = '[[steps]]\nname = "write"\n'
             "in the task's environment here",
         ),
         (
-            STEP + '[[steps.verifier.collect]]\ncommand = "true"\n',
+            STEP + '[[steps.verifier.collect]]\nservice = "main"\n',
             {},
-            "task.toml: [[steps]] #1 ('write'): [steps.verifier] collect is not supported here",
+            "task.toml: [[steps]] #1 ('write'): [[steps.verifier.collect]] 1: 'command' must be a shell command (a "
+            "non-empty string)",
+        ),
+        (
+            STEP + '[[steps.verifier.collect]]\ncommand = "true"\nservice = "db"\n',
+            {},
+            "task.toml: [[steps]] #1 ('write'): [[steps.verifier.collect]] 1: 'service' 'db' is not a service of "
+            "environment/docker-compose.yaml (main)",
         ),
         (
             STEP + '[steps.verifier.environment]\ndocker_image = "x"\n',
@@ -381,6 +388,20 @@ def test_a_steps_own_user_healthcheck_artifacts_and_workdir(tmp_path):
     assert [(f.relpath, f.data) for f in write.workdir_files] == [
         ("data/in.txt", b"in\n"), ("setup.sh", b"touch ready\n")]  # fmt: skip
     assert write.setup and not check.setup
+
+
+def test_collect_hooks_the_tasks_and_each_steps_own(tmp_path):
+    """Harbor's ``_collect_hooks_for``: the task's [[verifier.collect]] for every step, a step's own after them."""
+    toml = (
+        '[[verifier.collect]]\ncommand = "echo task"\n'
+        '[[steps]]\nname = "write"\n[[steps.verifier.collect]]\ncommand = "echo write"\ntimeout_sec = 5\nuser = 0\n'
+        '[[steps]]\nname = "check"\n'
+    )
+    spec = load_task(task(tmp_path, toml))
+    write, check = spec.steps
+    assert spec.collect == (Collect(command="echo task", service="main", timeout_secs=60.0),)
+    assert write.collect == (Collect(command="echo write", service="main", timeout_secs=5.0, user="0"),)
+    assert check.collect == ()
 
 
 def test_a_step_workdir_of_a_link_is_refused(tmp_path):
