@@ -226,11 +226,12 @@ class Context:
         for the sandboxes' end is left to the next phase's end (Spawner.phase)."""
         return self.spawner.phase(name, init_base=self.config.workspace_base, executor=executor, retire=retire)
 
-    def prestart(self, name: str, policy: SandboxPolicy, cwd: Path) -> None:
+    def prestart(self, name: str, policy: SandboxPolicy, cwd: Path, *, then=None) -> None:
         """Start the sandbox of the coming phase ``name`` for ``policy`` now, in the background
-        (runtime/spawner.py ``prestart``); the phase takes it, ready, or its end is ended unused."""
+        (runtime/spawner.py ``prestart``, and ``then`` there once it runs); the phase takes it,
+        ready, or its end is ended unused."""
         limits = self.limits(self.config.agent_timeout_secs)  # only its disk and process limits matter
-        self.spawner.prestart(name, policy, limits, cwd, init_base=self.config.workspace_base)
+        self.spawner.prestart(name, policy, limits, cwd, init_base=self.config.workspace_base, then=then)
 
     def command_runner(self, policy: SandboxPolicy) -> Callable[..., CommandResult]:
         """gitrepo's CommandRunner: the executor's own commands, through the same spawner."""

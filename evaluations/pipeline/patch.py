@@ -184,6 +184,96 @@ def keep_base_objects(repo: Path, dest: Path) -> None:
     copy_tree_nofollow(objects, dest, None)
 
 
+class PatchBase:
+    """What the patch reads of the base commit (``read_base``), in a scratch folder of its own (in the
+    session, beside the repository: never in a folder the agent's sandbox binds): the private git
+    dir with the base's objects as alternates and its attributes, the index at the base, the base's
+    ignore rules and its ``ls-files --stage``. ``remove`` once the patch is made (``repo_patch`` does)."""
+
+    def __init__(self, scratch: tempfile.TemporaryDirectory, repo: Path, base_sha: str, base_objects: Path):
+        self._scratch = scratch
+        self.scratch = Path(scratch.name)
+        self.repo, self.base_sha, self.base_objects = repo, base_sha, base_objects
+        self.git_dir, self.index = self.scratch / "git", self.scratch / "index"
+        self.home = self.scratch / "home"  # git's HOME: empty, nothing of the agent's (its own HOME is theirs)
+        self.empty = self.scratch / "empty"  # the work tree check-ignore sees: no .gitignore file in it
+
+    def env(self) -> dict[str, str]:
+        return {"HOME": str(self.home), "XDG_CONFIG_HOME": str(self.home / ".config")}
+
+    def made_for(self, repo: Path, base_sha: str, base_objects: Path) -> bool:
+        return (self.repo, self.base_sha, self.base_objects) == (
+            Path(repo).absolute(),
+            base_sha,
+            Path(base_objects).absolute(),
+        )
+
+    def remove(self) -> None:
+        self._scratch.cleanup()
+
+
+def read_base(
+    run: CommandRunner,
+    *,
+    repo: Path,
+    base_sha: str,
+    base_objects: Path,
+    env: dict[str, str],
+    timeout_secs: float = 120.0,
+) -> PatchBase:
+    """``repo_patch``'s first script and the base's rules: what it reads of the base commit. It
+    reads only ``base_objects`` (root's copy, made at clone time) and writes only its own scratch
+    folder (the index at the base is never checked out), so it may run before the agent's end,
+    in the patch's sandbox started beside the agent's (steps.running_agent): nothing the agent
+    does while it runs changes what it makes. Raises GitError."""
+    repo, base_objects, repo_stat = _checked(repo, base_sha, base_objects)
+    git = Git(run, env, time.monotonic() + timeout_secs, timeout_secs)
+    base = PatchBase(tempfile.TemporaryDirectory(prefix=".agent-patch-", dir=repo.parent), repo, base_sha, base_objects)
+    try:
+        scratch = base.scratch
+        for folder in (scratch, base.home, base.empty):
+            folder.mkdir(exist_ok=True)
+            _chown_like(folder, repo_stat)  # git may run as the sandbox uid, which owns the repository
+        rules, listed = scratch / "rules", scratch / "rules.list"
+        git.script(
+            _PATCH_BASE_SCRIPT,
+            [
+                str(base.git_dir),
+                str(base_objects),
+                base_sha,
+                str(base.index),
+                str(repo),
+                _ATTRIBUTES_RESET,
+                str(rules),
+                str(listed),
+                str(scratch),
+            ],
+            stages=_PATCH_STAGES,
+            cwd=repo,
+            extra_env=base.env(),
+        )
+        ignore_rules, attributes = _base_rules(rules, _read_nofollow(listed))
+        write_file_nofollow(scratch, "git/info/attributes", f"{_ATTRIBUTES_RESET}\n{attributes}".encode(_FS, _ESC))
+        write_file_nofollow(scratch, "base.gitignore", ignore_rules.encode(_FS, _ESC))
+    except BaseException:
+        base.remove()
+        raise
+    return base
+
+
+def _checked(repo: Path, base_sha: str, base_objects: Path) -> tuple[Path, Path, os.stat_result]:
+    if not _HEX_RE.match(base_sha):
+        raise GitError(f"agent patch: base commit {base_sha!r} is not a sha")
+    repo = Path(repo).absolute()
+    base_objects = Path(base_objects).absolute()
+    repo_stat, objects_stat = _lstat(repo), _lstat(base_objects)
+    if repo_stat is None or not stat.S_ISDIR(repo_stat.st_mode) or "\n" in str(repo):
+        raise GitError(f"agent patch: {repo} is missing or is not a folder")
+    if objects_stat is None or not stat.S_ISDIR(objects_stat.st_mode) or "\n" in str(base_objects):
+        raise GitError(f"agent patch: the base's objects {base_objects} are missing")
+    return repo, base_objects, repo_stat
+
+
 def repo_patch(
     run: CommandRunner,
     *,
@@ -194,6 +284,7 @@ def repo_patch(
     exclude: list[str],
     timeout_secs: float = 120.0,
     max_bytes: int | None = None,
+    base: PatchBase | None = None,
 ) -> str:
     """The binary diff of ``repo``'s working tree against ``base_sha``.
 
@@ -205,52 +296,28 @@ def repo_patch(
     assets) are left out. git gets ``env`` with HOME and ``XDG_CONFIG_HOME`` replaced by
     an empty folder of its own. A patch over ``max_bytes`` raises ``GitError``. Bytes that are
     not UTF-8 are replaced.
-    """
-    if not _HEX_RE.match(base_sha):
-        raise GitError(f"agent patch: base commit {base_sha!r} is not a sha")
-    repo = Path(repo).absolute()
-    base_objects = Path(base_objects).absolute()
-    repo_stat, objects_stat = _lstat(repo), _lstat(base_objects)
-    if repo_stat is None or not stat.S_ISDIR(repo_stat.st_mode) or "\n" in str(repo):
-        raise GitError(f"agent patch: {repo} is missing or is not a folder")
-    if objects_stat is None or not stat.S_ISDIR(objects_stat.st_mode) or "\n" in str(base_objects):
-        raise GitError(f"agent patch: the base's objects {base_objects} are missing")
-    pathspec = ["."] + [f":(exclude,literal,top){_clean_relpath(p)}" for p in exclude]
-    git = Git(run, env, time.monotonic() + timeout_secs, timeout_secs)
 
-    with tempfile.TemporaryDirectory(prefix=".agent-patch-", dir=repo.parent) as tmp:
-        scratch = Path(tmp)
-        home = scratch / "home"  # git's HOME: empty, nothing of the agent's (its own HOME is theirs)
-        empty = scratch / "empty"  # the work tree check-ignore sees: no .gitignore file in it
-        for folder in (scratch, home, empty):
-            folder.mkdir(exist_ok=True)
-            _chown_like(folder, repo_stat)  # git may run as the sandbox uid, which owns the repository
-        git_dir, index, rules, listed = scratch / "git", scratch / "index", scratch / "rules", scratch / "rules.list"
-        no_home = {"HOME": str(home), "XDG_CONFIG_HOME": str(home / ".config")}
-        git.script(
-            _PATCH_BASE_SCRIPT,
-            [
-                str(git_dir),
-                str(base_objects),
-                base_sha,
-                str(index),
-                str(repo),
-                _ATTRIBUTES_RESET,
-                str(rules),
-                str(listed),
-                str(scratch),
-            ],
-            stages=_PATCH_STAGES,
-            cwd=repo,
-            extra_env=no_home,
-        )
-        ignore_rules, attributes = _base_rules(rules, _read_nofollow(listed))
-        write_file_nofollow(scratch, "git/info/attributes", f"{_ATTRIBUTES_RESET}\n{attributes}".encode(_FS, _ESC))
-        write_file_nofollow(scratch, "base.gitignore", ignore_rules.encode(_FS, _ESC))
-        args = [str(git_dir), str(repo), str(index), str(scratch), base_sha, *pathspec]
+    ``base``: ``read_base``'s, made ahead for the same repository, commit and objects (else it is
+    made here); removed here in any case.
+    """
+    try:
+        repo, base_objects, _ = _checked(repo, base_sha, base_objects)
+        pathspec = ["."] + [f":(exclude,literal,top){_clean_relpath(p)}" for p in exclude]
+        started = time.monotonic()
+        if base is None or not base.made_for(repo, base_sha, base_objects):
+            if base is not None:
+                base.remove()
+            base = None  # removed, in case read_base raises
+            base = read_base(
+                run, repo=repo, base_sha=base_sha, base_objects=base_objects, env=env, timeout_secs=timeout_secs
+            )
+        left = timeout_secs - (time.monotonic() - started)
+        git = Git(run, env, time.monotonic() + left, timeout_secs)
+        scratch, no_home = base.scratch, base.env()
+        args = [str(base.git_dir), str(repo), str(base.index), str(scratch), base_sha, *pathspec]
         result = git.script(_PATCH_LIST_SCRIPT, args, stages=_PATCH_STAGES, cwd=repo, extra_env=no_home)
         if result.exit_code == _PATCH_NEEDS_LISTING:
-            _list_new_files(git, repo, scratch, git_dir, empty, no_home)
+            _list_new_files(git, repo, scratch, base.git_dir, base.empty, no_home)
             git.script(_PATCH_SCRIPT, args, stages=_PATCH_STAGES, cwd=repo, extra_env=no_home)
         out = scratch / "agent.patch"
         fd = os.open(out, os.O_RDONLY | os.O_NOFOLLOW)
@@ -259,6 +326,9 @@ def repo_patch(
             if max_bytes is not None and size > max_bytes:
                 raise GitError(f"agent patch is {size} bytes, over the limit of {max_bytes} bytes")
             return as_text(patch_file.read())  # a NUL past git's 8000-byte look is diffed as text
+    finally:
+        if base is not None:
+            base.remove()
 
 
 def _list_new_files(git: Git, repo: Path, scratch: Path, git_dir: Path, empty: Path, env: dict) -> None:

@@ -262,15 +262,53 @@ def running_agent(ctx: Context) -> None:
     mounts = [agent_folder, *static.mounts(ctx), *verifier.agent_mounts(ctx)]  # in an image, /logs/agent
     verifier.phase_egress(ctx, verifier.AGENT)  # the agent's network (SPEC §23), from here on
     policy = ctx.task_policy(network=verifier.agent_network(ctx), mounts=mounts)
+    early = _EarlyBase(ctx)
     if ctx.task.repo is not None:  # the patch's sandbox starts while the agent runs (SPEC §25), apart from it
-        ctx.prestart(PATCH_PHASE, ctx.executor_policy(network=False), ctx.session.repo)
+        # and reads the base commit meanwhile (patch.read_base): in a sandbox, where the agent cannot reach it
+        then = early.read if ctx.runtime.isolated else None
+        ctx.prestart(PATCH_PHASE, ctx.executor_policy(network=False), ctx.session.repo, then=then)
     try:
-        _run_agent(ctx, agent_argv(ctx, language, prompt), env, timeout, policy)
+        _run_agent(ctx, agent_argv(ctx, language, prompt), env, timeout, policy, early)
     finally:
         ctx.spawner.end_prestart(PATCH_PHASE)  # one the patch did not take: the agent failed
+        early.remove()  # one the patch did not take
 
 
-def _run_agent(ctx: Context, argv: list[str], env: dict[str, str], timeout: int, policy: SandboxPolicy) -> None:
+class _EarlyBase:
+    """The patch's reading of the base commit (``patch.read_base``), made in the patch's prestarted
+    sandbox while the agent runs (its thread: ``Spawner.prestart``'s ``then``); taken by the patch
+    once that sandbox's phase has begun (which awaits the thread). A failure here is the patch's
+    to redo and report."""
+
+    def __init__(self, ctx: Context):
+        self.ctx = ctx
+        self.base: patch.PatchBase | None = None
+
+    def read(self, run) -> None:
+        ctx = self.ctx
+        try:
+            self.base = patch.read_base(
+                run,
+                repo=ctx.session.repo,
+                base_sha=ctx.base_sha,
+                base_objects=ctx.session.base_objects,
+                env=_git_env(ctx),
+            )
+        except gitrepo.GitError:
+            pass  # made again, and reported, by the patch step
+
+    def take(self) -> patch.PatchBase | None:
+        base, self.base = self.base, None
+        return base
+
+    def remove(self) -> None:
+        if self.base is not None:
+            self.take().remove()
+
+
+def _run_agent(
+    ctx: Context, argv: list[str], env: dict[str, str], timeout: int, policy: SandboxPolicy, early: _EarlyBase
+) -> None:
     result = ctx.run(argv, env=env, timeout_secs=timeout, policy=policy)
     output = ctx.steps.agent_output(result.output) if ctx.steps is not None else result.output
     produced = {"agent_output": output, "agent_exit_code": result.exit_code}
@@ -285,7 +323,7 @@ def _run_agent(ctx: Context, argv: list[str], env: dict[str, str], timeout: int,
             produced["agent_patch"] = imageenv.agent_patch(ctx)  # the changes under WorkingDir, against the image
         else:
             _tests_ahead(ctx)  # the tests' sandbox starts while the patch is made
-            produced["agent_patch"] = _agent_patch(ctx)
+            produced["agent_patch"] = _agent_patch(ctx, early)
     finally:  # the output whatever happened, and the patch when there is one
         ctx.stage(**produced)
     services.collect(ctx)  # SPEC §23: [[verifier.collect]], in their services, before the artifacts are read
@@ -297,22 +335,27 @@ def _run_agent(ctx: Context, argv: list[str], env: dict[str, str], timeout: int,
         raise failure
 
 
-def _agent_patch(ctx: Context) -> str:
+def _git_env(ctx: Context) -> dict[str, str]:
+    return gitrepo.git_env(ctx.session.home, urlguard.git_allow_protocol(False))
+
+
+def _agent_patch(ctx: Context, early: _EarlyBase) -> str:
     # HOME is never the agent's: repo_patch gives git an empty folder of its own, reads ignore
     # rules and attributes from the base commit's tree only, and the base's objects from the copy
     # made at clone time, never from the agent's .git (issue 23).
-    env = gitrepo.git_env(ctx.session.home, urlguard.git_allow_protocol(False))
     try:
-        # Its git scripts: one sandbox of theirs, prestarted; its end awaited with the tests' end.
+        # Its git scripts: one sandbox of theirs, prestarted (the base read in it meanwhile: early); its
+        # end awaited with the tests' end.
         with ctx.phase(PATCH_PHASE, executor=True, retire=True):
             text = patch.repo_patch(
                 ctx.command_runner(ctx.executor_policy(network=False)),
                 repo=ctx.session.repo,
                 base_sha=ctx.base_sha,
                 base_objects=ctx.session.base_objects,
-                env=env,
+                env=_git_env(ctx),
                 exclude=ctx.asset_excludes,
                 max_bytes=ctx.config.max_output_bytes * 8,
+                base=early.take(),
             )
     except gitrepo.GitError as exc:
         text = f"(no patch: {exc})"

@@ -59,7 +59,7 @@ import signal
 import subprocess
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -279,19 +279,35 @@ class Spawner:
             else:
                 self.end_phase()
 
-    def prestart(self, name: str, policy: SandboxPolicy, limits: Limits, cwd: Path, *, init_base: Path) -> None:
+    def prestart(
+        self,
+        name: str,
+        policy: SandboxPolicy,
+        limits: Limits,
+        cwd: Path,
+        *,
+        init_base: Path,
+        then: Callable[[EarlyRun], None] | None = None,
+    ) -> None:
         """Start now the sandbox the commands of ``policy`` will share in the coming phase ``name``
         (opened with the same ``executor``), so that its bubblewrap and init start while other
         work goes on: launched here, its init awaited by a thread that does nothing else.
         ``phase(name)`` takes it once ready; ``end_prestart`` (``sweep``, ``close``) ends one
-        never taken."""
+        never taken.
+
+        ``then``: once the init runs, the same thread calls it with an ``EarlyRun`` of this
+        sandbox (commands of the coming phase that need nothing of what runs meanwhile: the
+        patch's reading of the base commit while the agent runs); not called when the sandbox
+        did not start. ``phase(name)`` and ``end_prestart`` wait for its end."""
         if name in self._prestarts or not self._phaseable(policy, ()):
             return
         self._ensure_cgroup(limits)
         key = PhaseKey(policy, limits.disk_quota_bytes, limits.max_processes)
         launched = self._launch_phase_sandbox(key, policy, limits, Path(cwd), Path(init_base), name)
         if launched is not None:
-            self._prestarts[name] = _Prestart(launched[0], lambda: self._await_phase_sandbox(*launched, name))
+            sandbox = launched[0]
+            early = (lambda: then(EarlyRun(sandbox, self.eval_id, limits))) if then is not None else None
+            self._prestarts[name] = _Prestart(sandbox, lambda: self._await_phase_sandbox(*launched, name), early)
 
     def end_prestart(self, name: str | None = None) -> None:
         """End the sandbox prestarted for phase ``name`` (every one: None) if no phase took it."""
@@ -308,6 +324,8 @@ class Spawner:
             return None
         sandbox, ready = start.result()
         if not ready_only or (ready and sandbox.clearable and sandbox.alive):
+            if start.ran_early:
+                sandbox.clear()  # what its early commands left running (one past its time): not the phase's
             return sandbox
         log.warning(
             "eval %s: phase %s: its prestarted sandbox did not start (%s)", self.eval_id, name, sandbox.errors()
@@ -698,22 +716,74 @@ class Spawner:
 
 
 class _Prestart:
-    """A coming phase's sandbox, launched, and a thread awaiting its init (``Spawner.prestart``)."""
+    """A coming phase's sandbox, launched, and a thread awaiting its init (``Spawner.prestart``),
+    then running ``then`` in it, if any."""
 
-    def __init__(self, sandbox: PhaseSandbox, wait):
+    def __init__(self, sandbox: PhaseSandbox, wait, then=None):
         self.sandbox = sandbox
         self.ready = False
         self._wait = wait
+        self._then = then
+        self.ran_early = False
         self.thread = threading.Thread(target=self._run, name="phase-prestart", daemon=True)
         self.thread.start()
 
     def _run(self) -> None:
         self.ready = self._wait()
+        if self.ready and self._then is not None and self.sandbox.clearable:
+            self.ran_early = True
+            try:
+                self._then()
+            except Exception:  # the phase's own commands redo the work (the caller's ``then`` says so)
+                log.exception("a prestarted sandbox's early commands failed")
 
     def result(self) -> tuple[PhaseSandbox, bool]:
         """The sandbox and whether its init runs, once known (bounded: READY_WAIT_SECS at most)."""
         self.thread.join()
         return self.sandbox, self.ready
+
+
+class EarlyRun:
+    """gitrepo's CommandRunner for a prestarted sandbox's thread (``Spawner.prestart``'s ``then``):
+    each command an exec in the sandbox, its output kept (never the live log: the running command's),
+    its end awaited within ``timeout_secs``. No monitor: the evaluation's cgroup and the sandbox's
+    rlimits hold it, the phase clears whatever it left (one that timed out too) when it takes the
+    sandbox, and what it wrote in the session is walked by the phase's first exec's folder check."""
+
+    def __init__(self, sandbox: PhaseSandbox, eval_id: str, limits: Limits):
+        self.sandbox = sandbox
+        self.eval_id = eval_id
+        self.limits = limits
+
+    def __call__(self, argv: Sequence[str], *, cwd: Path, env: dict[str, str], timeout_secs: float) -> CommandResult:
+        sandbox = self.sandbox
+        started = time.monotonic()
+        deadline = started + timeout_secs
+        capture = OutputCapture(self.limits.max_output_bytes, None)
+        entry = None
+        try:
+            entry, out_r, _ = sandbox.start_exec(
+                list(argv), Path(cwd), sandbox.exec_env({**env, killer.TAG_VAR: self.eval_id}, Path(cwd)), False
+            )
+            try:
+                pump_fds(
+                    out_r,
+                    capture,
+                    stdin_fd=None,
+                    close_stdin=None,
+                    stdin_data=None,
+                    exited=lambda: entry.wait(0) or time.monotonic() > deadline,
+                )
+            finally:
+                os.close(out_r)
+            entry.wait(max(0.0, deadline - time.monotonic()))
+        except (InitGone, ExecStartError) as exc:
+            capture.feed(f"term-executor: could not start the command: {exc}\n".encode())
+        duration_ms = int((time.monotonic() - started) * 1000)
+        if entry is not None and not entry.wait(0):
+            detail = f"timed out after {timeout_secs:g} s"
+            return CommandResult(None, capture.text(), capture.total, duration_ms, Limit.TIMEOUT, detail)
+        return CommandResult(_exec_exit_code(entry), capture.text(), capture.total, duration_ms)
 
 
 def _children_cpu_seconds() -> float:

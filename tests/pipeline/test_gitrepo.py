@@ -12,7 +12,7 @@ import pytest
 
 from evaluations.pipeline import gitrepo
 from evaluations.pipeline.gitrepo import GitError, clone_at, git_env
-from evaluations.pipeline.patch import keep_base_objects, repo_patch
+from evaluations.pipeline.patch import keep_base_objects, read_base, repo_patch
 from tests.helpers.gitrepos import (
     FORGE_BASE_TREE,
     GIT_TEST_ENV,
@@ -646,6 +646,50 @@ def test_patch_base_rules_in_subfolders_match_git_add_all(tmp_path):
     )
     assert _files(patch) == expected
     assert "sub/m.o" not in expected and "sub/important.o" in expected  # the rules did bite
+
+
+def test_a_base_read_before_the_agent_changed_the_work_tree_makes_the_same_patch(tmp_path):
+    """read_base runs while the agent runs (steps.running_agent): it reads only the kept objects,
+    so the patch made with it is the one made after the agent's end, the base's rules included;
+    its scratch folder goes with the patch."""
+    repo, base_sha = _rules_repo(tmp_path)
+    env = _env(tmp_path)
+    ahead = read_base(subprocess_runner, repo=repo, base_sha=base_sha, base_objects=_kept(repo), env=env)
+    assert ahead.scratch.is_dir() and ahead.scratch.parent == repo.parent
+    for name in _RULES_WORK:
+        (repo / name).parent.mkdir(parents=True, exist_ok=True)
+        (repo / name).write_text(f"{name}\n")
+    (repo / "README").write_text("changed\n")
+    (repo / ".gitignore").write_text("*\n")  # the agent's edit of a rule file hides nothing
+    kwargs = {"repo": repo, "base_sha": base_sha, "base_objects": _kept(repo), "env": env, "exclude": []}
+    with_ahead = repo_patch(subprocess_runner, base=ahead, **kwargs)
+    assert not ahead.scratch.exists()
+    assert with_ahead == repo_patch(subprocess_runner, **kwargs)
+    assert "+changed" in with_ahead and "+*" in with_ahead and "keep.log" in with_ahead and "a.log" not in with_ahead
+    assert not list(repo.parent.glob(".agent-patch-*"))
+
+
+def test_a_base_read_for_another_commit_is_not_used(history, tmp_path):
+    dest = _clone(history, tmp_path)
+    env = _env(tmp_path)
+    other = read_base(subprocess_runner, repo=dest, base_sha=history.initial, base_objects=_kept(dest), env=env)
+    (dest / "README").write_text("changed\n")
+    patch = repo_patch(
+        subprocess_runner, repo=dest, base_sha=history.base, base_objects=_kept(dest), env=env, exclude=[], base=other
+    )
+    assert patch == repo_patch(
+        subprocess_runner, repo=dest, base_sha=history.base, base_objects=_kept(dest), env=env, exclude=[]
+    )
+    assert not other.scratch.exists() and not list(dest.parent.glob(".agent-patch-*"))
+
+
+def test_read_base_refuses_a_bad_sha_and_leaves_no_scratch(history, tmp_path):
+    dest = _clone(history, tmp_path)
+    with pytest.raises(GitError, match="is not a sha"):
+        read_base(subprocess_runner, repo=dest, base_sha="HEAD", base_objects=_kept(dest), env=_env(tmp_path))
+    with pytest.raises(GitError, match="git read-tree of the base commit failed"):
+        read_base(subprocess_runner, repo=dest, base_sha="0" * 40, base_objects=_kept(dest), env=_env(tmp_path))
+    assert not list(dest.parent.glob(".agent-patch-*"))
 
 
 def test_patch_attributes_come_from_the_base_tree_only(tmp_path):

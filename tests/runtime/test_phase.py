@@ -227,6 +227,54 @@ def test_a_prestarted_sandbox_killed_before_its_phase_is_replaced(bwrap_sp):
     assert not tagged_alive(bwrap_sp.eval_id)
 
 
+def test_a_prestarted_sandbox_runs_its_early_commands_in_itself_before_its_phase(bwrap_sp):
+    """``then`` (the patch's reading of the base while the agent runs): its commands are execs in the
+    prestarted sandbox, awaited by the phase, which then runs in the same sandbox (its /tmp, its
+    pid namespace); what an early command left running is cleared before the phase's first exec."""
+    policy = _policy(bwrap_sp, fresh_tmp=True)
+    early = []
+
+    def then(run):
+        early.append(run(["bash", "-c", "touch /tmp/early; sleep 600 & echo started"], cwd=bwrap_sp.session,
+                         env=bwrap_sp.env(), timeout_secs=60))  # fmt: skip
+        early.append(run(["bash", "-c", "exit 3"], cwd=bwrap_sp.session, env=bwrap_sp.env(), timeout_secs=60))
+
+    bwrap_sp.spawner.prestart(
+        "patch", policy, DEFAULT_LIMITS, bwrap_sp.session, init_base=bwrap_sp.session.parent, then=then
+    )
+    with bwrap_sp.spawner.phase("patch", init_base=bwrap_sp.session.parent, executor=True):
+        assert [(r.exit_code, r.output, r.limit) for r in early] == [(0, "started\n", None), (3, "", None)]
+        assert (
+            _run(bwrap_sp, ["bash", "-c", "ls /tmp | grep -c ^early; pgrep -x sleep || echo none"], policy).output
+            == "1\nnone\n"
+        )
+    assert not tagged_alive(bwrap_sp.eval_id)
+
+
+def test_an_early_command_past_its_time_is_a_timeout_and_goes_with_the_phase(bwrap_sp):
+    policy = _policy(bwrap_sp, fresh_tmp=True)
+    early = []
+    bwrap_sp.spawner.prestart(
+        "patch", policy, DEFAULT_LIMITS, bwrap_sp.session, init_base=bwrap_sp.session.parent,
+        then=lambda run: early.append(run(["sleep", "600"], cwd=bwrap_sp.session, env=bwrap_sp.env(), timeout_secs=1)),
+    )  # fmt: skip
+    with bwrap_sp.spawner.phase("patch", init_base=bwrap_sp.session.parent, executor=True):
+        assert early[0].limit == "timeout" and early[0].exit_code is None
+        assert _run(bwrap_sp, ["bash", "-c", "pgrep -x sleep || echo none"], policy).output == "none\n"
+    assert not tagged_alive(bwrap_sp.eval_id)
+
+
+@pytest.mark.usefixtures("broken_init")
+def test_a_prestart_without_a_usable_init_runs_no_early_command(bwrap_sp):
+    called = []
+    bwrap_sp.spawner.prestart(
+        "tests", _policy(bwrap_sp), DEFAULT_LIMITS, bwrap_sp.session, init_base=bwrap_sp.session.parent,
+        then=called.append,
+    )  # fmt: skip
+    bwrap_sp.spawner.end_prestart("tests")
+    assert called == []
+
+
 @pytest.mark.usefixtures("broken_init")
 def test_a_prestart_without_a_usable_init_leaves_its_phase_a_bubblewrap_each(bwrap_sp):
     policy = _policy(bwrap_sp)
