@@ -303,16 +303,15 @@ def repo_patch(
     try:
         repo, base_objects, _ = _checked(repo, base_sha, base_objects)
         pathspec = ["."] + [f":(exclude,literal,top){_clean_relpath(p)}" for p in exclude]
-        started = time.monotonic()
-        if base is None or not base.made_for(repo, base_sha, base_objects):
-            if base is not None:
-                base.remove()
-            base = None  # removed, in case read_base raises
+        deadline = time.monotonic() + timeout_secs
+        if base is not None and not base.made_for(repo, base_sha, base_objects):
+            base.remove()
+            base = None
+        if base is None:
             base = read_base(
                 run, repo=repo, base_sha=base_sha, base_objects=base_objects, env=env, timeout_secs=timeout_secs
             )
-        left = timeout_secs - (time.monotonic() - started)
-        git = Git(run, env, time.monotonic() + left, timeout_secs)
+        git = Git(run, env, deadline, timeout_secs)
         scratch, no_home = base.scratch, base.env()
         args = [str(base.git_dir), str(repo), str(base.index), str(scratch), base_sha, *pathspec]
         result = git.script(_PATCH_LIST_SCRIPT, args, stages=_PATCH_STAGES, cwd=repo, extra_env=no_home)
