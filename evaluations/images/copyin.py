@@ -119,6 +119,20 @@ def write_file(source, size: int, parent_fd: int, name: str, ids: tuple[int, int
         os.close(fd)
 
 
+def put_file(root_fd: int, path: str, source, size: int, idmap, mode: int, mtime_ns: int) -> None:
+    """``path`` (inside the image) written from ``source`` as the image's root's file, as ``docker cp``
+    and Harbor's upload leave one: the folders on the way made as root's (0755, ``mkdirs``), whatever
+    stood at its name (a folder and all it holds too) replaced. ImageError or SafeFSError when a part
+    of the way is not a folder."""
+    folder, name = posixpath.split(posixpath.normpath("/" + path))
+    parent_fd = mkdirs(root_fd, folder, 0, 0, idmap)
+    try:
+        clear(parent_fd, name, folders=True)
+        write_file(source, size, parent_fd, name, (idmap.host_uid(0), idmap.host_gid(0)), mode, mtime_ns)
+    finally:
+        os.close(parent_fd)
+
+
 def write_link(target: str, parent_fd: int, name: str, ids: tuple[int, int], mtime_ns: int | None = None) -> None:
     """A link to ``target`` made as ``name``: its content, never followed here."""
     os.symlink(target, name, dir_fd=parent_fd)

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import posixpath
 from pathlib import Path
 
 from evaluations import artifacts, livelog
@@ -64,18 +63,18 @@ def sources(ctx: Context) -> list[artifacts.Source]:
 def agent_logs(ctx: Context) -> Path:
     """The session's folder at /logs/agent: agent-logs/, or for a task of [[steps]] agent-logs/<step>/,
     new for each step (Harbor empties /logs/agent before each step's agent)."""
-    if ctx.steps is None:
-        return ctx.session.agent_logs
-    return ctx.session.agent_logs / ctx.steps.current.name
+    return _for_step(ctx, ctx.session.agent_logs)
 
 
 def agent_artifacts(ctx: Context) -> Path:
     """The session's folder at /logs/artifacts: agent-artifacts/, or for a task of [[steps]]
     agent-artifacts/<step>/, new for each step (Harbor moves its contents to steps/<name>/artifacts/
     after each step)."""
-    if ctx.steps is None:
-        return ctx.session.agent_artifacts
-    return ctx.session.agent_artifacts / ctx.steps.current.name
+    return _for_step(ctx, ctx.session.agent_artifacts)
+
+
+def _for_step(ctx: Context, folder: Path) -> Path:
+    return folder if ctx.steps is None else folder / ctx.steps.current.name
 
 
 def _opener(ctx: Context, path: str, service: str = MAIN):
@@ -147,14 +146,13 @@ def place(ctx: Context) -> int:
     replaced (a later artifact's file wins, as Harbor's upload). How many were written."""
     env = ctx.verifier_env
     idmap = env.mounted.idmap
-    ids = idmap.host_uid(0), idmap.host_gid(0)
     count, failed = 0, []
     root_fd = inroot.open_root(env.root)
     try:
         os.close(copyin.mkdirs(root_fd, ARTIFACTS_DIR, 0, 0, idmap))  # there, empty or not, as Harbor uploads it
         for listed, placement in sorted(ctx.placed.items(), key=lambda item: item[1].path):
             try:
-                _write(ctx, root_fd, listed, placement, idmap, ids)
+                _write(ctx, root_fd, listed, placement, idmap)
                 count += 1
             except (ImageError, SafeFSError) as exc:  # its folder is a file there: another artifact's
                 failed.append(f"{placement.path} ({exc})")
@@ -166,7 +164,7 @@ def place(ctx: Context) -> int:
     return count
 
 
-def _write(ctx: Context, root_fd: int, listed: str, placement, idmap, ids) -> None:
+def _write(ctx: Context, root_fd: int, listed: str, placement, idmap) -> None:
     for inside in TMP:  # the verifier's /tmp is the session's (reset for the tests), bound over its root's
         if placement.path.startswith(inside + "/"):
             relpath = placement.path[len(inside) + 1 :]
@@ -179,15 +177,9 @@ def _write(ctx: Context, root_fd: int, listed: str, placement, idmap, ids) -> No
             finally:
                 os.close(folder_fd)
             return
-    folder, name = posixpath.split(placement.path)
-    parent_fd = copyin.mkdirs(root_fd, folder, 0, 0, idmap)
-    try:
-        copyin.clear(parent_fd, name, folders=True)
-        with artifacts.open_artifact(ctx.eval_id, listed, ctx.config) as kept:
-            st = os.fstat(kept.fileno())
-            copyin.write_file(kept, st.st_size, parent_fd, name, ids, placement.mode, st.st_mtime_ns)
-    finally:
-        os.close(parent_fd)
+    with artifacts.open_artifact(ctx.eval_id, listed, ctx.config) as kept:
+        st = os.fstat(kept.fileno())
+        copyin.put_file(root_fd, placement.path, kept, st.st_size, idmap, placement.mode, st.st_mtime_ns)
 
 
 def _has_script(env, script: str) -> bool:

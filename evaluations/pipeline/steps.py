@@ -461,20 +461,13 @@ def _stage_workdir(ctx: Context, step: TaskStep) -> None:
     the image's root through the one in-root resolver (images/inroot.py, copyin.py), owned by the image's
     root as docker cp leaves them, what stood at its name replaced; the folders on the way made as root's."""
     env = ctx.env
-    idmap = env.mounted.idmap
-    ids = idmap.host_uid(0), idmap.host_gid(0)
     try:
         root_fd = inroot.open_root(env.root)
         try:
             for file in step.workdir_files:
-                folder, name = posixpath.split(posixpath.join(env.working_dir, file.relpath).lstrip("/"))
-                parent_fd = copyin.mkdirs(root_fd, folder, 0, 0, idmap)
-                try:
-                    copyin.clear(parent_fd, name, folders=True)
-                    copyin.write_file(io.BytesIO(file.data), len(file.data), parent_fd, name, ids, file.mode,
-                                      time.time_ns())  # fmt: skip
-                finally:
-                    os.close(parent_fd)
+                path = posixpath.join(env.working_dir, file.relpath)
+                copyin.put_file(root_fd, path, io.BytesIO(file.data), len(file.data), env.mounted.idmap, file.mode,
+                                time.time_ns())  # fmt: skip
         finally:
             os.close(root_fd)
     except (ImageError, SafeFSError) as exc:  # what the image or an earlier step left on the way (Harbor's cp fails)
