@@ -14,8 +14,8 @@ order.
 2. Between steps nothing of the environment is reset but what a single step resets too: the agent's
    processes are gone before each verifier (running_agent's sweep), /logs/verifier is made empty for each
    verifier, /logs/agent and /logs/artifacts are new folders for each agent (collect.agent_logs, each
-   step's artifacts kept under its name); HOME and TMPDIR are reset
-   before each verifier as before the one of a task of one step.
+   step's artifacts kept under its name); /tmp is treated before each
+   verifier as before the one of a task of one step (steps._shares_tmp).
 3. After a step's verifier: its outcome (``{name, reward, rewards, passed, duration_ms}``, staged as the
    evaluation's ``steps``). The rest do not run (Harbor's ``_should_stop_after_step``) when the verifier
    gave no reward (none written, unreadable, timed out: Harbor's verifier raised) or when ``min_reward``

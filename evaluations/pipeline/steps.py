@@ -382,9 +382,18 @@ def _reset_for_tests(ctx: Context) -> None:
     try:
         ctx.spawner.scrub()  # without the sandbox: what the agent left in the host's /tmp, /dev/shm
         ctx.cache.reset()  # no usercustomize, .pth or .gitconfig the agent planted
-        ctx.session.reset_tmp()
+        if not _shares_tmp(ctx):
+            ctx.session.reset_tmp()
     except OSError as exc:  # the walks neither follow nor stop at what the agent made: the host's fault
         raise StepFailed(f"could not reset HOME and /tmp for the tests: {exc}", kind=ErrorKind.INFRASTRUCTURE) from None
+
+
+def _shares_tmp(ctx: Context) -> bool:
+    """A Harbor or Terminal-Bench verifier on the agent's image (shared, not isolated) runs where Harbor's
+    and Terminal-Bench's run it, in the agent's container: its /tmp is the agent's, as the agent left it
+    (a task's tests may read what the agent wrote there). Every other verifier gets an empty one."""
+    verifier = ctx.task.verifier
+    return bool(ctx.env.agent_logs and verifier is not None and verifier.separate is None and not verifier.isolated)
 
 
 def running_tests(ctx: Context) -> None:

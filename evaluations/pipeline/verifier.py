@@ -207,6 +207,9 @@ def run_verifier(ctx: Context, env: dict[str, str]) -> VerifierRun:
         mounts.insert(0, Mount(tests, TESTS))
     if verifier.separate is None and ctx.env.agent_logs and collect.agent_logs(ctx).exists():
         mounts.append(Mount(collect.agent_logs(ctx), AGENT_LOGS))  # what the agent left, read-only
+        # Harbor mounts the trial's artifacts folder in every phase: a shared verifier finds there what
+        # the agent (or a service) left, and may add to it; what it adds is not collected (read before it).
+        mounts.append(Mount(collect.agent_artifacts(ctx), ARTIFACTS_DIR, writable=True))
     for mount in mounts:
         _mount_point(ctx, mount.target)
     network = verifier_network(ctx)

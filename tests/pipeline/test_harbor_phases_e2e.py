@@ -179,3 +179,47 @@ def test_logs_verifier_is_empty_for_the_agent_and_what_it_left_there_is_gone_for
     assert (evaluation.status, evaluation.reward) == ("completed", 1.0), (evaluation.error, evaluation.log[-3000:])
     assert evaluation.system_changes["count"] == 0, evaluation.system_changes  # the mount point is the executor's
     assert evaluation.artifacts == []  # /logs/verifier is not /logs/agent: nothing of it is kept
+
+
+LEFT_AGENT = """\
+echo from-agent > /tmp/left.txt
+echo from-agent > /var/tmp/left-var.txt
+echo from-agent > /logs/artifacts/note.txt
+"""
+
+LEFT_TEST = """\
+#!/bin/bash
+echo "tmp: [$(cat /tmp/left.txt 2>&1)]"
+echo "var-tmp: [$(cat /var/tmp/left-var.txt 2>&1)]"
+echo "artifacts: [$(cat /logs/artifacts/note.txt 2>&1)]"
+echo from-verifier > /logs/artifacts/added.txt && echo "artifacts writable"
+echo 1 > /logs/verifier/reward.txt
+"""
+
+
+@pytest.mark.parametrize("isolated", [False, True])
+def test_a_shared_verifier_finds_tmp_and_logs_artifacts_as_the_agent_left_them(tasks, config, tmp_path, isolated):
+    """Harbor runs a shared verifier in the agent's container, where /tmp and the trial's artifacts folder
+    (mounted at /logs/artifacts in every phase) are as the agent left them; Harbor's own example tasks
+    (verifier-mode-matrix/multistep-all-shared, network-policy-matrix) read both. An isolated verifier
+    (SPEC §17: the image plus only the working directory) gets an empty /tmp."""
+    image = f"{config.image_insecure_registries[0]}/base/debian:bookworm"
+    toml = (
+        f'[environment]\ndocker_image = "{image}"\nworkdir = "/app"\n[verifier]\nisolated = {str(isolated).lower()}\n'
+    )
+    folder = harbor_folder(tmp_path / "task", toml=toml, test=LEFT_TEST)
+    evaluation = evaluate(serve(tasks, folder), LEFT_AGENT, config=config, sandbox="bwrap", language="bash")
+    assert (evaluation.status, evaluation.reward) == ("completed", 1.0), (evaluation.error, evaluation.log[-3000:])
+    output = evaluation.test_output
+    if isolated:
+        assert "tmp: [cat: /tmp/left.txt: No such file or directory]" in output, output
+        assert "var-tmp: [cat: /var/tmp/left-var.txt: No such file or directory]" in output, output
+    else:
+        assert "tmp: [from-agent]" in output, output
+        assert "var-tmp: [from-agent]" in output, output
+    assert "artifacts: [from-agent]" in output, output
+    assert "artifacts writable" in output, output
+    # Collected after the agent, before the verifier: what the verifier added is not an artifact.
+    listed = [entry["path"] for entry in evaluation.artifacts]
+    assert "artifacts/logs/artifacts/note.txt" in listed, listed
+    assert not any(path.endswith("added.txt") for path in listed), listed
