@@ -231,6 +231,11 @@ class EvaluationEnvironmentSerializer(serializers.Serializer):
         help_text="SPEC §23, a Harbor task's separate verifier: its own image's {kind, ref, digest, cached} "
         "(and rewritten_from or rewrites), as the agent's.",
     )
+    verifiers = serializers.DictField(
+        required=False,
+        help_text="SPEC §23, a Harbor task of [[steps]]: each separate step verifier's image, by step name, "
+        "as verifier is (a step whose verifier shares the agent's environment is not there).",
+    )
 
 
 def _sha256(text: str | None) -> str | None:

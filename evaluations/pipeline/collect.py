@@ -10,7 +10,7 @@
    its links followed only inside that root, the entry itself never: a link the agent left there,
    or anywhere below, is left out. What was kept is capped and listed as /logs/agent's files are.
 2. ``enter_separate`` (running_tests, before anything of the verifier's): the separate verifier's
-   environment (imageenv._separate_verifier) becomes the task's, with its own variables and memory
+   environment (imageenv._separate_verifiers: the task's, or the running step's) becomes the task's, with its own variables and memory
    limit; the kept copies (the store's, not the agent's files) are written into its root at their
    source paths (``place``), the image's root's, through the same resolver (under /tmp or /var/tmp:
    into the session's tmp/, which its sandbox binds there, after the reset); its /tests is the

@@ -87,7 +87,8 @@ class Context:
     netns: SharedNetwork | None = None
     # SPEC §23: a separate verifier's environment, prepared with the agent's (pipeline/imageenv.py), which
     # becomes ``env`` as the tests begin (pipeline/collect.py), its memory limit, and where each kept
-    # artifact goes in it (listed path -> artifacts.Placement).
+    # artifact goes in it (listed path -> artifacts.Placement). A task of [[steps]]: the running step's
+    # (multistep.TaskSteps sets both as the step begins; every step's: ``separate_envs``).
     verifier_env: BaseEnvironment | None = None
     verifier_memory_mb: int | None = None
     placed: dict = field(default_factory=dict)
@@ -97,6 +98,12 @@ class Context:
         """A step's results for the evaluation's row, written with the next transition or the end
         (lifecycle.Progress), never lost to a failure or a cancel that follows."""
         self.progress.stage(**fields)
+
+    def separate_envs(self) -> list[BaseEnvironment]:
+        """Every separate verifier's environment of the evaluation (SPEC §23): the task's, or each step's."""
+        if self.steps is not None:
+            return list(self.steps.separate.values())
+        return [self.verifier_env] if self.verifier_env is not None else []
 
     def limits(self, timeout_secs: float) -> Limits:
         return Limits.of(self.config, timeout_secs)

@@ -53,9 +53,9 @@ def preparing_environment(ctx: Context) -> None:
     record = _image(ctx, spec) if isinstance(spec, ImageEnvironment) else _named(ctx)
     ctx.stage(environment=record)
     _check_programs(ctx)
-    verifier = _separate_verifier(ctx)
-    if verifier is not None:  # SPEC §23: the verifier's own image beside the agent's
-        ctx.stage(environment={**record, "verifier": verifier})
+    verifiers = _separate_verifiers(ctx)
+    if verifiers:  # SPEC §23: the verifier's own image beside the agent's (each step's that has one)
+        ctx.stage(environment={**record, **verifiers})
     if isinstance(spec, ImageEnvironment) and ctx.task.services:
         _service_images(ctx)  # SPEC §23: started by starting_environment (pipeline/services.py)
 
@@ -94,30 +94,56 @@ def _image(ctx: Context, spec: ImageEnvironment) -> dict:
     return _record(spec, result)
 
 
-def _separate_verifier(ctx: Context) -> dict | None:
-    """Harbor's ``[verifier] environment_mode = "separate"`` (SPEC §23): the verifier's image, pulled or
-    built as the agent's is (the same store, cache and build; [verifier.environment] build_timeout_sec
-    capped by BUILD_TIMEOUT_SECS), and its root mounted in ``verifier-image/`` of the session (as the
-    agent's is in the session: bound by no sandbox of the agent's), working in its own WorkingDir (the
-    task's workdir over it). It becomes the task's environment as the tests begin (collect.enter_separate)."""
-    separate = ctx.task.verifier.separate if ctx.task.verifier is not None else None
-    if separate is None:
-        return None
+def _separate_verifiers(ctx: Context) -> dict:
+    """Harbor's ``environment_mode = "separate"`` (SPEC §23): the task's verifier's root in
+    ``verifier-image/`` (``ctx.verifier_env``), recorded as ``verifier``; for a task of [[steps]], each
+    separate step's own root in ``verifier-image/<number>/`` (``ctx.steps.separate``, by name; the same
+    image pulled or built once, the store caching it), recorded as ``verifiers`` by step name. Each
+    becomes the task's environment as its tests begin (collect.enter_separate), once."""
+    if ctx.steps is None:
+        separate = ctx.task.verifier.separate if ctx.task.verifier is not None else None
+        if separate is None:
+            return {}
+        folder = ctx.session.verifier_image
+        _image_folder(ctx, folder, "the verifier's folder")
+        ctx.verifier_env, record = _separate_verifier(ctx, separate, folder, f"{ctx.eval_id}.verifier")
+        return {"verifier": record}
+    separate = [(number, step) for number, step in enumerate(ctx.task.steps, 1) if step.verifier.separate is not None]
+    if not separate:
+        return {}
+    parent = ctx.session.verifier_image
+    _image_folder(ctx, parent, "the verifiers' folder", mode=0o711)  # passed by each root's ids, never listed
+    records = {}
+    for number, step in separate:
+        folder = parent / str(number)
+        _image_folder(ctx, folder, f"step {step.name!r}'s verifier's folder")
+        user = (step.request.verifier_user, _step_user_key(number, step))
+        env, records[step.name] = _separate_verifier(ctx, step.verifier.separate, folder,
+                                                     f"{ctx.eval_id}.verifier.{number}", user, step.name)  # fmt: skip
+        ctx.steps.separate[step.name] = env
+    return {"verifiers": records}
+
+
+def _separate_verifier(ctx: Context, separate, folder: Path, holder: str, user=None, step: str = ""):
+    """One separate verifier's image, pulled or built as the agent's is (the same store, cache and build;
+    its environment's build_timeout_sec capped by BUILD_TIMEOUT_SECS), and its root mounted in ``folder``
+    (as the agent's is in the session: bound by no sandbox of the agent's), working in its own WorkingDir
+    (its environment's workdir over it); ``user``: its verifier's user and where that is from (a step's),
+    else [verifier] user. The environment and its record."""
     spec = separate.environment
-    folder = ctx.session.verifier_image
-    _image_folder(ctx, folder, "the verifier's folder")
     asked = separate.build_timeout_secs
     limit = ctx.config.build_timeout_secs
     config = replace(ctx.config, build_timeout_secs=limit if asked is None else max(1, min(limit, math.ceil(asked))))
-    env, result = _prepare(ctx, spec, kinds.VerifierImage, config, folder, f"{ctx.eval_id}.verifier", True,
-                           what="the verifier's image")  # fmt: skip
-    ctx.verifier_env = env
+    prefix = f"step {step!r}: " if step else ""
+    env, result = _prepare(ctx, spec, kinds.VerifierImage, config, folder, holder, True,
+                           what=f"{prefix}the verifier's image", verifier_user=user)  # fmt: skip
     try:
         env.check_programs({"bash": "the shell of the verifier's tests/test.sh"})
     except environments.BadEnvironment as exc:
-        raise StepFailed(f"the verifier's {exc}") from None
-    livelog.append_text(ctx.session.log, f"verifier image {spec.ref}: {result.record.digest}{_cached(result)}\n")
-    return _record(spec, result)
+        raise StepFailed(f"{prefix}the verifier's {exc}") from None
+    shown = f"step {step!r}'s verifier image" if step else "verifier image"
+    livelog.append_text(ctx.session.log, f"{shown} {spec.ref}: {result.record.digest}{_cached(result)}\n")
+    return env, _record(spec, result)
 
 
 def _service_images(ctx: Context) -> None:
@@ -155,13 +181,15 @@ def _image_folder(ctx: Context, folder: Path, shown: str, *, mode: int = 0o710) 
 
 def _prepare(ctx: Context, spec: ImageEnvironment, env_class, config: Config, folder: Path, holder: str,
              in_workdir: bool, *, what: str = "", agent_user: str | None = None,
-             user_key: str | None = None) -> tuple[kinds.Image, object]:  # fmt: skip
+             user_key: str | None = None, verifier_user: tuple[str | None, str] | None = None,
+             ) -> tuple[kinds.Image, object]:  # fmt: skip
     """``spec`` pulled or built into the store, pinned for the evaluation (``holder``: no eviction takes
     it meanwhile), and its root mounted in ``folder`` (``<folder>/rootfs``), the task's workdir over
     its WorkingDir: an environment of ``env_class`` and the pull's or build's result. ``what`` names
     the image in an error sentence when it is not the agent's; ``agent_user``: its map's user (the
     lease) instead of its User ([agent] user, SPEC §23); ``user_key``: where ``agent_user`` comes from
-    when it is not [agent] user (a compose service's ``user``: the user all its processes run as)."""
+    when it is not [agent] user (a compose service's ``user``: the user all its processes run as);
+    ``verifier_user``: its verifier's user and where that is from, when not [verifier] user (a step's)."""
     store = ImageStore.of(config)  # IMAGES_DIR (default DATA_DIR/images), evicting down to IMAGES_MAX_BYTES
     progress = _progress(ctx)
     try:
@@ -175,7 +203,7 @@ def _prepare(ctx: Context, spec: ImageEnvironment, env_class, config: Config, fo
         image_config = dict(record.config or {})
         if spec.workdir:  # Harbor's [environment] workdir: the task's, over the image's
             image_config["WorkingDir"] = spec.workdir
-        verifier_user = ctx.task.request.verifier_user
+        verifier_user, verifier_key = verifier_user or (ctx.task.request.verifier_user, "task.toml: [verifier] user")
         if user_key is not None:  # a compose service: its user alone, the map's
             image_config["User"] = agent_user or image_config.get("User")
             verifier_user = None
@@ -189,7 +217,7 @@ def _prepare(ctx: Context, spec: ImageEnvironment, env_class, config: Config, fo
             mounted=mounted,
             store=store,
             in_workdir=in_workdir,
-            users=_users(mounted, verifier_user, image_config),
+            users=_users(mounted, verifier_user, image_config, verifier_key),
             folder=folder,
         )
         ctx.closing.callback(env.close)
@@ -248,16 +276,22 @@ def _build(ctx: Context, spec: ImageEnvironment, store: ImageStore, progress, co
 def _step_users(ctx: Context) -> None:
     """A task of [[steps]]: each step's verifier's user (``[steps.verifier] user``, else [verifier]'s) as
     ids in the image's root, looked up now, before any agent ran (multistep.TaskSteps sets the step's
-    as it begins)."""
+    as it begins); a step whose verifier is separate has its own root's."""
     env = ctx.env
     try:
         for number, step in enumerate(ctx.task.steps, 1):
-            key = f"task.toml: [[steps]] #{number} ({step.name!r}): [steps.verifier] user"
+            if step.verifier.separate is not None:
+                continue  # its verifier's user is its own root's (_separate_verifiers)
+            key = _step_user_key(number, step)
             ctx.steps.users[step.name] = _users(env.mounted, step.request.verifier_user, env.config, key)
     except ImageError as exc:
         raise StepFailed(str(exc), kind=exc.kind) from None
     if any(ctx.steps.users.values()) and not env.users:
         ctx.session.let_image_users_pass(env.folder)
+
+
+def _step_user_key(number: int, step) -> str:
+    return f"task.toml: [[steps]] #{number} ({step.name!r}): [steps.verifier] user"
 
 
 def _users(mounted, verifier_user: str | None, image_config: dict,

@@ -7,7 +7,10 @@ order.
    evaluation (lifecycle writes them, as for every step), the step named in the live log. Before its
    agent, the task the pipeline sees is the step's (its prompt, verifier, timeouts and networks) and
    the Config the operator's capped by the step's request (verifier.capped_config), the verifier's user
-   the step's (``users``, looked up by imageenv), its artifacts the task's then its own. Then, before the
+   the step's (``users``, looked up by imageenv), its artifacts the task's then its own, the environment
+   the agent's (``agents_env``, kept at the first step: a separate verifier's was the task's since) and the
+   verifier's the step's separate one, if any (``separate``: each prepared by imageenv in a root of its
+   own, fresh, used once; the artifacts copied in as its tests begin, collect.enter_separate). Then, before the
    agent, the step's environment is readied (``preparing``: steps.preparing_step, its workdir/, setup.sh
    and healthcheck); when that fails the step gives no reward, neither its agent nor its verifier runs
    and the rest do not run (Harbor's step exception in ``_prepare_step``).
@@ -71,9 +74,13 @@ class StepOutcome:
 class TaskSteps:
     """The run of one task's steps: which is running, each one's outcome, why the rest did not run."""
 
-    def __init__(self, task: TaskSpec, configs: list[Config]):
+    def __init__(self, task: TaskSpec, configs: list[Config], verifier_memory: list[int | None] | None = None):
         self.task = task  # as read: every step's, and what a step's spec is made from
         self.configs = configs  # each step's: the operator's capped by its request (verifier.capped_config)
+        # Each step's separate verifier's memory limit (verifier.separate_memory), None for a shared one
+        self.verifier_memory = verifier_memory or [None] * len(task.steps)
+        self.separate: dict = {}  # each separate step's verifier's environment, by name (imageenv, used once)
+        self.agents_env = None  # the agent's environment, which each step's agent gets back
         self.current: TaskStep = task.steps[0]
         self.outcomes: list[StepOutcome] = []
         self.outputs: list[str] = []  # each step's agent output under its name
@@ -114,6 +121,12 @@ class TaskSteps:
             collect=(*self.task.collect, *step.collect),  # Harbor's _collect_hooks_for: the same order
         )
         ctx.config = self.configs[index]
+        if index == 0:
+            self.agents_env = ctx.env
+        else:  # the way back: the last step's separate verifier's environment was the task's (enter_separate)
+            ctx.env = self.agents_env
+        ctx.verifier_env = self.separate.get(step.name)  # its verifier's root, fresh, or None: the agent's
+        ctx.verifier_memory_mb = self.verifier_memory[index]
         if step.name in self.users:  # its verifier's user ([steps.verifier] user, else [verifier] user)
             ctx.env.users = self.users[step.name]
         error = preparing(ctx, step)

@@ -323,9 +323,9 @@ def host_names(ctx: Context) -> list[str]:
 
 
 def write_all_hosts(ctx: Context) -> None:
-    """/etc/hosts in every root of the evaluation: main's, a separate verifier's, each service's."""
+    """/etc/hosts in every root of the evaluation: main's, each separate verifier's, each service's."""
     names = host_names(ctx)
-    roots = [ctx.env, ctx.verifier_env, *(running.environment for running in ctx.services.values())]
+    roots = [ctx.env, *ctx.separate_envs(), *(running.environment for running in ctx.services.values())]
     for environment in roots:
         if environment is not None:
             write_hosts(environment.mounted, names)

@@ -97,7 +97,11 @@ def downloading_task(ctx: Context) -> None:
     verifier.apply_request(ctx)  # SPEC §17: the task's limits, capped by the operator's
     if ctx.task.steps:  # SPEC §23: each step's request capped by the operator's, as the task's (multistep.py)
         timeout = ctx.evaluation.timeout_secs
-        ctx.steps = TaskSteps(ctx.task, [verifier.capped_config(operator, s.request, timeout) for s in ctx.task.steps])
+        ctx.steps = TaskSteps(
+            ctx.task,
+            [verifier.capped_config(operator, s.request, timeout) for s in ctx.task.steps],
+            [verifier.separate_memory(operator, s.verifier.separate) for s in ctx.task.steps],
+        )
     try:  # SPEC §19: the toolchain of the task's language, before anything is cloned
         ctx.task = with_toolchain(ctx.task, config, ctx.command_path)
     except NoToolchain as exc:

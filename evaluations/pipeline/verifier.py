@@ -48,6 +48,7 @@ from evaluations.tasks.spec import (
     VERIFIER,
     VERIFIER_LOGS,
     NetworkRequest,
+    SeparateVerifier,
     SupportFile,
     TaskRequest,
 )
@@ -84,10 +85,16 @@ def apply_request(ctx: Context) -> None:
         **_network_limits("agent_", request.phase_network(AGENT)),
         **_network_limits("verifier_", request.phase_network(VERIFIER)),
     }
-    separate = task.verifier.separate if task.verifier is not None else None
-    if separate is not None:  # SPEC §23: its environment's own memory ([verifier.environment], else [environment]'s)
-        ctx.verifier_memory_mb = limits["verifier_memory_mb"] = _capped(separate.memory_mb, operator.memory_limit_mb)
+    separate = task.verifier.separate if task.verifier is not None and not task.steps else None
+    if separate is not None:  # SPEC §23: a task of [[steps]] has each step's (multistep.TaskSteps)
+        ctx.verifier_memory_mb = limits["verifier_memory_mb"] = separate_memory(operator, separate)
     ctx.stage(task_format=task.format, limits_applied=limits, task_metadata=task.metadata)
+
+
+def separate_memory(config: Config, separate: SeparateVerifier | None) -> int | None:
+    """A separate verifier's memory limit (SPEC §23): its environment's own ([verifier.environment], else
+    [environment]'s) capped by ``config``'s (the operator's); None for a verifier on the agent's root."""
+    return None if separate is None else _capped(separate.memory_mb, config.memory_limit_mb)
 
 
 def capped_config(config: Config, request: TaskRequest, asked_timeout: int | None) -> Config:

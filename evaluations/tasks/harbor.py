@@ -149,12 +149,14 @@ def load(root: Path, limits: TaskLimits) -> TaskSpec:
     verifier, verifier_baseline = _harbor_verifier(
         root, verifier_table, environment, env, request["memory_mb"], required=not entries
     )
+    verifier_phase = _phase_network(verifier_table)
+    memory_mb = request["memory_mb"]
     request = TaskRequest(
         agent_timeout_secs=agent.number("timeout_sec"),
         verifier_timeout_secs=verifier_table.number("timeout_sec"),
         agent_network=_phase_network(agent),  # SPEC §23: each phase may override [environment]'s
         # Harbor's verifier phase: [verifier]'s own, else a separate verifier's environment's
-        verifier_network=_phase_network(verifier_table) or verifier_baseline,
+        verifier_network=verifier_phase or verifier_baseline,
         agent_user=_user(agent),  # SPEC §23: the image's User when absent, for both
         verifier_user=_user(verifier_table),
         **request,
@@ -163,11 +165,6 @@ def load(root: Path, limits: TaskLimits) -> TaskSpec:
     if grader not in HARBOR_GRADERS:
         shown = repr(grader) if isinstance(grader, str) else type_name(grader)
         raise TaskError(f"task.toml: [verifier] grader must be one of {', '.join(HARBOR_GRADERS)}, got {shown}")
-    if entries and verifier.separate is not None:
-        raise TaskError(
-            "task.toml: [verifier] environment_mode = 'separate' (or [verifier.environment]) with [[steps]] is not "
-            "supported here: each step's verifier runs on the environment the steps share"
-        )
     compose = harbor_services(root)  # SPEC §23: main, and the services started beside it
     collect = _collect(verifier_table, compose.services)
     collected = _artifacts(config, compose.services)
@@ -175,13 +172,18 @@ def load(root: Path, limits: TaskLimits) -> TaskSpec:
     solution_env = _literal_env(config.table("solution").table("env"))
     steps = None
     if entries:
+        task_verifier = verifier_table.data  # read again for each step, its reading kept out of the metadata's
         steps = harbor_steps.read(
-            root, entries, strategy, request=request, verifier=verifier, grader=grader,
-            solution=(solution, solution_files), limits=limits,
+            # a step's verifier network: its own, else [verifier]'s, else its separate environment's
+            root, entries, strategy, request=dataclasses.replace(request, verifier_network=verifier_phase),
+            verifier=verifier, grader=grader, solution=(solution, solution_files), limits=limits,
             readers=harbor_steps.Readers(
                 _Table, _phase_network, _literal_env, _user, _healthcheck,
                 lambda table: _artifacts(table, compose.services, "[steps] artifacts"),
                 lambda table: _collect(table, compose.services, "[[steps.verifier.collect]]"),
+                lambda table, tests: _separate_verifier(
+                    root, [(table, tests), (_Table(task_verifier, "verifier"), "tests")], environment, env, memory_mb
+                ),
             ),
         )  # fmt: skip
         prompt, verifier = steps.prompt, steps.verifier
@@ -545,7 +547,7 @@ def _harbor_verifier(
     else:
         regular_file(root / "tests" / "test.sh", "tests/test.sh", required=required)
     isolated = bool(table.boolean("isolated"))
-    separate, network = _separate_verifier(root, table, environment, env, memory_mb)
+    separate, network = _separate_verifier(root, [(table, "tests")], environment, env, memory_mb)
     if separate is not None and isolated:
         raise TaskError(
             "task.toml: [verifier] isolated = true goes with a verifier on the agent's file system, not with "
@@ -562,33 +564,32 @@ def _harbor_verifier(
 
 
 def _separate_verifier(
-    root: Path, table: _Table, environment: ImageEnvironment, env: dict[str, str], memory_mb: int | None
+    root: Path,
+    sites: list[tuple[_Table, str]],
+    environment: ImageEnvironment,
+    env: dict[str, str],
+    memory_mb: int | None,
 ) -> tuple[SeparateVerifier | None, NetworkRequest | None]:
-    """``environment_mode`` and [verifier.environment], as Harbor resolves them (``verifier_mode.py``):
-    ``separate`` when asked, or when [verifier.environment] is there and no mode is named; its image
-    [verifier.environment] docker_image, else tests/Dockerfile (context tests/), else the task's own
-    environment afresh. Without [verifier.environment] it is a copy of [environment] (its workdir, env,
-    memory, network); with one, that table's alone (its network ``public`` unless it says, as Harbor's default)."""
-    mode = table.take("environment_mode")
-    if mode is not None and mode not in ("shared", "separate"):
-        shown = repr(mode) if isinstance(mode, str) else type_name(mode)
-        raise TaskError(f"{table.where('environment_mode')} must be 'shared' or 'separate', got {shown}")
-    own = "environment" in table.data
-    if mode == "shared" and own:
-        raise TaskError(
-            "task.toml: [verifier] environment_mode = 'shared' goes with no [verifier.environment] (the verifier "
-            "runs in the agent's environment); remove the table or set environment_mode = 'separate'"
-        )
-    if mode != "separate" and not own:
+    """``environment_mode`` and the verifier's environment table, as Harbor resolves them
+    (``verifier_mode.py``). ``sites``: each verifier table with its tests folder, the nearest first (a
+    step's ``[steps.verifier]`` with ``steps/<name>/tests``, then [verifier] with ``tests``). The mode:
+    the first table's that names one (``separate`` too when its ``environment`` table is there and no
+    mode is named), else ``shared``. When separate, its image: by site, the table's ``environment``
+    docker_image, else a Dockerfile in its tests folder (its context); else the task's own environment
+    afresh. Its environment: the first ``environment`` table's (its workdir, env, memory, network:
+    ``public`` unless it says, as Harbor's default), else a copy of [environment]."""
+    modes = [_verifier_mode(table) for table, _tests in sites]  # each table checked
+    mode = next((mode for mode in modes if mode is not None), None)
+    if mode != "separate":
         return None, None
-    if regular_file(root / "tests" / "docker-compose.yaml", "tests/docker-compose.yaml", required=False):
-        raise TaskError("tests/docker-compose.yaml: a verifier of several compose services is not supported here")
-    if not own:
-        image, bundled = _verifier_image(root, None, environment)
+    candidates = [
+        (table.table("environment") if "environment" in table.data else None, tests) for table, tests in sites
+    ]
+    config = next((table for table, _tests in candidates if table is not None), None)
+    image, bundled = _verifier_image(root, candidates, environment)
+    if config is None:
         return SeparateVerifier(environment=image, bundled=bundled, env=env, memory_mb=memory_mb), None
-    config = table.table("environment")
     _linux_only(config)
-    image, bundled = _verifier_image(root, config, environment)
     separate = SeparateVerifier(
         environment=dataclasses.replace(image, workdir=_workdir(config)),
         bundled=bundled,
@@ -601,15 +602,40 @@ def _separate_verifier(
     return separate, _environment_network(config) or NetworkRequest()
 
 
-def _verifier_image(root: Path, config: _Table | None, environment: ImageEnvironment) -> tuple[ImageEnvironment, bool]:
-    """The separate verifier's image and whether it brings its own /tests (Harbor's ``bundled_tests``)."""
-    image = config.take("docker_image") if config is not None else None
-    if image is not None:
-        where = config.where("docker_image")
-        return image_environment(image, where, where), True
-    if regular_file(root / "tests" / "Dockerfile", "tests/Dockerfile", required=False):
-        return ImageEnvironment(dockerfile="tests/Dockerfile", context="tests"), True
-    return environment, False  # [environment]'s workdir with it, unless [verifier.environment] has its own
+def _verifier_mode(table: _Table) -> str | None:
+    """One verifier table's own mode (Harbor's ``_resolve_mode``): its ``environment_mode``, else
+    ``separate`` when its ``environment`` table is there, else None (said nowhere here)."""
+    mode = table.take("environment_mode")
+    if mode is not None and mode not in ("shared", "separate"):
+        shown = repr(mode) if isinstance(mode, str) else type_name(mode)
+        raise TaskError(f"{table.where('environment_mode')} must be 'shared' or 'separate', got {shown}")
+    own = "environment" in table.data
+    if mode == "shared" and own:
+        raise TaskError(
+            f"task.toml: [{table.path}] environment_mode = 'shared' goes with no [{table.path}.environment] (the "
+            "verifier runs in the agent's environment); remove the table or set environment_mode = 'separate'"
+        )
+    return mode or ("separate" if own else None)
+
+
+def _verifier_image(
+    root: Path, candidates: list[tuple[_Table | None, str]], environment: ImageEnvironment
+) -> tuple[ImageEnvironment, bool]:
+    """The separate verifier's image and whether it brings its own /tests (Harbor's ``bundled_tests``):
+    by candidate (an ``environment`` table, or None, with its tests folder), its docker_image, else
+    ``<tests>/Dockerfile``; else the task's environment."""
+    for config, tests in candidates:
+        compose = f"{tests}/docker-compose.yaml"
+        if regular_file(root / compose, compose, required=False):
+            raise TaskError(f"{compose}: a verifier of several compose services is not supported here")
+        image = config.take("docker_image") if config is not None else None
+        if image is not None:
+            where = config.where("docker_image")
+            return image_environment(image, where, where), True
+        dockerfile = f"{tests}/Dockerfile"
+        if regular_file(root / dockerfile, dockerfile, required=False):
+            return ImageEnvironment(dockerfile=dockerfile, context=tests), True
+    return environment, False  # [environment]'s workdir with it, unless the environment table has its own
 
 
 def _artifacts(config: _Table, services=(), key: str = "artifacts") -> tuple[ArtifactEntry, ...]:

@@ -13,13 +13,18 @@
    verifier's is the step's, else 600 s (Harbor's ``VerifierConfig`` default, which its fallback to
    [verifier]'s never reaches); a phase's network is the step's table's, else [agent]'s or [verifier]'s,
    else [environment]'s; the verifier's variables are [verifier.env] under [steps.verifier.env]; the
-   verifier's user the step's, else [verifier]'s.
+   verifier's user the step's, else [verifier]'s; where the verifier runs (Harbor's
+   ``resolve_step_verifier_mode``): ``[steps.verifier] environment_mode``, else ``separate`` when
+   [steps.verifier.environment] is there, else the task's ([verifier]'s, harbor.py), else shared; a
+   separate one's image and environment as harbor.py's ``_separate_verifier`` chooses them, the step's
+   table and steps/<name>/tests/ before [verifier]'s and tests/ (its network the step's phase's, else
+   [verifier]'s, else its environment's).
 3. The verifier's /tests: tests/ (if any), then steps/<name>/tests/ over it; its script the step's
    tests/test.sh, else tests/test.sh (one of the two is required). The reference solution: the step's
    solution/ (solve.sh required there), else the task's solution/.
 4. What would run differently here is refused with a sentence naming the step (its number from 1 and
    its name) and the key: a step's agent user other than the task's (the agent's user is the map's,
-   fixed when the root is mounted) and its verifier environment; grader other than
+   fixed when the root is mounted); grader other than
    reward_file and ``[verifier] isolated`` with steps. A step's keys not read here are kept in the
    metadata, under ``steps``.
 """
@@ -65,7 +70,9 @@ class Readers(NamedTuple):
     ``_Table``, ``phase_network`` and ``literal_env`` as it reads [agent]'s network and [verifier.env],
     ``user`` a phase's user, ``healthcheck`` a table's ``healthcheck``, ``artifacts`` a table's
     ``artifacts`` and ``collect`` a verifier table's ``collect`` as it reads [agent] user,
-    [environment.healthcheck], the top-level ``artifacts`` and [[verifier.collect]]."""
+    [environment.healthcheck], the top-level ``artifacts`` and [[verifier.collect]], and ``separate``, given a
+    step's verifier table and its tests folder, its separate verifier (or None) and that one's network, the
+    task's [verifier] under it as Harbor's ``resolve_step_verifier_mode`` resolves it."""
 
     table: Callable
     phase_network: Callable
@@ -74,6 +81,7 @@ class Readers(NamedTuple):
     healthcheck: Callable
     artifacts: Callable
     collect: Callable
+    separate: Callable
 
 
 class Steps(NamedTuple):
@@ -154,26 +162,20 @@ def _step(root, entry: dict, readers: Readers, *, request, verifier, solution, l
             "is mounted before the first step"
         )
     verifier_user = readers.user(verifier_table)
-    mode = verifier_table.take("environment_mode")
-    if mode not in (None, "shared"):
-        raise TaskError(
-            f"[steps.verifier] environment_mode = {mode!r}: a step's verifier runs in the task's environment here"
-        )
-    if verifier_table.take("environment") is not None:
-        raise TaskError("[steps.verifier] environment is not supported here")
+    folder = root / "steps" / name
+    shown = f"steps/{name}"
+    separate, baseline = readers.separate(verifier_table, f"{shown}/tests")
     collect = readers.collect(verifier_table)  # Harbor's: run after this step's agent, after the task's own
     step_request = dataclasses.replace(
         request,
         agent_timeout_secs=agent.number("timeout_sec") or request.agent_timeout_secs,
         verifier_timeout_secs=verifier_table.number("timeout_sec") or HARBOR_VERIFIER_TIMEOUT_SECS,
         agent_network=readers.phase_network(agent) or request.agent_network,
-        verifier_network=readers.phase_network(verifier_table) or request.verifier_network,
+        verifier_network=readers.phase_network(verifier_table) or request.verifier_network or baseline,
         verifier_user=verifier_user or request.verifier_user,
     )
     env = {**verifier.env, **readers.literal_env(verifier_table.table("env"))}
     min_reward = _min_reward(table)
-    folder = root / "steps" / name
-    shown = f"steps/{name}"
     if not is_folder(folder, shown):
         raise TaskError(f"name: there is no {shown}/ folder (its instruction.md, tests/ and solution/)")
     workdir = folder / "workdir"
@@ -187,7 +189,7 @@ def _step(root, entry: dict, readers: Readers, *, request, verifier, solution, l
     step = TaskStep(
         name=name,
         prompt=prompt,
-        verifier=dataclasses.replace(verifier, files=_tests(folder, shown, verifier.files), env=env),
+        verifier=dataclasses.replace(verifier, files=_tests(folder, shown, verifier.files), env=env, separate=separate),
         request=step_request,
         min_reward=min_reward,
         healthcheck=healthcheck,

@@ -111,7 +111,7 @@ class Verifier:
     files: list[SupportFile] = field(default_factory=list)  # every file of /tests, the script included
     env: dict[str, str] = field(default_factory=dict)
     isolated: bool = False  # [verifier] isolated: the image plus only the working directory the agent left
-    separate: SeparateVerifier | None = None  # [verifier] environment_mode = "separate"
+    separate: SeparateVerifier | None = None  # [verifier] (or a step's [steps.verifier]) environment_mode = "separate"
 
 
 AGENT_LOGS, ARTIFACTS_DIR, VERIFIER_LOGS = "/logs/agent", "/logs/artifacts", "/logs/verifier"  # Harbor's

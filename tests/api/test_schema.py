@@ -77,7 +77,7 @@ def test_the_documented_fields_are_the_api_fields(document):
         "task_sha256", "agent_patch_sha256", "executor_version", "signature", "steps",
     }  # fmt: skip
     assert set(schemas["EvaluationEnvironment"]["properties"]) == {
-        "kind", "ref", "digest", "cached", "rewritten_from", "rewrites", "verifier",
+        "kind", "ref", "digest", "cached", "rewritten_from", "rewrites", "verifier", "verifiers",
     }  # fmt: skip
     assert set(schemas["ErrorKindEnum"]["enum"]) == {
         "tests_failed", "agent_timeout", "limit_exceeded", "agent_invalid", "task_invalid", "infrastructure",

@@ -351,3 +351,95 @@ def test_collect_hooks_run_after_each_steps_agent_the_tasks_then_its_own(
         assert kept.read() == b"task-root\none\n"
     with artifacts.open_artifact(evaluation.id, "two/artifacts/hooks.txt", image_task_config) as kept:
         assert kept.read() == b"task-root\none\ntask-root\n"
+
+
+# -- a step's separate verifier (Harbor 0.25's resolve_step_verifier_mode, MultiStepTrial._run_step) ---------
+
+# A separate verifier's test: only the artifacts it is given (the task's /app/all.txt, the step's own, its
+# /logs/artifacts), none of the agent's other files, nor an earlier verifier's; $1 the step's own artifact.
+SEPARATE_TEST = (
+    "#!/bin/bash\nok=1\n"
+    'test "$(cat /app/all.txt)" = all || { echo no all; ok=0; }\n'
+    'test "$(cat /logs/artifacts/conv.txt)" = "$STEP" || { echo no conv; ok=0; }\n'
+    'test -z "$OWN" || test "$(cat "$OWN")" = "$STEP" || { echo "no $OWN"; ok=0; }\n'
+    "for other in $ABSENT /app/secret.txt /app/left-by-verifier /logs/agent/trace.txt; do\n"
+    '  test ! -e "$other" || { echo "sees $other"; ok=0; }\ndone\n'
+    "echo left > /app/left-by-verifier\n"
+    "echo $ok > /logs/verifier/reward.txt\n"
+)
+SEPARATE_AGENT = (
+    STAGED_AGENT + 'echo "$TASK_STEP saw-one=$(cat one.txt 2>/dev/null) saw-verifier=$(ls left-by-verifier 2>&1 '
+    '| grep -c "No such")"\necho secret > secret.txt\n'
+)
+
+
+def separate_task(root: Path, image: str, toml: str = "", one: str = "", two: str = "", files=None) -> Path:
+    """staged_task with ``toml`` after its top-level keys (a [verifier] table)."""
+    root = staged_task(root, image, one=one, two=two, files=files)
+    text = (
+        (root / "task.toml")
+        .read_text()
+        .replace('artifacts = ["/app/all.txt"]', f'artifacts = ["/app/all.txt"]\n{toml}')
+    )
+    (root / "task.toml").write_text(text)
+    return root
+
+
+def test_a_steps_separate_verifier_sees_only_its_artifacts_and_the_next_agent_the_agents_root(
+    tasks, image_task_config, tmp_path, base_image
+):
+    """Step one's verifier shares the agent's environment; step two's (environment_mode = "separate") runs in
+    the task's image afresh, /tests its step's, with only the task's and its step's artifacts copied in: not
+    /app/one.txt nor /app/secret.txt the agent left. Step two's agent still sees step one's work."""
+    _registry, image, _digest = base_image
+    two = 'artifacts = ["/app/two.txt"]\n[steps.verifier]\nenvironment_mode = "separate"\n[steps.verifier.env]\n' \
+          'STEP = "two"\nOWN = "/app/two.txt"\nABSENT = "/app/one.txt"\n'  # fmt: skip
+    root = separate_task(tmp_path / "task", image, two=two, files={"tests/test.sh": SEPARATE_TEST})
+    evaluation = evaluate(serve(tasks, root), SEPARATE_AGENT, config=image_task_config, sandbox="bwrap",
+                          language="bash")  # fmt: skip
+    assert (evaluation.status, evaluation.reward) == ("completed", 1.0), (
+        evaluation.error, evaluation.test_output, evaluation.log[-3000:])  # fmt: skip
+    assert shown(evaluation) == [("one", 1.0, {"reward": 1.0}, True), ("two", 1.0, {"reward": 1.0}, True)]
+    assert "two saw-one=one saw-verifier=1" in evaluation.agent_output, evaluation.agent_output
+    environment = evaluation.environment
+    assert "verifier" not in environment and list(environment["verifiers"]) == ["two"]
+    assert (environment["verifiers"]["two"]["ref"], environment["verifiers"]["two"]["digest"]) == (
+        image, environment["digest"])  # fmt: skip
+    assert "artifacts: copied 3 files into the verifier's environment" in evaluation.log
+    # The same task, its agent leaving nothing for step two: step two's verifier finds nothing of it
+    nothing = evaluate(serve(tasks, root), STAGED_AGENT.replace('"$TASK_STEP.txt"', "/dev/null"),
+                       config=image_task_config, sandbox="bwrap", language="bash")  # fmt: skip
+    assert shown(nothing) == [("one", 0.0, {"reward": 0.0}, False), ("two", 0.0, {"reward": 0.0}, False)], (
+        nothing.error, nothing.log[-3000:])  # fmt: skip
+    assert "no /app/two.txt" in nothing.test_output
+
+
+def test_a_tasks_separate_verifier_is_every_steps_each_in_a_fresh_root(tasks, image_task_config, tmp_path, base_image):
+    """[verifier] environment_mode = "separate" with [[steps]]: each step's verifier in a root of its own, fresh:
+    step one's leaves /app/left-by-verifier there, which step two's does not see (nor step one's artifact
+    /app/one.txt); the agent's root has neither, and step two's agent has step one's work."""
+    _registry, image, _digest = base_image
+    one = 'artifacts = ["/app/one.txt"]\n[steps.verifier.env]\nSTEP = "one"\nOWN = "/app/one.txt"\n'
+    two = '[steps.verifier.env]\nSTEP = "two"\nABSENT = "/app/one.txt"\n'
+    files = {"tests/test.sh": SEPARATE_TEST, "steps/one/tests/test.sh": SEPARATE_TEST}
+    root = separate_task(tmp_path / "task", image, '[verifier]\nenvironment_mode = "separate"\n', one, two, files)
+    evaluation = evaluate(serve(tasks, root), SEPARATE_AGENT, config=image_task_config, sandbox="bwrap",
+                          language="bash")  # fmt: skip
+    assert (evaluation.status, evaluation.reward) == ("completed", 1.0), (
+        evaluation.error, evaluation.test_output, evaluation.log[-3000:])  # fmt: skip
+    assert shown(evaluation) == [("one", 1.0, {"reward": 1.0}, True), ("two", 1.0, {"reward": 1.0}, True)]
+    assert "two saw-one=one saw-verifier=1" in evaluation.agent_output, evaluation.agent_output
+    assert sorted(evaluation.environment["verifiers"]) == ["one", "two"]
+
+
+def test_a_steps_verifier_image_that_cannot_be_had_fails_before_the_first_agent(
+    tasks, image_task_config, tmp_path, base_image
+):
+    registry, image, _digest = base_image
+    two = f'[steps.verifier.environment]\ndocker_image = "{registry.host}/nowhere/grader:1"\n'
+    root = separate_task(tmp_path / "task", image, two=two, files={"tests/test.sh": SEPARATE_TEST})
+    evaluation = evaluate(serve(tasks, root), SEPARATE_AGENT, config=image_task_config, sandbox="bwrap",
+                          language="bash")  # fmt: skip
+    assert (evaluation.status, evaluation.agent_output) == ("failed", ""), evaluation.log[-3000:]
+    assert evaluation.error.startswith("preparing_environment: step 'two': the verifier's image: "), evaluation.error
+    assert evaluation.steps in (None, [])

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from evaluations.tasks.registry import load_task
-from evaluations.tasks.spec import AGENT, VERIFIER, Collect, NetworkRequest, SupportFile, TaskError
+from evaluations.tasks.spec import AGENT, VERIFIER, Collect, ImageEnvironment, NetworkRequest, SupportFile, TaskError
 from tests.tasks.test_workspace import make_task
 
 TOML = """\
@@ -287,10 +287,34 @@ STEP = '[[steps]]\nname = "write"\n'
             "folder, not the agent's",
         ),
         (
-            STEP + '[steps.verifier]\nenvironment_mode = "separate"\n',
+            STEP + '[steps.verifier]\nenvironment_mode = "apart"\n',
             {},
-            "task.toml: [[steps]] #1 ('write'): [steps.verifier] environment_mode = 'separate': a step's verifier runs "
-            "in the task's environment here",
+            "task.toml: [[steps]] #1 ('write'): [steps.verifier] environment_mode must be 'shared' or 'separate', "
+            "got 'apart'",
+        ),
+        (
+            STEP + '[steps.verifier]\nenvironment_mode = "shared"\n[steps.verifier.environment]\ndocker_image = "x"\n',
+            {},
+            "task.toml: [[steps]] #1 ('write'): [steps.verifier] environment_mode = 'shared' goes with no "
+            "[steps.verifier.environment] (the verifier runs in the agent's environment); remove the table or set "
+            "environment_mode = 'separate'",
+        ),
+        (
+            STEP + '[steps.verifier]\nenvironment_mode = "separate"\n',
+            {"steps/write/tests/docker-compose.yaml": "services: {}\n"},
+            "task.toml: [[steps]] #1 ('write'): steps/write/tests/docker-compose.yaml: a verifier of several compose "
+            "services is not supported here",
+        ),
+        (
+            STEP + "[steps.verifier.environment]\nos = 'windows'\n",
+            {},
+            "task.toml: [[steps]] #1 ('write'): [steps.verifier.environment] os = 'windows': Windows tasks cannot run "
+            "here (Linux only)",
+        ),
+        (
+            '[verifier]\nenvironment_mode = "separate"\n' + STEP,
+            {"tests/docker-compose.yaml": "services: {}\n"},
+            "tests/docker-compose.yaml: a verifier of several compose services is not supported here",
         ),
         (
             STEP + '[[steps.verifier.collect]]\nservice = "main"\n',
@@ -303,11 +327,6 @@ STEP = '[[steps]]\nname = "write"\n'
             {},
             "task.toml: [[steps]] #1 ('write'): [[steps.verifier.collect]] 1: 'service' 'db' is not a service of "
             "environment/docker-compose.yaml (main)",
-        ),
-        (
-            STEP + '[steps.verifier.environment]\ndocker_image = "x"\n',
-            {},
-            "task.toml: [[steps]] #1 ('write'): [steps.verifier] environment is not supported here",
         ),
         (
             STEP,
@@ -402,6 +421,85 @@ def test_collect_hooks_the_tasks_and_each_steps_own(tmp_path):
     assert spec.collect == (Collect(command="echo task", service="main", timeout_secs=60.0),)
     assert write.collect == (Collect(command="echo write", service="main", timeout_secs=5.0, user="0"),)
     assert check.collect == ()
+
+
+SEPARATE_STEPS = (
+    '[environment]\nworkdir = "/app"\nmemory_mb = 2048\n[environment.env]\nA = "1"\n'
+    '[[steps]]\nname = "write"\n'
+    '[[steps]]\nname = "check"\n[steps.verifier.environment]\ndocker_image = "grader:1"\nworkdir = "/grade"\n'
+    'memory_mb = 512\nhealthcheck = { command = "true" }\n[steps.verifier.environment.env]\nB = "2"\n'
+    '[[steps]]\nname = "third"\n[steps.verifier]\nenvironment_mode = "separate"\n'
+    '[[steps]]\nname = "last"\n[steps.verifier]\nenvironment_mode = "separate"\nnetwork_mode = "no-network"\n'
+)
+STEP_FILES = {
+    "steps/third/instruction.md": "Third.\n",
+    "steps/third/tests/Dockerfile": "FROM debian:bookworm\nCOPY . /tests/\n",
+    "steps/last/instruction.md": "Last.\n",
+}
+
+
+def test_a_steps_verifier_is_separate_by_its_own_table_else_shared(tmp_path):
+    """Harbor's ``resolve_step_verifier_mode`` and ``resolve_verifier_environment_definition`` for a task
+    whose [verifier] says nothing: a step's environment table implies separate, its image that table's
+    docker_image, else steps/<name>/tests/Dockerfile, else the task's environment afresh; its
+    environment that table's, else a copy of [environment]."""
+    spec = load_task(task(tmp_path, SEPARATE_STEPS, **STEP_FILES))
+    write, check, third, last = spec.steps
+    assert write.verifier.separate is None and spec.verifier.separate is None  # shared: the default
+    assert write.request.phase_network(VERIFIER) == NetworkRequest("public")  # [environment]'s
+    separate = check.verifier.separate
+    assert separate.environment == ImageEnvironment(image="grader:1", workdir="/grade")
+    assert (separate.bundled, separate.env, separate.memory_mb) == (True, {"B": "2"}, 512)
+    assert check.request.phase_network(VERIFIER) == NetworkRequest("public")  # its table's: public by default
+    assert check.verifier.env == {}  # [verifier.env]: the test's variables, not its environment's
+    separate = third.verifier.separate
+    assert separate.environment == ImageEnvironment(dockerfile="steps/third/tests/Dockerfile",
+                                                    context="steps/third/tests")  # fmt: skip
+    assert (separate.bundled, separate.env, separate.memory_mb) == (True, {"A": "1"}, 2048)  # [environment]'s
+    separate = last.verifier.separate
+    assert separate.environment == ImageEnvironment(dockerfile="environment/Dockerfile", context="environment",
+                                                    workdir="/app")  # fmt: skip
+    assert (separate.bundled, separate.env, separate.memory_mb) == (False, {"A": "1"}, 2048)
+    assert [f.relpath for f in last.verifier.files] == ["helper.py", "test.sh"]  # its /tests uploaded
+    assert last.request.phase_network(VERIFIER) == NetworkRequest("no-network")  # [steps.verifier]'s own
+    # What was read is not kept; the environment table's other keys are, under the step
+    assert spec.metadata["steps"] == [{}, {"verifier": {"environment": {"healthcheck": {"command": "true"}}}}, {}, {}]
+
+
+def test_a_tasks_separate_verifier_is_every_steps_unless_a_step_says(tmp_path):
+    """[verifier.environment] (separate for every step, its image and environment inherited); a step's
+    environment_mode = "shared" over it; a step's own table over the task's, the task's docker_image
+    its image when the step names none; a step's tests/Dockerfile before the task's image."""
+    toml = (
+        '[verifier]\nnetwork_mode = "allowlist"\nallowed_hosts = ["pypi.org"]\n'
+        '[verifier.environment]\ndocker_image = "task-grader:1"\nworkdir = "/grade"\nmcp = 1\n'
+        '[verifier.environment.env]\nB = "2"\n'
+        '[[steps]]\nname = "write"\n'
+        '[[steps]]\nname = "check"\n[steps.verifier]\nenvironment_mode = "shared"\n'
+        '[[steps]]\nname = "third"\n'
+        '[[steps]]\nname = "last"\n[steps.verifier.environment]\nworkdir = "/w"\nnetwork_mode = "no-network"\n'
+    )
+    spec = load_task(task(tmp_path, toml, **STEP_FILES))
+    write, check, third, last = spec.steps
+    inherited = write.verifier.separate
+    assert inherited.environment == ImageEnvironment(image="task-grader:1", workdir="/grade")
+    assert (inherited.bundled, inherited.env) == (True, {"B": "2"})
+    assert spec.verifier == write.verifier
+    assert check.verifier.separate is None
+    assert third.verifier.separate.environment == ImageEnvironment(
+        dockerfile="steps/third/tests/Dockerfile", context="steps/third/tests", workdir="/grade")  # fmt: skip
+    own = last.verifier.separate
+    assert own.environment == ImageEnvironment(image="task-grader:1", workdir="/w")
+    assert (own.bundled, own.env) == (True, {})
+    # [verifier]'s network is every step's verifier's, over its environment's
+    assert {step.request.phase_network(VERIFIER) for step in spec.steps} == {NetworkRequest("allowlist", ("pypi.org",))}
+    assert spec.metadata["verifier"] == {"environment": {"mcp": 1}}
+    assert "steps" not in spec.metadata
+    # Without [verifier.environment]: the task's environment afresh for each step, its tests uploaded
+    plain = load_task(task(tmp_path / "plain", '[verifier]\nenvironment_mode = "separate"\n' + STEP))
+    separate = plain.steps[0].verifier.separate
+    assert (separate.environment, separate.bundled) == (
+        ImageEnvironment(dockerfile="environment/Dockerfile", context="environment"), False)  # fmt: skip
 
 
 def test_a_step_workdir_of_a_link_is_refused(tmp_path):
