@@ -278,6 +278,8 @@ class Image(BaseEnvironment):
         # agent's): Harbor's [verifier] user, else the image's User when [agent] user named another (SPEC §23).
         self.users = users or {}
         self.folder = folder or session.root  # where its root is mounted (images/rootfs.py: <folder>/rootfs)
+        # Its compose volumes (SPEC §23, pipeline/services.py): folders of the session bound in every sandbox of it
+        self.volumes: tuple[Mount, ...] = ()
 
     @property
     def root(self) -> Path:
@@ -334,6 +336,20 @@ class Image(BaseEnvironment):
     def writable(self) -> tuple[Path, ...]:
         session = self.session
         return (session.repo, session.home, session.tmp)
+
+    def sandbox_policy(self, *, mounts: Sequence[Mount] = (), **fields) -> SandboxPolicy:
+        """As every kind's, with its compose volumes bound too (``bind_volumes``)."""
+        return super().sandbox_policy(mounts=[*mounts, *self.bind_volumes()], **fields)
+
+    def bind_volumes(self) -> tuple[Mount, ...]:
+        """Its compose volumes, each on a real folder of its root made now (``make_mount_point``: what a
+        command of it left at that path is replaced, never followed); BadEnvironment says why not."""
+        for mount in self.volumes:
+            try:
+                make_mount_point(self.mounted, mount.target)
+            except (OSError, SafeFSError) as exc:
+                raise BadEnvironment(f"could not make {mount.target} in {self.label} for its volume: {exc}") from None
+        return self.volumes
 
     def _root_fields(self, user: str) -> dict:
         if user in self.users:

@@ -73,6 +73,18 @@ def agent_artifacts(ctx: Context) -> Path:
     return _for_step(ctx, ctx.session.agent_artifacts)
 
 
+def agent_folders(ctx: Context) -> tuple[Path, Path]:
+    """``agent_logs`` and ``agent_artifacts`` (the folders at /logs/agent and /logs/artifacts), made if
+    missing (with their step's parent), the sandbox uid's: main's agent, and a compose service's user,
+    write them (the root's user in every map)."""
+    logs, artifacts_folder = agent_logs(ctx), agent_artifacts(ctx)
+    for made in (ctx.session.agent_logs, logs, ctx.session.agent_artifacts, artifacts_folder):
+        if not made.exists():
+            made.mkdir(mode=0o755)
+            os.chown(made, ctx.session.uid, ctx.session.uid)
+    return logs, artifacts_folder
+
+
 def _for_step(ctx: Context, folder: Path) -> Path:
     return folder if ctx.steps is None else folder / ctx.steps.current.name
 

@@ -162,14 +162,17 @@ class Context:
         """What a task's command may reach: the session's folders its environment binds, in its root;
         ``user``: whose user it runs as in an image (kinds.AGENT_USER, VERIFIER_USER, IMAGE_USER; SPEC §23)."""
         ca = self.trusted_ca
-        return self.env.sandbox_policy(
-            network=network,
-            mounts=mounts,
-            ca_bundle=ca.host if ca is not None and self.runtime.isolated else None,
-            user=user,
-            **self._egress_fields(network, self.env.own_root),
-            **({"netns": self.netns.path} if self.netns is not None else {}),
-        )
+        try:  # an image's compose volumes (SPEC §23) bound too: kinds.Image.bind_volumes
+            return self.env.sandbox_policy(
+                network=network,
+                mounts=mounts,
+                ca_bundle=ca.host if ca is not None and self.runtime.isolated else None,
+                user=user,
+                **self._egress_fields(network, self.env.own_root),
+                **({"netns": self.netns.path} if self.netns is not None else {}),
+            )
+        except BadEnvironment as exc:
+            raise StepFailed(str(exc), kind=ErrorKind.INFRASTRUCTURE) from None
 
     def repository_env(self) -> dict[str, str]:
         """git's environment for fetching the task's repository (clone, or into the cache's mirror).

@@ -31,12 +31,13 @@ from evaluations.images.pull import pull
 from evaluations.images.store import ImageStore
 from evaluations.models import ErrorKind
 from evaluations.network.egress.relay import BUNDLE_TARGET, SANDBOX_SOCKET
-from evaluations.pipeline import services
+from evaluations.pipeline import collect, services
 from evaluations.pipeline.agentenv import find_interpreter
 from evaluations.pipeline.context import Context, StepFailed
+from evaluations.runtime import Mount
 from evaluations.runtime.idmap import image_id_base
 from evaluations.runtime.policy import DISTRIBUTION_CA_BUNDLE
-from evaluations.tasks.spec import ImageEnvironment
+from evaluations.tasks.spec import AGENT_LOGS, ARTIFACTS_DIR, ImageEnvironment
 from executor_project.config import Config
 
 
@@ -58,6 +59,8 @@ def preparing_environment(ctx: Context) -> None:
         ctx.stage(environment={**record, **verifiers})
     if isinstance(spec, ImageEnvironment) and ctx.task.services:
         _service_images(ctx)  # SPEC §23: started by starting_environment (pipeline/services.py)
+    if isinstance(spec, ImageEnvironment):
+        _volumes(ctx)
 
 
 def _named(ctx: Context) -> dict:
@@ -166,6 +169,46 @@ def _service_images(ctx: Context) -> None:
                             f"{result.record.digest}{_cached(result)}\n")  # fmt: skip
         ctx.services[service.name] = services.Running(service=service, environment=env)
     services.write_all_hosts(ctx)
+
+
+def _volumes(ctx: Context) -> None:
+    """SPEC §23: the compose file's named volumes, each a folder of the session (``volumes/<name>/``,
+    counted by its disk quota), bound at its target in main (the agent's, its first process's and the
+    verifier's sandboxes) and in every service naming it; Harbor's log folders in a service: the
+    session's own folders main has at /logs/agent and /logs/artifacts (collect.agent_folders; a task
+    of [[steps]]: the first step's, the one main has when the services start). A volume is the
+    evaluation's uid's, the user of every root's map (main's agent, each service's user), and
+    writable by every id of the evaluation (0777: main's image User or [verifier] user may be
+    another); it starts empty (Docker's copy of the image's files at the target is not made)."""
+    task = ctx.task
+    if not task.volumes and not any(service.volumes for service in task.services):
+        return
+    named = sorted({v.volume for s in (task, *task.services) for v in s.volumes if v.volume is not None})
+    parent = ctx.session.root / services.VOLUMES_DIR
+    folders: dict[str, Path] = {}
+    if named:
+        _image_folder(ctx, parent, "the volumes' folder", mode=0o711)  # passed by every id, never listed
+    for name in named:
+        folder = folders[name] = parent / name
+        try:
+            folder.mkdir(mode=0o700)
+            os.chown(folder, ctx.session.uid, ctx.session.uid)
+            os.chmod(folder, 0o777)
+        except OSError as exc:
+            raise StepFailed(f"could not make volume {name!r}: {exc}", kind=ErrorKind.INFRASTRUCTURE) from None
+    logs = {}
+    if any(volume.log_folder for service in task.services for volume in service.volumes):
+        logs = dict(zip((AGENT_LOGS, ARTIFACTS_DIR), collect.agent_folders(ctx), strict=True))
+
+    def mounts(volumes) -> tuple[Mount, ...]:
+        return tuple(
+            Mount(folders[v.volume] if v.volume is not None else logs[v.log_folder], v.target, writable=not v.read_only)
+            for v in volumes
+        )
+
+    ctx.env.volumes = mounts(task.volumes)
+    for running in ctx.services.values():
+        running.environment.volumes = mounts(running.service.volumes)
 
 
 def _image_folder(ctx: Context, folder: Path, shown: str, *, mode: int = 0o710) -> None:
@@ -385,6 +428,8 @@ def executor_made(ctx: Context) -> tuple[str, ...]:
     made += ["logs/verifier", "logs/artifacts"]
     if ctx.task is not None and ctx.task.services:
         made.append("etc/hosts")  # the services' names (pipeline/services.py), as Docker writes it
+    if ctx.task is not None:
+        made += [volume.target for volume in ctx.task.volumes]  # main's compose volumes' mount points
     made.append(str(ctx.config.workspace_base))
     return tuple(path.strip("/") for path in made)
 

@@ -21,6 +21,10 @@ container's main process starts, and its healthcheck, which must pass before the
    before main's first process and the agent, with Docker's timing (``await_healthy``,
    ``wait_first``): one that never passes, or a service that ends first, is ``task_invalid``.
 5. After the agent, [[verifier.collect]] commands run in their service (``collect``), best effort.
+6. The compose file's named volumes are folders of the session (``VOLUMES_DIR``, made by
+   imageenv._volumes), bound in main's sandboxes and each service's naming them, as a service's
+   Harbor log folders (the session's own folder main has there) are: each root's ``volumes``, bound
+   by its ``sandbox_policy`` on mount points made again before every sandbox (kinds.Image.bind_volumes).
 """
 
 from __future__ import annotations
@@ -33,7 +37,7 @@ import time
 from pathlib import Path
 
 from evaluations import livelog
-from evaluations.environments import kinds
+from evaluations.environments import BadEnvironment, kinds
 from evaluations.environments.kinds import BaseEnvironment
 from evaluations.images import rootfs
 from evaluations.images.errors import ImageError
@@ -51,6 +55,7 @@ from evaluations.tasks.spec import FirstProcess, Healthcheck, ImageEnvironment, 
 
 ENTRYPOINT = "entrypoint"
 SERVICES_DIR = "services"  # <session>/services/<name>/rootfs: each compose service's root
+VOLUMES_DIR = "volumes"  # <session>/volumes/<name>: each named volume of the compose file (imageenv._volumes)
 COLLECT_LOG_BYTES = 4096  # what the log keeps of a [[verifier.collect]] command's output
 _CANCEL_POLL_SECS = 0.1  # how soon a wait between two checks sees a cancel
 
@@ -268,12 +273,15 @@ def _start_one(ctx: Context, running: Running) -> None:
             "and its image has no Cmd or Entrypoint)"
         )
     ca = ctx.trusted_ca
-    running.policy = environment.sandbox_policy(
-        network=False,  # no relay: its loopback is the environment's, nothing more
-        ca_bundle=ca.host if ca is not None else None,
-        user=kinds.IMAGE_USER,  # its image's User, or its compose ``user``
-        netns=ctx.netns.path,
-    )
+    try:  # its compose volumes bound too (kinds.Image.bind_volumes)
+        running.policy = environment.sandbox_policy(
+            network=False,  # no relay: its loopback is the environment's, nothing more
+            ca_bundle=ca.host if ca is not None else None,
+            user=kinds.IMAGE_USER,  # its image's User, or its compose ``user``
+            netns=ctx.netns.path,
+        )
+    except BadEnvironment as exc:
+        raise StepFailed(str(exc), kind=ErrorKind.INFRASTRUCTURE) from None
     running.env = _service_env(service, config, running.policy.image)
     if argv is None:  # only what keeps a container alive: its root serves its checks and hooks
         livelog.append_text(ctx.session.log, livelog.executor_line(f"{shown}: nothing to start"))
@@ -304,6 +312,7 @@ def _await(ctx: Context, running: Running) -> None:
         output = last_line(process.output())
         return f"it exited with code {process.exit_code}" + (f": {output}" if output else "")
 
+    _bind_volumes(running)
     await_healthy(
         ctx,
         service.healthcheck,
@@ -315,6 +324,15 @@ def _await(ctx: Context, running: Running) -> None:
         ended=ended,
     )
     running.healthy = True
+
+
+def _bind_volumes(running: Running) -> None:
+    """A service's volumes' mount points made again before a sandbox of its policy (made once, at its
+    start): its process may have changed its root since (kinds.Image.bind_volumes)."""
+    try:
+        running.environment.bind_volumes()
+    except BadEnvironment as exc:
+        raise StepFailed(str(exc), kind=ErrorKind.INFRASTRUCTURE) from None
 
 
 def host_names(ctx: Context) -> list[str]:
@@ -369,6 +387,7 @@ def _collect_one(ctx: Context, index: int, hook) -> None:
     else:
         running = ctx.services[hook.service]
         environment, env, policy = running.environment, running.env, running.policy
+        _bind_volumes(running)
     try:
         if hook.user is not None:
             ids = kinds.user_ids(policy.image, hook.user)

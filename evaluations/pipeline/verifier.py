@@ -164,11 +164,7 @@ def agent_mounts(ctx: Context) -> list[Mount]:
     it when ``run_verifier`` makes the verifier's)."""
     if not ctx.env.agent_logs:
         return []
-    folder, artifacts_folder = collect.agent_logs(ctx), collect.agent_artifacts(ctx)
-    for made in (ctx.session.agent_logs, folder, ctx.session.agent_artifacts, artifacts_folder):
-        if not made.exists():
-            made.mkdir(mode=0o755)
-            os.chown(made, ctx.session.uid, ctx.session.uid)
+    folder, artifacts_folder = collect.agent_folders(ctx)
     _tests, logs = _verifier_folders(ctx, [], owner=(ctx.session.uid, ctx.session.uid))  # the agent's, here
     for target in (AGENT_LOGS, ARTIFACTS_DIR, VERIFIER_LOGS):
         _mount_point(ctx, target)

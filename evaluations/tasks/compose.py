@@ -19,7 +19,17 @@ from evaluations.tasks.readers import (
     load_yaml_mapping,
     type_name,
 )
-from evaluations.tasks.spec import Healthcheck, ImageEnvironment, Service, SupportFile, TaskError
+from evaluations.tasks.spec import (
+    AGENT_LOGS,
+    ARTIFACTS_DIR,
+    VERIFIER_LOGS,
+    Healthcheck,
+    ImageEnvironment,
+    Service,
+    ServiceVolume,
+    SupportFile,
+    TaskError,
+)
 
 _COMPOSE_NAMES = ("docker-compose.yaml", "docker-compose.yml")
 # Keys that change nothing for a task run in one container here: its name, a terminal, Compose's
@@ -29,8 +39,8 @@ MAIN = "main"  # Harbor's name for the agent's service (MAIN_SERVICE_NAME)
 SERVICE_NAME = re.compile(r"[a-zA-Z0-9][a-zA-Z0-9_.-]*")  # Harbor's _COMPOSE_SERVICE_NAME_PATTERN
 
 
-def _compose_file(folder: Path, prefix: str) -> tuple[str, dict] | None:
-    """(shown name, services mapping) of ``folder``'s docker-compose file, or None without one."""
+def _compose_file(folder: Path, prefix: str) -> tuple[str, dict, dict] | None:
+    """(shown name, services mapping, whole file) of ``folder``'s docker-compose file, or None without one."""
     for name in _COMPOSE_NAMES:
         if not os.path.lexists(folder / name):
             continue
@@ -39,7 +49,7 @@ def _compose_file(folder: Path, prefix: str) -> tuple[str, dict] | None:
         services = data.get("services")
         if not isinstance(services, dict) or not services:
             raise TaskError(f"{shown}: 'services' must be a mapping of service names to services")
-        return shown, services
+        return shown, services, data
     return None
 
 
@@ -48,7 +58,7 @@ def single_service(folder: Path, prefix: str) -> dict | None:
     without one; several services are refused (a task runs in one container here)."""
     found = _compose_file(folder, prefix)
     if found is not None:
-        shown, services = found
+        shown, services, _data = found
         if len(services) > 1:
             names = ", ".join(sorted(str(service) for service in services))
             raise TaskError(f"{shown} has {len(services)} services ({names}); a task runs in one container here")
@@ -75,6 +85,7 @@ SIDECAR_KEYS = (
     "user",
     "ports",
     "expose",
+    "volumes",
 )
 _SIDECAR_IGNORED = tuple(key for key in IGNORED_SERVICE_KEYS if key != "image")
 _BUILD_KEYS = ("context", "dockerfile", "args", "target")
@@ -94,6 +105,7 @@ class ComposeServices:
 
     main: dict | None
     services: tuple[Service, ...]
+    volumes: tuple[ServiceVolume, ...] = ()  # main's named volumes (its other volumes stay in its service)
 
 
 def harbor_services(root: Path) -> ComposeServices:
@@ -103,7 +115,8 @@ def harbor_services(root: Path) -> ComposeServices:
     found = _compose_file(root / "environment", "environment/")
     if found is None:
         return ComposeServices(None, ())
-    shown, raw = found
+    shown, raw, data = found
+    declared = _declared_volumes(shown, data.get("volumes"))
     for name, service in raw.items():
         if not isinstance(name, str) or not SERVICE_NAME.fullmatch(name):
             raise TaskError(
@@ -114,17 +127,21 @@ def harbor_services(root: Path) -> ComposeServices:
             raise TaskError(f"{shown}: service {name!r} must be a mapping")
     if len(raw) == 1:
         ((name, service),) = raw.items()
-        return ComposeServices({"file": shown, "name": name, "service": service}, ())
+        volumes, binds = _service_volumes(shown, name, service, declared, main=True)
+        service = {**service, "volumes": binds} if "volumes" in service else service
+        return ComposeServices({"file": shown, "name": name, "service": service}, (), volumes)
     if MAIN not in raw:
         names = ", ".join(sorted(raw))
         raise TaskError(f"{shown} has {len(raw)} services ({names}) and none named 'main' (the agent's)")
-    main = {"file": shown, "name": MAIN, "service": raw[MAIN]}
-    services = {name: _service(root, shown, name, service) for name, service in raw.items() if name != MAIN}
+    main_volumes, main_binds = _service_volumes(shown, MAIN, raw[MAIN], declared, main=True)
+    main_service = {**raw[MAIN], "volumes": main_binds} if "volumes" in raw[MAIN] else raw[MAIN]
+    main = {"file": shown, "name": MAIN, "service": main_service}
+    services = {name: _service(root, shown, name, service, declared) for name, service in raw.items() if name != MAIN}
     _depends_on(shown, MAIN, raw[MAIN], services)  # checked: main starts after what it names, as every service does
-    return ComposeServices(main, tuple(_start_order(shown, services)))
+    return ComposeServices(main, tuple(_start_order(shown, services)), main_volumes)
 
 
-def _service(root: Path, shown: str, name: str, service: dict) -> Service:
+def _service(root: Path, shown: str, name: str, service: dict, declared: frozenset[str]) -> Service:
     where = f"{shown}: service {name!r}"
     for key in service:
         if isinstance(key, str) and key.startswith("x-"):
@@ -154,6 +171,7 @@ def _service(root: Path, shown: str, name: str, service: dict) -> Service:
         user=user,
         healthcheck=_healthcheck(service.get("healthcheck"), where),
         depends_on=_depends_on(shown, name, service, None),
+        volumes=_service_volumes(shown, name, service, declared)[0],
     )
 
 
@@ -358,6 +376,164 @@ def _start_order(shown: str, services: dict[str, Service]) -> list[Service]:
     for name in services:
         visit(name, [])
     return order
+
+
+# -- a Harbor task's volumes (SPEC §23) -----------------------------------------------------------
+
+_VOLUME_NAME = re.compile(r"[a-zA-Z0-9][a-zA-Z0-9_.-]*")  # Compose's volume names
+_VOLUME_KEYS = ("driver", "driver_opts", "external", "name", "labels")
+# Harbor's log folders (compose_env.py legacy_log_mount_env_vars): HOST_<X>_PATH, the trial's folder, at ENV_<X>_PATH
+LOG_FOLDERS = {"AGENT_LOGS": AGENT_LOGS, "ARTIFACTS": ARTIFACTS_DIR, "VERIFIER_LOGS": VERIFIER_LOGS}
+_HOST_LOG = re.compile(
+    r"\$(?:\{HOST_(AGENT_LOGS|ARTIFACTS|VERIFIER_LOGS)_PATH\}|HOST_(AGENT_LOGS|ARTIFACTS|VERIFIER_LOGS)_PATH)"
+)
+_ENV_LOG = re.compile(
+    r"\$(?:\{ENV_(AGENT_LOGS|ARTIFACTS|VERIFIER_LOGS)_PATH\}|ENV_(AGENT_LOGS|ARTIFACTS|VERIFIER_LOGS)_PATH)"
+)
+# Where the executor binds its own (main's /logs, /tests, /solution, /tmp), the sandbox its own (/proc, /dev,
+# /sys, /run/term-executor) and the services' names (/etc/hosts): no volume there, above or below.
+RESERVED_TARGETS = (
+    "/proc", "/dev", "/sys", "/tmp", "/var/tmp", "/logs", "/tests", "/solution", "/etc/hosts", "/run/term-executor",
+)  # fmt: skip
+_MODES = ("ro", "rw")
+
+
+def _declared_volumes(shown: str, value: object) -> frozenset[str]:
+    """The file's top-level ``volumes``: each a folder of the session here, so only Compose's default
+    (local) driver, without options, not external."""
+    if value is None:
+        return frozenset()
+    if not isinstance(value, dict):
+        raise TaskError(f"{shown}: top-level 'volumes' must be a mapping of volume names")
+    for name, spec in value.items():
+        where = f"{shown}: volume {name!r}"
+        if not isinstance(name, str) or not _VOLUME_NAME.fullmatch(name):
+            raise TaskError(f"{where}: a volume name must start with a letter or digit and hold only letters, "
+                            "digits, '_', '.' and '-'")  # fmt: skip
+        if spec is None:
+            continue
+        if not isinstance(spec, dict):
+            raise TaskError(f"{where} must be empty or a mapping")
+        for key in spec:
+            if key not in _VOLUME_KEYS:
+                raise TaskError(f"{where}: key {key!r} is not supported here (a volume is a folder of the evaluation)")
+        if spec.get("driver") not in (None, "local"):
+            raise TaskError(f"{where}: driver {spec['driver']!r} is not supported here (only the default, local)")
+        if spec.get("driver_opts"):
+            raise TaskError(f"{where}: 'driver_opts' is not supported here (a volume is a folder of the evaluation)")
+        if spec.get("external") not in (None, False):
+            raise TaskError(f"{where}: 'external' is not supported here (no volume outlives the evaluation)")
+    return frozenset(value)
+
+
+def _service_volumes(
+    shown: str, name: str, service: dict, declared: frozenset[str], *, main: bool = False
+) -> tuple[tuple[ServiceVolume, ...], list]:
+    """A service's ``volumes``: its named volumes and Harbor's log folders, and (``main``: the agent's
+    service) the entries left for ``bound_folder`` (a bind of the task's folder, Terminal-Bench's log
+    folders); main's log folders are its own already. Anything else naming a host path is refused,
+    naming the service and the entry."""
+    volumes = service.get("volumes")
+    if volumes is None:
+        return (), []
+    where = f"{shown}: service {name!r}"
+    if not isinstance(volumes, list):
+        raise TaskError(f"{where}: 'volumes' must be a list")
+    found: list[ServiceVolume] = []
+    binds = []
+    for entry in volumes:
+        shown_entry = f"{where}: volume {entry!r}"
+        source, target, read_only, kind = _entry(entry, shown_entry)
+        if source is None:
+            raise TaskError(f"{shown_entry} is an anonymous volume (a target alone), which is not supported here")
+        host_log = _HOST_LOG.fullmatch(source)
+        if host_log is not None:
+            which = host_log.group(1) or host_log.group(2)
+            folder = LOG_FOLDERS[which]
+            env_log = _ENV_LOG.fullmatch(target)
+            if (env_log is None and posixpath.normpath(target) != folder) or (
+                env_log is not None and (env_log.group(1) or env_log.group(2)) != which
+            ):
+                raise TaskError(
+                    f"{shown_entry} binds Harbor's {folder} elsewhere than at {folder}, which is not supported here"
+                )
+            if main:
+                continue  # the executor binds main's own
+            if folder == VERIFIER_LOGS:
+                raise TaskError(
+                    f"{shown_entry}: a service cannot share {VERIFIER_LOGS} here (it is made fresh for the "
+                    "verifier, after the services started)"
+                )
+            found.append(ServiceVolume(target=folder, log_folder=folder, read_only=read_only))
+            continue
+        harness = HARNESS_VOLUME.fullmatch(entry) if isinstance(entry, str) else None
+        if harness is not None or kind == "bind" or source.startswith((".", "/", "~")):
+            if main:
+                binds.append(entry)  # Terminal-Bench's log folders, a bind of the task's folder: bound_folder's
+                continue
+            raise TaskError(
+                f"{shown_entry} binds a host path, which is not supported here (only a named volume "
+                "of the file's top-level 'volumes', or Harbor's log folders)"
+            )
+        if _HOST_VARIABLE.search(source.replace("$$", "")) or not _VOLUME_NAME.fullmatch(source):
+            raise TaskError(f"{shown_entry} takes its source from the host's environment or is no volume name; "
+                            "this executor passes nothing of its own environment to a task")  # fmt: skip
+        if source not in declared:
+            raise TaskError(f"{shown_entry} names volume {source!r}, which the file's top-level 'volumes' "
+                            "does not declare")  # fmt: skip
+        target = _volume_target(target, shown_entry)
+        if any(other.target == target for other in found):
+            raise TaskError(f"{shown_entry}: a second volume at {target}")
+        found.append(ServiceVolume(target=target, volume=source, read_only=read_only))
+    return tuple(found), binds
+
+
+def _entry(entry: object, where: str) -> tuple[str | None, str, bool, str]:
+    """(source, target, read only, type) of a volume entry, short (``SOURCE:TARGET[:MODE]``) or long
+    (``{type, source, target, read_only}``); a source of None: an anonymous volume (a target alone)."""
+    if isinstance(entry, str):
+        parts = entry.split(":")
+        if len(parts) == 1:
+            return None, parts[0], False, "volume"
+        if len(parts) not in (2, 3) or not parts[0] or not parts[1]:
+            raise TaskError(f"{where} is not SOURCE:TARGET[:MODE]")
+        mode = parts[2] if len(parts) == 3 else "rw"
+        if mode not in _MODES:
+            raise TaskError(f"{where}: mode {mode!r} is not supported here (only ro or rw)")
+        return parts[0], parts[1], mode == "ro", "volume"
+    if isinstance(entry, dict):
+        kind = entry.get("type", "volume")
+        source, target, read_only = entry.get("source"), entry.get("target"), entry.get("read_only", False)
+        if kind not in ("volume", "bind") or not set(entry) <= {
+            "type",
+            "source",
+            "target",
+            "read_only",
+            "volume",
+            "bind",
+        }:
+            raise TaskError(f"{where} is not supported here (only type volume or bind, with source, target and "
+                            "read_only)")  # fmt: skip
+        if not isinstance(source, str) or not source or not isinstance(target, str) or not isinstance(read_only, bool):
+            raise TaskError(f"{where} needs a source and a target (strings) and read_only true or false")
+        return source, target, read_only, kind
+    raise TaskError(f"{where} must be SOURCE:TARGET[:MODE] or a mapping of type, source, target and read_only")
+
+
+def _volume_target(target: str, where: str) -> str:
+    """A named volume's target: absolute, normalised, over nothing the executor or the sandbox binds."""
+    if not target.startswith("/") or any(c in target for c in "\0\n$") or ".." in target.split("/"):
+        raise TaskError(f"{where}: target {target!r} must be an absolute path (without '..' or '$')")
+    normal = "/" + posixpath.normpath(target).lstrip("/")
+    for reserved in RESERVED_TARGETS:
+        if (
+            normal == "/"
+            or normal == reserved
+            or normal.startswith(reserved + "/")
+            or reserved.startswith(normal + "/")
+        ):
+            raise TaskError(f"{where}: target {normal} is over {reserved}, which the executor binds itself")
+    return normal
 
 
 # -- a compose service as Docker Compose would run it (SPEC §22) ----------------------------------

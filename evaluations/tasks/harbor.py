@@ -223,6 +223,7 @@ def load(root: Path, limits: TaskLimits) -> TaskSpec:
         **({"steps": steps.steps, "reward_strategy": steps.strategy} if steps is not None else {}),
         services=compose.services,
         collect=collect,
+        volumes=compose.volumes,
     )
 
 

@@ -76,6 +76,19 @@ class SeparateVerifier:
 
 
 @dataclass(frozen=True)
+class ServiceVolume:
+    """A compose service's volume (SPEC §23): a named volume of the file's top-level ``volumes``
+    (``volume``: one folder of the evaluation's session, bound in every service naming it), or one of
+    Harbor's log folders (``log_folder``: /logs/agent or /logs/artifacts, the session's own folder main
+    has there), bound at ``target`` (absolute, normalised)."""
+
+    target: str
+    volume: str | None = None
+    log_folder: str | None = None
+    read_only: bool = False
+
+
+@dataclass(frozen=True)
 class Service:
     """A compose service other than ``main`` (SPEC §23): a sandbox of its own beside the agent's,
     sharing its loopback; started before the agent, in ``depends_on`` order, kept until the end."""
@@ -89,6 +102,7 @@ class Service:
     user: str | None = None  # over the image's User
     healthcheck: Healthcheck | None = None
     depends_on: dict[str, str] = field(default_factory=dict)  # name: service_started | service_healthy
+    volumes: tuple[ServiceVolume, ...] = ()  # its named volumes and Harbor's log folders
 
 
 @dataclass(frozen=True)
@@ -305,6 +319,8 @@ class TaskSpec:
     # [[verifier.collect]]'s commands, run after the agent
     services: tuple[Service, ...] = ()
     collect: tuple[Collect, ...] = ()
+    # SPEC §23: the named volumes main's compose service binds (the agent's environment)
+    volumes: tuple[ServiceVolume, ...] = ()
 
 
 def image_task(root: Path, **fields) -> TaskSpec:

@@ -673,10 +673,8 @@ def test_several_compose_services_main_and_the_others_in_start_order(tmp_path):
          "environment/docker-compose.yaml has 2 services (app, db) and none named 'main' (the agent's)"),
         ("services:\n  main: {}\n  db: {image: postgres, privileged: true}\n",
          "environment/docker-compose.yaml: service 'db': key 'privileged' is not supported here (a service may say "
-         "image, build, command, entrypoint, environment, healthcheck, depends_on, working_dir, user, ports, expose)"),
-        ("services:\n  main: {}\n  db: {image: postgres, volumes: ['./data:/data']}\n",
-         "environment/docker-compose.yaml: service 'db': key 'volumes' is not supported here (a service may say "
-         "image, build, command, entrypoint, environment, healthcheck, depends_on, working_dir, user, ports, expose)"),
+         "image, build, command, entrypoint, environment, healthcheck, depends_on, working_dir, user, ports, expose, "
+         "volumes)"),
         ("services:\n  main: {}\n  db: {command: run}\n",
          "environment/docker-compose.yaml: service 'db' has neither 'image' nor 'build': it has nothing to run"),
         ("services:\n  main: {}\n  db: {image: postgres, environment: {PASSWORD: '${PASSWORD}'}}\n",
