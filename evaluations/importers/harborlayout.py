@@ -95,7 +95,7 @@ def _bind_environment(environment, env_dir: Path) -> None:
     if os.path.lexists(env_dir / "docker-compose.yaml"):
         raise CannotConvert("its build context already holds a docker-compose.yaml")
     service = {"build": {"context": ".", "dockerfile": "Dockerfile"}, "volumes": [f"./:{environment.workdir}"]}
-    compose = yaml.safe_dump({"services": {"client": service}}, sort_keys=False)
+    compose = yaml.safe_dump({"services": {"main": service}}, sort_keys=False)  # Harbor's agent service
     (env_dir / "docker-compose.yaml").write_text(_COMPOSE_NOTE + compose, encoding="utf-8")
 
 

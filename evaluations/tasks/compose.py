@@ -109,9 +109,9 @@ class ComposeServices:
 
 
 def harbor_services(root: Path) -> ComposeServices:
-    """The task's environment/docker-compose.yaml: its ``main`` service (a single service of
-    another name is main, as today), and every other one read as a ``Service`` in ``depends_on``
-    order; each refusal names the file, the service and the key."""
+    """The task's environment/docker-compose.yaml: its ``main`` service (None without one: main is then
+    the task's environment alone, as Harbor's own compose file makes it), and every other one read as a
+    ``Service`` in ``depends_on`` order; each refusal names the file, the service and the key."""
     found = _compose_file(root / "environment", "environment/")
     if found is None:
         return ComposeServices(None, ())
@@ -125,14 +125,11 @@ def harbor_services(root: Path) -> ComposeServices:
             )
         if not isinstance(service, dict):
             raise TaskError(f"{shown}: service {name!r} must be a mapping")
-    if len(raw) == 1:
-        ((name, service),) = raw.items()
-        volumes, binds = _service_volumes(shown, name, service, declared, main=True)
-        service = {**service, "volumes": binds} if "volumes" in service else service
-        return ComposeServices({"file": shown, "name": name, "service": service}, (), volumes)
     if MAIN not in raw:
-        names = ", ".join(sorted(raw))
-        raise TaskError(f"{shown} has {len(raw)} services ({names}) and none named 'main' (the agent's)")
+        # Harbor lays the task's file over its own, whose main is the task's environment (its Dockerfile or
+        # docker_image): a file without main has only services beside it, whatever their number or names.
+        services = {name: _service(root, shown, name, service, declared) for name, service in raw.items()}
+        return ComposeServices(None, tuple(_start_order(shown, services)))
     main_volumes, main_binds = _service_volumes(shown, MAIN, raw[MAIN], declared, main=True)
     main_service = {**raw[MAIN], "volumes": main_binds} if "volumes" in raw[MAIN] else raw[MAIN]
     main = {"file": shown, "name": MAIN, "service": main_service}

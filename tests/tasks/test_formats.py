@@ -667,10 +667,26 @@ def test_several_compose_services_main_and_the_others_in_start_order(tmp_path):
 
 
 @pytest.mark.parametrize(
+    ("compose", "names"),
+    [
+        ("services:\n  helper:\n    image: python:3.12-slim\n    command: [sleep, infinity]\n", ["helper"]),
+        ("services:\n  app: {build: .}\n  db: {image: postgres}\n", ["app", "db"]),
+    ],
+)
+def test_a_compose_file_without_main_has_only_services_beside_the_tasks_environment(tmp_path, compose, names):
+    """Harbor lays the task's file over its own, whose main is the task's environment/Dockerfile (or
+    docker_image): a file naming no main, even of one service, adds services and leaves main alone (its
+    Harbor example network-policy-matrix/static/compose-sidecar-controlled has a lone ``helper``)."""
+    spec = load_task(harbor(tmp_path / "task", **{"environment/docker-compose.yaml": compose}))
+    assert sorted(service.name for service in spec.services) == names
+    plain = load_task(harbor(tmp_path / "plain"))  # main as a task without a compose file has it
+    assert spec.first_process == plain.first_process, spec.first_process  # not a service's command
+    assert spec.environment.dockerfile == "environment/Dockerfile"
+
+
+@pytest.mark.parametrize(
     ("compose", "message"),
     [
-        ("services:\n  app: {build: .}\n  db: {image: postgres}\n",
-         "environment/docker-compose.yaml has 2 services (app, db) and none named 'main' (the agent's)"),
         ("services:\n  main: {}\n  db: {image: postgres, privileged: true}\n",
          "environment/docker-compose.yaml: service 'db': key 'privileged' is not supported here (a service may say "
          "image, build, command, entrypoint, environment, healthcheck, depends_on, working_dir, user, ports, expose, "
