@@ -385,6 +385,17 @@ def separate_task(root: Path, image: str, toml: str = "", one: str = "", two: st
     return root
 
 
+def _both_steps_pass(tasks, root, config):
+    """The separate-verifier task run with SEPARATE_AGENT: both steps rewarded, step two's agent having
+    seen step one's work."""
+    evaluation = evaluate(serve(tasks, root), SEPARATE_AGENT, config=config, sandbox="bwrap", language="bash")
+    assert (evaluation.status, evaluation.reward) == ("completed", 1.0), (
+        evaluation.error, evaluation.test_output, evaluation.log[-3000:])  # fmt: skip
+    assert shown(evaluation) == [("one", 1.0, {"reward": 1.0}, True), ("two", 1.0, {"reward": 1.0}, True)]
+    assert "two saw-one=one saw-verifier=1" in evaluation.agent_output, evaluation.agent_output
+    return evaluation
+
+
 def test_a_steps_separate_verifier_sees_only_its_artifacts_and_the_next_agent_the_agents_root(
     tasks, image_task_config, tmp_path, base_image
 ):
@@ -395,12 +406,7 @@ def test_a_steps_separate_verifier_sees_only_its_artifacts_and_the_next_agent_th
     two = 'artifacts = ["/app/two.txt"]\n[steps.verifier]\nenvironment_mode = "separate"\n[steps.verifier.env]\n' \
           'STEP = "two"\nOWN = "/app/two.txt"\nABSENT = "/app/one.txt"\n'  # fmt: skip
     root = separate_task(tmp_path / "task", image, two=two, files={"tests/test.sh": SEPARATE_TEST})
-    evaluation = evaluate(serve(tasks, root), SEPARATE_AGENT, config=image_task_config, sandbox="bwrap",
-                          language="bash")  # fmt: skip
-    assert (evaluation.status, evaluation.reward) == ("completed", 1.0), (
-        evaluation.error, evaluation.test_output, evaluation.log[-3000:])  # fmt: skip
-    assert shown(evaluation) == [("one", 1.0, {"reward": 1.0}, True), ("two", 1.0, {"reward": 1.0}, True)]
-    assert "two saw-one=one saw-verifier=1" in evaluation.agent_output, evaluation.agent_output
+    evaluation = _both_steps_pass(tasks, root, image_task_config)
     environment = evaluation.environment
     assert "verifier" not in environment and list(environment["verifiers"]) == ["two"]
     assert (environment["verifiers"]["two"]["ref"], environment["verifiers"]["two"]["digest"]) == (
@@ -414,6 +420,40 @@ def test_a_steps_separate_verifier_sees_only_its_artifacts_and_the_next_agent_th
     assert "no /app/two.txt" in nothing.test_output
 
 
+BUNDLED_TEST = (
+    "#!/bin/bash\nok=1\n"
+    'test "$(cat /tests/marker)" = baked || { echo "no marker: $(ls /tests)"; ok=0; }\n'
+    "test ! -e /tests/shared.txt || { echo sees the task tests; ok=0; }\n"
+    'test "$(cat /logs/artifacts/conv.txt)" = two || { echo no conv; ok=0; }\n'
+    "test ! -e /app/secret.txt || { echo sees secret; ok=0; }\n"
+    "echo $ok > /logs/verifier/reward.txt\n"
+)
+
+
+def test_a_steps_own_tests_dockerfile_is_its_separate_verifiers_image_with_its_own_tests(
+    tasks, image_task_config, tmp_path, base_image
+):
+    """Harbor's resolve_verifier_environment_definition: a separate step whose steps/<name>/tests/ holds a
+    Dockerfile runs its verifier in that image, built from that folder, with the image's own /tests (nothing
+    of the task's tests/ uploaded: ``bundled_tests``); only the artifacts are copied in."""
+    _registry, image, _digest = base_image
+    two = '[steps.verifier]\nenvironment_mode = "separate"\n'
+    files = {
+        "tests/test.sh": SEPARATE_TEST,
+        "tests/shared.txt": "the task's\n",
+        "steps/two/tests/Dockerfile": f"FROM {image}\nCOPY bundled.sh /tests/test.sh\nCOPY marker /tests/marker\n",
+        "steps/two/tests/bundled.sh": BUNDLED_TEST,
+        "steps/two/tests/marker": "baked\n",
+    }
+    root = separate_task(tmp_path / "task", image, two=two, files=files)
+    evaluation = evaluate(serve(tasks, root), SEPARATE_AGENT, config=image_task_config, sandbox="bwrap",
+                          language="bash")  # fmt: skip
+    assert (evaluation.status, evaluation.reward) == ("completed", 1.0), (
+        evaluation.error, evaluation.test_output, evaluation.log[-3000:])  # fmt: skip
+    assert shown(evaluation) == [("one", 1.0, {"reward": 1.0}, True), ("two", 1.0, {"reward": 1.0}, True)]
+    assert evaluation.environment["verifiers"]["two"]["ref"] == "steps/two/tests/Dockerfile", evaluation.environment
+
+
 def test_a_tasks_separate_verifier_is_every_steps_each_in_a_fresh_root(tasks, image_task_config, tmp_path, base_image):
     """[verifier] environment_mode = "separate" with [[steps]]: each step's verifier in a root of its own, fresh:
     step one's leaves /app/left-by-verifier there, which step two's does not see (nor step one's artifact
@@ -423,12 +463,7 @@ def test_a_tasks_separate_verifier_is_every_steps_each_in_a_fresh_root(tasks, im
     two = '[steps.verifier.env]\nSTEP = "two"\nABSENT = "/app/one.txt"\n'
     files = {"tests/test.sh": SEPARATE_TEST, "steps/one/tests/test.sh": SEPARATE_TEST}
     root = separate_task(tmp_path / "task", image, '[verifier]\nenvironment_mode = "separate"\n', one, two, files)
-    evaluation = evaluate(serve(tasks, root), SEPARATE_AGENT, config=image_task_config, sandbox="bwrap",
-                          language="bash")  # fmt: skip
-    assert (evaluation.status, evaluation.reward) == ("completed", 1.0), (
-        evaluation.error, evaluation.test_output, evaluation.log[-3000:])  # fmt: skip
-    assert shown(evaluation) == [("one", 1.0, {"reward": 1.0}, True), ("two", 1.0, {"reward": 1.0}, True)]
-    assert "two saw-one=one saw-verifier=1" in evaluation.agent_output, evaluation.agent_output
+    evaluation = _both_steps_pass(tasks, root, image_task_config)
     assert sorted(evaluation.environment["verifiers"]) == ["one", "two"]
 
 
