@@ -286,6 +286,14 @@ class LiveSandbox:
                 "a live sandbox runs main's environment alone, so it cannot be this task's",
                 ErrorKind.TASK_INVALID,
             )
+        if task.volumes:  # an evaluation binds them in main's sandboxes; a live sandbox's commands would miss them
+            names = ", ".join(sorted({volume.volume for volume in task.volumes if volume.volume}))
+            raise Ending(
+                SandboxStatus.FAILED,
+                f"environment.task_url: main's compose service binds named volumes ({names}); a live sandbox "
+                "runs main's root alone, without them, so it cannot be this task's",
+                ErrorKind.TASK_INVALID,
+            )
         return task.root, task.environment
 
     def _build_environment(self) -> build.BuildEnvironment:

@@ -9,6 +9,8 @@ import tarfile
 import uuid
 from pathlib import Path
 
+import pytest
+
 from tests.helpers.archives import Exec, write_archive
 
 
@@ -103,9 +105,19 @@ def test_a_tasks_own_environment(api, image_ref, web):
         api.call("DELETE", f"/sandboxes/{body['sandbox_id']}")
 
 
-def test_a_task_with_compose_services_cannot_be_a_sandbox(api, image_ref, web):
+@pytest.mark.parametrize(
+    ("compose", "said"),
+    [
+        ("services:\n  main: {{}}\n  db: {{image: '{image}'}}\n", "the task has compose services besides main (db)"),
+        (
+            "services:\n  main: {{volumes: ['evidence:/startup']}}\nvolumes:\n  evidence:\n",
+            "main's compose service binds named volumes (evidence)",
+        ),
+    ],
+)
+def test_a_task_with_compose_services_or_volumes_cannot_be_a_sandbox(api, image_ref, web, compose, said):
     name = f"compose-{uuid.uuid4().hex[:8]}.tar.gz"
-    compose = f"services:\n  main: {{}}\n  db: {{image: '{image_ref}'}}\n"
+    compose = compose.format(image=image_ref)
     write_archive(
         Path(web.www) / name,
         {
@@ -119,7 +131,7 @@ def test_a_task_with_compose_services_cannot_be_a_sandbox(api, image_ref, web):
     )
     status, body = api.json("POST", "/sandboxes", {"environment": {"task_url": web.url(f"/{name}")}})
     assert status == 400 and body["error"] == "task_invalid", body
-    assert "the task has compose services besides main (db)" in body["detail"], body
+    assert said in body["detail"], body
 
 
 def test_a_task_without_an_image_cannot_be_a_sandbox(api, web):
