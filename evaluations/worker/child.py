@@ -3,8 +3,8 @@
 The worker imports this module before it forks its forkserver (pool.py), so
 Django is set up once and every evaluation process is a cheap fork of a ready
 interpreter, sharing the worker's pages. The child opens its own database
-connection (none is inherited) and runs the pipeline with the runtime the
-worker resolved at start.
+connection (none is inherited; a spare opens it before its id comes: ``ready``)
+and runs the pipeline with the runtime the worker resolved at start.
 
 Two watchers set the evaluation's ``CancelState`` (pipeline/cancel.py): its
 row (every cancel is written there) and the worker's liveness pipe. The
@@ -25,7 +25,7 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "executor_project.settings")
 django.setup()
 
 from django.conf import settings  # noqa: E402
-from django.db import connections  # noqa: E402
+from django.db import close_old_connections, connections  # noqa: E402
 
 from evaluations.models import WORKER_LOST  # noqa: E402
 from evaluations.pipeline.cancel import CancelState, Stop, start_watching  # noqa: E402
@@ -47,10 +47,36 @@ def start_watching_worker(channel, state: CancelState) -> None:
     threading.Thread(target=watch_worker, args=(channel, state), name="watch-worker", daemon=True).start()
 
 
+_READY_IN: list[int] = []  # the pid of the spare that opened this process's connection (``ready``)
+
+
+def ready() -> None:
+    """A spare's work before it waits for its id (pool.wait_for_id): its own database connection,
+    opened now rather than at its evaluation's first query, where the connect and its set-up were
+    9-10 ms of the claim's path (SPEC §25; bench/RESULTS.md, issue 38). A database that cannot be
+    reached now is connected to later, as without a spare."""
+    connections.close_all()  # none is inherited
+    try:
+        connections["default"].ensure_connection()
+    except Exception:  # the evaluation's first query connects, and reports what is wrong then
+        connections.close_all()
+        return
+    _READY_IN[:] = [os.getpid()]
+
+
+def _own_connection() -> None:
+    """No connection from another process; a spare's own kept unless it is too old or broken
+    (as at a request's start; PostgreSQL's health check then runs at its first use)."""
+    if _READY_IN == [os.getpid()]:
+        close_old_connections()
+    else:
+        connections.close_all()
+
+
 def main(eval_id: str, runtime, alive_channel) -> None:
     state = CancelState()
     start_watching_worker(alive_channel, state)
-    connections.close_all()
+    _own_connection()
     done = start_watching(eval_id, state)
     try:
         run_pipeline(eval_id, settings.EXECUTOR, runtime=runtime, cancel=state)

@@ -21,12 +21,13 @@ its holders, so the pool runs without a resource tracker.
 
 A pool may keep one spare (``spare=True``): a process forked ahead, while the
 pool has room, that waits for its work's id on that same pipe. ``start``
-hands the id to the spare rather than forking then, so the fork and
-multiprocessing's start-up are off the claim's path; the spare then calls the
+hands the id to the spare rather than forking then, so the fork,
+multiprocessing's start-up and the evaluation's database connection (opened by
+the spare as it starts: child.ready) are off the claim's path; the spare then calls the
 target exactly as a process started for the id would, and the pipe goes on
 as its liveness pipe. Until it has an id a spare is nobody's: not running,
 not counted, and the end of its pipe (the worker stopped or died) ends it
-having touched nothing. A spare that died is replaced; its work never
+having read or written no row. A spare that died is replaced; its work never
 waited on it (``start`` forks as before when no live spare is there).
 """
 
@@ -71,8 +72,9 @@ class Running:
 
 
 class Pool:
-    def __init__(self, capacity: int, runtime, target=None, *, spare: bool = False):
+    def __init__(self, capacity: int, runtime, target=None, *, spare: bool = False, ready=None):
         """``target(eval_id, runtime, alive_channel)`` runs in each process: child.main unless a test says.
+        ``ready()``: what a spare does before it waits for its id (child.ready with child.main).
 
         ``runtime``: the resolved ``evaluations.runtime.Runtime``, handed to every evaluation.
         ``spare``: keep a process ready for the next id while there is room (``keep_spare``).
@@ -83,7 +85,9 @@ class Pool:
         start_forkserver()
         if target is None:
             from evaluations.worker.child import main as target
+            from evaluations.worker.child import ready
         self.target = target
+        self.ready = ready
         self.running: dict[str, Running] = {}
         self.keeps_spare = spare
         self.spare: Spare | None = None
@@ -116,7 +120,7 @@ class Pool:
     def keep_spare(self) -> None:
         """Fork the spare if this pool keeps one, has none and has room for one more evaluation."""
         if self.keeps_spare and self.spare is None and self.free > 0:
-            process, handoff = self._fork(target=wait_for_id, args=(self.target,), name="spare")
+            process, handoff = self._fork(target=wait_for_id, args=(self.target, self.ready), name="spare")
             self.spare = Spare(process, handoff, os.pidfd_open(process.pid))
 
     def _hand_to_spare(self, eval_id: str) -> bool:
@@ -174,15 +178,18 @@ class Pool:
                 entry.process.kill()
 
 
-def wait_for_id(target, runtime, channel: Connection) -> None:
-    """A spare's life: block until the worker hands it an id, then be that id's process (``target``,
-    the same channel as its liveness pipe); the end of the pipe first means exit, nothing touched.
+def wait_for_id(target, ready, runtime, channel: Connection) -> None:
+    """A spare's life: ``ready()`` (its own database connection: child.ready), then block until the
+    worker hands it an id, then be that id's process (``target``, the same channel as its liveness
+    pipe); the end of the pipe first means exit, nothing read or written.
 
     It is named SPARE_NAME (``ps``) while it waits, and takes back its inherited name with the id,
     so that its evaluation looks as one forked for it does."""
     with open("/proc/self/comm") as comm:
         inherited = comm.read().rstrip("\n")
     name_process(SPARE_NAME)
+    if ready is not None:
+        ready()
     try:
         eval_id = channel.recv_bytes().decode()
     except EOFError:

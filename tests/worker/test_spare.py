@@ -79,6 +79,33 @@ def test_a_claim_runs_in_the_spare_and_a_new_spare_takes_its_place(worker_servic
     assert not gone(replacement)
 
 
+def database_handles(proc: psutil.Process, service) -> list:
+    """What ``proc`` holds of the service's database: its SQLite file open, or a TCP connection to
+    PostgreSQL's port."""
+    if service.database.name is None:
+        path = service.database.url.removeprefix("sqlite:///")
+        return [handle for handle in proc.open_files() if handle.path == path]
+    port = int(service.database.url.rsplit(":", 1)[1].split("/", 1)[0])
+    return [conn for conn in proc.net_connections(kind="tcp") if conn.raddr and conn.raddr.port == port]
+
+
+def test_a_spare_connects_to_the_database_before_its_claim_and_runs_on_that_connection(worker_service, tasks):
+    """SPEC §25: the connect (and its set-up) is off the claim's path: the waiting spare holds its own
+    connection, and the evaluation it is handed runs on it to the end."""
+    service = worker_service()
+    spare = the_spare(service)
+    held = wait_for(lambda: database_handles(spare, service), 30, what="the spare's database connection")
+    eval_id = submit(service, tasks.task(), WAITS_FOR_GO + SOLVER)
+    go = Path(service.env["WORKSPACE_BASE"]) / eval_id / "repo" / "go"
+    wait_for(lambda: go.is_fifo(), 60, what="the agent's FIFO (it is running)")
+    assert evaluation_process(eval_id).pid == spare.pid
+    assert [handle.fd for handle in database_handles(spare, service)] == [held[0].fd]  # the same connection
+    with open(go, "w") as fifo:
+        fifo.write("go\n")
+    body = wait_terminal(service, eval_id)
+    assert (body["status"], body["passed"]) == ("completed", True), body["error"]
+
+
 def test_a_spare_that_died_is_replaced_and_loses_no_evaluation(worker_service, tasks):
     service = worker_service()
     spare = the_spare(service)
