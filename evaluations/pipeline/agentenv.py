@@ -61,9 +61,7 @@ def installing_agent(ctx: Context) -> None:
     except agents.ProjectError as exc:
         raise StepFailed(f"{exc.field}: {exc}", kind=outcome.of_fetch(exc)) from None  # our disk, or the step's rule
     for folder in (session.agent_env, session.agent_home):  # in root's agent/: no link stands there
-        folder.mkdir(mode=0o755 if folder == session.agent_env else 0o700)
-        if session.uid is not None:
-            os.chown(folder, session.uid, session.uid)
+        session.make_folder(folder, 0o755 if folder == session.agent_env else 0o700, owner=session.uid_owner)
     installer = _Installer(ctx)
     if evaluation.language == "python":
         _python(ctx, project, installer)

@@ -80,8 +80,7 @@ def agent_folders(ctx: Context) -> tuple[Path, Path]:
     logs, artifacts_folder = agent_logs(ctx), agent_artifacts(ctx)
     for made in (ctx.session.agent_logs, logs, ctx.session.agent_artifacts, artifacts_folder):
         if not made.exists():
-            made.mkdir(mode=0o755)
-            os.chown(made, ctx.session.uid, ctx.session.uid)
+            ctx.session.make_folder(made, 0o755, owner=ctx.session.uid_owner)
     return logs, artifacts_folder
 
 

@@ -17,7 +17,6 @@ reference pulled and ``rewritten_from`` the task's; a Dockerfile's record lists 
 from __future__ import annotations
 
 import math
-import os
 from dataclasses import replace
 from pathlib import Path
 
@@ -191,9 +190,7 @@ def _volumes(ctx: Context) -> None:
     for name in named:
         folder = folders[name] = parent / name
         try:
-            folder.mkdir(mode=0o700)
-            os.chown(folder, ctx.session.uid, ctx.session.uid)
-            os.chmod(folder, 0o777)
+            ctx.session.make_folder(folder, 0o777, owner=ctx.session.uid_owner)
         except OSError as exc:
             raise StepFailed(f"could not make volume {name!r}: {exc}", kind=ErrorKind.INFRASTRUCTURE) from None
     logs = {}
@@ -215,9 +212,7 @@ def _image_folder(ctx: Context, folder: Path, shown: str, *, mode: int = 0o710) 
     """A folder of the session for an image's root: root's, its group the lease's (``mode`` 0710: as
     the session's, the sandbox passes to the root and nobody lists it)."""
     try:
-        folder.mkdir(mode=0o700)
-        os.chown(folder, os.geteuid(), ctx.session.uid)
-        os.chmod(folder, mode)
+        ctx.session.make_folder(folder, mode, owner=ctx.session.root_passed)
     except OSError as exc:
         raise StepFailed(f"could not make {shown}: {exc}", kind=ErrorKind.INFRASTRUCTURE) from None
 

@@ -133,11 +133,35 @@ class Session:
         session.agent.mkdir(mode=0o755)
         session.venv.mkdir(mode=0o755)  # root's and empty until toolchains.make_venv fills it
         for owned in (session.repo, session.home, session.tmp):
-            owned.mkdir(mode=0o700)
-            if uid is not None:
-                os.chown(owned, uid, uid)
+            session.make_folder(owned, owner=session.uid_owner)
         session.log.touch(mode=0o600)
         return session
+
+    @property
+    def uid_owner(self) -> tuple[int, int] | None:
+        """A folder the evaluation's commands write: the uid's (None without one: the service's)."""
+        return None if self.uid is None else (self.uid, self.uid)
+
+    @property
+    def root_passed(self) -> tuple[int, int] | None:
+        """A folder the evaluation's sandboxes pass or read but never change: root's, the uid its group."""
+        return None if self.uid is None else (os.geteuid(), self.uid)
+
+    @staticmethod
+    def make_folder(path: Path, mode: int = 0o700, *, owner: tuple[int, int] | None = None) -> None:
+        """The one way a folder of the session is made: ``mkdir`` as 0700 (nobody gets in meanwhile), then
+        its ``owner`` (``uid_owner``, ``root_passed`` or another id pair; None: the service's) and
+        ``mode``, set through a descriptor of the folder itself, never through a link put in its place.
+        Raises OSError (FileExistsError when it is there)."""
+        path.mkdir(mode=0o700)
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        try:
+            if owner is not None:
+                os.fchown(fd, *owner)
+            if mode != 0o700:
+                os.fchmod(fd, mode)
+        finally:
+            os.close(fd)
 
     def let_image_users_pass(self, folder: Path) -> None:
         """The session's folder, and ``folder`` in it where an image's root is mounted, traversable
@@ -176,17 +200,12 @@ class Session:
             if kept.is_dir() and not kept.is_symlink():
                 os.rename(kept, folder)
             else:
-                self._own_dir(folder)
+                self.make_folder(folder, owner=self.uid_owner)
 
     def reset_tmp(self) -> None:
         """Before the tests: an empty /tmp, so nothing the agent left there is found by a test."""
         remove_tree_nofollow(self.tmp)
-        self._own_dir(self.tmp)
-
-    def _own_dir(self, path: Path) -> None:
-        path.mkdir(mode=0o700)
-        if self.uid is not None:
-            os.chown(path, self.uid, self.uid, follow_symlinks=False)
+        self.make_folder(self.tmp, owner=self.uid_owner)
 
     def remove(self) -> None:
         if self.root.is_symlink():

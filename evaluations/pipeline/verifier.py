@@ -255,17 +255,15 @@ def _verifier_folders(ctx: Context, files: list[SupportFile], owner: tuple[int, 
     try:
         if os.path.lexists(folder):
             remove_tree_nofollow(folder)
-        folder.mkdir(mode=0o755)
+        ctx.session.make_folder(folder, 0o755)
         tests = folder / "tests"
-        tests.mkdir(mode=0o755)
+        ctx.session.make_folder(tests, 0o755)
         for support in files:
             write_file_nofollow(tests, support.relpath, support.data, support.mode)
         _open_folders(tests)
         logs = folder / "logs"
-        logs.mkdir(mode=0o755)
-        owner = owner or ctx.env.verifier_owner()  # the verifier's user (SPEC §23), the agent's unless told
-        if owner is not None:
-            os.chown(logs, *owner)
+        # the verifier's user (SPEC §23), the agent's unless told
+        ctx.session.make_folder(logs, 0o755, owner=owner or ctx.env.verifier_owner())
     except (OSError, SafeFSError) as exc:
         raise StepFailed(f"could not write the verifier's files: {exc}", kind=ErrorKind.INFRASTRUCTURE) from None
     return tests, logs

@@ -1,4 +1,5 @@
-"""A session folder leaves its place at cleanup in one rename; its removal follows the final state."""
+"""The session folder: its folders made one way (owner and mode, never through a link), and its
+leaving at cleanup in one rename, its removal after the final state."""
 
 from __future__ import annotations
 
@@ -50,3 +51,23 @@ def test_retire_replaces_a_leftover_of_the_same_name_and_never_follows_a_link(tm
     retired = session.retire()
     assert retired.is_dir() and not retired.is_symlink()
     assert (outside / "keep").read_text() == "keep"
+
+
+def test_make_folder_gives_each_folder_its_owner_and_mode_and_refuses_what_stands_there(tmp_path):
+    session = _session(tmp_path / "sessions")
+    for name, mode, owner, expected in (
+        ("owned", 0o755, session.uid_owner, (UID, UID)),
+        ("passed", 0o711, session.root_passed, (os.geteuid(), UID)),
+        ("shared", 0o777, session.uid_owner, (UID, UID)),
+        ("root", 0o700, None, (os.geteuid(), os.getegid())),
+    ):
+        session.make_folder(session.root / name, mode, owner=owner)
+        st = os.lstat(session.root / name)
+        assert ((st.st_uid, st.st_gid), st.st_mode & 0o7777) == (expected, mode), name
+    target = tmp_path / "elsewhere"
+    target.mkdir(mode=0o700)
+    (session.repo / "link").symlink_to(target)  # what the agent could plant where a folder goes
+    with pytest.raises(FileExistsError):
+        session.make_folder(session.repo / "link", 0o777, owner=session.uid_owner)
+    st = os.lstat(target)
+    assert ((st.st_uid, st.st_gid), st.st_mode & 0o777) == ((os.geteuid(), os.getegid()), 0o700)
