@@ -3,12 +3,17 @@
 1. ``prepare``: a uid leased from the pool (as an evaluation's), a session folder, the egress
    proxy, the environment (an image pulled, a Dockerfile built from the uploaded context, or a
    task's own environment), and the image's root mounted with the sandbox's own writable layer,
-   its ids mapped onto the lease's range (root in name only, SPEC §16).
+   its ids mapped onto the lease's range (root in name only, SPEC §16). A compose file's services
+   besides main (a task's, or ``environment.compose`` in the context): each image's root mounted
+   the same way in ``services/<name>/``, and one network namespace made for them and main.
 2. ``start``: the sandbox itself, one bubblewrap started by the evaluation's spawner (so its uid,
    rlimits, cgroup, monitor, disk quota and kill are the evaluations' own, unchanged) around our
    init (``runtime/init.c``), whose socket only this process holds. The spawner's monitor watches the whole
    sandbox for its life: a limit crossed (memory, disk, files, processes, lifetime) ends it, and
-   says which.
+   says which. Each compose service is a bubblewrap of its own around the same init
+   (``Spawner.background``: the same uid, cgroup, tag and kill), in main's network namespace, its
+   command its exec 0, its healthcheck awaited (``Sidecar``); an exec or a file request naming it
+   goes to its init and its root.
 3. ``serve``: requests from the API on the control socket (control.py), one thread each: an exec
    is a message to the init and a fork there, its output on pipes this process reads; files go
    through files.py; the network policy is the proxy's. The sandbox ends on DELETE, when idle past
@@ -427,7 +432,8 @@ class LiveSandbox:
     # -- 2. start ----------------------------------------------------------------------------
 
     def start(self) -> None:
-        """The sandbox: bubblewrap around our init, through the spawner; returns once the init runs."""
+        """The sandbox: bubblewrap around our init, through the spawner; returns once the init runs and
+        its compose services are up (``_start_sidecars``), main's first process started."""
         ca = host_ca(self.config, sandboxed=True)
         self.channel = InitChannel()
         policy = SandboxPolicy(
@@ -470,9 +476,9 @@ class LiveSandbox:
             raise Ending(
                 SandboxStatus.FAILED, f"the sandbox did not start: {self._sandbox_end()}", ErrorKind.INFRASTRUCTURE
             )
+        self._start_sidecars()  # before main's first process, as an evaluation starts them (services.py)
         if not self.pooled:  # a warm one's starts when a request adopts it, with the request's variables
             self._start_first_process()
-        self._start_sidecars()
 
     # -- a compose file's services (SPEC §23-24) ----------------------------------------------
 
