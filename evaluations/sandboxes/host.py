@@ -349,7 +349,7 @@ class LiveSandbox:
         return folder
 
     def _take_services(self, services: tuple[Service, ...], main_volumes, task_root: Path, where: str) -> None:
-        """The compose file's services besides main, started beside it (``start_sidecars``); named
+        """The compose file's services besides main, started beside it (``_start_sidecars``); compose
         volumes are refused: a live sandbox does not make them."""
         named = sorted(
             {
