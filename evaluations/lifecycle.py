@@ -410,6 +410,11 @@ def sandbox_ready(sandbox_id, **fields) -> bool:
     )
 
 
+def sandbox_environment(sandbox_id, environment: dict) -> None:
+    """A live sandbox's ``environment`` as it is now (its compose services' states, SPEC §24)."""
+    Sandbox.objects.filter(id=sandbox_id, status__in=LIVE_SANDBOX_STATUSES).update(environment=environment)
+
+
 def adopt_sandbox(sandbox_id, **fields) -> bool:
     """A warm sandbox (ready, pooled) taken by a request; False when another took it first."""
     return bool(

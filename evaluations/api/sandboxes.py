@@ -46,6 +46,9 @@ SANDBOX_ID = OpenApiParameter("sandbox_id", OpenApiTypes.UUID, OpenApiParameter.
 PATH = OpenApiParameter(
     "path", str, OpenApiParameter.QUERY, required=True, description="An absolute path in the sandbox."
 )
+SERVICE = OpenApiParameter(
+    "service", str, OpenApiParameter.QUERY, description="A compose service's name (absent or main: main)."
+)
 EXTRACT = OpenApiParameter(
     "extract", str, OpenApiParameter.QUERY, enum=["tar"], description="Unpack a tar body under path."
 )
@@ -63,17 +66,41 @@ class NetworkSerializer(serializers.Serializer):
     allowed_hosts = serializers.ListField(child=serializers.CharField(), required=False)
 
 
+class SandboxServiceSerializer(serializers.Serializer):
+    name = serializers.CharField()
+    kind = serializers.ChoiceField(choices=["image", "dockerfile"])
+    ref = serializers.CharField()
+    digest = serializers.CharField()
+    cached = serializers.BooleanField()
+    state = serializers.ChoiceField(
+        choices=["starting", "running", "exited", "stopped"],
+        help_text="exited: its first process ended (exit_code), its sandbox still answers; stopped: the sandbox ended",
+    )
+    exit_code = serializers.IntegerField(required=False)
+
+
 class SandboxEnvironmentSerializer(serializers.Serializer):
     kind = serializers.ChoiceField(choices=["image", "dockerfile", "task_url"])
     ref = serializers.CharField()
     digest = serializers.CharField()
     cached = serializers.BooleanField()
+    services = SandboxServiceSerializer(
+        many=True, required=False, help_text="The compose file's services besides main (SPEC §23-24)"
+    )
+
+
+def _environment(row: Sandbox) -> dict | None:
+    """The row's ``environment``; once the sandbox has ended, each of its services ``stopped``."""
+    environment = row.environment
+    if not environment or not environment.get("services") or row.status in LIVE_SANDBOX_STATUSES:
+        return environment
+    return {**environment, "services": [{**service, "state": "stopped"} for service in environment["services"]]}
 
 
 class SandboxSerializer(Shape):
     sandbox_id = shown(serializers.UUIDField(), lambda row: str(row.id))
     status = serializers.ChoiceField(choices=SandboxStatus.choices)
-    environment = shown(SandboxEnvironmentSerializer(allow_null=True), lambda row: row.environment)
+    environment = shown(SandboxEnvironmentSerializer(allow_null=True), _environment)
     network = shown(NetworkSerializer(allow_null=True), lambda row: row.network or row.spec.get("network"))
     error = shown(serializers.CharField(allow_null=True), lambda row: row.error or None)
     error_kind = serializers.CharField(allow_null=True)
@@ -90,7 +117,8 @@ class SandboxSerializer(Shape):
 
 class CreateSerializer(serializers.Serializer):
     environment = serializers.DictField(
-        help_text="{image: REF} | {dockerfile: PATH} (in the context) | {task_url: URL}"
+        help_text="{image: REF} | {dockerfile: PATH} (in the context) | {task_url: URL}; "
+        "compose: docker-compose.yaml (at the context's top) beside image or dockerfile"
     )
     cpus = serializers.FloatField(required=False)
     memory_mb = serializers.IntegerField(required=False)
@@ -109,6 +137,7 @@ class ExecSerializer(serializers.Serializer):
     env = serializers.DictField(child=serializers.CharField(), required=False)
     timeout_secs = serializers.FloatField(required=False)
     user = serializers.JSONField(required=False, help_text="a user name or a uid")
+    service = serializers.CharField(required=False, help_text="a compose service's name (absent or main: main)")
 
 
 class ExecResultSerializer(serializers.Serializer):
@@ -447,7 +476,8 @@ class SandboxExecView(APIView):
     )
     def post(self, request, sandbox_id):
         data = request.data
-        header = {"op": "exec", **{key: data.get(key) for key in ("command", "cwd", "env", "timeout_secs", "user")}}
+        keys = ("command", "cwd", "env", "timeout_secs", "user", "service")
+        header = {"op": "exec", **{key: data.get(key) for key in keys}}
         answer = _call(request, sandbox_id, header)
         answer.pop("status", None)
         return Response(answer)
@@ -472,7 +502,7 @@ class SandboxFilesView(APIView):
     @extend_schema(
         tags=[TAG_SANDBOXES],
         summary="A file's bytes, or a folder as a tar of its contents",
-        parameters=[SANDBOX_ID, PATH],
+        parameters=[SANDBOX_ID, PATH, SERVICE],
         responses={
             (200, "application/octet-stream"): OpenApiTypes.BINARY,
             (200, "application/x-tar"): OpenApiTypes.BINARY,
@@ -480,7 +510,9 @@ class SandboxFilesView(APIView):
         },
     )
     def get(self, request, sandbox_id):
-        answer, conn = _ask(request, sandbox_id, {"op": "get", "path": request.query_params.get("path")}, timeout=300)
+        params = request.query_params
+        header = {"op": "get", "path": params.get("path"), "service": params.get("service")}
+        answer, conn = _ask(request, sandbox_id, header, timeout=300)
         folder = answer.get("kind") == "folder"
         response = StreamingHttpResponse(
             conn.body(None if folder else answer["length"]),
@@ -493,7 +525,7 @@ class SandboxFilesView(APIView):
     @extend_schema(
         tags=[TAG_SANDBOXES],
         summary="Write one file (the body), or unpack a tar body under a folder (extract=tar)",
-        parameters=[SANDBOX_ID, PATH, EXTRACT],
+        parameters=[SANDBOX_ID, PATH, EXTRACT, SERVICE],
         request={"application/octet-stream": OpenApiTypes.BINARY},
         responses={
             204: None,
@@ -517,7 +549,7 @@ class SandboxFilesView(APIView):
             files.check_path(path)
         except files.FileRequestError as exc:
             raise ApiError(exc.status, exc.code, exc.sentence) from None
-        header = {"op": "put", "path": path, "extract": extract or None}
+        header = {"op": "put", "path": path, "extract": extract or None, "service": request.query_params.get("service")}
         try:
             _call(request, sandbox_id, header, body=request._request, length=length, timeout=600)
         finally:

@@ -182,40 +182,52 @@ def await_healthy(
     task's, as the image's User: Harbor's exec with no user)."""
     if policy is None:
         policy = ctx.task_policy(network=False, user=kinds.IMAGE_USER)
+    livelog.append_text(ctx.session.log, livelog.executor_line(f"{_label(who)}: {healthcheck.command}"))
+
+    def check():
+        return ctx.run(
+            healthcheck.run_argv, env=env, timeout_secs=healthcheck.timeout_sec, policy=policy, environment=environment
+        )
+
+    with ctx.phase(_label(who)):  # every check an exec in one sandbox (SPEC §25)
+        check_until_healthy(
+            healthcheck, check, lambda seconds: _wait(ctx, seconds), who, wait_first=wait_first, ended=ended
+        )
+    livelog.append_text(ctx.session.log, livelog.executor_line(f"{_label(who)}: healthy"))
+
+
+def check_until_healthy(
+    healthcheck: Healthcheck, check, wait, who: str, *, wait_first: bool = False, ended=None
+) -> None:
+    """Docker's HEALTHCHECK loop, the one both evaluations (``await_healthy``) and live sandboxes
+    (sandboxes/host.py) run: ``check()`` runs the command once (a CommandResult), ``wait(seconds)``
+    pauses between two (and raises to stop), ``ended()`` says how the checked process ended (None
+    while it runs). Returns once a check exits 0; StepFailed (``task_invalid``, ``limit_exceeded``)
+    when ``who`` never becomes healthy."""
     start_period_end = time.monotonic() + healthcheck.start_period_sec
     failures = 0
-    log = ctx.session.log
-    livelog.append_text(log, livelog.executor_line(f"{_label(who)}: {healthcheck.command}"))
 
     def pause() -> None:
         in_start_period = time.monotonic() < start_period_end
-        _wait(ctx, healthcheck.start_interval_sec if in_start_period else healthcheck.interval_sec)
+        wait(healthcheck.start_interval_sec if in_start_period else healthcheck.interval_sec)
 
-    with ctx.phase(_label(who)):  # every check an exec in one sandbox (SPEC §25)
-        if wait_first:
-            pause()
-        while True:
-            gone = ended() if ended is not None else None
-            if gone is not None:
-                raise StepFailed(f"{who} never became healthy: {gone}", kind=ErrorKind.TASK_INVALID)
-            in_start_period = time.monotonic() < start_period_end
-            result = ctx.run(
-                healthcheck.run_argv,
-                env=env,
-                timeout_secs=healthcheck.timeout_sec,
-                policy=policy,
-                environment=environment,
-            )
-            if result.limit not in (None, Limit.TIMEOUT):
-                raise StepFailed(f"{result.limit_detail} in {_label(who)}", kind=ErrorKind.LIMIT_EXCEEDED)
-            if result.limit is None and result.exit_code == 0:
-                livelog.append_text(log, livelog.executor_line(f"{_label(who)}: healthy"))
-                return
-            if not in_start_period:
-                failures += 1
-                if failures >= healthcheck.retries:
-                    raise StepFailed(_never_healthy(who, healthcheck, result), kind=ErrorKind.TASK_INVALID)
-            pause()
+    if wait_first:
+        pause()
+    while True:
+        gone = ended() if ended is not None else None
+        if gone is not None:
+            raise StepFailed(f"{who} never became healthy: {gone}", kind=ErrorKind.TASK_INVALID)
+        in_start_period = time.monotonic() < start_period_end
+        result = check()
+        if result.limit not in (None, Limit.TIMEOUT):
+            raise StepFailed(f"{result.limit_detail} in {_label(who)}", kind=ErrorKind.LIMIT_EXCEEDED)
+        if result.limit is None and result.exit_code == 0:
+            return
+        if not in_start_period:
+            failures += 1
+            if failures >= healthcheck.retries:
+                raise StepFailed(_never_healthy(who, healthcheck, result), kind=ErrorKind.TASK_INVALID)
+        pause()
 
 
 def _label(who: str) -> str:
@@ -266,12 +278,7 @@ def _start_one(ctx: Context, running: Running) -> None:
     service, environment = running.service, running.environment
     shown = f"service {service.name!r}"
     config = environment.config  # the image's, its User and WorkingDir the service's when it names them
-    argv = first_process(config, FirstProcess(entrypoint=service.entrypoint, command=service.command))
-    if argv is None and not (service.entrypoint or service.command or config.get("Entrypoint") or config.get("Cmd")):
-        raise StepFailed(
-            f"environment/docker-compose.yaml: {shown} has nothing to run (no command or entrypoint, "
-            "and its image has no Cmd or Entrypoint)"
-        )
+    argv = service_argv(service, config)
     ca = ctx.trusted_ca
     try:  # its compose volumes bound too (kinds.Image.bind_volumes)
         running.policy = environment.sandbox_policy(
@@ -282,21 +289,36 @@ def _start_one(ctx: Context, running: Running) -> None:
         )
     except BadEnvironment as exc:
         raise StepFailed(str(exc), kind=ErrorKind.INFRASTRUCTURE) from None
-    running.env = _service_env(service, config, running.policy.image)
+    running.env = service_env(service, config, user_home(running.policy.image.rootfs, running.policy.image.ids[0]))
     if argv is None:  # only what keeps a container alive: its root serves its checks and hooks
         livelog.append_text(ctx.session.log, livelog.executor_line(f"{shown}: nothing to start"))
         return
     running.process = start_service(ctx, shown, argv, env=running.env, policy=running.policy, cwd=environment.workdir)
 
 
-def _service_env(service: Service, config: dict, root: ImageRoot) -> dict[str, str]:
-    """As Docker's: PATH, HOME (its user's, from the image's /etc/passwd) and HOSTNAME, then the
-    image's Env, then the service's ``environment``."""
+def service_argv(service: Service, config: dict) -> list[str] | None:
+    """What a compose service's container starts with (``first_process``; None: only what keeps a
+    container alive); StepFailed when it has nothing at all to run. ``config``: its image's."""
+    argv = first_process(config, FirstProcess(entrypoint=service.entrypoint, command=service.command))
+    if argv is None and not (service.entrypoint or service.command or config.get("Entrypoint") or config.get("Cmd")):
+        raise StepFailed(
+            f"environment/docker-compose.yaml: service {service.name!r} has nothing to run (no command or "
+            "entrypoint, and its image has no Cmd or Entrypoint)"
+        )
+    return argv
+
+
+def service_env(service: Service, config: dict, home: str) -> dict[str, str]:
+    """As Docker's: PATH, HOME (its user's, ``user_home``) and HOSTNAME, then the image's Env, then
+    the service's ``environment``."""
     items = config.get("Env") or []
     image_env = dict(item.split("=", 1) for item in items if isinstance(item, str) and "=" in item)
-    uid = str(root.ids[0])
-    home = next((row[5] for row in rootfs.table(root.rootfs, "/etc/passwd") if row[2] == uid and len(row) > 5), "/")
     return {"PATH": SYSTEM_PATH, "HOME": home or "/", "HOSTNAME": service.name, **image_env, **service.env}
+
+
+def user_home(root: Path, uid: int) -> str:
+    """The home of ``uid`` (inside) in the image's /etc/passwd under ``root``; "/" without one."""
+    return next((row[5] for row in rootfs.table(root, "/etc/passwd") if row[2] == str(uid) and len(row) > 5), "/")
 
 
 def _await(ctx: Context, running: Running) -> None:

@@ -206,17 +206,19 @@ class Spawner:
         limits: Limits,
         policy: SandboxPolicy,
         init_base: Path | None = None,
+        pass_fds: Sequence[int] = (),
     ) -> Background:
         """Start ``argv`` as a command is started, and return at once: it runs beside the commands
         that follow, spared by ``sweep``, until ``Background.stop`` or ``close`` (background.py).
         ``limits``: its rlimits, cgroup and output cap (no timeout, no monitor: the cgroup holds it).
         In an image, as a user bubblewrap cannot set a sandbox up as (``ImageRoot.run_as``, not root:
         only the map's user and root can), the sandbox is the image's root's and the init
-        (``init_base``: where it is built, WORKSPACE_BASE) switches to that user and execs ``argv``."""
+        (``init_base``: where it is built, WORKSPACE_BASE) switches to that user and execs ``argv``.
+        ``pass_fds``: descriptors it inherits (a live sandbox's service's init socket, SPEC §24)."""
         self._ensure_cgroup(limits)
         closing = contextlib.ExitStack()
         try:
-            pass_fds: tuple[int, ...] = ()
+            pass_fds = tuple(pass_fds)
             image = policy.image
             if image is not None and image.run_as is not None and image.run_as[0] != 0:
                 if init_base is None:
@@ -226,7 +228,7 @@ class Spawner:
                 uid, gid = image.run_as
                 argv = [initbin.exec_path(binary), "--as", str(uid), str(gid), *argv]
                 policy = dataclasses.replace(policy, image=dataclasses.replace(image, run_as=(0, 0)))
-                pass_fds = (binary,)
+                pass_fds = (*pass_fds, binary)
             policy = self._complete(policy, limits, closing)
             launch = self.runtime.launch(argv, policy, cwd=Path(cwd), env={**env, killer.TAG_VAR: self.eval_id})
             closing.callback(launch.close)

@@ -3,12 +3,17 @@
 1. ``prepare``: a uid leased from the pool (as an evaluation's), a session folder, the egress
    proxy, the environment (an image pulled, a Dockerfile built from the uploaded context, or a
    task's own environment), and the image's root mounted with the sandbox's own writable layer,
-   its ids mapped onto the lease's range (root in name only, SPEC §16).
+   its ids mapped onto the lease's range (root in name only, SPEC §16). A compose file's services
+   besides main (a task's, or ``environment.compose`` in the context): each image's root mounted
+   the same way in ``services/<name>/``, and one network namespace made for them and main.
 2. ``start``: the sandbox itself, one bubblewrap started by the evaluation's spawner (so its uid,
    rlimits, cgroup, monitor, disk quota and kill are the evaluations' own, unchanged) around our
    init (``runtime/init.c``), whose socket only this process holds. The spawner's monitor watches the whole
    sandbox for its life: a limit crossed (memory, disk, files, processes, lifetime) ends it, and
-   says which.
+   says which. Each compose service is a bubblewrap of its own around the same init
+   (``Spawner.background``: the same uid, cgroup, tag and kill), in main's network namespace, its
+   command its exec 0, its healthcheck awaited (``Sidecar``); an exec or a file request naming it
+   goes to its init and its root.
 3. ``serve``: requests from the API on the control socket (control.py), one thread each: an exec
    is a message to the init and a fork there, its output on pipes this process reads; files go
    through files.py; the network policy is the proxy's. The sandbox ends on DELETE, when idle past
@@ -23,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import itertools
 import logging
 import os
 import queue
@@ -47,23 +53,32 @@ from evaluations.images.store import ImageStore
 from evaluations.models import SHUTTING_DOWN, WORKER_LOST, ErrorKind, Sandbox, SandboxExec, SandboxStatus
 from evaluations.network import urlguard
 from evaluations.network.egress import EgressProxy, egress_policy
-from evaluations.network.egress.relay import RELAY_PORT, ensure_socat_bundle, proxy_env
+from evaluations.network.egress.relay import NO_PROXY, RELAY_PORT, ensure_socat_bundle, proxy_env
 from evaluations.pipeline import archive
 from evaluations.pipeline.context import RELAY_BUNDLE, StepFailed
-from evaluations.pipeline.services import first_process
+from evaluations.pipeline.services import (
+    SERVICES_DIR,
+    check_until_healthy,
+    first_process,
+    service_argv,
+    service_env,
+    write_hosts,
+)
 from evaluations.pipeline.session import Session, remove_retired
 from evaluations.runtime import Limits, SandboxPolicy, Spawner, initbin, killer, uids
 from evaluations.runtime.idmap import image_id_base
 from evaluations.runtime.initchannel import ExecStartError, InitChannel, InitGone, exec_request
+from evaluations.runtime.netns import NetworkUnavailable, SharedNetwork
 from evaluations.runtime.output import OutputCapture
 from evaluations.runtime.sandbox import SYSTEM_PATH
-from evaluations.runtime.types import MIB, Limit
+from evaluations.runtime.types import MIB, CommandResult, Limit
 from evaluations.safefs import TreeUsage, tree_usage
 from evaluations.sandboxes import control, files
 from evaluations.sandboxes.spec import SandboxSpec, SpecError, check_variable, parse, parse_network
+from evaluations.tasks.compose import MAIN, harbor_services
 from evaluations.tasks.harbor import HARBOR_MAIN_COMMAND
 from evaluations.tasks.registry import load_task
-from evaluations.tasks.spec import FirstProcess, ImageEnvironment, TaskError
+from evaluations.tasks.spec import FirstProcess, ImageEnvironment, Service, TaskError
 
 logger = logging.getLogger("term_executor.sandboxes")
 
@@ -73,6 +88,7 @@ EXEC_DRAIN_SECS = 0.05  # after an exec ended: output still coming from what it 
 TIMED_OUT_EXIT = 124
 KILLED_EXIT = 137
 _SERVE_TICK = 1.0
+_INTERNAL_EXECS = 1 << 30  # a service's own execs (its healthcheck) are numbered from here, apart from the API's
 
 
 def session_name(sandbox_id: str) -> str:
@@ -116,8 +132,14 @@ class LiveSandbox:
         self.session: Session | None = None
         self.spawner: Spawner | None = None
         self.egress: EgressProxy | None = None
+        self.name = MAIN  # an exec's, a file's ``service`` (absent: main)
         self.channel: InitChannel | None = None
         self.root = None  # the ImageRoot
+        self.compose: tuple[Service, ...] = ()  # the compose file's services besides main, in start order
+        self.task_root: Path | None = None  # where their builds' paths start (a task's root)
+        self.sidecars: dict[str, Sidecar] = {}  # each, once its root is mounted
+        self.netns: SharedNetwork | None = None  # main's and its services' one loopback (with services only)
+        self.environment: dict = {}  # the row's ``environment``, its services' states kept up to date
         self.image_config: dict = {}
         self.workdir = "/"
         self.users: dict[str, tuple[int, int, str]] = {}
@@ -190,40 +212,116 @@ class LiveSandbox:
         self.closing.callback(rootfs.unmount_root, self.session.root)
         self.default_user = spec.user or self.image_config.get("User") or "root"
         self.user(self.default_user)  # an unknown user fails the sandbox now, not its first exec
+        if self.compose:
+            environment["services"] = self._prepare_sidecars(store)
         self.egress.policy = spec.network.applied_to(egress_policy(config))
+        self.environment = environment
         return environment
+
+    def _prepare_sidecars(self, store: ImageStore) -> list[dict]:
+        """SPEC §23-24: each compose service's image pulled or built as main's is, pinned, and its root
+        mounted in ``services/<name>/`` of the session (as main's, root in name only); every root's
+        /etc/hosts naming main and each service at 127.0.0.1; the network namespace they will share."""
+        config, uid = self.config, self.lease.uid
+        try:
+            self.netns = SharedNetwork.create()
+        except NetworkUnavailable as exc:
+            raise Ending(SandboxStatus.FAILED, str(exc), ErrorKind.INFRASTRUCTURE) from None
+        self.closing.callback(self.netns.close)
+        parent = self.session.root / SERVICES_DIR
+        _root_folder(parent, uid, 0o711)
+        ca = host_ca(config, sandboxed=True)
+        records = []
+        for service in self.compose:
+            shown = f"service {service.name!r}"
+            try:
+                result = self._pull_or_build(service.environment, self.task_root, store)
+            except ImageError as exc:
+                raise Ending(SandboxStatus.FAILED, f"{shown}'s image: {exc}", exc.kind) from None
+            self.closing.enter_context(store.pin(result.record.digest, f"{self.tag}.{service.name}"))
+            image_config = dict(result.record.config or {})
+            folder = parent / service.name
+            _root_folder(folder, uid, 0o710)
+            try:
+                root = kinds.mount_image(
+                    store,
+                    result.record,
+                    folder,
+                    lease=uid,
+                    id_base=image_id_base(config.image_uid_base, uid, config.sandbox_uid),
+                    workdir=service.workdir or image_config.get("WorkingDir") or "/",
+                    ca_host=ca.host if ca is not None else None,
+                    as_root=True,
+                )
+            finally:
+                self.closing.callback(rootfs.unmount_root, folder)
+            sidecar = self.sidecars[service.name] = Sidecar(service, root, image_config, config)
+            try:
+                sidecar.user(sidecar.default_user)
+            except SpecError as exc:
+                raise Ending(
+                    SandboxStatus.FAILED, f"environment/docker-compose.yaml: {shown}: {exc}", ErrorKind.TASK_INVALID
+                ) from None
+            kind = "image" if service.environment.image is not None else "dockerfile"
+            records.append(
+                {
+                    "name": service.name,
+                    "kind": kind,
+                    "ref": service.environment.ref,
+                    "digest": result.record.digest,
+                    "cached": result.cached,
+                    "state": "starting",
+                }
+            )
+        names = [MAIN, *self.sidecars]
+        for sidecar in self.sidecars.values():
+            sidecar.names = [*self.sidecars]
+        for root in (self.root, *(sidecar.root for sidecar in self.sidecars.values())):
+            try:
+                write_hosts(root, names)
+            except StepFailed as exc:
+                raise Ending(SandboxStatus.FAILED, str(exc), exc.kind) from None
+        return records
 
     def _environment(self, store: ImageStore):
         """The image's record, and the sandbox's ``environment`` {kind, ref, digest, cached}."""
-        spec, config = self.spec, self.config
+        spec = self.spec
+        root = self._unpack_context() if spec.kind == "dockerfile" or spec.compose is not None else None
         if spec.kind == "image":
             image = ImageEnvironment(image=spec.ref)
-            root = None
         elif spec.kind == "dockerfile":
-            root = self._unpack_context()
             image = ImageEnvironment(dockerfile=spec.ref, context=".", build_args=spec.build_args)
         else:
             root, image = self._task_environment()
-        if image.image is not None:
-            result = pull(image.image, store=store, config=config, cancelled=self.cancel.is_set)
-        else:
-            result = build.build(
-                root / image.dockerfile,
-                root / (image.context or str(Path(image.dockerfile).parent)),
-                image.build_args,
-                image.target,
-                store=store,
-                env=self._build_environment(),
-            )
-            store.touch(result.record.digest)  # a pull touches what it found; a build does not
+        result = self._pull_or_build(image, root, store)
         if self.spec.workdir is None and image.workdir:
             self.spec = _with_workdir(self.spec, image.workdir)
         record = {"kind": spec.kind, "ref": spec.ref, "digest": result.record.digest, "cached": result.cached}
         return result.record, record
 
+    def _pull_or_build(self, image: ImageEnvironment, root: Path | None, store: ImageStore):
+        """``image`` pulled, or built from ``root`` (its paths start there): the pull's or build's result."""
+        if image.image is not None:
+            return pull(image.image, store=store, config=self.config, cancelled=self.cancel.is_set)
+        result = build.build(
+            root / image.dockerfile,
+            root / (image.context or str(Path(image.dockerfile).parent)),
+            image.build_args,
+            image.target,
+            store=store,
+            env=self._build_environment(),
+        )
+        store.touch(result.record.digest)  # a pull touches what it found; a build does not
+        return result
+
     def _unpack_context(self) -> Path:
+        """The uploaded context, unpacked; with a compose file (``environment.compose``), as a task's
+        environment/ folder, whose services it reads (``_read_compose``)."""
         uploaded = context_path(self.config, self.id)
-        folder = self.session.root / "context"
+        task_root = self.session.root / "context"
+        folder = task_root / "environment" if self.spec.compose is not None else task_root
+        if folder != task_root:
+            task_root.mkdir(mode=0o700)
         try:
             archive.extract_archive(
                 uploaded,
@@ -236,9 +334,38 @@ class LiveSandbox:
             raise Ending(SandboxStatus.FAILED, str(exc), ErrorKind.TASK_INVALID) from None
         finally:
             uploaded.unlink(missing_ok=True)
-        if not (folder / self.spec.ref).is_file():
+        if self.spec.kind == "dockerfile" and not (folder / self.spec.ref).is_file():
             raise Ending(SandboxStatus.FAILED, f"the build context has no {self.spec.ref}", ErrorKind.TASK_INVALID)
+        if self.spec.compose is not None:
+            if not (folder / self.spec.compose).is_file():
+                raise Ending(
+                    SandboxStatus.FAILED, f"the build context has no {self.spec.compose}", ErrorKind.TASK_INVALID
+                )
+            try:
+                compose = harbor_services(task_root)
+            except TaskError as exc:
+                raise Ending(SandboxStatus.FAILED, f"environment.compose: {exc}", ErrorKind.TASK_INVALID) from None
+            self._take_services(compose.services, compose.volumes, task_root, "environment.compose")
         return folder
+
+    def _take_services(self, services: tuple[Service, ...], main_volumes, task_root: Path, where: str) -> None:
+        """The compose file's services besides main, started beside it (``_start_sidecars``); compose
+        volumes are refused: a live sandbox does not make them."""
+        named = sorted(
+            {
+                volume.volume or volume.target
+                for holder in (main_volumes, *(s.volumes for s in services))
+                for volume in holder
+            }
+        )
+        if named:
+            raise Ending(
+                SandboxStatus.FAILED,
+                f"{where}: the compose file binds volumes ({', '.join(named)}); a live sandbox does not make "
+                "compose volumes, so it cannot be this environment",
+                ErrorKind.TASK_INVALID,
+            )
+        self.compose, self.task_root = tuple(services), task_root
 
     def _task_environment(self) -> tuple[Path, ImageEnvironment]:
         config = self.config
@@ -278,22 +405,7 @@ class LiveSandbox:
                 "(a live sandbox runs in an image)",
                 ErrorKind.TASK_INVALID,
             )
-        if task.services:  # SPEC §23: an evaluation starts them beside the agent; a live sandbox is one root
-            names = ", ".join(service.name for service in task.services)
-            raise Ending(
-                SandboxStatus.FAILED,
-                f"environment.task_url: the task has compose services besides main ({names}); "
-                "a live sandbox runs main's environment alone, so it cannot be this task's",
-                ErrorKind.TASK_INVALID,
-            )
-        if task.volumes:  # an evaluation binds them in main's sandboxes; a live sandbox's commands would miss them
-            names = ", ".join(sorted({volume.volume for volume in task.volumes if volume.volume}))
-            raise Ending(
-                SandboxStatus.FAILED,
-                f"environment.task_url: main's compose service binds named volumes ({names}); a live sandbox "
-                "runs main's root alone, without them, so it cannot be this task's",
-                ErrorKind.TASK_INVALID,
-            )
+        self._take_services(task.services, task.volumes, task.root, "environment.task_url")
         return task.root, task.environment
 
     def _build_environment(self) -> build.BuildEnvironment:
@@ -320,7 +432,8 @@ class LiveSandbox:
     # -- 2. start ----------------------------------------------------------------------------
 
     def start(self) -> None:
-        """The sandbox: bubblewrap around our init, through the spawner; returns once the init runs."""
+        """The sandbox: bubblewrap around our init, through the spawner; returns once the init runs and
+        its compose services are up (``_start_sidecars``), main's first process started."""
         ca = host_ca(self.config, sandboxed=True)
         self.channel = InitChannel()
         policy = SandboxPolicy(
@@ -331,6 +444,7 @@ class LiveSandbox:
             ca_bundle=ca.host if ca is not None else None,
             egress_socket=Path(self.egress.socket_path),
             relay_bundle=self._relay_bundle(),
+            netns=self.netns.path if self.netns is not None else None,  # its services' too: one loopback
         )
         # The init runs from a descriptor bubblewrap inherits: no mount point for it in the image's layer.
         binary = initbin.open_binary(self.config.workspace_base)
@@ -362,8 +476,118 @@ class LiveSandbox:
             raise Ending(
                 SandboxStatus.FAILED, f"the sandbox did not start: {self._sandbox_end()}", ErrorKind.INFRASTRUCTURE
             )
+        self._start_sidecars()  # before main's first process, as an evaluation starts them (services.py)
         if not self.pooled:  # a warm one's starts when a request adopts it, with the request's variables
             self._start_first_process()
+
+    # -- a compose file's services (SPEC §23-24) ----------------------------------------------
+
+    def _start_sidecars(self) -> None:
+        """Each service in ``depends_on`` order, after what it waits for (``service_healthy``: its
+        check passed), then every health check, as ``docker compose up --wait``: a service that never
+        becomes healthy, or ends before it does, fails the sandbox (``task_invalid``)."""
+        for sidecar in self.sidecars.values():  # in start order (tasks/compose.py)
+            for other, condition in sidecar.service.depends_on.items():
+                if condition == "service_healthy" and other in self.sidecars:
+                    self._await_healthy(self.sidecars[other])
+            self._start_sidecar(sidecar)
+        for sidecar in self.sidecars.values():
+            self._await_healthy(sidecar)
+
+    def _start_sidecar(self, sidecar: Sidecar) -> None:
+        """Its sandbox: bubblewrap around our init, as main's, beside it (``Spawner.background``: the
+        sandbox's uid, cgroup, tag and kill), in main's network namespace, with no egress socket of its
+        own (main's relay on the shared 127.0.0.1 carries its connections through the sandbox's proxy);
+        then its first process (its compose ``command``/``entrypoint``) as its exec 0."""
+        shown = f"service {sidecar.name!r}"
+        try:
+            argv = service_argv(sidecar.service, sidecar.image_config)
+        except StepFailed as exc:
+            raise Ending(SandboxStatus.FAILED, str(exc), ErrorKind.TASK_INVALID) from None
+        ca = host_ca(self.config, sandboxed=True)
+        policy = SandboxPolicy(
+            image=sidecar.root,
+            image_tmp=True,
+            ca_bundle=ca.host if ca is not None else None,
+            netns=self.netns.path,
+        )
+        sidecar.channel = InitChannel()
+        binary = initbin.open_binary(self.config.workspace_base)
+        try:
+            sidecar.process = self.spawner.background(
+                f"{self.tag}.{sidecar.name}",
+                [initbin.exec_path(binary), str(sidecar.channel.init_fd), str(RELAY_PORT)],
+                cwd=Path("/"),
+                env={"PATH": SYSTEM_PATH},
+                limits=self.limits,
+                policy=policy,
+                pass_fds=(sidecar.channel.init_fd, binary),
+            )
+        finally:
+            os.close(binary)
+        self.closing.callback(sidecar.stop)  # before its root's unmount (closing runs last first)
+        if not sidecar.channel.wait_ready(READY_WAIT_SECS) or sidecar.channel.closed:
+            output = sidecar.process.output().strip().splitlines()
+            raise Ending(
+                SandboxStatus.FAILED,
+                f"{shown} did not start" + (f": {output[-1][:300]}" if output else ""),
+                ErrorKind.INFRASTRUCTURE,
+            )
+        self._set_state(sidecar, "running")
+        if argv is not None:
+            self._run_first(sidecar, argv, sidecar.default_user, shown)
+
+    def _await_healthy(self, sidecar: Sidecar) -> None:
+        """The service's compose healthcheck passed (once; nothing without one), Docker's timing, each
+        check an exec of its own in the service (``check_until_healthy``, the evaluations' loop)."""
+        healthcheck = sidecar.service.healthcheck
+        if healthcheck is None or sidecar.healthy:
+            return
+        shown = f"service {sidecar.name!r}"
+        request = {"command": list(healthcheck.run_argv), "service": sidecar.name}
+
+        def check() -> CommandResult:
+            argv, cwd, env, _timeout, user, _box = self._exec_request(request)
+            started = time.monotonic()
+            outcome = self._run_exec(next(sidecar.internal), argv, cwd, env, healthcheck.timeout_sec, user, sidecar)
+            if "status" in outcome:
+                raise Ending(SandboxStatus.FAILED, f"{shown}: {outcome['detail']}", ErrorKind.INFRASTRUCTURE)
+            output = outcome["stdout"] + outcome["stderr"]
+            return CommandResult(
+                outcome["exit_code"],
+                output,
+                len(output),
+                int((time.monotonic() - started) * 1000),
+                Limit.TIMEOUT if outcome["timed_out"] else None,
+            )
+
+        def wait(seconds: float) -> None:
+            if self.cancel.wait(seconds) or self.ending is not None:
+                raise Ending(SandboxStatus.STOPPED)
+
+        def ended() -> str | None:
+            if sidecar.channel.closed:
+                return "its sandbox ended"
+            code = sidecar.first_exit
+            return None if code is None else f"its process exited with code {code}"
+
+        try:
+            check_until_healthy(healthcheck, check, wait, shown, wait_first=True, ended=ended)
+        except StepFailed as exc:
+            raise Ending(SandboxStatus.FAILED, str(exc), exc.kind) from None
+        sidecar.healthy = True
+        with contextlib.suppress(OSError):
+            livelog.append_text(self.session.log, f"{shown}: healthy\n")
+
+    def _set_state(self, sidecar: Sidecar, state: str, exit_code: int | None = None) -> None:
+        """A service's state in the row's ``environment`` (GET /sandboxes/{id} lists them)."""
+        for record in self.environment.get("services", ()):
+            if record["name"] == sidecar.name:
+                record["state"] = state
+                if exit_code is not None:
+                    record["exit_code"] = exit_code
+        if self.environment.get("services"):
+            lifecycle.sandbox_environment(self.id, self.environment)
 
     def _start_first_process(self) -> None:
         """The image's ENTRYPOINT in the background, as Harbor's docker backend starts its main container
@@ -378,24 +602,34 @@ class LiveSandbox:
             raise Ending(SandboxStatus.FAILED, str(exc), ErrorKind.TASK_INVALID) from None
         if argv is None:
             return
-        request = {"command": argv, "user": self.image_config.get("User") or "root"}
+        self._run_first(self, argv, self.image_config.get("User") or "root", "entrypoint")
+
+    def _run_first(self, box, argv: list[str], user: str, shown: str) -> None:
+        """``argv`` as exec 0 of ``box`` (main, or a service) in the background, as ``user``, from its
+        working directory, with its variables; its exit status and output go to the sandbox's log."""
+        request = {"command": argv, "user": user, "service": box.name}
         try:
-            argv, cwd, env, _timeout, user = self._exec_request(request)
+            argv, cwd, env, _timeout, user, _box = self._exec_request(request)
         except SpecError as exc:
-            raise Ending(SandboxStatus.FAILED, f"the image's first process: {exc}", ErrorKind.TASK_INVALID) from None
+            raise Ending(SandboxStatus.FAILED, f"{shown}'s first process: {exc}", ErrorKind.TASK_INVALID) from None
 
         def run() -> None:
-            outcome = self._run_exec(0, argv, cwd, env, None, user)
+            outcome = self._run_exec(0, argv, cwd, env, None, user, box)
             if "status" in outcome:  # it could not start: the sandbox has ended, or the init refused
                 how, output = outcome["detail"], ""
             else:
                 how, output = f"exit {outcome['exit_code']}", outcome["stdout"] + outcome["stderr"]
-            text = f"=== entrypoint ({how}) ===\n{output}"
+                if box is not self:
+                    box.first_exit = outcome["exit_code"]
+                    if self.ending is None:
+                        self._set_state(box, "exited", outcome["exit_code"])
+                        connections.close_all()  # this thread's
+            text = f"=== {shown} ({how}) ===\n{output}"
             with contextlib.suppress(OSError):
                 livelog.append_text(self.session.log, text if text.endswith("\n") else text + "\n")
 
-        logger.info("sandbox %s: first process %s", self.id, argv)
-        threading.Thread(target=run, name="sandbox-entrypoint", daemon=True).start()
+        logger.info("sandbox %s: %s: first process %s", self.id, shown, argv)
+        threading.Thread(target=run, name="sandbox-first-process", daemon=True).start()
 
     def _sandbox_end(self) -> str:
         result = self._init_result
@@ -555,19 +789,7 @@ class LiveSandbox:
 
     def user(self, name: str) -> tuple[int, int, str]:
         """(uid, gid, home) inside the sandbox for a user name or uid, from the image's /etc/passwd."""
-        found = self.users.get(name)
-        if found is not None:
-            return found
-        try:
-            uid, gid = rootfs.resolve_user(self.root.rootfs, name)
-        except ImageError as exc:
-            raise SpecError("user", str(exc)) from None
-        home = next(
-            (row[5] for row in rootfs.table(self.root.rootfs, "/etc/passwd") if len(row) > 5 and row[2] == str(uid)),
-            "/root" if uid == 0 else "/",
-        )
-        self.users[name] = found = (uid, gid, home or "/")
-        return found
+        return _resolve_user(self.root, name, self.users)
 
     def command_env(self, home: str) -> dict[str, str]:
         """An exec's environment before its own: the image's ``Env``, HOME, the proxy's and the CAs'
@@ -580,14 +802,27 @@ class LiveSandbox:
             "PATH": image_env.get("PATH") or SYSTEM_PATH,
             "HOME": home,
             **image_env,
-            **proxy_env(),
+            **_proxy_env([*self.sidecars]),
             **(dict.fromkeys(CA_VARIABLES, ca.sandbox) if ca is not None else {}),
             **self.spec.env,
         }
 
+    def box(self, header: dict):
+        """Where a request goes: main (no ``service``, or "main"), or the compose service it names;
+        ``UnknownService`` for another name."""
+        name = header.get("service")
+        if name is None or name in ("", MAIN):
+            return self
+        sidecar = self.sidecars.get(name) if isinstance(name, str) else None
+        if sidecar is None:
+            raise UnknownService(self.id, name, [MAIN, *self.sidecars])
+        return sidecar
+
     def exec(self, header: dict) -> dict:
         try:
-            argv, cwd, env, timeout, user = self._exec_request(header)
+            argv, cwd, env, timeout, user, box = self._exec_request(header)
+        except UnknownService as exc:
+            return exc.answer(), None
         except SpecError as exc:
             return {"status": 400, "error": "bad_request", "detail": str(exc)}, None
         with self._lock:
@@ -597,7 +832,7 @@ class LiveSandbox:
         started = time.monotonic()
         started_at = timezone.now()
         try:
-            outcome = self._run_exec(number, argv, cwd, env, timeout, user)
+            outcome = self._run_exec(number, argv, cwd, env, timeout, user, box)
         finally:
             with self._lock:
                 self.running_execs -= 1
@@ -620,6 +855,7 @@ class LiveSandbox:
         return {"status": 200, **outcome, "duration_ms": duration_ms}, record
 
     def _exec_request(self, header: dict):
+        box = self.box(header)
         command = header.get("command")
         if isinstance(command, str) and command and "\0" not in command:
             argv = ["/bin/sh", "-c", command]
@@ -634,13 +870,13 @@ class LiveSandbox:
             raise SpecError("command", "expected a string for sh -c or a non-empty list of strings")
         user = header.get("user")
         if user is None or user == "":
-            user = self.default_user
+            user = box.default_user
         elif isinstance(user, int) and not isinstance(user, bool) and 0 <= user < 65536:
             user = str(user)
         elif not isinstance(user, str) or "\0" in user:
             raise SpecError("user", "expected a user name or a uid")
-        uid, gid, home = self.user(user)
-        cwd = header.get("cwd") or self.workdir
+        uid, gid, home = box.user(user)
+        cwd = header.get("cwd") or box.workdir
         if not isinstance(cwd, str) or not cwd.startswith("/") or "\0" in cwd:
             raise SpecError("cwd", "expected an absolute path")
         extra = header.get("env") or {}
@@ -651,11 +887,13 @@ class LiveSandbox:
         timeout = header.get("timeout_secs")
         if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0):
             raise SpecError("timeout_secs", "expected a positive number of seconds")
-        env = {**self.command_env(home), **extra}
-        return argv, cwd, env, timeout, (uid, gid)
+        env = {**box.command_env(home), **extra}
+        return argv, cwd, env, timeout, (uid, gid), box
 
-    def _run_exec(self, number: int, argv, cwd, env, timeout, user) -> dict:
-        exec_tag = f"{self.tag}/exec-{number}"
+    def _run_exec(self, number: int, argv, cwd, env, timeout, user, box=None) -> dict:
+        box = box or self
+        channel = box.channel
+        exec_tag = f"{self.tag}/exec-{number}" if box is self else f"{self.tag}/{box.name}/exec-{number}"
         env = {**env, killer.TAG_VAR: exec_tag}
         request = exec_request(*user, cwd, argv, env)
         out_r, out_w = os.pipe2(os.O_CLOEXEC)
@@ -664,7 +902,7 @@ class LiveSandbox:
         oom_before = self._oom_kills()
         try:
             try:
-                entry = self.channel.start(number, request, stdin, out_w, err_w, wait=False)
+                entry = channel.start(number, request, stdin, out_w, err_w, wait=False)
             except ExecStartError as exc:
                 return {
                     "status": 500,
@@ -677,11 +915,11 @@ class LiveSandbox:
             for fd in (request, stdin, out_w, err_w):
                 os.close(fd)
         try:
-            stdout, stderr, timed_out = self._collect(entry, out_r, err_r, timeout, exec_tag)
+            stdout, stderr, timed_out = self._collect(channel, entry, out_r, err_r, timeout, exec_tag)
         finally:
             os.close(out_r)
             os.close(err_r)
-            self.channel.forget(entry)
+            channel.forget(entry)
         if entry.start_errno is not None:
             detail = f"the sandbox could not start the exec: {os.strerror(entry.start_errno)}"
             return {"status": 500, "error": "internal_error", "detail": detail}
@@ -705,7 +943,7 @@ class LiveSandbox:
             "oom_killed": oom_killed,
         }
 
-    def _collect(self, entry, out_r: int, err_r: int, timeout, exec_tag: str):
+    def _collect(self, channel: InitChannel, entry, out_r: int, err_r: int, timeout, exec_tag: str):
         """Both streams until the exec ended and they closed (or, after it ended, stayed quiet for
         EXEC_DRAIN_SECS: what it left running may hold them); past ``timeout``, its process group
         and every process carrying its tag are killed."""
@@ -721,7 +959,7 @@ class LiveSandbox:
                 ended_at = now
             if deadline is not None and now >= deadline and ended_at is None:
                 timed_out = True
-                self._kill_exec(entry, exec_tag)
+                self._kill_exec(channel, entry, exec_tag)
                 entry.wait(10)
                 ended_at = time.monotonic()
             wait = 0.2 if ended_at is None else EXEC_DRAIN_SECS
@@ -740,12 +978,12 @@ class LiveSandbox:
             entry.wait(None if deadline is None else max(0.0, deadline - time.monotonic()))
             if not entry.wait(0):
                 timed_out = True
-                self._kill_exec(entry, exec_tag)
+                self._kill_exec(channel, entry, exec_tag)
                 entry.wait(10)
         return stdout, stderr, timed_out
 
-    def _kill_exec(self, entry, exec_tag: str) -> None:
-        self.channel.signal(entry.id, signal.SIGKILL)
+    def _kill_exec(self, channel: InitChannel, entry, exec_tag: str) -> None:
+        channel.signal(entry.id, signal.SIGKILL)
         killer.kill_tagged(exec_tag)  # what left its process group keeps the tag (setsid, double fork)
 
     def _oom_kills(self) -> int:
@@ -764,11 +1002,14 @@ class LiveSandbox:
     def _put(self, header: dict, request: control.Request) -> dict:
         path = header.get("path")
         try:
+            root = self.box(header).root
             quota, used = self._quota()
             if header.get("extract") == "tar":
-                files.put_tar(self.root, path, _Limited(request.reader, request.length), quota, used)
+                files.put_tar(root, path, _Limited(request.reader, request.length), quota, used)
             else:
-                files.put_file(self.root, path, request.reader, request.length, quota, used)
+                files.put_file(root, path, request.reader, request.length, quota, used)
+        except UnknownService as exc:
+            return exc.answer()
         except files.FileRequestError as exc:
             return {"status": exc.status, "error": exc.code, "detail": exc.sentence}
         return {"status": 204}
@@ -776,7 +1017,10 @@ class LiveSandbox:
     def _get(self, header: dict, request: control.Request) -> None:
         path = header.get("path")
         try:
-            kind, fd = files.open_path(self.root, path)
+            kind, fd = files.open_path(self.box(header).root, path)
+        except UnknownService as exc:
+            request.reply(exc.answer())
+            return
         except files.FileRequestError as exc:
             request.reply({"status": exc.status, "error": exc.code, "detail": exc.sentence})
             return
@@ -853,6 +1097,90 @@ class LiveSandbox:
                 remove_retired(retired)
             except OSError as exc:
                 logger.warning("sandbox %s: could not remove %s (the reaper will): %s", self.id, retired, exc)
+
+
+class UnknownService(Exception):
+    """A request's ``service`` that is neither main nor one of the sandbox's compose services."""
+
+    def __init__(self, sandbox_id: str, name, names: list[str]):
+        super().__init__(f"sandbox {sandbox_id} has no service {name!r} (its services: {', '.join(names)})")
+
+    def answer(self) -> dict:
+        return {"status": 404, "error": "not_found", "detail": str(self)}
+
+
+class Sidecar:
+    """A compose service of a live sandbox (SPEC §23-24): its own root (``services/<name>/`` of the
+    session), its own bubblewrap around our init, in main's network namespace; an exec or a file
+    request naming it goes there as main's go to main, as its compose ``user`` (else its image's
+    User), from its ``working_dir``, with Docker's variables and the egress proxy's."""
+
+    def __init__(self, service: Service, root, image_config: dict, config):
+        self.name = service.name
+        self.service = service
+        self.root = root
+        self.image_config = image_config
+        self.workdir = service.workdir or image_config.get("WorkingDir") or "/"
+        self.default_user = service.user or image_config.get("User") or "root"
+        self.users: dict[str, tuple[int, int, str]] = {}
+        self.channel: InitChannel | None = None
+        self.process = None  # its sandbox (runtime.background.Background), once started
+        self.first_exit: int | None = None  # its first process's exit code, once it ended
+        self.healthy = False
+        self.internal = itertools.count(_INTERNAL_EXECS)
+        ca = host_ca(config, sandboxed=True)
+        self._extra = {**(dict.fromkeys(CA_VARIABLES, ca.sandbox) if ca is not None else {})}
+        self.names: list[str] = []  # main's and every service's, straight, not through the proxy
+
+    def user(self, name: str) -> tuple[int, int, str]:
+        return _resolve_user(self.root, name, self.users)
+
+    def command_env(self, home: str) -> dict[str, str]:
+        return {**_proxy_env(self.names), **self._extra, **service_env(self.service, self.image_config, home)}
+
+    def stop(self) -> None:
+        if self.channel is not None:
+            self.channel.close()
+        if self.process is not None:
+            self.process.stop()
+
+
+def _proxy_env(names: list[str]) -> dict[str, str]:
+    """The egress relay's variables, the compose services' names reached straight (as the
+    evaluations' commands have them, pipeline/context.py): they are on the shared loopback."""
+    env = proxy_env()
+    if names:
+        bypass = ",".join([NO_PROXY, MAIN, *names])
+        env.update(NO_PROXY=bypass, no_proxy=bypass)
+    return env
+
+
+def _resolve_user(root, name: str, cache: dict) -> tuple[int, int, str]:
+    """(uid, gid, home) inside ``root`` for a user name or uid, from the image's /etc/passwd."""
+    found = cache.get(name)
+    if found is not None:
+        return found
+    try:
+        uid, gid = rootfs.resolve_user(root.rootfs, name)
+    except ImageError as exc:
+        raise SpecError("user", str(exc)) from None
+    home = next(
+        (row[5] for row in rootfs.table(root.rootfs, "/etc/passwd") if len(row) > 5 and row[2] == str(uid)),
+        "/root" if uid == 0 else "/",
+    )
+    cache[name] = found = (uid, gid, home or "/")
+    return found
+
+
+def _root_folder(folder: Path, uid: int, mode: int) -> None:
+    """A folder of the session for a service's root: root's, its group the lease's (0710: the
+    sandbox passes to the root, nobody lists it; 0711 for the folder of them all)."""
+    try:
+        folder.mkdir(mode=0o700)
+        os.chown(folder, os.geteuid(), uid)
+        os.chmod(folder, mode)
+    except OSError as exc:
+        raise Ending(SandboxStatus.FAILED, f"could not make {folder.name}/: {exc}", ErrorKind.INFRASTRUCTURE) from None
 
 
 class _Recorder:

@@ -15,6 +15,7 @@ import posixpath
 from dataclasses import dataclass, field
 
 from evaluations.network.egress.policy import EgressPolicy, parse_rules
+from evaluations.tasks.compose import COMPOSE_NAMES
 
 PUBLIC, NO_NETWORK, ALLOWLIST = "public", "no-network", "allowlist"
 NETWORK_MODES = (PUBLIC, NO_NETWORK, ALLOWLIST)
@@ -68,6 +69,9 @@ class SandboxSpec:
     kind: str  # image, dockerfile or task_url
     ref: str  # the image reference, the Dockerfile's path in the context, or the task's URL
     build_args: dict[str, str] = field(default_factory=dict)
+    # The context's docker-compose file (COMPOSE_NAMES, at its top: the context is a Harbor task's
+    # environment/): its services besides main start beside the sandbox (SPEC §23-24, host.py).
+    compose: str | None = None
     cpus: float | None = None
     memory_mb: int | None = None
     storage_mb: int | None = None
@@ -81,7 +85,11 @@ class SandboxSpec:
     def as_dict(self) -> dict:
         """What the row keeps (``spec``), from which the sandbox's process reads it back."""
         return {
-            "environment": {self.kind: self.ref, **({"build_args": self.build_args} if self.build_args else {})},
+            "environment": {
+                self.kind: self.ref,
+                **({"build_args": self.build_args} if self.build_args else {}),
+                **({"compose": self.compose} if self.compose else {}),
+            },
             "cpus": self.cpus,
             "memory_mb": self.memory_mb,
             "storage_mb": self.storage_mb,
@@ -102,11 +110,12 @@ def parse(body, *, has_context: bool = False) -> SandboxSpec:
     unknown = sorted(set(body) - _FIELDS)
     if unknown:
         raise SpecError(unknown[0], f"unknown field (expected some of {', '.join(sorted(_FIELDS))})")
-    kind, ref, build_args = _environment(body.get("environment"), has_context)
+    kind, ref, build_args, compose = _environment(body.get("environment"), has_context)
     return SandboxSpec(
         kind=kind,
         ref=ref,
         build_args=build_args,
+        compose=compose,
         cpus=_number(body, "cpus", minimum=0.01, maximum=1024),
         memory_mb=_integer(body, "memory_mb", minimum=16),
         storage_mb=_integer(body, "storage_mb", minimum=1),
@@ -144,14 +153,14 @@ def parse_network(value, where: str = "network") -> Network:
     return Network(mode, tuple(host.strip() for host in hosts))
 
 
-def _environment(value, has_context: bool) -> tuple[str, str, dict[str, str]]:
+def _environment(value, has_context: bool) -> tuple[str, str, dict[str, str], str | None]:
     if not isinstance(value, dict):
         raise SpecError("environment", "expected {image: REF}, {dockerfile: PATH} or {task_url: URL}")
     kinds = [kind for kind in _ENVIRONMENT_KINDS if kind in value]
     if len(kinds) != 1:
         raise SpecError("environment", "expected exactly one of image, dockerfile, task_url")
     kind = kinds[0]
-    unknown = sorted(set(value) - {kind, "build_args"})
+    unknown = sorted(set(value) - {kind, "build_args", "compose"})
     if unknown:
         raise SpecError(f"environment.{unknown[0]}", "unknown field")
     ref = value[kind]
@@ -174,7 +183,24 @@ def _environment(value, has_context: bool) -> tuple[str, str, dict[str, str]]:
         if normal.startswith(("/", "..")) or normal == ".":
             raise SpecError("environment.dockerfile", "must be a path inside the build context")
         ref = normal
-    return kind, ref, dict(build_args)
+    return kind, ref, dict(build_args), _compose(value.get("compose"), kind, has_context)
+
+
+def _compose(value, kind: str, has_context: bool) -> str | None:
+    """The context's docker-compose file: beside an image or a Dockerfile (main's environment), the
+    context being a Harbor task's environment/ folder, so the file is at its top, by Compose's name."""
+    if value is None:
+        return None
+    if kind == "task_url":
+        raise SpecError("environment.compose", "goes with image or dockerfile (a task_url's task brings its own)")
+    if not has_context:
+        raise SpecError("environment.compose", "needs a build context: send multipart/form-data with a context part")
+    if not isinstance(value, str) or posixpath.normpath(value) not in COMPOSE_NAMES:
+        raise SpecError(
+            "environment.compose",
+            f"expected {' or '.join(COMPOSE_NAMES)} at the top of the build context (a task's environment/ folder)",
+        )
+    return posixpath.normpath(value)
 
 
 def _env(value) -> dict[str, str]:

@@ -31,7 +31,7 @@ from evaluations.tasks.spec import (
     TaskError,
 )
 
-_COMPOSE_NAMES = ("docker-compose.yaml", "docker-compose.yml")
+COMPOSE_NAMES = ("docker-compose.yaml", "docker-compose.yml")
 # Keys that change nothing for a task run in one container here: its name, a terminal, Compose's
 # own resource hints (the operator's limits apply), the image name a build is tagged with.
 IGNORED_SERVICE_KEYS = ("container_name", "tty", "stdin_open", "deploy", "labels", "restart", "init", "image")
@@ -41,7 +41,7 @@ SERVICE_NAME = re.compile(r"[a-zA-Z0-9][a-zA-Z0-9_.-]*")  # Harbor's _COMPOSE_SE
 
 def _compose_file(folder: Path, prefix: str) -> tuple[str, dict, dict] | None:
     """(shown name, services mapping, whole file) of ``folder``'s docker-compose file, or None without one."""
-    for name in _COMPOSE_NAMES:
+    for name in COMPOSE_NAMES:
         if not os.path.lexists(folder / name):
             continue
         shown = prefix + name

@@ -312,3 +312,73 @@ def test_multi_step_separate_verifier_healthcheck_and_ipv6_tasks(
     unsolved = harbor_run(harbor, sandbox_service, tmp_path, dataset, "nop", concurrent=2)
     assert {result["task_name"]: reward(result) for result in unsolved} == dict.fromkeys(solved, 0.0)
     assert live_sandboxes(api) == []
+
+
+# -- docker-compose services beside main (SPEC §23-24) ----------------------------------------------
+
+COMPOSE_YAML = """\
+services:
+  api:
+    build:
+      context: api
+    command: ["sh", "-c", "python3 -m http.server 8080 --bind 127.0.0.1 --directory /srv 2> /srv/access.log; :"]
+    environment:
+      API_MARK: from-compose
+    healthcheck:
+      test: ["CMD", "python3", "-c", "import urllib.request as u; u.urlopen('http://127.0.0.1:8080/')"]
+      interval: 0.5s
+      retries: 60
+"""
+
+COMPOSE_TOML = (
+    'artifacts = [{ source = "/srv/evidence.txt", service = "api" }]\n'
+    + TASK_TOML
+    + """
+[[verifier.collect]]
+service = "api"
+command = "echo \\"$API_MARK $(grep -c 'GET /key.txt' /srv/access.log)\\" > /srv/evidence.txt"
+"""
+)
+
+
+def write_compose_task(dataset: Path, base_ref: str) -> Path:
+    """main (environment/Dockerfile) and ``api``, a sidecar built from environment/api/ serving a key
+    on main's loopback: the solution fetches it by the service's name, the verifier checks it, and
+    a collect hook in the sidecar writes what its log saw, which Harbor downloads as an artifact."""
+    task = dataset / "sidecar"
+    (task / "environment" / "api").mkdir(parents=True)
+    (task / "environment" / "Dockerfile").write_text(f"FROM {base_ref}\nWORKDIR /app\n")
+    (task / "environment" / "docker-compose.yaml").write_text(COMPOSE_YAML)
+    (task / "environment" / "api" / "Dockerfile").write_text(f"FROM {base_ref}\nCOPY key.txt /srv/key.txt\n")
+    (task / "environment" / "api" / "key.txt").write_text("sidecar-key-42\n")
+    (task / "instruction.md").write_text("Fetch http://api:8080/key.txt into /app/answer.txt.\n")
+    (task / "task.toml").write_text(COMPOSE_TOML)
+    (task / "solution").mkdir()
+    (task / "solution" / "solve.sh").write_text(
+        "#!/bin/bash\nset -euo pipefail\n"
+        "python3 -c \"import urllib.request as u; print(u.urlopen('http://api:8080/key.txt').read().decode(), end='')\""
+        " > /app/answer.txt\n"
+    )
+    (task / "tests").mkdir()
+    (task / "tests" / "test.sh").write_text(
+        "#!/bin/bash\n"
+        '[ "$(cat /app/answer.txt)" = sidecar-key-42 ] && echo 1 > /logs/verifier/reward.txt '
+        "|| echo 0 > /logs/verifier/reward.txt\n"
+    )
+    return task
+
+
+def test_a_task_with_a_compose_sidecar(harbor, sandbox_service, api, base_ref, tmp_path):
+    """Harbor 0.25 runs a task whose environment/docker-compose.yaml has a service besides main:
+    the backend sends the compose file with the context, main reaches the sidecar by name, and
+    Harbor's sidecar operations (the collect hook: service_exec; the artifact: service_download_*)
+    reach its own files."""
+    dataset = tmp_path / "dataset"
+    write_compose_task(dataset, base_ref)
+    (result,) = harbor_run(harbor, sandbox_service, tmp_path, dataset, "oracle")
+    assert reward(result) == 1.0
+    trial = tmp_path / "jobs" / "oracle" / result["trial_name"]
+    evidence = [path for path in (trial / "artifacts").rglob("evidence.txt")]
+    assert len(evidence) == 1, sorted(str(path) for path in trial.rglob("*"))
+    assert evidence[0].read_text() == "from-compose 1\n"  # the sidecar's variables, its own log: one fetch
+    assert live_sandboxes(api) == []

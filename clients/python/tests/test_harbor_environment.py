@@ -87,7 +87,8 @@ def test_it_is_a_harbor_environment_with_its_type_and_capabilities(task, server,
     assert environment.type() == "term-executor"
     capabilities = environment.capabilities
     assert capabilities.disable_internet and capabilities.network_allowlist and capabilities.dynamic_network_policy
-    assert not (capabilities.gpus or capabilities.windows or capabilities.docker_compose or capabilities.mounted)
+    assert capabilities.docker_compose  # environment/docker-compose.yaml's services, beside main
+    assert not (capabilities.gpus or capabilities.windows or capabilities.mounted)
     limits = TermExecutorEnvironment.resource_capabilities()
     assert limits.cpu_limit and limits.memory_limit and limits.fractional_cpus and not limits.cpu_request
 
@@ -100,7 +101,7 @@ def test_harbor_accepts_allowlists_of_names_wildcards_addresses_and_cidrs_of_bot
             NetworkPolicy(network_mode=NetworkMode.ALLOWLIST, allowed_hosts=allowed)
         )
     environment.validate_network_policy_support(NetworkPolicy(network_mode=NetworkMode.NO_NETWORK))
-    assert environment.capabilities.network_allowlist_ipv6_cidrs and not environment.capabilities.docker_compose
+    assert environment.capabilities.network_allowlist_ipv6_cidrs
 
 
 def test_url_and_token_come_from_ek_or_the_environment(task, server, tmp_path, monkeypatch):
@@ -125,10 +126,41 @@ def test_a_task_without_dockerfile_or_image_is_refused(task, server, tmp_path):
         make(task, server, tmp_path)
 
 
-def test_a_compose_task_is_refused(task, server, tmp_path):
-    (task / "docker-compose.yaml").write_text("services: {}\n")
-    with pytest.raises(ValueError, match="does not run docker-compose services"):
-        make(task, server, tmp_path)
+def test_extra_compose_files_are_refused(task, server, tmp_path):
+    extra = tmp_path / "extra.yaml"
+    extra.write_text("services: {}\n")
+    with pytest.raises(ValueError, match="--extra-docker-compose files are not sent"):
+        make(task, server, tmp_path, extra_docker_compose=[extra])
+
+
+@pytest.mark.parametrize("image", [None, "127.0.0.1:5000/base/debian:bookworm"])
+def test_a_compose_task_sends_its_compose_file_with_the_context(task, service, tmp_path, run, image):
+    (task / "docker-compose.yaml").write_text("services:\n  db: {image: postgres}\n")
+    if image is not None:
+        (task / "Dockerfile").unlink()
+    environment = make(task, service, tmp_path, {"docker_image": image} if image else None)
+    assert environment._uses_compose
+    run(environment.start(force_build=False))
+    parts = service.received("POST", "/sandboxes")[0].parts()
+    main = {"image": image} if image else {"dockerfile": "Dockerfile"}
+    assert json.loads(parts["spec"][1])["environment"] == {**main, "compose": "docker-compose.yaml"}
+    with tarfile.open(fileobj=io.BytesIO(parts["context"][1])) as tar:
+        assert "docker-compose.yaml" in tar.getnames()
+    assert not service.received("PUT", "/sandboxes/sb1/files")  # Harbor uploads nothing loose with compose
+
+
+def test_sidecar_operations_name_their_service(task, service, tmp_path, run):
+    environment = started(task, service, tmp_path, run, {"workdir": "/app", "env": {"TASK": "t"}})
+    result = run(environment.service_exec("echo hi", service="db", timeout_sec=5, user="postgres"))
+    assert result.return_code == 0
+    (sent,) = execs(service)  # sh -c, none of main's workdir or variables: docker's sidecar exec
+    assert sent == {"command": ["sh", "-c", "echo hi"], "timeout_secs": 5, "user": "postgres", "service": "db"}
+    run(environment.service_exec("pwd", service="main"))
+    assert execs(service)[-1]["command"][:2] == ["bash", "-c"] and "service" not in execs(service)[-1]
+    service.respond("GET", "/sandboxes/sb1/files", lambda request: as_answer(200, b"dump"))
+    run(environment.service_download_file("/srv/dump.sql", tmp_path / "out" / "dump.sql", service="db"))
+    assert (tmp_path / "out" / "dump.sql").read_bytes() == b"dump"
+    assert service.received("GET", "/sandboxes/sb1/files")[-1].query == {"path": "/srv/dump.sql", "service": "db"}
 
 
 @pytest.mark.parametrize(

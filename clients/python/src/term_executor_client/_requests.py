@@ -161,6 +161,7 @@ def execute(
     env: dict[str, str] | None = None,
     timeout_secs: float | None = None,
     user: str | int | None = None,
+    service: str | None = None,
 ) -> Request:
     if isinstance(command, list):
         if not command or not all(isinstance(arg, str) for arg in command):
@@ -170,7 +171,13 @@ def execute(
     if timeout_secs is not None and not timeout_secs > 0:
         raise ValueError(f"timeout_secs must be positive, not {timeout_secs!r}")
     body: dict[str, Any] = {"command": command}
-    for name, value in (("cwd", cwd), ("env", env), ("timeout_secs", timeout_secs), ("user", user)):
+    for name, value in (
+        ("cwd", cwd),
+        ("env", env),
+        ("timeout_secs", timeout_secs),
+        ("user", user),
+        ("service", service),
+    ):
         if value is not None:
             body[name] = value
     # No timeout_secs: the command may run as long as the service lets it; so may the reader.
@@ -178,37 +185,42 @@ def execute(
     return Request("POST", _sandbox(sandbox_id, "/exec"), json=body, timeout=reader)
 
 
-def put_file(sandbox_id: str, path: str, data: bytes) -> Request:
+def _where(path: str, service: str | None, **more: str) -> dict[str, str]:
+    """A files request's query: the path, and the compose service it is in (None: main)."""
+    return {"path": _absolute(path), **more, **({"service": service} if service is not None else {})}
+
+
+def put_file(sandbox_id: str, path: str, data: bytes, service: str | None = None) -> Request:
     if not isinstance(data, bytes | bytearray):
         raise TypeError(f"a file's content is bytes, not {type(data).__name__}")
     return Request(
         "PUT",
         _sandbox(sandbox_id, "/files"),
         expect="nothing",
-        params={"path": _absolute(path)},
+        params=_where(path, service),
         content=bytes(data),
         headers={"Content-Type": "application/octet-stream"},
         timeout=SLOW_TIMEOUT_SECS,
     )
 
 
-def put_tar(sandbox_id: str, path: str, archive: bytes) -> Request:
+def put_tar(sandbox_id: str, path: str, archive: bytes, service: str | None = None) -> Request:
     return Request(
         "PUT",
         _sandbox(sandbox_id, "/files"),
         expect="nothing",
-        params={"path": _absolute(path), "extract": "tar"},
+        params=_where(path, service, extract="tar"),
         content=archive,
         headers={"Content-Type": "application/x-tar"},
         timeout=SLOW_TIMEOUT_SECS,
     )
 
 
-def get_files(sandbox_id: str, path: str) -> Request:
+def get_files(sandbox_id: str, path: str, service: str | None = None) -> Request:
     return Request(
         "GET",
         _sandbox(sandbox_id, "/files"),
-        params={"path": _absolute(path)},
+        params=_where(path, service),
         expect="bytes",
         timeout=SLOW_TIMEOUT_SECS,
     )

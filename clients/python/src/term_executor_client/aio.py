@@ -112,22 +112,29 @@ class AsyncClient:
         env: dict[str, str] | None = None,
         timeout_secs: float | None = None,
         user: str | int | None = None,
+        service: str | None = None,
     ) -> dict:
-        request = api.execute(sandbox_id, command, cwd=cwd, env=env, timeout_secs=timeout_secs, user=user)
+        request = api.execute(
+            sandbox_id, command, cwd=cwd, env=env, timeout_secs=timeout_secs, user=user, service=service
+        )
         return await self._send(request)
 
-    async def put_file(self, sandbox_id: str, path: str, data: bytes) -> None:
-        await self._send(api.put_file(sandbox_id, path, data))
+    async def put_file(self, sandbox_id: str, path: str, data: bytes, service: str | None = None) -> None:
+        await self._send(api.put_file(sandbox_id, path, data, service))
 
-    async def put_dir(self, sandbox_id: str, path: str, local_folder: str | os.PathLike) -> None:
+    async def put_dir(
+        self, sandbox_id: str, path: str, local_folder: str | os.PathLike, service: str | None = None
+    ) -> None:
         archive = await asyncio.to_thread(pack_folder, local_folder)
-        await self._send(api.put_tar(sandbox_id, path, archive))
+        await self._send(api.put_tar(sandbox_id, path, archive, service))
 
-    async def get_file(self, sandbox_id: str, path: str) -> bytes:
-        return await self._send(api.get_files(sandbox_id, path))
+    async def get_file(self, sandbox_id: str, path: str, service: str | None = None) -> bytes:
+        return await self._send(api.get_files(sandbox_id, path, service))
 
-    async def get_dir(self, sandbox_id: str, path: str, local_folder: str | os.PathLike) -> list[str]:
-        archive = await self._send(api.get_files(sandbox_id, path))
+    async def get_dir(
+        self, sandbox_id: str, path: str, local_folder: str | os.PathLike, service: str | None = None
+    ) -> list[str]:
+        archive = await self._send(api.get_files(sandbox_id, path, service))
         return await asyncio.to_thread(extract_tar, archive, local_folder)
 
     async def set_network(self, sandbox_id: str, mode: str, allowed_hosts: list[str] | None = None) -> dict:

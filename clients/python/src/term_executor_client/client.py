@@ -125,31 +125,36 @@ class Client:
         env: dict[str, str] | None = None,
         timeout_secs: float | None = None,
         user: str | int | None = None,
+        service: str | None = None,
     ) -> dict:
         """Run ``command`` (a string for ``sh -c``, or an argv list); the service's
         ``{exit_code, stdout, stderr, timed_out, truncated, duration_ms, oom_killed}``."""
-        request = api.execute(sandbox_id, command, cwd=cwd, env=env, timeout_secs=timeout_secs, user=user)
+        request = api.execute(
+            sandbox_id, command, cwd=cwd, env=env, timeout_secs=timeout_secs, user=user, service=service
+        )
         return self._send(request)
 
-    def put_file(self, sandbox_id: str, path: str, data: bytes) -> None:
+    def put_file(self, sandbox_id: str, path: str, data: bytes, service: str | None = None) -> None:
         """Write ``data`` as the file ``path`` (absolute; missing parent folders made)."""
-        self._send(api.put_file(sandbox_id, path, data))
+        self._send(api.put_file(sandbox_id, path, data, service))
 
-    def put_dir(self, sandbox_id: str, path: str, local_folder: str | os.PathLike) -> None:
+    def put_dir(self, sandbox_id: str, path: str, local_folder: str | os.PathLike, service: str | None = None) -> None:
         """Copy the contents of ``local_folder`` into the folder ``path`` (made if missing), as one tar."""
-        self._send(api.put_tar(sandbox_id, path, pack_folder(local_folder)))
+        self._send(api.put_tar(sandbox_id, path, pack_folder(local_folder), service))
 
-    def get_file(self, sandbox_id: str, path: str) -> bytes:
+    def get_file(self, sandbox_id: str, path: str, service: str | None = None) -> bytes:
         """The bytes of the file ``path`` (a folder answers a tar of it: use ``get_dir``)."""
-        return self._send(api.get_files(sandbox_id, path))
+        return self._send(api.get_files(sandbox_id, path, service))
 
-    def get_dir(self, sandbox_id: str, path: str, local_folder: str | os.PathLike) -> list[str]:
+    def get_dir(
+        self, sandbox_id: str, path: str, local_folder: str | os.PathLike, service: str | None = None
+    ) -> list[str]:
         """Copy the contents of the folder ``path`` into ``local_folder`` (made if missing).
 
         Unpacked by ``archives.extract_tar``: nothing lands outside ``local_folder``, and no link
         kept there leads out of it. Returns the members refused, ``"name: why"``.
         """
-        return extract_tar(self._send(api.get_files(sandbox_id, path)), local_folder)
+        return extract_tar(self._send(api.get_files(sandbox_id, path, service)), local_folder)
 
     def set_network(self, sandbox_id: str, mode: str, allowed_hosts: list[str] | None = None) -> dict:
         """``PUT /sandboxes/{id}/network``: the egress policy of later connections."""

@@ -23,6 +23,11 @@ compose``:
    as ``docker cp`` leaves them); ``download_dir`` the reverse, with the client's safe unpacking.
 4. ``stop(delete=True)`` deletes the sandbox; ``stop(delete=False)`` (``--no-delete``) leaves it
    running for inspection (the service's idle timeout reaps it), as Daytona's backend does.
+5. ``environment/docker-compose.yaml`` (SPEC §23-24): sent with the context as the spec's
+   ``environment.compose``; the service starts every service of it besides ``main`` beside the
+   sandbox, on main's loopback. ``service_exec`` runs ``sh -c COMMAND`` in a sidecar as docker's
+   does (no main's workdir, user or variables), ``service_download_file``/``_dir`` read its files;
+   ``stop_service`` is not offered (Harbor warns and collects from the sidecars with main running).
 """
 
 from __future__ import annotations
@@ -109,13 +114,18 @@ class TermExecutorEnvironment(BaseEnvironment):
             network_allowlist_ipv6_addresses=True,
             network_allowlist_ipv6_cidrs=True,
             dynamic_network_policy=True,
+            docker_compose=True,  # environment/docker-compose.yaml's services, beside main (SPEC §23-24)
         )
 
+    @property
+    def _uses_compose(self) -> bool:
+        return (self.environment_dir / COMPOSE_FILE_NAME).exists()
+
     def _validate_definition(self) -> None:
-        if (self.environment_dir / COMPOSE_FILE_NAME).exists():
+        if self.extra_docker_compose_paths:
             raise ValueError(
-                f"{self.environment_dir / COMPOSE_FILE_NAME}: a sandbox is one container; "
-                "term-executor does not run docker-compose services"
+                "term-executor runs the task's environment/docker-compose.yaml only: "
+                "--extra-docker-compose files are not sent to the service"
             )
         require_agent_environment_definition(self.environment_dir, docker_image=self.task_env_config.docker_image)
 
@@ -126,8 +136,11 @@ class TermExecutorEnvironment(BaseEnvironment):
         prebuilt = should_use_prebuilt_docker_image(
             self.environment_dir, docker_image=config.docker_image, force_build=force_build
         )
+        environment: dict[str, str] = {"image": config.docker_image} if prebuilt else {"dockerfile": DOCKERFILE_NAME}
+        if self._uses_compose:
+            environment["compose"] = COMPOSE_FILE_NAME  # in the context: environment/ is sent with it
         spec: dict[str, Any] = {
-            "environment": {"image": config.docker_image} if prebuilt else {"dockerfile": DOCKERFILE_NAME},
+            "environment": environment,
             "network": _network(self.network_policy),
             **self._lifetimes,
         }
@@ -143,7 +156,8 @@ class TermExecutorEnvironment(BaseEnvironment):
 
     async def start(self, force_build: bool) -> None:
         spec = self._create_spec(force_build)
-        context = self.environment_dir if "dockerfile" in spec["environment"] else None
+        sent = spec["environment"]
+        context = self.environment_dir if "dockerfile" in sent or "compose" in sent else None
         try:
             info = await self._client.create_sandbox(spec, context, wait=False)
             self._sandbox_id = info["sandbox_id"]  # known before the wait, so stop() can delete it
@@ -210,6 +224,48 @@ class TermExecutorEnvironment(BaseEnvironment):
             self.logger.warning(f"a command was killed for memory in sandbox {self._sandbox_id}: {command[:200]}")
         return ExecResult(stdout=result.get("stdout"), stderr=result.get("stderr"), return_code=result["exit_code"])
 
+    async def service_exec(
+        self,
+        command: str,
+        *,
+        service: str | None = None,
+        cwd: str | None = None,
+        env: dict[str, str] | None = None,
+        timeout_sec: int | None = None,
+        user: str | int | None = None,
+    ) -> ExecResult:
+        if self.is_main_service(service):
+            return await self.exec(command, cwd=cwd, env=env, timeout_sec=timeout_sec, user=user)
+        # As docker's: ``sh -c`` (a sidecar's image may lack bash), none of main's workdir, user or variables.
+        result = await self._client.exec(
+            self._started(),
+            ["sh", "-c", command],
+            cwd=cwd,
+            env=env or None,
+            timeout_secs=timeout_sec or None,
+            user=user,
+            service=service,
+        )
+        if result.get("timed_out"):
+            raise RuntimeError(f"Command timed out after {timeout_sec} seconds")
+        return ExecResult(stdout=result.get("stdout"), stderr=result.get("stderr"), return_code=result["exit_code"])
+
+    async def service_download_file(
+        self, source_path: str, target_path: Path | str, *, service: str | None = None
+    ) -> None:
+        if self.is_main_service(service):
+            await self.download_file(source_path, target_path)
+            return
+        await self._download_file(source_path, target_path, service)
+
+    async def service_download_dir(
+        self, source_dir: str, target_dir: Path | str, *, service: str | None = None
+    ) -> None:
+        if self.is_main_service(service):
+            await self.download_dir(source_dir, target_dir)
+            return
+        await self._download_dir(source_dir, target_dir, service)
+
     async def upload_file(self, source_path: Path | str, target_path: str) -> None:
         if target_path.endswith("/"):
             target_path += Path(source_path).name
@@ -219,15 +275,22 @@ class TermExecutorEnvironment(BaseEnvironment):
         await self._client.put_dir(self._started(), str(PurePosixPath(target_dir)), source_dir)
 
     async def download_file(self, source_path: str, target_path: Path | str) -> None:
-        data = await self._client.get_file(self._started(), source_path)
+        await self._download_file(source_path, target_path, None)
+
+    async def download_dir(self, source_dir: str, target_dir: Path | str) -> None:
+        await self._download_dir(source_dir, target_dir, None)
+
+    async def _download_file(self, source_path: str, target_path: Path | str, service: str | None) -> None:
+        data = await self._client.get_file(self._started(), source_path, service)
         target = Path(target_path)
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_bytes(data)
 
-    async def download_dir(self, source_dir: str, target_dir: Path | str) -> None:
-        refused = await self._client.get_dir(self._started(), source_dir, target_dir)
+    async def _download_dir(self, source_dir: str, target_dir: Path | str, service: str | None) -> None:
+        refused = await self._client.get_dir(self._started(), source_dir, target_dir, service)
+        where = "" if service is None else f" (service {service})"
         for line in refused:
-            self.logger.warning(f"not copied from {source_dir}: {line}")
+            self.logger.warning(f"not copied from {source_dir}{where}: {line}")
 
 
 def _network(policy: NetworkPolicy) -> dict:
