@@ -41,6 +41,17 @@ class StepFailed(Exception):
         self.kind = kind
 
 
+@contextlib.contextmanager
+def environment_failure(kind: str | None = ErrorKind.INFRASTRUCTURE, prefix: str = "") -> Iterator[None]:
+    """An environment's ``BadEnvironment`` in the block (a policy it cannot build, a mount point it
+    cannot make, a program its root lacks) as the step's failure of ``kind`` (None: the step's rule,
+    run.py), its sentence after ``prefix``: the one place it becomes one."""
+    try:
+        yield
+    except BadEnvironment as exc:
+        raise StepFailed(f"{prefix}{exc}", kind=kind) from None
+
+
 class Cancelled(Exception):
     """The evaluation is cancelled (DELETE, TTL, agent timeout, shutdown).
 
@@ -134,10 +145,8 @@ class Context:
         the agent shaped is content, never a way onto the host, even if something were still
         changing it (the executor writes there only when no command of the evaluation runs).
         """
-        try:
+        with environment_failure(ErrorKind.TASK_INVALID):
             fd = self.env.open_workdir()
-        except BadEnvironment as exc:
-            raise StepFailed(str(exc), kind=ErrorKind.TASK_INVALID) from None
         try:
             yield fd
         finally:
@@ -162,7 +171,7 @@ class Context:
         """What a task's command may reach: the session's folders its environment binds, in its root;
         ``user``: whose user it runs as in an image (kinds.AGENT_USER, VERIFIER_USER, IMAGE_USER; SPEC §23)."""
         ca = self.trusted_ca
-        try:  # an image's compose volumes (SPEC §23) bound too: kinds.Image.bind_volumes
+        with environment_failure():  # an image's compose volumes (SPEC §23) bound too: kinds.Image.bind_volumes
             return self.env.sandbox_policy(
                 network=network,
                 mounts=mounts,
@@ -171,8 +180,6 @@ class Context:
                 **self._egress_fields(network, self.env.own_root),
                 **({"netns": self.netns.path} if self.netns is not None else {}),
             )
-        except BadEnvironment as exc:
-            raise StepFailed(str(exc), kind=ErrorKind.INFRASTRUCTURE) from None
 
     def repository_env(self) -> dict[str, str]:
         """git's environment for fetching the task's repository (clone, or into the cache's mirror).

@@ -32,7 +32,7 @@ from evaluations.models import ErrorKind
 from evaluations.network.egress.relay import BUNDLE_TARGET, SANDBOX_SOCKET
 from evaluations.pipeline import collect, services
 from evaluations.pipeline.agentenv import find_interpreter
-from evaluations.pipeline.context import Context, StepFailed
+from evaluations.pipeline.context import Context, StepFailed, environment_failure
 from evaluations.runtime import Mount
 from evaluations.runtime.idmap import image_id_base
 from evaluations.runtime.policy import DISTRIBUTION_CA_BUNDLE
@@ -63,10 +63,8 @@ def preparing_environment(ctx: Context) -> None:
 
 
 def _named(ctx: Context) -> dict:
-    try:
+    with environment_failure(kind=None):
         environment = choose_environment(ctx.config, ctx.task)
-    except environments.BadEnvironment as exc:
-        raise StepFailed(str(exc)) from None
     if environment is None:
         record = {"kind": "host", "ref": None, "digest": None, "cached": True}
     elif not ctx.runtime.isolated:
@@ -139,10 +137,8 @@ def _separate_verifier(ctx: Context, separate, folder: Path, holder: str, user=N
     prefix = f"step {step!r}: " if step else ""
     env, result = _prepare(ctx, spec, kinds.VerifierImage, config, folder, holder, True,
                            what=f"{prefix}the verifier's image", verifier_user=user)  # fmt: skip
-    try:
+    with environment_failure(kind=None, prefix=f"{prefix}the verifier's "):
         env.check_programs({"bash": "the shell of the verifier's tests/test.sh"})
-    except environments.BadEnvironment as exc:
-        raise StepFailed(f"{prefix}the verifier's {exc}") from None
     shown = f"step {step!r}'s verifier image" if step else "verifier image"
     livelog.append_text(ctx.session.log, f"{shown} {spec.ref}: {result.record.digest}{_cached(result)}\n")
     return env, _record(spec, result)
@@ -441,10 +437,8 @@ def _check_programs(ctx: Context) -> None:
     needed = {"bash": "the shell of install commands and tests"}
     if language is not None:
         needed.setdefault(language.interpreter, f"the {language.name} agent's interpreter")
-    try:
+    with environment_failure(kind=None):
         ctx.env.check_programs(needed)
-    except environments.BadEnvironment as exc:
-        raise StepFailed(str(exc)) from None
     ctx.agent_interpreter = find_interpreter(ctx)  # the executor's, before any folder of the task exists
 
 

@@ -37,13 +37,13 @@ import time
 from pathlib import Path
 
 from evaluations import livelog
-from evaluations.environments import BadEnvironment, kinds
+from evaluations.environments import kinds
 from evaluations.environments.kinds import BaseEnvironment
 from evaluations.images import rootfs
 from evaluations.images.errors import ImageError
 from evaluations.models import ErrorKind
 from evaluations.pipeline import static
-from evaluations.pipeline.context import Context, StepFailed, last_line
+from evaluations.pipeline.context import Context, StepFailed, environment_failure, last_line
 from evaluations.runtime import Limit, SandboxPolicy
 from evaluations.runtime.background import Background
 from evaluations.runtime.netns import NetworkUnavailable, SharedNetwork
@@ -280,15 +280,13 @@ def _start_one(ctx: Context, running: Running) -> None:
     config = environment.config  # the image's, its User and WorkingDir the service's when it names them
     argv = service_argv(service, config)
     ca = ctx.trusted_ca
-    try:  # its compose volumes bound too (kinds.Image.bind_volumes)
+    with environment_failure():  # its compose volumes bound too (kinds.Image.bind_volumes)
         running.policy = environment.sandbox_policy(
             network=False,  # no relay: its loopback is the environment's, nothing more
             ca_bundle=ca.host if ca is not None else None,
             user=kinds.IMAGE_USER,  # its image's User, or its compose ``user``
             netns=ctx.netns.path,
         )
-    except BadEnvironment as exc:
-        raise StepFailed(str(exc), kind=ErrorKind.INFRASTRUCTURE) from None
     running.env = service_env(service, config, user_home(running.policy.image.rootfs, running.policy.image.ids[0]))
     if argv is None:  # only what keeps a container alive: its root serves its checks and hooks
         livelog.append_text(ctx.session.log, livelog.executor_line(f"{shown}: nothing to start"))
@@ -351,10 +349,8 @@ def _await(ctx: Context, running: Running) -> None:
 def _bind_volumes(running: Running) -> None:
     """A service's volumes' mount points made again before a sandbox of its policy (made once, at its
     start): its process may have changed its root since (kinds.Image.bind_volumes)."""
-    try:
+    with environment_failure():
         running.environment.bind_volumes()
-    except BadEnvironment as exc:
-        raise StepFailed(str(exc), kind=ErrorKind.INFRASTRUCTURE) from None
 
 
 def host_names(ctx: Context) -> list[str]:

@@ -76,7 +76,7 @@ from evaluations.safefs import TreeUsage, tree_usage
 from evaluations.sandboxes import control, files
 from evaluations.sandboxes.spec import SandboxSpec, SpecError, check_variable, parse, parse_network
 from evaluations.tasks.compose import MAIN, harbor_services
-from evaluations.tasks.harbor import HARBOR_MAIN_COMMAND
+from evaluations.tasks.harbor import HARBOR_MAIN_COMMAND, main_first_process
 from evaluations.tasks.registry import load_task
 from evaluations.tasks.spec import FirstProcess, ImageEnvironment, Service, TaskError
 
@@ -136,6 +136,9 @@ class LiveSandbox:
         self.channel: InitChannel | None = None
         self.root = None  # the ImageRoot
         self.compose: tuple[Service, ...] = ()  # the compose file's services besides main, in start order
+        # How main starts (SPEC §23): a compose file's main ``entrypoint``/``command``, else as Harbor's docker
+        # backend starts it (the image's ENTRYPOINT, ``sleep infinity`` for its CMD); None: nothing starts.
+        self.main_process: FirstProcess | None = FirstProcess(command=HARBOR_MAIN_COMMAND)
         self.task_root: Path | None = None  # where their builds' paths start (a task's root)
         self.sidecars: dict[str, Sidecar] = {}  # each, once its root is mounted
         self.netns: SharedNetwork | None = None  # main's and its services' one loopback (with services only)
@@ -229,7 +232,7 @@ class LiveSandbox:
             raise Ending(SandboxStatus.FAILED, str(exc), ErrorKind.INFRASTRUCTURE) from None
         self.closing.callback(self.netns.close)
         parent = self.session.root / SERVICES_DIR
-        _root_folder(parent, uid, 0o711)
+        _root_folder(self.session, parent, 0o711)
         ca = host_ca(config, sandboxed=True)
         records = []
         for service in self.compose:
@@ -241,7 +244,7 @@ class LiveSandbox:
             self.closing.enter_context(store.pin(result.record.digest, f"{self.tag}.{service.name}"))
             image_config = dict(result.record.config or {})
             folder = parent / service.name
-            _root_folder(folder, uid, 0o710)
+            _root_folder(self.session, folder, 0o710)
             try:
                 root = kinds.mount_image(
                     store,
@@ -343,9 +346,11 @@ class LiveSandbox:
                 )
             try:
                 compose = harbor_services(task_root)
+                main = main_first_process(compose.main)
             except TaskError as exc:
                 raise Ending(SandboxStatus.FAILED, f"environment.compose: {exc}", ErrorKind.TASK_INVALID) from None
             self._take_services(compose.services, compose.volumes, task_root, "environment.compose")
+            self.main_process = main
         return folder
 
     def _take_services(self, services: tuple[Service, ...], main_volumes, task_root: Path, where: str) -> None:
@@ -406,6 +411,7 @@ class LiveSandbox:
                 ErrorKind.TASK_INVALID,
             )
         self._take_services(task.services, task.volumes, task.root, "environment.task_url")
+        self.main_process = task.first_process
         return task.root, task.environment
 
     def _build_environment(self) -> build.BuildEnvironment:
@@ -591,13 +597,14 @@ class LiveSandbox:
 
     def _start_first_process(self) -> None:
         """The image's ENTRYPOINT in the background, as Harbor's docker backend starts its main container
-        (the image's CMD replaced by ``sh -c "sleep infinity"``; SPEC §23-24): exec 0 of the init, as the
-        image's User, from the working directory, with the sandbox's variables. Nothing when the image
-        has no ENTRYPOINT (a container that is only kept alive). It is no exec of the API's: it keeps no
+        (the image's CMD replaced by ``sh -c "sleep infinity"``; a compose file's main ``entrypoint`` and
+        ``command`` instead when it names them; SPEC §23-24): exec 0 of the init, as the image's User,
+        from the working directory, with the sandbox's variables. Nothing when only a command that keeps
+        the container alive would run. It is no exec of the API's: it keeps no
         sandbox from its idle end, and its exit status and output go to the sandbox's log when it ends
         (the sandbox's end ends it)."""
         try:
-            argv = first_process(self.image_config, FirstProcess(command=HARBOR_MAIN_COMMAND))
+            argv = first_process(self.image_config, self.main_process) if self.main_process is not None else None
         except StepFailed as exc:
             raise Ending(SandboxStatus.FAILED, str(exc), ErrorKind.TASK_INVALID) from None
         if argv is None:
@@ -1172,13 +1179,11 @@ def _resolve_user(root, name: str, cache: dict) -> tuple[int, int, str]:
     return found
 
 
-def _root_folder(folder: Path, uid: int, mode: int) -> None:
+def _root_folder(session: Session, folder: Path, mode: int) -> None:
     """A folder of the session for a service's root: root's, its group the lease's (0710: the
     sandbox passes to the root, nobody lists it; 0711 for the folder of them all)."""
     try:
-        folder.mkdir(mode=0o700)
-        os.chown(folder, os.geteuid(), uid)
-        os.chmod(folder, mode)
+        session.make_folder(folder, mode, owner=session.root_passed)
     except OSError as exc:
         raise Ending(SandboxStatus.FAILED, f"could not make {folder.name}/: {exc}", ErrorKind.INFRASTRUCTURE) from None
 

@@ -194,7 +194,7 @@ def load(root: Path, limits: TaskLimits) -> TaskSpec:
             required=True,
             cap=prompt_cap(limits.max_prompt_bytes, instruction=True),
         )
-    first_process = _first_process(compose.main)
+    first_process = main_first_process(compose.main)
     healthcheck = _healthcheck(environment_table)
     metadata = jsonable(config.rest())
     if steps is not None and any(steps.kept):
@@ -265,7 +265,7 @@ def _package(config: _Table) -> None:
     del config.tables["task"]  # checked; kept in the metadata as written
 
 
-def _first_process(compose: dict | None) -> FirstProcess:
+def main_first_process(compose: dict | None) -> FirstProcess:
     """SPEC §23: the environment starts as Harbor's docker backend starts its main container: the
     image's ENTRYPOINT (or the compose service's ``entrypoint``) with ``command`` (the compose
     service's, else Harbor's ``sh -c "sleep infinity"``) as its arguments."""

@@ -123,9 +123,11 @@ def test_a_tasks_compose_service_runs_beside_main(api, sandbox_service, image_re
 
 def test_a_context_with_a_compose_file_builds_its_services(api, image_ref):
     """The Harbor backend's way: the task's environment/ as the build context, main's Dockerfile and
-    the compose file in it; a service built from a folder of it, one whose process ends."""
+    the compose file in it; main started by its compose ``entrypoint`` (Harbor's ``sleep infinity``
+    its arguments); a service built from a folder of it, one whose process ends."""
     compose = {
         "services": {
+            "main": {"entrypoint": ["sh", "-c", 'echo "started with $*" > /which.started; exec "$@"', "entry"]},
             "side": {"build": {"context": "side"}, "command": ["sh", "-c", "echo side up; exit 3"]},
         }
     }
@@ -147,6 +149,10 @@ def test_a_context_with_a_compose_file_builds_its_services(api, image_ref):
         assert body["status"] == "ready", body
         assert api.exec(sandbox_id, "cat /which.txt")["stdout"] == "main\n"
         assert api.exec(sandbox_id, "cat /which.txt", service="side")["stdout"] == "side\n"
+        started = wait_for(
+            lambda: api.exec(sandbox_id, "cat /which.started")["stdout"], timeout=60, what="main's entrypoint"
+        )
+        assert started == "started with sh -c sleep infinity\n", started
 
         def exited():
             services = api.json("GET", f"/sandboxes/{sandbox_id}")[1]["environment"]["services"]
