@@ -16,8 +16,10 @@ forkserver dies, which is no reason to stop.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
+import uuid
 
 import django
 
@@ -27,9 +29,10 @@ django.setup()
 from django.conf import settings  # noqa: E402
 from django.db import close_old_connections, connections  # noqa: E402
 
-from evaluations.models import WORKER_LOST  # noqa: E402
+from evaluations.models import WORKER_LOST, Evaluation  # noqa: E402
 from evaluations.pipeline.cancel import CancelState, Stop, start_watching  # noqa: E402
 from evaluations.pipeline.run import run_pipeline  # noqa: E402
+from evaluations.runtime import killer  # noqa: E402
 from evaluations.sandboxes.host import run_sandbox  # noqa: E402
 
 
@@ -51,13 +54,18 @@ _READY_IN: list[int] = []  # the pid of the spare that opened this process's con
 
 
 def ready() -> None:
-    """A spare's work before it waits for its id (pool.wait_for_id): its own database connection,
-    opened now rather than at its evaluation's first query, where the connect and its set-up were
-    9-10 ms of the claim's path (SPEC §25; bench/RESULTS.md, issue 38). A database that cannot be
-    reached now is connected to later, as without a spare."""
+    """A spare's work before it waits for its id (pool.wait_for_id), what its evaluation would
+    otherwise do first on the claim's path (SPEC §25; bench/RESULTS.md, issue 38, stop 48: the
+    claim to the first step 10.7 -> 3.8 ms): it becomes the subreaper of what it will start (a
+    scan of /proc for the children it must spare: none yet), opens its own database connection and
+    makes a first query (the ORM's first-use work, and the pages it writes copied now). A database
+    that cannot be reached now is connected to later, as without a spare."""
+    with contextlib.suppress(OSError):  # else the evaluation's spawner tries again, and says why
+        killer.become_subreaper()  # its /proc scan (the children it must spare: none) here, not at its claim
     connections.close_all()  # none is inherited
     try:
         connections["default"].ensure_connection()
+        Evaluation.objects.filter(id=uuid.UUID(int=0)).first()  # no row has it
     except Exception:  # the evaluation's first query connects, and reports what is wrong then
         connections.close_all()
         return
