@@ -23,7 +23,9 @@ from __future__ import annotations
 
 import ctypes
 import errno
+import functools
 import os
+import subprocess
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -104,6 +106,52 @@ def image_userns_fd(idmap: IdMap) -> int:
 
 
 def _make(uid_map: str, gid_map: str, owner: int) -> int:
+    """A new user namespace with these maps, owned by ``owner``, held by the returned fd: made by the
+    init's ``--userns`` (runtime/init.c, spawned), else by a fork of this process (``_make_forked``)."""
+    helper = _helper()
+    if helper is None:
+        return _make_forked(uid_map, gid_map, owner)
+    # A fork of a service's process copies its whole address space: 7 ms at 88 MB where a spawn of the
+    # static init takes 1-2 (bench/RESULTS.md, issue 38, stop 48).
+    proc = subprocess.Popen(
+        [str(helper), "--userns", str(owner)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, close_fds=True
+    )
+    try:
+        if proc.stdout.read(1) != b"1":
+            raise NamespaceError(errno.EPERM, "could not create a user namespace (are user namespaces allowed?)")
+        _write_maps(proc.pid, uid_map, gid_map)
+        proc.stdin.write(b"1")
+        proc.stdin.flush()
+        if proc.stdout.read(1) != b"2":
+            raise NamespaceError(errno.EPERM, "could not forbid nested user namespaces")
+        return os.open(f"/proc/{proc.pid}/ns/user", os.O_RDONLY | os.O_CLOEXEC)
+    finally:
+        proc.stdin.close()  # it reads the end and exits
+        proc.stdout.close()
+        proc.wait()
+
+
+@functools.cache
+def _helper() -> Path | None:
+    """The init's build on this host (initbin.py), once per process; None where it cannot be built."""
+    from evaluations.runtime import initbin
+
+    try:
+        return initbin.built()
+    except (initbin.InitUnavailable, OSError):
+        return None
+
+
+def _write_maps(pid: int, uid_map: str, gid_map: str) -> None:
+    proc = Path(f"/proc/{pid}")
+    try:
+        (proc / "uid_map").write_text(uid_map)
+        (proc / "gid_map").write_text(gid_map)
+    except OSError as exc:
+        raise NamespaceError(exc.errno, f"user namespace map refused: {exc.strerror}") from None
+
+
+def _make_forked(uid_map: str, gid_map: str, owner: int) -> int:
     ready_r, ready_w = os.pipe()
     go_r, go_w = os.pipe()
     pid = os.fork()
@@ -131,16 +179,11 @@ def _make(uid_map: str, gid_map: str, owner: int) -> int:
     try:
         if os.read(ready_r, 1) != b"1":
             raise NamespaceError(errno.EPERM, "could not create a user namespace (are user namespaces allowed?)")
-        proc = Path(f"/proc/{pid}")
-        try:
-            (proc / "uid_map").write_text(uid_map)
-            (proc / "gid_map").write_text(gid_map)
-        except OSError as exc:
-            raise NamespaceError(exc.errno, f"user namespace map refused: {exc.strerror}") from None
+        _write_maps(pid, uid_map, gid_map)
         os.write(go_w, b"1")
         if os.read(ready_r, 1) != b"2":
             raise NamespaceError(errno.EPERM, "could not forbid nested user namespaces")
-        return os.open(proc / "ns" / "user", os.O_RDONLY | os.O_CLOEXEC)
+        return os.open(f"/proc/{pid}/ns/user", os.O_RDONLY | os.O_CLOEXEC)
     finally:
         os.close(ready_r)
         os.close(go_w)  # the child reads EOF and exits

@@ -21,6 +21,13 @@
  * a process of the sandbox as a user that is neither root nor the one bubblewrap can switch to by
  * itself (runtime/spawner.py's background: an image's first process as its User).
  *
+ * "te-init --userns UID": no init either, the maker of a user namespace for runtime/idmap.py, which
+ * would otherwise fork the executor's whole address space for it. It takes UID (as --as does, when
+ * it is not already), unshares a user namespace, writes "1" on its stdout and waits for "1" on its
+ * stdin (the host has written the maps: it is root there now, with every capability), forbids
+ * nested namespaces in it (max_user_namespaces 0), writes "2", and exits at the end of its stdin
+ * (the host has opened /proc/PID/ns/user by then). Anything else: an exit status, and no "2".
+ *
  * argv[2], when given, is the port of the egress relay (127.0.0.1 inside): the relay starts beside
  * the init rather than before it, and the init waits until it listens before its first exec, so an
  * exec's first connection finds it (about 15 ms after the sandbox is ready, at most 5 s).
@@ -35,6 +42,7 @@
 #include <fcntl.h>
 #include <grp.h>
 #include <poll.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -248,9 +256,32 @@ static int switch_and_exec(int argc, char **argv) {
     return code;
 }
 
+static int make_userns(int argc, char **argv) {
+    if (argc != 3) return 2;
+    long owner = atol(argv[2]);
+    if (owner < 0) return 2;
+    if ((uid_t)owner != geteuid()) {
+        if (setgroups(0, NULL) < 0) return 126;
+        if (setresgid((gid_t)owner, (gid_t)owner, (gid_t)owner) < 0) return 126;
+        if (setresuid((uid_t)owner, (uid_t)owner, (uid_t)owner) < 0) return 126;
+    }
+    if (unshare(CLONE_NEWUSER) < 0) return 1;
+    char go = 0;
+    if (write(1, "1", 1) != 1) return 1;
+    if (read(0, &go, 1) != 1 || go != '1') return 1;
+    int limit = open("/proc/sys/user/max_user_namespaces", O_WRONLY | O_CLOEXEC);
+    if (limit < 0) return 1;
+    if (write(limit, "0", 1) != 1) return 1;
+    close(limit);
+    if (write(1, "2", 1) != 1) return 1;
+    while (read(0, &go, 1) > 0) {}
+    return 0;
+}
+
 int main(int argc, char **argv) {
     if (argc < 2) return 2;
     if (strcmp(argv[1], "--as") == 0) return switch_and_exec(argc, argv);
+    if (strcmp(argv[1], "--userns") == 0) return make_userns(argc, argv);
     control = atoi(argv[1]);
     if (argc > 2) relay_port = atoi(argv[2]);
     /* Run from a descriptor (/proc/self/fd/N: initbin.exec_path), this process would be named N:

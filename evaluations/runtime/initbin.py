@@ -39,10 +39,10 @@ def ensure_init(base: Path) -> Path:
     if (folder / NAME).is_file():
         return folder
     Path(base).mkdir(parents=True, exist_ok=True)
-    built = _built()
+    binary = built()
     scratch = Path(tempfile.mkdtemp(prefix=".sandbox-init-copy-", dir=base))
     try:
-        shutil.copyfile(built, scratch / NAME)
+        shutil.copyfile(binary, scratch / NAME)
         os.chmod(scratch / NAME, 0o755)
         os.chmod(scratch, 0o755)
         try:
@@ -74,7 +74,9 @@ def cache_dir() -> Path:
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "term-executor" / "sandbox-init"
 
 
-def _built() -> Path:
+def built() -> Path:
+    """This host's build of the init for this source (``cache_dir``), built now if missing;
+    InitUnavailable without a compiler."""
     binary = cache_dir() / f"{NAME}-{source_digest()}"
     if binary.is_file():
         return binary
