@@ -29,13 +29,11 @@ from __future__ import annotations
 
 import ctypes
 import errno
-import logging
 import os
 from pathlib import Path
 
 from evaluations.runtime import idmap
 
-logger = logging.getLogger("term_executor.cache")
 _libc = ctypes.CDLL(None, use_errno=True)
 _libc.syscall.restype = ctypes.c_long
 
@@ -88,26 +86,8 @@ def _check(result: int, what: str) -> int:
 
 
 def userns_fd(uid: int) -> int:
-    """An fd of a user namespace mapping uid and gid 0 to ``uid`` (kept for this process, and for the
-    processes it forks afterwards: ``prepare_userns``)."""
+    """An fd of a user namespace mapping uid and gid 0 to ``uid`` (kept for this process)."""
     return idmap.userns_fd(f"0 {uid} 1\n", f"0 {uid} 1\n", os.geteuid())
-
-
-def prepare_userns(uids) -> None:
-    """``userns_fd`` of each of ``uids``, made now, in a process that forks the evaluations' (the
-    worker, before its forkserver): each evaluation process then finds its lease's namespace made,
-    rather than forking itself (a copy of its whole address space) to make one at its first
-    idmapped mount, about 10 ms of its clone (bench/RESULTS.md, issue 38, stop 48). One that cannot
-    be made is left to that first mount, which says why. Only these: no process ever runs in a
-    mount's namespace, so one serves evaluation after evaluation; an image's, which its commands
-    join (runtime/idmap.py), stays one evaluation's (what a namespace holds, its keyrings, would
-    otherwise outlive it)."""
-    for uid in uids:
-        try:
-            userns_fd(uid)
-        except OSError as exc:
-            logger.warning("could not make the user namespace of uid %s ahead (its first mount will): %s", uid, exc)
-            return
 
 
 def bind_idmapped(source: Path, target: Path, ns_fd: int, *, writable: bool = False) -> None:

@@ -35,7 +35,6 @@ from django.db.models.functions import Now
 from django.utils import timezone
 
 from evaluations import lifecycle
-from evaluations.cache import mounts
 from evaluations.models import (
     LIVE_SANDBOX_STATUSES,
     SHUTTING_DOWN,
@@ -96,10 +95,6 @@ class Worker:
     @classmethod
     def start(cls, config, runtime) -> Worker:
         """A worker for ``runtime`` (the resolved ``evaluations.runtime.Runtime``), its first beat written."""
-        if os.geteuid() == 0 and config.workspace_cache == "on":  # before the pool forks its forkserver
-            # the leases the evaluations take first (uids.acquire: the lowest free), their cache mounts' namespaces
-            first = min(config.sandbox_uid_count, config.max_concurrent_evals + 1)
-            mounts.prepare_userns(range(config.sandbox_uid, config.sandbox_uid + first))
         worker = cls(
             config,
             Pool(config.max_concurrent_evals, runtime, spare=True),
