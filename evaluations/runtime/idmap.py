@@ -12,8 +12,10 @@ on the host, ids the evaluation owns and nothing else has.
 2. ``userns_fd(idmap, owner)``: a user namespace with that map, owned by host uid ``owner``, kept
    open for this process. Owned by the lease, so bwrap, started as the lease like every sandboxed
    command, may join it (``--userns``: setns needs the caller to own the namespace); made by a
-   child that drops to ``owner`` and unshares, the maps written by us (root needs no
-   ``/etc/subuid`` entry for that). ``max_user_namespaces`` is 0 inside it: no command can make a
+   process that drops to ``owner`` and unshares (the init's ``--userns``, runtime/init.c: a spawn
+   of a small static program, where a fork would copy this process's whole address space; a fork
+   where the init cannot be built), the maps written by us (root needs no ``/etc/subuid`` entry
+   for that). ``max_user_namespaces`` is 0 inside it: no command can make a
    nested namespace (what bwrap's ``--disable-userns`` does, which needs ``--unshare-user``).
    The same fd serves ``mount_setattr(MOUNT_ATTR_IDMAP)``: the image's layers, owned on disk by
    the image's own ids, are seen through the map.
