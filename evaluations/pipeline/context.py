@@ -17,7 +17,7 @@ from evaluations.grading.base import Grade
 from evaluations.models import CANCEL_KINDS, ErrorKind, Evaluation
 from evaluations.network import urlguard
 from evaluations.network.egress import EgressProxy
-from evaluations.network.egress.relay import NO_PROXY, ensure_socat_bundle
+from evaluations.network.egress.relay import direct, ensure_socat_bundle
 from evaluations.pipeline import gitrepo
 from evaluations.pipeline.cancel import CancelState, Stop
 from evaluations.pipeline.multistep import TaskSteps
@@ -123,8 +123,7 @@ class Context:
         """The clean environment every command starts from, the environment's (environments/kinds.py)."""
         env = self.env.command_env(self.trusted_ca)
         if self.services:  # SPEC §23: a service's name is the shared loopback, never the proxy's to reach
-            bypass = ",".join([NO_PROXY, "main", *self.services])
-            env.update(NO_PROXY=bypass, no_proxy=bypass)
+            env.update(direct(["main", *self.services]))
         return env
 
     @property

@@ -314,9 +314,9 @@ def service_env(service: Service, config: dict, home: str) -> dict[str, str]:
     return {"PATH": SYSTEM_PATH, "HOME": home or "/", "HOSTNAME": service.name, **image_env, **service.env}
 
 
-def user_home(root: Path, uid: int) -> str:
-    """The home of ``uid`` (inside) in the image's /etc/passwd under ``root``; "/" without one."""
-    return next((row[5] for row in rootfs.table(root, "/etc/passwd") if row[2] == str(uid) and len(row) > 5), "/")
+def user_home(root: Path, uid: int, default: str = "/") -> str:
+    """The home of ``uid`` (inside) in the image's /etc/passwd under ``root``; ``default`` without one."""
+    return next((row[5] for row in rootfs.table(root, "/etc/passwd") if row[2] == str(uid) and len(row) > 5), default)
 
 
 def _await(ctx: Context, running: Running) -> None:

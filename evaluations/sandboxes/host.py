@@ -53,7 +53,7 @@ from evaluations.images.store import ImageStore
 from evaluations.models import SHUTTING_DOWN, WORKER_LOST, ErrorKind, Sandbox, SandboxExec, SandboxStatus
 from evaluations.network import urlguard
 from evaluations.network.egress import EgressProxy, egress_policy
-from evaluations.network.egress.relay import NO_PROXY, RELAY_PORT, ensure_socat_bundle, proxy_env
+from evaluations.network.egress.relay import RELAY_PORT, direct, ensure_socat_bundle, proxy_env
 from evaluations.pipeline import archive
 from evaluations.pipeline.context import RELAY_BUNDLE, StepFailed
 from evaluations.pipeline.services import (
@@ -62,6 +62,7 @@ from evaluations.pipeline.services import (
     first_process,
     service_argv,
     service_env,
+    user_home,
     write_hosts,
 )
 from evaluations.pipeline.session import Session, remove_retired
@@ -1136,7 +1137,7 @@ class Sidecar:
         self.healthy = False
         self.internal = itertools.count(_INTERNAL_EXECS)
         ca = host_ca(config, sandboxed=True)
-        self._extra = {**(dict.fromkeys(CA_VARIABLES, ca.sandbox) if ca is not None else {})}
+        self._extra = dict.fromkeys(CA_VARIABLES, ca.sandbox) if ca is not None else {}
         self.names: list[str] = []  # main's and every service's, straight, not through the proxy
 
     def user(self, name: str) -> tuple[int, int, str]:
@@ -1155,11 +1156,7 @@ class Sidecar:
 def _proxy_env(names: list[str]) -> dict[str, str]:
     """The egress relay's variables, the compose services' names reached straight (as the
     evaluations' commands have them, pipeline/context.py): they are on the shared loopback."""
-    env = proxy_env()
-    if names:
-        bypass = ",".join([NO_PROXY, MAIN, *names])
-        env.update(NO_PROXY=bypass, no_proxy=bypass)
-    return env
+    return {**proxy_env(), **(direct([MAIN, *names]) if names else {})}
 
 
 def _resolve_user(root, name: str, cache: dict) -> tuple[int, int, str]:
@@ -1171,10 +1168,7 @@ def _resolve_user(root, name: str, cache: dict) -> tuple[int, int, str]:
         uid, gid = rootfs.resolve_user(root.rootfs, name)
     except ImageError as exc:
         raise SpecError("user", str(exc)) from None
-    home = next(
-        (row[5] for row in rootfs.table(root.rootfs, "/etc/passwd") if len(row) > 5 and row[2] == str(uid)),
-        "/root" if uid == 0 else "/",
-    )
+    home = user_home(root.rootfs, uid, "/root" if uid == 0 else "/")
     cache[name] = found = (uid, gid, home or "/")
     return found
 

@@ -61,6 +61,13 @@ exec "$@"
 """
 
 
+def direct(names) -> dict[str, str]:
+    """NO_PROXY (both cases) with ``names`` beside the loopback's own: hosts reached straight, not
+    through the relay (a compose environment's services, on the shared loopback: SPEC §23)."""
+    bypass = ",".join([NO_PROXY, *names])
+    return {"NO_PROXY": bypass, "no_proxy": bypass}
+
+
 def proxy_env(port: int = RELAY_PORT) -> dict[str, str]:
     """The variables that send a command's HTTP(S) through the relay.
 
