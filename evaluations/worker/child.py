@@ -50,7 +50,7 @@ def start_watching_worker(channel, state: CancelState) -> None:
     threading.Thread(target=watch_worker, args=(channel, state), name="watch-worker", daemon=True).start()
 
 
-_READY_IN: list[int] = []  # the pid of the spare that opened this process's connection (``ready``)
+_ready_pid: int | None = None  # the spare's pid, once ``ready`` opened its connection
 
 
 def ready() -> None:
@@ -60,6 +60,7 @@ def ready() -> None:
     scan of /proc for the children it must spare: none yet), opens its own database connection and
     makes a first query (the ORM's first-use work, and the pages it writes copied now). A database
     that cannot be reached now is connected to later, as without a spare."""
+    global _ready_pid
     with contextlib.suppress(OSError):  # else the evaluation's spawner tries again, and says why
         killer.become_subreaper()  # its /proc scan (the children it must spare: none) here, not at its claim
     connections.close_all()  # none is inherited
@@ -69,13 +70,13 @@ def ready() -> None:
     except Exception:  # the evaluation's first query connects, and reports what is wrong then
         connections.close_all()
         return
-    _READY_IN[:] = [os.getpid()]
+    _ready_pid = os.getpid()
 
 
 def _own_connection() -> None:
     """No connection from another process; a spare's own kept unless it is too old or broken
     (as at a request's start; PostgreSQL's health check then runs at its first use)."""
-    if _READY_IN == [os.getpid()]:
+    if _ready_pid == os.getpid():
         close_old_connections()
     else:
         connections.close_all()
