@@ -32,6 +32,8 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
+from evaluations.runtime import initbin
+
 _libc = ctypes.CDLL(None, use_errno=True)
 _CLONE_NEWUSER = 0x10000000
 ID_COUNT = 65536  # ids inside a container's namespace: 0-65535, as /etc/subuid ranges give
@@ -119,14 +121,7 @@ def _make(uid_map: str, gid_map: str, owner: int) -> int:
         [str(helper), "--userns", str(owner)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, close_fds=True
     )
     try:
-        if proc.stdout.read(1) != b"1":
-            raise NamespaceError(errno.EPERM, "could not create a user namespace (are user namespaces allowed?)")
-        _write_maps(proc.pid, uid_map, gid_map)
-        proc.stdin.write(b"1")
-        proc.stdin.flush()
-        if proc.stdout.read(1) != b"2":
-            raise NamespaceError(errno.EPERM, "could not forbid nested user namespaces")
-        return os.open(f"/proc/{proc.pid}/ns/user", os.O_RDONLY | os.O_CLOEXEC)
+        return _handshake(proc.pid, proc.stdout.fileno(), proc.stdin.fileno(), uid_map, gid_map)
     finally:
         proc.stdin.close()  # it reads the end and exits
         proc.stdout.close()
@@ -136,21 +131,27 @@ def _make(uid_map: str, gid_map: str, owner: int) -> int:
 @functools.cache
 def _helper() -> Path | None:
     """The init's build on this host (initbin.py), once per process; None where it cannot be built."""
-    from evaluations.runtime import initbin
-
     try:
         return initbin.built()
     except (initbin.InitUnavailable, OSError):
         return None
 
 
-def _write_maps(pid: int, uid_map: str, gid_map: str) -> None:
+def _handshake(pid: int, ready: int, go: int, uid_map: str, gid_map: str) -> int:
+    """Our side with the maker, the init or a fork: it says "1" once unshared, we write its maps and
+    say "1", it forbids nested namespaces and says "2"; the namespace's fd (the maker exits after)."""
+    if os.read(ready, 1) != b"1":
+        raise NamespaceError(errno.EPERM, "could not create a user namespace (are user namespaces allowed?)")
     proc = Path(f"/proc/{pid}")
     try:
         (proc / "uid_map").write_text(uid_map)
         (proc / "gid_map").write_text(gid_map)
     except OSError as exc:
         raise NamespaceError(exc.errno, f"user namespace map refused: {exc.strerror}") from None
+    os.write(go, b"1")
+    if os.read(ready, 1) != b"2":
+        raise NamespaceError(errno.EPERM, "could not forbid nested user namespaces")
+    return os.open(proc / "ns" / "user", os.O_RDONLY | os.O_CLOEXEC)
 
 
 def _make_forked(uid_map: str, gid_map: str, owner: int) -> int:
@@ -179,13 +180,7 @@ def _make_forked(uid_map: str, gid_map: str, owner: int) -> int:
     os.close(ready_w)
     os.close(go_r)
     try:
-        if os.read(ready_r, 1) != b"1":
-            raise NamespaceError(errno.EPERM, "could not create a user namespace (are user namespaces allowed?)")
-        _write_maps(pid, uid_map, gid_map)
-        os.write(go_w, b"1")
-        if os.read(ready_r, 1) != b"2":
-            raise NamespaceError(errno.EPERM, "could not forbid nested user namespaces")
-        return os.open(f"/proc/{pid}/ns/user", os.O_RDONLY | os.O_CLOEXEC)
+        return _handshake(pid, ready_r, go_w, uid_map, gid_map)
     finally:
         os.close(ready_r)
         os.close(go_w)  # the child reads EOF and exits
