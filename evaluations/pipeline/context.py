@@ -104,6 +104,7 @@ class Context:
     verifier_memory_mb: int | None = None
     placed: dict = field(default_factory=dict)
     steps: TaskSteps | None = None  # a task of [[steps]]: their run (pipeline/multistep.py), set by downloading_task
+    agent_policy: SandboxPolicy | None = None  # the agent's, once its sandbox is prestarted (steps.py)
 
     def stage(self, **fields) -> None:
         """A step's results for the evaluation's row, written with the next transition or the end

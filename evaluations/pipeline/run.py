@@ -35,7 +35,7 @@ from evaluations.pipeline.context import Cancelled, Context, StepFailed, WorkerL
 from evaluations.pipeline.session import Session, remove_retired
 from evaluations.pipeline.steps import in_order
 from evaluations.pipeline.warm import WorkspaceCache
-from evaluations.runtime import Runtime, Spawner, sandbox_uid, uids
+from evaluations.runtime import Limits, Runtime, Spawner, sandbox_uid, uids
 from evaluations.runtime.idmap import image_id_range
 from evaluations.runtime.output import utf8_text
 from executor_project.config import Config
@@ -91,6 +91,7 @@ def _prepare(
         if lease is not None:
             lease.release()  # not marked clean: the next holder scrubs it
         raise
+    spawner.make_cgroup_ahead(Limits.of(config, config.agent_timeout_secs))  # made while the task downloads
     progress = lifecycle.Progress(eval_id)
     ctx = Context(
         eval_id=eval_id,

@@ -50,6 +50,7 @@ from evaluations.tasks.language import NoToolchain, with_toolchain
 from evaluations.tasks.registry import load_task
 from evaluations.tasks.spec import SETUP_SCRIPT, TaskError, TaskStep
 
+AGENT_PHASE = "agent"  # the agent's command: a sandbox of its own, prestarted (prestart_agent)
 PATCH_PHASE = "patch"  # the executor's git work on what the agent left: never in the agent's sandbox
 TESTS_PHASE = "tests"
 
@@ -211,6 +212,7 @@ def installing_deps(ctx: Context) -> None:
     config = ctx.config
     services.starting_environment(ctx)  # SPEC §23: the image's first process, its healthcheck, before all else
     if ctx.cache.restore():  # a hit: the venv and HOME the install step left, from the snapshot
+        _prestart_agent(ctx)
         return
     deadline = deadline_in(config.install_timeout_secs)
     ctx.env.make_venv()  # SPEC §11; an image task runs with the image's own python (§21)
@@ -235,6 +237,28 @@ def installing_deps(ctx: Context) -> None:
         raise StepFailed(
             f"could not keep the install step's HOME for the tests: {exc}", kind=ErrorKind.INFRASTRUCTURE
         ) from None
+    _prestart_agent(ctx)
+
+
+def _prestart_agent(ctx: Context) -> None:
+    """The agent's sandbox started now (SPEC §25), so that its bubblewrap, its init and its relay
+    start while the agent's install and the agent step's own work go on: once the task's install
+    commands are done (nothing of the task's runs between its start and the agent's), with the policy
+    the agent will run with (``ctx.agent_policy``), made once: ``verifier.agent_mounts`` makes the
+    agent's /logs/verifier afresh. Not for a task of [[steps]] (each step's agent has its own folders).
+    Earlier would save a few ms more and change what the task's install commands find in the image
+    (the agent's mount points) and the network namespace the agent joins (``starting_environment``)."""
+    if ctx.steps is not None:
+        return
+    ctx.agent_policy = _agent_policy(ctx)
+    if ctx.spawner.can_share(ctx.agent_policy):
+        ctx.prestart(AGENT_PHASE, ctx.agent_policy, Path(ctx.workdir))
+
+
+def _agent_policy(ctx: Context) -> SandboxPolicy:
+    agent_folder = Mount(ctx.session.agent, str(ctx.session.agent), writable=False)
+    mounts = [agent_folder, *static.mounts(ctx), *verifier.agent_mounts(ctx)]  # in an image, /logs/agent
+    return ctx.task_policy(network=verifier.agent_network(ctx), mounts=mounts)
 
 
 def running_agent(ctx: Context) -> None:
@@ -262,10 +286,8 @@ def running_agent(ctx: Context) -> None:
     static.materialise(ctx)  # the agent's own copy of each asset, in repo/<save_path>
     # The request's own, within AGENT_TIMEOUT_SECS and what the task asked for (verifier.apply_request).
     timeout = min(evaluation.timeout_secs or config.agent_timeout_secs, config.agent_timeout_secs)
-    agent_folder = Mount(ctx.session.agent, str(ctx.session.agent), writable=False)
-    mounts = [agent_folder, *static.mounts(ctx), *verifier.agent_mounts(ctx)]  # in an image, /logs/agent
+    policy, ctx.agent_policy = ctx.agent_policy or _agent_policy(ctx), None  # the prestarted sandbox's
     verifier.phase_egress(ctx, verifier.AGENT)  # the agent's network (SPEC §23), from here on
-    policy = ctx.task_policy(network=verifier.agent_network(ctx), mounts=mounts)
     early = _EarlyBase(ctx)
     if ctx.task.repo is not None:  # the patch's sandbox starts while the agent runs (SPEC §25), apart from it
         # and reads the base commit meanwhile (patch.read_base): in a sandbox, where the agent cannot reach it
@@ -313,7 +335,8 @@ class _EarlyBase:
 def _run_agent(
     ctx: Context, argv: list[str], env: dict[str, str], timeout: int, policy: SandboxPolicy, early: _EarlyBase
 ) -> None:
-    result = ctx.run(argv, env=env, timeout_secs=timeout, policy=policy)
+    with ctx.phase(AGENT_PHASE):  # its own sandbox, ended (every process of it gone) before what follows
+        result = ctx.run(argv, env=env, timeout_secs=timeout, policy=policy)
     output = ctx.steps.agent_output(result.output) if ctx.steps is not None else result.output
     produced = {"agent_output": output, "agent_exit_code": result.exit_code}
     failure = None

@@ -117,6 +117,7 @@ class Spawner:
         self._all_confirmed_gone = runtime.contains_processes
         self._sandbox_init: int | object | None = None  # the running command's sandbox pid 1
         self.cgroup: cgroups.EvalCgroup | None = None  # made by the first command (its limits)
+        self._cgroup_ahead: _CgroupAhead | None = None  # the cgroup in the making (``make_cgroup_ahead``)
         self.peaks = Peaks()  # over every command: the evaluation's resources without a cgroup
         self._phase: str | None = None  # the open phase's name (``phase``)
         self._phase_base: Path | None = None  # where the init's folder is made (WORKSPACE_BASE)
@@ -517,10 +518,22 @@ class Spawner:
             peak_processes=monitor.peaks.processes,
         )
 
+    def make_cgroup_ahead(self, limits: Limits) -> None:
+        """Start making the evaluation's cgroup now, in a thread (a cgroup's folders cost a few ms
+        to make on v1, a memory one most), so that the first command finds it made rather than
+        making it on its path; that command awaits it (``_ensure_cgroup``) and sets its own limits."""
+        support = self.runtime.cgroups
+        if support is None or not support.enforced or self.cgroup is not None or self._cgroup_ahead is not None:
+            return
+        self._cgroup_ahead = _CgroupAhead(self.eval_id, limits, support)
+
     def _ensure_cgroup(self, limits: Limits) -> None:
         support = self.runtime.cgroups
         if support is None or not support.enforced:
             return
+        if self._cgroup_ahead is not None:
+            ahead, self._cgroup_ahead = self._cgroup_ahead, None
+            self.cgroup = ahead.result()  # its error, if it could not be made, is the first command's
         if self.cgroup is None:
             self.cgroup = cgroups.EvalCgroup.create(
                 self.eval_id, limits.memory_bytes, limits.max_processes, support=support
@@ -555,6 +568,10 @@ class Spawner:
     def close(self) -> None:
         """After the last command: stop the background processes, remove the evaluation's cgroup
         (killing anything left in it)."""
+        if self._cgroup_ahead is not None:  # made for a command that never came
+            ahead, self._cgroup_ahead = self._cgroup_ahead, None
+            with contextlib.suppress(Exception):  # unmade, it has nothing to remove
+                self.cgroup = ahead.result()
         self.end_prestart()
         self.end_phase()
         for started in self._backgrounds:
@@ -715,6 +732,32 @@ class Spawner:
         if count:
             log.info("eval %s: swept %s leftover process(es)", self.eval_id, count)
         return count
+
+
+class _CgroupAhead:
+    """``EvalCgroup.create`` in a thread of its own (``Spawner.make_cgroup_ahead``); ``result``
+    awaits it and returns the cgroup or raises what its making raised."""
+
+    def __init__(self, eval_id: str, limits: Limits, support):
+        self._made: cgroups.EvalCgroup | None = None
+        self._error: BaseException | None = None
+
+        def make() -> None:
+            try:
+                self._made = cgroups.EvalCgroup.create(
+                    eval_id, limits.memory_bytes, limits.max_processes, support=support
+                )
+            except BaseException as exc:  # re-raised in the thread that needs the cgroup
+                self._error = exc
+
+        self._thread = threading.Thread(target=make, name="cgroup-ahead", daemon=True)
+        self._thread.start()
+
+    def result(self) -> cgroups.EvalCgroup:
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+        return self._made
 
 
 class _Prestart:

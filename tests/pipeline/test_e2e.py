@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import re
 import threading
 import uuid
 from pathlib import Path
@@ -177,7 +178,7 @@ def test_the_agent_never_sees_the_sandboxes_started_ahead_for_its_patch_and_the_
     agent = SOLVER + (
         "import os, subprocess\n"
         "inits = subprocess.run(['pgrep', '-x', 'te-init'], capture_output=True, text=True).stdout.split()\n"
-        "pathlib.Path('seen.txt').write_text(f'inits={len(inits)}\\n')\n"
+        "pathlib.Path('seen.txt').write_text(f'inits={\",\".join(inits)}\\n')\n"
         "pathlib.Path(os.environ['HOME'], 'planted-in-home').write_text('x')\n"
         "pathlib.Path('/tmp/planted-in-tmp').write_text('x')\n"
     )
@@ -190,7 +191,7 @@ def test_the_agent_never_sees_the_sandboxes_started_ahead_for_its_patch_and_the_
     assert clean.passed, clean.output
     assert "+inits=" in evaluation.agent_patch and "a + b" in evaluation.agent_patch
     if sandbox == "bwrap":  # without one, the agent sees the host's processes (other tests' sandboxes)
-        assert "+inits=0" in evaluation.agent_patch
+        assert re.search(r"^\+inits=\d+$", evaluation.agent_patch, re.M)  # its own sandbox's init, no other
 
 
 FORK_STORM = """

@@ -334,3 +334,48 @@ def test_with_a_cgroup_a_sandbox_is_cleared_looking_only_at_the_evaluations_proc
         harness.end_phase()
         harness.spawner.close()
     assert not tagged_alive(harness.eval_id)
+
+
+def _cgroup_dirs(harness, support) -> list:
+    return [parent / harness.eval_id for parent in support.parents.values()]
+
+
+def test_the_cgroup_made_ahead_is_the_one_the_first_command_joins(bwrap_runtime, session, support):
+    """``make_cgroup_ahead``: the evaluation's cgroup is made in a thread as it starts (the pipeline's
+    download goes on meanwhile); the first command awaits it and runs in it, with its own limits."""
+    runtime = copy.copy(bwrap_runtime)
+    runtime.cgroups = support
+    harness = make_harness(runtime, session)
+    try:
+        harness.spawner.make_cgroup_ahead(dataclasses.replace(DEFAULT_LIMITS, memory_bytes=300 * 1024 * 1024))
+        wait_for(lambda: all(d.is_dir() for d in _cgroup_dirs(harness, support)), what="the cgroup made ahead")
+        assert harness.spawner.cgroup is None  # the first command takes it
+        assert harness.run("true").exit_code == 0
+        made = harness.spawner.cgroup
+        assert made is not None and sorted(made.dirs.values()) == sorted(_cgroup_dirs(harness, support))
+        assert made.peak_memory_bytes() > 0  # the command was charged there (its namespace shows it "/")
+        assert made.memory_limit_bytes == DEFAULT_LIMITS.memory_bytes  # the command's, not 300 MiB
+    finally:
+        harness.spawner.close()
+    assert not any(d.exists() for d in _cgroup_dirs(harness, support))
+
+
+def test_a_cgroup_made_ahead_for_no_command_is_removed_and_a_failure_is_the_first_commands(
+    bwrap_runtime, session, support
+):
+    runtime = copy.copy(bwrap_runtime)
+    runtime.cgroups = support
+    unused = make_harness(runtime, session)
+    unused.spawner.make_cgroup_ahead(DEFAULT_LIMITS)
+    wait_for(lambda: all(d.is_dir() for d in _cgroup_dirs(unused, support)), what="the cgroup made ahead")
+    unused.spawner.close()  # the evaluation ended before any command (a task that could not be read)
+    assert not any(d.exists() for d in _cgroup_dirs(unused, support))
+
+    failed = make_harness(runtime, session)
+    failed.spawner.make_cgroup_ahead(dataclasses.replace(DEFAULT_LIMITS, max_processes=0))
+    try:
+        with pytest.raises(ValueError, match="limits must be positive"):
+            failed.run("true")
+    finally:
+        failed.spawner.close()
+    assert not any(d.exists() for d in _cgroup_dirs(failed, support))
