@@ -5,7 +5,9 @@
    task's own environment), and the image's root mounted with the sandbox's own writable layer,
    its ids mapped onto the lease's range (root in name only, SPEC §16). A compose file's services
    besides main (a task's, or ``environment.compose`` in the context): each image's root mounted
-   the same way in ``services/<name>/``, and one network namespace made for them and main.
+   the same way in ``services/<name>/``, and one network namespace made for them and main; its
+   volumes folders of the session, as an evaluation's (pipeline/volumes.py), bound in each root
+   naming them, a service's Harbor log folders at main's /logs/* too.
 2. ``start``: the sandbox itself, one bubblewrap started by the evaluation's spawner (so its uid,
    rlimits, cgroup, monitor, disk quota and kill are the evaluations' own, unchanged) around our
    init (``runtime/init.c``), whose socket only this process holds. The spawner's monitor watches the whole
@@ -16,9 +18,10 @@
    goes to its init and its root.
 3. ``serve``: requests from the API on the control socket (control.py), one thread each: an exec
    is a message to the init and a fork there, its output on pipes this process reads; files go
-   through files.py; the network policy is the proxy's. The sandbox ends on DELETE, when idle past
-   ``idle_timeout_secs`` or alive past ``max_lifetime_secs`` (expired), when the worker dies, or
-   when the sandbox does (its init gone, a limit crossed: failed, with the reason).
+   through files.py (a path under a volume in the volume's folder); the network policy is the
+   proxy's. The sandbox ends on DELETE, when idle past ``idle_timeout_secs`` or alive past
+   ``max_lifetime_secs`` (expired), when the worker dies, or when the sandbox does (its init gone,
+   a limit crossed: failed, with the reason).
 4. ``teardown``: as an evaluation's cleanup: every process killed (the pid namespace ends with its
    init), the root unmounted, the image unpinned, the proxy closed, the cgroup removed, the
    session folder gone, the uid scrubbed and given back, then the final status written.
@@ -44,7 +47,7 @@ from django.db.models import F
 from django.utils import timezone
 
 from evaluations import lifecycle, livelog
-from evaluations.environments import kinds
+from evaluations.environments import BadEnvironment, kinds
 from evaluations.environments.toolchains import CA_VARIABLES, host_ca
 from evaluations.images import build, rootfs
 from evaluations.images.errors import ImageError
@@ -66,7 +69,8 @@ from evaluations.pipeline.services import (
     write_hosts,
 )
 from evaluations.pipeline.session import Session, remove_retired
-from evaluations.runtime import Limits, SandboxPolicy, Spawner, initbin, killer, uids
+from evaluations.pipeline.volumes import make_volumes
+from evaluations.runtime import Limits, Mount, SandboxPolicy, Spawner, initbin, killer, uids
 from evaluations.runtime.idmap import image_id_base
 from evaluations.runtime.initchannel import ExecStartError, InitChannel, InitGone, exec_request
 from evaluations.runtime.netns import NetworkUnavailable, SharedNetwork
@@ -79,7 +83,15 @@ from evaluations.sandboxes.spec import SandboxSpec, SpecError, check_variable, p
 from evaluations.tasks.compose import MAIN, harbor_services
 from evaluations.tasks.harbor import HARBOR_MAIN_COMMAND, main_first_process
 from evaluations.tasks.registry import load_task
-from evaluations.tasks.spec import FirstProcess, ImageEnvironment, Service, TaskError
+from evaluations.tasks.spec import (
+    AGENT_LOGS,
+    ARTIFACTS_DIR,
+    FirstProcess,
+    ImageEnvironment,
+    Service,
+    ServiceVolume,
+    TaskError,
+)
 
 logger = logging.getLogger("term_executor.sandboxes")
 
@@ -137,6 +149,8 @@ class LiveSandbox:
         self.channel: InitChannel | None = None
         self.root = None  # the ImageRoot
         self.compose: tuple[Service, ...] = ()  # the compose file's services besides main, in start order
+        self.main_volumes: tuple[ServiceVolume, ...] = ()  # the compose file's volumes main binds
+        self.binds: tuple[Mount, ...] = ()  # main's volumes and shared log folders (``_prepare_volumes``)
         # How main starts (SPEC §23): a compose file's main ``entrypoint``/``command``, else as Harbor's docker
         # backend starts it (the image's ENTRYPOINT, ``sleep infinity`` for its CMD); None: nothing starts.
         self.main_process: FirstProcess | None = FirstProcess(command=HARBOR_MAIN_COMMAND)
@@ -218,6 +232,7 @@ class LiveSandbox:
         self.user(self.default_user)  # an unknown user fails the sandbox now, not its first exec
         if self.compose:
             environment["services"] = self._prepare_sidecars(store)
+        self._prepare_volumes()
         self.egress.policy = spec.network.applied_to(egress_policy(config))
         self.environment = environment
         return environment
@@ -287,6 +302,29 @@ class LiveSandbox:
                 raise Ending(SandboxStatus.FAILED, str(exc), exc.kind) from None
         return records
 
+    def _prepare_volumes(self) -> None:
+        """SPEC §23-24: the compose file's named volumes, folders of the session (pipeline/volumes.py, as
+        an evaluation's), bound in main and in each service naming them; a service's Harbor log folders
+        (``${HOST_ARTIFACTS_PATH}:${ENV_ARTIFACTS_PATH}``) the session's folders then bound at main's
+        /logs/agent and /logs/artifacts too, so what the service writes there is in main's."""
+
+        def log_folders() -> dict[str, Path]:
+            # 0777 as Harbor's client makes them (ensure_dirs): a service's user is any id of the range
+            folders = {AGENT_LOGS: self.session.agent_logs, ARTIFACTS_DIR: self.session.agent_artifacts}
+            for folder in folders.values():
+                self.session.make_folder(folder, 0o777, owner=self.session.uid_owner)
+            return folders
+
+        try:
+            made = make_volumes(self.session, self.main_volumes, self.compose, log_folders)
+        except StepFailed as exc:
+            raise Ending(SandboxStatus.FAILED, str(exc), exc.kind) from None
+        if made is None:
+            return
+        self.binds = (*made.main, *(Mount(folder, inside, writable=True) for inside, folder in made.logs.items()))
+        for name, sidecar in self.sidecars.items():
+            sidecar.binds = made.services[name]
+
     def _environment(self, store: ImageStore):
         """The image's record, and the sandbox's ``environment`` {kind, ref, digest, cached}."""
         spec = self.spec
@@ -350,28 +388,14 @@ class LiveSandbox:
                 main = main_first_process(compose.main)
             except TaskError as exc:
                 raise Ending(SandboxStatus.FAILED, f"environment.compose: {exc}", ErrorKind.TASK_INVALID) from None
-            self._take_services(compose.services, compose.volumes, task_root, "environment.compose")
+            self._take_services(compose.services, compose.volumes, task_root)
             self.main_process = main
         return folder
 
-    def _take_services(self, services: tuple[Service, ...], main_volumes, task_root: Path, where: str) -> None:
-        """The compose file's services besides main, started beside it (``_start_sidecars``); compose
-        volumes are refused: a live sandbox does not make them."""
-        named = sorted(
-            {
-                volume.volume or volume.target
-                for holder in (main_volumes, *(s.volumes for s in services))
-                for volume in holder
-            }
-        )
-        if named:
-            raise Ending(
-                SandboxStatus.FAILED,
-                f"{where}: the compose file binds volumes ({', '.join(named)}); a live sandbox does not make "
-                "compose volumes, so it cannot be this environment",
-                ErrorKind.TASK_INVALID,
-            )
-        self.compose, self.task_root = tuple(services), task_root
+    def _take_services(self, services: tuple[Service, ...], main_volumes, task_root: Path) -> None:
+        """The compose file's services besides main, started beside it (``_start_sidecars``), and the
+        volumes main binds (``_prepare_volumes``)."""
+        self.compose, self.main_volumes, self.task_root = tuple(services), tuple(main_volumes), task_root
 
     def _task_environment(self) -> tuple[Path, ImageEnvironment]:
         config = self.config
@@ -411,7 +435,7 @@ class LiveSandbox:
                 "(a live sandbox runs in an image)",
                 ErrorKind.TASK_INVALID,
             )
-        self._take_services(task.services, task.volumes, task.root, "environment.task_url")
+        self._take_services(task.services, task.volumes, task.root)
         self.main_process = task.first_process
         return task.root, task.environment
 
@@ -447,6 +471,7 @@ class LiveSandbox:
             network=True,
             image=self.root,
             image_tmp=True,
+            mounts=_mount_points(self.root, self.binds, "main"),
             relay_wait=False,  # the init waits for the relay before its first exec instead
             ca_bundle=ca.host if ca is not None else None,
             egress_socket=Path(self.egress.socket_path),
@@ -515,6 +540,7 @@ class LiveSandbox:
         policy = SandboxPolicy(
             image=sidecar.root,
             image_tmp=True,
+            mounts=_mount_points(sidecar.root, sidecar.binds, shown),
             ca_bundle=ca.host if ca is not None else None,
             netns=self.netns.path,
         )
@@ -1010,12 +1036,12 @@ class LiveSandbox:
     def _put(self, header: dict, request: control.Request) -> dict:
         path = header.get("path")
         try:
-            root = self.box(header).root
+            box = self.box(header)
             quota, used = self._quota()
             if header.get("extract") == "tar":
-                files.put_tar(root, path, _Limited(request.reader, request.length), quota, used)
+                files.put_tar(box.root, path, _Limited(request.reader, request.length), quota, used, box.binds)
             else:
-                files.put_file(root, path, request.reader, request.length, quota, used)
+                files.put_file(box.root, path, request.reader, request.length, quota, used, box.binds)
         except UnknownService as exc:
             return exc.answer()
         except files.FileRequestError as exc:
@@ -1025,7 +1051,8 @@ class LiveSandbox:
     def _get(self, header: dict, request: control.Request) -> None:
         path = header.get("path")
         try:
-            kind, fd = files.open_path(self.box(header).root, path)
+            box = self.box(header)
+            kind, fd = files.open_path(box.root, path, box.binds)
         except UnknownService as exc:
             request.reply(exc.answer())
             return
@@ -1041,7 +1068,7 @@ class LiveSandbox:
             else:
                 request.reply({"status": 200, "kind": "folder", "stream": True})
                 with request.conn.makefile("wb") as out:
-                    files.write_folder(fd, out, files.check_path(path))
+                    files.write_folder(fd, out, path, box.binds)
         finally:
             os.close(fd)
 
@@ -1139,6 +1166,7 @@ class Sidecar:
         ca = host_ca(config, sandboxed=True)
         self._extra = dict.fromkeys(CA_VARIABLES, ca.sandbox) if ca is not None else {}
         self.names: list[str] = []  # main's and every service's, straight, not through the proxy
+        self.binds: tuple[Mount, ...] = ()  # its compose volumes and Harbor's log folders (``_prepare_volumes``)
 
     def user(self, name: str) -> tuple[int, int, str]:
         return _resolve_user(self.root, name, self.users)
@@ -1171,6 +1199,14 @@ def _resolve_user(root, name: str, cache: dict) -> tuple[int, int, str]:
     home = user_home(root.rootfs, uid, "/root" if uid == 0 else "/")
     cache[name] = found = (uid, gid, home or "/")
     return found
+
+
+def _mount_points(root, binds: tuple[Mount, ...], shown: str) -> tuple[Mount, ...]:
+    """``binds`` on real folders of ``root`` made now, as an evaluation's (kinds.mount_points)."""
+    try:
+        return kinds.mount_points(root, binds, shown)
+    except BadEnvironment as exc:
+        raise Ending(SandboxStatus.FAILED, str(exc), ErrorKind.INFRASTRUCTURE) from None
 
 
 def _root_folder(session: Session, folder: Path, mode: int) -> None:
