@@ -880,6 +880,7 @@ class LiveSandbox:
             command=argv,
             cwd=cwd,
             user="" if header.get("user") is None else str(header["user"])[:64],
+            service="" if box is self else box.name[:128],
             exit_code=outcome["exit_code"],
             timed_out=outcome["timed_out"],
             oom_killed=outcome["oom_killed"],
