@@ -19,9 +19,10 @@
 3. ``serve``: requests from the API on the control socket (control.py), one thread each: an exec
    is a message to the init and a fork there, its output on pipes this process reads; files go
    through files.py (a path under a volume in the volume's folder); the network policy is the
-   proxy's. The sandbox ends on DELETE, when idle past ``idle_timeout_secs`` or alive past
-   ``max_lifetime_secs`` (expired), when the worker dies, or when the sandbox does (its init gone,
-   a limit crossed: failed, with the reason).
+   proxy's; ``stop_service`` ends one service's pid namespace and keeps its root. The sandbox ends
+   on DELETE, when idle past ``idle_timeout_secs`` or alive past ``max_lifetime_secs`` (expired),
+   when the worker dies, or when the sandbox does (its init gone, unless main was stopped alone; a
+   limit crossed: failed, with the reason).
 4. ``teardown``: as an evaluation's cleanup: every process killed (the pid namespace ends with its
    init), the root unmounted, the image unpinned, the proxy closed, the cgroup removed, the
    session folder gone, the uid scrubbed and given back, then the final status written.
@@ -73,6 +74,7 @@ from evaluations.pipeline.volumes import make_volumes
 from evaluations.runtime import Limits, Mount, SandboxPolicy, Spawner, initbin, killer, uids
 from evaluations.runtime.idmap import image_id_base
 from evaluations.runtime.initchannel import ExecStartError, InitChannel, InitGone, exec_request
+from evaluations.runtime.monitor import Monitor
 from evaluations.runtime.netns import NetworkUnavailable, SharedNetwork
 from evaluations.runtime.output import OutputCapture
 from evaluations.runtime.sandbox import SYSTEM_PATH
@@ -146,6 +148,7 @@ class LiveSandbox:
         self.spawner: Spawner | None = None
         self.egress: EgressProxy | None = None
         self.name = MAIN  # an exec's, a file's ``service`` (absent: main)
+        self.stopped = False  # main stopped alone (``stop_service``): its root still read and written
         self.channel: InitChannel | None = None
         self.root = None  # the ImageRoot
         self.compose: tuple[Service, ...] = ()  # the compose file's services besides main, in start order
@@ -655,7 +658,7 @@ class LiveSandbox:
                 how, output = f"exit {outcome['exit_code']}", outcome["stdout"] + outcome["stderr"]
                 if box is not self:
                     box.first_exit = outcome["exit_code"]
-                    if self.ending is None:
+                    if self.ending is None and not box.stopped:
                         self._set_state(box, "exited", outcome["exit_code"])
                         connections.close_all()  # this thread's
             text = f"=== {shown} ({how}) ===\n{output}"
@@ -712,7 +715,7 @@ class LiveSandbox:
             pass  # already woken
 
     def _check_clock(self) -> None:
-        if self.channel.closed:
+        if self.channel.closed and not self.stopped:
             self.end(self._death())
             return
         now = time.monotonic()
@@ -770,7 +773,7 @@ class LiveSandbox:
             self.ended.wait(timeout=120)
             request.reply({"status": 204})
             return
-        if self.ending is not None or self.channel.closed:
+        if self.ending is not None or (self.channel.closed and not self.stopped):
             request.reply({"status": 410, "error": "gone", "detail": "the sandbox has ended"})
             return
         with self._lock:
@@ -786,6 +789,8 @@ class LiveSandbox:
             self._get(header, request)
         elif op == "network":
             request.reply(self._network(header))
+        elif op == "stop_service":
+            request.reply(self.stop_service(header))
         else:
             request.reply({"status": 400, "error": "bad_request", "detail": f"unknown op {op!r}"})
 
@@ -859,6 +864,9 @@ class LiveSandbox:
             return exc.answer(), None
         except SpecError as exc:
             return {"status": 400, "error": "bad_request", "detail": str(exc)}, None
+        if box.stopped:
+            detail = f"service {box.name!r} of sandbox {self.id} is stopped: its files can still be read"
+            return {"status": 409, "error": "service_stopped", "detail": detail}, None
         with self._lock:
             self.exec_count += 1
             number = self.exec_count
@@ -1028,6 +1036,55 @@ class LiveSandbox:
         except OSError:
             return 0
 
+    # -- one service stopped (Harbor's stop_service) ------------------------------------------
+
+    def stop_service(self, header: dict) -> dict:
+        """``docker compose stop NAME`` (Harbor's ``stop_service``, which its trial calls for main
+        before it collects the sidecars' evidence): every process of that service killed with its pid
+        namespace (its init's socket closed: the init exits, and bubblewrap ends the namespace); its
+        root stays mounted, so its files can still be read (and written, as ``docker cp`` to a
+        stopped container); exec in it is refused (409); the rest of the sandbox runs on. Stopping a
+        stopped service does nothing, as Docker's."""
+        try:
+            box = self.box(header)
+        except UnknownService as exc:
+            return exc.answer()
+        with self._lock:
+            if box.stopped:
+                return {"status": 204}
+            box.stopped = True
+        logger.info("sandbox %s: stopping service %s", self.id, box.name)
+        if box is self:
+            self.channel.close()  # main's init exits: its pid namespace ends (its egress relay too)
+            self._init_thread.join(timeout=60)
+            self._watch_without_main()
+            self.environment["state"] = "stopped"
+            lifecycle.sandbox_environment(self.id, self.environment)
+            connections.close_all()  # this thread's
+        else:
+            box.stop()
+            self._set_state(box, "stopped")
+            connections.close_all()
+        with contextlib.suppress(OSError):
+            livelog.append_text(self.session.log, f"service {box.name!r}: stopped\n")
+        return {"status": 204}
+
+    def _watch_without_main(self) -> None:
+        """Main's sandbox was the spawner's command, whose monitor watched the whole sandbox; with main
+        stopped, the same watch (runtime/monitor.py: the session's disk and files, the cgroup's memory
+        and processes) goes on over what is left (its services, its volumes) until the sandbox ends: a
+        limit crossed ends it, as before."""
+        monitor = Monitor(
+            limits=self.limits,
+            session_dir=self.session.root,
+            cancel_event=None,
+            started_at=time.monotonic(),
+            on_verdict=lambda verdict: self.end(Ending(SandboxStatus.FAILED, verdict.detail, ErrorKind.LIMIT_EXCEEDED)),
+            cgroup=self.spawner.cgroup,
+        )
+        monitor.start()
+        self.closing.callback(monitor.stop)
+
     # -- files and network -------------------------------------------------------------------
 
     def _quota(self) -> tuple[files.Quota, TreeUsage]:
@@ -1162,6 +1219,7 @@ class Sidecar:
         self.channel: InitChannel | None = None
         self.process = None  # its sandbox (runtime.background.Background), once started
         self.first_exit: int | None = None  # its first process's exit code, once it ended
+        self.stopped = False  # stopped alone (``stop_service``): its root still read and written
         self.healthy = False
         self.internal = itertools.count(_INTERNAL_EXECS)
         ca = host_ca(config, sandboxed=True)
