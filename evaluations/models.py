@@ -505,6 +505,8 @@ class SandboxExec(models.Model):
     command = models.JSONField(help_text="the argv as started")
     cwd = models.CharField(max_length=4096, blank=True, default="")
     user = models.CharField(max_length=64, blank=True, default="")
+    # The compose service it ran in (SPEC §23-24); blank: main (every exec before services had a name here)
+    service = models.CharField(max_length=128, blank=True, default="")
     exit_code = models.IntegerField(null=True, blank=True)
     timed_out = models.BooleanField(default=False)
     oom_killed = models.BooleanField(default=False)

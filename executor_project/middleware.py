@@ -23,7 +23,7 @@ from django.middleware.csrf import CsrfViewMiddleware
 # The DRF routes of evaluations/api/urls.py that the bearer token guards, and /health, /status and /public-key.
 TOKEN_API_PATH = re.compile(
     r"/(?:evaluate(?:/[^/]+(?:/logs|/events|/retry|/artifacts/[\s\S]+)?)?|evaluations|batches(?:/[^/]+(?:/events)?)?"
-    r"|sandboxes(?:/[^/]+(?:/exec|/files|/network)?)?"
+    r"|sandboxes(?:/[^/]+(?:/exec|/files|/network|/services/[^/]+/stop)?)?"
     r"|assets|environments"
     r"|images|health|status|public-key)"
 )

@@ -33,6 +33,7 @@ from evaluations.admin.detail import DetailFields, OwnerColumn, OwnerFilter, Rea
 from evaluations.admin.evaluations import forbidden
 from evaluations.api import sandboxes as api
 from evaluations.models import Sandbox, SandboxExec, SandboxStatus
+from evaluations.tasks.compose import MAIN
 
 EXEC_ROWS = 100  # the last execs on the page; all of them in the text/plain list
 COMMAND_CHARS = 240  # a command's shell line in the inline; the whole in the list
@@ -80,8 +81,8 @@ def node_label(node: str) -> str:
 class SandboxExecInline(ReadOnlyInline):
     model = SandboxExec
     fields = (
-        "position", "command_text", "user_text", "cwd", "exit_code_text", "timed_out_text", "oom_killed_text",
-        "time_taken", "started",
+        "position", "service_text", "command_text", "user_text", "cwd", "exit_code_text", "timed_out_text",
+        "oom_killed_text", "time_taken", "started",
     )  # fmt: skip
     readonly_fields = fields
     ordering = ("position",)  # newest last: the page reads as the session went
@@ -111,6 +112,10 @@ class SandboxExecInline(ReadOnlyInline):
             len(line) - len(shown) + 1,  # the ellipsis stands for them
             reverse("admin:evaluations_sandbox_execs", args=[obj.sandbox_id]),
         )
+
+    @admin.display(description="service")
+    def service_text(self, obj):
+        return obj.service or MAIN
 
     @admin.display(description="user")
     def user_text(self, obj):
@@ -242,13 +247,16 @@ class SandboxAdmin(OwnerColumn, ReadOnlyDetail, admin.ModelAdmin):
         row = self._viewable(request, object_id)
         if row is None:
             return forbidden()
-        columns = ("position", "started_at", "exit_code", "timed_out", "oom_killed", "duration_ms", "user", "cwd")
+        columns = (
+            "position", "started_at", "service", "exit_code", "timed_out", "oom_killed", "duration_ms", "user", "cwd",
+        )  # fmt: skip
 
         def lines():
             yield "\t".join((*columns, "command")) + "\n"
             for record in SandboxExec.objects.filter(sandbox_id=row.id).order_by("position").iterator():
-                values = [record.position, fmt.when(record.started_at), record.exit_code, record.timed_out,
-                          record.oom_killed, record.duration_ms, record.user or "default", record.cwd]  # fmt: skip
+                values = [record.position, fmt.when(record.started_at), record.service or MAIN, record.exit_code,
+                          record.timed_out, record.oom_killed, record.duration_ms, record.user or "default",
+                          record.cwd]  # fmt: skip
                 values = ["-" if value is None else str(value) for value in values]
                 yield "\t".join([*values, command_line(record.command).translate(ESCAPES)]) + "\n"
 

@@ -74,7 +74,8 @@ class SandboxServiceSerializer(serializers.Serializer):
     cached = serializers.BooleanField()
     state = serializers.ChoiceField(
         choices=["starting", "running", "exited", "stopped"],
-        help_text="exited: its first process ended (exit_code), its sandbox still answers; stopped: the sandbox ended",
+        help_text="exited: its first process ended (exit_code), its sandbox still answers; stopped: stopped alone "
+        "(POST .../services/{name}/stop: its files still answer, exec does not) or the sandbox ended",
     )
     exit_code = serializers.IntegerField(required=False)
 
@@ -84,6 +85,9 @@ class SandboxEnvironmentSerializer(serializers.Serializer):
     ref = serializers.CharField()
     digest = serializers.CharField()
     cached = serializers.BooleanField()
+    state = serializers.ChoiceField(
+        choices=["stopped"], required=False, help_text="main's, once stopped alone (POST .../services/main/stop)"
+    )
     services = SandboxServiceSerializer(
         many=True, required=False, help_text="The compose file's services besides main (SPEC §23-24)"
     )
@@ -472,7 +476,11 @@ class SandboxExecView(APIView):
         summary="Run a command in the sandbox",
         parameters=[SANDBOX_ID],
         request=ExecSerializer,
-        responses={200: ExecResultSerializer, **LIVE_ANSWERS},
+        responses={
+            200: ExecResultSerializer,
+            **LIVE_ANSWERS,
+            409: error("Still starting, or the service is stopped", "starting", "service_stopped"),
+        },
     )
     def post(self, request, sandbox_id):
         data = request.data
@@ -494,6 +502,25 @@ class SandboxNetworkView(APIView):
     def put(self, request, sandbox_id):
         answer = _call(request, sandbox_id, {"op": "network", "network": request.data})
         return Response(answer["network"])
+
+
+class SandboxServiceStopView(APIView):
+    @extend_schema(
+        tags=[TAG_SANDBOXES],
+        summary="Stop one service of the sandbox (main, or a compose service), as docker compose stop does",
+        description="Every process of the service is killed (its pid namespace); its files still answer GET and "
+        "PUT .../files, exec in it is 409 `service_stopped`, the rest of the sandbox runs on. Stopping a "
+        "stopped service does nothing (204).",
+        parameters=[
+            SANDBOX_ID,
+            OpenApiParameter("name", str, OpenApiParameter.PATH, description="main, or a compose service's name"),
+        ],
+        request=None,
+        responses={204: None, **LIVE_ANSWERS},
+    )
+    def post(self, request, sandbox_id, name):
+        _call(request, sandbox_id, {"op": "stop_service", "service": name}, timeout=180)
+        return HttpResponse(status=204)
 
 
 class SandboxFilesView(APIView):

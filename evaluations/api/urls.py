@@ -50,6 +50,11 @@ urlpatterns = [
     path("sandboxes/<str:sandbox_id>/exec", sandboxes.SandboxExecView.as_view(), name="sandbox-exec"),
     path("sandboxes/<str:sandbox_id>/files", sandboxes.SandboxFilesView.as_view(), name="sandbox-files"),
     path("sandboxes/<str:sandbox_id>/network", sandboxes.SandboxNetworkView.as_view(), name="sandbox-network"),
+    path(
+        "sandboxes/<str:sandbox_id>/services/<str:name>/stop",
+        sandboxes.SandboxServiceStopView.as_view(),
+        name="sandbox-service-stop",
+    ),
     path("api/schema", SpectacularJSONAPIView.as_view(), name="api-schema"),
     path("api/docs", SpectacularSwaggerView.as_view(url_name="api-schema"), name="api-docs"),
 ]

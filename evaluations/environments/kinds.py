@@ -342,14 +342,8 @@ class Image(BaseEnvironment):
         return super().sandbox_policy(mounts=[*mounts, *self.bind_volumes()], **fields)
 
     def bind_volumes(self) -> tuple[Mount, ...]:
-        """Its compose volumes, each on a real folder of its root made now (``make_mount_point``: what a
-        command of it left at that path is replaced, never followed); BadEnvironment says why not."""
-        for mount in self.volumes:
-            try:
-                make_mount_point(self.mounted, mount.target)
-            except (OSError, SafeFSError) as exc:
-                raise BadEnvironment(f"could not make {mount.target} in {self.label} for its volume: {exc}") from None
-        return self.volumes
+        """Its compose volumes, each on a real folder of its root made now (``mount_points``)."""
+        return mount_points(self.mounted, self.volumes, self.label)
 
     def _root_fields(self, user: str) -> dict:
         if user in self.users:
@@ -478,6 +472,17 @@ def make_workdir(root: ImageRoot, workdir: str) -> None:
         os.close(inroot.mkdirs_in(root_fd, workdir, root.idmap.host_uid(0), root.idmap.host_gid(0), 0o755))
     finally:
         os.close(root_fd)
+
+
+def mount_points(root: ImageRoot, mounts: tuple[Mount, ...], label: str) -> tuple[Mount, ...]:
+    """``mounts`` (compose volumes), each on a real folder of ``root`` made now (``make_mount_point``:
+    what a command left at that path is replaced, never followed); BadEnvironment says why not."""
+    for mount in mounts:
+        try:
+            make_mount_point(root, mount.target)
+        except (OSError, SafeFSError) as exc:
+            raise BadEnvironment(f"could not make {mount.target} in {label} for its volume: {exc}") from None
+    return mounts
 
 
 def make_mount_point(root: ImageRoot, target: str) -> None:

@@ -284,20 +284,34 @@ def tar_layer_tree(tree: Path, out: Path) -> tuple[str, str]:
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
-def write_folder_tar(folder_fd: int, out, shown: str) -> None:
+def write_folder_tar(folder_fd: int, out, shown: str, mounts: dict[str, int] | None = None) -> None:
     """The folder behind ``folder_fd`` (a handle: resolved by the caller, inside a root) as a plain
     tar on ``out``: its entries, folders included, names relative to it, links as links, owners
-    as the host has them. A live sandbox's ``GET .../files`` of a folder (SPEC §24)."""
+    as the host has them. A live sandbox's ``GET .../files`` of a folder (SPEC §24). ``mounts``: a
+    folder handle (the caller's) by the relative path of a folder below that it is bound over (a
+    compose volume): that folder's contents are the handle's, as the sandbox sees them."""
     with tarfile.open(fileobj=out, mode="w|", format=tarfile.PAX_FORMAT) as archive:
         seen: dict[tuple[int, int], str] = {}
-        for relative, folder, name in _sorted_walk(folder_fd, shown):
+        for relative, folder, name in _spliced_walk(folder_fd, shown, mounts or {}):
             _add_entry(archive, folder, name, relative, seen)
 
 
-def _sorted_walk(tree: Path | int, shown: str | None = None) -> Iterator[tuple[str, int, str]]:
+def _spliced_walk(tree: int, shown: str, mounts: dict[str, int]) -> Iterator[tuple[str, int, str]]:
+    """``_sorted_walk`` of ``tree``, each folder named in ``mounts`` walked in its handle instead."""
+    for relative, folder, name in _sorted_walk(tree, shown, skip=frozenset(mounts)):
+        yield relative, folder, name
+        if relative in mounts and stat.S_ISDIR(os.stat(name, dir_fd=folder, follow_symlinks=False).st_mode):
+            inner = {path[len(relative) + 1 :]: fd for path, fd in mounts.items() if path.startswith(relative + "/")}
+            for below, below_folder, below_name in _spliced_walk(mounts[relative], shown, inner):
+                yield f"{relative}/{below}", below_folder, below_name
+
+
+def _sorted_walk(
+    tree: Path | int, shown: str | None = None, skip: frozenset[str] = frozenset()
+) -> Iterator[tuple[str, int, str]]:
     """(relative POSIX path, its folder's handle, its name) of every entry below ``tree`` (a path,
     or a folder's handle, which stays the caller's), depth first in name order, parents before
-    their children; links never followed.
+    their children; links never followed; the folders named in ``skip`` listed, not entered.
 
     From handles, as commit.py's walk (SPEC §21): one folder handle open at a time, the names
     still to visit kept per level, the way back up ``..`` checked to be the folder left, so a
@@ -321,7 +335,7 @@ def _sorted_walk(tree: Path | int, shown: str | None = None) -> Iterator[tuple[s
             name = left.pop()
             relative = f"{relpath}/{name}" if relpath else name
             yield relative, fd, name
-            if stat.S_ISDIR(os.stat(name, dir_fd=fd, follow_symlinks=False).st_mode):
+            if relative not in skip and stat.S_ISDIR(os.stat(name, dir_fd=fd, follow_symlinks=False).st_mode):
                 child = os.open(name, _DIR_FLAGS, dir_fd=fd)
                 os.close(fd)
                 fd = child

@@ -30,10 +30,9 @@ from evaluations.images.pull import pull
 from evaluations.images.store import ImageStore
 from evaluations.models import ErrorKind
 from evaluations.network.egress.relay import BUNDLE_TARGET, SANDBOX_SOCKET
-from evaluations.pipeline import collect, services
+from evaluations.pipeline import collect, services, volumes
 from evaluations.pipeline.agentenv import find_interpreter
 from evaluations.pipeline.context import Context, StepFailed, environment_failure
-from evaluations.runtime import Mount
 from evaluations.runtime.idmap import image_id_base
 from evaluations.runtime.policy import DISTRIBUTION_CA_BUNDLE
 from evaluations.tasks.spec import AGENT_LOGS, ARTIFACTS_DIR, ImageEnvironment
@@ -167,41 +166,23 @@ def _service_images(ctx: Context) -> None:
 
 
 def _volumes(ctx: Context) -> None:
-    """SPEC §23: the compose file's named volumes, each a folder of the session (``volumes/<name>/``,
-    counted by its disk quota), bound at its target in main (the agent's, its first process's and the
-    verifier's sandboxes) and in every service naming it; Harbor's log folders in a service: the
-    session's own folders main has at /logs/agent and /logs/artifacts (collect.agent_folders; a task
-    of [[steps]]: the first step's, the one main has when the services start). A volume is the
-    evaluation's uid's, the user of every root's map (main's agent, each service's user), and
-    writable by every id of the evaluation (0777: main's image User or [verifier] user may be
-    another); it starts empty (Docker's copy of the image's files at the target is not made)."""
+    """SPEC §23: the compose file's named volumes and a service's Harbor log folders (volumes.py),
+    bound at their targets in main (the agent's, its first process's and the verifier's sandboxes) and
+    in every service naming them; a service's log folders are the session's own folders main has at
+    /logs/agent and /logs/artifacts (collect.agent_folders; a task of [[steps]]: the first step's, the
+    one main has when the services start)."""
     task = ctx.task
-    if not task.volumes and not any(service.volumes for service in task.services):
+    made = volumes.make_volumes(
+        ctx.session,
+        task.volumes,
+        task.services,
+        lambda: dict(zip((AGENT_LOGS, ARTIFACTS_DIR), collect.agent_folders(ctx), strict=True)),
+    )
+    if made is None:
         return
-    named = sorted({v.volume for s in (task, *task.services) for v in s.volumes if v.volume is not None})
-    parent = ctx.session.root / services.VOLUMES_DIR
-    folders: dict[str, Path] = {}
-    if named:
-        _image_folder(ctx, parent, "the volumes' folder", mode=0o711)  # passed by every id, never listed
-    for name in named:
-        folder = folders[name] = parent / name
-        try:
-            ctx.session.make_folder(folder, 0o777, owner=ctx.session.uid_owner)
-        except OSError as exc:
-            raise StepFailed(f"could not make volume {name!r}: {exc}", kind=ErrorKind.INFRASTRUCTURE) from None
-    logs = {}
-    if any(volume.log_folder for service in task.services for volume in service.volumes):
-        logs = dict(zip((AGENT_LOGS, ARTIFACTS_DIR), collect.agent_folders(ctx), strict=True))
-
-    def mounts(volumes) -> tuple[Mount, ...]:
-        return tuple(
-            Mount(folders[v.volume] if v.volume is not None else logs[v.log_folder], v.target, writable=not v.read_only)
-            for v in volumes
-        )
-
-    ctx.env.volumes = mounts(task.volumes)
+    ctx.env.volumes = made.main
     for running in ctx.services.values():
-        running.environment.volumes = mounts(running.service.volumes)
+        running.environment.volumes = made.services[running.service.name]
 
 
 def _image_folder(ctx: Context, folder: Path, shown: str, *, mode: int = 0o710) -> None:

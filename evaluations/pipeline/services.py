@@ -21,8 +21,8 @@ container's main process starts, and its healthcheck, which must pass before the
    before main's first process and the agent, with Docker's timing (``await_healthy``,
    ``wait_first``): one that never passes, or a service that ends first, is ``task_invalid``.
 5. After the agent, [[verifier.collect]] commands run in their service (``collect``), best effort.
-6. The compose file's named volumes are folders of the session (``VOLUMES_DIR``, made by
-   imageenv._volumes), bound in main's sandboxes and each service's naming them, as a service's
+6. The compose file's named volumes are folders of the session (``volumes/<name>``, made by
+   volumes.make_volumes), bound in main's sandboxes and each service's naming them, as a service's
    Harbor log folders (the session's own folder main has there) are: each root's ``volumes``, bound
    by its ``sandbox_policy`` on mount points made again before every sandbox (kinds.Image.bind_volumes).
 """
@@ -55,7 +55,6 @@ from evaluations.tasks.spec import FirstProcess, Healthcheck, ImageEnvironment, 
 
 ENTRYPOINT = "entrypoint"
 SERVICES_DIR = "services"  # <session>/services/<name>/rootfs: each compose service's root
-VOLUMES_DIR = "volumes"  # <session>/volumes/<name>: each named volume of the compose file (imageenv._volumes)
 COLLECT_LOG_BYTES = 4096  # what the log keeps of a [[verifier.collect]] command's output
 _CANCEL_POLL_SECS = 0.1  # how soon a wait between two checks sees a cancel
 

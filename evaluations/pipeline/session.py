@@ -13,6 +13,7 @@ tests/    test scripts, written by the executor after the agent step
 saved/    root only: HOME and venv/ as the install step left them, given back to the tests
 agent-logs/  /logs/agent in an image (SPEC §17): the sandbox uid's; what the agent leaves there is kept
 agent-artifacts/  /logs/artifacts in an image (SPEC §23): as agent-logs/, collected with the task's artifacts
+volumes/  root's, 0711: each compose named volume in <name>/, the sandbox uid's, 0777 (pipeline/volumes.py)
 verifier-image/   root's, 0710 as the session's: a separate verifier's root (SPEC §23), mounted there (pipeline/imageenv.py);
                   for a task of [[steps]] (0711), each separate step's in <number>/
 verifier/ root's: tests/ (the verifier's /tests) and logs/ (its /logs/verifier, the sandbox uid's),

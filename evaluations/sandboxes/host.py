@@ -5,7 +5,9 @@
    task's own environment), and the image's root mounted with the sandbox's own writable layer,
    its ids mapped onto the lease's range (root in name only, SPEC §16). A compose file's services
    besides main (a task's, or ``environment.compose`` in the context): each image's root mounted
-   the same way in ``services/<name>/``, and one network namespace made for them and main.
+   the same way in ``services/<name>/``, and one network namespace made for them and main; its
+   volumes folders of the session, as an evaluation's (pipeline/volumes.py), bound in each root
+   naming them, a service's Harbor log folders at main's /logs/* too.
 2. ``start``: the sandbox itself, one bubblewrap started by the evaluation's spawner (so its uid,
    rlimits, cgroup, monitor, disk quota and kill are the evaluations' own, unchanged) around our
    init (``runtime/init.c``), whose socket only this process holds. The spawner's monitor watches the whole
@@ -16,9 +18,11 @@
    goes to its init and its root.
 3. ``serve``: requests from the API on the control socket (control.py), one thread each: an exec
    is a message to the init and a fork there, its output on pipes this process reads; files go
-   through files.py; the network policy is the proxy's. The sandbox ends on DELETE, when idle past
-   ``idle_timeout_secs`` or alive past ``max_lifetime_secs`` (expired), when the worker dies, or
-   when the sandbox does (its init gone, a limit crossed: failed, with the reason).
+   through files.py (a path under a volume in the volume's folder); the network policy is the
+   proxy's; ``stop_service`` ends one service's pid namespace and keeps its root. The sandbox ends
+   on DELETE, when idle past ``idle_timeout_secs`` or alive past ``max_lifetime_secs`` (expired),
+   when the worker dies, or when the sandbox does (its init gone, unless main was stopped alone; a
+   limit crossed: failed, with the reason).
 4. ``teardown``: as an evaluation's cleanup: every process killed (the pid namespace ends with its
    init), the root unmounted, the image unpinned, the proxy closed, the cgroup removed, the
    session folder gone, the uid scrubbed and given back, then the final status written.
@@ -44,7 +48,7 @@ from django.db.models import F
 from django.utils import timezone
 
 from evaluations import lifecycle, livelog
-from evaluations.environments import kinds
+from evaluations.environments import BadEnvironment, kinds
 from evaluations.environments.toolchains import CA_VARIABLES, host_ca
 from evaluations.images import build, rootfs
 from evaluations.images.errors import ImageError
@@ -66,9 +70,11 @@ from evaluations.pipeline.services import (
     write_hosts,
 )
 from evaluations.pipeline.session import Session, remove_retired
-from evaluations.runtime import Limits, SandboxPolicy, Spawner, initbin, killer, uids
+from evaluations.pipeline.volumes import make_volumes
+from evaluations.runtime import Limits, Mount, SandboxPolicy, Spawner, initbin, killer, uids
 from evaluations.runtime.idmap import image_id_base
 from evaluations.runtime.initchannel import ExecStartError, InitChannel, InitGone, exec_request
+from evaluations.runtime.monitor import Monitor
 from evaluations.runtime.netns import NetworkUnavailable, SharedNetwork
 from evaluations.runtime.output import OutputCapture
 from evaluations.runtime.sandbox import SYSTEM_PATH
@@ -79,7 +85,15 @@ from evaluations.sandboxes.spec import SandboxSpec, SpecError, check_variable, p
 from evaluations.tasks.compose import MAIN, harbor_services
 from evaluations.tasks.harbor import HARBOR_MAIN_COMMAND, main_first_process
 from evaluations.tasks.registry import load_task
-from evaluations.tasks.spec import FirstProcess, ImageEnvironment, Service, TaskError
+from evaluations.tasks.spec import (
+    AGENT_LOGS,
+    ARTIFACTS_DIR,
+    FirstProcess,
+    ImageEnvironment,
+    Service,
+    ServiceVolume,
+    TaskError,
+)
 
 logger = logging.getLogger("term_executor.sandboxes")
 
@@ -134,9 +148,12 @@ class LiveSandbox:
         self.spawner: Spawner | None = None
         self.egress: EgressProxy | None = None
         self.name = MAIN  # an exec's, a file's ``service`` (absent: main)
+        self.stopped = False  # main stopped alone (``stop_service``): its root still read and written
         self.channel: InitChannel | None = None
         self.root = None  # the ImageRoot
         self.compose: tuple[Service, ...] = ()  # the compose file's services besides main, in start order
+        self.main_volumes: tuple[ServiceVolume, ...] = ()  # the compose file's volumes main binds
+        self.binds: tuple[Mount, ...] = ()  # main's volumes and shared log folders (``_prepare_volumes``)
         # How main starts (SPEC §23): a compose file's main ``entrypoint``/``command``, else as Harbor's docker
         # backend starts it (the image's ENTRYPOINT, ``sleep infinity`` for its CMD); None: nothing starts.
         self.main_process: FirstProcess | None = FirstProcess(command=HARBOR_MAIN_COMMAND)
@@ -218,6 +235,7 @@ class LiveSandbox:
         self.user(self.default_user)  # an unknown user fails the sandbox now, not its first exec
         if self.compose:
             environment["services"] = self._prepare_sidecars(store)
+        self._prepare_volumes()
         self.egress.policy = spec.network.applied_to(egress_policy(config))
         self.environment = environment
         return environment
@@ -287,6 +305,29 @@ class LiveSandbox:
                 raise Ending(SandboxStatus.FAILED, str(exc), exc.kind) from None
         return records
 
+    def _prepare_volumes(self) -> None:
+        """SPEC §23-24: the compose file's named volumes, folders of the session (pipeline/volumes.py, as
+        an evaluation's), bound in main and in each service naming them; a service's Harbor log folders
+        (``${HOST_ARTIFACTS_PATH}:${ENV_ARTIFACTS_PATH}``) the session's folders then bound at main's
+        /logs/agent and /logs/artifacts too, so what the service writes there is in main's."""
+
+        def log_folders() -> dict[str, Path]:
+            # 0777 as Harbor's client makes them (ensure_dirs): a service's user is any id of the range
+            folders = {AGENT_LOGS: self.session.agent_logs, ARTIFACTS_DIR: self.session.agent_artifacts}
+            for folder in folders.values():
+                self.session.make_folder(folder, 0o777, owner=self.session.uid_owner)
+            return folders
+
+        try:
+            made = make_volumes(self.session, self.main_volumes, self.compose, log_folders)
+        except StepFailed as exc:
+            raise Ending(SandboxStatus.FAILED, str(exc), exc.kind) from None
+        if made is None:
+            return
+        self.binds = (*made.main, *(Mount(folder, inside, writable=True) for inside, folder in made.logs.items()))
+        for name, sidecar in self.sidecars.items():
+            sidecar.binds = made.services[name]
+
     def _environment(self, store: ImageStore):
         """The image's record, and the sandbox's ``environment`` {kind, ref, digest, cached}."""
         spec = self.spec
@@ -350,28 +391,14 @@ class LiveSandbox:
                 main = main_first_process(compose.main)
             except TaskError as exc:
                 raise Ending(SandboxStatus.FAILED, f"environment.compose: {exc}", ErrorKind.TASK_INVALID) from None
-            self._take_services(compose.services, compose.volumes, task_root, "environment.compose")
+            self._take_services(compose.services, compose.volumes, task_root)
             self.main_process = main
         return folder
 
-    def _take_services(self, services: tuple[Service, ...], main_volumes, task_root: Path, where: str) -> None:
-        """The compose file's services besides main, started beside it (``_start_sidecars``); compose
-        volumes are refused: a live sandbox does not make them."""
-        named = sorted(
-            {
-                volume.volume or volume.target
-                for holder in (main_volumes, *(s.volumes for s in services))
-                for volume in holder
-            }
-        )
-        if named:
-            raise Ending(
-                SandboxStatus.FAILED,
-                f"{where}: the compose file binds volumes ({', '.join(named)}); a live sandbox does not make "
-                "compose volumes, so it cannot be this environment",
-                ErrorKind.TASK_INVALID,
-            )
-        self.compose, self.task_root = tuple(services), task_root
+    def _take_services(self, services: tuple[Service, ...], main_volumes, task_root: Path) -> None:
+        """The compose file's services besides main, started beside it (``_start_sidecars``), and the
+        volumes main binds (``_prepare_volumes``)."""
+        self.compose, self.main_volumes, self.task_root = tuple(services), tuple(main_volumes), task_root
 
     def _task_environment(self) -> tuple[Path, ImageEnvironment]:
         config = self.config
@@ -411,7 +438,7 @@ class LiveSandbox:
                 "(a live sandbox runs in an image)",
                 ErrorKind.TASK_INVALID,
             )
-        self._take_services(task.services, task.volumes, task.root, "environment.task_url")
+        self._take_services(task.services, task.volumes, task.root)
         self.main_process = task.first_process
         return task.root, task.environment
 
@@ -447,6 +474,7 @@ class LiveSandbox:
             network=True,
             image=self.root,
             image_tmp=True,
+            mounts=_mount_points(self.root, self.binds, "main"),
             relay_wait=False,  # the init waits for the relay before its first exec instead
             ca_bundle=ca.host if ca is not None else None,
             egress_socket=Path(self.egress.socket_path),
@@ -515,6 +543,7 @@ class LiveSandbox:
         policy = SandboxPolicy(
             image=sidecar.root,
             image_tmp=True,
+            mounts=_mount_points(sidecar.root, sidecar.binds, shown),
             ca_bundle=ca.host if ca is not None else None,
             netns=self.netns.path,
         )
@@ -629,7 +658,7 @@ class LiveSandbox:
                 how, output = f"exit {outcome['exit_code']}", outcome["stdout"] + outcome["stderr"]
                 if box is not self:
                     box.first_exit = outcome["exit_code"]
-                    if self.ending is None:
+                    if self.ending is None and not box.stopped:
                         self._set_state(box, "exited", outcome["exit_code"])
                         connections.close_all()  # this thread's
             text = f"=== {shown} ({how}) ===\n{output}"
@@ -686,7 +715,7 @@ class LiveSandbox:
             pass  # already woken
 
     def _check_clock(self) -> None:
-        if self.channel.closed:
+        if self.channel.closed and not self.stopped:
             self.end(self._death())
             return
         now = time.monotonic()
@@ -744,7 +773,7 @@ class LiveSandbox:
             self.ended.wait(timeout=120)
             request.reply({"status": 204})
             return
-        if self.ending is not None or self.channel.closed:
+        if self.ending is not None or (self.channel.closed and not self.stopped):
             request.reply({"status": 410, "error": "gone", "detail": "the sandbox has ended"})
             return
         with self._lock:
@@ -760,6 +789,8 @@ class LiveSandbox:
             self._get(header, request)
         elif op == "network":
             request.reply(self._network(header))
+        elif op == "stop_service":
+            request.reply(self.stop_service(header))
         else:
             request.reply({"status": 400, "error": "bad_request", "detail": f"unknown op {op!r}"})
 
@@ -833,6 +864,9 @@ class LiveSandbox:
             return exc.answer(), None
         except SpecError as exc:
             return {"status": 400, "error": "bad_request", "detail": str(exc)}, None
+        if box.stopped:
+            detail = f"service {box.name!r} of sandbox {self.id} is stopped: its files can still be read"
+            return {"status": 409, "error": "service_stopped", "detail": detail}, None
         with self._lock:
             self.exec_count += 1
             number = self.exec_count
@@ -854,6 +888,7 @@ class LiveSandbox:
             command=argv,
             cwd=cwd,
             user="" if header.get("user") is None else str(header["user"])[:64],
+            service="" if box is self else box.name[:128],
             exit_code=outcome["exit_code"],
             timed_out=outcome["timed_out"],
             oom_killed=outcome["oom_killed"],
@@ -1001,6 +1036,55 @@ class LiveSandbox:
         except OSError:
             return 0
 
+    # -- one service stopped (Harbor's stop_service) ------------------------------------------
+
+    def stop_service(self, header: dict) -> dict:
+        """``docker compose stop NAME`` (Harbor's ``stop_service``, which its trial calls for main
+        before it collects the sidecars' evidence): every process of that service killed with its pid
+        namespace (its init's socket closed: the init exits, and bubblewrap ends the namespace); its
+        root stays mounted, so its files can still be read (and written, as ``docker cp`` to a
+        stopped container); exec in it is refused (409); the rest of the sandbox runs on. Stopping a
+        stopped service does nothing, as Docker's."""
+        try:
+            box = self.box(header)
+        except UnknownService as exc:
+            return exc.answer()
+        with self._lock:
+            if box.stopped:
+                return {"status": 204}
+            box.stopped = True
+        logger.info("sandbox %s: stopping service %s", self.id, box.name)
+        if box is self:
+            self.channel.close()  # main's init exits: its pid namespace ends (its egress relay too)
+            self._init_thread.join(timeout=60)
+            self._watch_without_main()
+            self.environment["state"] = "stopped"
+            lifecycle.sandbox_environment(self.id, self.environment)
+            connections.close_all()  # this thread's
+        else:
+            box.stop()
+            self._set_state(box, "stopped")
+            connections.close_all()
+        with contextlib.suppress(OSError):
+            livelog.append_text(self.session.log, f"service {box.name!r}: stopped\n")
+        return {"status": 204}
+
+    def _watch_without_main(self) -> None:
+        """Main's sandbox was the spawner's command, whose monitor watched the whole sandbox; with main
+        stopped, the same watch (runtime/monitor.py: the session's disk and files, the cgroup's memory
+        and processes) goes on over what is left (its services, its volumes) until the sandbox ends: a
+        limit crossed ends it, as before."""
+        monitor = Monitor(
+            limits=self.limits,
+            session_dir=self.session.root,
+            cancel_event=None,
+            started_at=time.monotonic(),
+            on_verdict=lambda verdict: self.end(Ending(SandboxStatus.FAILED, verdict.detail, ErrorKind.LIMIT_EXCEEDED)),
+            cgroup=self.spawner.cgroup,
+        )
+        monitor.start()
+        self.closing.callback(monitor.stop)
+
     # -- files and network -------------------------------------------------------------------
 
     def _quota(self) -> tuple[files.Quota, TreeUsage]:
@@ -1010,12 +1094,12 @@ class LiveSandbox:
     def _put(self, header: dict, request: control.Request) -> dict:
         path = header.get("path")
         try:
-            root = self.box(header).root
+            box = self.box(header)
             quota, used = self._quota()
             if header.get("extract") == "tar":
-                files.put_tar(root, path, _Limited(request.reader, request.length), quota, used)
+                files.put_tar(box.root, path, _Limited(request.reader, request.length), quota, used, box.binds)
             else:
-                files.put_file(root, path, request.reader, request.length, quota, used)
+                files.put_file(box.root, path, request.reader, request.length, quota, used, box.binds)
         except UnknownService as exc:
             return exc.answer()
         except files.FileRequestError as exc:
@@ -1025,7 +1109,8 @@ class LiveSandbox:
     def _get(self, header: dict, request: control.Request) -> None:
         path = header.get("path")
         try:
-            kind, fd = files.open_path(self.box(header).root, path)
+            box = self.box(header)
+            kind, fd = files.open_path(box.root, path, box.binds)
         except UnknownService as exc:
             request.reply(exc.answer())
             return
@@ -1041,7 +1126,7 @@ class LiveSandbox:
             else:
                 request.reply({"status": 200, "kind": "folder", "stream": True})
                 with request.conn.makefile("wb") as out:
-                    files.write_folder(fd, out, files.check_path(path))
+                    files.write_folder(fd, out, path, box.binds)
         finally:
             os.close(fd)
 
@@ -1134,11 +1219,13 @@ class Sidecar:
         self.channel: InitChannel | None = None
         self.process = None  # its sandbox (runtime.background.Background), once started
         self.first_exit: int | None = None  # its first process's exit code, once it ended
+        self.stopped = False  # stopped alone (``stop_service``): its root still read and written
         self.healthy = False
         self.internal = itertools.count(_INTERNAL_EXECS)
         ca = host_ca(config, sandboxed=True)
         self._extra = dict.fromkeys(CA_VARIABLES, ca.sandbox) if ca is not None else {}
         self.names: list[str] = []  # main's and every service's, straight, not through the proxy
+        self.binds: tuple[Mount, ...] = ()  # its compose volumes and Harbor's log folders (``_prepare_volumes``)
 
     def user(self, name: str) -> tuple[int, int, str]:
         return _resolve_user(self.root, name, self.users)
@@ -1171,6 +1258,14 @@ def _resolve_user(root, name: str, cache: dict) -> tuple[int, int, str]:
     home = user_home(root.rootfs, uid, "/root" if uid == 0 else "/")
     cache[name] = found = (uid, gid, home or "/")
     return found
+
+
+def _mount_points(root, binds: tuple[Mount, ...], shown: str) -> tuple[Mount, ...]:
+    """``binds`` on real folders of ``root`` made now, as an evaluation's (kinds.mount_points)."""
+    try:
+        return kinds.mount_points(root, binds, shown)
+    except BadEnvironment as exc:
+        raise Ending(SandboxStatus.FAILED, str(exc), ErrorKind.INFRASTRUCTURE) from None
 
 
 def _root_folder(session: Session, folder: Path, mode: int) -> None:

@@ -212,7 +212,8 @@ def test_the_detail_shows_the_sandbox_and_its_execs_newest_last(admin_client):
     add_exec(sandbox, 3, ["python3", "-c", "import time; time.sleep(99)"], exit_code=124, timed_out=True,
              duration_ms=99000, user="nobody")  # fmt: skip
     add_exec(sandbox, 1, ["/bin/sh", "-c", "echo 'it''s' > /tmp/<out>"], user="")
-    add_exec(sandbox, 2, ["make", "-j", "4", "all"], exit_code=137, oom_killed=True, cwd="/src", user="1000")
+    add_exec(sandbox, 2, ["make", "-j", "4", "all"], exit_code=137, oom_killed=True, cwd="/src", user="1000",
+             service="api")  # fmt: skip
     html = detail(admin_client, sandbox)
 
     positions = re.findall(r'<td class="field-position">(\d+)</td>', html)
@@ -228,6 +229,7 @@ def test_the_detail_shows_the_sandbox_and_its_execs_newest_last(admin_client):
     def column(name: str) -> list[str]:
         return re.findall(rf'<td class="field-{name}">(.*?)</td>', html, re.S)
 
+    assert column("service_text") == ["main", "api", "main"]  # blank: main's
     assert column("user_text") == ["default", "1000", "nobody"]
     assert column("cwd") == ["/app", "/src", "/app"]
     assert column("exit_code_text") == ["0", "137", "124"]
@@ -277,7 +279,8 @@ def test_the_detail_shows_the_last_execs_and_links_every_one(admin_client):
     long_line = "echo " + "x" * 500
     first = add_exec(sandbox, 1, ["printf", "a\tb\nc"], user="nobody")
     for position in range(2, 106):
-        add_exec(sandbox, position, ["/bin/sh", "-c", long_line if position == 105 else f"echo {position}"])
+        command = ["/bin/sh", "-c", long_line if position == 105 else f"echo {position}"]
+        add_exec(sandbox, position, command, service="db" if position == 3 else "")
     html = detail(admin_client, sandbox)
     positions = [int(p) for p in re.findall(r'<td class="field-position">(\d+)</td>', html)]
     assert positions == list(range(6, 106))
@@ -293,12 +296,14 @@ def test_the_detail_shows_the_last_execs_and_links_every_one(admin_client):
     assert whole["Content-Type"] == "text/plain; charset=utf-8"
     lines = b"".join(whole.streaming_content).decode().splitlines()
     assert lines[0].split("\t") == [
-        "position", "started_at", "exit_code", "timed_out", "oom_killed", "duration_ms", "user", "cwd", "command",
+        "position", "started_at", "service", "exit_code", "timed_out", "oom_killed", "duration_ms", "user", "cwd",
+        "command",
     ]  # fmt: skip
     assert len(lines) == 106  # one exec a line: a newline or tab in a command is written \\n, \\t
-    assert lines[1].split("\t") == ["1", fmt.when(first.started_at), "0", "False", "False", "1234", "nobody", "/app",
-                                    "printf 'a\\tb\\nc'"]  # fmt: skip
-    assert lines[2].split("\t")[6] == "default"
+    assert lines[1].split("\t") == ["1", fmt.when(first.started_at), "main", "0", "False", "False", "1234", "nobody",
+                                    "/app", "printf 'a\\tb\\nc'"]  # fmt: skip
+    assert lines[2].split("\t")[7] == "default"
+    assert lines[3].split("\t")[2] == "db"  # a compose service's exec
     assert lines[-1].split("\t")[-1] == f"/bin/sh -c '{long_line}'"
     spec = admin_client.get(f"{CHANGELIST}{sandbox.id}/spec/")
     assert spec["Content-Type"] == "text/plain; charset=utf-8" and '"memory_mb": 1024' in spec.content.decode()

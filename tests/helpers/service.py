@@ -6,10 +6,12 @@ or a fresh PostgreSQL database when the test run's DATABASE_URL is PostgreSQL.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import signal
 import socket
+import sqlite3
 import subprocess
 import sys
 import time
@@ -62,6 +64,17 @@ class FreshDatabase:
             self.url = f"{base}/{self.name}"
         else:
             self.url = f"sqlite:///{folder / 'live.sqlite3'}"
+
+    def rows(self, sql: str, params: tuple = ()) -> list[tuple]:
+        """What ``sql`` (``%s`` placeholders) reads from this database now, as the service wrote it (a
+        uuid is 32 hex digits in SQLite, a uuid in PostgreSQL)."""
+        if self.name:
+            import psycopg
+
+            with psycopg.connect(self.url) as conn:
+                return conn.execute(sql, params).fetchall()
+        with contextlib.closing(sqlite3.connect(self.url.removeprefix("sqlite:///"))) as conn:
+            return conn.execute(sql.replace("%s", "?"), params).fetchall()
 
     def drop(self) -> None:
         if self.name:

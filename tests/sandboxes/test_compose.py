@@ -191,9 +191,10 @@ def test_a_bad_compose_field_is_a_bad_request(api, environment, context, said):
         ("services:\n  db: {command: [sleep, '1']}\n", "service 'db' has neither 'image' nor 'build'"),
         ("services:\n  db: {image: 'IMAGE', depends_on: [cache]}\n", "cache"),
         (
-            "services:\n  main: {}\n  db: {image: 'IMAGE', volumes: ['data:/data']}\nvolumes:\n  data:\n",
-            "binds volumes (data)",
+            "services:\n  main: {}\n  db: {image: 'IMAGE', volumes: ['data:/data']}\nvolumes:\n  data: {driver: nfs}\n",
+            "volume 'data': driver 'nfs' is not supported here",
         ),
+        ("services:\n  db: {image: 'IMAGE', volumes: ['/etc:/host-etc']}\n", "binds a host path"),
         ("}{", "docker-compose.yaml"),
     ],
 )

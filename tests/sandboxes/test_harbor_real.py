@@ -382,3 +382,97 @@ def test_a_task_with_a_compose_sidecar(harbor, sandbox_service, api, base_ref, t
     assert len(evidence) == 1, sorted(str(path) for path in trial.rglob("*"))
     assert evidence[0].read_text() == "from-compose 1\n"  # the sidecar's variables, its own log: one fetch
     assert live_sandboxes(api) == []
+
+
+# -- a sidecar's artifacts through the compose file's volumes (SPEC §23-24) -------------------------
+
+# Harbor's examples/tasks/sidecar-artifacts, in its shape: a sidecar binding Harbor's artifacts folder
+# (what it writes there is in main's /logs/artifacts) and a named volume it shares with main; a collect
+# hook in the sidecar copies what the agent left in the volume to a file of its own, which the task's
+# ``artifacts`` entry takes from the sidecar.
+SIDECAR_ARTIFACTS_YAML = """\
+services:
+  main:
+    volumes:
+      - exchange:/exchange
+  recorder:
+    image: {image}
+    command: ["sh", "-c", "echo recorded-by-sidecar > /logs/artifacts/sidecar.txt; exec sleep infinity"]
+    volumes:
+      - ${{HOST_ARTIFACTS_PATH}}:${{ENV_ARTIFACTS_PATH}}
+      - exchange:/exchange
+volumes:
+  exchange: {{}}
+"""
+
+SIDECAR_ARTIFACTS_TOML = (
+    'artifacts = [{ source = "/srv/evidence.txt", service = "recorder" }]\n'
+    + TASK_TOML
+    + """
+[[verifier.collect]]
+service = "recorder"
+command = "cp /exchange/answer.txt /srv/evidence.txt"
+"""
+)
+
+SIDECAR_ARTIFACTS_TEST = """\
+#!/bin/bash
+side=$(cat /logs/artifacts/sidecar.txt 2>/dev/null); evidence=$(cat /srv/evidence.txt 2>/dev/null)
+echo "sidecar=$side evidence=$evidence"
+if [ "$side" = recorded-by-sidecar ] && [ "$evidence" = solved ]; then r=1; else r=0; fi
+echo $r > /logs/verifier/reward.txt
+"""
+
+
+def write_sidecar_artifacts_task(dataset: Path, name: str, base_ref: str, *, separate: bool) -> Path:
+    """The task. Shared: the verifier runs in main, which has the sidecar's artifacts folder and the
+    volume. Separate: the verifier runs in an image of its own (tests/Dockerfile), into which Harbor
+    copies the artifacts (main's /logs/artifacts, the sidecar's evidence) after it stopped main."""
+    task = dataset / name
+    (task / "environment").mkdir(parents=True)
+    (task / "environment" / "Dockerfile").write_text(f"FROM {base_ref}\nWORKDIR /app\n")
+    (task / "environment" / "docker-compose.yaml").write_text(SIDECAR_ARTIFACTS_YAML.format(image=base_ref))
+    (task / "instruction.md").write_text("Write 'solved' to /exchange/answer.txt.\n")
+    toml = SIDECAR_ARTIFACTS_TOML
+    if separate:
+        toml = toml.replace("[verifier]\n", '[verifier]\nenvironment_mode = "separate"\n')
+    (task / "task.toml").write_text(toml)
+    (task / "solution").mkdir()
+    (task / "solution" / "solve.sh").write_text("#!/bin/bash\necho solved > /exchange/answer.txt\n")
+    (task / "tests").mkdir()
+    test = SIDECAR_ARTIFACTS_TEST
+    if not separate:  # main has the volume, not the sidecar's own /srv
+        test = test.replace("/srv/evidence.txt", "/exchange/answer.txt")
+    (task / "tests" / "test.sh").write_text(test)
+    if separate:
+        (task / "tests" / "Dockerfile").write_text(f"FROM {base_ref}\nCOPY test.sh /tests/test.sh\n")
+    return task
+
+
+def test_a_sidecar_writes_artifacts_through_compose_volumes(harbor, sandbox_service, api, base_ref, tmp_path):
+    """Harbor 0.25 runs two tasks shaped like its sidecar-artifacts example: a sidecar writes its
+    /logs/artifacts (``${HOST_ARTIFACTS_PATH}:${ENV_ARTIFACTS_PATH}``), which is main's, and reads what
+    the agent wrote in a named volume they share. With a shared verifier, the verifier reads both in
+    main; with a separate one, Harbor stops main (``stop_service``) before it collects the sidecar's
+    evidence, then copies the artifacts into the verifier's own sandbox."""
+    dataset = tmp_path / "dataset"
+    write_sidecar_artifacts_task(dataset, "sidecar-shared", base_ref, separate=False)
+    write_sidecar_artifacts_task(dataset, "sidecar-separate", base_ref, separate=True)
+    started = api.json("GET", "/sandboxes")[1]
+    results = harbor_run(harbor, sandbox_service, tmp_path, dataset, "oracle", concurrent=2)
+    trials = tmp_path / "jobs" / "oracle"
+    outputs = {result["task_name"]: list((trials / result["trial_name"]).rglob("*.txt")) for result in results}
+    outputs = {name: {path.name: path.read_text()[-500:] for path in paths} for name, paths in outputs.items()}
+    assert {result["task_name"]: reward(result) for result in results} == {
+        "sidecar-shared": 1.0,
+        "sidecar-separate": 1.0,
+    }, outputs
+    for result in results:  # Harbor downloaded main's /logs/artifacts: the sidecar's file is in it
+        found = list((trials / result["trial_name"] / "artifacts").rglob("sidecar.txt"))
+        assert [path.read_text() for path in found] == ["recorded-by-sidecar\n"], result["task_name"]
+    # the separate task's agent sandbox had main stopped by Harbor before its sidecar's evidence was taken
+    seen = {sandbox["sandbox_id"] for sandbox in started}
+    made = [sandbox for sandbox in api.json("GET", "/sandboxes")[1] if sandbox["sandbox_id"] not in seen]
+    with_sidecars = [sandbox["environment"] for sandbox in made if (sandbox["environment"] or {}).get("services")]
+    assert sorted(environment.get("state", "running") for environment in with_sidecars) == ["running", "stopped"]
+    assert live_sandboxes(api) == []

@@ -299,6 +299,23 @@ def test_set_network_refuses_a_bad_mode_or_hosts_outside_allowlist(client, serve
     assert server.requests == []
 
 
+def test_stop_service_posts_to_the_services_stop_route(client, server):
+    server.answer("POST", "/sandboxes/sb1/services/main/stop", 204)
+    server.answer("POST", "/sandboxes/sb1/services/web%2F1/stop", 204)
+    assert client.stop_service("sb1", "main") is None
+    Sandbox(client, READY).stop_service("web/1")  # quoted into one path segment
+    assert [(r.method, r.path, r.body) for r in server.requests] == [
+        ("POST", "/sandboxes/sb1/services/main/stop", b""),
+        ("POST", "/sandboxes/sb1/services/web%2F1/stop", b""),
+    ]
+    with pytest.raises(ValueError, match="non-empty string"):
+        client.stop_service("sb1", "")
+    server.answer("POST", "/sandboxes/sb1/services/db/stop", 404, {"error": "not_found", "detail": "no service 'db'"})
+    with pytest.raises(TermExecutorError, match="no service 'db'") as raised:
+        client.stop_service("sb1", "db")
+    assert raised.value.status == 404
+
+
 def test_delete_answers_none_on_204(client, server):
     server.answer("DELETE", "/sandboxes/sb1", 204)
     assert client.delete_sandbox("sb1") is None
@@ -424,6 +441,7 @@ def test_async_client_makes_the_same_requests(server, other_server, tmp_path):
     other_server.answer("POST", "/sandboxes/sb1/exec", 200, EXEC_RESULT)
     server.answer("GET", "/sandboxes/sb1/files", 200, tar_of({"reward.txt": b"1"}))
     server.answer("PUT", "/sandboxes/sb1/files", 204)
+    server.answer("POST", "/sandboxes/sb1/services/main/stop", 204)
     server.answer("DELETE", "/sandboxes/sb1", 204)
     (tmp_path / "up").mkdir()
     (tmp_path / "up" / "f").write_text("f")
@@ -434,6 +452,7 @@ def test_async_client_makes_the_same_requests(server, other_server, tmp_path):
                 result = await box.exec(["echo", "hi"], timeout_secs=3)
                 await box.put_dir("/tests", tmp_path / "up")
                 refused = await box.get_dir("/logs/verifier", tmp_path / "down")
+                await box.stop_service("main")
             with pytest.raises(TermExecutorError, match="not_found"):
                 await client.get_sandbox("missing")
         return result, refused
@@ -450,6 +469,7 @@ def test_async_client_makes_the_same_requests(server, other_server, tmp_path):
         ("POST", "/sandboxes/sb1/exec"),
         ("PUT", "/sandboxes/sb1/files"),
         ("GET", "/sandboxes/sb1/files"),
+        ("POST", "/sandboxes/sb1/services/main/stop"),
         ("DELETE", "/sandboxes/sb1"),
         ("GET", "/sandboxes/missing"),
     ]

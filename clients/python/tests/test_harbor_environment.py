@@ -161,6 +161,9 @@ def test_sidecar_operations_name_their_service(task, service, tmp_path, run):
     run(environment.service_download_file("/srv/dump.sql", tmp_path / "out" / "dump.sql", service="db"))
     assert (tmp_path / "out" / "dump.sql").read_bytes() == b"dump"
     assert service.received("GET", "/sandboxes/sb1/files")[-1].query == {"path": "/srv/dump.sql", "service": "db"}
+    service.respond("POST", "/sandboxes/sb1/services/main/stop", lambda request: as_answer(204, b""))
+    run(environment.stop_service("main"))  # Harbor's trial, before it collects a sidecar's evidence
+    assert [request.path for request in service.received("POST")][-1] == "/sandboxes/sb1/services/main/stop"
 
 
 @pytest.mark.parametrize(

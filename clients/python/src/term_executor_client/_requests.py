@@ -226,6 +226,13 @@ def get_files(sandbox_id: str, path: str, service: str | None = None) -> Request
     )
 
 
+def stop_service(sandbox_id: str, service: str) -> Request:
+    if not isinstance(service, str) or not service:
+        raise ValueError(f"a service is named by a non-empty string, not {service!r}")
+    path = _sandbox(sandbox_id, f"/services/{quote(service, safe='')}/stop")
+    return Request("POST", path, expect="nothing", timeout=SLOW_TIMEOUT_SECS)
+
+
 def set_network(sandbox_id: str, mode: str, allowed_hosts: list[str] | None) -> Request:
     if mode not in NETWORK_MODES:
         raise ValueError(f"network mode {mode!r} is none of {', '.join(NETWORK_MODES)}")

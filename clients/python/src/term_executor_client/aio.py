@@ -140,6 +140,9 @@ class AsyncClient:
     async def set_network(self, sandbox_id: str, mode: str, allowed_hosts: list[str] | None = None) -> dict:
         return await self._send(api.set_network(sandbox_id, mode, allowed_hosts))
 
+    async def stop_service(self, sandbox_id: str, service: str) -> None:
+        await self._send(api.stop_service(sandbox_id, service))
+
 
 class AsyncSandbox:
     """One sandbox and its ``AsyncClient``; deleted on leaving ``async with``."""
@@ -182,3 +185,6 @@ class AsyncSandbox:
 
     async def set_network(self, mode: str, allowed_hosts: list[str] | None = None) -> dict:
         return await self.client.set_network(self.id, mode, allowed_hosts)
+
+    async def stop_service(self, service: str) -> None:
+        await self.client.stop_service(self.id, service)

@@ -160,6 +160,11 @@ class Client:
         """``PUT /sandboxes/{id}/network``: the egress policy of later connections."""
         return self._send(api.set_network(sandbox_id, mode, allowed_hosts))
 
+    def stop_service(self, sandbox_id: str, service: str) -> None:
+        """``POST /sandboxes/{id}/services/{service}/stop`` (``main`` or a compose service), as
+        ``docker compose stop``: its processes killed, its files still readable, exec in it refused."""
+        self._send(api.stop_service(sandbox_id, service))
+
 
 class Sandbox:
     """One sandbox and its client: the same calls without the id. As a context manager it is
@@ -203,3 +208,6 @@ class Sandbox:
 
     def set_network(self, mode: str, allowed_hosts: list[str] | None = None) -> dict:
         return self.client.set_network(self.id, mode, allowed_hosts)
+
+    def stop_service(self, service: str) -> None:
+        self.client.stop_service(self.id, service)
