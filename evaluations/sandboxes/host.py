@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import itertools
 import logging
 import os
 import queue
@@ -48,7 +47,7 @@ from django.db.models import F
 from django.utils import timezone
 
 from evaluations import lifecycle, livelog
-from evaluations.environments import BadEnvironment, kinds
+from evaluations.environments import kinds
 from evaluations.environments.toolchains import CA_VARIABLES, host_ca
 from evaluations.images import build, rootfs
 from evaluations.images.errors import ImageError
@@ -57,37 +56,37 @@ from evaluations.images.store import ImageStore
 from evaluations.models import SHUTTING_DOWN, WORKER_LOST, ErrorKind, Sandbox, SandboxExec, SandboxStatus
 from evaluations.network import urlguard
 from evaluations.network.egress import EgressProxy, egress_policy
-from evaluations.network.egress.relay import RELAY_PORT, direct, ensure_socat_bundle, proxy_env
+from evaluations.network.egress.relay import RELAY_PORT, ensure_socat_bundle
 from evaluations.pipeline import archive
 from evaluations.pipeline.context import RELAY_BUNDLE, StepFailed
 from evaluations.pipeline.services import (
-    SERVICES_DIR,
-    check_until_healthy,
     first_process,
-    service_argv,
-    service_env,
-    user_home,
-    write_hosts,
 )
 from evaluations.pipeline.session import Session, remove_retired
-from evaluations.pipeline.volumes import make_volumes
 from evaluations.runtime import Limits, Mount, SandboxPolicy, Spawner, initbin, killer, uids
 from evaluations.runtime.idmap import image_id_base
 from evaluations.runtime.initchannel import ExecStartError, InitChannel, InitGone, exec_request
-from evaluations.runtime.monitor import Monitor
-from evaluations.runtime.netns import NetworkUnavailable, SharedNetwork
+from evaluations.runtime.netns import SharedNetwork
 from evaluations.runtime.output import OutputCapture
 from evaluations.runtime.sandbox import SYSTEM_PATH
-from evaluations.runtime.types import MIB, CommandResult, Limit
+from evaluations.runtime.types import MIB, Limit
 from evaluations.safefs import TreeUsage, tree_usage
 from evaluations.sandboxes import control, files
+from evaluations.sandboxes.boxes import (
+    READY_WAIT_SECS,
+    Ending,
+    Sidecar,
+    UnknownService,
+    mount_points,
+    relay_env,
+    resolve_user,
+)
+from evaluations.sandboxes.compose import ComposeServices
 from evaluations.sandboxes.spec import SandboxSpec, SpecError, check_variable, parse, parse_network
 from evaluations.tasks.compose import MAIN, harbor_services
 from evaluations.tasks.harbor import HARBOR_MAIN_COMMAND, main_first_process
 from evaluations.tasks.registry import load_task
 from evaluations.tasks.spec import (
-    AGENT_LOGS,
-    ARTIFACTS_DIR,
     FirstProcess,
     ImageEnvironment,
     Service,
@@ -98,12 +97,10 @@ from evaluations.tasks.spec import (
 logger = logging.getLogger("term_executor.sandboxes")
 
 EGRESS_SOCKET = "egress.sock"
-READY_WAIT_SECS = 60  # the init's first word, once the root is mounted: bwrap and a fork
 EXEC_DRAIN_SECS = 0.05  # after an exec ended: output still coming from what it left running
 TIMED_OUT_EXIT = 124
 KILLED_EXIT = 137
 _SERVE_TICK = 1.0
-_INTERNAL_EXECS = 1 << 30  # a service's own execs (its healthcheck) are numbered from here, apart from the API's
 
 
 def session_name(sandbox_id: str) -> str:
@@ -121,15 +118,7 @@ def context_path(config, sandbox_id: str) -> Path:
     return config.data_dir / "sandbox-contexts" / f"{sandbox_id}.tar"
 
 
-class Ending(Exception):
-    """How the sandbox ends: its final status, error and error_kind."""
-
-    def __init__(self, status: str, error: str = "", kind: str | None = None):
-        super().__init__(error)
-        self.status, self.error, self.kind = status, error, kind
-
-
-class LiveSandbox:
+class LiveSandbox(ComposeServices):
     def __init__(self, sandbox_id: str, config, runtime):
         self.id = str(sandbox_id)
         self.tag = tag(self.id)
@@ -161,6 +150,9 @@ class LiveSandbox:
         self.sidecars: dict[str, Sidecar] = {}  # each, once its root is mounted
         self.netns: SharedNetwork | None = None  # main's and its services' one loopback (with services only)
         self.environment: dict = {}  # the row's ``environment``, its services' states kept up to date
+        # Held for each write of ``environment``: a service's first process may end (its state
+        # written by its thread) while the sandbox's ready is written with the same record.
+        self.environment_lock = threading.Lock()
         self.image_config: dict = {}
         self.workdir = "/"
         self.users: dict[str, tuple[int, int, str]] = {}
@@ -240,94 +232,6 @@ class LiveSandbox:
         self.environment = environment
         return environment
 
-    def _prepare_sidecars(self, store: ImageStore) -> list[dict]:
-        """SPEC §23-24: each compose service's image pulled or built as main's is, pinned, and its root
-        mounted in ``services/<name>/`` of the session (as main's, root in name only); every root's
-        /etc/hosts naming main and each service at 127.0.0.1; the network namespace they will share."""
-        config, uid = self.config, self.lease.uid
-        try:
-            self.netns = SharedNetwork.create()
-        except NetworkUnavailable as exc:
-            raise Ending(SandboxStatus.FAILED, str(exc), ErrorKind.INFRASTRUCTURE) from None
-        self.closing.callback(self.netns.close)
-        parent = self.session.root / SERVICES_DIR
-        _root_folder(self.session, parent, 0o711)
-        ca = host_ca(config, sandboxed=True)
-        records = []
-        for service in self.compose:
-            shown = f"service {service.name!r}"
-            try:
-                result = self._pull_or_build(service.environment, self.task_root, store)
-            except ImageError as exc:
-                raise Ending(SandboxStatus.FAILED, f"{shown}'s image: {exc}", exc.kind) from None
-            self.closing.enter_context(store.pin(result.record.digest, f"{self.tag}.{service.name}"))
-            image_config = dict(result.record.config or {})
-            folder = parent / service.name
-            _root_folder(self.session, folder, 0o710)
-            try:
-                root = kinds.mount_image(
-                    store,
-                    result.record,
-                    folder,
-                    lease=uid,
-                    id_base=image_id_base(config.image_uid_base, uid, config.sandbox_uid),
-                    workdir=service.workdir or image_config.get("WorkingDir") or "/",
-                    ca_host=ca.host if ca is not None else None,
-                    as_root=True,
-                )
-            finally:
-                self.closing.callback(rootfs.unmount_root, folder)
-            sidecar = self.sidecars[service.name] = Sidecar(service, root, image_config, config)
-            try:
-                sidecar.user(sidecar.default_user)
-            except SpecError as exc:
-                raise Ending(
-                    SandboxStatus.FAILED, f"environment/docker-compose.yaml: {shown}: {exc}", ErrorKind.TASK_INVALID
-                ) from None
-            kind = "image" if service.environment.image is not None else "dockerfile"
-            records.append(
-                {
-                    "name": service.name,
-                    "kind": kind,
-                    "ref": service.environment.ref,
-                    "digest": result.record.digest,
-                    "cached": result.cached,
-                    "state": "starting",
-                }
-            )
-        names = [MAIN, *self.sidecars]
-        for sidecar in self.sidecars.values():
-            sidecar.names = [*self.sidecars]
-        for root in (self.root, *(sidecar.root for sidecar in self.sidecars.values())):
-            try:
-                write_hosts(root, names)
-            except StepFailed as exc:
-                raise Ending(SandboxStatus.FAILED, str(exc), exc.kind) from None
-        return records
-
-    def _prepare_volumes(self) -> None:
-        """SPEC §23-24: the compose file's named volumes, folders of the session (pipeline/volumes.py, as
-        an evaluation's), bound in main and in each service naming them; a service's Harbor log folders
-        (``${HOST_ARTIFACTS_PATH}:${ENV_ARTIFACTS_PATH}``) the session's folders then bound at main's
-        /logs/agent and /logs/artifacts too, so what the service writes there is in main's."""
-
-        def log_folders() -> dict[str, Path]:
-            # 0777 as Harbor's client makes them (ensure_dirs): a service's user is any id of the range
-            folders = {AGENT_LOGS: self.session.agent_logs, ARTIFACTS_DIR: self.session.agent_artifacts}
-            for folder in folders.values():
-                self.session.make_folder(folder, 0o777, owner=self.session.uid_owner)
-            return folders
-
-        try:
-            made = make_volumes(self.session, self.main_volumes, self.compose, log_folders)
-        except StepFailed as exc:
-            raise Ending(SandboxStatus.FAILED, str(exc), exc.kind) from None
-        if made is None:
-            return
-        self.binds = (*made.main, *(Mount(folder, inside, writable=True) for inside, folder in made.logs.items()))
-        for name, sidecar in self.sidecars.items():
-            sidecar.binds = made.services[name]
-
     def _environment(self, store: ImageStore):
         """The image's record, and the sandbox's ``environment`` {kind, ref, digest, cached}."""
         spec = self.spec
@@ -394,11 +298,6 @@ class LiveSandbox:
             self._take_services(compose.services, compose.volumes, task_root)
             self.main_process = main
         return folder
-
-    def _take_services(self, services: tuple[Service, ...], main_volumes, task_root: Path) -> None:
-        """The compose file's services besides main, started beside it (``_start_sidecars``), and the
-        volumes main binds (``_prepare_volumes``)."""
-        self.compose, self.main_volumes, self.task_root = tuple(services), tuple(main_volumes), task_root
 
     def _task_environment(self) -> tuple[Path, ImageEnvironment]:
         config = self.config
@@ -474,7 +373,7 @@ class LiveSandbox:
             network=True,
             image=self.root,
             image_tmp=True,
-            mounts=_mount_points(self.root, self.binds, "main"),
+            mounts=mount_points(self.root, self.binds, "main"),
             relay_wait=False,  # the init waits for the relay before its first exec instead
             ca_bundle=ca.host if ca is not None else None,
             egress_socket=Path(self.egress.socket_path),
@@ -514,116 +413,6 @@ class LiveSandbox:
         self._start_sidecars()  # before main's first process, as an evaluation starts them (services.py)
         if not self.pooled:  # a warm one's starts when a request adopts it, with the request's variables
             self._start_first_process()
-
-    # -- a compose file's services (SPEC §23-24) ----------------------------------------------
-
-    def _start_sidecars(self) -> None:
-        """Each service in ``depends_on`` order, after what it waits for (``service_healthy``: its
-        check passed), then every health check, as ``docker compose up --wait``: a service that never
-        becomes healthy, or ends before it does, fails the sandbox (``task_invalid``)."""
-        for sidecar in self.sidecars.values():  # in start order (tasks/compose.py)
-            for other, condition in sidecar.service.depends_on.items():
-                if condition == "service_healthy" and other in self.sidecars:
-                    self._await_healthy(self.sidecars[other])
-            self._start_sidecar(sidecar)
-        for sidecar in self.sidecars.values():
-            self._await_healthy(sidecar)
-
-    def _start_sidecar(self, sidecar: Sidecar) -> None:
-        """Its sandbox: bubblewrap around our init, as main's, beside it (``Spawner.background``: the
-        sandbox's uid, cgroup, tag and kill), in main's network namespace, with no egress socket of its
-        own (main's relay on the shared 127.0.0.1 carries its connections through the sandbox's proxy);
-        then its first process (its compose ``command``/``entrypoint``) as its exec 0."""
-        shown = f"service {sidecar.name!r}"
-        try:
-            argv = service_argv(sidecar.service, sidecar.image_config)
-        except StepFailed as exc:
-            raise Ending(SandboxStatus.FAILED, str(exc), ErrorKind.TASK_INVALID) from None
-        ca = host_ca(self.config, sandboxed=True)
-        policy = SandboxPolicy(
-            image=sidecar.root,
-            image_tmp=True,
-            mounts=_mount_points(sidecar.root, sidecar.binds, shown),
-            ca_bundle=ca.host if ca is not None else None,
-            netns=self.netns.path,
-        )
-        sidecar.channel = InitChannel()
-        binary = initbin.open_binary(self.config.workspace_base)
-        try:
-            sidecar.process = self.spawner.background(
-                f"{self.tag}.{sidecar.name}",
-                [initbin.exec_path(binary), str(sidecar.channel.init_fd), str(RELAY_PORT)],
-                cwd=Path("/"),
-                env={"PATH": SYSTEM_PATH},
-                limits=self.limits,
-                policy=policy,
-                pass_fds=(sidecar.channel.init_fd, binary),
-            )
-        finally:
-            os.close(binary)
-        self.closing.callback(sidecar.stop)  # before its root's unmount (closing runs last first)
-        if not sidecar.channel.wait_ready(READY_WAIT_SECS) or sidecar.channel.closed:
-            output = sidecar.process.output().strip().splitlines()
-            raise Ending(
-                SandboxStatus.FAILED,
-                f"{shown} did not start" + (f": {output[-1][:300]}" if output else ""),
-                ErrorKind.INFRASTRUCTURE,
-            )
-        self._set_state(sidecar, "running")
-        if argv is not None:
-            self._run_first(sidecar, argv, sidecar.default_user, shown)
-
-    def _await_healthy(self, sidecar: Sidecar) -> None:
-        """The service's compose healthcheck passed (once; nothing without one), Docker's timing, each
-        check an exec of its own in the service (``check_until_healthy``, the evaluations' loop)."""
-        healthcheck = sidecar.service.healthcheck
-        if healthcheck is None or sidecar.healthy:
-            return
-        shown = f"service {sidecar.name!r}"
-        request = {"command": list(healthcheck.run_argv), "service": sidecar.name}
-
-        def check() -> CommandResult:
-            argv, cwd, env, _timeout, user, _box = self._exec_request(request)
-            started = time.monotonic()
-            outcome = self._run_exec(next(sidecar.internal), argv, cwd, env, healthcheck.timeout_sec, user, sidecar)
-            if "status" in outcome:
-                raise Ending(SandboxStatus.FAILED, f"{shown}: {outcome['detail']}", ErrorKind.INFRASTRUCTURE)
-            output = outcome["stdout"] + outcome["stderr"]
-            return CommandResult(
-                outcome["exit_code"],
-                output,
-                len(output),
-                int((time.monotonic() - started) * 1000),
-                Limit.TIMEOUT if outcome["timed_out"] else None,
-            )
-
-        def wait(seconds: float) -> None:
-            if self.cancel.wait(seconds) or self.ending is not None:
-                raise Ending(SandboxStatus.STOPPED)
-
-        def ended() -> str | None:
-            if sidecar.channel.closed:
-                return "its sandbox ended"
-            code = sidecar.first_exit
-            return None if code is None else f"its process exited with code {code}"
-
-        try:
-            check_until_healthy(healthcheck, check, wait, shown, wait_first=True, ended=ended)
-        except StepFailed as exc:
-            raise Ending(SandboxStatus.FAILED, str(exc), exc.kind) from None
-        sidecar.healthy = True
-        with contextlib.suppress(OSError):
-            livelog.append_text(self.session.log, f"{shown}: healthy\n")
-
-    def _set_state(self, sidecar: Sidecar, state: str, exit_code: int | None = None) -> None:
-        """A service's state in the row's ``environment`` (GET /sandboxes/{id} lists them)."""
-        for record in self.environment.get("services", ()):
-            if record["name"] == sidecar.name:
-                record["state"] = state
-                if exit_code is not None:
-                    record["exit_code"] = exit_code
-        if self.environment.get("services"):
-            lifecycle.sandbox_environment(self.id, self.environment)
 
     def _start_first_process(self) -> None:
         """The image's ENTRYPOINT in the background, as Harbor's docker backend starts its main container
@@ -828,7 +617,7 @@ class LiveSandbox:
 
     def user(self, name: str) -> tuple[int, int, str]:
         """(uid, gid, home) inside the sandbox for a user name or uid, from the image's /etc/passwd."""
-        return _resolve_user(self.root, name, self.users)
+        return resolve_user(self.root, name, self.users)
 
     def command_env(self, home: str) -> dict[str, str]:
         """An exec's environment before its own: the image's ``Env``, HOME, the proxy's and the CAs'
@@ -841,7 +630,7 @@ class LiveSandbox:
             "PATH": image_env.get("PATH") or SYSTEM_PATH,
             "HOME": home,
             **image_env,
-            **_proxy_env([*self.sidecars]),
+            **relay_env([*self.sidecars]),
             **(dict.fromkeys(CA_VARIABLES, ca.sandbox) if ca is not None else {}),
             **self.spec.env,
         }
@@ -1036,55 +825,6 @@ class LiveSandbox:
         except OSError:
             return 0
 
-    # -- one service stopped (Harbor's stop_service) ------------------------------------------
-
-    def stop_service(self, header: dict) -> dict:
-        """``docker compose stop NAME`` (Harbor's ``stop_service``, which its trial calls for main
-        before it collects the sidecars' evidence): every process of that service killed with its pid
-        namespace (its init's socket closed: the init exits, and bubblewrap ends the namespace); its
-        root stays mounted, so its files can still be read (and written, as ``docker cp`` to a
-        stopped container); exec in it is refused (409); the rest of the sandbox runs on. Stopping a
-        stopped service does nothing, as Docker's."""
-        try:
-            box = self.box(header)
-        except UnknownService as exc:
-            return exc.answer()
-        with self._lock:
-            if box.stopped:
-                return {"status": 204}
-            box.stopped = True
-        logger.info("sandbox %s: stopping service %s", self.id, box.name)
-        if box is self:
-            self.channel.close()  # main's init exits: its pid namespace ends (its egress relay too)
-            self._init_thread.join(timeout=60)
-            self._watch_without_main()
-            self.environment["state"] = "stopped"
-            lifecycle.sandbox_environment(self.id, self.environment)
-            connections.close_all()  # this thread's
-        else:
-            box.stop()
-            self._set_state(box, "stopped")
-            connections.close_all()
-        with contextlib.suppress(OSError):
-            livelog.append_text(self.session.log, f"service {box.name!r}: stopped\n")
-        return {"status": 204}
-
-    def _watch_without_main(self) -> None:
-        """Main's sandbox was the spawner's command, whose monitor watched the whole sandbox; with main
-        stopped, the same watch (runtime/monitor.py: the session's disk and files, the cgroup's memory
-        and processes) goes on over what is left (its services, its volumes) until the sandbox ends: a
-        limit crossed ends it, as before."""
-        monitor = Monitor(
-            limits=self.limits,
-            session_dir=self.session.root,
-            cancel_event=None,
-            started_at=time.monotonic(),
-            on_verdict=lambda verdict: self.end(Ending(SandboxStatus.FAILED, verdict.detail, ErrorKind.LIMIT_EXCEEDED)),
-            cgroup=self.spawner.cgroup,
-        )
-        monitor.start()
-        self.closing.callback(monitor.stop)
-
     # -- files and network -------------------------------------------------------------------
 
     def _quota(self) -> tuple[files.Quota, TreeUsage]:
@@ -1192,91 +932,6 @@ class LiveSandbox:
                 logger.warning("sandbox %s: could not remove %s (the reaper will): %s", self.id, retired, exc)
 
 
-class UnknownService(Exception):
-    """A request's ``service`` that is neither main nor one of the sandbox's compose services."""
-
-    def __init__(self, sandbox_id: str, name, names: list[str]):
-        super().__init__(f"sandbox {sandbox_id} has no service {name!r} (its services: {', '.join(names)})")
-
-    def answer(self) -> dict:
-        return {"status": 404, "error": "not_found", "detail": str(self)}
-
-
-class Sidecar:
-    """A compose service of a live sandbox (SPEC §23-24): its own root (``services/<name>/`` of the
-    session), its own bubblewrap around our init, in main's network namespace; an exec or a file
-    request naming it goes there as main's go to main, as its compose ``user`` (else its image's
-    User), from its ``working_dir``, with Docker's variables and the egress proxy's."""
-
-    def __init__(self, service: Service, root, image_config: dict, config):
-        self.name = service.name
-        self.service = service
-        self.root = root
-        self.image_config = image_config
-        self.workdir = service.workdir or image_config.get("WorkingDir") or "/"
-        self.default_user = service.user or image_config.get("User") or "root"
-        self.users: dict[str, tuple[int, int, str]] = {}
-        self.channel: InitChannel | None = None
-        self.process = None  # its sandbox (runtime.background.Background), once started
-        self.first_exit: int | None = None  # its first process's exit code, once it ended
-        self.stopped = False  # stopped alone (``stop_service``): its root still read and written
-        self.healthy = False
-        self.internal = itertools.count(_INTERNAL_EXECS)
-        ca = host_ca(config, sandboxed=True)
-        self._extra = dict.fromkeys(CA_VARIABLES, ca.sandbox) if ca is not None else {}
-        self.names: list[str] = []  # main's and every service's, straight, not through the proxy
-        self.binds: tuple[Mount, ...] = ()  # its compose volumes and Harbor's log folders (``_prepare_volumes``)
-
-    def user(self, name: str) -> tuple[int, int, str]:
-        return _resolve_user(self.root, name, self.users)
-
-    def command_env(self, home: str) -> dict[str, str]:
-        return {**_proxy_env(self.names), **self._extra, **service_env(self.service, self.image_config, home)}
-
-    def stop(self) -> None:
-        if self.channel is not None:
-            self.channel.close()
-        if self.process is not None:
-            self.process.stop()
-
-
-def _proxy_env(names: list[str]) -> dict[str, str]:
-    """The egress relay's variables, the compose services' names reached straight (as the
-    evaluations' commands have them, pipeline/context.py): they are on the shared loopback."""
-    return {**proxy_env(), **(direct([MAIN, *names]) if names else {})}
-
-
-def _resolve_user(root, name: str, cache: dict) -> tuple[int, int, str]:
-    """(uid, gid, home) inside ``root`` for a user name or uid, from the image's /etc/passwd."""
-    found = cache.get(name)
-    if found is not None:
-        return found
-    try:
-        uid, gid = rootfs.resolve_user(root.rootfs, name)
-    except ImageError as exc:
-        raise SpecError("user", str(exc)) from None
-    home = user_home(root.rootfs, uid, "/root" if uid == 0 else "/")
-    cache[name] = found = (uid, gid, home or "/")
-    return found
-
-
-def _mount_points(root, binds: tuple[Mount, ...], shown: str) -> tuple[Mount, ...]:
-    """``binds`` on real folders of ``root`` made now, as an evaluation's (kinds.mount_points)."""
-    try:
-        return kinds.mount_points(root, binds, shown)
-    except BadEnvironment as exc:
-        raise Ending(SandboxStatus.FAILED, str(exc), ErrorKind.INFRASTRUCTURE) from None
-
-
-def _root_folder(session: Session, folder: Path, mode: int) -> None:
-    """A folder of the session for a service's root: root's, its group the lease's (0710: the
-    sandbox passes to the root, nobody lists it; 0711 for the folder of them all)."""
-    try:
-        session.make_folder(folder, mode, owner=session.root_passed)
-    except OSError as exc:
-        raise Ending(SandboxStatus.FAILED, f"could not make {folder.name}/: {exc}", ErrorKind.INFRASTRUCTURE) from None
-
-
 class _Recorder:
     """Writes each exec's row and the sandbox's count, in order, on a thread of its own (one
     database connection), after the exec's answer has gone."""
@@ -1343,9 +998,11 @@ def run_sandbox(sandbox_id: str, config, runtime, alive_fd: int | None = None) -
         expires = sandbox.created_at + timedelta(seconds=sandbox.spec.max_lifetime_secs)
         listener = control.listen(config.data_dir, sandbox.id)  # before ready: the API may call at once
         sandbox.closing.callback(listener.close)
-        if not lifecycle.sandbox_ready(
-            sandbox.id, environment=environment, network=sandbox.spec.network.as_dict(), expires_at=expires
-        ):
+        with sandbox.environment_lock:
+            ready = lifecycle.sandbox_ready(
+                sandbox.id, environment=environment, network=sandbox.spec.network.as_dict(), expires_at=expires
+            )
+        if not ready:
             ending = Ending(SandboxStatus.STOPPED)  # deleted while it started
         else:
             control.announce_ready(config.data_dir, sandbox.id)
