@@ -52,6 +52,15 @@ def environment_failure(kind: str | None = ErrorKind.INFRASTRUCTURE, prefix: str
         raise StepFailed(f"{prefix}{exc}", kind=kind) from None
 
 
+def make_session_folder(session: Session, folder: Path, mode: int, *, owner, shown: str) -> None:
+    """``Session.make_folder``, a folder it cannot make the step's failure (infrastructure), naming
+    it as ``shown``: the one place that conversion is written."""
+    try:
+        session.make_folder(folder, mode, owner=owner)
+    except OSError as exc:
+        raise StepFailed(f"could not make {shown}: {exc}", kind=ErrorKind.INFRASTRUCTURE) from None
+
+
 class Cancelled(Exception):
     """The evaluation is cancelled (DELETE, TTL, agent timeout, shutdown).
 

@@ -32,7 +32,7 @@ from evaluations.models import ErrorKind
 from evaluations.network.egress.relay import BUNDLE_TARGET, SANDBOX_SOCKET
 from evaluations.pipeline import collect, services, volumes
 from evaluations.pipeline.agentenv import find_interpreter
-from evaluations.pipeline.context import Context, StepFailed, environment_failure
+from evaluations.pipeline.context import Context, StepFailed, environment_failure, make_session_folder
 from evaluations.runtime.idmap import image_id_base
 from evaluations.runtime.policy import DISTRIBUTION_CA_BUNDLE
 from evaluations.tasks.spec import AGENT_LOGS, ARTIFACTS_DIR, ImageEnvironment
@@ -188,10 +188,7 @@ def _volumes(ctx: Context) -> None:
 def _image_folder(ctx: Context, folder: Path, shown: str, *, mode: int = 0o710) -> None:
     """A folder of the session for an image's root: root's, its group the lease's (``mode`` 0710: as
     the session's, the sandbox passes to the root and nobody lists it)."""
-    try:
-        ctx.session.make_folder(folder, mode, owner=ctx.session.root_passed)
-    except OSError as exc:
-        raise StepFailed(f"could not make {shown}: {exc}", kind=ErrorKind.INFRASTRUCTURE) from None
+    make_session_folder(ctx.session, folder, mode, owner=ctx.session.root_passed, shown=shown)
 
 
 def _prepare(ctx: Context, spec: ImageEnvironment, env_class, config: Config, folder: Path, holder: str,

@@ -50,7 +50,7 @@ from evaluations.tasks.language import NoToolchain, with_toolchain
 from evaluations.tasks.registry import load_task
 from evaluations.tasks.spec import SETUP_SCRIPT, TaskError, TaskStep
 
-AGENT_PHASE = "agent"  # the agent's command: a sandbox of its own, prestarted (prestart_agent)
+AGENT_PHASE = "agent"  # the agent's command: a sandbox of its own, prestarted (_prestart_agent)
 PATCH_PHASE = "patch"  # the executor's git work on what the agent left: never in the agent's sandbox
 TESTS_PHASE = "tests"
 

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from evaluations.models import ErrorKind
-from evaluations.pipeline.context import StepFailed
+from evaluations.pipeline.context import StepFailed, make_session_folder
 from evaluations.pipeline.session import Session
 from evaluations.runtime import Mount
 from evaluations.tasks.spec import Service, ServiceVolume
@@ -54,10 +54,11 @@ def make_volumes(
     parent = session.root / VOLUMES_DIR
     folders: dict[str, Path] = {}
     if named:
-        _make(session, parent, 0o711, session.root_passed, "the volumes' folder")  # passed by every id, never listed
+        # passed by every id, never listed
+        make_session_folder(session, parent, 0o711, owner=session.root_passed, shown="the volumes' folder")
     for name in named:
         folders[name] = parent / name
-        _make(session, folders[name], 0o777, session.uid_owner, f"volume {name!r}")
+        make_session_folder(session, folders[name], 0o777, owner=session.uid_owner, shown=f"volume {name!r}")
     wanted = {v.log_folder for service in services for v in service.volumes if v.log_folder is not None}
     logs = {}
     if wanted:
@@ -73,10 +74,3 @@ def make_volumes(
         )
 
     return Volumes(mounts(main), {service.name: mounts(service.volumes) for service in services}, logs)
-
-
-def _make(session: Session, folder: Path, mode: int, owner, shown: str) -> None:
-    try:
-        session.make_folder(folder, mode, owner=owner)
-    except OSError as exc:
-        raise StepFailed(f"could not make {shown}: {exc}", kind=ErrorKind.INFRASTRUCTURE) from None
