@@ -11,6 +11,8 @@
  *                                    fields: uid, gid, cwd, argc, argv..., envc, env...), then the
  *                                    exec's stdin, stdout and stderr
  *                  "K <id> <sig>"  signal the exec's process group
+ *                  "N 0"           the relay will not come (it lived in a service that was
+ *                                    stopped): no exec waits for it any more
  *   init -> host   "S <id> <pid>"  started (its pid in the sandbox)
  *                  "X <id> <st>"   ended; <st> is waitpid's status
  *                  "F <id> <errno>" could not start
@@ -30,7 +32,8 @@
  *
  * argv[2], when given, is the port of the egress relay (127.0.0.1 inside): the relay starts beside
  * the init rather than before it, and the init waits until it listens before its first exec, so an
- * exec's first connection finds it (about 15 ms after the sandbox is ready, at most 5 s).
+ * exec's first connection finds it (about 15 ms after the sandbox is ready, at most 5 s by the clock,
+ * or argv[3] milliseconds when given).
  *
  * This process is not dumpable (no process of the sandbox can ptrace it without CAP_SYS_PTRACE,
  * which none has); still, the host treats its answers as the sandbox's own word (an exec's exit
@@ -68,6 +71,7 @@ struct running {
 static struct running table[MAX_EXECS];
 static int control = -1;
 static int relay_port = 0; /* 0: none to wait for, or it listens */
+static long relay_wait_ms = 5000;
 
 /* Whether /proc/net/tcp shows 127.0.0.1:port listening (state 0A), as the relay's own prelude checks. */
 static int relay_listens(void) {
@@ -85,10 +89,19 @@ static int relay_listens(void) {
     return found;
 }
 
+static long monotonic_ms(void) {
+    struct timespec now;
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    return now.tv_sec * 1000L + now.tv_nsec / 1000000;
+}
+
+/* A bound by the clock, not by a count of polls: each poll reads /proc/net/tcp, which on a host
+ * with many sockets took 5 ms, and 5000 polls of "1 ms" had been 27 s. */
 static void await_relay(void) {
     if (!relay_port) return;
     struct timespec step = {0, 1000000};
-    for (int i = 0; i < 5000 && !relay_listens(); i++) nanosleep(&step, NULL);
+    long deadline = monotonic_ms() + relay_wait_ms;
+    while (!relay_listens() && monotonic_ms() < deadline) nanosleep(&step, NULL);
     relay_port = 0; /* once: past its bound, commands meet a relay that is not there, and fail closed */
 }
 
@@ -284,6 +297,7 @@ int main(int argc, char **argv) {
     if (strcmp(argv[1], "--userns") == 0) return make_userns(argc, argv);
     control = atoi(argv[1]);
     if (argc > 2) relay_port = atoi(argv[2]);
+    if (argc > 3) relay_wait_ms = atol(argv[3]);
     /* Run from a descriptor (/proc/self/fd/N: initbin.exec_path), this process would be named N:
      * the host finds it by its name. Nothing inherited but the socket stays open (the descriptor
      * it was run from among them). */
@@ -331,6 +345,7 @@ int main(int argc, char **argv) {
             } else {
                 for (int i = 0; i < nfds; i++) close(fds[i]);
                 if (buf[0] == 'K' && sscanf(buf + 1, "%lu %d", &id, &sig) == 2) signal_exec(id, sig);
+                else if (buf[0] == 'N') relay_port = 0;
             }
         }
     }

@@ -269,6 +269,9 @@ class ComposeServices:
         logger.info("sandbox %s: stopping service %s", self.id, box.name)
         if box is self:
             self.channel.close()  # main's init exits: its pid namespace ends (its egress relay too)
+            for sidecar in self.sidecars.values():  # whose inits would wait for that relay at their first exec
+                if sidecar.channel is not None:
+                    sidecar.channel.no_relay()
             self._init_thread.join(timeout=60)
             self._watch_without_main()
             with self.environment_lock:

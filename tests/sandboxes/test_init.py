@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 
 import pytest
@@ -119,6 +120,77 @@ def test_closing_the_hosts_end_ends_the_init(tmp_path):
     assert channel.wait_ready(30)
     channel.close()
     assert process.wait(timeout=30) == 0
+
+
+# -- the egress relay's wait (argv[2]: its port; argv[3]: the bound in ms) ---------------------------
+
+
+@pytest.fixture
+def relay_socket():
+    """A socket bound on 127.0.0.1, not listening until the test says (/proc/net/tcp: not state 0A)."""
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    yield sock
+    sock.close()
+
+
+def relay_init(tmp_path, port: int, wait_ms: int):
+    binary = initbin.ensure_init(tmp_path) / initbin.NAME
+    channel = InitChannel()
+    argv = [str(binary), str(channel.init_fd), str(port), str(wait_ms)]
+    process = subprocess.Popen(argv, pass_fds=(channel.init_fd,))
+    assert channel.wait_ready(30)
+    return channel, process
+
+
+def test_the_first_exec_waits_for_the_relay_to_listen(tmp_path, relay_socket):
+    """The wait ten minutes long: the exec starts when the port listens, not before."""
+    channel, process = relay_init(tmp_path, relay_socket.getsockname()[1], 600_000)
+    try:
+        out_r, out_w = os.pipe()
+        stdin = os.open(os.devnull, os.O_RDONLY)
+        fd = request(["echo", "ran"])
+        entry = channel.start(1, fd, stdin, out_w, out_w, wait=False)
+        for each in (fd, stdin, out_w):
+            os.close(each)
+        assert not entry.wait(0.5) and entry.pid is None  # not started: the init polls /proc/net/tcp
+        relay_socket.listen()
+        assert entry.wait(30) and os.waitstatus_to_exitcode(entry.status) == 0
+        assert os.read(out_r, 100) == b"ran\n"
+        os.close(out_r)
+    finally:
+        channel.close()
+        process.wait(timeout=30)
+
+
+def test_past_its_bound_the_exec_runs_without_the_relay(tmp_path, relay_socket):
+    channel, process = relay_init(tmp_path, relay_socket.getsockname()[1], 50)
+    try:
+        entry, out, _ = run(channel, 1, ["echo", "ran"])
+        assert os.waitstatus_to_exitcode(entry.status) == 0 and out == b"ran\n"
+    finally:
+        channel.close()
+        process.wait(timeout=30)
+
+
+def test_told_the_relay_will_not_come_the_init_waits_no_more(tmp_path, relay_socket):
+    """A stopped main took the relay with it (``stop_service``): the services' inits are told, and
+    their next exec starts at once, not after the ten minutes' wait asked for here."""
+    channel, process = relay_init(tmp_path, relay_socket.getsockname()[1], 600_000)
+    try:
+        channel.no_relay()
+        out_r, out_w = os.pipe()
+        stdin = os.open(os.devnull, os.O_RDONLY)
+        fd = request(["echo", "ran"])
+        entry = channel.start(1, fd, stdin, out_w, out_w, wait=False)  # a start stuck in the wait fails here:
+        for each in (fd, stdin, out_w):
+            os.close(each)
+        assert entry.wait(30) and os.waitstatus_to_exitcode(entry.status) == 0  # not after 600 s
+        assert os.read(out_r, 100) == b"ran\n"
+        os.close(out_r)
+    finally:
+        channel.close()
+        process.wait(timeout=30)
 
 
 # -- "--as UID GID PROGRAM ...": the switch a background process of a third user starts through ----
