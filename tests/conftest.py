@@ -205,6 +205,30 @@ def base_image(registry, base_layer):
 
 
 @pytest.fixture(scope="session")
+def base_layer_unpacked(base_image, tmp_path_factory) -> Path:
+    """The suite's Debian layer as a real pull unpacks it (``layers/<hex>/`` of an image store), pulled
+    once a run from ``base_image``: ``seed_image_store`` gives each test's store a hard-linked copy
+    (tests/helpers/images.py)."""
+    from django.conf import settings
+
+    from evaluations.images.pull import pull
+    from evaluations.images.store import ImageStore
+
+    registry, ref, _ = base_image
+    root = tmp_path_factory.mktemp("base-layer-store")
+    config = dataclasses.replace(
+        settings.EXECUTOR,
+        images_dir=root,
+        image_insecure_registries=(registry.host,),
+        allowed_private_hosts=("127.0.0.1",),
+    )
+    store = ImageStore(root)
+    record = pull(ref, store=store, config=config).record
+    (layer_id,) = record.layers
+    return store.layer_dir(layer_id)
+
+
+@pytest.fixture(scope="session")
 def hub_mirror(base_image, base_layer):
     """The registry on 127.0.0.1 as Docker Hub's mirror, holding ``debian:bookworm`` (the suite's Debian
     tree): what the example tasks' ``FROM debian:bookworm`` reaches with IMAGE_REGISTRY_MIRRORS."""

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers.images import seed_image_store
 from tests.helpers.tasks import TaskFactory
 
 
@@ -36,12 +37,13 @@ def sandbox(request):
 
 
 @pytest.fixture
-def hub_task_config(e2e_config, hub_mirror, tmp_path):
-    """e2e_config for Harbor tasks as written (``FROM debian:bookworm``): a store of the test's own,
-    docker.io mirrored by the suite's registry on 127.0.0.1 over plain HTTP."""
+def hub_task_config(e2e_config, hub_mirror, base_layer_unpacked, tmp_path):
+    """e2e_config for Harbor tasks as written (``FROM debian:bookworm``): a store of the test's own
+    holding the Debian layer (tests/conftest.py's ``seed_image_store``), docker.io mirrored by the
+    suite's registry on 127.0.0.1 over plain HTTP."""
     return dataclasses.replace(
         e2e_config,
-        images_dir=tmp_path / "images",
+        images_dir=seed_image_store(tmp_path / "images", base_layer_unpacked),
         image_registry_mirrors=(f"docker.io={hub_mirror.host}",),
         image_insecure_registries=(hub_mirror.host,),
         allowed_private_hosts=("127.0.0.1",),
@@ -49,13 +51,14 @@ def hub_task_config(e2e_config, hub_mirror, tmp_path):
 
 
 @pytest.fixture
-def image_task_config(e2e_config, base_image, tmp_path):
-    """e2e_config for image tasks: a store of the test's own, the suite's registry (tests/conftest.py's
-    ``base_image``) reached over plain HTTP on 127.0.0.1."""
+def image_task_config(e2e_config, base_image, base_layer_unpacked, tmp_path):
+    """e2e_config for image tasks: a store of the test's own holding the Debian layer
+    (``seed_image_store``), the suite's registry (tests/conftest.py's ``base_image``) reached over plain
+    HTTP on 127.0.0.1."""
     registry, _, _ = base_image
     return dataclasses.replace(
         e2e_config,
-        images_dir=tmp_path / "images",
+        images_dir=seed_image_store(tmp_path / "images", base_layer_unpacked),
         image_insecure_registries=(registry.host,),
         allowed_private_hosts=("127.0.0.1",),
     )

@@ -37,8 +37,9 @@ def config(image_task_config):
     return dataclasses.replace(image_task_config, install_timeout_secs=300)
 
 
-def test_a_task_runs_in_the_image_it_names_and_the_second_pull_is_a_hit(tasks, config, base_image):
+def test_a_task_runs_in_the_image_it_names_and_the_second_pull_is_a_hit(tasks, config, base_image, tmp_path):
     assert shutil.which("tree") is None, "the host must lack the image's tool for this test to mean anything"
+    config = dataclasses.replace(config, images_dir=tmp_path / "cold-images")  # unseeded: a cold pull
     _, ref, digest = base_image
     url = tasks.task(
         environment="{image: '" + ref + "'}",
