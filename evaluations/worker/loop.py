@@ -133,6 +133,8 @@ class Worker:
         """Stop claiming; running evaluations get SHUTDOWN_GRACE_SECS from the first request."""
         if self.stop_requested_at is None:
             self.stop_requested_at = time.monotonic()
+            if self.wake is not None:
+                self.wake.poke()  # the loop acts now, not after its poll's 2 s
 
     def beat(self, stopping: bool) -> None:
         """Stamped with the database's clock, which every host's reaper also judges by."""

@@ -39,6 +39,14 @@ class WakeSocket:
     def fileno(self) -> int:
         return self.sock.fileno()
 
+    def poke(self) -> None:
+        """Wake our own wait (a stop asked by a signal, whose handler runs while the wait goes on:
+        Python retries an interrupted select)."""
+        try:
+            self.sock.sendto(b"!", str(self.path))
+        except OSError:
+            pass  # its buffer full: it is awake already
+
     def drain(self) -> None:
         while True:
             try:

@@ -54,3 +54,22 @@ def test_the_ttl_keeps_the_reason_of_a_cancel_already_asked_for():
     worker_with(pool).expire_sessions()
     reasons = dict(Evaluation.objects.values_list("id", "cancel_reason"))
     assert reasons == {deleted.id: "cancelled by DELETE", expired.id: TTL_EXPIRED}
+
+
+def test_a_stop_asked_by_a_signal_wakes_the_loops_wait(tmp_path):
+    """SIGTERM's handler runs while the loop waits (Python retries the interrupted select): the stop
+    pokes the wake socket, so the wait ends now rather than at its poll (a service's stop took 2 s)."""
+    from multiprocessing.connection import wait
+
+    from evaluations.worker import wakeup
+
+    worker = worker_with(PoolThatCannotStart())
+    worker.wake = wakeup.WakeSocket(tmp_path, worker.worker_id)
+    try:
+        worker.request_stop()
+        assert wait([worker.wake], timeout=30) == [worker.wake]
+        worker.wake.drain()
+        worker.request_stop()  # a second signal: the stop already asked, nothing more to wake
+        assert wait([worker.wake], timeout=0) == []
+    finally:
+        worker.wake.close()
