@@ -37,7 +37,7 @@ from urllib.parse import urlencode, urljoin, urlsplit
 from evaluations.images.deadline import PullClock
 from evaluations.images.errors import ImageError, ImageUnavailable
 from evaluations.images.reference import DOCKER_HUB, Reference
-from evaluations.network.urlguard import FetchError, URLPolicy, URLRefused, pinned_connection
+from evaluations.network.urlguard import FetchError, URLPolicy, URLRefused, pinned_connection, verifying_context
 
 MANIFEST_TYPES = (
     "application/vnd.oci.image.index.v1+json",
@@ -133,7 +133,7 @@ class Registry:
         self.auth_file = config.registry_auth_file
         if ssl_context is None:
             cafile = str(config.ca_bundle) if getattr(config, "ca_bundle", None) else None
-            ssl_context = ssl.create_default_context(cafile=cafile)
+            ssl_context = verifying_context(cafile)
         self.ssl_context = ssl_context
         insecure = set(config.image_insecure_registries)  # lower case, as the mirrors' keys
         hosts = [*config.registry_mirrors.get(ref.registry.lower(), ()), ref.registry.lower()]

@@ -14,6 +14,7 @@ Used for ``task_url``, the task's git ``repo`` and ``callback_url``:
 
 from __future__ import annotations
 
+import functools
 import http.client
 import ipaddress
 import os
@@ -35,6 +36,23 @@ _CHUNK = 1 << 16
 _TRANSPORT_HELPER = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)::")
 
 MAX_URL_CHARS = 2048  # a task_url, a callback_url, and every URL the pipeline fetches
+
+
+def verifying_context(cafile: str | None = None) -> ssl.SSLContext:
+    """A verifying TLS context for the system's CAs (or ``cafile``'s), one per process and file:
+    loading a CA store costs about 17 ms of CPU, which every https task download and every pull
+    paid (bench/RESULTS.md). A context is shared by its connections and never changed after it is
+    made; a CA file changed on disk (its size or time) is loaded anew."""
+    key = None
+    if cafile is not None:
+        st = os.stat(cafile)
+        key = (cafile, st.st_size, st.st_mtime_ns, st.st_ino)
+    return _contexts(key)
+
+
+@functools.lru_cache(maxsize=8)
+def _contexts(key: tuple | None) -> ssl.SSLContext:
+    return ssl.create_default_context(cafile=key[0] if key else None)
 
 
 class FetchError(Exception):
@@ -366,7 +384,7 @@ def pinned_connection(
     if resolved.scheme not in ("http", "https") or not resolved.addresses:
         raise URLRefused(f"{resolved.display} is not a checked http(s) URL")
     if resolved.scheme == "https":
-        context = ssl_context or ssl.create_default_context()
+        context = ssl_context or verifying_context()
         return _PinnedHTTPSConnection(resolved.host, resolved.port, resolved.addresses, timeout_secs, context)
     return _PinnedHTTPConnection(resolved.host, resolved.port, resolved.addresses, timeout_secs)
 

@@ -158,3 +158,25 @@ def test_policy_from_config():
     assert policy.allowed_schemes == ("http", "https", "file")
     assert policy.allowed_private_hosts == ("minio",)
     assert URLPolicy.from_config(Config()).allowed_schemes == ("http", "https")
+
+
+def test_a_verifying_context_is_made_once_per_ca_file_and_anew_when_the_file_changes(tmp_path):
+    """Loading a CA store is ~17 ms of CPU: every https download and pull of a process shares one
+    context per file; a file rewritten (another CA) gets its own, and the system's store is one."""
+    import shutil
+    import ssl
+
+    from evaluations.network.urlguard import verifying_context
+    from tests.helpers.httpserver import make_tls_files
+
+    first_ca, _, _ = make_tls_files(tmp_path / "first")
+    other_ca, _, _ = make_tls_files(tmp_path / "other")
+    context = verifying_context(str(first_ca))
+    assert context.verify_mode == ssl.CERT_REQUIRED and context.check_hostname
+    assert [cert["subject"] for cert in context.get_ca_certs()] == [((("commonName", "test CA"),),)]
+    assert verifying_context(str(first_ca)) is context
+    shutil.copyfile(other_ca, first_ca)  # the same path, another CA
+    assert verifying_context(str(first_ca)) is not context
+    assert verifying_context() is verifying_context() and verifying_context() is not context
+    with pytest.raises(FileNotFoundError):
+        verifying_context(str(tmp_path / "missing.pem"))
