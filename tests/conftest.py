@@ -228,6 +228,13 @@ def base_layer_unpacked(base_image, tmp_path_factory) -> Path:
     return store.layer_dir(layer_id)
 
 
+@pytest.fixture
+def seeded_images(base_layer_unpacked, tmp_path) -> Path:
+    """IMAGES_DIR for a service or a command of the test's own, holding the Debian layer already
+    (tests/helpers/images.py's ``seed_image_store``)."""
+    return images_helpers.seed_image_store(tmp_path / "seeded-images", base_layer_unpacked)
+
+
 @pytest.fixture(scope="session")
 def hub_mirror(base_image, base_layer):
     """The registry on 127.0.0.1 as Docker Hub's mirror, holding ``debian:bookworm`` (the suite's Debian

@@ -140,7 +140,7 @@ def test_import_tasks_reports_every_folder_and_converts_what_it_read(cli, tmp_pa
 
 
 @pytest.mark.slow
-def test_a_bound_folder_task_verifies_through_the_pipeline(cli, base_image, bubblewrap, tmp_path):  # noqa: F811
+def test_a_bound_folder_task_verifies_through_the_pipeline(cli, base_image, bubblewrap, seeded_images, tmp_path):  # noqa: F811
     """Built from the suite's Debian image: the agent runs in /app, which holds the task's folder without its
     tests and solution (the solution checks so, and fails otherwise); the verifier finds the tests at
     /app/tests; the script's own summary is the grade. The no-op agent fails it: verified."""
@@ -148,7 +148,7 @@ def test_a_bound_folder_task_verifies_through_the_pipeline(cli, base_image, bubb
     tasks = tmp_path / "tasks"
     bound_task(tasks / "bound", ref)
     cli.migrate()
-    cli.env["IMAGE_INSECURE_REGISTRIES"] = registry.host
+    cli.env.update(IMAGE_INSECURE_REGISTRIES=registry.host, IMAGES_DIR=str(seeded_images))
     out = tmp_path / "out"
     done = cli.manage("verify_tasks", str(tasks), "--out", str(out), timeout=900)
     assert done.returncode == 0, done.stdout + done.stderr

@@ -71,7 +71,7 @@ def swebench_layer(tmp_path: Path, repo: Path, base_commit: str) -> bytes:
 @pytest.mark.slow
 @pytest.mark.usefixtures("bubblewrap")
 def test_tasks_of_an_image_template_run_in_testbed_gold_passes_and_the_noop_fails(
-    cli, served, base_image, base_layer, tmp_path
+    cli, served, base_image, base_layer, seeded_images, tmp_path
 ):
     instances, _server, template = served
     registry, _ref, _digest = base_image
@@ -84,7 +84,7 @@ def test_tasks_of_an_image_template_run_in_testbed_gold_passes_and_the_noop_fail
         config={"Env": ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"], "WorkingDir": "/testbed"},
     )
     cli.migrate()
-    cli.env["IMAGE_INSECURE_REGISTRIES"] = registry.host
+    cli.env.update(IMAGE_INSECURE_REGISTRIES=registry.host, IMAGES_DIR=str(seeded_images))
     out = tmp_path / "out"
     image_template = f"{registry.host}/swebench/sweb.eval.x86_64.{{id}}:latest"
     done = cli.manage("import_swebench", str(write_jsonl(tmp_path / "rows.jsonl", [row])), "--out", str(out),
@@ -106,7 +106,7 @@ def test_tasks_of_an_image_template_run_in_testbed_gold_passes_and_the_noop_fail
 @pytest.mark.slow
 @pytest.mark.usefixtures("bubblewrap")
 def test_an_image_without_the_testbed_environment_fails_its_tests_at_conda_activate(
-    cli, served, base_image, base_layer, tmp_path
+    cli, served, base_image, base_layer, seeded_images, tmp_path
 ):
     """The same task on an image whose conda has no `testbed` environment: the test command stops at
     `conda activate testbed` (its status 3), never running with the image's own python."""
@@ -124,7 +124,7 @@ def test_an_image_without_the_testbed_environment_fails_its_tests_at_conda_activ
         config={"Env": ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"], "WorkingDir": "/testbed"},
     )
     cli.migrate()
-    cli.env["IMAGE_INSECURE_REGISTRIES"] = registry.host
+    cli.env.update(IMAGE_INSECURE_REGISTRIES=registry.host, IMAGES_DIR=str(seeded_images))
     out = tmp_path / "out"
     done = cli.manage("import_swebench", str(write_jsonl(tmp_path / "rows.jsonl", [row])), "--out", str(out),
                       "--repo-url", template, "--image-template", f"{registry.host}/swebench/sweb.eval.x86_64.{{id}}:latest",

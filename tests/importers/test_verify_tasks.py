@@ -336,7 +336,7 @@ def bubblewrap():
 
 @pytest.mark.slow
 def test_harbor_tasks_run_through_the_pipeline_with_their_solution_and_with_nothing(
-    cli, base_image, bubblewrap, tmp_path
+    cli, base_image, bubblewrap, seeded_images, tmp_path
 ):
     """A Harbor task on the suite's Debian image: the solution (solve.sh and the answer.txt beside it,
     from /solution) earns reward 1, the no-op 0: verified. One whose test.sh rewards everyone is not."""
@@ -351,7 +351,7 @@ def test_harbor_tasks_run_through_the_pipeline_with_their_solution_and_with_noth
     )
     harbor_task(tasks / "lenient", image=ref, **{"tests/test.sh": "#!/bin/bash\necho 1 > /logs/verifier/reward.txt\n"})
     cli.migrate()
-    cli.env["IMAGE_INSECURE_REGISTRIES"] = registry.host
+    cli.env.update(IMAGE_INSECURE_REGISTRIES=registry.host, IMAGES_DIR=str(seeded_images))
     out = tmp_path / "out"
     done = cli.manage("verify_tasks", str(tasks), "--jobs", "2", "--out", str(out), timeout=600)
     assert done.returncode == 1, done.stdout + done.stderr
@@ -369,7 +369,7 @@ def test_harbor_tasks_run_through_the_pipeline_with_their_solution_and_with_noth
 
 
 @pytest.mark.slow
-def test_the_example_datasets_verify_through_the_pipeline(cli, hub_mirror, bubblewrap, tmp_path):
+def test_the_example_datasets_verify_through_the_pipeline(cli, hub_mirror, bubblewrap, seeded_images, tmp_path):
     """examples/harbor and examples/terminal-bench, as a user runs them: built from their Dockerfiles
     (apt-get and pip through the proxy, the registries allowed by name here), each solved by its reference
     solution (reward 1) and not by the no-op agent."""
@@ -377,6 +377,7 @@ def test_the_example_datasets_verify_through_the_pipeline(cli, hub_mirror, bubbl
     cli.env.update(
         IMAGE_REGISTRY_MIRRORS=f"docker.io={hub_mirror.host}",
         IMAGE_INSECURE_REGISTRIES=hub_mirror.host,
+        IMAGES_DIR=str(seeded_images),
         EGRESS_ALLOW="deb.debian.org,security.debian.org,pypi.org,files.pythonhosted.org",
     )
     examples = Path(__file__).resolve().parents[2] / "examples"

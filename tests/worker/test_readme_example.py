@@ -69,7 +69,7 @@ def test_the_readme_batch_example_earns_half(worker_service, tmp_path):
     assert shown["evaluations"][1]["task_url"].endswith("/textkit-task.tar.gz")
 
 
-def test_the_readme_harbor_example_earns_its_reward(worker_service, hub_mirror, tmp_path):
+def test_the_readme_harbor_example_earns_its_reward(worker_service, hub_mirror, seeded_images, tmp_path):
     """The README's Harbor example, as written: import_tasks packs examples/harbor, the README's one-liner
     makes the request body, the service builds the task's Dockerfile (FROM debian:bookworm through the
     Docker Hub mirror on 127.0.0.1) and grades the reward.txt its verifier writes."""
@@ -87,7 +87,9 @@ def test_the_readme_harbor_example_earns_its_reward(worker_service, hub_mirror, 
         code = snippet.group(1).replace("http://127.0.0.1:8000", server.url("").rstrip("/"))
         made = subprocess.run([sys.executable, "-c", code], cwd=PROJECT, capture_output=True, text=True, check=True)
         service = worker_service(
-            IMAGE_REGISTRY_MIRRORS=f"docker.io={hub_mirror.host}", IMAGE_INSECURE_REGISTRIES=hub_mirror.host
+            IMAGE_REGISTRY_MIRRORS=f"docker.io={hub_mirror.host}",
+            IMAGE_INSECURE_REGISTRIES=hub_mirror.host,
+            IMAGES_DIR=str(seeded_images),
         )
         reply = request("POST", service.url("/evaluate"), data=made.stdout.encode(),
                         headers={"Content-Type": "application/json"})  # fmt: skip
