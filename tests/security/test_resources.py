@@ -146,8 +146,9 @@ def test_disk_fill_in_the_repository(tasks, e2e_config, sandbox):
     still_works(tasks, e2e_config, sandbox)
 
 
-def _file_maker(folder: str, token: str, count: int) -> str:
-    """``count`` empty files (no bytes to speak of, one inode each) in a folder of their own, then a pause."""
+def _file_maker(folder: str, token: str, count: int, pause: int = 5) -> str:
+    """``count`` empty files (no bytes to speak of, one inode each) in a folder of their own, then a
+    pause of ``pause`` s (the monitor's walks meet them)."""
     return (
         "import os, time\n"
         f"folder = os.path.join({folder!r}, 'te-files-{token}')\n"
@@ -155,7 +156,7 @@ def _file_maker(folder: str, token: str, count: int) -> str:
         f"for i in range({count}):\n"
         "    open(os.path.join(folder, str(i)), 'w').close()\n"
         f"print('MADE {count}', flush=True)\n"
-        "time.sleep(5)\n" + FIX
+        f"time.sleep({pause})\n" + FIX
     )
 
 
@@ -184,7 +185,10 @@ def test_empty_files_over_the_file_count(tasks, e2e_config, sandbox, where):
 
 
 def test_an_ordinary_evaluation_reports_its_peak_files(tasks, e2e_config, sandbox):
-    evaluation = evaluate(tasks.task(), SOLVER + _file_maker(".", "few", 300), config=e2e_config, sandbox=sandbox)
+    # No pause: the files stay, and the walk after the command counts them.
+    evaluation = evaluate(
+        tasks.task(), SOLVER + _file_maker(".", "few", 300, pause=0), config=e2e_config, sandbox=sandbox
+    )
     assert (evaluation.status, evaluation.passed) == ("completed", True), evaluation.error
     assert evaluation.resources["peak_files"] > 300, evaluation.resources
 
