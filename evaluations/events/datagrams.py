@@ -30,6 +30,22 @@ def bind(folder: Path, name: str) -> socket.socket:
     return sock
 
 
+def send_to(folder: Path, name: str, data: bytes) -> None:
+    """``data`` to the one socket ``folder/name``; nothing if nobody is bound there or its queue is full."""
+    try:
+        folder_fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock:
+            sock.setblocking(False)
+            sock.sendto(data, unix_address(folder_fd, name))
+    except OSError:
+        pass  # refused (gone) or full (awake anyway)
+    finally:
+        os.close(folder_fd)
+
+
 def send_to_each(folder: Path, data: bytes, *, suffix: str = ".sock", remove_refused: bool = False) -> None:
     """``data`` to every socket named ``*suffix`` in ``folder`` (none if it does not exist).
     ``remove_refused``: a socket nobody is bound to any more (its receiver died) is removed."""

@@ -42,10 +42,7 @@ class WakeSocket:
     def poke(self) -> None:
         """Wake our own wait (a stop asked by a signal, whose handler runs while the wait goes on:
         Python retries an interrupted select)."""
-        try:
-            self.sock.sendto(b"!", str(self.path))
-        except OSError:
-            pass  # its buffer full: it is awake already
+        datagrams.send_to(self.path.parent, self.path.name, b"!")  # a path of any length
 
     def drain(self) -> None:
         while True:

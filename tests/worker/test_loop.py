@@ -64,7 +64,9 @@ def test_a_stop_asked_by_a_signal_wakes_the_loops_wait(tmp_path):
     from evaluations.worker import wakeup
 
     worker = worker_with(PoolThatCannotStart())
-    worker.wake = wakeup.WakeSocket(tmp_path, worker.worker_id)
+    deep = tmp_path / ("d" * 60) / ("e" * 60)  # a socket path longer than the kernel's 107 bytes
+    worker.wake = wakeup.WakeSocket(deep, worker.worker_id)
+    assert len(str(worker.wake.path)) > 107
     try:
         worker.request_stop()
         assert wait([worker.wake], timeout=30) == [worker.wake]
