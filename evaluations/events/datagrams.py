@@ -6,8 +6,10 @@ use the same shape: best effort, nothing waits, a full queue or a dead receiver 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
+from collections.abc import Iterator
 from pathlib import Path
 
 from evaluations.safefs import unix_address
@@ -30,32 +32,41 @@ def bind(folder: Path, name: str) -> socket.socket:
     return sock
 
 
-def send_to(folder: Path, name: str, data: bytes) -> None:
-    """``data`` to the one socket ``folder/name``; nothing if nobody is bound there or its queue is full."""
+@contextlib.contextmanager
+def _sender(folder: Path) -> Iterator[tuple[int, socket.socket] | None]:
+    """(``folder`` open, a non-blocking datagram socket) to send through, by the folder's descriptor
+    (``unix_address``: a path of any length); None when the folder does not exist."""
     try:
         folder_fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     except FileNotFoundError:
+        yield None
         return
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    sock.setblocking(False)
     try:
-        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock:
-            sock.setblocking(False)
-            sock.sendto(data, unix_address(folder_fd, name))
-    except OSError:
-        pass  # refused (gone) or full (awake anyway)
+        yield folder_fd, sock
     finally:
+        sock.close()
         os.close(folder_fd)
+
+
+def send_to(folder: Path, name: str, data: bytes) -> None:
+    """``data`` to the one socket ``folder/name``; nothing if nobody is bound there or its queue is full."""
+    with _sender(folder) as opened:
+        if opened is None:
+            return
+        folder_fd, sock = opened
+        with contextlib.suppress(OSError):  # refused (gone) or full (awake anyway)
+            sock.sendto(data, unix_address(folder_fd, name))
 
 
 def send_to_each(folder: Path, data: bytes, *, suffix: str = ".sock", remove_refused: bool = False) -> None:
     """``data`` to every socket named ``*suffix`` in ``folder`` (none if it does not exist).
     ``remove_refused``: a socket nobody is bound to any more (its receiver died) is removed."""
-    try:
-        folder_fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    except FileNotFoundError:
-        return
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-    sock.setblocking(False)
-    try:
+    with _sender(folder) as opened:
+        if opened is None:
+            return
+        folder_fd, sock = opened
         for name in os.listdir(folder_fd):
             if not name.endswith(suffix):
                 continue
@@ -69,6 +80,3 @@ def send_to_each(folder: Path, data: bytes, *, suffix: str = ".sock", remove_ref
                         pass
             except OSError:
                 pass  # its queue is full (that receiver is awake anyway), or it went away meanwhile
-    finally:
-        sock.close()
-        os.close(folder_fd)
