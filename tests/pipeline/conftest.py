@@ -39,7 +39,7 @@ def sandbox(request):
 @pytest.fixture
 def hub_task_config(e2e_config, hub_mirror, base_layer_unpacked, tmp_path):
     """e2e_config for Harbor tasks as written (``FROM debian:bookworm``): a store of the test's own
-    holding the Debian layer (tests/conftest.py's ``seed_image_store``), docker.io mirrored by the
+    holding the Debian layer (tests/helpers/images.py's ``seed_image_store``), docker.io mirrored by the
     suite's registry on 127.0.0.1 over plain HTTP."""
     return dataclasses.replace(
         e2e_config,

@@ -143,16 +143,25 @@ def relay_init(tmp_path, port: int, wait_ms: int):
     return channel, process
 
 
+def asked(channel, number, argv):
+    """(the exec, the read end of its output), once the init was asked to start it, not waiting for
+    its answer (``channel.start(wait=False)``)."""
+    out_r, out_w = os.pipe()
+    stdin = os.open(os.devnull, os.O_RDONLY)
+    fd = request(argv)
+    try:
+        entry = channel.start(number, fd, stdin, out_w, out_w, wait=False)
+    finally:
+        for each in (fd, stdin, out_w):
+            os.close(each)
+    return entry, out_r
+
+
 def test_the_first_exec_waits_for_the_relay_to_listen(tmp_path, relay_socket):
     """The wait ten minutes long: the exec starts when the port listens, not before."""
     channel, process = relay_init(tmp_path, relay_socket.getsockname()[1], 600_000)
     try:
-        out_r, out_w = os.pipe()
-        stdin = os.open(os.devnull, os.O_RDONLY)
-        fd = request(["echo", "ran"])
-        entry = channel.start(1, fd, stdin, out_w, out_w, wait=False)
-        for each in (fd, stdin, out_w):
-            os.close(each)
+        entry, out_r = asked(channel, 1, ["echo", "ran"])
         assert not entry.wait(0.5) and entry.pid is None  # not started: the init polls /proc/net/tcp
         relay_socket.listen()
         assert entry.wait(30) and os.waitstatus_to_exitcode(entry.status) == 0
@@ -179,12 +188,7 @@ def test_told_the_relay_will_not_come_the_init_waits_no_more(tmp_path, relay_soc
     channel, process = relay_init(tmp_path, relay_socket.getsockname()[1], 600_000)
     try:
         channel.no_relay()
-        out_r, out_w = os.pipe()
-        stdin = os.open(os.devnull, os.O_RDONLY)
-        fd = request(["echo", "ran"])
-        entry = channel.start(1, fd, stdin, out_w, out_w, wait=False)  # a start stuck in the wait fails here:
-        for each in (fd, stdin, out_w):
-            os.close(each)
+        entry, out_r = asked(channel, 1, ["echo", "ran"])  # not awaited: a start stuck in the wait fails below
         assert entry.wait(30) and os.waitstatus_to_exitcode(entry.status) == 0  # not after 600 s
         assert os.read(out_r, 100) == b"ran\n"
         os.close(out_r)

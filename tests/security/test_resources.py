@@ -146,17 +146,16 @@ def test_disk_fill_in_the_repository(tasks, e2e_config, sandbox):
     still_works(tasks, e2e_config, sandbox)
 
 
-def _file_maker(folder: str, token: str, count: int, pause: int = 5) -> str:
+def _file_maker(folder: str, token: str, count: int, pause: bool = True) -> str:
     """``count`` empty files (no bytes to speak of, one inode each) in a folder of their own, then a
-    pause of ``pause`` s (the monitor's walks meet them)."""
+    5 s pause when ``pause`` (the monitor's walks meet them while the agent runs)."""
     return (
         "import os, time\n"
         f"folder = os.path.join({folder!r}, 'te-files-{token}')\n"
         "os.makedirs(folder)\n"
         f"for i in range({count}):\n"
         "    open(os.path.join(folder, str(i)), 'w').close()\n"
-        f"print('MADE {count}', flush=True)\n"
-        f"time.sleep({pause})\n" + FIX
+        f"print('MADE {count}', flush=True)\n" + ("time.sleep(5)\n" if pause else "") + FIX
     )
 
 
@@ -187,7 +186,7 @@ def test_empty_files_over_the_file_count(tasks, e2e_config, sandbox, where):
 def test_an_ordinary_evaluation_reports_its_peak_files(tasks, e2e_config, sandbox):
     # No pause: the files stay, and the walk after the command counts them.
     evaluation = evaluate(
-        tasks.task(), SOLVER + _file_maker(".", "few", 300, pause=0), config=e2e_config, sandbox=sandbox
+        tasks.task(), SOLVER + _file_maker(".", "few", 300, pause=False), config=e2e_config, sandbox=sandbox
     )
     assert (evaluation.status, evaluation.passed) == ("completed", True), evaluation.error
     assert evaluation.resources["peak_files"] > 300, evaluation.resources
