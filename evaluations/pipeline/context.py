@@ -259,11 +259,17 @@ class Context:
         limits = self.limits(self.config.agent_timeout_secs)  # only its disk and process limits matter
         self.spawner.prestart(name, policy, limits, cwd, init_base=self.config.workspace_base, then=then)
 
-    def command_runner(self, policy: SandboxPolicy) -> Callable[..., CommandResult]:
-        """gitrepo's CommandRunner: the executor's own commands, through the same spawner."""
+    def command_runner(
+        self, policy: SandboxPolicy, *, meanwhile: Callable[[], None] | None = None
+    ) -> Callable[..., CommandResult]:
+        """gitrepo's CommandRunner: the executor's own commands, through the same spawner.
+        ``meanwhile``: work of the caller's that overlaps the first of them (``Spawner.run``)."""
+        pending = [meanwhile] if meanwhile is not None else []
 
         def run(argv, *, cwd, env, timeout_secs):
-            result = self.spawner.run(argv, cwd=cwd, env=env, limits=self.limits(timeout_secs), policy=policy)
+            limits = self.limits(timeout_secs)
+            then = pending.pop() if pending else None
+            result = self.spawner.run(argv, cwd=cwd, env=env, limits=limits, policy=policy, meanwhile=then)
             self._log_kill(result)
             return result
 

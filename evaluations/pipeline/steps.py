@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
 import os
@@ -349,8 +350,9 @@ def _run_agent(
         elif ctx.task.repo is None:
             produced["agent_patch"] = imageenv.agent_patch(ctx)  # the changes under WorkingDir, against the image
         else:
-            _tests_ahead(ctx)  # the tests' sandbox starts while the patch is made
-            produced["agent_patch"] = _agent_patch(ctx, early)
+            ahead = _TestsAhead(ctx)  # HOME and /tmp reset, the tests' sandbox started, while the patch is made
+            produced["agent_patch"] = _agent_patch(ctx, early, ahead)
+            ahead()  # if the patch ran no command
     finally:  # the output whatever happened, and the patch when there is one
         ctx.stage(**produced)
     services.collect(ctx)  # SPEC §23: [[verifier.collect]], in their services, before the artifacts are read
@@ -366,16 +368,16 @@ def _git_env(ctx: Context) -> dict[str, str]:
     return gitrepo.git_env(ctx.session.home, urlguard.git_allow_protocol(False))
 
 
-def _agent_patch(ctx: Context, early: _EarlyBase) -> str:
+def _agent_patch(ctx: Context, early: _EarlyBase, meanwhile: Callable[[], None]) -> str:
     # HOME is never the agent's: repo_patch gives git an empty folder of its own, reads ignore
     # rules and attributes from the base commit's tree only, and the base's objects from the copy
     # made at clone time, never from the agent's .git (issue 23).
     try:
         # Its git scripts: one sandbox of theirs, prestarted (the base read in it meanwhile: early); its
-        # end awaited with the tests' end.
+        # end awaited with the tests' end. ``meanwhile`` runs while the first of them runs.
         with ctx.phase(PATCH_PHASE, executor=True, retire=True):
             text = patch.repo_patch(
-                ctx.command_runner(ctx.executor_policy(network=False)),
+                ctx.command_runner(ctx.executor_policy(network=False), meanwhile=meanwhile),
                 repo=ctx.session.repo,
                 base_sha=ctx.base_sha,
                 base_objects=ctx.session.base_objects,
@@ -389,28 +391,58 @@ def _agent_patch(ctx: Context, early: _EarlyBase) -> str:
     return text
 
 
-def _tests_ahead(ctx: Context) -> None:
-    """After the agent's end, before its patch (SPEC §25): HOME and /tmp reset for the tests, and
-    their sandbox prestarted with the policy of their scripts, so that it starts while the patch
-    is made (the patch reads only the repository, with a HOME and /tmp of its own). Only where the
-    tests' sandbox can be shared; a reset that fails is left to running_tests to redo and report."""
-    policy = grading_sandbox.script_policy(ctx)
-    if policy.image is not None or not ctx.spawner.can_share(policy):
-        return  # in an image, what the agent left (/logs/agent, artifacts) is read after its patch
-    try:
-        _reset_for_tests(ctx)
-    except StepFailed:
-        return
-    ctx.reset_for_tests = True
-    ctx.prestart(TESTS_PHASE, policy, Path(ctx.workdir))
+class _TestsAhead:
+    """After the agent's end, while its patch is made (SPEC §25): HOME and /tmp reset for the tests,
+    and their sandbox prestarted with the policy of their scripts. The patch reads only the
+    repository and its own scratch folder, with a HOME and /tmp of its own, so the reset can go on
+    while the patch's first git script runs (``Spawner.run``'s ``meanwhile``), and the tests'
+    sandbox starts while the rest of it runs. Made before the patch: the scrub, which kills the
+    sandbox uid's processes (the patch's git among them), is done then. Called once (the second
+    call does nothing). Only where the tests' sandbox can be shared; a reset that fails is left to
+    running_tests to redo and report."""
+
+    def __init__(self, ctx: Context):
+        self.ctx = ctx
+        self.policy: SandboxPolicy | None = grading_sandbox.script_policy(ctx)
+        if self.policy.image is not None or not ctx.spawner.can_share(self.policy):
+            self.policy = None  # in an image, what the agent left (/logs/agent, artifacts) is read after its patch
+            return
+        try:
+            _scrub(ctx)
+        except StepFailed:
+            self.policy = None
+
+    def __call__(self) -> None:
+        ctx, policy, self.policy = self.ctx, self.policy, None
+        if policy is None:
+            return
+        try:
+            _reset_for_tests(ctx, scrub=False)
+        except StepFailed:
+            return
+        ctx.reset_for_tests = True
+        ctx.prestart(TESTS_PHASE, policy, Path(ctx.workdir))
 
 
-def _reset_for_tests(ctx: Context) -> None:
-    try:
-        ctx.spawner.scrub()  # without the sandbox: what the agent left in the host's /tmp, /dev/shm
+def _scrub(ctx: Context) -> None:
+    """Without the sandbox: what the agent left in the host's /tmp, /dev/shm (Spawner.scrub)."""
+    with _resetting():
+        ctx.spawner.scrub()
+
+
+def _reset_for_tests(ctx: Context, *, scrub: bool = True) -> None:
+    if scrub:
+        _scrub(ctx)
+    with _resetting():
         ctx.cache.reset()  # no usercustomize, .pth or .gitconfig the agent planted
         if not _shares_tmp(ctx):
             ctx.session.reset_tmp()
+
+
+@contextlib.contextmanager
+def _resetting() -> Iterator[None]:
+    try:
+        yield
     except OSError as exc:  # the walks neither follow nor stop at what the agent made: the host's fault
         raise StepFailed(f"could not reset HOME and /tmp for the tests: {exc}", kind=ErrorKind.INFRASTRUCTURE) from None
 
@@ -429,7 +461,7 @@ def running_tests(ctx: Context) -> None:
     if not tests and grader.needs_tests(ctx.task):
         raise StepFailed("task defines no tests", kind=ErrorKind.TASK_INVALID)
     ctx.spawner.sweep()
-    if not ctx.reset_for_tests:  # else done after the agent, the tests' sandbox started then (_tests_ahead)
+    if not ctx.reset_for_tests:  # else done while the patch was made, the tests' sandbox started then (_TestsAhead)
         _reset_for_tests(ctx)
     collect.enter_separate(ctx)  # SPEC §23: a separate verifier's environment, the artifacts copied in
     try:

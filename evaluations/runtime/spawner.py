@@ -141,10 +141,15 @@ class Spawner:
         policy: SandboxPolicy | None = None,
         stdin_data: bytes | None = None,
         pass_fds: Sequence[int] = (),
+        meanwhile: Callable[[], None] | None = None,
     ) -> CommandResult:
         """Run one command to its end or its kill; nothing of a killed command outlives this.
 
-        ``pass_fds``: descriptors the command inherits (a live sandbox's init socket, SPEC §24)."""
+        ``pass_fds``: descriptors the command inherits (a live sandbox's init socket, SPEC §24).
+        ``meanwhile``: the caller's work that overlaps the command (SPEC §25), called on this
+        thread once the command has started, before its output is read (a large output waits in
+        its pipe meanwhile); the command's limits hold throughout (the monitor runs), and if it
+        raises, the command is killed as for any other error here."""
         if self.cancel_event is not None and self.cancel_event.is_set():
             return CommandResult(None, "", 0, 0, Limit.CANCELLED, "cancelled")
         self._ensure_cgroup(limits)
@@ -152,7 +157,9 @@ class Spawner:
         if self._in_phase(policy, pass_fds):
             sandbox = self._phase_sandbox(policy, limits, Path(cwd))
             if sandbox is not None:
-                return self._exec(sandbox, argv, cwd=Path(cwd), env=env, limits=limits, stdin_data=stdin_data)
+                return self._exec(
+                    sandbox, argv, cwd=Path(cwd), env=env, limits=limits, stdin_data=stdin_data, meanwhile=meanwhile
+                )
         with contextlib.ExitStack() as closing:
             policy = self._complete(policy, limits, closing)
             launch = self.runtime.launch(
@@ -182,6 +189,8 @@ class Spawner:
             sandbox_init = None
             try:
                 sandbox_init = self._adopt_sandbox_init(launch)
+                if meanwhile is not None:
+                    meanwhile()
                 pump(proc, capture, stdin_data)
                 capture.end_log()
                 proc.wait()
@@ -451,6 +460,7 @@ class Spawner:
         env: dict[str, str],
         limits: Limits,
         stdin_data: bytes | None,
+        meanwhile: Callable[[], None] | None = None,
     ) -> CommandResult:
         """``run`` as an exec in the phase's sandbox: the same monitor, output and result; a
         verdict kills the sandbox (and every process of the evaluation, as ``run``'s does)."""
@@ -474,6 +484,8 @@ class Spawner:
             try:
                 entry, out_r, in_w = sandbox.start_exec(list(argv), cwd, env, stdin_data is not None)
                 closing.callback(os.close, out_r)
+                if meanwhile is not None:
+                    meanwhile()
                 pump_fds(
                     out_r,
                     capture,

@@ -101,7 +101,7 @@ class Harness:
     def env(self, **extra: str) -> dict[str, str]:
         return {"PATH": self.runtime.command_path(), "HOME": str(self.session), "LANG": "C.UTF-8", **extra}
 
-    def run(self, command, *, cwd=None, env=None, network=False, mounts=(), stdin_data=None, **limits):
+    def run(self, command, *, cwd=None, env=None, network=False, mounts=(), stdin_data=None, meanwhile=None, **limits):
         argv = ["bash", "-c", command] if isinstance(command, str) else list(command)
         return self.spawner.run(
             argv,
@@ -110,6 +110,7 @@ class Harness:
             limits=dataclasses.replace(DEFAULT_LIMITS, **limits),
             policy=SandboxPolicy(network=network, writable=(self.session,), mounts=tuple(mounts)),
             stdin_data=stdin_data,
+            meanwhile=meanwhile,
         )
 
 

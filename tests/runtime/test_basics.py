@@ -6,7 +6,10 @@ import hashlib
 import os
 import threading
 
-from tests.runtime.support import UID, give_to_sandbox_uid
+import pytest
+
+from tests.helpers.polling import wait_for
+from tests.runtime.support import UID, give_to_sandbox_uid, tagged_alive
 
 
 def test_echo(sp):
@@ -77,3 +80,34 @@ def test_missing_program_is_a_result_not_an_exception(sp):
     result = sp.run(["no-such-program-here"])
     assert result.exit_code in (1, 127)  # nice says 127; bwrap's execvp failure says 1
     assert "no-such-program-here" in result.output
+
+
+def test_meanwhile_runs_on_the_callers_thread_while_the_command_runs(sp):
+    """SPEC §25: the caller's work overlaps the command. The command says it started and waits
+    for the go the caller's work gives: both happen only if that work ran after the start and
+    before the end; a command that never got its go says so."""
+    started, go = sp.session / "started", sp.session / "go"
+    calls = []
+
+    def meanwhile():
+        calls.append(threading.current_thread())
+        wait_for(started.exists, timeout=60, what="the command's start")
+        go.write_text("")
+
+    wait = "for i in $(seq 6000); do [ -e go ] && { echo went; exit 0; }; sleep 0.01; done; echo no-go"
+    result = sp.run(f"echo > started; {wait}", meanwhile=meanwhile, timeout_secs=90)
+    assert (result.exit_code, result.output) == (0, "went\n")
+    assert calls == [threading.current_thread()]
+
+
+def test_a_meanwhile_that_raises_ends_the_command_and_nothing_of_it_is_left(sp):
+    started = sp.session / "started"
+
+    def meanwhile():
+        wait_for(started.exists, timeout=60, what="the command's start")
+        raise RuntimeError("the caller's work failed")
+
+    with pytest.raises(RuntimeError, match="the caller's work failed"):
+        sp.run("echo > started; sleep 600 & sleep 600", meanwhile=meanwhile, timeout_secs=900)
+    assert not tagged_alive(sp.eval_id)
+    assert sp.run("echo next").output == "next\n"  # the spawner runs on (in a phase: a new sandbox)
