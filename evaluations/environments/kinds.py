@@ -29,7 +29,7 @@ import os
 import shutil
 import stat
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import ClassVar
 
@@ -185,11 +185,25 @@ class BaseEnvironment(ABC):
         return {"root": self.root}
 
     def exec(
-        self, argv: list[str], *, env: dict[str, str], limits: Limits, policy: SandboxPolicy, stdin_data=None
+        self,
+        argv: list[str],
+        *,
+        env: dict[str, str],
+        limits: Limits,
+        policy: SandboxPolicy,
+        stdin_data=None,
+        meanwhile: Callable[[], None] | None = None,
     ) -> CommandResult:
-        """One command, from the working directory, through the evaluation's spawner."""
+        """One command, from the working directory, through the evaluation's spawner (``meanwhile``:
+        the caller's work while it runs, ``Spawner.run``)."""
         return self.spawner.run(
-            argv, cwd=Path(self.workdir), env=env, limits=limits, policy=policy, stdin_data=stdin_data
+            argv,
+            cwd=Path(self.workdir),
+            env=env,
+            limits=limits,
+            policy=policy,
+            stdin_data=stdin_data,
+            meanwhile=meanwhile,
         )
 
     def close(self) -> None:

@@ -227,11 +227,14 @@ class Context:
         policy: SandboxPolicy,
         stdin_data: bytes | None = None,
         environment: BaseEnvironment | None = None,
+        meanwhile: Callable[[], None] | None = None,
     ) -> CommandResult:
         """Run one command of this evaluation in its environment (``environment``: another of its
-        roots, a compose service's); a cancel raises Cancelled."""
+        roots, a compose service's); a cancel raises Cancelled. ``meanwhile``: the caller's work
+        while it runs (``Spawner.run``)."""
+        limits = self.limits(timeout_secs)
         result = (environment or self.env).exec(
-            argv, env=env, limits=self.limits(timeout_secs), policy=policy, stdin_data=stdin_data
+            argv, env=env, limits=limits, policy=policy, stdin_data=stdin_data, meanwhile=meanwhile
         )
         self._log_kill(result)
         if result.limit is Limit.CANCELLED:

@@ -290,10 +290,6 @@ def running_agent(ctx: Context) -> None:
     policy, ctx.agent_policy = ctx.agent_policy or _agent_policy(ctx), None  # the prestarted sandbox's
     verifier.phase_egress(ctx, verifier.AGENT)  # the agent's network (SPEC §23), from here on
     early = _EarlyBase(ctx)
-    if ctx.task.repo is not None:  # the patch's sandbox starts while the agent runs (SPEC §25), apart from it
-        # and reads the base commit meanwhile (patch.read_base): in a sandbox, where the agent cannot reach it
-        then = early.read if ctx.runtime.isolated else None
-        ctx.prestart(PATCH_PHASE, ctx.executor_policy(network=False), ctx.session.repo, then=then)
     try:
         _run_agent(ctx, agent_argv(ctx, language, prompt), env, timeout, policy, early)
     finally:
@@ -302,14 +298,25 @@ def running_agent(ctx: Context) -> None:
 
 
 class _EarlyBase:
-    """The patch's reading of the base commit (``patch.read_base``), made in the patch's prestarted
-    sandbox while the agent runs (its thread: ``Spawner.prestart``'s ``then``); taken by the patch
+    """The patch's sandbox, prestarted once the agent runs (``start``), and its reading of the base
+    commit (``patch.read_base``), made in it while the agent runs (its thread: ``Spawner.prestart``'s
+    ``then``); taken by the patch
     once that sandbox's phase has begun (which awaits the thread). A failure here is the patch's
     to redo and report."""
 
     def __init__(self, ctx: Context):
         self.ctx = ctx
         self.base: patch.PatchBase | None = None
+
+    def start(self) -> None:
+        """Once the agent runs (``Spawner.run``'s ``meanwhile``, so that the agent's own sandbox
+        started alone): the patch's sandbox launched, apart from the agent's, reading the base
+        commit once it runs, where the agent cannot reach it. Nothing for a task without a
+        repository."""
+        ctx = self.ctx
+        if ctx.task.repo is not None:
+            then = self.read if ctx.runtime.isolated else None
+            ctx.prestart(PATCH_PHASE, ctx.executor_policy(network=False), ctx.session.repo, then=then)
 
     def read(self, run) -> None:
         ctx = self.ctx
@@ -337,7 +344,7 @@ def _run_agent(
     ctx: Context, argv: list[str], env: dict[str, str], timeout: int, policy: SandboxPolicy, early: _EarlyBase
 ) -> None:
     with ctx.phase(AGENT_PHASE):  # its own sandbox, ended (every process of it gone) before what follows
-        result = ctx.run(argv, env=env, timeout_secs=timeout, policy=policy)
+        result = ctx.run(argv, env=env, timeout_secs=timeout, policy=policy, meanwhile=early.start)
     output = ctx.steps.agent_output(result.output) if ctx.steps is not None else result.output
     produced = {"agent_output": output, "agent_exit_code": result.exit_code}
     failure = None
