@@ -77,6 +77,10 @@ class Table:
         return "\n".join(lines)
 
 
+# SPEC §25: a trivial evaluation within +50 ms of the shell script (§8's 100 ms before it).
+E2E_OVERHEAD_SECS = 0.05
+
+
 def ok(condition: bool) -> str:
     return "ok" if condition else "MISS"
 
@@ -90,8 +94,10 @@ def report_latency(table: Table, figures: dict) -> None:
     for key in ("p50", "p95"):
         executor, baseline = figures[f"executor_{key}"], figures[f"baseline_{key}"]
         overhead = executor - baseline
-        target = "overhead <= 100 ms" if key == "p50" else ""
-        verdict = f"{ok(overhead <= 0.1)} (+{overhead * 1000:.0f} ms)" if key == "p50" else f"+{overhead * 1000:.0f} ms"
+        target = f"overhead <= {E2E_OVERHEAD_SECS * 1000:.0f} ms" if key == "p50" else ""
+        verdict = f"+{overhead * 1000:.0f} ms"
+        if key == "p50":
+            verdict = f"{ok(overhead <= E2E_OVERHEAD_SECS)} ({verdict})"
         table.add(
             f"e2e latency {key} (n={n})", ms(executor), ms(baseline), f"{executor / baseline:.2f}x", target, verdict
         )
