@@ -17,10 +17,11 @@ isolate's and nsjail's:
 2. ``EvalCgroup.create`` makes ``<parent>/<eval_id>`` in each hierarchy with
    the limits; swap 0; the kernel's OOM killer stays enabled (v2 kills the
    whole cgroup: ``memory.oom.group``).
-3. A command joins before it runs anything: ``join_prefix()`` is an argv
-   prefix (``sh`` writes its own pid into each ``cgroup.procs``, then execs
-   the rest) put in front of setpriv/prlimit/bwrap, so it runs as root and
-   nothing has forked yet. Writing the pid from the parent after ``Popen``
+3. A command joins before it runs anything, the first of its launch's steps
+   (policy.py): the static init's ``--launch --cgroup FILE``, or, where the
+   init cannot be built, ``join_prefix()``, an argv prefix (``sh`` writes its
+   own pid into each ``cgroup.procs``, then execs the rest) put in front of
+   setpriv/prlimit/bwrap; either way as root, before anything has forked. Writing the pid from the parent after ``Popen``
    would race a fork storm; ``preexec_fn`` forbids vfork and is unsafe with
    threads; ``CLONE_INTO_CGROUP`` (v2 only) has no binding in Python 3.11.
 4. Kills go through the cgroup (``cgroup.kill`` on v2; on v1 freeze, SIGKILL

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import ctypes
 import errno
-import functools
 import os
 import subprocess
 import threading
@@ -112,7 +111,7 @@ def image_userns_fd(idmap: IdMap) -> int:
 def _make(uid_map: str, gid_map: str, owner: int) -> int:
     """A new user namespace with these maps, owned by ``owner``, held by the returned fd: made by the
     init's ``--userns`` (runtime/init.c, spawned), else by a fork of this process (``_make_forked``)."""
-    helper = _helper()
+    helper = initbin.host_binary()
     if helper is None:
         return _make_forked(uid_map, gid_map, owner)
     # A fork of a service's process copies its whole address space: 7 ms at 88 MB where a spawn of the
@@ -126,15 +125,6 @@ def _make(uid_map: str, gid_map: str, owner: int) -> int:
         proc.stdin.close()  # it reads the end and exits
         proc.stdout.close()
         proc.wait()
-
-
-@functools.cache
-def _helper() -> Path | None:
-    """The init's build on this host (initbin.py), once per process; None where it cannot be built."""
-    try:
-        return initbin.built()
-    except (initbin.InitUnavailable, OSError):
-        return None
 
 
 def _handshake(pid: int, ready: int, go: int, uid_map: str, gid_map: str) -> int:

@@ -30,6 +30,16 @@
  * nested namespaces in it (max_user_namespaces 0), writes "2", and exits at the end of its stdin
  * (the host has opened /proc/PID/ns/user by then). Anything else: an exit status, and no "2".
  *
+ * "te-init --launch [OPTIONS] -- PROGRAM ARGS...": no init either, the chain the host puts before a
+ * command or its bubblewrap (runtime/policy.py's launch prefix) in one exec of a static program where
+ * the system's tools take four of dynamic ones (sh for the cgroup, nsenter, setpriv, prlimit, nice).
+ * In this order, as those do it: as root, join each cgroup (--cgroup FILE, its cgroup.procs) and a
+ * network namespace (--netns PATH); then take --uid N as user and group, with no supplementary
+ * groups; then no_new_privs (--no-new-privs), the rlimits as the new user (--fsize, --nproc, --core:
+ * soft and hard, so never above what the service has), the niceness (--nice N, added); then exec
+ * PROGRAM (PATH searched). Descriptors stay as they are (bwrap's --info-fd, a phase's init and its
+ * socket pass through it). A step that fails: one line on stderr and exit 125, nothing run.
+ *
  * argv[2], when given, is the port of the egress relay (127.0.0.1 inside): the relay starts beside
  * the init rather than before it, and the init waits until it listens before its first exec, so an
  * exec's first connection finds it (about 15 ms after the sandbox is ready, at most 5 s by the clock,
@@ -51,6 +61,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/signalfd.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -269,6 +280,90 @@ static int switch_and_exec(int argc, char **argv) {
     return code;
 }
 
+static int launch_failed(const char *what, const char *arg) {
+    fprintf(stderr, "term-executor: launch: %s %s: %s\n", what, arg, strerror(errno));
+    return 125;
+}
+
+static int launch_number(const char *text, unsigned long long *value) {
+    char *end;
+    errno = 0;
+    *value = strtoull(text, &end, 10);
+    return *text && !*end && *text != '-' && errno == 0;
+}
+
+/* "--launch [OPTIONS] -- PROGRAM ARGS...": see the top of this file. */
+static int launch(int argc, char **argv) {
+    const char *netns = NULL;
+    long long uid = -1, nice_by = 0;
+    int no_new_privs = 0, limits = 0, i = 2;
+    struct { int resource; unsigned long long value; } rlimits[3];
+    for (; i < argc && strcmp(argv[i], "--") != 0; i++) {
+        const char *option = argv[i], *value = i + 1 < argc ? argv[i + 1] : NULL;
+        unsigned long long number = 0;
+        if (strcmp(option, "--no-new-privs") == 0) { no_new_privs = 1; continue; }
+        if (value == NULL) { fprintf(stderr, "term-executor: launch: %s needs a value\n", option); return 2; }
+        i++;
+        if (strcmp(option, "--cgroup") == 0) {
+            /* As root, before anything else: every process of the command is counted from its start. */
+            int fd = open(value, O_WRONLY | O_CLOEXEC);
+            char pid[32];
+            int n = snprintf(pid, sizeof pid, "%d\n", (int)getpid());
+            if (fd < 0 || write(fd, pid, n) != n) return launch_failed("cannot join cgroup", value);
+            close(fd);
+        } else if (strcmp(option, "--netns") == 0) {
+            netns = value;
+        } else if (strcmp(option, "--nice") == 0) {
+            char *end;
+            nice_by = strtoll(value, &end, 10);
+            if (!*value || *end) { fprintf(stderr, "term-executor: launch: bad --nice %s\n", value); return 2; }
+        } else {
+            int resource = strcmp(option, "--uid") == 0     ? -2
+                           : strcmp(option, "--fsize") == 0 ? RLIMIT_FSIZE
+                           : strcmp(option, "--nproc") == 0 ? RLIMIT_NPROC
+                           : strcmp(option, "--core") == 0  ? RLIMIT_CORE
+                                                            : -1;
+            if (resource == -1 || !launch_number(value, &number) || (resource != -2 && limits == 3)) {
+                fprintf(stderr, "term-executor: launch: bad option %s %s\n", option, value);
+                return 2;
+            }
+            if (resource == -2) uid = (long long)number;
+            else { rlimits[limits].resource = resource; rlimits[limits].value = number; limits++; }
+        }
+    }
+    if (i + 1 >= argc) { fputs("term-executor: launch: no program after --\n", stderr); return 2; }
+    char **program = argv + i + 1;
+    if (netns != NULL) {  /* as root too: setns takes CAP_SYS_ADMIN */
+        int fd = open(netns, O_RDONLY | O_CLOEXEC);
+        if (fd < 0 || setns(fd, CLONE_NEWNET) < 0) return launch_failed("cannot join the network namespace", netns);
+        close(fd);
+    }
+    if (uid >= 0) {
+        uid_t id = (uid_t)uid;
+        if (setgroups(0, NULL) < 0) return launch_failed("setgroups", "0");
+        if (setresgid(id, id, id) < 0) return launch_failed("setresgid", argv[0]);
+        if (setresuid(id, id, id) < 0) return launch_failed("setresuid", argv[0]);
+        uid_t r, e, s;
+        if (getresuid(&r, &e, &s) < 0 || r != id || e != id || s != id) {
+            fputs("term-executor: launch: the uid switch did not hold\n", stderr);
+            return 125;
+        }
+    }
+    if (no_new_privs && prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) < 0) return launch_failed("no_new_privs", "");
+    for (int k = 0; k < limits; k++) {
+        struct rlimit limit = {(rlim_t)rlimits[k].value, (rlim_t)rlimits[k].value};
+        if (setrlimit(rlimits[k].resource, &limit) < 0) return launch_failed("setrlimit", "");
+    }
+    if (nice_by != 0) {
+        errno = 0;
+        if (nice((int)nice_by) == -1 && errno != 0) return launch_failed("nice", "");
+    }
+    execvp(program[0], program);
+    int code = errno == ENOENT ? 127 : 126;
+    fprintf(stderr, "term-executor: launch: %s: %s\n", program[0], strerror(errno));
+    return code;
+}
+
 static int make_userns(int argc, char **argv) {
     if (argc != 3) return 2;
     long owner = atol(argv[2]);
@@ -295,6 +390,7 @@ int main(int argc, char **argv) {
     if (argc < 2) return 2;
     if (strcmp(argv[1], "--as") == 0) return switch_and_exec(argc, argv);
     if (strcmp(argv[1], "--userns") == 0) return make_userns(argc, argv);
+    if (strcmp(argv[1], "--launch") == 0) return launch(argc, argv);
     control = atoi(argv[1]);
     if (argc > 2) relay_port = atoi(argv[2]);
     if (argc > 3) relay_wait_ms = atol(argv[3]);

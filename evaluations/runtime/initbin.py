@@ -13,6 +13,7 @@ root it runs in, an image's layer or a read-only one, gets a mount point for it.
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import os
 import shutil
@@ -67,6 +68,17 @@ def exec_path(fd: int) -> str:
     """The path a sandbox execs the init by when it holds it as descriptor ``fd``: its own /proc's
     link to it (the init renames itself te-init, and closes the descriptor, at start)."""
     return f"/proc/self/fd/{fd}"
+
+
+@functools.cache
+def host_binary() -> Path | None:
+    """This host's build (``built``), once per process, for the host's own use (a user namespace's
+    maker: idmap.py; the launch of every command: policy.py); None where it cannot be built, and
+    those do without it."""
+    try:
+        return built()
+    except (InitUnavailable, OSError):
+        return None
 
 
 def cache_dir() -> Path:

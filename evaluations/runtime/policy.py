@@ -4,10 +4,16 @@ A ``SandboxPolicy`` is to a command what nsjail's config is to a jail: the
 step chooses what the command needs (network, writable folders, extra
 binds, a root filesystem), the spawner adds what the evaluation fixes (the
 uid, rlimits, niceness, namespaces), and ``render`` turns the whole into
-``setpriv ... prlimit ... [nice ...] [bwrap ...] -- argv``. A new capability
-is a field here and a few lines in ``render``, never a second code path.
+``<the launch's steps> [bwrap ...] -- argv``. A new capability is a field here
+and a few lines in ``render``, never a second code path.
 
-Why the exec chain and not Popen options: ``setpriv`` switching the uid lets
+The steps before bubblewrap (the cgroup, the network namespace, the uid, no_new_privs, the
+rlimits, the niceness) are one list (``_launch_steps``), written as one exec of the static init's
+``--launch`` where it is built (``Tools.launcher``: one static exec where the system's tools take
+three or four dynamic ones; bench/RESULTS.md, issue 38, stop 51), else as those tools one after
+another (``sh`` for the cgroup, ``nsenter``, ``setpriv``, ``prlimit``, ``nice``), each the same step.
+
+Why the exec chain and not Popen options: the launch switching the uid lets
 Popen use vfork (CPython forks whenever it must change uid itself), and no
 ``preexec_fn`` is needed (unsafe with threads). As root the spawner lowers
 the niceness of its own thread for the moment of the Popen instead of one
@@ -90,6 +96,7 @@ class Tools:
     nice: str | None = None  # only where the niceness is not set by the starting thread
     bwrap: str | None = None  # only for a runtime with namespaces
     nsenter: str | None = None  # only for a policy that joins a network namespace (``netns``)
+    launcher: str | None = None  # the static init (``--launch``): every step before bwrap in one exec
 
 
 @dataclass(frozen=True)
@@ -146,12 +153,7 @@ def render(
     userns_fd: int | None = None,
 ) -> Rendered:
     """The whole argv of one command under ``policy``; the only place a policy becomes flags."""
-    chain = join_prefix(policy.cgroup_procs) if policy.cgroup_procs else []  # as root, before the uid switch
-    if policy.namespaces and policy.netns is not None:
-        if tools.nsenter is None:
-            raise ValueError("a policy joining a network namespace needs nsenter")
-        chain += [tools.nsenter, f"--net={policy.netns}", "--"]  # as root: setns needs CAP_SYS_ADMIN
-    chain += _privilege_prefix(policy, tools) + _rlimit_prefix(policy, tools)
+    chain = _launch_prefix(policy, tools)
     if not policy.namespaces:
         return Rendered([*chain, *argv], dict(env), Path(cwd))
     if tools.bwrap is None:
@@ -167,34 +169,86 @@ def render(
     return Rendered([*chain, tools.bwrap, *report, *flags, "--", *argv], dict(outer_env or {}), Path("/"))
 
 
-def _privilege_prefix(policy: SandboxPolicy, tools: Tools) -> list[str]:
-    # bwrap sets no_new_privs itself (and a setuid bwrap must keep its bit): only without it here.
-    no_new_privs = policy.no_new_privs and not policy.namespaces
-    if policy.uid is None and not no_new_privs:
-        return []
-    prefix = [tools.setpriv]
-    if policy.uid is not None:
-        prefix += [f"--reuid={policy.uid}", f"--regid={policy.uid}", "--clear-groups"]
-    if no_new_privs:
+@dataclass(frozen=True)
+class _LaunchSteps:
+    """What runs before the command or its bubblewrap, in this order: as root, the cgroup's join and
+    the network namespace's (setns needs CAP_SYS_ADMIN); then the uid switch; then, as that uid,
+    no_new_privs, the rlimits (so never above the service's own) and the niceness."""
+
+    cgroup_procs: tuple[Path, ...]
+    netns: Path | None
+    uid: int | None
+    no_new_privs: bool
+    rlimits: RLimits | None
+    niceness: int | None  # None: the starting thread's (NICE_BY_THREAD), nothing to do here
+
+
+def _launch_steps(policy: SandboxPolicy, tools: Tools) -> _LaunchSteps:
+    netns = policy.netns if policy.namespaces else None
+    if netns is not None and tools.nsenter is None and tools.launcher is None:
+        raise ValueError("a policy joining a network namespace needs nsenter")
+    return _LaunchSteps(
+        cgroup_procs=tuple(policy.cgroup_procs),
+        netns=netns,
+        uid=policy.uid,
+        # bwrap sets no_new_privs itself (and a setuid bwrap must keep its bit): only without it here.
         # setuid/setgid/file-capability programs (su, crontab, ping...) gain nothing.
-        prefix.append("--no-new-privs")
-    return [*prefix, "--"]
+        no_new_privs=policy.no_new_privs and not policy.namespaces,
+        rlimits=policy.rlimits,
+        niceness=policy.niceness if tools.nice is not None else None,
+    )
 
 
-def _rlimit_prefix(policy: SandboxPolicy, tools: Tools) -> list[str]:
-    prefix = []
-    if policy.rlimits is not None:
-        limits = policy.rlimits
-        prefix += [
+def _launch_prefix(policy: SandboxPolicy, tools: Tools) -> list[str]:
+    steps = _launch_steps(policy, tools)
+    if tools.launcher is not None:
+        return _launcher_prefix(steps, tools.launcher)
+    return _tools_prefix(steps, tools)
+
+
+def _launcher_prefix(steps: _LaunchSteps, launcher: str) -> list[str]:
+    """Every step in one exec of the static init (runtime/init.c's ``--launch``)."""
+    a = [launcher, "--launch"]
+    for procs in steps.cgroup_procs:
+        a += ["--cgroup", str(procs)]
+    if steps.netns is not None:
+        a += ["--netns", str(steps.netns)]
+    if steps.uid is not None:
+        a += ["--uid", str(steps.uid)]
+    if steps.no_new_privs:
+        a.append("--no-new-privs")
+    if steps.rlimits is not None:
+        limits = steps.rlimits
+        a += ["--fsize", str(limits.fsize_bytes), "--nproc", str(limits.nproc), "--core", str(limits.core_bytes)]
+    if steps.niceness is not None:
+        a += ["--nice", str(steps.niceness)]
+    return [*a, "--"] if len(a) > 2 else []
+
+
+def _tools_prefix(steps: _LaunchSteps, tools: Tools) -> list[str]:
+    """The same steps as the system's tools, one exec each (a host where the init cannot be built)."""
+    chain = join_prefix(steps.cgroup_procs) if steps.cgroup_procs else []
+    if steps.netns is not None:
+        chain += [tools.nsenter, f"--net={steps.netns}", "--"]
+    if steps.uid is not None or steps.no_new_privs:
+        chain.append(tools.setpriv)
+        if steps.uid is not None:
+            chain += [f"--reuid={steps.uid}", f"--regid={steps.uid}", "--clear-groups"]
+        if steps.no_new_privs:
+            chain.append("--no-new-privs")
+        chain.append("--")
+    if steps.rlimits is not None:
+        limits = steps.rlimits
+        chain += [
             tools.prlimit,
             f"--fsize={limits.fsize_bytes}",
             f"--nproc={limits.nproc}",
             f"--core={limits.core_bytes}",
             "--",
         ]
-    if tools.nice is not None:
-        prefix += [tools.nice, "-n", str(policy.niceness), "--"]
-    return prefix
+    if steps.niceness is not None:
+        chain += [tools.nice, "-n", str(steps.niceness), "--"]
+    return chain
 
 
 def bwrap_flags(policy: SandboxPolicy, *, cwd: Path, env: Mapping[str, str], userns_fd: int | None = None) -> list[str]:

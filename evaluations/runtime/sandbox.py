@@ -61,7 +61,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from evaluations.images import inroot
-from evaluations.runtime import idmap
+from evaluations.runtime import idmap, initbin
 from evaluations.runtime.cgroupfs import CgroupSupport
 from evaluations.runtime.killer import TAG_VAR
 from evaluations.runtime.policy import HOST_SYSTEM_ROOTS, NICE_BY_THREAD, SandboxPolicy, Tools, render
@@ -183,6 +183,7 @@ class Runtime:
             nice=None if NICE_BY_THREAD else system_tool("nice"),
             bwrap=self.bwrap,
             nsenter=system_tool("nsenter") if policy.netns is not None else None,
+            launcher=_launcher(),
         )
         info = InfoPipe() if self.contains_processes else None
         userns = idmap.image_userns_fd(policy.image.idmap) if policy.image is not None else None
@@ -387,6 +388,13 @@ def system_tool(name: str) -> str:
     return path
 
 
+def _launcher() -> str | None:
+    """The static init, which runs every step before bwrap in one exec (policy.py); None where it
+    cannot be built, and the system's tools take them one each."""
+    binary = initbin.host_binary()
+    return None if binary is None else str(binary)
+
+
 def probe_bwrap(uid: int | None = None, bwrap: str = "bwrap", workdir: Path | None = None) -> tuple[bool, str]:
     """Run ``bwrap ... true`` once with the real flags; (works, human detail).
 
@@ -405,10 +413,11 @@ def probe_bwrap(uid: int | None = None, bwrap: str = "bwrap", workdir: Path | No
         if uid is not None:
             os.chown(session, uid, uid)
         runtime = Bubblewrap(usable_language_runtimes(uid), bwrap=exe)
-        policy = SandboxPolicy(namespaces=True, writable=(session,), runtimes=runtime.language_runtimes)
+        # The uid switched as every command's is (the launch's own steps), not by Popen: the launcher
+        # (the init, in root's cache) runs as root, as it does for every command.
+        policy = SandboxPolicy(namespaces=True, writable=(session,), runtimes=runtime.language_runtimes, uid=uid)
         env = {"PATH": SYSTEM_PATH, TAG_VAR: "bwrap-probe"}
         launch = runtime.launch(["true"], policy, cwd=session, env=env)
-        owner = {} if uid is None else {"user": uid, "group": uid, "extra_groups": []}
         try:
             done = subprocess.run(
                 launch.argv,
@@ -419,7 +428,6 @@ def probe_bwrap(uid: int | None = None, bwrap: str = "bwrap", workdir: Path | No
                 timeout=30,
                 start_new_session=True,
                 pass_fds=launch.pass_fds,
-                **owner,
             )
         except (OSError, subprocess.TimeoutExpired) as exc:
             return False, f"{exe}: {exc}"

@@ -8,13 +8,14 @@ import os
 import shutil
 import socket
 import stat
+import subprocess
 import tempfile
 from pathlib import Path
 
 import pytest
 
 from evaluations.network.egress import SANDBOX_SOCKET
-from evaluations.runtime import Mount, NoSandbox, SandboxUnavailable, Spawner, select_runtime
+from evaluations.runtime import Mount, NoSandbox, SandboxUnavailable, Spawner, initbin, select_runtime
 from evaluations.runtime.monitor import folder_usage
 from evaluations.runtime.policy import RLimits, SandboxPolicy, Tools, bwrap_flags, render
 from tests.runtime.support import UID
@@ -258,3 +259,89 @@ def test_mount_points_below_tmp_are_real_folders_of_ours_whatever_the_tmp_held(t
     nested = dataclasses.replace(policy, mounts=(Mount(repo, "/tmp/a"), Mount(repo, "/tmp/a/b")))
     with pytest.raises(ValueError, match="inside another bind"):
         prepare_mount_points(nested)
+
+
+def test_render_with_the_launcher_puts_every_step_before_bwrap_in_one_exec():
+    tools = Tools(setpriv="/usr/bin/setpriv", prlimit="/usr/bin/prlimit", bwrap="/usr/bin/bwrap", launcher="/x/te-init")
+    policy = SandboxPolicy(
+        namespaces=True,
+        uid=60001,
+        rlimits=RLimits(fsize_bytes=1024, nproc=10),
+        cgroup_procs=(Path("/cg/memory/e/cgroup.procs"), Path("/cg/pids/e/cgroup.procs")),
+        netns=Path("/run/netns/e"),
+    )
+    argv = render(policy, ["true"], cwd=Path("/"), env={}, tools=tools).argv
+    bwrap = argv.index("/usr/bin/bwrap")
+    assert argv[:bwrap] == [
+        "/x/te-init", "--launch",
+        "--cgroup", "/cg/memory/e/cgroup.procs", "--cgroup", "/cg/pids/e/cgroup.procs",
+        "--netns", "/run/netns/e",
+        "--uid", "60001",
+        "--fsize", "1024", "--nproc", "10", "--core", "0",
+        "--",
+    ]  # fmt: skip
+    assert not {"/usr/bin/setpriv", "/usr/bin/prlimit", "/bin/sh"} & set(argv)
+    # Without namespaces: no_new_privs is the launcher's to set (bwrap sets it otherwise); the
+    # niceness where the starting thread cannot set it (a tool for it given); nothing to do, no exec.
+    plain = dataclasses.replace(policy, namespaces=False, netns=None, cgroup_procs=())
+    niced = dataclasses.replace(tools, nice="/usr/bin/nice")
+    argv = render(plain, ["true"], cwd=Path("/"), env={}, tools=niced).argv
+    assert argv == ["/x/te-init", "--launch", "--uid", "60001", "--no-new-privs",
+                    "--fsize", "1024", "--nproc", "10", "--core", "0", "--nice", "10", "--", "true"]  # fmt: skip
+    bare = SandboxPolicy(no_new_privs=False)
+    assert render(bare, ["true"], cwd=Path("/"), env={}, tools=tools).argv == ["true"]
+
+
+def test_the_launcher_and_the_system_tools_take_the_same_steps(harness_factory, monkeypatch):
+    """The same command, launched by the static init and by the system's tools (a host that cannot
+    build the init): the same uid, groups, niceness, rlimits, no_new_privs and cgroups."""
+    from evaluations.runtime import sandbox as sandbox_module
+
+    launched = []
+    render_as_it_is = sandbox_module.render
+
+    def recording(*args, **kwargs):
+        rendered = render_as_it_is(*args, **kwargs)
+        launched.append(rendered.argv[0])
+        return rendered
+
+    monkeypatch.setattr(sandbox_module, "render", recording)
+    probe = (
+        "id -u; id -G; nice; ulimit -f; ulimit -u; ulimit -c; "
+        "grep NoNewPrivs /proc/self/status; grep -v '^0::' /proc/self/cgroup | sort"
+    )
+    limits = {"disk_quota_bytes": 10 * 1024 * 1024, "max_processes": 50}
+    first = harness_factory()
+    by_launcher = first.run(probe, **limits)
+    monkeypatch.setattr(sandbox_module, "_launcher", lambda: None)
+    second = harness_factory()  # a phase's sandbox of its own, launched the other way
+    by_tools = second.run(probe, **limits)
+    assert by_launcher.exit_code == by_tools.exit_code == 0, (by_launcher.output, by_tools.output)
+    assert len(by_launcher.output.splitlines()) >= 7
+    # Each harness is an evaluation of its own: its cgroups' names are its id.
+    assert by_launcher.output == by_tools.output.replace(second.eval_id, first.eval_id)
+    assert launched[0] == str(initbin.host_binary())
+    assert launched[-1] != launched[0]  # the tools: sh (the cgroup's join) or setpriv first
+
+
+def test_the_launcher_runs_nothing_when_a_step_fails(tmp_path):
+    launcher = initbin.host_binary()
+    assert launcher is not None, "this host builds the init (.ci/run installs gcc and libc6-dev)"
+    marker = tmp_path / "ran"
+    command = ["--", "/bin/sh", "-c", f"touch {marker}"]
+    cases = [
+        (["--cgroup", str(tmp_path / "no-cgroup" / "cgroup.procs"), *command], 125, "cannot join cgroup"),
+        (["--netns", str(tmp_path / "no-netns"), *command], 125, "cannot join the network namespace"),
+        (["--fsize", "-1", *command], 2, "bad option --fsize -1"),
+        (["--nproc", "many", *command], 2, "bad option --nproc many"),
+        (["--uid", *command], 2, "bad option --uid --"),
+        (["--color", "1", *command], 2, "bad option --color 1"),
+        (["--core", "0", "--"], 2, "no program after --"),
+        (["--core", "0"], 2, "no program after --"),
+    ]
+    for options, status, message in cases:
+        done = subprocess.run([str(launcher), "--launch", *options], capture_output=True, text=True)
+        assert (done.returncode, message) == (status, message) and message in done.stderr, (options, done.stderr)
+        assert not marker.exists(), options
+    done = subprocess.run([str(launcher), "--launch", *command], capture_output=True, text=True)
+    assert done.returncode == 0 and marker.exists()
