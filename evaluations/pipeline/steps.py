@@ -300,9 +300,8 @@ def running_agent(ctx: Context) -> None:
 class _EarlyBase:
     """The patch's sandbox, prestarted once the agent runs (``start``), and its reading of the base
     commit (``patch.read_base``), made in it while the agent runs (its thread: ``Spawner.prestart``'s
-    ``then``); taken by the patch
-    once that sandbox's phase has begun (which awaits the thread). A failure here is the patch's
-    to redo and report."""
+    ``then``); taken by the patch once that sandbox's phase has begun (which awaits the thread). A
+    failure here is the patch's to redo and report."""
 
     def __init__(self, ctx: Context):
         self.ctx = ctx

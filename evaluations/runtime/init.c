@@ -292,31 +292,28 @@ static int launch_number(const char *text, unsigned long long *value) {
     return *text && !*end && *text != '-' && errno == 0;
 }
 
-/* "--launch [OPTIONS] -- PROGRAM ARGS...": see the top of this file. */
+/* "--launch [OPTIONS] -- PROGRAM ARGS...": see the top of this file. Every option is read (and a
+ * bad one refused, exit 2) before any step is taken. */
 static int launch(int argc, char **argv) {
-    const char *netns = NULL;
-    long long uid = -1, nice_by = 0;
-    int no_new_privs = 0, limits = 0, i = 2;
-    struct { int resource; unsigned long long value; } rlimits[3];
+    const char *cgroups[8], *netns = NULL, *uid_text = NULL;
+    long long nice_by = 0;
+    unsigned long long uid = 0;
+    int joins = 0, no_new_privs = 0, limits = 0, i = 2;
+    struct { int resource; unsigned long long value; const char *option; } rlimits[3];
     for (; i < argc && strcmp(argv[i], "--") != 0; i++) {
         const char *option = argv[i], *value = i + 1 < argc ? argv[i + 1] : NULL;
         unsigned long long number = 0;
         if (strcmp(option, "--no-new-privs") == 0) { no_new_privs = 1; continue; }
         if (value == NULL) { fprintf(stderr, "term-executor: launch: %s needs a value\n", option); return 2; }
         i++;
-        if (strcmp(option, "--cgroup") == 0) {
-            /* As root, before anything else: every process of the command is counted from its start. */
-            int fd = open(value, O_WRONLY | O_CLOEXEC);
-            char pid[32];
-            int n = snprintf(pid, sizeof pid, "%d\n", (int)getpid());
-            if (fd < 0 || write(fd, pid, n) != n) return launch_failed("cannot join cgroup", value);
-            close(fd);
+        if (strcmp(option, "--cgroup") == 0 && joins < 8) {
+            cgroups[joins++] = value;
         } else if (strcmp(option, "--netns") == 0) {
             netns = value;
         } else if (strcmp(option, "--nice") == 0) {
             char *end;
             nice_by = strtoll(value, &end, 10);
-            if (!*value || *end) { fprintf(stderr, "term-executor: launch: bad --nice %s\n", value); return 2; }
+            if (!*value || *end) { fprintf(stderr, "term-executor: launch: bad option --nice %s\n", value); return 2; }
         } else {
             int resource = strcmp(option, "--uid") == 0     ? -2
                            : strcmp(option, "--fsize") == 0 ? RLIMIT_FSIZE
@@ -327,36 +324,43 @@ static int launch(int argc, char **argv) {
                 fprintf(stderr, "term-executor: launch: bad option %s %s\n", option, value);
                 return 2;
             }
-            if (resource == -2) uid = (long long)number;
-            else { rlimits[limits].resource = resource; rlimits[limits].value = number; limits++; }
+            if (resource == -2) { uid = number; uid_text = value; }
+            else { rlimits[limits].resource = resource; rlimits[limits].value = number; rlimits[limits].option = option; limits++; }
         }
     }
     if (i + 1 >= argc) { fputs("term-executor: launch: no program after --\n", stderr); return 2; }
     char **program = argv + i + 1;
+    /* As root, before anything else: every process of the command is counted from its start. */
+    for (int k = 0; k < joins; k++) {
+        int fd = open(cgroups[k], O_WRONLY | O_CLOEXEC);
+        char pid[32];
+        int n = snprintf(pid, sizeof pid, "%d\n", (int)getpid());
+        if (fd < 0 || write(fd, pid, n) != n) return launch_failed("cannot join cgroup", cgroups[k]);
+        close(fd);
+    }
     if (netns != NULL) {  /* as root too: setns takes CAP_SYS_ADMIN */
         int fd = open(netns, O_RDONLY | O_CLOEXEC);
         if (fd < 0 || setns(fd, CLONE_NEWNET) < 0) return launch_failed("cannot join the network namespace", netns);
         close(fd);
     }
-    if (uid >= 0) {
-        uid_t id = (uid_t)uid;
-        if (setgroups(0, NULL) < 0) return launch_failed("setgroups", "0");
-        if (setresgid(id, id, id) < 0) return launch_failed("setresgid", argv[0]);
-        if (setresuid(id, id, id) < 0) return launch_failed("setresuid", argv[0]);
-        uid_t r, e, s;
+    if (uid_text != NULL) {
+        uid_t id = (uid_t)uid, r, e, s;
+        if (setgroups(0, NULL) < 0) return launch_failed("cannot drop the supplementary groups for", uid_text);
+        if (setresgid(id, id, id) < 0) return launch_failed("cannot take the group", uid_text);
+        if (setresuid(id, id, id) < 0) return launch_failed("cannot take the user", uid_text);
         if (getresuid(&r, &e, &s) < 0 || r != id || e != id || s != id) {
             fputs("term-executor: launch: the uid switch did not hold\n", stderr);
             return 125;
         }
     }
-    if (no_new_privs && prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) < 0) return launch_failed("no_new_privs", "");
+    if (no_new_privs && prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) < 0) return launch_failed("cannot set", "no_new_privs");
     for (int k = 0; k < limits; k++) {
         struct rlimit limit = {(rlim_t)rlimits[k].value, (rlim_t)rlimits[k].value};
-        if (setrlimit(rlimits[k].resource, &limit) < 0) return launch_failed("setrlimit", "");
+        if (setrlimit(rlimits[k].resource, &limit) < 0) return launch_failed("cannot set", rlimits[k].option);
     }
     if (nice_by != 0) {
         errno = 0;
-        if (nice((int)nice_by) == -1 && errno != 0) return launch_failed("nice", "");
+        if (nice((int)nice_by) == -1 && errno != 0) return launch_failed("cannot set", "--nice");
     }
     execvp(program[0], program);
     int code = errno == ENOENT ? 127 : 126;
