@@ -66,6 +66,10 @@ def _new_rows(eval_ids: list, positions: dict) -> tuple[dict, dict]:
     return transitions, tests
 
 
+def _ends(transitions: list) -> bool:
+    return any(t["status"] in TERMINAL_STATUSES for t in transitions)
+
+
 def _in_order(position: Position, transitions: list, tests: list, extra: dict, event_id: Callable[[], str]):
     """(event, id, data) of one evaluation's new rows: steps, tests, the ending step; ``position`` moves."""
     ending = [t for t in transitions if t["status"] in TERMINAL_STATUSES]
@@ -179,7 +183,9 @@ class BatchFeed:
         frames = []
         for eval_id in open_ids:
             position = self.positions[eval_id]
-            ends = statuses.get(eval_id) in TERMINAL_STATUSES
+            # Its ending transition read (committed with its status, after its tests) says it ended
+            # too: one that ended between the two reads has its last event marked so, not the next.
+            ends = statuses.get(eval_id) in TERMINAL_STATUSES or _ends(transitions[eval_id])
             last = (position.transitions + len(transitions[eval_id]), position.tests + len(tests[eval_id]))
 
             def event_id(position=position, ends=ends, last=last) -> str:
