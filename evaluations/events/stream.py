@@ -7,7 +7,9 @@
 3. Per evaluation, a read sends the new transitions that do not end it, then the new test
    results, then the ending one: the tests are committed before the evaluation ends, so a
    client sees them before its last step. The status is read before the rows, so an
-   evaluation read as ended has every row of its visible.
+   evaluation read as ended has every row of its visible; in a batch, one whose ending
+   transition is among the rows read has ended too (it commits with the status, after the
+   tests), and that transition's event id says so.
 4. A log stream keeps the live log's file open once found: after the evaluation ends and its
    folder is removed, it still reads the tail it had not sent, at the offsets it was sending.
    One that never saw the file (it ended first, or runs on another host) sends the final log
