@@ -146,16 +146,17 @@ def test_disk_fill_in_the_repository(tasks, e2e_config, sandbox):
     still_works(tasks, e2e_config, sandbox)
 
 
-def _file_maker(folder: str, token: str, count: int, pause: bool = True) -> str:
-    """``count`` empty files (no bytes to speak of, one inode each) in a folder of their own, then a
-    5 s pause when ``pause`` (the monitor's walks meet them while the agent runs)."""
+def _file_maker(folder: str, token: str, count: int, until_killed: bool = True) -> str:
+    """``count`` empty files (no bytes to speak of, one inode each) in a folder of their own; then,
+    ``until_killed``, the agent waits for the monitor's kill (its walks meet the files while it
+    runs; AGENT_TIMEOUT_SECS bounds the wait, and a timeout fails the test), else it fixes the task."""
     return (
-        "import os, time\n"
+        "import os, signal\n"
         f"folder = os.path.join({folder!r}, 'te-files-{token}')\n"
         "os.makedirs(folder)\n"
         f"for i in range({count}):\n"
         "    open(os.path.join(folder, str(i)), 'w').close()\n"
-        f"print('MADE {count}', flush=True)\n" + ("time.sleep(5)\n" if pause else "") + FIX
+        f"print('MADE {count}', flush=True)\n" + ("signal.pause()\n" if until_killed else FIX)
     )
 
 
@@ -184,9 +185,9 @@ def test_empty_files_over_the_file_count(tasks, e2e_config, sandbox, where):
 
 
 def test_an_ordinary_evaluation_reports_its_peak_files(tasks, e2e_config, sandbox):
-    # No pause: the files stay, and the walk after the command counts them.
+    # No wait: the files stay, and the walk after the command counts them.
     evaluation = evaluate(
-        tasks.task(), SOLVER + _file_maker(".", "few", 300, pause=False), config=e2e_config, sandbox=sandbox
+        tasks.task(), SOLVER + _file_maker(".", "few", 300, until_killed=False), config=e2e_config, sandbox=sandbox
     )
     assert (evaluation.status, evaluation.passed) == ("completed", True), evaluation.error
     assert evaluation.resources["peak_files"] > 300, evaluation.resources
