@@ -26,7 +26,7 @@ FROM ${BASE_IMAGE}
 
 # python3, pip and venv: Debian's /usr/bin/python3, the one task commands and their venvs use.
 RUN apt-get update \
- && apt-get install -y --no-install-recommends bubblewrap socat git nodejs tini util-linux procps ca-certificates \
+ && apt-get install -y --no-install-recommends bubblewrap git nodejs tini util-linux procps ca-certificates \
     python3 python3-pip python3-venv \
  && rm -rf /var/lib/apt/lists/*
 

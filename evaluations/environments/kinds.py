@@ -53,7 +53,6 @@ AGENT_USER, VERIFIER_USER, IMAGE_USER = "agent", "verifier", "image"
 class BaseEnvironment(ABC):
     """The root filesystem, working directory, variables and sandbox of one evaluation's commands."""
 
-    own_root: ClassVar[bool] = True  # a `/` of its own: the egress relay brings the host's socat in
     install_kept: ClassVar[bool] = True  # what install commands write, a workspace cache entry keeps (SPEC §13)
     # Harbor's /logs/agent for the agent (SPEC §17), kept after it with what it changed in the root
     # outside its working directory: a root with a writable layer of its own, an image's.
@@ -213,8 +212,6 @@ class BaseEnvironment(ABC):
 
 class Host(BaseEnvironment):
     """The host's system folders, its language runtimes bound read-only by the spawner."""
-
-    own_root = False
 
     @property
     def root(self) -> Path:

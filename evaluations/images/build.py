@@ -76,7 +76,7 @@ class BuildEnvironment:
     config: object  # executor_project.config.Config: limits, BUILD_*, URL rules
     progress: Callable[[str], None] = lambda text: None
     egress_socket: Path | None = None  # the caller's egress proxy (BUILD_NETWORK=on)
-    relay_bundle: Path | None = None  # socat for a root without one (relay.ensure_socat_bundle)
+    relay_init: Path | None = None  # the init's folder, the egress relay's program (initbin.ensure_init)
     ca_bundle: Path | None = None  # the host's CAs, bound at policy.SANDBOX_CA_BUNDLE
     extra_env: Mapping[str, str] = dataclasses.field(default_factory=dict)  # under the image's Env (CA variables)
     eval_id: str = "build"
@@ -495,7 +495,7 @@ class _Builder:
             image=root,
             network=network,
             egress_socket=self.env.egress_socket if network else None,
-            relay_bundle=self.env.relay_bundle if network else None,
+            relay_init=self.env.relay_init if network else None,
             ca_bundle=self.env.ca_bundle,
         )
         shown = _short(" ".join(argv[-1:] if argv[:-1] == _shell_of(state.config) else argv))

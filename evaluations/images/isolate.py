@@ -91,33 +91,23 @@ def isolate_workdir(session_root: Path, layers: list[Path], idmap: IdMap, workdi
     return ImageRoot(rootfs=target, idmap=idmap)
 
 
-def verifier_commands(
-    base: Path, workdir: str, env: dict[str, str], shell: str, *, fixed: tuple[str, ...] = ()
-) -> tuple[str, dict[str, str]]:
+def verifier_commands(base: Path, workdir: str, env: dict[str, str], shell: str) -> tuple[str, dict[str, str]]:
     """The isolated verifier's ``shell`` (its absolute path inside the image) and ``env`` without
     what names the working directory ``workdir`` (4-6), ``base`` the image's root (image_base).
-    ``fixed``: programs started by absolute path (the egress relay's ``/bin/sh``), which must lie
-    outside it too. ImageError when the image has no such shell, or one of them is inside."""
+    ImageError when the image has no such shell. (Nothing of the image runs before it: the egress
+    relay is the executor's static init, bound in, not a program of the image's.)"""
     root = inroot.open_root(base)
     try:
-        return _verifier_commands(root, workdir, env, shell, fixed)
+        return _verifier_commands(root, workdir, env, shell)
     finally:
         os.close(root)
 
 
-def _verifier_commands(
-    root: int, workdir: str, env: dict[str, str], shell: str, fixed: tuple[str, ...]
-) -> tuple[str, dict[str, str]]:
+def _verifier_commands(root: int, workdir: str, env: dict[str, str], shell: str) -> tuple[str, dict[str, str]]:
     try:
         inner = inroot.resolve(root, workdir, folder=False)
     except OSError as exc:
         raise ImageError(f"the image's working directory {workdir} cannot be resolved: {exc.strerror}") from None
-    for program in fixed:
-        if not _outside(root, inner, program):
-            raise ImageError(
-                f"{program} is inside the working directory {workdir}: an isolated verifier runs only the "
-                "image's own programs"
-            )
     env = dict(env)
     for name, separators in _CODE_LISTS.items():
         if name in env:

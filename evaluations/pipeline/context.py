@@ -17,13 +17,13 @@ from evaluations.grading.base import Grade
 from evaluations.models import CANCEL_KINDS, ErrorKind, Evaluation
 from evaluations.network import urlguard
 from evaluations.network.egress import EgressProxy
-from evaluations.network.egress.relay import direct, ensure_socat_bundle
+from evaluations.network.egress.relay import direct
 from evaluations.pipeline import gitrepo
 from evaluations.pipeline.cancel import CancelState, Stop
 from evaluations.pipeline.multistep import TaskSteps
 from evaluations.pipeline.session import Session
 from evaluations.pipeline.warm import WorkspaceCache
-from evaluations.runtime import CommandResult, Limit, Limits, Mount, Runtime, SandboxPolicy, Spawner
+from evaluations.runtime import CommandResult, Limit, Limits, Mount, Runtime, SandboxPolicy, Spawner, initbin
 from evaluations.runtime.netns import SharedNetwork
 from evaluations.tasks.spec import TaskSpec
 from executor_project.config import Config
@@ -186,7 +186,7 @@ class Context:
                 mounts=mounts,
                 ca_bundle=ca.host if ca is not None and self.runtime.isolated else None,
                 user=user,
-                **self._egress_fields(network, self.env.own_root),
+                **self._egress_fields(network),
                 **({"netns": self.netns.path} if self.netns is not None else {}),
             )
 
@@ -203,20 +203,17 @@ class Context:
         """The executor's own commands (clone, patch): the host's tools, the whole session writable,
         and a fresh, empty /tmp (never the agent's tmp/: issue 23)."""
         return SandboxPolicy(
-            network=network, writable=(self.session.root,), fresh_tmp=True, **self._egress_fields(network, False)
+            network=network, writable=(self.session.root,), fresh_tmp=True, **self._egress_fields(network)
         )
 
-    def _egress_fields(self, network: bool, own_root: bool) -> dict:
+    def _egress_fields(self, network: bool) -> dict:
         if not (network and self.egress is not None):
             return {}
-        fields = {"egress_socket": Path(self.egress.socket_path)}
-        if own_root:  # its root has no socat of ours: the host's, with its libraries, made once per host
-            fields["relay_bundle"] = self.relay_bundle()
-        return fields
+        return {"egress_socket": Path(self.egress.socket_path), "relay_init": self.relay_init()}
 
-    def relay_bundle(self) -> Path:
-        """The host's socat with its libraries, for the egress relay in a root of its own (made once per host)."""
-        return ensure_socat_bundle(self.config.workspace_base / RELAY_BUNDLE)
+    def relay_init(self) -> Path:
+        """The init's folder, which the egress relay of a sandbox with network runs from (any root)."""
+        return initbin.ensure_init(self.config.workspace_base)
 
     def run(
         self,
@@ -287,10 +284,6 @@ class Context:
     def check_cancelled(self) -> None:
         if self.cancel.is_set():
             self.raise_cancelled()
-
-
-# Under WORKSPACE_BASE, which every sandbox uid may traverse; not an eval_id, so no reaper touches it.
-RELAY_BUNDLE = ".egress-relay"
 
 
 def limit_failure(result: CommandResult, what: str, budget_name: str, budget: float) -> StepFailed | None:

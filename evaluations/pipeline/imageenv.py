@@ -29,7 +29,7 @@ from evaluations.images.isolate import verifier_commands as verifier_commands_in
 from evaluations.images.pull import pull
 from evaluations.images.store import ImageStore
 from evaluations.models import ErrorKind
-from evaluations.network.egress.relay import BUNDLE_TARGET, SANDBOX_SOCKET
+from evaluations.network.egress.relay import RELAY_TARGET, SANDBOX_SOCKET
 from evaluations.pipeline import collect, services, volumes
 from evaluations.pipeline.agentenv import find_interpreter
 from evaluations.pipeline.context import Context, StepFailed, environment_failure, make_session_folder
@@ -272,7 +272,7 @@ def _build(ctx: Context, spec: ImageEnvironment, store: ImageStore, progress, co
         config=config,
         progress=progress,
         egress_socket=Path(ctx.egress.socket_path) if network else None,
-        relay_bundle=ctx.relay_bundle() if network else None,
+        relay_init=ctx.relay_init() if network else None,
         ca_bundle=ca.host if ca is not None else None,
         extra_env=dict.fromkeys(CA_VARIABLES, ca.sandbox) if ca is not None else {},
         eval_id=ctx.eval_id,
@@ -379,13 +379,13 @@ def isolate(ctx: Context) -> None:
         services.write_hosts(ctx.env.mounted, services.host_names(ctx))
 
 
-def verifier_commands(ctx: Context, env: dict[str, str], shell: str, *, fixed: tuple[str, ...] = ()):
+def verifier_commands(ctx: Context, env: dict[str, str], shell: str):
     """``[verifier] isolated``: the absolute path of ``shell`` in the image and ``env`` without what
     names the working directory, decided on the image's layers alone (images/isolate.py, 4-6)."""
     image = ctx.env
     try:
         with rootfs.image_base(image.layers(), ctx.session.root) as base:
-            return verifier_commands_in(base, image.workdir, env, shell, fixed=fixed)
+            return verifier_commands_in(base, image.workdir, env, shell)
     except ImageError as exc:
         raise StepFailed(str(exc), kind=exc.kind) from None
 
@@ -393,7 +393,7 @@ def verifier_commands(ctx: Context, env: dict[str, str], shell: str, *, fixed: t
 def executor_made(ctx: Context) -> tuple[str, ...]:
     """What the executor and the sandbox put in the image's root (mount points, the host's CAs),
     relative to the root: not the agent's (/logs/verifier: the mount point of verifier.agent_mounts)."""
-    made = ["tmp", "proc", "dev", "sys", "run/term-executor", DISTRIBUTION_CA_BUNDLE, BUNDLE_TARGET, SANDBOX_SOCKET]
+    made = ["tmp", "proc", "dev", "sys", "run/term-executor", DISTRIBUTION_CA_BUNDLE, RELAY_TARGET, SANDBOX_SOCKET]
     made += ["logs/verifier", "logs/artifacts"]
     if ctx.task is not None and ctx.task.services:
         made.append("etc/hosts")  # the services' names (pipeline/services.py), as Docker writes it

@@ -33,7 +33,6 @@ from evaluations.environments import kinds
 from evaluations.grading.base import VerifierRun
 from evaluations.models import ErrorKind
 from evaluations.network.egress.policy import parse_rules
-from evaluations.network.egress.relay import RELAY_SHELL
 from evaluations.pipeline import collect, imageenv
 from evaluations.pipeline.context import Context, StepFailed
 from evaluations.runtime import Mount
@@ -220,8 +219,7 @@ def run_verifier(ctx: Context, env: dict[str, str]) -> VerifierRun:
     env = {**env, **verifier.env}
     shell = "bash"
     if verifier.isolated:  # the image's own bash, PATH without the working directory (SPEC §21)
-        relay = (RELAY_SHELL,) if policy.network and policy.egress_socket is not None else ()
-        shell, env = imageenv.verifier_commands(ctx, env, shell, fixed=relay)
+        shell, env = imageenv.verifier_commands(ctx, env, shell)
     script = f"{TESTS}/{verifier.script}"
     livelog.append_text(ctx.session.log, livelog.test_marker(verifier.script))
     started = time.monotonic()

@@ -11,8 +11,6 @@
  *                                    fields: uid, gid, cwd, argc, argv..., envc, env...), then the
  *                                    exec's stdin, stdout and stderr
  *                  "K <id> <sig>"  signal the exec's process group
- *                  "N 0"           the relay will not come (it lived in a service that was
- *                                    stopped): no exec waits for it any more
  *   init -> host   "S <id> <pid>"  started (its pid in the sandbox)
  *                  "X <id> <st>"   ended; <st> is waitpid's status
  *                  "F <id> <errno>" could not start
@@ -40,10 +38,20 @@
  * PROGRAM (PATH searched). Descriptors stay as they are (bwrap's --info-fd, a phase's init and its
  * socket pass through it). A step that fails: one line on stderr and exit 125, nothing run.
  *
- * argv[2], when given, is the port of the egress relay (127.0.0.1 inside): the relay starts beside
- * the init rather than before it, and the init waits until it listens before its first exec, so an
- * exec's first connection finds it (about 15 ms after the sandbox is ready, at most 5 s by the clock,
- * or argv[3] milliseconds when given).
+ * "te-init --relay PORT SOCKET -- PROGRAM ARGS...": no init either, the egress relay of a sandbox with
+ * network (runtime/policy.py puts it before the command, or before the init of a phase's sandbox,
+ * from the init's folder bound at /run/egress-relay). It listens on 127.0.0.1:PORT of the sandbox's
+ * own loopback, then starts the relay as a process of its own (named te-relay; not the program's
+ * child: a program that waits for all its children never waits for it) and execs PROGRAM, so the
+ * program keeps this pid, and its first connection finds the relay listening. The relay forks one
+ * process per connection, which connects to the Unix socket SOCKET (the evaluation's proxy) and
+ * copies both ways: 256 KiB reads, the other side's writing half shut when one side ends, and at
+ * most 60 s more for the other side to end (a client that half-closes after its request still gets
+ * the answer). A connection the proxy refuses is closed, with one line on stderr. The port taken
+ * (a network namespace shared with the phase before, whose relay is going, or with a process of the
+ * task's): bind is retried for 5 s, then the program runs without a relay of its own, after one
+ * line on stderr. Any other failure to listen: one line on stderr and exit 125, nothing run. The
+ * relay dies with the sandbox's pid namespace.
  *
  * This process is not dumpable (no process of the sandbox can ptrace it without CAP_SYS_PTRACE,
  * which none has); still, the host treats its answers as the sandbox's own word (an exec's exit
@@ -54,6 +62,8 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <grp.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <poll.h>
 #include <sched.h>
 #include <signal.h>
@@ -66,6 +76,7 @@
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
+#include <sys/un.h>
 #include <sys/types.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -81,39 +92,10 @@ struct running {
 
 static struct running table[MAX_EXECS];
 static int control = -1;
-static int relay_port = 0; /* 0: none to wait for, or it listens */
-static long relay_wait_ms = 5000;
-
-/* Whether /proc/net/tcp shows 127.0.0.1:port listening (state 0A), as the relay's own prelude checks. */
-static int relay_listens(void) {
-    char want[32], line[512];
-    snprintf(want, sizeof want, "0100007F:%04X", relay_port);
-    FILE *table_file = fopen("/proc/net/tcp", "re");
-    if (!table_file) return 0;
-    int found = 0;
-    while (!found && fgets(line, sizeof line, table_file)) {
-        char local[64], remote[64], state[8];
-        if (sscanf(line, " %*s %63s %63s %7s", local, remote, state) == 3 && !strcmp(local, want) && !strcmp(state, "0A"))
-            found = 1;
-    }
-    fclose(table_file);
-    return found;
-}
-
 static long monotonic_ms(void) {
     struct timespec now;
     clock_gettime(CLOCK_MONOTONIC, &now);
     return now.tv_sec * 1000L + now.tv_nsec / 1000000;
-}
-
-/* A bound by the clock, not by a count of polls: each poll reads /proc/net/tcp, which on a host
- * with many sockets took 5 ms, and 5000 polls of "1 ms" had been 27 s. */
-static void await_relay(void) {
-    if (!relay_port) return;
-    struct timespec step = {0, 1000000};
-    long deadline = monotonic_ms() + relay_wait_ms;
-    while (!relay_listens() && monotonic_ms() < deadline) nanosleep(&step, NULL);
-    relay_port = 0; /* once: past its bound, commands meet a relay that is not there, and fail closed */
 }
 
 static void say(const char *text) {
@@ -197,7 +179,6 @@ static void start(unsigned long id, int fds[4]) {
     if (!args || !env) { free(fields); free(args); free(env); goto bad; }
     memcpy(args, argv, argc * sizeof(char *));
     memcpy(env, envp, envc * sizeof(char *));
-    await_relay();
     int slot = -1;
     for (int i = 0; i < MAX_EXECS; i++)
         if (table[i].pid == 0) { slot = i; break; }
@@ -368,6 +349,163 @@ static int launch(int argc, char **argv) {
     return code;
 }
 
+/* -- the egress relay ("--relay") ----------------------------------------------------------- */
+
+#define RELAY_BUFFER (256 * 1024)  /* socat's -b of the relay it replaces: 8 KiB reads cost 4x the calls */
+#define RELAY_HALF_CLOSE_MS 60000  /* socat's -t: after one side ends, how long the other may go on */
+#define RELAY_TAKEN_WAIT_MS 5000   /* the port taken: how long the one holding it may take to go */
+
+struct direction {
+    int from, to;
+    char *buffer;
+    size_t length, offset; /* what is read and not yet written */
+    int ended;             /* ``from`` reached its end, and ``to``'s writing half is shut */
+};
+
+/* One step of a direction that poll found ready: read when nothing waits to be written, else write.
+ * Returns 0 on success or a pause (EAGAIN), -1 when the connection is over (an error). */
+static int relay_step(struct direction *d, int readable, int writable) {
+    if (d->length == 0 && readable && !d->ended) {
+        ssize_t n = read(d->from, d->buffer, RELAY_BUFFER);
+        if (n < 0) return errno == EAGAIN || errno == EINTR ? 0 : -1;
+        if (n == 0) {
+            d->ended = 1;
+            shutdown(d->to, SHUT_WR);
+            return 0;
+        }
+        d->length = n;
+        d->offset = 0;
+        writable = 1; /* try at once: the other side is usually ready */
+    }
+    if (d->length > 0 && writable) {
+        ssize_t n = write(d->to, d->buffer + d->offset, d->length - d->offset);
+        if (n < 0) return errno == EAGAIN || errno == EINTR ? 0 : -1;
+        d->offset += n;
+        if (d->offset == d->length) d->length = 0;
+    }
+    return 0;
+}
+
+static void relay_connection(int client, const char *socket_path) {
+    int proxy = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    struct sockaddr_un address = {.sun_family = AF_UNIX};
+    strncpy(address.sun_path, socket_path, sizeof address.sun_path - 1);
+    if (proxy < 0 || connect(proxy, (struct sockaddr *)&address, sizeof address) < 0) {
+        fprintf(stderr, "egress-relay: cannot reach the proxy at %s: %s\n", socket_path, strerror(errno));
+        _exit(1);
+    }
+    int one = 1;
+    setsockopt(client, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    fcntl(client, F_SETFL, O_NONBLOCK);
+    fcntl(proxy, F_SETFL, O_NONBLOCK);
+    struct direction way[2] = {{client, proxy, malloc(RELAY_BUFFER), 0, 0, 0},
+                               {proxy, client, malloc(RELAY_BUFFER), 0, 0, 0}};
+    if (!way[0].buffer || !way[1].buffer) _exit(1);
+    long deadline = -1;
+    for (;;) {
+        if (way[0].ended && way[1].ended) _exit(0);
+        if (deadline < 0 && (way[0].ended || way[1].ended)) deadline = monotonic_ms() + RELAY_HALF_CLOSE_MS;
+        struct pollfd p[2] = {{client, 0, 0}, {proxy, 0, 0}}; /* p[k].fd is way[k].from and way[1-k].to */
+        for (int k = 0; k < 2; k++) {
+            if (way[k].length == 0 && !way[k].ended) p[k].events |= POLLIN;
+            if (way[k].length > 0) p[1 - k].events |= POLLOUT;
+        }
+        int timeout = deadline < 0 ? -1 : (int)(deadline - monotonic_ms());
+        if (deadline >= 0 && timeout <= 0) _exit(0);
+        int ready = poll(p, 2, timeout);
+        if (ready < 0 && errno != EINTR) _exit(1);
+        if (ready <= 0) continue;
+        for (int k = 0; k < 2; k++) {
+            /* an error or hang-up is seen by the read or write it wakes */
+            int readable = p[k].revents & (POLLIN | POLLHUP | POLLERR);
+            int writable = p[1 - k].revents & (POLLOUT | POLLERR);
+            if (relay_step(&way[k], readable, writable) < 0) _exit(1);
+        }
+    }
+}
+
+static void relay_serve(int listener, const char *socket_path) {
+    signal(SIGCHLD, SIG_IGN); /* a connection's process is reaped by the kernel */
+    signal(SIGPIPE, SIG_IGN);
+    for (;;) {
+        int client = accept4(listener, NULL, NULL, SOCK_CLOEXEC);
+        if (client < 0) {
+            if (errno == EMFILE || errno == ENFILE || errno == ENOMEM || errno == ENOBUFS) {
+                struct timespec pause = {0, 10000000};
+                nanosleep(&pause, NULL); /* out of something: the backlog waits, nothing spins */
+            }
+            continue;
+        }
+        pid_t pid = fork();
+        if (pid == 0) {
+            close(listener);
+            relay_connection(client, socket_path);
+        }
+        close(client); /* and if the fork failed, this connection is refused */
+    }
+}
+
+static int relay_failed(const char *what, const char *arg) {
+    fprintf(stderr, "egress relay: %s%s: %s\n", what, arg, strerror(errno));
+    return 125;
+}
+
+/* "--relay PORT SOCKET -- PROGRAM ARGS...": see the top of this file. */
+static int relay_and_exec(int argc, char **argv) {
+    unsigned long long port = 0;
+    if (argc < 6 || strcmp(argv[4], "--") != 0 || !launch_number(argv[2], &port) || port < 1 || port > 65535 ||
+        argv[3][0] != '/' || strlen(argv[3]) >= sizeof(((struct sockaddr_un *)0)->sun_path)) {
+        fputs("egress relay: usage: te-init --relay PORT /SOCKET -- PROGRAM ARGS...\n", stderr);
+        return 2;
+    }
+    int listener = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    int one = 1;
+    struct sockaddr_in address = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port),
+                                  .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    if (listener < 0) return relay_failed("cannot make a socket", "");
+    setsockopt(listener, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    /* Taken: in a network namespace shared with others (SPEC §23), the relay of the phase before,
+     * whose sandbox is ending, or a process of the task's. Wait for the one to go; past the bound,
+     * the command runs without a relay of its own, as it would behind a relay that could not bind. */
+    long deadline = monotonic_ms() + RELAY_TAKEN_WAIT_MS;
+    int bound;
+    while ((bound = bind(listener, (struct sockaddr *)&address, sizeof address)) < 0 && errno == EADDRINUSE &&
+           monotonic_ms() < deadline) {
+        struct timespec step = {0, 2000000};
+        nanosleep(&step, NULL);
+    }
+    if (bound < 0 && errno == EADDRINUSE) {
+        fprintf(stderr, "egress relay: 127.0.0.1:%s is taken (a process of this network namespace listens there): "
+                        "the command runs without a relay of its own\n", argv[2]);
+        close(listener);
+        execvp(argv[5], argv + 5);
+        fprintf(stderr, "egress relay: %s: %s\n", argv[5], strerror(errno));
+        return errno == ENOENT ? 127 : 126;
+    }
+    if (bound < 0) return relay_failed("cannot listen on 127.0.0.1:", argv[2]);
+    if (listen(listener, 128) < 0) return relay_failed("cannot listen on 127.0.0.1:", argv[2]); /* npm opens 16 at once */
+    pid_t middle = fork();
+    if (middle < 0) return relay_failed("cannot start", "");
+    if (middle == 0) {
+        /* The relay: a grandchild, so that the program is not its parent. It keeps nothing of the
+         * program's (the init's socket and binary, in a phase's sandbox) but the listener and stderr. */
+        prctl(PR_SET_NAME, "te-relay"); /* before the fork: the relay has its name once the prefix goes on */
+        if (fork() != 0) _exit(0);
+        int null = open("/dev/null", O_RDWR | O_CLOEXEC);
+        if (null < 0 || dup2(null, 0) < 0 || dup2(null, 1) < 0 || dup2(listener, 3) < 0) _exit(1);
+        syscall(SYS_close_range, 4, ~0U, 0);
+        relay_serve(3, argv[3]);
+    }
+    int status;
+    while (waitpid(middle, &status, 0) < 0 && errno == EINTR) {}
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) return relay_failed("cannot start", "");
+    close(listener);
+    execvp(argv[5], argv + 5);
+    int code = errno == ENOENT ? 127 : 126;
+    fprintf(stderr, "egress relay: %s: %s\n", argv[5], strerror(errno));
+    return code;
+}
+
 static int make_userns(int argc, char **argv) {
     if (argc != 3) return 2;
     long owner = atol(argv[2]);
@@ -395,9 +533,8 @@ int main(int argc, char **argv) {
     if (strcmp(argv[1], "--as") == 0) return switch_and_exec(argc, argv);
     if (strcmp(argv[1], "--userns") == 0) return make_userns(argc, argv);
     if (strcmp(argv[1], "--launch") == 0) return launch(argc, argv);
+    if (strcmp(argv[1], "--relay") == 0) return relay_and_exec(argc, argv);
     control = atoi(argv[1]);
-    if (argc > 2) relay_port = atoi(argv[2]);
-    if (argc > 3) relay_wait_ms = atol(argv[3]);
     /* Run from a descriptor (/proc/self/fd/N: initbin.exec_path), this process would be named N:
      * the host finds it by its name. Nothing inherited but the socket stays open (the descriptor
      * it was run from among them). */
@@ -445,7 +582,6 @@ int main(int argc, char **argv) {
             } else {
                 for (int i = 0; i < nfds; i++) close(fds[i]);
                 if (buf[0] == 'K' && sscanf(buf + 1, "%lu %d", &id, &sig) == 2) signal_exec(id, sig);
-                else if (buf[0] == 'N') relay_port = 0;
             }
         }
     }

@@ -126,14 +126,6 @@ class InitChannel:
         except OSError:
             pass
 
-    def no_relay(self) -> None:
-        """Tell the init the egress relay will not come (it lived in a service now stopped): its
-        next exec starts at once rather than after the relay's wait (init.c)."""
-        try:
-            self._send(b"N 0", [])
-        except OSError:
-            pass
-
     def forget(self, entry: Exec) -> None:
         self._forget(entry.id)
 

@@ -31,11 +31,10 @@ import logging
 import os
 import subprocess
 import threading
-import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
-from evaluations.network.egress.relay import RELAY_PORT, proxy_env
+from evaluations.network.egress.relay import RELAY_NAME, proxy_env
 from evaluations.runtime import initbin, killer
 from evaluations.runtime.initchannel import Exec, InitChannel, exec_request
 from evaluations.runtime.policy import SandboxPolicy
@@ -43,8 +42,7 @@ from evaluations.runtime.policy import SandboxPolicy
 log = logging.getLogger(__name__)
 
 READY_WAIT_SECS = 30.0  # a bubblewrap that has not run the init by then has failed
-END_WAIT_SECS = 5.0
-RELAY_WAIT_SECS = 5.0  # the relay's start, as the init bounds it (init.c)  # the init's exit, after its socket closed, before the host kills
+END_WAIT_SECS = 5.0  # the init's exit, after its socket closed, before the host kills
 _ERROR_BYTES = 4096  # what bubblewrap (or the relay) printed, kept for a sandbox that fails
 
 
@@ -79,27 +77,27 @@ class PhaseSandbox:
         self.proc: subprocess.Popen | None = None
         self.sandbox_init: int | None = None  # bubblewrap's pid 1 of the namespace (host pid)
         self._init: tuple[int, int] | None = None  # the init: (host pid, start time)
-        self._relay: set[tuple[int, int]] = set()  # the egress relay's listening socat: (pid, start)
+        self._relay: set[tuple[int, int]] = set()  # the egress relay's listening process: (pid, start)
         self._errors = bytearray()
         self._drain: threading.Thread | None = None
         self._next_exec = 0
 
     @staticmethod
     def init_policy(policy: SandboxPolicy) -> SandboxPolicy:
-        """The command's policy, its relay started beside the init rather than before it. In an
-        image whose commands run as another user than the map's (``ImageRoot.run_as``: a verifier's),
-        the init is the image's root, which starts each exec as that user, as a live sandbox's does:
-        bubblewrap cannot itself switch to a user and a group that are both not its own."""
+        """The command's policy, for the init. In an image whose commands run as another user than
+        the map's (``ImageRoot.run_as``: a verifier's), the init is the image's root, which starts
+        each exec as that user, as a live sandbox's does: bubblewrap cannot itself switch to a user
+        and a group that are both not its own."""
         image = policy.image
         if image is not None and image.run_as is not None:
             policy = dataclasses.replace(policy, image=dataclasses.replace(image, run_as=(0, 0)))
-        return dataclasses.replace(policy, relay_wait=False)
+        return policy
 
     def init_argv(self) -> list[str]:
         """Run from its descriptor (passed to bubblewrap with the socket's), so neither an image's
-        layer nor a read-only root needs a mount point for it."""
-        argv = [initbin.exec_path(self.binary), str(self.channel.init_fd)]
-        return [*argv, str(RELAY_PORT)] if self.has_relay else argv
+        layer nor a read-only root needs a mount point for it. With network, the relay (render's
+        prefix) listens before the init starts: the init's first word comes after it."""
+        return [initbin.exec_path(self.binary), str(self.channel.init_fd)]
 
     @property
     def has_relay(self) -> bool:
@@ -114,17 +112,17 @@ class PhaseSandbox:
         self._drain.start()
         if not self.channel.wait_ready(READY_WAIT_SECS) or self.channel.closed:
             return False
-        if sandbox_init is not None and (not self.has_relay or _await_listening(sandbox_init)):
-            # Before any exec, the sandbox holds only the init and the relay's socat (which the
-            # relay's shell started before becoming the init): named by their names now, when no
-            # command of the phase could have taken one, and by (pid, start) afterwards.
+        if sandbox_init is not None:
+            # Before any exec, the sandbox holds only the init and the relay (which the relay's
+            # prefix started before becoming the init): named by their names now, when no command
+            # of the phase could have taken one, and by (pid, start) afterwards.
             table = self._table()
             inside = killer.subtree(sandbox_init, table)
             named = [(proc, _comm(proc.pid)) for proc in table if proc.pid in inside]
             inits = [(proc.pid, proc.start) for proc, name in named if name == initbin.NAME]
             if len(inits) == 1:
                 self._init = inits[0]
-                self._relay = {(proc.pid, proc.start) for proc, name in named if name == "socat"}
+                self._relay = {(proc.pid, proc.start) for proc, name in named if name == RELAY_NAME}
         return True
 
     @property
@@ -167,7 +165,7 @@ class PhaseSandbox:
         return {self.proc.pid, *(pid for pid in (self.sandbox_init,) if pid is not None), *self._kept(table)}
 
     def _kept(self, table: list) -> set[int]:
-        """The init and the relay (with the socat each connection forks), as they are now."""
+        """The init and the relay (with the process each connection forks), as they are now."""
         alive = {(proc.pid, proc.start) for proc in table}
         kept = {pid for pid, start in (self._init, *self._relay) if (pid, start) in alive} if self._init else set()
         for relay, start in self._relay:
@@ -255,19 +253,3 @@ def _comm(pid: int) -> str:
             return file.read().decode("utf-8", "replace").strip()
     except OSError:
         return ""
-
-
-def _await_listening(sandbox_init: int, port: int = RELAY_PORT) -> bool:
-    """Whether the relay listens on the sandbox's 127.0.0.1:``port`` within RELAY_WAIT_SECS, read in
-    its network namespace's /proc/net/tcp (as the init waits for it before the first exec)."""
-    want = f"0100007F:{port:04X}"
-    deadline = time.monotonic() + RELAY_WAIT_SECS
-    while time.monotonic() < deadline:
-        try:
-            with open(f"/proc/{sandbox_init}/net/tcp") as table:
-                if any(line.split()[1:2] == [want] and line.split()[3] == "0A" for line in table):
-                    return True
-        except OSError:
-            return False
-        time.sleep(0.002)
-    return False

@@ -29,15 +29,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from evaluations.network.egress.relay import (
-    BUNDLE_TARGET,
-    SANDBOX_SOCKET,
-    SOCAT,
-    bundle_prefix,
-    proxy_env,
-    relay_wrapper,
-)
-from evaluations.runtime import capabilities
+from evaluations.network.egress.relay import RELAY_TARGET, SANDBOX_SOCKET, proxy_env, relay_wrapper
+from evaluations.runtime import capabilities, initbin
 from evaluations.runtime.cgroups import join_prefix
 from evaluations.runtime.types import ImageRoot, Mount
 
@@ -113,9 +106,6 @@ class SandboxPolicy:
     # A live sandbox (SPEC §24): /tmp is its image's own, in its writable layer (files sent there
     # through the API are the ones its commands see), not the session's tmp/ bound over it.
     image_tmp: bool = False
-    # A live sandbox's init starts before the egress relay listens, and waits for it before its
-    # first exec (runtime/init.c): the sandbox is ready a relay's start-up sooner.
-    relay_wait: bool = True
     # Fixed by the evaluation; the spawner fills these in.
     namespaces: bool = False  # bubblewrap: user, pid, ipc, uts, cgroup and (without network) net
     uid: int | None = None  # None: no switch (the service does not run as root)
@@ -126,7 +116,9 @@ class SandboxPolicy:
     runtimes: tuple[str, ...] = ()  # language runtimes outside /usr, bound read-only (host root only)
     ca_bundle: Path | None = None  # the host's trusted certificates, bound at SANDBOX_CA_BUNDLE
     egress_socket: Path | None = None  # the evaluation's egress proxy (evaluations/egress), bound at SANDBOX_SOCKET
-    relay_bundle: Path | None = None  # the host's socat and its libraries, for a root without its own
+    # The init's folder (initbin.ensure_init, under WORKSPACE_BASE): bound at RELAY_TARGET with the
+    # socket, the egress relay is its ``--relay`` (network/egress/relay.py), whatever the root.
+    relay_init: Path | None = None
     cgroup_procs: tuple[Path, ...] = ()  # the evaluation's cgroup: the command joins it before anything else
     # The environment's network namespace (runtime/netns.py, SPEC §23): joined (as root, before the uid
     # switch) instead of a new one, so the environment's processes, the agent and the verifier share
@@ -162,7 +154,7 @@ def render(
     if _egress(policy):
         # Network "on": a relay on the sandbox's own loopback to the proxy's socket, and the
         # variables that send clients to it. Without a socket the command has no network at all.
-        argv = [*relay_wrapper(SANDBOX_SOCKET, socat=_socat(policy), wait=policy.relay_wait), *argv]
+        argv = [*relay_wrapper(f"{RELAY_TARGET}/{initbin.NAME}", SANDBOX_SOCKET), *argv]
         env = {**proxy_env(), **env}  # the caller may say NO_PROXY (the executor's own fetch of 127.0.0.1)
     flags = bwrap_flags(policy, cwd=Path(cwd), env=env, userns_fd=userns_fd)
     # bwrap's own environment: nothing the caller chose (no LD_PRELOAD before the namespaces exist).
@@ -297,8 +289,7 @@ def bwrap_flags(policy: SandboxPolicy, *, cwd: Path, env: Mapping[str, str], use
         a += ["--bind" if mount.writable else "--ro-bind", str(mount.source), _sandbox_target(mount.target)]
     if _egress(policy):
         a += ["--bind", str(policy.egress_socket), SANDBOX_SOCKET]  # the proxy; connecting needs write
-        if _own_root(policy):
-            a += ["--ro-bind", str(policy.relay_bundle), BUNDLE_TARGET]  # socat for a root without it
+        a += ["--ro-bind", str(policy.relay_init), RELAY_TARGET]  # the relay: our static init, no library of the root's
     a += ["--remount-ro", "/dev"]  # /dev is a tmpfs: files there would be RAM no limit sees
     if policy.image is None:
         a += ["--remount-ro", "/"]  # so is the root: writable only through the binds above
@@ -344,20 +335,12 @@ def _image_user_flags(image: ImageRoot, userns_fd: int | None) -> list[str]:
     return a
 
 
-def _own_root(policy: SandboxPolicy) -> bool:
-    return policy.root is not None or policy.image is not None
-
-
 def _egress(policy: SandboxPolicy) -> bool:
     if not (policy.network and policy.egress_socket is not None):
         return False
-    if _own_root(policy) and policy.relay_bundle is None:
-        raise ValueError("a policy with network under another root needs relay_bundle (the relay's socat)")
+    if policy.relay_init is None:
+        raise ValueError("a policy with network needs relay_init (the init's folder: the relay runs from it)")
     return True
-
-
-def _socat(policy: SandboxPolicy) -> list[str]:
-    return bundle_prefix(policy.relay_bundle) if _own_root(policy) else [SOCAT]
 
 
 def _environment_root_flags(policy: SandboxPolicy, root: Path) -> list[str]:

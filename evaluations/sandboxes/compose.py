@@ -22,7 +22,6 @@ from evaluations.images import rootfs
 from evaluations.images.errors import ImageError
 from evaluations.images.store import ImageStore
 from evaluations.models import ErrorKind, SandboxStatus
-from evaluations.network.egress.relay import RELAY_PORT
 from evaluations.pipeline.context import StepFailed
 from evaluations.pipeline.services import SERVICES_DIR, check_until_healthy, service_argv, write_hosts
 from evaluations.pipeline.volumes import make_volumes
@@ -175,7 +174,7 @@ class ComposeServices:
         try:
             sidecar.process = self.spawner.background(
                 f"{self.tag}.{sidecar.name}",
-                [initbin.exec_path(binary), str(sidecar.channel.init_fd), str(RELAY_PORT)],
+                [initbin.exec_path(binary), str(sidecar.channel.init_fd)],  # main's relay listens already
                 cwd=Path("/"),
                 env={"PATH": SYSTEM_PATH},
                 limits=self.limits,
@@ -269,9 +268,6 @@ class ComposeServices:
         logger.info("sandbox %s: stopping service %s", self.id, box.name)
         if box is self:
             self.channel.close()  # main's init exits: its pid namespace ends (its egress relay too)
-            for sidecar in self.sidecars.values():  # whose inits would wait for that relay at their first exec
-                if sidecar.channel is not None:
-                    sidecar.channel.no_relay()
             self._init_thread.join(timeout=60)
             self._watch_without_main()
             with self.environment_lock:

@@ -56,9 +56,8 @@ from evaluations.images.store import ImageStore
 from evaluations.models import SHUTTING_DOWN, WORKER_LOST, ErrorKind, Sandbox, SandboxExec, SandboxStatus
 from evaluations.network import urlguard
 from evaluations.network.egress import EgressProxy, egress_policy
-from evaluations.network.egress.relay import RELAY_PORT, ensure_socat_bundle
 from evaluations.pipeline import archive
-from evaluations.pipeline.context import RELAY_BUNDLE, StepFailed
+from evaluations.pipeline.context import StepFailed
 from evaluations.pipeline.services import (
     first_process,
 )
@@ -351,7 +350,7 @@ class LiveSandbox(ComposeServices):
             id_base=image_id_base(config.image_uid_base, uid, config.sandbox_uid),
             config=config,
             egress_socket=Path(self.egress.socket_path) if network else None,
-            relay_bundle=self._relay_bundle() if network else None,
+            relay_init=self._relay_init() if network else None,
             ca_bundle=ca.host if ca is not None else None,
             extra_env=dict.fromkeys(CA_VARIABLES, ca.sandbox) if ca is not None else {},
             eval_id=self.tag,
@@ -359,8 +358,8 @@ class LiveSandbox(ComposeServices):
             exclusive_uid=True,
         )
 
-    def _relay_bundle(self) -> Path:
-        return ensure_socat_bundle(self.config.workspace_base / RELAY_BUNDLE)
+    def _relay_init(self) -> Path:
+        return initbin.ensure_init(self.config.workspace_base)
 
     # -- 2. start ----------------------------------------------------------------------------
 
@@ -374,15 +373,14 @@ class LiveSandbox(ComposeServices):
             image=self.root,
             image_tmp=True,
             mounts=mount_points(self.root, self.binds, "main"),
-            relay_wait=False,  # the init waits for the relay before its first exec instead
             ca_bundle=ca.host if ca is not None else None,
             egress_socket=Path(self.egress.socket_path),
-            relay_bundle=self._relay_bundle(),
+            relay_init=self._relay_init(),
             netns=self.netns.path if self.netns is not None else None,  # its services' too: one loopback
         )
         # The init runs from a descriptor bubblewrap inherits: no mount point for it in the image's layer.
         binary = initbin.open_binary(self.config.workspace_base)
-        argv = [initbin.exec_path(binary), str(self.channel.init_fd), str(RELAY_PORT)]
+        argv = [initbin.exec_path(binary), str(self.channel.init_fd)]  # the relay listens before it starts
         env = {"PATH": SYSTEM_PATH}
 
         def run() -> None:

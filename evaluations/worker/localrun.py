@@ -353,8 +353,7 @@ def build_image(
     from evaluations.environments.toolchains import CA_VARIABLES, host_ca
     from evaluations.images.build import BuildEnvironment, build
     from evaluations.network.egress import EgressProxy, egress_policy
-    from evaluations.network.egress.relay import ensure_socat_bundle
-    from evaluations.pipeline.context import RELAY_BUNDLE
+    from evaluations.runtime import initbin
     from evaluations.runtime.idmap import image_id_base
     from evaluations.worker.startup import StartupError, prepare_to_run
 
@@ -376,7 +375,7 @@ def build_image(
             stack.callback(proxy.close)
             fields = {
                 "egress_socket": Path(proxy.socket_path),
-                "relay_bundle": ensure_socat_bundle(config.workspace_base / RELAY_BUNDLE),
+                "relay_init": initbin.ensure_init(config.workspace_base),
             }
         ca = host_ca(config, sandboxed=True)
         environment = BuildEnvironment(

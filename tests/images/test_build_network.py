@@ -19,7 +19,7 @@ import pytest
 from evaluations.images.build import build
 from evaluations.images.errors import ImageError
 from evaluations.network.egress import EgressPolicy, EgressProxy
-from evaluations.network.egress.relay import ensure_socat_bundle
+from evaluations.runtime import initbin
 from evaluations.runtime.policy import SANDBOX_CA_BUNDLE
 from tests.images.build_support import BASE_REF, config_for, environment, write_context
 from tests.runtime.support import UID
@@ -57,7 +57,7 @@ def network_env(runtime, images_dir: Path, folder: Path, proxy: EgressProxy):
         runtime,
         config_for(images_dir, BUILD_NETWORK="on"),
         egress_socket=Path(proxy.socket_path),
-        relay_bundle=ensure_socat_bundle(folder / "socat"),
+        relay_init=initbin.ensure_init(folder),
         ca_bundle=CA_BUNDLE,
         extra_env={"SSL_CERT_FILE": SANDBOX_CA_BUNDLE, "PIP_CERT": SANDBOX_CA_BUNDLE},
     )

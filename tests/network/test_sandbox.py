@@ -2,8 +2,8 @@
 
 Commands run through the spawner with the Bubblewrap runtime, network off
 (so ``--unshare-net``), the proxy's socket bound at /run/egress.sock with a
-``Mount``, ``relay_wrapper()`` before the command and ``proxy_env()`` in its
-environment: what the pipeline will do for a step with network on.
+``Mount``, the init's folder bound at /run/egress-relay, ``relay_wrapper(RELAY)`` before the command
+and ``proxy_env()`` in its environment: what ``policy.render`` does for a step with network on.
 
 The local servers listen on the host's 127.0.0.1, which ``NO_PROXY`` sends
 direct (where the sandbox has nothing): tests that reach them set NO_PROXY to
@@ -14,7 +14,9 @@ default: those tests allow the registry by name, as an operator would.
 
 from __future__ import annotations
 
+import hashlib
 import os
+import shlex
 import shutil
 import socket
 import tempfile
@@ -24,10 +26,10 @@ import psutil
 import pytest
 
 from evaluations.network.egress import SANDBOX_SOCKET, EgressPolicy, EgressProxy, proxy_env, relay_wrapper
-from evaluations.network.egress.relay import BUNDLE_TARGET, make_socat_bundle
-from evaluations.runtime import Mount
+from evaluations.network.egress.relay import RELAY_TARGET
+from evaluations.runtime import Mount, initbin
 from tests.helpers.gitrepos import make_bare_served, make_repo
-from tests.helpers.httpserver import TestHTTPServer
+from tests.helpers.httpserver import TestHTTPServer, respond_with
 from tests.runtime.support import UID
 
 pytestmark = pytest.mark.slow
@@ -68,11 +70,22 @@ def egress(socket_folder):
         proxy.close()
 
 
+RELAY = f"{RELAY_TARGET}/{initbin.NAME}"
+
+
+def relay_mounts(proxy: EgressProxy, socket_folder: Path) -> list[Mount]:
+    """The proxy's socket and the init's folder (the relay's program), as render binds them."""
+    return [
+        Mount(Path(proxy.socket_path), SANDBOX_SOCKET, writable=True),
+        Mount(initbin.ensure_init(socket_folder), RELAY_TARGET),
+    ]
+
+
 def run_relayed(sp, proxy: EgressProxy, script: str, *, timeout_secs: float = 20, **env: str):
     """``script`` under bash in the sandbox, behind the relay, with the proxy variables."""
     environment = sp.env(**{**proxy_env(), **env})
-    mounts = [Mount(Path(proxy.socket_path), SANDBOX_SOCKET, writable=True)]
-    argv = [*relay_wrapper(), "bash", "-c", script]
+    argv = [*relay_wrapper(RELAY), "bash", "-c", script]
+    mounts = relay_mounts(proxy, Path(proxy.socket_path).parent)
     return sp.run(argv, env=environment, mounts=mounts, timeout_secs=timeout_secs)
 
 
@@ -154,33 +167,88 @@ def test_a_proxy_that_is_down_fails_the_command_connections(bwrap_sp, egress, ww
     assert "through the proxy" not in result.output and len(www.requests) == before
 
 
-def test_the_relay_says_so_when_socat_is_missing(bwrap_sp, egress):
-    proxy = egress()
-    argv = [*relay_wrapper(socat=("/nonexistent/socat",)), "echo", "never"]
-    mounts = [Mount(Path(proxy.socket_path), SANDBOX_SOCKET, writable=True)]
-    result = bwrap_sp.run(argv, env=bwrap_sp.env(), mounts=mounts)
-    assert result.exit_code == 125 and "egress relay: /nonexistent/socat is missing" in result.output
-
-
-def test_a_root_without_socat_uses_the_hosts_socat_bundle(bwrap_sp, egress, www, socket_folder):
+def test_with_the_port_taken_the_command_runs_behind_the_relay_already_there(bwrap_sp, egress, www, socket_folder):
+    """A second relay on the same loopback (a network namespace shared with the phase before): it
+    waits for the port (5 s), then says so in one line and runs the command, whose connections go
+    through the relay that holds the port."""
     proxy = egress(f"127.0.0.1:{www.port}")
-    socat = make_socat_bundle(socket_folder / "socat-bundle")
-    mounts = [
-        Mount(Path(proxy.socket_path), SANDBOX_SOCKET, writable=True),
-        Mount(Path("/dev/null"), "/usr/bin/socat"),  # this root's own socat: gone
-        Mount(socket_folder / "socat-bundle", BUNDLE_TARGET),
-    ]
-    script = f"test -s /usr/bin/socat || echo no-socat-here; curl -sS {www.url('/file.txt')}"
     environment = bwrap_sp.env(**{**proxy_env(), "NO_PROXY": "", "no_proxy": ""})
-    result = bwrap_sp.run([*relay_wrapper(socat=socat), "bash", "-c", script], env=environment, mounts=mounts)
-    assert result.output == "no-socat-here\nthrough the proxy\n", result.output
+    argv = [*relay_wrapper(RELAY), *relay_wrapper(RELAY), "curl", "-sS", www.url("/file.txt")]
+    result = bwrap_sp.run(argv, env=environment, mounts=relay_mounts(proxy, socket_folder))
+    assert result.exit_code == 0, result.output
+    assert result.output == (
+        "egress relay: 127.0.0.1:3128 is taken (a process of this network namespace listens there): "
+        "the command runs without a relay of its own\nthrough the proxy\n"
+    )
 
 
-def test_the_command_keeps_its_exit_status_and_arguments(bwrap_sp, egress):
+def test_a_relay_that_cannot_listen_runs_nothing(bwrap_sp, egress, socket_folder):
+    """No descriptor left for its socket (three open, three allowed): one line, exit 125, nothing run."""
     proxy = egress()
-    argv = [*relay_wrapper(), "bash", "-c", 'printf "%s|" "$0" "$@"; exit 7', "zero", "a b", "", "$HOME"]
-    mounts = [Mount(Path(proxy.socket_path), SANDBOX_SOCKET, writable=True)]
-    result = bwrap_sp.run(argv, env=bwrap_sp.env(), mounts=mounts)
+    relay = shlex.join([*relay_wrapper(RELAY), "touch", "ran"])
+    argv = ["bash", "-c", f"ulimit -n 3 && exec {relay}"]
+    result = bwrap_sp.run(argv, env=bwrap_sp.env(), mounts=relay_mounts(proxy, socket_folder))
+    assert result.exit_code == 125 and not (bwrap_sp.session / "ran").exists(), result.output
+    assert result.output == "egress relay: cannot make a socket: Too many open files\n", result.output
+
+
+def test_the_relay_is_not_the_commands_child(bwrap_sp, egress, www, socket_folder):
+    """The command has no child to wait for: the relay is a grandchild of the prefix, gone to the
+    sandbox's pid 1 (a command that reaps "all its children" never waits for it)."""
+    proxy = egress(f"127.0.0.1:{www.port}")
+    script = (
+        "python3 -c 'import os\ntry: os.waitpid(-1, 0)\nexcept ChildProcessError: print(\"no child\")'; "
+        f"ps -o comm= -p $(pgrep -x te-relay); curl -sS {www.url('/file.txt')}"
+    )
+    environment = bwrap_sp.env(**{**proxy_env(), "NO_PROXY": "", "no_proxy": ""})
+    mounts = relay_mounts(proxy, socket_folder)
+    result = bwrap_sp.run([*relay_wrapper(RELAY), "bash", "-c", script], env=environment, mounts=mounts)
+    assert result.output == "no child\nte-relay\nthrough the proxy\n", result.output
+
+
+def test_a_client_that_half_closes_after_its_request_still_gets_the_answer(bwrap_sp, egress, www):
+    proxy = egress(f"127.0.0.1:{www.port}")
+    client = (
+        "import socket\n"
+        "s = socket.create_connection(('127.0.0.1', 3128))\n"
+        f"s.sendall(b'GET {www.url('/file.txt')} HTTP/1.0\\r\\n\\r\\n')\n"
+        "s.shutdown(socket.SHUT_WR)\n"
+        "answer = b''\n"
+        "while chunk := s.recv(65536): answer += chunk\n"
+        "print(answer.split(b'\\r\\n\\r\\n', 1)[1].decode(), end='')\n"
+    )
+    result = run_relayed(bwrap_sp, proxy, f'python3 -c "{client}"')
+    assert result.output == "through the proxy\n", result.output
+
+
+def test_a_large_body_crosses_the_relay_intact_both_ways(bwrap_sp, egress, tmp_path):
+    """8 MiB down and 8 MiB up, one connection each (more than the relay's 256 KiB reads and the
+    sockets' buffers): each side gets exactly the bytes the other sent."""
+    body = os.urandom(8 << 20)
+    (tmp_path / "big.bin").write_bytes(body)
+
+    def digest_of_upload(req) -> None:
+        received = hashlib.sha256(req.rfile.read(int(req.headers["Content-Length"]))).hexdigest().encode()
+        respond_with(200, received)(req)
+
+    with TestHTTPServer(tmp_path) as server:
+        server.routes["/up"] = digest_of_upload
+        proxy = egress(f"127.0.0.1:{server.port}")
+        script = (
+            f"curl -sS {server.url('/big.bin')} | sha256sum | cut -c1-64; "
+            f"head -c 8388608 /dev/urandom | tee up.bin | curl -sS --data-binary @- {server.url('/up')}; echo; "
+            "sha256sum up.bin | cut -c1-64; rm up.bin"
+        )
+        result = run_relayed(bwrap_sp, proxy, script, NO_PROXY="", no_proxy="", timeout_secs=60)
+    down, up_received, up_sent = result.output.splitlines()
+    assert down == hashlib.sha256(body).hexdigest(), result.output
+    assert up_received == up_sent and len(up_sent) == 64, result.output
+
+
+def test_the_command_keeps_its_exit_status_and_arguments(bwrap_sp, egress, socket_folder):
+    proxy = egress()
+    argv = [*relay_wrapper(RELAY), "bash", "-c", 'printf "%s|" "$0" "$@"; exit 7', "zero", "a b", "", "$HOME"]
+    result = bwrap_sp.run(argv, env=bwrap_sp.env(), mounts=relay_mounts(proxy, socket_folder))
     assert (result.exit_code, result.output) == (7, "zero|a b||$HOME|")
 
 

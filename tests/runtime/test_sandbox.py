@@ -143,6 +143,7 @@ def test_render_puts_the_cgroup_first_and_the_relay_before_the_command():
         uid=60001,
         rlimits=RLimits(fsize_bytes=1024, nproc=10),
         egress_socket=Path("/s/egress.sock"),
+        relay_init=Path("/s/.sandbox-init-x"),
         cgroup_procs=(Path("/sys/fs/cgroup/memory/x/e/cgroup.procs"),),
     )
     rendered = render(policy, ["python3", "agent.py"], cwd=Path("/s/repo"), env={"PATH": "/usr/bin"}, tools=tools)
@@ -151,17 +152,19 @@ def test_render_puts_the_cgroup_first_and_the_relay_before_the_command():
     assert argv.index("/usr/bin/setpriv") < argv.index("/usr/bin/prlimit") < argv.index("/usr/bin/bwrap")
     assert argv.index("/sys/fs/cgroup/memory/x/e/cgroup.procs") < argv.index("/usr/bin/setpriv")
     command = argv[argv.index("--", argv.index("/usr/bin/bwrap")) + 1 :]
-    assert command[-2:] == ["python3", "agent.py"] and "egress-relay" in command  # the relay execs the command
+    relay = ["/run/egress-relay/te-init", "--relay", "3128", SANDBOX_SOCKET, "--"]  # the init, bound below
+    assert command == [*relay, "python3", "agent.py"]  # the relay listens, then execs the command
     pairs = list(zip(argv, argv[1:], strict=False))
-    assert ("/s/egress.sock", SANDBOX_SOCKET) in pairs
+    assert ("/s/egress.sock", SANDBOX_SOCKET) in pairs and ("/s/.sandbox-init-x", "/run/egress-relay") in pairs
     assert ("HTTPS_PROXY", "http://127.0.0.1:3128") in pairs and ("NO_PROXY", "localhost,127.0.0.1,::1") in pairs
     assert ("--setenv", "PATH") in pairs  # the caller's environment stays
     without_socket = render(
         dataclasses.replace(policy, egress_socket=None), ["true"], cwd=Path("/"), env={}, tools=tools
     )
-    assert "egress-relay" not in without_socket.argv and "HTTPS_PROXY" not in without_socket.argv
-    with pytest.raises(ValueError, match="relay_bundle"):
-        render(dataclasses.replace(policy, root=Path("/srv/env")), ["true"], cwd=Path("/"), env={}, tools=tools)
+    assert "--relay" not in without_socket.argv and "HTTPS_PROXY" not in without_socket.argv
+    assert "/run/egress-relay" not in without_socket.argv
+    with pytest.raises(ValueError, match="relay_init"):  # whatever the root: the relay is ours, never the root's
+        render(dataclasses.replace(policy, relay_init=None), ["true"], cwd=Path("/"), env={}, tools=tools)
 
 
 def test_select_runtime_none_only_when_told(caplog):

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 
 import pytest
@@ -122,79 +121,29 @@ def test_closing_the_hosts_end_ends_the_init(tmp_path):
     assert process.wait(timeout=30) == 0
 
 
-# -- the egress relay's wait (argv[2]: its port; argv[3]: the bound in ms) ---------------------------
+# -- "--relay PORT SOCKET -- PROGRAM ...": the egress relay's prefix (tests/network/test_sandbox.py runs it) --
 
 
-@pytest.fixture
-def relay_socket():
-    """A socket bound on 127.0.0.1, not listening until the test says (/proc/net/tcp: not state 0A)."""
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    yield sock
-    sock.close()
-
-
-def relay_init(tmp_path, port: int, wait_ms: int):
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--relay"],
+        ["--relay", "3128", "/run/egress.sock", "--"],  # no program
+        ["--relay", "0", "/run/egress.sock", "--", "PROGRAM"],
+        ["--relay", "70000", "/run/egress.sock", "--", "PROGRAM"],
+        ["--relay", "-1", "/run/egress.sock", "--", "PROGRAM"],
+        ["--relay", "3128", "egress.sock", "--", "PROGRAM"],  # not absolute
+        ["--relay", "3128", "/" + "s" * 120, "--", "PROGRAM"],  # longer than a Unix socket's path
+        ["--relay", "3128", "/run/egress.sock", "PROGRAM"],  # no --
+    ],
+)
+def test_a_bad_relay_line_is_refused_before_anything_listens(tmp_path, args):
     binary = initbin.ensure_init(tmp_path) / initbin.NAME
-    channel = InitChannel()
-    argv = [str(binary), str(channel.init_fd), str(port), str(wait_ms)]
-    process = subprocess.Popen(argv, pass_fds=(channel.init_fd,))
-    assert channel.wait_ready(30)
-    return channel, process
-
-
-def asked(channel, number, argv):
-    """(the exec, the read end of its output), once the init was asked to start it, not waiting for
-    its answer (``channel.start(wait=False)``)."""
-    out_r, out_w = os.pipe()
-    stdin = os.open(os.devnull, os.O_RDONLY)
-    fd = request(argv)
-    try:
-        entry = channel.start(number, fd, stdin, out_w, out_w, wait=False)
-    finally:
-        for each in (fd, stdin, out_w):
-            os.close(each)
-    return entry, out_r
-
-
-def test_the_first_exec_waits_for_the_relay_to_listen(tmp_path, relay_socket):
-    """The wait ten minutes long: the exec starts when the port listens, not before."""
-    channel, process = relay_init(tmp_path, relay_socket.getsockname()[1], 600_000)
-    try:
-        entry, out_r = asked(channel, 1, ["echo", "ran"])
-        assert not entry.wait(0.5) and entry.pid is None  # not started: the init polls /proc/net/tcp
-        relay_socket.listen()
-        assert entry.wait(30) and os.waitstatus_to_exitcode(entry.status) == 0
-        assert os.read(out_r, 100) == b"ran\n"
-        os.close(out_r)
-    finally:
-        channel.close()
-        process.wait(timeout=30)
-
-
-def test_past_its_bound_the_exec_runs_without_the_relay(tmp_path, relay_socket):
-    channel, process = relay_init(tmp_path, relay_socket.getsockname()[1], 50)
-    try:
-        entry, out, _ = run(channel, 1, ["echo", "ran"])
-        assert os.waitstatus_to_exitcode(entry.status) == 0 and out == b"ran\n"
-    finally:
-        channel.close()
-        process.wait(timeout=30)
-
-
-def test_told_the_relay_will_not_come_the_init_waits_no_more(tmp_path, relay_socket):
-    """A stopped main took the relay with it (``stop_service``): the services' inits are told, and
-    their next exec starts at once, not after the ten minutes' wait asked for here."""
-    channel, process = relay_init(tmp_path, relay_socket.getsockname()[1], 600_000)
-    try:
-        channel.no_relay()
-        entry, out_r = asked(channel, 1, ["echo", "ran"])  # not awaited: a start stuck in the wait fails below
-        assert entry.wait(30) and os.waitstatus_to_exitcode(entry.status) == 0  # not after 600 s
-        assert os.read(out_r, 100) == b"ran\n"
-        os.close(out_r)
-    finally:
-        channel.close()
-        process.wait(timeout=30)
+    marker = tmp_path / "ran"
+    argv = [str(binary)] + [part for arg in args for part in (["touch", str(marker)] if arg == "PROGRAM" else [arg])]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=30)
+    assert done.returncode == 2 and not marker.exists()
+    assert done.stderr == "egress relay: usage: te-init --relay PORT /SOCKET -- PROGRAM ARGS...\n"
 
 
 # -- "--as UID GID PROGRAM ...": the switch a background process of a third user starts through ----

@@ -1,7 +1,7 @@
 """Containment III (SPEC §20): safe on a fresh machine with the README's command.
 
-A fresh machine is this one with bubblewrap and socat taken off ``PATH`` (a folder of links to
-every system program but those). There, ``SANDBOX=auto`` (the default) must not run agent code
+A fresh machine is this one with bubblewrap and the C compiler taken off ``PATH`` (a folder of links
+to every system program but those). There, ``SANDBOX=auto`` (the default) must not run agent code
 unsandboxed: ``run_worker``, ``serve`` and ``evaluate`` stop at start (exit 2, one sentence naming
 the package); ``SANDBOX=none`` said explicitly starts them, and ``/status`` and the admin dashboard
 say in words what runs agent code. ``bin/serve`` installs the packages itself as root with
@@ -31,7 +31,7 @@ from tests.worker.test_containment import start
 
 pytestmark = pytest.mark.slow
 
-SANDBOX_PROGRAMS = ("bwrap", "socat")
+SANDBOX_PROGRAMS = ("bwrap", "cc", "gcc")  # gcc: the sandboxes' init, their egress relay too
 REFUSAL = (
     "term-executor: configuration error: SANDBOX=auto but bubblewrap is not installed (bwrap: not found), "
     "and agent code does not run unsandboxed unless told to: install the bubblewrap package "
@@ -49,7 +49,7 @@ def uids() -> str:
 
 @pytest.fixture
 def fresh_path():
-    """A folder on PATH holding a link to every system program except bwrap and socat."""
+    """A folder on PATH holding a link to every system program except bwrap and the C compiler."""
     folder = Path(tempfile.mkdtemp(prefix="te-fresh-bin-", dir="/tmp"))
     os.chmod(folder, 0o755)  # bwrap, once installed, is run from here as the sandbox uid
     for directory in SYSTEM_PATH.split(":"):
@@ -137,7 +137,7 @@ if [ "$1" = install ]; then
   for package in "${{@:2}}"; do
     case "$package" in
       bubblewrap) ln -s {bwrap} {bin}/bwrap ;;
-      socat) ln -s {socat} {bin}/socat ;;
+      gcc) ln -s {gcc} {bin}/gcc; ln -s {gcc} {bin}/cc ;;
     esac
   done
 fi
@@ -149,7 +149,7 @@ exit 100  # no package lists yet
 
 
 def fake_apt(fresh_path: Path, log: Path) -> None:
-    values = {"log": log, "bin": fresh_path, "bwrap": shutil.which("bwrap"), "socat": shutil.which("socat")}
+    values = {"log": log, "bin": fresh_path, "bwrap": shutil.which("bwrap"), "gcc": shutil.which("gcc")}
     for name, script in (("apt-get", FAKE_APT_GET), ("apt-cache", FAKE_APT_CACHE)):
         (fresh_path / name).unlink(missing_ok=True)
         (fresh_path / name).write_text(script.format(**values))
@@ -169,15 +169,15 @@ def test_bin_serve_installs_the_sandbox_packages_and_runs_sandboxed(fresh_path, 
     finally:
         stop(service, process)
     assert log.read_text().splitlines() == [
-        "apt-cache show bubblewrap socat",
+        "apt-cache show bubblewrap gcc libc6-dev",
         "apt-get update -qq",
-        "apt-get install -y -qq --no-install-recommends bubblewrap socat",
+        "apt-get install -y -qq --no-install-recommends bubblewrap gcc libc6-dev",
     ]
     assert body["sandbox"] == "bwrap"
     version = subprocess.run(["bwrap", "--version"], capture_output=True, text=True).stdout.strip()
     assert body["sandbox_state"].startswith(f"{version}, {body['limits']['memory']}")
     installing = (service.folder / "gunicorn.log").read_text()
-    assert "bin/serve: installing bubblewrap socat (the sandbox's packages) with apt-get" in installing
+    assert "bin/serve: installing bubblewrap gcc libc6-dev (the sandbox's packages) with apt-get" in installing
 
 
 @pytest.mark.parametrize("case", ["installed", "sandbox none", "not root"])

@@ -9,12 +9,11 @@ No Django and nothing of the pipeline here; the runtime may import it.
 
 from evaluations.network.egress.policy import Decision, EgressPolicy, Rule, egress_policy, parse_rules
 from evaluations.network.egress.proxy import EgressProxy, EgressRecord
-from evaluations.network.egress.relay import RELAY_PORT, SANDBOX_SOCKET, SOCAT, proxy_env, relay_wrapper
+from evaluations.network.egress.relay import RELAY_PORT, SANDBOX_SOCKET, proxy_env, relay_wrapper
 
 __all__ = [
     "RELAY_PORT",
     "SANDBOX_SOCKET",
-    "SOCAT",
     "Decision",
     "EgressPolicy",
     "EgressProxy",
