@@ -109,6 +109,9 @@ def downloading_task(ctx: Context) -> None:
     except NoToolchain as exc:
         raise StepFailed(str(exc), kind=ErrorKind.INFRASTRUCTURE) from None
     static.prepare(ctx)  # the three asset groups checked, merged and staged
+    # The first command's launcher, joining the evaluation's cgroups (made while the task downloaded)
+    # while the environment and the repository are made ready: off that command's path.
+    ctx.spawner.hold_launch()
 
 
 def cloning_repo(ctx: Context) -> None:

@@ -111,6 +111,9 @@ class EvalCgroup:
         self.dirs = {controller: parent / eval_id for controller, parent in self.support.parents.items()}
         self._v2 = self.support.mode is CgroupMode.V2
         self._sampled = Usage(0, 0)
+        # Processes of the executor's own in the cgroup (the spawner's held launcher): pids.max allows
+        # for them, and the counts (the limit's, the peaks) leave them out.
+        self.reserved = 0
 
     @classmethod
     def create(
@@ -143,7 +146,7 @@ class EvalCgroup:
                 write(unified / "memory.swap.max", 0)
             if has("memory.oom.group"):
                 write(unified / "memory.oom.group", 1)  # an OOM kills the whole command, not one victim
-            write(unified / "pids.max", max_processes)
+            write(unified / "pids.max", max_processes + self.reserved)
             return
         memory = self.dirs["memory"]
         if has("memory.memsw.limit_in_bytes"):
@@ -157,7 +160,13 @@ class EvalCgroup:
         if has("memory.swappiness"):
             write(memory / "memory.swappiness", 0)
         write(memory / "memory.oom_control", 0)  # oom_kill_disable 0: the kernel kills, nothing waits
-        write(self.dirs["pids"] / "pids.max", max_processes)
+        write(self.dirs["pids"] / "pids.max", max_processes + self.reserved)
+
+    def reserve(self, processes: int) -> None:
+        """``processes`` of the executor's own in the cgroup from now on, beside the evaluation's."""
+        pids_max = self._file("pids.max")
+        write(pids_max, read_int(pids_max) - self.reserved + processes)
+        self.reserved = processes
 
     def procs_files(self) -> list[Path]:
         """The files a process writes its pid into to join (every hierarchy's ``cgroup.procs``)."""
@@ -181,10 +190,11 @@ class EvalCgroup:
 
     def usage(self) -> Usage:
         """Memory charged now, and processes now (zombies not yet reaped included)."""
+        processes = max(0, read_int(self._file("pids.current")) - self.reserved)
         if self._v2:
-            now = Usage(read_int(self._file("memory.current")), read_int(self._file("pids.current")))
+            now = Usage(read_int(self._file("memory.current")), processes)
         else:
-            now = Usage(read_int(self._file("memory.usage_in_bytes")), read_int(self._file("pids.current")))
+            now = Usage(read_int(self._file("memory.usage_in_bytes")), processes)
         self._sampled = Usage(
             max(self._sampled.memory_bytes, now.memory_bytes), max(self._sampled.processes, now.processes)
         )
@@ -205,7 +215,7 @@ class EvalCgroup:
     def peak_processes(self) -> int:
         """``pids.peak`` (kernel 6.1+ on v2, 6.13+ on v1), else the largest ``usage()`` sample."""
         if "pids.peak" in self.support.features:
-            return read_int(self._file("pids.peak"))
+            return max(0, read_int(self._file("pids.peak")) - self.reserved)
         return self._sampled.processes
 
     def oom_kills(self) -> int:

@@ -37,6 +37,9 @@
  * soft and hard, so never above what the service has), the niceness (--nice N, added); then exec
  * PROGRAM (PATH searched). Descriptors stay as they are (bwrap's --info-fd, a phase's init and its
  * socket pass through it). A step that fails: one line on stderr and exit 125, nothing run.
+ * With --hold FD (and no program): join the cgroups, then wait on FD for the rest of the launch
+ * (``held`` below says how it is sent); the spawner starts the next command's launcher so, while
+ * the command before it runs, since a cgroup move can wait for an RCU grace period.
  *
  * "te-init --relay PORT SOCKET -- PROGRAM ARGS...": no init either, the egress relay of a sandbox with
  * network (runtime/policy.py puts it before the command, or before the init of a phase's sandbox,
@@ -273,13 +276,102 @@ static int launch_number(const char *text, unsigned long long *value) {
     return *text && !*end && *text != '-' && errno == 0;
 }
 
+#define MAX_HELD_FDS 16
+
+static int launch(int argc, char **argv);
+
+static int held_refused(const char *what) {
+    fprintf(stderr, "term-executor: launch: the held launch %s\n", what);
+    return 125;
+}
+
+/* "--hold FD", once the cgroups are joined: the rest of the launch, sent on FD (a SOCK_SEQPACKET
+ * socket) as one message "G" with descriptors: first a memfd of NUL-separated fields (cwd, envc,
+ * env..., fdc, the fdc target numbers, argc, argv...: a whole "--launch" line without --cgroup or
+ * --hold), then fdc descriptors, each put at its target number (the numbers the line names). Then
+ * the launch goes on as any (the network namespace, the uid, the limits, the exec), in that cwd
+ * with that environment. End of file on FD (the host ended it unused): exit 0, nothing run. */
+static int held(int control_fd) {
+    char tag[8];
+    int fds[MAX_HELD_FDS + 1], nfds = 0;
+    struct iovec iov = {tag, sizeof tag};
+    char cbuf[CMSG_SPACE(sizeof(int) * (MAX_HELD_FDS + 1))];
+    struct msghdr msg = {0};
+    msg.msg_iov = &iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = cbuf;
+    msg.msg_controllen = sizeof cbuf;
+    ssize_t n;
+    do n = recvmsg(control_fd, &msg, MSG_CMSG_CLOEXEC);
+    while (n < 0 && errno == EINTR);
+    if (n == 0) return 0;
+    for (struct cmsghdr *c = CMSG_FIRSTHDR(&msg); c; c = CMSG_NXTHDR(&msg, c)) {
+        if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
+        int count = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+        for (int k = 0; k < count && nfds <= MAX_HELD_FDS; k++) fds[nfds++] = ((int *)CMSG_DATA(c))[k];
+    }
+    if (n < 0 || tag[0] != 'G' || nfds < 1 || (msg.msg_flags & (MSG_TRUNC | MSG_CTRUNC))) return held_refused("was not sent");
+    struct stat st;
+    if (fstat(fds[0], &st) < 0 || st.st_size <= 0 || st.st_size > MAX_REQUEST) return held_refused("is empty");
+    size_t size = st.st_size, got = 0;
+    char *data = malloc(size + 1);
+    char **field = calloc(size + 1, sizeof(char *));
+    if (!data || !field) return held_refused("is too large");
+    while (got < size) {
+        ssize_t r = pread(fds[0], data + got, size - got, got);
+        if (r < 0 && errno == EINTR) continue;
+        if (r <= 0) return held_refused("cannot be read");
+        got += r;
+    }
+    close(fds[0]);
+    int count = split(data, size, field, size + 1), at = 0;
+    if (count < 4) return held_refused("is not a launch");
+    const char *cwd = field[at++];
+    int envc = atoi(field[at++]);
+    if (envc < 0 || at + envc + 1 > count) return held_refused("is not a launch");
+    char **env = field + at;
+    at += envc;
+    int fdc = atoi(field[at++]);
+    if (fdc != nfds - 1 || at + fdc + 1 > count) return held_refused("names other descriptors than it sent");
+    char **targets = field + at;
+    at += fdc;
+    int launch_argc = atoi(field[at++]);
+    if (launch_argc < 4 || at + launch_argc != count || strcmp(field[at + 1], "--launch") != 0) return held_refused("is not a launch");
+    char **launch_argv = field + at;
+    for (int k = 2; k < launch_argc && strcmp(launch_argv[k], "--") != 0; k++)
+        if (!strcmp(launch_argv[k], "--cgroup") || !strcmp(launch_argv[k], "--hold")) return held_refused("joins again");
+    /* Each descriptor at its number: first all above every target (and the socket), then down. */
+    int above = control_fd + 1;
+    for (int k = 0; k < fdc; k++) {
+        unsigned long long target;
+        if (!launch_number(targets[k], &target) || target < 3 || target > 65535) return held_refused("names a bad descriptor");
+        if ((int)target >= above) above = (int)target + 1;
+    }
+    int moved[MAX_HELD_FDS];
+    for (int k = 0; k < fdc; k++) {
+        moved[k] = fcntl(fds[1 + k], F_DUPFD_CLOEXEC, above);
+        if (moved[k] < 0) return held_refused("cannot keep its descriptors");
+        close(fds[1 + k]);
+    }
+    close(control_fd);
+    for (int k = 0; k < fdc; k++) {
+        if (dup2(moved[k], atoi(targets[k])) < 0) return held_refused("cannot place its descriptors");
+        close(moved[k]);
+    }
+    if (chdir(cwd) < 0) return launch_failed("cannot enter", cwd);
+    env[envc] = NULL;  /* the field after the list (fdc) is read already */
+    environ = env;
+    launch_argv[launch_argc] = NULL;  /* past the last field: calloc'd */
+    return launch(launch_argc, launch_argv);
+}
+
 /* "--launch [OPTIONS] -- PROGRAM ARGS...": see the top of this file. Every option is read (and a
  * bad one refused, exit 2) before any step is taken. */
 static int launch(int argc, char **argv) {
     const char *cgroups[8], *netns = NULL, *uid_text = NULL;
     long long nice_by = 0;
-    unsigned long long uid = 0;
-    int joins = 0, no_new_privs = 0, limits = 0, i = 2;
+    unsigned long long uid = 0, hold = 0;
+    int joins = 0, no_new_privs = 0, limits = 0, holding = 0, i = 2;
     struct { int resource; unsigned long long value; const char *option; } rlimits[3];
     for (; i < argc && strcmp(argv[i], "--") != 0; i++) {
         const char *option = argv[i], *value = i + 1 < argc ? argv[i + 1] : NULL;
@@ -291,6 +383,12 @@ static int launch(int argc, char **argv) {
             cgroups[joins++] = value;
         } else if (strcmp(option, "--netns") == 0) {
             netns = value;
+        } else if (strcmp(option, "--hold") == 0) {
+            if (!launch_number(value, &hold) || hold < 3 || hold > 65535) {
+                fprintf(stderr, "term-executor: launch: bad option --hold %s\n", value);
+                return 2;
+            }
+            holding = 1;
         } else if (strcmp(option, "--nice") == 0) {
             char *end;
             nice_by = strtoll(value, &end, 10);
@@ -309,7 +407,8 @@ static int launch(int argc, char **argv) {
             else { rlimits[limits].resource = resource; rlimits[limits].value = number; rlimits[limits].option = option; limits++; }
         }
     }
-    if (i + 1 >= argc) { fputs("term-executor: launch: no program after --\n", stderr); return 2; }
+    if (holding && i < argc) { fputs("term-executor: launch: --hold takes no program\n", stderr); return 2; }
+    if (!holding && i + 1 >= argc) { fputs("term-executor: launch: no program after --\n", stderr); return 2; }
     char **program = argv + i + 1;
     /* As root, before anything else: every process of the command is counted from its start. */
     for (int k = 0; k < joins; k++) {
@@ -319,6 +418,7 @@ static int launch(int argc, char **argv) {
         if (fd < 0 || write(fd, pid, n) != n) return launch_failed("cannot join cgroup", cgroups[k]);
         close(fd);
     }
+    if (holding) return held((int)hold);
     if (netns != NULL) {  /* as root too: setns takes CAP_SYS_ADMIN */
         int fd = open(netns, O_RDONLY | O_CLOEXEC);
         if (fd < 0 || setns(fd, CLONE_NEWNET) < 0) return launch_failed("cannot join the network namespace", netns);

@@ -161,6 +161,22 @@ def render(
     return Rendered([*chain, tools.bwrap, *report, *flags, "--", *argv], dict(outer_env or {}), Path("/"))
 
 
+def cgroup_joins(argv: Sequence[str]) -> tuple[str, ...]:
+    """The cgroup files a launcher line (``Tools.launcher``'s ``--launch``) joins; () for another line."""
+    if len(argv) < 2 or argv[1] != "--launch":
+        return ()
+    end = argv.index("--") if "--" in argv else len(argv)
+    return tuple(argv[i + 1] for i in range(2, end - 1) if argv[i] == "--cgroup")
+
+
+def without_joins(argv: Sequence[str]) -> list[str]:
+    """A launcher line without its cgroup joins: the rest of it, for a launcher that joined them
+    already (``--hold``, the spawner's held launch)."""
+    end = argv.index("--")
+    head = [part for i, part in enumerate(argv[:end]) if not (part == "--cgroup" or (i and argv[i - 1] == "--cgroup"))]
+    return [*head, *argv[end:]]
+
+
 @dataclass(frozen=True)
 class _LaunchSteps:
     """What runs before the command or its bubblewrap, in this order: as root, the cgroup's join and

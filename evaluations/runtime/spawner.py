@@ -50,12 +50,14 @@ killed the command.
 
 from __future__ import annotations
 
+import array
 import contextlib
 import dataclasses
 import logging
 import os
 import resource
 import signal
+import socket
 import subprocess
 import threading
 import time
@@ -69,7 +71,14 @@ from evaluations.runtime.initchannel import ExecStartError, InitChannel, InitGon
 from evaluations.runtime.monitor import Monitor, Peaks, folder_usage
 from evaluations.runtime.output import OutputCapture, pump, pump_fds
 from evaluations.runtime.phase import PhaseKey, PhaseSandbox
-from evaluations.runtime.policy import NICE_BY_THREAD, RLimits, SandboxPolicy
+from evaluations.runtime.policy import (
+    COMMAND_NICENESS,
+    NICE_BY_THREAD,
+    RLimits,
+    SandboxPolicy,
+    cgroup_joins,
+    without_joins,
+)
 from evaluations.runtime.sandbox import SYSTEM_PATH, fresh_tmp, prepare_mount_points, private_tmp, system_tool
 from evaluations.runtime.types import MIB, CancelEvent, CommandResult, Limit, Limits, Verdict
 from evaluations.safefs import TreeUsage, remove_tree_nofollow
@@ -82,6 +91,7 @@ log = logging.getLogger(__name__)
 _NPROC_HEADROOM = 2  # shared uid: twice the limit
 _NPROC_MARGIN = 16  # own uid: the limit plus this
 _UNREPORTED = object()  # a sandbox that did not report its pid 1
+_HELD_EXIT_SECS = 5.0  # a held launcher's exit once told to end (a cgroup move it waits on, at most)
 _FILE_TOO_LARGE = 128 + signal.SIGXFSZ  # the kernel's answer to a write past RLIMIT_FSIZE
 
 
@@ -126,6 +136,7 @@ class Spawner:
         self._prestarts: dict[str, _Prestart] = {}  # coming phases' sandboxes, starting (``prestart``)
         self._retired: list[PhaseSandbox] = []  # ended phases' sandboxes, told to end (``phase(retire=)``)
         self._backgrounds: list[Background] = []  # processes beside the commands (``background``)
+        self._held: _HeldLaunch | None = None  # the next command's launcher, in the cgroups already
         self._cpu_before = _children_cpu_seconds()
         killer.become_subreaper()
         for tool in ("prlimit", "setpriv", *(() if NICE_BY_THREAD else ("nice",))):
@@ -539,6 +550,30 @@ class Spawner:
             return
         self._cgroup_ahead = _CgroupAhead(self.eval_id, limits, support)
 
+    def hold_launch(self) -> None:
+        """Start the first command's launcher now (``_HeldLaunch``), so that it joins the
+        evaluation's cgroups while the steps before that command go on (the pipeline calls it once
+        the task is downloaded, the cgroup made meanwhile: ``make_cgroup_ahead``). Nothing without
+        the cgroup (made, or its making awaited here), without the init's launcher, or with a
+        launcher held already."""
+        if self._held is not None:
+            return
+        cgroup = self.cgroup
+        if cgroup is None and self._cgroup_ahead is not None:
+            cgroup = self._cgroup_ahead.made()
+            if cgroup is not None:  # taken as the first command takes it (a failure stays that command's)
+                self.cgroup, self._cgroup_ahead = cgroup, None
+        launcher = initbin.host_binary()
+        if cgroup is None or launcher is None:
+            return
+        self._hold(str(launcher), tuple(str(path) for path in cgroup.procs_files()), COMMAND_NICENESS)
+
+    def _hold(self, launcher: str, joins: tuple[str, ...], niceness: int) -> None:
+        """The next command's launcher held; the cgroup's process limit allowing for it from the first."""
+        if self.cgroup.reserved == 0:
+            self.cgroup.reserve(1)
+        self._held = _HeldLaunch(launcher, joins, niceness)
+
     def _ensure_cgroup(self, limits: Limits) -> None:
         support = self.runtime.cgroups
         if support is None or not support.enforced:
@@ -584,6 +619,9 @@ class Spawner:
             ahead, self._cgroup_ahead = self._cgroup_ahead, None
             with contextlib.suppress(Exception):  # unmade, it has nothing to remove
                 self.cgroup = ahead.result()
+        if self._held is not None:
+            held, self._held = self._held, None
+            held.close()
         self.end_prestart()
         self.end_phase()
         for started in self._backgrounds:
@@ -620,20 +658,34 @@ class Spawner:
         return policy
 
     def _start(self, launch: Launch, with_stdin: bool, niceness: int, pass_fds: tuple[int, ...]) -> subprocess.Popen:
-        with killer.spawning() as awaiting, _niced(niceness):
-            proc = subprocess.Popen(
-                launch.argv,
-                stdin=subprocess.PIPE if with_stdin else subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,  # one pipe: the kernel keeps the two streams in order
-                cwd=launch.cwd,
-                env=launch.env,
-                start_new_session=True,
-                close_fds=True,
-                pass_fds=(*launch.pass_fds, *pass_fds),
-            )
-            awaiting(proc.pid)
+        """The launch's process: the held launcher told to run it where one fits (``_HeldLaunch``),
+        else a new one; then the next command's launcher, held."""
+        fds = (*launch.pass_fds, *pass_fds)
+        held, self._held = self._held, None
+        proc = None
+        if held is not None:
+            if held.fits(launch.argv, with_stdin, niceness):
+                proc = held.go(launch.argv, launch.env, launch.cwd, fds)
+            if proc is None:
+                held.close()
+        if proc is None:
+            with killer.spawning() as awaiting, _niced(niceness):
+                proc = subprocess.Popen(
+                    launch.argv,
+                    stdin=subprocess.PIPE if with_stdin else subprocess.DEVNULL,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.STDOUT,  # one pipe: the kernel keeps the two streams in order
+                    cwd=launch.cwd,
+                    env=launch.env,
+                    start_new_session=True,
+                    close_fds=True,
+                    pass_fds=fds,
+                )
+                awaiting(proc.pid)
         log.debug("eval %s: pid %s started: %s", self.eval_id, proc.pid, launch.argv)
+        joins = cgroup_joins(launch.argv)
+        if joins and self.cgroup is not None:
+            self._hold(launch.argv[0], joins, niceness)
         return proc
 
     def _adopt_sandbox_init(self, launch: Launch) -> int | None:
@@ -770,6 +822,89 @@ class _CgroupAhead:
         if self._error is not None:
             raise self._error
         return self._made
+
+    def made(self) -> cgroups.EvalCgroup | None:
+        """The cgroup once made, or None where its making failed (``result`` raises that)."""
+        self._thread.join()
+        return self._made
+
+
+class _HeldLaunch:
+    """The next command's launcher, started as the last one starts (``te-init --launch --cgroup ...
+    --hold FD``): it joins the evaluation's cgroups while that command runs, then waits to be told
+    the rest of its launch (``go``). A cgroup v1 move takes a global lock whose first writer waits
+    for an RCU grace period, 5-11 ms here when no move came in the last few ms: on the command's
+    path it was most of a sandbox's start (bench/RESULTS.md, issue 38, stop 52). It runs as root
+    (the uid switch is part of the rest), in a session of its own, without the evaluation's tag:
+    neither a kill of a command nor a sweep or scrub of the evaluation's uid takes it (a kill of
+    the whole cgroup does: then it is not used). ``close`` ends it unused: its socket's end of
+    file. Used only from the thread that started it (bubblewrap dies with that thread), with the
+    cgroups, stdin and niceness it was started with."""
+
+    def __init__(self, launcher: str, joins: tuple[str, ...], niceness: int):
+        self.joins = joins
+        self.niceness = niceness
+        self.thread = threading.get_ident()
+        self.socket, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        joined = [part for path in joins for part in ("--cgroup", path)]
+        try:
+            with killer.spawning() as awaiting, _niced(niceness):
+                self.proc = subprocess.Popen(
+                    [launcher, "--launch", *joined, "--hold", str(child.fileno())],
+                    stdin=subprocess.DEVNULL,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.STDOUT,
+                    cwd="/",
+                    env={},
+                    start_new_session=True,
+                    close_fds=True,
+                    pass_fds=(child.fileno(),),
+                )
+                awaiting(self.proc.pid)
+        except BaseException:
+            self.socket.close()
+            raise
+        finally:
+            child.close()
+
+    def fits(self, argv: Sequence[str], with_stdin: bool, niceness: int) -> bool:
+        return (
+            self.thread == threading.get_ident()
+            and not with_stdin
+            and niceness == self.niceness
+            and cgroup_joins(argv) == self.joins
+            and self.proc.poll() is None
+        )
+
+    def go(self, argv: Sequence[str], env: dict[str, str], cwd: Path, fds: tuple[int, ...]) -> subprocess.Popen | None:
+        """The launch sent: its process (the held one's), or None if it could not be told."""
+        fields = [str(cwd), str(len(env)), *(f"{k}={v}" for k, v in env.items()), str(len(fds)), *map(str, fds)]
+        rest = without_joins(argv)
+        fields += [str(len(rest)), *rest]
+        if any("\0" in field for field in fields):
+            return None
+        request = os.memfd_create("te-launch", os.MFD_CLOEXEC)
+        try:
+            os.write(request, b"".join(field.encode() + b"\0" for field in fields))
+            self.socket.sendmsg([b"G"], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [request, *fds]))])
+        except OSError:
+            return None
+        finally:
+            os.close(request)
+        self.socket.close()
+        return self.proc
+
+    def close(self) -> None:
+        """Unused: its end of file, then its exit (or its kill), reaped."""
+        self.socket.close()
+        try:
+            self.proc.wait(_HELD_EXIT_SECS)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        if self.proc.stdout is not None:
+            self.proc.stdout.close()
+        killer.release(self.proc.pid)
 
 
 class _Prestart:

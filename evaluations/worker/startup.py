@@ -73,8 +73,9 @@ def prepare_to_run(config: Config) -> Runtime:
         runtime.cgroups = cgroups.detect(config.cgroup_parent)
         if runtime.cgroups.enforced and not favors_dynmods():
             logger.info(
-                "cgroups: each sandbox's move into its evaluation's cgroup waits for an RCU grace period; "
-                "a cgroup hierarchy mounted with favordynmods removes that wait (docs/operating.md)"
+                "cgroups: each sandbox's move into its evaluation's cgroup waits for an RCU grace period "
+                "(mostly while the command before it runs); a cgroup hierarchy mounted with favordynmods "
+                "removes that wait (docs/operating.md)"
             )
     log_startup_warnings()
     become_subreaper()  # orphans of a dead evaluation process come to us, not to init

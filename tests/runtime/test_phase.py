@@ -12,9 +12,10 @@ import dataclasses
 import pytest
 
 from evaluations.runtime import SandboxPolicy, initbin, killer
+from evaluations.runtime import spawner as spawner_module
 from tests.helpers.polling import wait_for
 from tests.runtime.conftest import make_harness
-from tests.runtime.support import DEFAULT_LIMITS, tagged_alive
+from tests.runtime.support import DEFAULT_LIMITS, UID, tagged_alive
 
 # Which sandbox a command ran in: a marker left in its /dev/shm (a tmpfs of each bubblewrap's own)
 # counts the commands that ran there before. (A namespace's inode number would not do: the kernel
@@ -379,3 +380,93 @@ def test_a_cgroup_made_ahead_for_no_command_is_removed_and_a_failure_is_the_firs
     finally:
         failed.spawner.close()
     assert not any(d.exists() for d in _cgroup_dirs(failed, support))
+
+
+# -- the held launcher (spawner._HeldLaunch): the next command's launcher, in the cgroups already ----
+
+
+def _held_harness(bwrap_runtime, session, support):
+    runtime = copy.copy(bwrap_runtime)
+    runtime.cgroups = support
+    return make_harness(runtime, session)
+
+
+def _uid_and_environ(pid: int) -> tuple[int, bytes]:
+    with open(f"/proc/{pid}/status") as status:
+        uid = next(int(line.split()[1]) for line in status if line.startswith("Uid:"))
+    with open(f"/proc/{pid}/environ", "rb") as environ:
+        return uid, environ.read()
+
+
+def test_the_next_commands_launcher_waits_in_the_cgroups_and_runs_the_next_command(
+    bwrap_runtime, session, support, monkeypatch
+):
+    """Held once the cgroup is made (``hold_launch``: before any command) and after each launch: in
+    every hierarchy of the evaluation's cgroup, as root, without the evaluation's tag; the next
+    command is started by it (its pid is the held one's) and runs as any command does."""
+    harness = _held_harness(bwrap_runtime, session, support)
+    spawner = harness.spawner
+    used = []
+    go = spawner_module._HeldLaunch.go
+
+    def spy(self, *args):
+        proc = go(self, *args)
+        used.append((self.proc.pid, proc))
+        return proc
+
+    monkeypatch.setattr(spawner_module._HeldLaunch, "go", spy)
+    try:
+        spawner.make_cgroup_ahead(DEFAULT_LIMITS)
+        spawner.hold_launch()
+        held = spawner._held
+        assert held is not None
+        wait_for(lambda: held.proc.pid in spawner.cgroup.pids(), what="the held launcher in the cgroup")
+        uid, environ = _uid_and_environ(held.proc.pid)
+        assert uid == 0 and killer.TAG_VAR.encode() not in environ  # no sweep of the evaluation's takes it
+        first = harness.run("id -u; echo $TERM_EXECUTOR_EVAL")
+        assert first.exit_code == 0 and first.output.splitlines() == [str(UID), harness.eval_id], first.output
+        assert used == [(held.proc.pid, held.proc)]  # the command's process was the held launcher
+        assert spawner._held is not None and spawner._held is not held  # the next one, held already
+        # The evaluation's processes leave it out, and its process limit allows for it.
+        wait_for(lambda: spawner._held.proc.pid in spawner.cgroup.pids(), what="the next launcher in the cgroup")
+        assert spawner.cgroup.usage().processes == 0
+        pids = spawner.cgroup.dirs.get("pids") or spawner.cgroup.dirs["unified"]  # v1, v2
+        assert int((pids / "pids.max").read_text()) == DEFAULT_LIMITS.max_processes + 1
+        second = harness.run("echo second")
+        assert second.output == "second\n" and len(used) == 2
+    finally:
+        spawner.close()
+    assert not any(d.exists() for d in _cgroup_dirs(harness, support))
+
+
+def test_a_held_launcher_is_ended_by_close_and_one_killed_with_the_cgroup_is_not_used(bwrap_runtime, session, support):
+    harness = _held_harness(bwrap_runtime, session, support)
+    spawner = harness.spawner
+    try:
+        assert harness.run("true").exit_code == 0
+        held = spawner._held
+        assert held is not None
+        spawner.cgroup.kill()  # a verdict over the whole evaluation kills every member of the cgroup
+        wait_for(lambda: held.proc.poll() is not None, what="the held launcher killed with the cgroup")
+        after = harness.run("echo still runs")
+        assert after.exit_code == 0 and after.output == "still runs\n"  # a launcher of its own
+        unused = spawner._held
+        assert unused is not None and unused is not held
+    finally:
+        spawner.close()
+    assert unused.proc.returncode == 0  # told to end (its socket's end of file): exit 0, nothing run
+    assert not any(d.exists() for d in _cgroup_dirs(harness, support))
+
+
+def test_the_sandbox_uid_cannot_signal_the_held_launcher(bwrap_runtime, session, support):
+    """Root's, and outside the command's pid namespace: a command can neither see nor kill it."""
+    harness = _held_harness(bwrap_runtime, session, support)
+    spawner = harness.spawner
+    try:
+        assert harness.run("true").exit_code == 0
+        held = spawner._held
+        result = harness.run(f"kill -9 {held.proc.pid} 2>&1; echo kill=$?")
+        assert result.output.endswith("kill=1\n"), result.output
+        assert held.proc.poll() is None or spawner._held is not held  # alive, or used by that command itself
+    finally:
+        spawner.close()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import array
 import dataclasses
 import logging
 import os
@@ -348,3 +349,66 @@ def test_the_launcher_runs_nothing_when_a_step_fails(tmp_path):
         assert not marker.exists(), options
     done = subprocess.run([str(launcher), "--launch", *command], capture_output=True, text=True)
     assert done.returncode == 0 and marker.exists()
+
+
+def _hold(launcher, tmp_path):
+    """A held launcher (``--launch --hold FD``, no cgroup to join here) and the host's end of its socket."""
+    host, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    proc = subprocess.Popen([str(launcher), "--launch", "--hold", str(child.fileno())], pass_fds=(child.fileno(),),
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env={}, cwd="/")  # fmt: skip
+    child.close()
+    return host, proc
+
+
+def _go(host, fields: list[str], fds: list[int]) -> None:
+    request = os.memfd_create("te-launch")
+    try:
+        os.write(request, b"".join(field.encode() + b"\0" for field in fields))
+        host.sendmsg([b"G"], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [request, *fds]))])
+    finally:
+        os.close(request)
+
+
+def test_a_held_launcher_runs_the_launch_it_is_sent_with_its_descriptors_cwd_and_environment(tmp_path):
+    launcher = initbin.host_binary()
+    host, proc = _hold(launcher, tmp_path)
+    read, write = os.pipe()
+    target = 40  # the number the line names: the launcher puts the descriptor there
+    script = f"echo $A $(pwd) $(id -u) >&{target}; echo out"
+    line = [str(launcher), "--launch", "--uid", str(UID or os.getuid()), "--", "/bin/bash", "-c", script]
+    _go(host, [str(tmp_path), "1", "A=held", "1", str(target), str(len(line)), *line], [write])
+    os.close(write)
+    output, _ = proc.communicate(timeout=30)
+    host.close()
+    assert (proc.returncode, output) == (0, b"out\n")
+    assert os.read(read, 200).decode() == f"held {tmp_path} {UID or os.getuid()}\n"
+    os.close(read)
+
+
+def test_a_held_launcher_runs_nothing_unless_sent_a_whole_launch(tmp_path):
+    launcher = initbin.host_binary()
+    marker = tmp_path / "ran"
+    touch = ["--", "/bin/sh", "-c", f"touch {marker}"]
+    host, proc = _hold(launcher, tmp_path)
+    host.close()  # ended unused
+    assert proc.communicate(timeout=30) == (b"", None) and proc.returncode == 0
+    cases = [
+        ([str(launcher), "--launch", "--cgroup", str(tmp_path / "cgroup.procs"), *touch], "joins again"),
+        ([str(launcher), "--launch", "--hold", "3", *touch], "joins again"),
+        ([str(launcher), "--as", "0", "0", "/bin/true"], "is not a launch"),
+    ]
+    for line, message in cases:
+        host, proc = _hold(launcher, tmp_path)
+        _go(host, ["/", "0", "0", str(len(line)), *line], [])
+        output, _ = proc.communicate(timeout=30)
+        host.close()
+        assert (proc.returncode, output.decode()) == (125, f"term-executor: launch: the held launch {message}\n")
+    host, proc = _hold(launcher, tmp_path)
+    _go(
+        host, ["/", "0", "1", "40", "4", str(launcher), "--launch", *touch[:1], "true"], []
+    )  # one descriptor named, none sent
+    assert proc.communicate(timeout=30)[0].decode().endswith("names other descriptors than it sent\n")
+    host.close()
+    refused = subprocess.run([str(launcher), "--launch", "--hold", "3", *touch], capture_output=True, text=True)
+    assert (refused.returncode, refused.stderr) == (2, "term-executor: launch: --hold takes no program\n")
+    assert not marker.exists()
