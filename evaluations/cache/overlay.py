@@ -9,8 +9,8 @@ length (WORKSPACE_BASE/<uuid>), part of the key.
 
 1. ``mount_folder(entry, name, root, uid)``: ``<root>/<name>`` over the
    entry's folder, its layers in ``<root>/.layers/<name>/{lower,upper,work}``.
-2. ``unmount_folder`` and ``unmount_session``: one folder, or every mount
-   below the session, with their layers.
+2. ``unmount_folder`` and ``unmount_session``: one folder with its layers, or
+   every mount below the session (its layers then go with the session folder).
 3. ``rewrite_session_paths``: the building session's path, in the files the
    entry's manifest lists, becomes this session's.
 4. ``idmapped_bind``: a folder of root's (the mirror) bound for the time of a
@@ -63,10 +63,10 @@ def unmount_folder(root: Path, name: str) -> None:
 
 
 def unmount_session(root: Path) -> None:
-    """Every mount at or under the session folder, and every layer."""
+    """Every mount at or under the session folder. The layers stay, root's, inside it: they go
+    with the session folder (removed after the evaluation's end is written, ``remove_retired``; or
+    kept with it), so the end does not wait for a walk of what the evaluation wrote in them."""
     mounts.unmount_below(root)
-    if (root / LAYERS).exists():
-        remove_tree_nofollow(root / LAYERS)
 
 
 def rewrite_session_paths(root: Path, uid: int, name: str, *, old: str, manifest: dict) -> None:

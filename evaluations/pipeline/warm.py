@@ -333,7 +333,7 @@ class WorkspaceCache:
     # -- cleanup -------------------------------------------------------------------------------
 
     def release(self) -> None:
-        """Unmount the session's layers and drop every lock: nothing of the evaluation holds the cache."""
+        """Unmount the session's overlays and drop every lock: nothing of the evaluation holds the cache."""
         if self.use is None:  # clone never ran: nothing was taken
             return
         try:
