@@ -105,26 +105,36 @@ static void say(const char *text) {
     if (send(control, text, strlen(text), MSG_NOSIGNAL) < 0 && errno != EINTR) _exit(0);
 }
 
-static int receive(char *buf, size_t size, int fds[4], int *nfds) {
+/* One message on ``fd`` (its text NUL-terminated in ``buf``, cut to fit) with up to ``max`` of
+ * its descriptors (close-on-exec; the others closed): its length, 0 at end of file, -1 on error. */
+static ssize_t receive_on(int fd, char *buf, size_t size, int *fds, int max, int *nfds) {
     struct iovec iov = {buf, size - 1};
-    char cbuf[CMSG_SPACE(sizeof(int) * 4)];
+    char cbuf[CMSG_SPACE(sizeof(int) * 32)];
     struct msghdr msg = {0};
     msg.msg_iov = &iov;
     msg.msg_iovlen = 1;
     msg.msg_control = cbuf;
     msg.msg_controllen = sizeof cbuf;
     ssize_t n;
-    do n = recvmsg(control, &msg, MSG_CMSG_CLOEXEC);
+    do n = recvmsg(fd, &msg, MSG_CMSG_CLOEXEC);
     while (n < 0 && errno == EINTR);
-    if (n <= 0) return -1;
-    buf[n] = 0;
     *nfds = 0;
+    if (n <= 0) return n;
+    buf[n] = 0;
     for (struct cmsghdr *c = CMSG_FIRSTHDR(&msg); c; c = CMSG_NXTHDR(&msg, c)) {
         if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
         int count = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
-        for (int i = 0; i < count && *nfds < 4; i++) fds[(*nfds)++] = ((int *)CMSG_DATA(c))[i];
+        for (int i = 0; i < count; i++) {
+            int got = ((int *)CMSG_DATA(c))[i];
+            if (*nfds < max) fds[(*nfds)++] = got;
+            else close(got);
+        }
     }
-    return 0;
+    return n;
+}
+
+static int receive(char *buf, size_t size, int fds[4], int *nfds) {
+    return receive_on(control, buf, size, fds, 4, nfds) > 0 ? 0 : -1;
 }
 
 /* The request's fields, in place: returns the count, or -1. */
@@ -294,23 +304,9 @@ static int held_refused(const char *what) {
 static int held(int control_fd) {
     char tag[8];
     int fds[MAX_HELD_FDS + 1], nfds = 0;
-    struct iovec iov = {tag, sizeof tag};
-    char cbuf[CMSG_SPACE(sizeof(int) * (MAX_HELD_FDS + 1))];
-    struct msghdr msg = {0};
-    msg.msg_iov = &iov;
-    msg.msg_iovlen = 1;
-    msg.msg_control = cbuf;
-    msg.msg_controllen = sizeof cbuf;
-    ssize_t n;
-    do n = recvmsg(control_fd, &msg, MSG_CMSG_CLOEXEC);
-    while (n < 0 && errno == EINTR);
+    ssize_t n = receive_on(control_fd, tag, sizeof tag, fds, MAX_HELD_FDS + 1, &nfds);
     if (n == 0) return 0;
-    for (struct cmsghdr *c = CMSG_FIRSTHDR(&msg); c; c = CMSG_NXTHDR(&msg, c)) {
-        if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
-        int count = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
-        for (int k = 0; k < count && nfds <= MAX_HELD_FDS; k++) fds[nfds++] = ((int *)CMSG_DATA(c))[k];
-    }
-    if (n < 0 || tag[0] != 'G' || nfds < 1 || (msg.msg_flags & (MSG_TRUNC | MSG_CTRUNC))) return held_refused("was not sent");
+    if (n < 0 || tag[0] != 'G' || nfds < 1) return held_refused("was not sent");
     struct stat st;
     if (fstat(fds[0], &st) < 0 || st.st_size <= 0 || st.st_size > MAX_REQUEST) return held_refused("is empty");
     size_t size = st.st_size, got = 0;

@@ -385,10 +385,17 @@ def test_a_cgroup_made_ahead_for_no_command_is_removed_and_a_failure_is_the_firs
 # -- the held launcher (spawner._HeldLaunch): the next command's launcher, in the cgroups already ----
 
 
-def _held_harness(bwrap_runtime, session, support):
+@pytest.fixture
+def held(bwrap_runtime, session, support):
+    """A harness whose evaluation has a cgroup (so launchers are held); after the test, closed: no
+    launcher and no cgroup folder left."""
     runtime = copy.copy(bwrap_runtime)
     runtime.cgroups = support
-    return make_harness(runtime, session)
+    harness = make_harness(runtime, session)
+    yield harness
+    harness.spawner.close()
+    assert harness.spawner._held is None
+    assert not any(d.exists() for d in _cgroup_dirs(harness, support))
 
 
 def _uid_and_environ(pid: int) -> tuple[int, bytes]:
@@ -398,14 +405,11 @@ def _uid_and_environ(pid: int) -> tuple[int, bytes]:
         return uid, environ.read()
 
 
-def test_the_next_commands_launcher_waits_in_the_cgroups_and_runs_the_next_command(
-    bwrap_runtime, session, support, monkeypatch
-):
+def test_the_next_commands_launcher_waits_in_the_cgroups_and_runs_the_next_command(held, monkeypatch):
     """Held once the cgroup is made (``hold_launch``: before any command) and after each launch: in
     every hierarchy of the evaluation's cgroup, as root, without the evaluation's tag; the next
     command is started by it (its pid is the held one's) and runs as any command does."""
-    harness = _held_harness(bwrap_runtime, session, support)
-    spawner = harness.spawner
+    spawner = held.spawner
     used = []
     go = spawner_module._HeldLaunch.go
 
@@ -415,58 +419,54 @@ def test_the_next_commands_launcher_waits_in_the_cgroups_and_runs_the_next_comma
         return proc
 
     monkeypatch.setattr(spawner_module._HeldLaunch, "go", spy)
-    try:
-        spawner.make_cgroup_ahead(DEFAULT_LIMITS)
-        spawner.hold_launch()
-        held = spawner._held
-        assert held is not None
-        wait_for(lambda: held.proc.pid in spawner.cgroup.pids(), what="the held launcher in the cgroup")
-        uid, environ = _uid_and_environ(held.proc.pid)
-        assert uid == 0 and killer.TAG_VAR.encode() not in environ  # no sweep of the evaluation's takes it
-        first = harness.run("id -u; echo $TERM_EXECUTOR_EVAL")
-        assert first.exit_code == 0 and first.output.splitlines() == [str(UID), harness.eval_id], first.output
-        assert used == [(held.proc.pid, held.proc)]  # the command's process was the held launcher
-        assert spawner._held is not None and spawner._held is not held  # the next one, held already
-        # The evaluation's processes leave it out, and its process limit allows for it.
-        wait_for(lambda: spawner._held.proc.pid in spawner.cgroup.pids(), what="the next launcher in the cgroup")
-        assert spawner.cgroup.usage().processes == 0
-        pids = spawner.cgroup.dirs.get("pids") or spawner.cgroup.dirs["unified"]  # v1, v2
-        assert int((pids / "pids.max").read_text()) == DEFAULT_LIMITS.max_processes + 1
-        second = harness.run("echo second")
-        assert second.output == "second\n" and len(used) == 2
-    finally:
-        spawner.close()
-    assert not any(d.exists() for d in _cgroup_dirs(harness, support))
+    spawner.make_cgroup_ahead(DEFAULT_LIMITS)
+    spawner.hold_launch()
+    first_held = spawner._held
+    assert first_held is not None
+    wait_for(lambda: first_held.proc.pid in spawner.cgroup.pids(), what="the held launcher in the cgroup")
+    uid, environ = _uid_and_environ(first_held.proc.pid)
+    assert uid == 0 and killer.TAG_VAR.encode() not in environ  # no sweep of the evaluation's takes it
+    first = held.run("id -u; echo $TERM_EXECUTOR_EVAL")
+    assert first.exit_code == 0 and first.output.splitlines() == [str(UID), held.eval_id], first.output
+    assert used == [(first_held.proc.pid, first_held.proc)]  # the command's process was the held launcher
+    assert spawner._held is not None and spawner._held is not first_held  # the next one, held already
+    # The evaluation's processes leave it out, and its process limit allows for it.
+    wait_for(lambda: spawner._held.proc.pid in spawner.cgroup.pids(), what="the next launcher in the cgroup")
+    assert spawner.cgroup.usage().processes == 0
+    pids = spawner.cgroup.dirs.get("pids") or spawner.cgroup.dirs["unified"]  # v1, v2
+    assert int((pids / "pids.max").read_text()) == DEFAULT_LIMITS.max_processes + 1
+    second = held.run("echo second")
+    assert second.output == "second\n" and len(used) == 2
 
 
-def test_a_held_launcher_is_ended_by_close_and_one_killed_with_the_cgroup_is_not_used(bwrap_runtime, session, support):
-    harness = _held_harness(bwrap_runtime, session, support)
-    spawner = harness.spawner
-    try:
-        assert harness.run("true").exit_code == 0
-        held = spawner._held
-        assert held is not None
-        spawner.cgroup.kill()  # a verdict over the whole evaluation kills every member of the cgroup
-        wait_for(lambda: held.proc.poll() is not None, what="the held launcher killed with the cgroup")
-        after = harness.run("echo still runs")
-        assert after.exit_code == 0 and after.output == "still runs\n"  # a launcher of its own
-        unused = spawner._held
-        assert unused is not None and unused is not held
-    finally:
-        spawner.close()
+def test_a_held_launcher_is_ended_by_close_and_one_killed_with_the_cgroup_is_not_used(held):
+    spawner = held.spawner
+    assert held.run("true").exit_code == 0
+    killed = spawner._held
+    assert killed is not None
+    spawner.cgroup.kill()  # a verdict over the whole evaluation kills every member of the cgroup
+    wait_for(lambda: killed.proc.poll() is not None, what="the held launcher killed with the cgroup")
+    after = held.run("echo still runs")
+    assert after.exit_code == 0 and after.output == "still runs\n"  # a launcher of its own
+    unused = spawner._held
+    assert unused is not None and unused is not killed
+    spawner.close()
     assert unused.proc.returncode == 0  # told to end (its socket's end of file): exit 0, nothing run
-    assert not any(d.exists() for d in _cgroup_dirs(harness, support))
 
 
-def test_the_sandbox_uid_cannot_signal_the_held_launcher(bwrap_runtime, session, support):
-    """Root's, and outside the command's pid namespace: a command can neither see nor kill it."""
-    harness = _held_harness(bwrap_runtime, session, support)
-    spawner = harness.spawner
-    try:
-        assert harness.run("true").exit_code == 0
-        held = spawner._held
-        result = harness.run(f"kill -9 {held.proc.pid} 2>&1; echo kill=$?")
-        assert result.output.endswith("kill=1\n"), result.output
-        assert held.proc.poll() is None or spawner._held is not held  # alive, or used by that command itself
-    finally:
-        spawner.close()
+def test_a_command_cannot_signal_the_launcher_held_beside_it(held):
+    """The launcher held while a command runs (the next command's) is root's and outside the
+    command's pid namespace: the command, told its host pid, can neither see nor kill it."""
+    spawner = held.spawner
+    assert held.run("true").exit_code == 0
+    told = held.session / "held-pid"
+    beside = []
+
+    def tell() -> None:
+        beside.append(spawner._held)
+        told.write_text(str(spawner._held.proc.pid))
+
+    script = f"until [ -s {told} ]; do sleep 0.01; done; kill -9 $(cat {told}) 2>&1; echo kill=$?"
+    result = held.run(script, meanwhile=tell)
+    assert result.output.endswith("kill=1\n") and "No such process" in result.output, result.output
+    assert beside[0] is spawner._held and spawner._held.proc.poll() is None  # still held, alive
