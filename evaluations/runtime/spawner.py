@@ -91,6 +91,7 @@ log = logging.getLogger(__name__)
 _NPROC_HEADROOM = 2  # shared uid: twice the limit
 _NPROC_MARGIN = 16  # own uid: the limit plus this
 _UNREPORTED = object()  # a sandbox that did not report its pid 1
+_HELD_MAX_FDS = 16  # init.c's MAX_HELD_FDS: the descriptors a held launch takes
 _HELD_EXIT_SECS = 5.0  # a held launcher's exit once told to end (a cgroup move it waits on, at most)
 _FILE_TOO_LARGE = 128 + signal.SIGXFSZ  # the kernel's answer to a write past RLIMIT_FSIZE
 
@@ -569,10 +570,14 @@ class Spawner:
         self._hold(str(launcher), tuple(str(path) for path in cgroup.procs_files()), COMMAND_NICENESS)
 
     def _hold(self, launcher: str, joins: tuple[str, ...], niceness: int) -> None:
-        """The next command's launcher held; the cgroup's process limit allowing for it from the first."""
-        if self.cgroup.reserved == 0:
-            self.cgroup.reserve(1)
-        self._held = _HeldLaunch(launcher, joins, niceness)
+        """The next command's launcher held; the cgroup's process limit allowing for it from the first.
+        Best effort: where it cannot be started, the next command starts a launcher of its own."""
+        try:
+            if self.cgroup.reserved == 0:
+                self.cgroup.reserve(1)
+            self._held = _HeldLaunch(launcher, joins, niceness)
+        except OSError as exc:
+            log.warning("eval %s: no launcher held for the next command: %s", self.eval_id, exc)
 
     def _ensure_cgroup(self, limits: Limits) -> None:
         support = self.runtime.cgroups
@@ -881,11 +886,11 @@ class _HeldLaunch:
         fields = [str(cwd), str(len(env)), *(f"{k}={v}" for k, v in env.items()), str(len(fds)), *map(str, fds)]
         rest = without_joins(argv)
         fields += [str(len(rest)), *rest]
-        if any("\0" in field for field in fields):
-            return None
+        if len(fds) > _HELD_MAX_FDS or any("\0" in field for field in fields):
+            return None  # a launcher of its own (Popen refuses a NUL as it always did)
         request = os.memfd_create("te-launch", os.MFD_CLOEXEC)
         try:
-            os.write(request, b"".join(field.encode() + b"\0" for field in fields))
+            os.write(request, b"".join(os.fsencode(field) + b"\0" for field in fields))
             self.socket.sendmsg([b"G"], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [request, *fds]))])
         except OSError:
             return None
