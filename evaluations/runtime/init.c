@@ -526,6 +526,7 @@ static void relay_serve(int listener, const char *socket_path) {
     for (;;) {
         int client = accept4(listener, NULL, NULL, SOCK_CLOEXEC);
         if (client < 0) {
+            if (errno == EBADF || errno == EINVAL || errno == ENOTSOCK) _exit(1); /* no listener: never spin */
             if (errno == EMFILE || errno == ENFILE || errno == ENOMEM || errno == ENOBUFS) {
                 struct timespec pause = {0, 10000000};
                 nanosleep(&pause, NULL); /* out of something: the backlog waits, nothing spins */
