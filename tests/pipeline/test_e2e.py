@@ -18,6 +18,7 @@ from evaluations import lifecycle
 from evaluations.models import Evaluation, Status
 from evaluations.pipeline.cancel import CancelState, Stop
 from evaluations.runtime.killer import TAG_VAR, tagged
+from tests.helpers.archives import Exec
 from tests.helpers.polling import wait_for
 from tests.helpers.runtimes import run_evaluation
 from tests.helpers.tasks import ADD_TEST, NOOP, SOLVER
@@ -244,14 +245,27 @@ def test_output_flood_keeps_head_and_tail_and_the_service_memory_flat(tasks, e2e
     assert grown < 50 * 1024 * 1024, f"service grew {grown / 2**20:.0f} MiB during a 200 MB flood"
 
 
+# The tests' script marks its start in the repository and gives a live escapee 2 s to answer (it
+# would break calc.py and say so) before it imports calc.py: the escapee acts on that event, not
+# after a sleep, so a slow machine cannot make it tamper before the agent's end (CI did, once).
+ESCAPEE_TEST = Exec(
+    "#!/bin/bash\ntouch tests-started\n"
+    "for _ in $(seq 40); do [ -e tampered ] && break; sleep 0.05; done\n"
+    "python3 -c 'from calc import add; assert add(2, 3) == 5, add(2, 3)' && echo add-ok\n"
+)
+
+
 def test_setsid_escapee_and_term_ignorer_are_killed_before_the_tests(tasks, e2e_config, sandbox):
+    escapee = "until [ -e tests-started ]; do sleep 0.05; done; echo tamper > calc.py; touch tampered"
     agent = (
         "import subprocess\n"
-        "subprocess.Popen(['setsid', 'bash', '-c', 'trap \"\" TERM; sleep 1.5; while true; do echo tamper > calc.py; sleep 0.05; done'])\n"
+        f"subprocess.Popen(['setsid', 'bash', '-c', 'trap \"\" TERM; {escapee}'])\n"
         "subprocess.Popen(['bash', '-c', 'trap \"\" TERM; sleep 300 & disown; sleep 300'], start_new_session=True)\n"
         "open('calc.py', 'w').write('def add(a, b):\\n    return a + b\\n')\n"
     )
-    evaluation = evaluate(tasks.task(), agent, config=e2e_config, sandbox=sandbox)
+    evaluation = evaluate(
+        tasks.task(tests={"fail_to_pass_add.sh": ESCAPEE_TEST}), agent, config=e2e_config, sandbox=sandbox
+    )
     assert evaluation.passed, (evaluation.error, evaluation.test_output)
 
 
