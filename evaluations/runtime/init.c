@@ -152,6 +152,32 @@ static int split(char *data, size_t size, char **fields, int max) {
     return start == size ? count : -1;
 }
 
+/* A request (a memfd of NUL-separated fields) read whole, into a new buffer one byte longer; NULL
+ * when it is empty, larger than MAX_REQUEST or cannot be read. */
+static char *read_request(int fd, size_t *size) {
+    struct stat st;
+    if (fstat(fd, &st) < 0 || st.st_size <= 0 || st.st_size > MAX_REQUEST) return NULL;
+    *size = st.st_size;
+    char *data = malloc(*size + 1);
+    if (!data) return NULL;
+    for (size_t got = 0; got < *size;) {
+        ssize_t n = pread(fd, data + got, *size - got, got);
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0) { free(data); return NULL; }
+        got += n;
+    }
+    return data;
+}
+
+/* Exec ``program`` (PATH searched); if that fails, one line "WHO: PROGRAM: why" on stderr and the
+ * shell's status: 127 not found, 126 otherwise. */
+static int exec_or_say(const char *who, char **program) {
+    execvp(program[0], program);
+    int code = errno == ENOENT ? 127 : 126;
+    fprintf(stderr, "%s: %s: %s\n", who, program[0], strerror(errno));
+    return code;
+}
+
 static void fail_child(int out, const char *what, const char *arg, int code) {
     dprintf(out, "term-executor: %s %s: %s\n", what, arg, strerror(errno));
     _exit(code);
@@ -159,19 +185,10 @@ static void fail_child(int out, const char *what, const char *arg, int code) {
 
 static void start(unsigned long id, int fds[4]) {
     char reply[96];
-    struct stat st;
-    if (fstat(fds[0], &st) < 0 || st.st_size <= 0 || st.st_size > MAX_REQUEST) goto bad;
-    size_t size = st.st_size;
+    size_t size;
     free(request);
-    request = malloc(size + 1);
+    request = read_request(fds[0], &size);
     if (!request) goto bad;
-    size_t got = 0;
-    while (got < size) {
-        ssize_t n = pread(fds[0], request + got, size - got, got);
-        if (n < 0 && errno == EINTR) continue;
-        if (n <= 0) goto bad;
-        got += n;
-    }
     size_t max = size / 1 + 1;
     char **fields = calloc(max, sizeof(char *));
     if (!fields) goto bad;
@@ -268,10 +285,7 @@ static int switch_and_exec(int argc, char **argv) {
     if (setgid((gid_t)gid) < 0) { perror("te-init: setgid"); return 126; }
     if (setuid((uid_t)uid) < 0) { perror("te-init: setuid"); return 126; }
     if (getuid() != (uid_t)uid || geteuid() != (uid_t)uid) { fputs("te-init: the switch did not hold\n", stderr); return 126; }
-    execvp(argv[4], argv + 4);
-    int code = errno == ENOENT ? 127 : 126;
-    fprintf(stderr, "te-init: %s: %s\n", argv[4], strerror(errno));
-    return code;
+    return exec_or_say("te-init", argv + 4);
 }
 
 static int launch_failed(const char *what, const char *arg) {
@@ -307,19 +321,12 @@ static int held(int control_fd) {
     ssize_t n = receive_on(control_fd, tag, sizeof tag, fds, MAX_HELD_FDS + 1, &nfds);
     if (n == 0) return 0;
     if (n < 0 || tag[0] != 'G' || nfds < 1) return held_refused("was not sent");
-    struct stat st;
-    if (fstat(fds[0], &st) < 0 || st.st_size <= 0 || st.st_size > MAX_REQUEST) return held_refused("is empty");
-    size_t size = st.st_size, got = 0;
-    char *data = malloc(size + 1);
-    char **field = calloc(size + 1, sizeof(char *));
-    if (!data || !field) return held_refused("is too large");
-    while (got < size) {
-        ssize_t r = pread(fds[0], data + got, size - got, got);
-        if (r < 0 && errno == EINTR) continue;
-        if (r <= 0) return held_refused("cannot be read");
-        got += r;
-    }
+    size_t size;
+    char *data = read_request(fds[0], &size);
+    if (!data) return held_refused("cannot be read (empty, too large or unreadable)");
     close(fds[0]);
+    char **field = calloc(size + 1, sizeof(char *));
+    if (!field) return held_refused("is too large");
     int count = split(data, size, field, size + 1), at = 0;
     if (count < 4) return held_refused("is not a launch");
     const char *cwd = field[at++];
@@ -439,10 +446,7 @@ static int launch(int argc, char **argv) {
         errno = 0;
         if (nice((int)nice_by) == -1 && errno != 0) return launch_failed("cannot set", "--nice");
     }
-    execvp(program[0], program);
-    int code = errno == ENOENT ? 127 : 126;
-    fprintf(stderr, "term-executor: launch: %s: %s\n", program[0], strerror(errno));
-    return code;
+    return exec_or_say("term-executor: launch", program);
 }
 
 /* -- the egress relay ("--relay") ----------------------------------------------------------- */
@@ -575,9 +579,7 @@ static int relay_and_exec(int argc, char **argv) {
         fprintf(stderr, "egress relay: 127.0.0.1:%s is taken (a process of this network namespace listens there): "
                         "the command runs without a relay of its own\n", argv[2]);
         close(listener);
-        execvp(argv[5], argv + 5);
-        fprintf(stderr, "egress relay: %s: %s\n", argv[5], strerror(errno));
-        return errno == ENOENT ? 127 : 126;
+        return exec_or_say("egress relay", argv + 5);
     }
     if (bound < 0) return relay_failed("cannot listen on 127.0.0.1:", argv[2]);
     if (listen(listener, 128) < 0) return relay_failed("cannot listen on 127.0.0.1:", argv[2]); /* npm opens 16 at once */
@@ -597,10 +599,7 @@ static int relay_and_exec(int argc, char **argv) {
     while (waitpid(middle, &status, 0) < 0 && errno == EINTR) {}
     if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) return relay_failed("cannot start", "");
     close(listener);
-    execvp(argv[5], argv + 5);
-    int code = errno == ENOENT ? 127 : 126;
-    fprintf(stderr, "egress relay: %s: %s\n", argv[5], strerror(errno));
-    return code;
+    return exec_or_say("egress relay", argv + 5);
 }
 
 static int make_userns(int argc, char **argv) {
