@@ -29,6 +29,7 @@ class InitUnavailable(RuntimeError):
     """The init cannot be built on this host (no C compiler or static libc)."""
 
 
+@functools.cache  # once per process: every phase's launch and every policy with network ask
 def source_digest() -> str:
     return hashlib.sha256(SOURCE.read_bytes()).hexdigest()[:16]
 

@@ -17,7 +17,6 @@ RELAY_TARGET = "/run/egress-relay"
 RELAY_PORT = 3128
 SANDBOX_SOCKET = "/run/egress.sock"
 NO_PROXY = "localhost,127.0.0.1,::1"
-RELAY_FAILED_EXIT = 125  # init.c: the relay could not listen; nothing ran
 # The relay's processes' name (init.c): the phase's sandbox keeps them through a clear (phase.py).
 RELAY_NAME = "te-relay"
 
