@@ -190,3 +190,60 @@ def test_multiprocessing_helpers_are_not_taken_for_commands(tmp_path):
     assert done.returncode == 0, done.stderr
     found = json.loads(done.stdout)
     assert all(found["helpers"]) and set(found["helpers"]) <= set(found["foreign"])
+
+
+def test_reaping_beside_an_awaited_zombie_reads_this_process_children_not_the_host(monkeypatch):
+    """A zombie of one of our threads' children (a helper thread's, the thread gone) is reaped,
+    an awaited one (a command's, its Popen's to collect) is left, and only our children are read."""
+    import threading
+
+    killer.reap_orphans()  # what earlier tests left
+    started = []
+    thread = threading.Thread(target=lambda: started.append(subprocess.Popen(["sleep", "30"])))
+    thread.start()
+    thread.join()
+    orphan = started[0]
+    awaited = subprocess.Popen(["sleep", "30"])
+    killer.adopt(awaited.pid)
+    read: list = []
+    scan = killer.processes
+    monkeypatch.setattr(killer, "processes", lambda pids=None: read.append(pids) or scan(pids))
+    try:
+        assert {orphan.pid, awaited.pid} <= set(killer.own_children())
+        orphan.kill()
+        awaited.kill()
+        assert _wait_for(lambda: killer._stat(orphan.pid).exited and killer._stat(awaited.pid).exited)
+        assert killer.reap_orphans() >= 1  # (an earlier test's exiting sandbox may be among them)
+        assert read and all(pids is not None for pids in read)  # never the whole host
+        assert killer._stat(orphan.pid) is None  # reaped
+        assert killer._stat(awaited.pid).exited  # still its Popen's
+        assert awaited.wait(timeout=5) == -9
+    finally:
+        killer.release(awaited.pid)
+        for proc in (orphan, awaited):
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+
+
+def test_without_children_files_reaping_scans_the_host(monkeypatch):
+    real_open = open
+
+    def no_children(path, *args, **kwargs):
+        if str(path).endswith("/children"):
+            raise FileNotFoundError(path)
+        return real_open(path, *args, **kwargs)
+
+    killer.reap_orphans()  # what earlier tests left
+    monkeypatch.setattr("builtins.open", no_children)
+    assert killer.own_children() is None
+    orphan = subprocess.Popen(["true"])
+    awaited = subprocess.Popen(["true"])
+    killer.adopt(awaited.pid)
+    try:
+        assert _wait_for(lambda: killer._stat(orphan.pid).exited and killer._stat(awaited.pid).exited)
+        assert killer.reap_orphans() >= 1  # (an earlier test's exiting sandbox may be among them)
+        assert killer._stat(orphan.pid) is None
+        assert awaited.wait(timeout=5) == 0
+    finally:
+        killer.release(awaited.pid)
