@@ -220,6 +220,7 @@ class Config:
     data_dir: Path = path("DATA_DIR", PROJECT_DIR / "data")
     session_ttl_secs: int = integer("SESSION_TTL_SECS", 1800, minimum=1)
     max_concurrent_evals: int = integer("MAX_CONCURRENT_EVALS", 4, minimum=1, maximum=1024)
+    eval_process_reuses: int = integer("EVAL_PROCESS_REUSES", 100, minimum=1)  # worker/pool.py; 1: a fresh process each
     max_queued_evals: int = integer("MAX_QUEUED_EVALS", 0, minimum=0)
     disk_quota_mb: int = integer("DISK_QUOTA_MB", 2048, minimum=1)
     max_files: int = integer("MAX_FILES", 100000, minimum=1)  # inodes in a session, as DISK_QUOTA_MB its bytes

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from evaluations.runtime import initbin
+from executor_project.process import keep_descriptor
 
 _libc = ctypes.CDLL(None, use_errno=True)
 _CLONE_NEWUSER = 0x10000000
@@ -101,6 +102,7 @@ def userns_fd(uid_map: str, gid_map: str, owner: int) -> int:
         fd = _namespaces.get(key)
         if fd is None:
             fd = _namespaces[key] = _make(uid_map, gid_map, owner)
+            keep_descriptor(fd)
         return fd
 
 

@@ -18,8 +18,10 @@ from __future__ import annotations
 
 import contextlib
 import os
+import select
 import threading
 import uuid
+from collections.abc import Callable
 
 import django
 
@@ -36,18 +38,33 @@ from evaluations.runtime import killer  # noqa: E402
 from evaluations.sandboxes.host import run_sandbox  # noqa: E402
 
 
-def watch_worker(channel, state: CancelState) -> None:
-    """Block on the liveness pipe until its end of file: the worker died."""
+def watch_worker(channel, state: CancelState, stop: int) -> None:
+    """Block on the liveness pipe until its end of file (the worker died), or until ``stop`` is
+    readable: the evaluation ended, and the pipe is the spare's again (the next id comes there)."""
     try:
-        while os.read(channel.fileno(), 64):
-            pass  # nothing is written on it; a stray byte changes nothing
+        while True:
+            if stop in select.select([channel.fileno(), stop], [], [])[0]:
+                return
+            if not os.read(channel.fileno(), 64):
+                break  # a stray byte changes nothing; nothing else is written on it meanwhile
     except OSError:
         pass
     state.set(Stop.WORKER_LOST, WORKER_LOST)
 
 
-def start_watching_worker(channel, state: CancelState) -> None:
-    threading.Thread(target=watch_worker, args=(channel, state), name="watch-worker", daemon=True).start()
+def start_watching_worker(channel, state: CancelState) -> Callable[[], None]:
+    """``watch_worker`` in a thread; returns what stops it (and waits for it)."""
+    stop_r, stop_w = os.pipe2(os.O_CLOEXEC)
+    thread = threading.Thread(target=watch_worker, args=(channel, state, stop_r), name="watch-worker", daemon=True)
+    thread.start()
+
+    def stop() -> None:
+        os.write(stop_w, b"s")
+        thread.join()
+        os.close(stop_r)
+        os.close(stop_w)
+
+    return stop
 
 
 _ready_pid: int | None = None  # the spare's pid, once ``ready`` opened its connection
@@ -83,15 +100,21 @@ def _own_connection() -> None:
 
 
 def main(eval_id: str, runtime, alive_channel) -> None:
+    """One evaluation; its process may be kept for another (pool.wait_for_id), its connection with it."""
     state = CancelState()
-    start_watching_worker(alive_channel, state)
+    stop_watching_worker = start_watching_worker(alive_channel, state)
     _own_connection()
     done = start_watching(eval_id, state)
     try:
         run_pipeline(eval_id, settings.EXECUTOR, runtime=runtime, cancel=state)
     finally:
         done.set()
-        connections.close_all()
+        stop_watching_worker()
+
+
+def leave() -> None:
+    """Before an evaluation process (or a spare that ran none) exits: its connection closed."""
+    connections.close_all()
 
 
 def sandbox_main(sandbox_id: str, runtime, alive_channel) -> None:

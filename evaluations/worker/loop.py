@@ -97,7 +97,7 @@ class Worker:
         """A worker for ``runtime`` (the resolved ``evaluations.runtime.Runtime``), its first beat written."""
         worker = cls(
             config,
-            Pool(config.max_concurrent_evals, runtime, spare=True),
+            Pool(config.max_concurrent_evals, runtime, spare=True, reuses=config.eval_process_reuses),
             worker_id=f"{socket.gethostname()[:40]}-{os.getpid()}-{uuid.uuid4().hex[:6]}",
             sandbox=runtime.name,
             limits=runtime.cgroups.mode.value if runtime.cgroups else "monitor",

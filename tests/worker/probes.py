@@ -123,8 +123,10 @@ def pool_spare(folder: str) -> None:
     def run(name: str) -> tuple[list, int]:
         path = os.path.join(folder, name)
         pool.start(path)
-        wait(pool.sentinels(), timeout=60)
-        finished = [[os.path.basename(eval_id), code] for eval_id, code in pool.reap()]
+        finished = []
+        while not finished:  # (its report pipe's end may wake the wait before its exit)
+            wait(pool.sentinels(), timeout=60)
+            finished = [[os.path.basename(eval_id), code] for eval_id, code in pool.reap()]
         with open(path) as written:
             return finished, int(written.read())
 
@@ -142,8 +144,8 @@ def pool_spare(folder: str) -> None:
     pool.start(os.path.join(folder, "full"))  # the spare takes it: the pool is full
     pool.keep_spare()
     report["spare_when_full"] = pool.spare is not None
-    wait(pool.sentinels(), timeout=60)
-    pool.reap()
+    while not pool.reap():
+        wait(pool.sentinels(), timeout=60)
     pool.keep_spare()
     ended = pool.spare
     pool.end_spare()
@@ -159,3 +161,69 @@ def _forkserver_children():
     return [
         child for forkserver in forkservers for child in forkserver.children() if child.status() != psutil.STATUS_ZOMBIE
     ]
+
+
+def leave_behind(path: str, runtime, channel) -> None:
+    """A Pool target: write this process's pid to ``path`` (the id); the id's name says what it also
+    leaves behind: ``thread`` a thread still running, ``env`` a variable, ``fd`` an open pipe,
+    ``child`` a child process, ``raise`` an exception; ``clean`` nothing."""
+    import threading
+
+    with open(path, "w") as out:
+        out.write(str(os.getpid()))
+    kind = os.path.basename(path).split("-")[0]
+    if kind == "thread":
+        threading.Thread(target=time.sleep, args=(30,), daemon=True).start()
+    elif kind == "env":
+        os.environ["LEFT_BEHIND"] = "1"
+    elif kind == "fd":
+        os.pipe()
+    elif kind == "child":
+        import subprocess
+
+        child = subprocess.Popen(["sleep", "30"])
+        with open(f"{path}.child", "w") as out:
+            out.write(str(child.pid))
+    elif kind == "raise":
+        raise RuntimeError("the target failed")
+
+
+def pool_reuse(folder: str, names: list[str], reuses: int) -> None:
+    """A real Pool with a spare and ``reuses``: each id of ``names`` run in turn (leave_behind);
+    report the pid each ran in, the spare's pid after it, and whether that spare ran one already."""
+    _setup()
+    from multiprocessing.connection import wait
+
+    from evaluations.worker import pool as pool_module
+    from evaluations.worker.pool import Pool
+
+    pool_module.THREADS_END_SECS = 0.5  # the thread left behind sleeps 30 s: not waited for
+    pool = Pool(2, None, target=leave_behind, spare=True, reuses=reuses)
+    pool.keep_spare()
+    runs = []
+    for name in names:
+        path = os.path.join(folder, name)
+        pool.start(path)
+        finished = []
+        while not finished:
+            wait(pool.sentinels(), timeout=60)
+            finished = pool.reap()
+        pool.keep_spare()
+        with open(path) as written:
+            ran_in = int(written.read())
+        if os.path.exists(f"{path}.child"):
+            with open(f"{path}.child") as written:
+                os.kill(int(written.read()), 9)
+        spare = pool.spare
+        runs.append(
+            {
+                "name": name,
+                "finished": [[os.path.basename(eval_id), code] for eval_id, code in finished],
+                "pid": ran_in,
+                "spare": spare.process.pid,
+                "spare_warm": spare.warm,
+                "alive": [child.pid for child in _forkserver_children()],
+            }
+        )
+    pool.end_spare()
+    print(json.dumps({"runs": runs, "left": [child.pid for child in _forkserver_children()]}))

@@ -35,11 +35,12 @@ def spares(worker_pid: int) -> list[psutil.Process]:
 
 
 def the_spare(service, other_than: psutil.Process | None = None) -> psutil.Process:
-    """Wait for the worker's spare (one other than ``other_than``); never more than one."""
+    """Wait for a spare of the worker (one other than ``other_than``); never more than two (a fresh
+    one and a warm one, pool.py)."""
 
     def found():
         waiting = spares(service.worker.pid)
-        assert len(waiting) <= 1, waiting
+        assert len(waiting) <= 2, waiting
         return next((proc for proc in waiting if other_than is None or proc.pid != other_than.pid), None)
 
     return wait_for(found, 30, what="a spare evaluation process")
@@ -76,7 +77,39 @@ def test_a_claim_runs_in_the_spare_and_a_new_spare_takes_its_place(worker_servic
         fifo.write("go\n")
     body = wait_terminal(service, eval_id)
     assert (body["status"], body["passed"]) == ("completed", True), body["error"]
-    assert not gone(replacement)
+    # The process that ran it waits too, warm, beside the one that never ran: no other is forked.
+    wait_for(lambda: {p.pid for p in spares(service.worker.pid)} == {spare.pid, replacement.pid}, 30,
+             what="the evaluation's process as a spare beside the fresh one")  # fmt: skip
+
+
+def test_the_next_evaluation_runs_in_the_process_of_the_last_unless_reuses_is_one(worker_service, tasks):
+    service = worker_service()
+    first = submit(service, tasks.task(), WAITS_FOR_GO + SOLVER)
+    go = Path(service.env["WORKSPACE_BASE"]) / first / "repo" / "go"
+    wait_for(lambda: go.is_fifo(), 60, what="the agent's FIFO (it is running)")
+    process = evaluation_process(first)
+    with open(go, "w") as fifo:
+        fifo.write("go\n")
+    assert wait_terminal(service, first)["status"] == "completed"
+    wait_for(lambda: process.pid in {p.pid for p in spares(service.worker.pid)}, 30, what="its process as a spare")
+    second = submit(service, tasks.task(), WAITS_FOR_GO + SOLVER)
+    go = Path(service.env["WORKSPACE_BASE"]) / second / "repo" / "go"
+    wait_for(lambda: go.is_fifo(), 60, what="the second agent's FIFO")
+    assert evaluation_process(second).pid == process.pid
+    with open(go, "w") as fifo:
+        fifo.write("go\n")
+    body = wait_terminal(service, second)
+    assert (body["status"], body["passed"]) == ("completed", True), body["error"]
+
+    service = worker_service(EVAL_PROCESS_REUSES=1)
+    first = submit(service, tasks.task(), WAITS_FOR_GO + SOLVER)
+    go = Path(service.env["WORKSPACE_BASE"]) / first / "repo" / "go"
+    wait_for(lambda: go.is_fifo(), 60, what="the agent's FIFO (it is running)")
+    process = evaluation_process(first)
+    with open(go, "w") as fifo:
+        fifo.write("go\n")
+    assert wait_terminal(service, first)["status"] == "completed"
+    wait_for(lambda: gone(process), 30, what="the evaluation's process to exit")
 
 
 def database_handles(proc: psutil.Process, service) -> list:
@@ -158,3 +191,33 @@ def test_capacity_one_still_runs_evaluations_one_by_one(worker_service, tasks):
     spans = sorted((datetime.fromisoformat(b["started_at"]), datetime.fromisoformat(b["finished_at"])) for b in bodies)
     assert all(finished <= started for (_, finished), (started, _) in pairwise(spans))
     assert most[0] == 1
+
+
+def test_a_process_that_left_nothing_behind_is_kept_for_the_next_id_and_any_leftover_ends_it(tmp_path):
+    names = ["clean-1", "clean-2", "env-3", "clean-4", "thread-5", "clean-6", "fd-7", "clean-8", "child-9"]
+    names += ["clean-10", "raise-11", "clean-12"]
+    report = run_probe(f"pool_reuse({str(tmp_path)!r}, {names!r}, 5)", probe_env(tmp_path, NO_DATABASE_URL))
+    runs = {run["name"]: run for run in report["runs"]}
+    pid = {name: run["pid"] for name, run in runs.items()}
+    # Each leftover ends its process: the next id runs in another, which the one after it runs in too.
+    groups = [["clean-1", "clean-2", "env-3"], ["clean-4", "thread-5"], ["clean-6", "fd-7"], ["clean-8", "child-9"]]
+    groups += [["clean-10", "raise-11"], ["clean-12"]]
+    for group in groups:
+        assert {pid[name] for name in group} == {pid[group[0]]}, group
+    assert len({pid[group[0]] for group in groups}) == len(groups)
+    for name, run in runs.items():
+        kept = name.startswith("clean")
+        assert run["spare_warm"] is kept, name  # a clean process is the spare after its run, warm
+        assert (run["spare"] == run["pid"]) is kept, name
+        assert run["finished"] == [[name, 1 if name.startswith("raise") else 0]]
+        assert run["pid"] not in run["alive"] or kept, name  # a process with leftovers exited
+    assert report["left"] == []
+
+
+def test_a_process_runs_at_most_its_reuses_then_exits(tmp_path):
+    names = ["clean-1", "clean-2", "clean-3", "clean-4"]
+    report = run_probe(f"pool_reuse({str(tmp_path)!r}, {names!r}, 2)", probe_env(tmp_path, NO_DATABASE_URL))
+    pids = [run["pid"] for run in report["runs"]]
+    assert pids[0] == pids[1] != pids[2] == pids[3]
+    assert [run["spare_warm"] for run in report["runs"]] == [True, False, True, False]
+    assert report["left"] == []
