@@ -71,12 +71,13 @@ _ready_pid: int | None = None  # the spare's pid, once ``ready`` opened its conn
 
 
 def ready() -> None:
-    """A spare's work before it waits for its id (pool.wait_for_id), what its evaluation would
-    otherwise do first on the claim's path (SPEC §25; bench/RESULTS.md, issue 38, stop 48: the
-    claim to the first step 10.7 -> 3.8 ms): it becomes the subreaper of what it will start (a
-    scan of /proc for the children it must spare: none yet), opens its own database connection and
-    makes a first query (the ORM's first-use work, and the pages it writes copied now). A database
-    that cannot be reached now is connected to later, as without a spare."""
+    """A spare's work before it waits for its id (pool.wait_for_id; again after each evaluation
+    when it is kept for another), what its evaluation would otherwise do first on the claim's path
+    (SPEC §25; bench/RESULTS.md, issue 38, stop 48: the claim to the first step 10.7 -> 3.8 ms):
+    it becomes the subreaper of what it will start (a scan of /proc for the children it must
+    spare: none yet), opens its own database connection and makes a first query (the ORM's
+    first-use work, and the pages it writes copied now). A database that cannot be reached now is
+    connected to later, as without a spare."""
     global _ready_pid
     with contextlib.suppress(OSError):  # else the evaluation's spawner tries again, and says why
         killer.become_subreaper()  # its /proc scan (the children it must spare: none) here, not at its claim

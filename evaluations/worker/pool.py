@@ -34,8 +34,8 @@ Such a pool's processes are kept for the next id (``reuses``, EVAL_PROCESS_REUSE
 whose evaluation ended, and that left the process as it found it (``ProcessState``: no thread,
 child, descriptor, working folder, environment, limit, niceness, umask or signal handler of its
 own; its private memory under ``REUSE_MAX_PRIVATE_BYTES``), says so on its report pipe and waits
-for another id; the pool keeps it as a warm spare (its pages copied, its caches built: about
-35 ms of wall time an evaluation, bench/RESULTS.md), beside the spare that never ran, if there
+for another id; the pool keeps it as a warm spare (its pages copied, its caches built: 28 ms
+of CPU and 15 ms from claim to end an evaluation, bench/RESULTS.md), beside the spare that never ran, if there
 is one, and hands it the next id first. So a pool waits with at most two spares, one fresh and
 one warm, and forks no spare while it has one. Any other ending is an exit, as before; a process
 past ``reuses`` evaluations exits too.
@@ -57,6 +57,7 @@ import time
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 
+from evaluations.runtime import killer
 from executor_project.process import kept_descriptors, name_process
 
 logger = logging.getLogger("term_executor.worker")
@@ -64,9 +65,8 @@ logger = logging.getLogger("term_executor.worker")
 _PR_SET_PDEATHSIG = 1
 SPARE_NAME = "te-spare"
 SPARE_EXIT_SECS = 5.0  # a spare told to go exits at once; past this it is killed
-THREADS_END_SECS = (
-    5.0  # an ended evaluation's threads (watchers, drains) are done by then, or its process is not reused
-)
+# An ended evaluation's threads (its watchers, drains) are done by then, or its process is not kept.
+THREADS_END_SECS = 5.0
 REUSE_MAX_PRIVATE_BYTES = 64 << 20  # a process holding more of its own after an evaluation exits instead
 
 
@@ -237,8 +237,8 @@ class Pool:
         return finished
 
     def _kept(self, spare: Spare) -> None:
-        """A process that ran an evaluation is the warm spare, first in line (it starts its next
-        evaluation about 35 ms sooner than a fresh one); beside a warm spare already, it is let go."""
+        """A process that ran an evaluation is the warm spare, first in line (it runs its next
+        evaluation faster than a fresh one would); beside a warm spare already, it is let go."""
         if any(waiting.warm for waiting in self.spares):
             self._end(spare)
             return
@@ -301,7 +301,7 @@ def wait_for_id(
 
 class ProcessState:
     """What an evaluation process must be again after an evaluation to run another (``wait_for_id``):
-    as it was when ready. An evaluation's threads (its watchers, drains, a monitor) are given
+    as it was before its first (its connections closed both times). An evaluation's threads (its watchers, drains, a monitor) are given
     THREADS_END_SECS to end; anything else left or changed, or more than REUSE_MAX_PRIVATE_BYTES of
     memory of its own, and the process exits rather than carry it into the next evaluation."""
 
@@ -340,8 +340,6 @@ class ProcessState:
         left = [thread.name for thread in set(threading.enumerate()) - self.threads]
         if left:
             return f"threads still running: {', '.join(sorted(left))}"
-        from evaluations.runtime import killer
-
         killer.reap_orphans()
         children = killer.own_children()
         if children is None or children:
@@ -364,7 +362,7 @@ _RLIMITS = sorted(name for name in dir(resource) if name.startswith("RLIMIT_") a
 
 
 def _descriptors_changed(before: list[int], after: list[int]) -> str:
-    """ "descriptors (N closed, M opened: their kinds)", never a path."""
+    """What the descriptors' change was: how many closed, and the kinds of those opened, never a path."""
     opened = sorted(set(after) - set(before))
     kinds = []
     for fd in opened:

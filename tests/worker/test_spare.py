@@ -67,14 +67,11 @@ def test_the_pool_hands_an_id_to_its_spare_and_forks_when_the_spare_died(tmp_pat
 def test_a_claim_runs_in_the_spare_and_a_new_spare_takes_its_place(worker_service, tasks):
     service = worker_service()
     spare = the_spare(service)
-    eval_id = submit(service, tasks.task(), WAITS_FOR_GO + SOLVER)
-    go = Path(service.env["WORKSPACE_BASE"]) / eval_id / "repo" / "go"
-    wait_for(lambda: go.is_fifo(), 60, what="the agent's FIFO (it is running)")
+    eval_id, go = waiting_agent(service, tasks)
     assert evaluation_process(eval_id).pid == spare.pid
     assert spare.name() != SPARE_NAME  # named as a process forked for its evaluation is
     replacement = the_spare(service, other_than=spare)  # one evaluation of two: room for a spare
-    with open(go, "w") as fifo:
-        fifo.write("go\n")
+    let_go(go)
     body = wait_terminal(service, eval_id)
     assert (body["status"], body["passed"]) == ("completed", True), body["error"]
     # The process that ran it waits too, warm, beside the one that never ran: no other is forked.
@@ -84,32 +81,36 @@ def test_a_claim_runs_in_the_spare_and_a_new_spare_takes_its_place(worker_servic
 
 def test_the_next_evaluation_runs_in_the_process_of_the_last_unless_reuses_is_one(worker_service, tasks):
     service = worker_service()
-    first = submit(service, tasks.task(), WAITS_FOR_GO + SOLVER)
-    go = Path(service.env["WORKSPACE_BASE"]) / first / "repo" / "go"
-    wait_for(lambda: go.is_fifo(), 60, what="the agent's FIFO (it is running)")
+    first, go = waiting_agent(service, tasks)
     process = evaluation_process(first)
-    with open(go, "w") as fifo:
-        fifo.write("go\n")
+    let_go(go)
     assert wait_terminal(service, first)["status"] == "completed"
     wait_for(lambda: process.pid in {p.pid for p in spares(service.worker.pid)}, 30, what="its process as a spare")
-    second = submit(service, tasks.task(), WAITS_FOR_GO + SOLVER)
-    go = Path(service.env["WORKSPACE_BASE"]) / second / "repo" / "go"
-    wait_for(lambda: go.is_fifo(), 60, what="the second agent's FIFO")
+    second, go = waiting_agent(service, tasks)
     assert evaluation_process(second).pid == process.pid
-    with open(go, "w") as fifo:
-        fifo.write("go\n")
+    let_go(go)
     body = wait_terminal(service, second)
     assert (body["status"], body["passed"]) == ("completed", True), body["error"]
 
     service = worker_service(EVAL_PROCESS_REUSES=1)
-    first = submit(service, tasks.task(), WAITS_FOR_GO + SOLVER)
-    go = Path(service.env["WORKSPACE_BASE"]) / first / "repo" / "go"
-    wait_for(lambda: go.is_fifo(), 60, what="the agent's FIFO (it is running)")
+    first, go = waiting_agent(service, tasks)
     process = evaluation_process(first)
-    with open(go, "w") as fifo:
-        fifo.write("go\n")
+    let_go(go)
     assert wait_terminal(service, first)["status"] == "completed"
     wait_for(lambda: gone(process), 30, what="the evaluation's process to exit")
+
+
+def waiting_agent(service, tasks) -> tuple[str, Path]:
+    """An evaluation whose agent waits on a FIFO: its id and the FIFO, once the agent runs."""
+    eval_id = submit(service, tasks.task(), WAITS_FOR_GO + SOLVER)
+    go = Path(service.env["WORKSPACE_BASE"]) / eval_id / "repo" / "go"
+    wait_for(lambda: go.is_fifo(), 60, what="the agent's FIFO (it is running)")
+    return eval_id, go
+
+
+def let_go(go: Path) -> None:
+    with open(go, "w") as fifo:
+        fifo.write("go\n")
 
 
 def database_handles(proc: psutil.Process, service) -> list:
