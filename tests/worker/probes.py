@@ -166,7 +166,10 @@ def _forkserver_children():
 def leave_behind(path: str, runtime, channel) -> None:
     """A Pool target: write this process's pid to ``path`` (the id); the id's name says what it also
     leaves behind: ``thread`` a thread still running, ``env`` a variable, ``fd`` an open pipe,
-    ``child`` a child process, ``raise`` an exception; ``clean`` nothing."""
+    ``child`` a child process, ``cwd`` another working folder, ``umask``, ``nice``, ``limit`` (a
+    lower soft limit of open files), ``signal`` a handler, ``raise`` an exception; ``clean`` nothing."""
+    import resource
+    import signal
     import threading
 
     with open(path, "w") as out:
@@ -184,6 +187,17 @@ def leave_behind(path: str, runtime, channel) -> None:
         child = subprocess.Popen(["sleep", "30"])
         with open(f"{path}.child", "w") as out:
             out.write(str(child.pid))
+    elif kind == "cwd":
+        os.chdir(os.path.dirname(path))
+    elif kind == "umask":
+        os.umask(0)
+    elif kind == "nice":
+        os.nice(1)
+    elif kind == "limit":
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft - 1, hard))
+    elif kind == "signal":
+        signal.signal(signal.SIGUSR1, lambda signum, frame: None)
     elif kind == "raise":
         raise RuntimeError("the target failed")
 

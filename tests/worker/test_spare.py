@@ -195,14 +195,16 @@ def test_capacity_one_still_runs_evaluations_one_by_one(worker_service, tasks):
 
 
 def test_a_process_that_left_nothing_behind_is_kept_for_the_next_id_and_any_leftover_ends_it(tmp_path):
-    names = ["clean-1", "clean-2", "env-3", "clean-4", "thread-5", "clean-6", "fd-7", "clean-8", "child-9"]
-    names += ["clean-10", "raise-11", "clean-12"]
+    leftovers = ["env", "thread", "fd", "child", "cwd", "umask", "nice", "limit", "signal", "raise"]
+    # clean-0, clean-1, env-2, clean-3, thread-4, ...: a clean id before each leftover, one at the end.
+    groups = [[f"clean-{2 * n}", f"{kind}-{2 * n + 1}"] for n, kind in enumerate(leftovers)]
+    groups[0].insert(0, "clean-x")
+    groups.append([f"clean-{2 * len(leftovers)}"])
+    names = [name for group in groups for name in group]
     report = run_probe(f"pool_reuse({str(tmp_path)!r}, {names!r}, 5)", probe_env(tmp_path, NO_DATABASE_URL))
     runs = {run["name"]: run for run in report["runs"]}
     pid = {name: run["pid"] for name, run in runs.items()}
     # Each leftover ends its process: the next id runs in another, which the one after it runs in too.
-    groups = [["clean-1", "clean-2", "env-3"], ["clean-4", "thread-5"], ["clean-6", "fd-7"], ["clean-8", "child-9"]]
-    groups += [["clean-10", "raise-11"], ["clean-12"]]
     for group in groups:
         assert {pid[name] for name in group} == {pid[group[0]]}, group
     assert len({pid[group[0]] for group in groups}) == len(groups)
