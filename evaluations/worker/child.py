@@ -41,9 +41,12 @@ from evaluations.sandboxes.host import run_sandbox  # noqa: E402
 def watch_worker(channel, state: CancelState, stop: int) -> None:
     """Block on the liveness pipe until its end of file (the worker died), or until ``stop`` is
     readable: the evaluation ended, and the pipe is the spare's again (the next id comes there)."""
+    poller = select.poll()
+    poller.register(channel.fileno(), select.POLLIN)
+    poller.register(stop, select.POLLIN)
     try:
         while True:
-            if stop in select.select([channel.fileno(), stop], [], [])[0]:
+            if any(fd == stop for fd, _ in poller.poll()):
                 return
             if not os.read(channel.fileno(), 64):
                 break  # a stray byte changes nothing; nothing else is written on it meanwhile
