@@ -34,9 +34,9 @@ Such a pool's processes are kept for the next id (``reuses``, EVAL_PROCESS_REUSE
 whose evaluation ended, and that left the process as it found it (``ProcessState``: no thread,
 child, descriptor, working folder, environment, limit, niceness, umask or signal handler of its
 own; its private memory under ``REUSE_MAX_PRIVATE_BYTES``), says so on its report pipe and waits
-for another id; the pool keeps it as a warm spare (its pages copied, its caches built: 28 ms
-of CPU and 15 ms from claim to end an evaluation, bench/RESULTS.md), beside the spare that never ran, if there
-is one, and hands it the next id first. So a pool waits with at most two spares, one fresh and
+for another id; the pool keeps it as a warm spare (its pages copied, its caches built: the
+throughput of bench/run +8 to +15 points, bench/RESULTS.md), beside the spare that never ran, if
+there is one, and hands it the next id first. So a pool waits with at most two spares, one fresh and
 one warm, and forks no spare while it has one. Any other ending is an exit, as before; a process
 past ``reuses`` evaluations exits too.
 """
