@@ -6,8 +6,8 @@ their command lines are all serve's: the name tells them apart.
 
 An evaluation process is kept for the next evaluation only if the last one left no descriptor
 open (worker/pool.py, ``ProcessState``), except those a process-wide cache holds for its life
-and names here (``keep_descriptor``): a user namespace of the idmap cache, the SQLite
-connection's write-lock file.
+and names here (``keep_descriptor``): a user namespace of the idmap cache. (Database connections
+are closed before the check, with what they hold.)
 """
 
 from __future__ import annotations
@@ -26,12 +26,8 @@ _kept: set[int] = set()
 
 
 def keep_descriptor(fd: int) -> None:
-    """``fd`` stays open for the process's life (or until ``drop_descriptor``), on purpose."""
+    """``fd`` stays open for the process's life, on purpose."""
     _kept.add(fd)
-
-
-def drop_descriptor(fd: int) -> None:
-    _kept.discard(fd)
 
 
 def kept_descriptors() -> frozenset[int]:

@@ -36,8 +36,6 @@ import time
 from django.db import OperationalError
 from django.db.backends.sqlite3 import base
 
-from executor_project.process import drop_descriptor, keep_descriptor
-
 CHECKPOINT_EVERY = 16  # write transactions of one connection between two of its checkpoints
 
 
@@ -80,7 +78,6 @@ class DatabaseWrapper(base.DatabaseWrapper):
         finally:
             self._release()
             if self._lock_fd is not None and self._lock_pid == os.getpid():
-                drop_descriptor(self._lock_fd)
                 os.close(self._lock_fd)
             self._lock_fd = None
 
@@ -91,7 +88,6 @@ class DatabaseWrapper(base.DatabaseWrapper):
             path = f"{self.settings_dict['NAME']}.writelock"
             self._lock_fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
             self._lock_pid = os.getpid()
-            keep_descriptor(self._lock_fd)  # the connection's, as its own file is
         return self._lock_fd
 
     def _checkpoint_now_and_then(self) -> None:
