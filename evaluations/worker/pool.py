@@ -129,7 +129,7 @@ class Pool:
             process, alive_w = self._fork(target=self.target, args=(eval_id,), name=f"eval-{eval_id}")
             self.running[eval_id] = Running(eval_id, process, alive_w, os.pidfd_open(process.pid))
             return
-        spare = self._fork_spare(f"eval-{eval_id}")  # a spare's life, its id at once: it may be kept after
+        spare = self._fork_spare(f"eval-{eval_id}", waiting=False)  # a spare's life, its id at once: kept after
         try:
             spare.handoff.send_bytes(eval_id.encode())
         except BaseException:
@@ -158,13 +158,14 @@ class Pool:
     def keep_spare(self) -> None:
         """Fork a spare if this pool keeps one, has none and has room for one more evaluation."""
         if self.keeps_spare and not self.spares and self.free > 0:
-            self.spares.append(self._fork_spare("spare"))
+            self.spares.append(self._fork_spare("spare", waiting=True))
 
-    def _fork_spare(self, name: str) -> Spare:
-        """A process living ``wait_for_id``: ready, then waiting for an id on its liveness pipe."""
+    def _fork_spare(self, name: str, *, waiting: bool) -> Spare:
+        """A process living ``wait_for_id``: ready, then waiting for an id on its liveness pipe
+        (``waiting``: named a spare meanwhile; not one sent its id at once)."""
         report_r, report_w = self.context.Pipe(duplex=False)
         try:
-            args = (self.target, self.ready, self.leave, report_w, self.reuses, name == "spare")
+            args = (self.target, self.ready, self.leave, report_w, self.reuses, waiting)
             process, handoff = self._fork(target=wait_for_id, args=args, name=name)
         except BaseException:
             report_r.close()
