@@ -19,6 +19,7 @@ import errno
 import os
 import shutil
 import stat
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -263,6 +264,31 @@ def remove_tree_nofollow(path: Path | str) -> None:
         os.rmdir(path)
     except FileNotFoundError:
         pass
+
+
+# How long the reapers keep trying to remove what a lost evaluation's or sandbox's process still
+# writes into or holds: an evaluation's watch (pipeline/cancel.py, every 1 s) plus the kill of its
+# command and its cleanup; a sandbox process's last moments after it stopped showing as tagged.
+REMOVAL_PATIENCE_SECS = 3.0
+
+
+def remove_patiently(remove: Callable[[], object], patience_secs: float = REMOVAL_PATIENCE_SECS) -> OSError | None:
+    """Call ``remove`` until it succeeds, for up to ``patience_secs``: what a process that is still
+    ending (its row ended a moment ago, or its kill not yet complete) writes into or holds can refuse
+    a removal for a moment. A FileNotFoundError is success: another remover got there first. Returns
+    the last error when patience ran out, None when it succeeded (the reapers log the error and leave
+    the rest to their next pass)."""
+    deadline = time.monotonic() + patience_secs
+    while True:
+        try:
+            remove()
+            return None
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            if time.monotonic() >= deadline:
+                return exc
+            time.sleep(0.25)
 
 
 def remove_entry_nofollow(dir_fd: int, name: str) -> None:

@@ -12,6 +12,7 @@ stopped beating and removes what no live sandbox owns.
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import uuid
@@ -20,7 +21,7 @@ from evaluations import lifecycle
 from evaluations.cache import mounts
 from evaluations.models import LIVE_SANDBOX_STATUSES, WORKER_LOST, ErrorKind, Sandbox, SandboxStatus
 from evaluations.runtime import cgroups, killer
-from evaluations.safefs import remove_tree_nofollow
+from evaluations.safefs import remove_patiently, remove_tree_nofollow
 from evaluations.sandboxes.host import context_path, session_name, tag
 
 logger = logging.getLogger("term_executor.sandboxes")
@@ -42,7 +43,8 @@ def remove_leftovers(config, sandbox_id: str) -> int:
     if os.geteuid() == 0:
         support = cgroups.detect(config.cgroup_parent)
         if support.enforced:
-            cgroups.EvalCgroup(tag(sandbox_id), support=support).remove()
+            if not cgroups.EvalCgroup(tag(sandbox_id), support=support).remove():
+                raise OSError(errno.EBUSY, f"sandbox {sandbox_id}'s cgroup still holds processes")
     context_path(config, sandbox_id).unlink(missing_ok=True)
     return killed
 
@@ -69,7 +71,8 @@ def live_tags() -> list[str]:
 
 
 def remove_orphans(config, *, dry_run: bool = False) -> int:
-    """Sandbox folders and uploads of sandboxes that are not live; returns how many were removed."""
+    """Sandbox folders and uploads of sandboxes that are not live; returns how many were removed (one
+    that could not be yet is left to the next pass)."""
     found = set()
     try:
         entries = list(os.scandir(config.workspace_base))
@@ -94,10 +97,15 @@ def remove_orphans(config, *, dry_run: bool = False) -> int:
         for i in Sandbox.objects.filter(id__in=ids, status__in=LIVE_SANDBOX_STATUSES).values_list("id", flat=True)
     }
     orphans = [sandbox_id for sandbox_id in ids if sandbox_id not in live]
-    if not dry_run:
-        for sandbox_id in orphans:
-            try:
-                remove_leftovers(config, sandbox_id)
-            except OSError as exc:
-                logger.warning("could not remove sandbox %s's leftovers: %s", sandbox_id, exc)
-    return len(orphans)
+    if dry_run:
+        return len(orphans)
+    removed = 0
+    for sandbox_id in orphans:
+        # Its processes die with its owner, but a dying one can hold its folder or cgroup for a moment
+        # after it stops showing in /proc as tagged.
+        error = remove_patiently(lambda sandbox_id=sandbox_id: remove_leftovers(config, sandbox_id))
+        if error is None:
+            removed += 1
+        else:
+            logger.warning("could not remove sandbox %s's leftovers yet: %s", sandbox_id, error)
+    return removed

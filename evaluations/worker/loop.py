@@ -288,7 +288,10 @@ class Worker:
             reason = f"the sandbox's process died ({describe_exit(exitcode)})"
             if lifecycle.end_sandbox(sandbox_id, SandboxStatus.FAILED, error=reason, kind=ErrorKind.INFRASTRUCTURE):
                 logger.error("sandbox %s: %s", sandbox_id, reason)
-            sandbox_reaping.remove_leftovers(self.config, sandbox_id)
+            try:
+                sandbox_reaping.remove_leftovers(self.config, sandbox_id)
+            except OSError as exc:  # a dying process still holding some of it: the next reap's
+                logger.warning("sandbox %s: could not remove its leftovers yet (the reaper will): %s", sandbox_id, exc)
 
     def stop_sandboxes(self, *, warm_only: bool = False) -> None:
         """After the grace period (``warm_only``: at once, the warm ones nobody has taken): each

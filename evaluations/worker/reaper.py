@@ -32,15 +32,12 @@ from evaluations.models import (
     Status,
 )
 from evaluations.pipeline.session import RETIRED_PREFIX
-from evaluations.safefs import remove_tree_nofollow
+from evaluations.safefs import remove_patiently, remove_tree_nofollow
 from evaluations.sandboxes import reaping as sandbox_reaping
 
 logger = logging.getLogger("term_executor.reaper")
 
 RETIRED_GRACE_SECS = 60.0
-# How long the reaper keeps trying to remove a folder a lost evaluation's process still writes
-# into: its watch (pipeline/cancel.py, every 1 s) plus the kill of its command and its cleanup.
-REMOVE_PATIENCE_SECS = 3.0
 
 
 @dataclass
@@ -166,28 +163,24 @@ def _older_than(entry: os.DirEntry, seconds: float) -> bool:
         return False
 
 
-def _remove_entry(entry: os.DirEntry, patience_secs: float = REMOVE_PATIENCE_SECS) -> bool:
+def _remove_entry(entry: os.DirEntry) -> bool:
     """Remove one session folder (a link as a link). A process of a lost evaluation may still
     be writing into it for a moment (it sees its row ended within WATCH_SECS, 1 s, then kills its
-    command and cleans up): retry for ``patience_secs``, then leave it to the next pass rather
-    than fail the whole reap."""
-    deadline = time.monotonic() + patience_secs
-    while True:
-        try:
-            if entry.is_symlink() or not entry.is_dir(follow_symlinks=False):
-                os.unlink(entry.path)  # its target is untouched
-            else:
-                if os.geteuid() == 0:
-                    mounts.unmount_below(Path(entry.path))  # the workspace cache's overlays, before the walk
-                remove_tree_nofollow(Path(entry.path))
-            return True
-        except FileNotFoundError:
-            return True  # its own evaluation process removed it meanwhile
-        except OSError as exc:
-            if time.monotonic() >= deadline:
-                logger.warning("could not remove %s yet: %s", entry.path, exc)
-                return False
-            time.sleep(0.25)
+    command and cleans up): retried for a few seconds (``remove_patiently``), then left to the next
+    pass rather than failing the whole reap."""
+
+    def remove() -> None:
+        if entry.is_symlink() or not entry.is_dir(follow_symlinks=False):
+            os.unlink(entry.path)  # its target is untouched
+        else:
+            if os.geteuid() == 0:
+                mounts.unmount_below(Path(entry.path))  # the workspace cache's overlays, before the walk
+            remove_tree_nofollow(Path(entry.path))
+
+    error = remove_patiently(remove)
+    if error is not None:
+        logger.warning("could not remove %s yet: %s", entry.path, error)
+    return error is None
 
 
 def purge_old(retention_days: int, *, dry_run: bool = False, config=None) -> int:

@@ -172,3 +172,22 @@ class LiveService:
                 process.kill()
                 process.wait()
         self.database.drop()
+        self.remove_cgroup_parent()
+
+    def remove_cgroup_parent(self) -> None:
+        """The service's cgroup folder in each hierarchy, with what a killed worker left in it (empty
+        cgroups: their processes ended with the service): a production service keeps its folder for
+        its next start and its reaper empties it, but a test service's DATA_DIR never starts again
+        (left, they pile up by the hundred)."""
+        from evaluations.runtime.cgroupfs import read_mounts
+        from executor_project.config import ConfigError, load
+
+        try:
+            name = load(self.env).cgroup_parent
+        except ConfigError:  # a service that could not start made none
+            return
+        mounts = read_mounts()
+        for root in (*mounts.v1.values(), *([mounts.v2_root] if mounts.v2_root else [])):
+            for folder, _, _ in os.walk(root / name, topdown=False):
+                with contextlib.suppress(OSError):  # still holding a process: not ours to kill here
+                    os.rmdir(folder)

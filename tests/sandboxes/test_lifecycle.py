@@ -135,6 +135,6 @@ def test_max_sandboxes_then_the_reaper_after_a_dead_worker_and_sandbox(sandbox_s
         line = reaped.stdout + reaped.stderr
         return line if "sandboxes_lost=1" in line else None
 
-    wait_for(reap, timeout=120, interval=1, what="the reaper to find the sandbox's worker lost")
-    assert not leftovers(live, sandbox_id)
+    line = wait_for(reap, timeout=120, interval=1, what="the reaper to find the sandbox's worker lost")
+    assert not leftovers(live, sandbox_id), line
     assert api.json("GET", f"/sandboxes/{sandbox_id}")[1]["status"] == "failed"

@@ -8,17 +8,21 @@ import signal
 import subprocess
 import sys
 import textwrap
+import time
 import uuid
+from types import SimpleNamespace
 
 import pytest
 from django.utils import timezone
 
-from evaluations import lifecycle
+from evaluations import lifecycle, safefs
 from evaluations.db import stats
 from evaluations.images.store import BUILD_REACH, ImageRecord, ImageStore, now_iso
-from evaluations.models import Evaluation, PurgedTotals, Status, WorkerHeartbeat
+from evaluations.models import Evaluation, PurgedTotals, SandboxStatus, Status, WorkerHeartbeat
 from evaluations.pipeline.session import RETIRED_PREFIX, Session
 from evaluations.runtime import sandbox_uid
+from evaluations.sandboxes import reaping as sandbox_reaping
+from evaluations.sandboxes.host import session_name
 from evaluations.worker import reaper
 from tests.helpers.service import PROJECT
 
@@ -311,3 +315,58 @@ def test_purge_keeps_a_batchs_evaluations_until_the_batch_is_past_retention(sett
     Batch.objects.filter(id=batch_id).update(finished_at=timezone.now() - timezone.timedelta(days=20))
     assert reaper.purge_old(7) == 2  # the batch past retention: it and all its evaluations go together
     assert not Batch.objects.filter(id=batch_id).exists()
+
+
+# -- a live sandbox's leftovers (SPEC §24): what a dying process still holds -------------------------
+
+
+def _held_leftovers(settings, tmp_path):
+    """A failed sandbox's row and a session folder holding a file that cannot be removed yet (immutable:
+    root is refused too, as a process that still holds part of the folder refuses the reaper)."""
+    from tests.admin.test_sandboxes import make
+
+    config = dataclasses.replace(settings.EXECUTOR, workspace_base=tmp_path / "sessions")
+    sandbox = make(SandboxStatus.FAILED)
+    folder = config.workspace_base / session_name(str(sandbox.id))
+    (folder / "root").mkdir(parents=True)
+    held = folder / "root" / "held"
+    held.write_text("x")
+    subprocess.run(["chattr", "+i", str(held)], check=True)
+    return config, folder, held
+
+
+def _release(held) -> None:
+    subprocess.run(["chattr", "-i", str(held)], check=True)
+
+
+def test_a_sandbox_leftover_held_for_a_moment_goes_in_the_same_pass(settings, tmp_path, monkeypatch):
+    """The flake this was found by: the reaper ended a lost sandbox and removed its folder in one pass,
+    once, while a process of it was still letting go: the folder stayed, only logged."""
+    config, folder, held = _held_leftovers(settings, tmp_path)
+    waits = []
+
+    def wait(seconds):  # the reaper's pause between tries: the holder lets go meanwhile
+        waits.append(seconds)
+        _release(held)
+
+    monkeypatch.setattr(safefs, "time", SimpleNamespace(monotonic=time.monotonic, sleep=wait))
+    assert sandbox_reaping.remove_orphans(config) == 1
+    assert len(waits) == 1 and not folder.exists()
+
+
+def test_a_sandbox_leftover_held_past_the_patience_is_left_to_the_next_pass(settings, tmp_path, monkeypatch, caplog):
+    config, folder, held = _held_leftovers(settings, tmp_path)
+    clock = [0.0]
+
+    def wait(seconds):  # no real wait: the clock moves on
+        clock[0] += seconds
+
+    monkeypatch.setattr(safefs, "time", SimpleNamespace(monotonic=lambda: clock[0], sleep=wait))
+    try:
+        assert sandbox_reaping.remove_orphans(config) == 0  # counted only once removed
+    finally:
+        _release(held)
+    assert clock[0] >= safefs.REMOVAL_PATIENCE_SECS and (folder / "root" / "held").exists()
+    assert "could not remove sandbox" in caplog.text and "yet" in caplog.text
+    assert sandbox_reaping.remove_orphans(config) == 1
+    assert not folder.exists()
