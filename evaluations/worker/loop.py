@@ -167,7 +167,7 @@ class Worker:
                 time.sleep(1)
 
     def tick(self) -> bool:
-        """One pass: beat, reap, collect, cancel, call back, claim, then sleep until woken."""
+        """One pass: beat, reap, collect, claim, cancel, call back, then sleep until woken."""
         config = self.config
         close_old_connections()
         if self.listener is None and connection.vendor == "postgresql":
@@ -181,6 +181,9 @@ class Worker:
             self.reap()
             self.next_reap = now + config.reap_interval_secs
         self.collect_finished()
+        if not stopping:  # first: the slot an evaluation just freed is the next one's (SPEC §25)
+            claimed = claim(self.worker_id, self.pool.free)
+            self.start_claimed(claimed)
         self.collect_sandboxes()
         self.expire_sessions()
         self.callbacks.dispatch()
@@ -193,8 +196,6 @@ class Worker:
             if not self.pool.running and not (self.sandboxes and self.sandboxes.running):
                 return True
         else:
-            claimed = claim(self.worker_id, self.pool.free)
-            self.start_claimed(claimed)
             if not claimed:
                 self.keep_spare()
             if self.sandboxes is not None:

@@ -259,7 +259,8 @@ def wait_for_id(
     worker hands it an id, then be that id's process (``target``, the same channel as its liveness
     pipe); the end of the pipe first means exit, nothing read or written. Then, up to ``reuses``
     evaluations in all, while each left the process as it was before ``ready`` (``ProcessState``,
-    read after ``leave``): ``ready()`` again, the ended id on ``report``, and wait for the next.
+    read after ``leave``): the ended id on ``report``, ``ready()`` again (while the worker claims the
+    next id, which waits in the pipe), and wait for the next.
     ``leave()`` before it exits, however.
 
     It is named SPARE_NAME (``ps``) while it waits (``named``: a process forked with its id is not
@@ -288,13 +289,13 @@ def wait_for_id(
             if changed:
                 logger.info("the evaluation process is not kept for another evaluation: %s", changed)
                 return
-            if ready is not None:
-                ready()
             name_process(SPARE_NAME)
             try:
-                report.send_bytes(eval_id.encode())
+                report.send_bytes(eval_id.encode())  # first: the worker claims the next id meanwhile
             except OSError:  # the worker is gone: its pipe's end comes next
                 return
+            if ready is not None:
+                ready()
     finally:
         if leave is not None:
             leave()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import multiprocessing
 import time
 
 import pytest
@@ -75,3 +76,54 @@ def test_a_stop_asked_by_a_signal_wakes_the_loops_wait(tmp_path):
         assert wait([worker.wake], timeout=0) == []
     finally:
         worker.wake.close()
+
+
+class RecordingPool:
+    """A pool that starts nothing: it records what it was asked, and its one sentinel is ready, so a
+    tick's closing wait returns at once."""
+
+    capacity = free = 2
+    running: dict = {}
+
+    def __init__(self, done: list):
+        self.started, self.done = [], done
+        self.ready, writer = multiprocessing.Pipe(duplex=False)
+        writer.send_bytes(b"ended")
+        self._writer = writer
+
+    def reap(self):
+        return self.done
+
+    def start(self, eval_id):
+        self.started.append(str(eval_id))
+
+    def keep_spare(self):
+        pass
+
+    def sentinels(self):
+        return [self.ready]
+
+
+def test_a_tick_claims_the_freed_slot_before_its_other_work(monkeypatch, tmp_path):
+    """The next evaluation is claimed as soon as the last one's end is collected: the tick's other
+    work (callbacks, sandboxes, session expiry) comes after, off the hand-off (SPEC §25)."""
+    pending = Evaluation.objects.create(task_url="https://example.com/t.tar.gz", agent_code="x")
+    pool = RecordingPool(done=[])
+    worker = worker_with(pool)
+    worker.next_beat = worker.next_reap = time.monotonic() + 3600  # this tick neither beats nor reaps
+    seen = {}
+
+    def dispatch():
+        seen["started when the callbacks ran"] = list(pool.started)
+        return 0
+
+    from evaluations.worker import wakeup
+
+    monkeypatch.setattr(worker.callbacks, "dispatch", dispatch)
+    worker.wake = wakeup.WakeSocket(tmp_path, worker.worker_id)
+    try:
+        assert worker.tick() is False
+    finally:
+        worker.wake.close()
+    assert seen == {"started when the callbacks ran": [str(pending.id)]}
+    assert Evaluation.objects.get(id=pending.id).status == Status.RUNNING
