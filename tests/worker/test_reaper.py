@@ -339,6 +339,23 @@ def _release(held) -> None:
     subprocess.run(["chattr", "-i", str(held)], check=True)
 
 
+def test_an_evaluation_folder_held_for_a_moment_goes_in_the_same_pass(tmp_path, monkeypatch):
+    """The evaluations' sweep waits the same way (one retry loop for both: safefs.remove_patiently)."""
+    base = tmp_path / "sessions"
+    session = _session(base)  # no row: not a live evaluation's
+    held = session.repo / "deep" / "er" / "file"
+    subprocess.run(["chattr", "+i", str(held)], check=True)
+    waits = []
+
+    def wait(seconds):
+        waits.append(seconds)
+        _release(held)
+
+    monkeypatch.setattr(safefs, "time", SimpleNamespace(monotonic=time.monotonic, sleep=wait))
+    assert reaper.remove_orphan_folders(base) == (1, 0)
+    assert len(waits) == 1 and not session.root.exists()
+
+
 def test_a_sandbox_leftover_held_for_a_moment_goes_in_the_same_pass(settings, tmp_path, monkeypatch):
     """The flake this was found by: the reaper ended a lost sandbox and removed its folder in one pass,
     once, while a process of it was still letting go: the folder stayed, only logged."""
