@@ -85,14 +85,14 @@ class RecordingPool:
     capacity = free = 2
     running: dict = {}
 
-    def __init__(self, done: list):
-        self.started, self.done = [], done
+    def __init__(self):
+        self.started = []
         self.ready, writer = multiprocessing.Pipe(duplex=False)
         writer.send_bytes(b"ended")
         self._writer = writer
 
     def reap(self):
-        return self.done
+        return []  # nothing ended
 
     def start(self, eval_id):
         self.started.append(str(eval_id))
@@ -108,7 +108,7 @@ def test_a_tick_claims_the_freed_slot_before_its_other_work(monkeypatch, tmp_pat
     """The next evaluation is claimed as soon as the last one's end is collected: the tick's other
     work (callbacks, sandboxes, session expiry) comes after, off the hand-off (SPEC §25)."""
     pending = Evaluation.objects.create(task_url="https://example.com/t.tar.gz", agent_code="x")
-    pool = RecordingPool(done=[])
+    pool = RecordingPool()
     worker = worker_with(pool)
     worker.next_beat = worker.next_reap = time.monotonic() + 3600  # this tick neither beats nor reaps
     seen = {}

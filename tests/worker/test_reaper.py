@@ -320,31 +320,20 @@ def test_purge_keeps_a_batchs_evaluations_until_the_batch_is_past_retention(sett
 # -- a live sandbox's leftovers (SPEC §24): what a dying process still holds -------------------------
 
 
-def _held_leftovers(settings, tmp_path):
-    """A failed sandbox's row and a session folder holding a file that cannot be removed yet (immutable:
-    root is refused too, as a process that still holds part of the folder refuses the reaper)."""
-    from tests.admin.test_sandboxes import make
-
-    config = dataclasses.replace(settings.EXECUTOR, workspace_base=tmp_path / "sessions")
-    sandbox = make(SandboxStatus.FAILED)
-    folder = config.workspace_base / session_name(str(sandbox.id))
-    (folder / "root").mkdir(parents=True)
-    held = folder / "root" / "held"
-    held.write_text("x")
-    subprocess.run(["chattr", "+i", str(held)], check=True)
-    return config, folder, held
+def _hold(path):
+    """``path`` made impossible to remove until ``_release``: immutable, refused to root too, as what a
+    process still holds refuses the reaper."""
+    subprocess.run(["chattr", "+i", str(path)], check=True)
+    return path
 
 
 def _release(held) -> None:
     subprocess.run(["chattr", "-i", str(held)], check=True)
 
 
-def test_an_evaluation_folder_held_for_a_moment_goes_in_the_same_pass(tmp_path, monkeypatch):
-    """The evaluations' sweep waits the same way (one retry loop for both: safefs.remove_patiently)."""
-    base = tmp_path / "sessions"
-    session = _session(base)  # no row: not a live evaluation's
-    held = session.repo / "deep" / "er" / "file"
-    subprocess.run(["chattr", "+i", str(held)], check=True)
+def _released_at_the_first_pause(monkeypatch, held) -> list:
+    """The reapers' pause between two tries (safefs.remove_patiently), taken without waiting: the
+    holder lets go meanwhile. Returns the pauses taken."""
     waits = []
 
     def wait(seconds):
@@ -352,6 +341,26 @@ def test_an_evaluation_folder_held_for_a_moment_goes_in_the_same_pass(tmp_path, 
         _release(held)
 
     monkeypatch.setattr(safefs, "time", SimpleNamespace(monotonic=time.monotonic, sleep=wait))
+    return waits
+
+
+def _held_leftovers(settings, tmp_path):
+    """A failed sandbox's row and its session folder, holding a file that cannot be removed yet."""
+    from tests.admin.test_sandboxes import make
+
+    config = dataclasses.replace(settings.EXECUTOR, workspace_base=tmp_path / "sessions")
+    sandbox = make(SandboxStatus.FAILED)
+    folder = config.workspace_base / session_name(str(sandbox.id))
+    (folder / "root").mkdir(parents=True)
+    (folder / "root" / "held").write_text("x")
+    return config, folder, _hold(folder / "root" / "held")
+
+
+def test_an_evaluation_folder_held_for_a_moment_goes_in_the_same_pass(tmp_path, monkeypatch):
+    """The evaluations' sweep waits the same way (one retry loop for both: safefs.remove_patiently)."""
+    base = tmp_path / "sessions"
+    session = _session(base)  # no row: not a live evaluation's
+    waits = _released_at_the_first_pause(monkeypatch, _hold(session.repo / "deep" / "er" / "file"))
     assert reaper.remove_orphan_folders(base) == (1, 0)
     assert len(waits) == 1 and not session.root.exists()
 
@@ -360,13 +369,7 @@ def test_a_sandbox_leftover_held_for_a_moment_goes_in_the_same_pass(settings, tm
     """The flake this was found by: the reaper ended a lost sandbox and removed its folder in one pass,
     once, while a process of it was still letting go: the folder stayed, only logged."""
     config, folder, held = _held_leftovers(settings, tmp_path)
-    waits = []
-
-    def wait(seconds):  # the reaper's pause between tries: the holder lets go meanwhile
-        waits.append(seconds)
-        _release(held)
-
-    monkeypatch.setattr(safefs, "time", SimpleNamespace(monotonic=time.monotonic, sleep=wait))
+    waits = _released_at_the_first_pause(monkeypatch, held)
     assert sandbox_reaping.remove_orphans(config) == 1
     assert len(waits) == 1 and not folder.exists()
 
