@@ -13,15 +13,20 @@ writing 1 GB leaves a 1 MiB ``agent_output`` and a 1 MiB log in its row.
    blocks come from the heap, and freed heap memory stays in the process.
 (SQLite's page cache, the other thing a large row filled, is capped where the
 connection is configured: ``dburl.SQLITE_OPTIONS``.)
+
+2. A process whose database is SQLite imports no PostgreSQL driver
+   (``without_postgresql_drivers``): DRF imported psycopg whenever it was installed.
 """
 
 from __future__ import annotations
 
 import ctypes
 import gc
+import sys
 
 _libc = ctypes.CDLL(None)
 LARGE_RESPONSE_BYTES = 256 * 1024
+POSTGRESQL_DRIVERS = ("psycopg", "psycopg2")
 
 
 def release_after_large_responses(app):
@@ -63,3 +68,20 @@ class _Releasing:
             if self.sent >= LARGE_RESPONSE_BYTES:
                 gc.collect()
                 _libc.malloc_trim(0)
+
+
+def without_postgresql_drivers(database: dict) -> None:
+    """Make the PostgreSQL drivers unimportable in this process when ``database`` is not PostgreSQL.
+
+    Nothing of ours imports one then, but DRF does whenever it is installed: ``rest_framework.compat``
+    imports ``django.contrib.postgres.fields``, whose ``psycopg_any`` imports psycopg (or psycopg2),
+    and takes an ImportError as "no PostgreSQL fields". That was 87 modules, 6 MB of every
+    process's heap and 3 MB of libraries (libssl, libkrb5, libldap) for a database the service never
+    talks to: 7 MB of the service's PSS (bench/RESULTS.md, issue 38 stop 55). ``None`` in
+    ``sys.modules`` is the import system's own "not there" (ModuleNotFoundError). A driver already
+    imported is left as it is.
+    """
+    if database["ENGINE"] == "django.db.backends.postgresql":
+        return
+    for name in POSTGRESQL_DRIVERS:
+        sys.modules.setdefault(name, None)

@@ -9,6 +9,7 @@ from executor_project import config as config_module
 from executor_project import settings_loader
 from executor_project.dburl import parse_database_url
 from executor_project.logs import logging_config
+from executor_project.memory import without_postgresql_drivers
 
 try:
     EXECUTOR = settings_loader.load()
@@ -17,6 +18,7 @@ except config_module.ConfigError as exc:
     # One line naming the variable, no traceback: this is an operator's mistake.
     sys.stderr.write(f"term-executor: configuration error: {exc}\n")
     sys.exit(2)
+without_postgresql_drivers(_database)  # before anything imports DRF
 
 BASE_DIR = config_module.PROJECT_DIR
 EXECUTOR.data_dir.mkdir(parents=True, exist_ok=True)

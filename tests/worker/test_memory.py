@@ -1,6 +1,7 @@
 """What keeps the service's memory down (issue 7): the figures are in bench/, the behaviour here.
 
-* serve's preload leaves nothing for a first query or request to import privately;
+* serve's preload leaves nothing for a first query or request to import privately, and no
+  PostgreSQL driver on SQLite;
 * an evaluation's cancel is a byte on a pipe, so no resource tracker process runs (serve's whole
   process tree: test_worker.py);
 * a large response is freed once sent; SQLite connections keep a small page cache.
@@ -62,6 +63,8 @@ def test_after_the_preload_a_first_query_and_the_api_reads_import_nothing(tmp_pa
     # Anything listed here is imported by every process that runs it, each into its own memory:
     # import it in serve.first_use() instead.
     assert report["imported"] == []
+    # DRF imports psycopg wherever it can (rest_framework.compat): only a PostgreSQL service lets it.
+    assert report["drivers"] == (["psycopg"] if service.database.name else [])
 
 
 @pytest.mark.slow
