@@ -9,7 +9,9 @@ Every figure is measured in this run, beside its baseline, on this machine:
 - spawner    one command through the spawner (no sandbox, bubblewrap) vs subprocess.run;
 - http       GET /evaluate/{id}, POST /evaluate admitted and refused, 32 clients, gunicorn as
              bin/serve starts it, vs a minimal WSGI app under the same gunicorn;
-- memory     the service's peak memory while an agent writes 1 GB, and the psutil monitor's CPU;
+- memory     the service's peak memory while an agent writes 1 GB, and the psutil monitor's CPU; the
+             service runs from a venv of requirements.txt alone (what bin/serve installs: made once,
+             common.service_python), and again from this .venv, where the test tools are installed too;
 - sandboxes  (only when named in --only) live sandboxes, ``python -m bench.sandboxes`` in a process of
              its own: create from a warm image vs ``podman run -d``, an exec round trip vs ``podman
              exec``, memory per idle sandbox vs per idle container, execs at concurrency 4.
@@ -26,7 +28,7 @@ import sys
 import time
 
 from bench import e2e, http, memory, sandboxes
-from bench.common import PROJECT, bench_folder, load_average, machine, trivial_task
+from bench.common import PROJECT, bench_folder, load_average, machine, service_python, trivial_task
 
 SECTIONS = ("latency", "throughput", "spawner", "http", "memory")
 OPTIONAL = ("sandboxes",)  # run only when --only names them (a registry, podman, several minutes)
@@ -197,7 +199,7 @@ def report_http(table: Table, figures: dict, hello: dict) -> None:
         )
 
 
-def report_memory(table: Table, figures: dict) -> None:
+def report_memory(table: Table, figures: dict, dev: dict) -> None:
     for kind in ("rss", "pss"):
         peak, idle = figures[f"peak_{kind}"], figures[f"idle_{kind}"]
         table.add(
@@ -208,7 +210,15 @@ def report_memory(table: Table, figures: dict) -> None:
             "< 150 MB",
             ok(peak < 150 * MB),
         )
-    print(memory.breakdown_table(figures["idle_breakdown"], figures["peak_breakdown"]), file=sys.stderr, flush=True)
+    table.add(
+        "the same PSS from this .venv (test tools installed)",
+        f"{dev['peak_pss'] / MB:.0f} MB",
+        f"{dev['idle_pss'] / MB:.0f} MB idle",
+        f"{dev['peak_pss'] / dev['idle_pss']:.2f}x",
+    )
+    for label, run in (("requirements.txt alone", figures), ("this .venv", dev)):
+        print(f"service from {label}:", file=sys.stderr)
+        print(memory.breakdown_table(run["idle_breakdown"], run["peak_breakdown"]), file=sys.stderr, flush=True)
     for key, name in (("monitor_cpu_sleeper", "agent sleeping"), ("monitor_cpu_flood", "agent writing 1 GB")):
         table.add(
             f"monitor CPU per evaluation-second ({name})",
@@ -287,8 +297,9 @@ def main() -> int:
                 raw["http_baseline"] = {name: vars(r) | {"latencies": None} for name, r in hello.items()}
                 report_http(table, figures, hello)
             elif section == "memory":
-                raw[section] = memory.memory_and_monitor(root, task)
-                report_memory(table, raw[section])
+                raw[section] = memory.memory_and_monitor(root, task, service_python())
+                raw["memory_dev_venv"] = memory.memory_and_monitor(root, task, sys.executable, "memory-dev")
+                report_memory(table, raw[section], raw["memory_dev_venv"])
             elif section == "sandboxes":
                 raw[section] = run_sandboxes(root, plan["sandboxes"])
                 for row in sandboxes.rows(raw[section]):

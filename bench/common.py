@@ -9,6 +9,7 @@ agent that fixes a one-line bug, and two test scripts. The same task is what
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import http.client
 import json
 import os
@@ -77,7 +78,7 @@ class ServedService(LiveService):
         self.manage("migrate", "--noinput")
         log = open(self.folder / "serve.log", "ab")
         self.serve = subprocess.Popen(
-            [sys.executable, "manage.py", "serve"], cwd=PROJECT, env=self.env, stdout=log, stderr=subprocess.STDOUT
+            [self.python, "manage.py", "serve"], cwd=PROJECT, env=self.env, stdout=log, stderr=subprocess.STDOUT
         )
         self.processes.append(self.serve)
         self.gunicorn = self.worker = self.serve  # wait_healthy polls it; the roles are found below it
@@ -88,17 +89,46 @@ class ServedService(LiveService):
         return self
 
 
+def service_python() -> str:
+    """The interpreter of a venv holding requirements.txt alone: the packages bin/serve installs on a
+    fresh machine. Made once per requirements file (pip, about a minute), kept in the temporary folder.
+
+    This project's .venv also holds the test tools (requirements-dev.txt), and DRF imports two of them
+    wherever they are installed (``rest_framework.compat``: pytest's pygments, schemathesis's
+    requests), 4.7 MB of heap in every process of the service that a deployed one does not hold.
+    """
+    requirements = PROJECT / "requirements.txt"
+    digest = hashlib.sha256(requirements.read_bytes()).hexdigest()[:16]
+    venv = Path(tempfile.gettempdir()) / "term-executor-bench" / f"service-venv-{digest}"
+    python = venv / "bin" / "python"
+    if python.exists():
+        return str(python)
+    venv.parent.mkdir(parents=True, exist_ok=True)
+    building = Path(tempfile.mkdtemp(prefix="building-", dir=venv.parent))
+    try:
+        subprocess.run(["python3", "-m", "venv", str(building)], check=True)
+        pip = [building / "bin" / "python", "-m", "pip", "install", "--quiet", "--disable-pip-version-check"]
+        subprocess.run([*pip, "-r", requirements], check=True)
+        building.rename(venv)  # only `python -m` runs from it: its scripts' first lines may name `building`
+    finally:
+        shutil.rmtree(building, ignore_errors=True)  # gone unless it failed before its rename
+    return str(python)
+
+
 @contextlib.contextmanager
-def live_service(root: Path, name: str, *, worker: bool, serve: bool = False, **env) -> Iterator[LiveService]:
+def live_service(
+    root: Path, name: str, *, worker: bool, serve: bool = False, python: str = sys.executable, **env
+) -> Iterator[LiveService]:
     """gunicorn (README_WEB_WORKERS sync workers) and optionally run_worker, on a fresh database.
 
-    ``serve``: start both through ``manage.py serve`` instead, exactly as bin/serve does."""
+    ``serve``: start both through ``manage.py serve`` instead, exactly as bin/serve does.
+    ``python``: the interpreter the service runs (``service_python``: the packages bin/serve installs)."""
     sessions = root / f"{name}-sessions"
     sessions.mkdir(mode=0o711)
     settings = {"ALLOWED_PRIVATE_HOSTS": "127.0.0.1", "WORKSPACE_BASE": str(sessions)}
     settings.update({key: str(value) for key, value in env.items()})
     kind = ServedService if serve else LiveService
-    service = kind(root / name, env=settings, web_workers=README_WEB_WORKERS, worker=worker or serve)
+    service = kind(root / name, env=settings, web_workers=README_WEB_WORKERS, worker=worker or serve, python=python)
     try:
         service.start()
         if worker or serve:

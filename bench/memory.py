@@ -199,9 +199,10 @@ def _evaluate(port: int, task: Task, agent_code: str) -> dict:
     return body
 
 
-def memory_and_monitor(root: Path, task: Task) -> dict:
-    """The service as bin/serve starts it (``manage.py serve`` and everything below it, its commands left out)."""
-    with live_service(root, "memory", worker=True, serve=True, MAX_CONCURRENT_EVALS=2) as service:
+def memory_and_monitor(root: Path, task: Task, python: str, name: str = "memory") -> dict:
+    """The service as bin/serve starts it (``manage.py serve`` and everything below it, its commands
+    left out), run by ``python`` (``common.service_python``: bin/serve's packages alone)."""
+    with live_service(root, name, worker=True, serve=True, python=python, MAX_CONCURRENT_EVALS=2) as service:
         _evaluate(service.port, task, task.agent_code)  # warm: the forkserver is up, a first evaluation ran
         time.sleep(0.5)
         roots = [service.serve.pid]

@@ -85,8 +85,17 @@ class FreshDatabase:
 
 
 class LiveService:
-    def __init__(self, folder: Path, *, env: dict | None = None, web_workers: int = 2, worker: bool = False):
+    def __init__(
+        self,
+        folder: Path,
+        *,
+        env: dict | None = None,
+        web_workers: int = 2,
+        worker: bool = False,
+        python: str = sys.executable,
+    ):
         self.folder = folder
+        self.python = python  # the interpreter (and so the venv) the service's processes run
         self.folder.mkdir(parents=True, exist_ok=True)
         self.database = FreshDatabase(folder)
         self.port = free_port()
@@ -111,7 +120,7 @@ class LiveService:
 
     def manage(self, *args: str, check: bool = True, timeout: float = 120) -> subprocess.CompletedProcess:
         return subprocess.run(
-            [sys.executable, "manage.py", *args],
+            [self.python, "manage.py", *args],
             cwd=PROJECT,
             env=self.env,
             capture_output=True,
@@ -124,7 +133,7 @@ class LiveService:
         self.manage("migrate", "--noinput")
         log = open(self.folder / "gunicorn.log", "ab")
         self.gunicorn = subprocess.Popen(
-            [sys.executable, "-m", "gunicorn", "-c", "executor_project/gunicorn.conf.py"],
+            [self.python, "-m", "gunicorn", "-c", "executor_project/gunicorn.conf.py"],
             cwd=PROJECT,
             env=self.env,
             stdout=log,
@@ -139,7 +148,7 @@ class LiveService:
     def start_worker(self) -> subprocess.Popen:
         log = open(self.folder / "worker.log", "ab")
         worker = subprocess.Popen(
-            [sys.executable, "manage.py", "run_worker"], cwd=PROJECT, env=self.env, stdout=log, stderr=subprocess.STDOUT
+            [self.python, "manage.py", "run_worker"], cwd=PROJECT, env=self.env, stdout=log, stderr=subprocess.STDOUT
         )
         self.processes.append(worker)
         self.worker = worker
