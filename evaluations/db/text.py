@@ -43,6 +43,11 @@ def _hex_sha256(value, expression, connection):
     return None if value is None else hashlib.sha256(value).hexdigest()
 
 
+# How each database makes a parameter's UTF-8 (bytes) the text a column stores: ``Utf8Text``'s SQL,
+# and that of the statements written by hand for it (db/progress.py).
+UTF8_TEXT_SQL = {"postgresql": "CONVERT_FROM(%s, 'UTF8')", "sqlite": "CAST(%s AS TEXT)"}
+
+
 class Utf8Text(Func):
     """``data``'s UTF-8 as the text the column stores."""
 
@@ -54,7 +59,11 @@ class Utf8Text(Func):
         super().__init__(Value(data, output_field=BinaryField()))
 
     def as_postgresql(self, compiler, connection, **extra_context):
-        return self.as_sql(compiler, connection, template="CONVERT_FROM(%(expressions)s, 'UTF8')", **extra_context)
+        return self.as_sql(compiler, connection, template=_utf8_template("postgresql"), **extra_context)
 
     def as_sqlite(self, compiler, connection, **extra_context):
-        return self.as_sql(compiler, connection, template="CAST(%(expressions)s AS TEXT)", **extra_context)
+        return self.as_sql(compiler, connection, template=_utf8_template("sqlite"), **extra_context)
+
+
+def _utf8_template(vendor: str) -> str:
+    return UTF8_TEXT_SQL[vendor].replace("%s", "%(expressions)s")

@@ -241,6 +241,43 @@ def test_a_pipeline_transition_is_three_statements(clock):
     assert data_statements(queries).count("UPDATE evaluations_evaluation") == 2  # the end, then its signature
 
 
+STAGED_KINDS = {
+    "agent_patch": "diff --git a/é b/é\n+✓\n".encode(),  # a text column as its UTF-8, made text by the database
+    "agent_output": "ünïcode\n",
+    "agent_exit_code": 137,
+    "passed": False,
+    "reward": 0.25,
+    "finished_at": T0 + datetime.timedelta(seconds=3),
+    "resources": {"cpu_seconds": 1.5, "peak_memory_bytes": 1 << 30},
+    "egress": [{"host": "pypi.org", "allowed": True}],
+    "metadata": None,
+    "error_kind": None,
+}
+
+
+def test_a_pipeline_transition_writes_every_kind_of_column_as_the_orm_does(clock):
+    """Progress.record's hand-made statements (db/progress.py) and the ORM's (lifecycle.record) store
+    the same row and chain, whatever a step staged: text, its UTF-8, numbers, times, JSON, nulls."""
+    written = []
+    for by_progress in (True, False):
+        evaluation = running_evaluation()
+        progress = lifecycle.Progress(evaluation.id)
+        assert progress.record(Step.RUNNING_AGENT)
+        clock(40)
+        if by_progress:
+            progress.stage(**STAGED_KINDS)
+            assert progress.record(Step.RUNNING_TESTS)
+        else:
+            assert lifecycle.record(evaluation.id, step=Step.RUNNING_TESTS, expect=[Status.RUNNING], **STAGED_KINDS)
+        (_, _, started, closed), (step, status, at, duration) = chain(evaluation)[-2:]
+        written.append(
+            (row(evaluation, *STAGED_KINDS, "step", "status"), (closed, step, status, at - started, duration))
+        )
+    assert written[0] == written[1]
+    assert written[0][0][0] == "diff --git a/é b/é\n+✓\n"
+    assert written[0][1] == (40, Step.RUNNING_TESTS, Status.RUNNING, datetime.timedelta(milliseconds=40), None)
+
+
 def test_record_without_a_known_row_reads_only_what_the_change_does_not_say(clock):
     evaluation = queued_evaluation()
     with CaptureQueriesContext(connection) as queries:  # a claim: the status moves, the step is the row's

@@ -1,0 +1,76 @@
+"""A running pipeline's transitions (``lifecycle.Progress.record``): three statements written once.
+
+Through the ORM each transition held the evaluation process for about 1.7 ms of Python (p50 in a
+pipeline, nine an evaluation, on the path of every evaluation: three querysets built, compiled and
+run); here the same three statements are written once per database (the evaluation's UPDATE once
+per set of columns a step stages), and each value is converted as the ORM converts it (the field's
+``get_db_prep_save``; a text column's str or None as it is, ``admission.keeps_str``; bytes, the
+UTF-8 of a text column, made text by the database as ``text.Utf8Text`` does). bench/RESULTS.md,
+issue 38, stop 55.
+
+Who runs them: lifecycle, the one writer of statuses and transitions (tests/test_layout.py).
+"""
+
+from __future__ import annotations
+
+import functools
+
+from django.db import connection
+
+from evaluations.db.admission import Row, keeps_str
+from evaluations.db.text import UTF8_TEXT_SQL
+from evaluations.models import Evaluation, Transition
+
+
+class Statements:
+    """The SQL of a pipeline's step change for one database vendor."""
+
+    def __init__(self, vendor: str):
+        quote = connection.ops.quote_name
+        self.fields = {field.attname: field for field in Evaluation._meta.concrete_fields}
+        self.text = {name: keeps_str(field) for name, field in self.fields.items()}
+        self.utf8 = UTF8_TEXT_SQL[vendor]
+        self.evaluations = quote(Evaluation._meta.db_table)
+        self.where = f"{quote(Evaluation._meta.pk.column)} = %s AND {quote(self.fields['status'].column)} = %s"
+        self.pk = Evaluation._meta.pk
+        transitions, transition_pk = quote(Transition._meta.db_table), quote(Transition._meta.pk.column)
+        duration = quote(Transition._meta.get_field("duration_ms").column)
+        self.close_previous = f"UPDATE {transitions} SET {duration} = %s WHERE {transition_pk} = %s"
+        self.transition = Row(Transition, skip={Transition._meta.pk.attname})
+        columns = ", ".join(quote(field.column) for field in self.transition.fields)
+        values = ", ".join(["%s"] * len(self.transition.fields))
+        self.insert_transition = f"INSERT INTO {transitions} ({columns}) VALUES ({values}) RETURNING {transition_pk}"
+        self.quote = quote
+        self.updates: dict[tuple[tuple[str, bool], ...], str] = {}
+
+    def update(self, columns: tuple[tuple[str, bool], ...]) -> str:
+        """The evaluation's UPDATE of ``columns`` ((attname, given as UTF-8) each), conditional on its
+        id and status; written once per set of columns (a few: what each step stages)."""
+        sql = self.updates.get(columns)
+        if sql is None:
+            sets = ", ".join(
+                f"{self.quote(self.fields[name].column)} = {self.utf8 if utf8 else '%s'}" for name, utf8 in columns
+            )
+            sql = self.updates[columns] = f"UPDATE {self.evaluations} SET {sets} WHERE {self.where}"
+        return sql
+
+    def update_values(self, updates: dict, db) -> tuple[tuple[tuple[str, bool], ...], list]:
+        """``updates`` (attname: value; bytes for a text column's UTF-8) as the UPDATE's columns and
+        parameters, the WHERE's left to the caller."""
+        columns, params = [], []
+        for name, value in updates.items():
+            utf8 = isinstance(value, bytes)
+            columns.append((name, utf8))
+            if utf8 or (self.text[name] and (value is None or isinstance(value, str))):
+                params.append(value)
+            else:
+                params.append(self.fields[name].get_db_prep_save(value, db))
+        return tuple(columns), params
+
+    def pk_value(self, eval_id, db):
+        return self.pk.get_db_prep_value(self.pk.to_python(eval_id), db)
+
+
+@functools.cache
+def statements(vendor: str) -> Statements:
+    return Statements(vendor)
