@@ -129,8 +129,8 @@ def _transition(eval_id, step, status, expect: tuple, fields: dict, previous: Ma
     statement fails the caller's whole change anyway, and a row not in ``expect`` writes nothing.
     """
     now = timezone.now()
-    if previous is not None and step is not None and status is None and len(expect) == 1:
-        return _advance(eval_id, step, expect[0], fields, previous, now)
+    if previous is not None and step is not None and len(expect) == 1:
+        return _advance(eval_id, step, status, expect[0], fields, previous, now)
     # A text column given as bytes (its UTF-8: the kept log) is written as text by the database, never
     # decoded here (db/text.py).
     updates = {name: Utf8Text(value) if isinstance(value, bytes) else value for name, value in fields.items()}
@@ -157,16 +157,19 @@ def _transition(eval_id, step, status, expect: tuple, fields: dict, previous: Ma
     return Mark(created.id, now)
 
 
-def _advance(eval_id, step: str, status: str, fields: dict, previous: Mark, now) -> Mark | None:
-    """``_transition``'s most frequent case, a running pipeline's next step with its last transition
-    known: the same three statements, written once (db/progress.py) rather than built by the ORM at
-    each step. A text column given as bytes is made text by the database, as ``Utf8Text`` does."""
+def _advance(eval_id, step: str, status: str | None, expect: str, fields: dict, previous: Mark, now) -> Mark | None:
+    """``_transition``'s case for a pipeline (its next step, or its end: ``status``) whose last
+    transition is known and whose row is in one status (``expect``): the same three statements,
+    written once (db/progress.py) rather than built by the ORM each time. A text column given as
+    bytes is made text by the database, as ``Utf8Text`` does."""
     db = connection
     sql = progress_sql.statements(db.vendor)
-    columns, params = sql.update_values({**fields, "step": step}, db)
-    new = sql.transition.values({"evaluation_id": eval_id, "step": step, "status": status, "at": now}, db)
+    changes = {**fields, "step": step, **({"status": status} if status is not None else {})}
+    columns, params = sql.update_values(changes, db)
+    reached = status if status is not None else expect
+    new = sql.transition.values({"evaluation_id": eval_id, "step": step, "status": reached, "at": now}, db)
     with transaction.atomic(savepoint=False), db.cursor() as cursor:
-        cursor.execute(sql.update(columns), [*params, sql.pk_value(eval_id, db), status])
+        cursor.execute(sql.update(columns), [*params, sql.pk_value(eval_id, db), expect])
         if cursor.rowcount != 1:
             return None
         cursor.execute(sql.close_previous, [_elapsed_ms(previous.at, now), previous.id])
