@@ -121,7 +121,8 @@ def _transition(eval_id, step, status, expect: tuple, fields: dict, previous: Ma
     """``record``'s transaction; the new transition, or None when the row was not in ``expect``.
 
     Without ``previous`` it reads the row's open transition; with it, three statements: the
-    conditional UPDATE, the previous transition's duration, the new one's INSERT. The row's step
+    conditional UPDATE, the previous transition's duration, the new one's INSERT (written once,
+    ``_advance``, when the step is given and one status expected: a pipeline's). The row's step
     and status are read back only when the change and ``expect`` do not say them (a claim moves
     the status and keeps whatever step the row is at).
 

@@ -1,8 +1,8 @@
-"""A running pipeline's transitions (``lifecycle.Progress.record``): three statements written once.
+"""A running pipeline's transitions (``lifecycle.Progress``'s records and end): three statements written once.
 
-Through the ORM each transition held the evaluation process for about 1.7 ms of Python (p50 in a
+Through the ORM each transition held the evaluation process for 1.2-1.6 ms of Python (p50 in a
 pipeline, nine an evaluation, on the path of every evaluation: three querysets built, compiled and
-run); here the same three statements are written once per database (the evaluation's UPDATE once
+run; 0.43-0.64 ms now); here the same three statements are written once per database (the evaluation's UPDATE once
 per set of columns a step stages), and each value is converted as the ORM converts it (the field's
 ``get_db_prep_save``; a text column's str or None as it is, ``admission.keeps_str``; bytes, the
 UTF-8 of a text column, made text by the database as ``text.Utf8Text`` does). bench/RESULTS.md,
