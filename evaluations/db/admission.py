@@ -50,12 +50,18 @@ class Row:
             if field.attname not in given:
                 row[self.position[field.attname]] = field.get_db_prep_save(field.get_default(), db)
         for name, value in given.items():
-            i = self.position[name]
-            if self.text[i] and (value is None or isinstance(value, str)):
-                row[i] = value
-            else:
-                row[i] = self.fields[i].get_db_prep_save(value, db)
+            row[self.position[name]] = self.prepared(name, value, db)
         return row
+
+    def prepared(self, name: str, value, db):
+        """One column's value as the ORM would send it."""
+        i = self.position[name]
+        if self.text[i] and (value is None or isinstance(value, str)):
+            return value
+        return self.fields[i].get_db_prep_save(value, db)
+
+    def column(self, name: str) -> str:
+        return self.fields[self.position[name]].column
 
 
 def keeps_str(field) -> bool:

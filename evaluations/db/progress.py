@@ -2,11 +2,10 @@
 
 Through the ORM each transition held the evaluation process for 1.2-1.6 ms of Python (p50 in a
 pipeline, nine an evaluation, on the path of every evaluation: three querysets built, compiled and
-run; 0.43-0.64 ms now); here the same three statements are written once per database (the evaluation's UPDATE once
-per set of columns a step stages), and each value is converted as the ORM converts it (the field's
-``get_db_prep_save``; a text column's str or None as it is, ``admission.keeps_str``; bytes, the
-UTF-8 of a text column, made text by the database as ``text.Utf8Text`` does). bench/RESULTS.md,
-issue 38, stop 55.
+run; 0.43-0.64 ms now); here the same three statements are written once per database (the
+evaluation's UPDATE once per set of columns a step stages), and each value is converted as the ORM
+converts it (the admission's rows: ``admission.Row.prepared``; bytes, the UTF-8 of a text column,
+made text by the database as ``text.Utf8Text`` does). bench/RESULTS.md, issue 38, stop 55.
 
 Who runs them: lifecycle, the one writer of statuses and transitions (tests/test_layout.py).
 """
@@ -17,7 +16,7 @@ import functools
 
 from django.db import connection
 
-from evaluations.db.admission import Row, keeps_str
+from evaluations.db import admission
 from evaluations.db.text import UTF8_TEXT_SQL
 from evaluations.models import Evaluation, Transition
 
@@ -27,20 +26,17 @@ class Statements:
 
     def __init__(self, vendor: str):
         quote = connection.ops.quote_name
-        self.fields = {field.attname: field for field in Evaluation._meta.concrete_fields}
-        self.text = {name: keeps_str(field) for name, field in self.fields.items()}
+        rows = admission.statements(vendor)  # the same rows and first-transition INSERT as a new evaluation's
+        self.evaluation, self.transition = rows.evaluation, rows.transition
         self.utf8 = UTF8_TEXT_SQL[vendor]
-        self.evaluations = quote(Evaluation._meta.db_table)
-        self.where = f"{quote(Evaluation._meta.pk.column)} = %s AND {quote(self.fields['status'].column)} = %s"
-        self.pk = Evaluation._meta.pk
+        self.quote = quote
+        self.table = quote(Evaluation._meta.db_table)
+        pk, status = (quote(self.evaluation.column(name)) for name in (Evaluation._meta.pk.attname, "status"))
+        self.where = f"{pk} = %s AND {status} = %s"
         transitions, transition_pk = quote(Transition._meta.db_table), quote(Transition._meta.pk.column)
         duration = quote(Transition._meta.get_field("duration_ms").column)
         self.close_previous = f"UPDATE {transitions} SET {duration} = %s WHERE {transition_pk} = %s"
-        self.transition = Row(Transition, skip={Transition._meta.pk.attname})
-        columns = ", ".join(quote(field.column) for field in self.transition.fields)
-        values = ", ".join(["%s"] * len(self.transition.fields))
-        self.insert_transition = f"INSERT INTO {transitions} ({columns}) VALUES ({values}) RETURNING {transition_pk}"
-        self.quote = quote
+        self.insert_transition = f"{rows.insert_transition} RETURNING {transition_pk}"
         self.updates: dict[tuple[tuple[str, bool], ...], str] = {}
 
     def update(self, columns: tuple[tuple[str, bool], ...]) -> str:
@@ -49,9 +45,9 @@ class Statements:
         sql = self.updates.get(columns)
         if sql is None:
             sets = ", ".join(
-                f"{self.quote(self.fields[name].column)} = {self.utf8 if utf8 else '%s'}" for name, utf8 in columns
+                f"{self.quote(self.evaluation.column(name))} = {self.utf8 if utf8 else '%s'}" for name, utf8 in columns
             )
-            sql = self.updates[columns] = f"UPDATE {self.evaluations} SET {sets} WHERE {self.where}"
+            sql = self.updates[columns] = f"UPDATE {self.table} SET {sets} WHERE {self.where}"
         return sql
 
     def update_values(self, updates: dict, db) -> tuple[tuple[tuple[str, bool], ...], list]:
@@ -61,14 +57,11 @@ class Statements:
         for name, value in updates.items():
             utf8 = isinstance(value, bytes)
             columns.append((name, utf8))
-            if utf8 or (self.text[name] and (value is None or isinstance(value, str))):
-                params.append(value)
-            else:
-                params.append(self.fields[name].get_db_prep_save(value, db))
+            params.append(value if utf8 else self.evaluation.prepared(name, value, db))
         return tuple(columns), params
 
     def pk_value(self, eval_id, db):
-        return self.pk.get_db_prep_value(self.pk.to_python(eval_id), db)
+        return self.evaluation.prepared(Evaluation._meta.pk.attname, eval_id, db)
 
 
 @functools.cache
