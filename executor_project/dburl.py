@@ -21,6 +21,9 @@ SQLITE_OPTIONS = {
 }
 
 
+POSTGRESQL_ENGINE = "django.db.backends.postgresql"
+
+
 def sqlite_database(path: Path) -> dict:
     # Persistent connections: opening one (and its PRAGMAs) per request costs more than the query.
     # The engine is Django's, with write transactions queued on a file lock (backends/sqlite3/base.py).
@@ -53,7 +56,7 @@ def parse_database_url(url: str, default_sqlite: Path) -> dict:
             raise ConfigError("DATABASE_URL: a postgres URL needs a database name")
         options = dict(parse_qsl(parts.query))
         return {
-            "ENGINE": "django.db.backends.postgresql",
+            "ENGINE": POSTGRESQL_ENGINE,
             "NAME": name,
             "USER": unquote(parts.username or ""),
             "PASSWORD": unquote(parts.password or ""),

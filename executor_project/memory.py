@@ -24,6 +24,8 @@ import ctypes
 import gc
 import sys
 
+from executor_project.dburl import POSTGRESQL_ENGINE
+
 _libc = ctypes.CDLL(None)
 LARGE_RESPONSE_BYTES = 256 * 1024
 POSTGRESQL_DRIVERS = ("psycopg", "psycopg2")
@@ -81,7 +83,7 @@ def without_postgresql_drivers(database: dict) -> None:
     ``sys.modules`` is the import system's own "not there" (ModuleNotFoundError). A driver already
     imported is left as it is.
     """
-    if database["ENGINE"] == "django.db.backends.postgresql":
+    if database["ENGINE"] == POSTGRESQL_ENGINE:
         return
     for name in POSTGRESQL_DRIVERS:
         sys.modules.setdefault(name, None)

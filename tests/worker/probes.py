@@ -55,7 +55,9 @@ def first_use(task_file: str) -> None:
     statuses = [_get(app, path) for path in ("/health", "/status", f"/evaluate/{row.id}", "/evaluations", "/metrics")]
     with open(task_file, encoding="utf-8-sig") as handle:
         handle.read()
-    drivers = [name for name in ("psycopg", "psycopg2") if sys.modules.get(name) is not None]
+    from executor_project.memory import POSTGRESQL_DRIVERS
+
+    drivers = [name for name in POSTGRESQL_DRIVERS if sys.modules.get(name) is not None]
     print(json.dumps({"statuses": statuses, "imported": sorted(set(sys.modules) - before), "drivers": drivers}))
 
 
