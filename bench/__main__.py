@@ -298,7 +298,9 @@ def main() -> int:
                 report_http(table, figures, hello)
             elif section == "memory":
                 raw[section] = memory.memory_and_monitor(root, task, service_python())
-                raw["memory_dev_venv"] = memory.memory_and_monitor(root, task, sys.executable, "memory-dev")
+                raw["memory_dev_venv"] = memory.memory_and_monitor(
+                    root, task, sys.executable, "memory-dev", monitor=False
+                )
                 report_memory(table, raw[section], raw["memory_dev_venv"])
             elif section == "sandboxes":
                 raw[section] = run_sandboxes(root, plan["sandboxes"])

@@ -199,9 +199,11 @@ def _evaluate(port: int, task: Task, agent_code: str) -> dict:
     return body
 
 
-def memory_and_monitor(root: Path, task: Task, python: str, name: str = "memory") -> dict:
+def memory_and_monitor(root: Path, task: Task, python: str, name: str = "memory", monitor: bool = True) -> dict:
     """The service as bin/serve starts it (``manage.py serve`` and everything below it, its commands
-    left out), run by ``python`` (``common.service_python``: bin/serve's packages alone)."""
+    left out), run by ``python`` (``common.service_python``: bin/serve's packages alone).
+    ``monitor``: the sleeping agent's run too, for the monitor's steady CPU (a second venv's run has
+    no use for it: the monitor is the same code)."""
     with live_service(root, name, worker=True, serve=True, python=python, MAX_CONCURRENT_EVALS=2) as service:
         _evaluate(service.port, task, task.agent_code)  # warm: the forkserver is up, a first evaluation ran
         time.sleep(0.5)
@@ -210,8 +212,9 @@ def memory_and_monitor(root: Path, task: Task, python: str, name: str = "memory"
             body = _evaluate(service.port, task, FLOOD_AGENT)
         if "bytes truncated" not in body["agent_output"]:
             raise RuntimeError("the flood agent's output was not truncated as expected")
-        with Sampler(roots) as sleeper:
-            _evaluate(service.port, task, SLEEPER_AGENT)
+        if monitor:
+            with Sampler(roots) as sleeper:
+                _evaluate(service.port, task, SLEEPER_AGENT)
     return {
         "idle_rss": flood.first_rss,
         "idle_pss": flood.first_pss,
@@ -219,7 +222,7 @@ def memory_and_monitor(root: Path, task: Task, python: str, name: str = "memory"
         "peak_pss": flood.peak_pss,
         "idle_breakdown": flood.first_breakdown,
         "peak_breakdown": flood.peak_breakdown,
-        "monitor_cpu_sleeper": sleeper.monitor_cpu_per_second(),
+        "monitor_cpu_sleeper": sleeper.monitor_cpu_per_second() if monitor else None,
         "monitor_cpu_flood": flood.monitor_cpu_per_second(),
     }
 
