@@ -61,6 +61,12 @@ class BaseEnvironment(ABC):
     def __init__(self, session: toolchains.Folders, spawner: Spawner):
         self.session = session
         self.spawner = spawner
+        self.repo_view: Path | None = None  # ``view_repo``'s
+
+    def view_repo(self, folder: Path | None) -> None:
+        """From now on its commands find ``folder`` at the repository's path, and the executor writes
+        there: the tests' view of the repository (pipeline/repoview.py); None: the repository again."""
+        self.repo_view = folder
 
     # -- what it is ---------------------------------------------------------------------------
 
@@ -107,7 +113,7 @@ class BaseEnvironment(ABC):
     def open_workdir(self) -> int:
         """A handle of ``workdir`` (``O_RDONLY | O_DIRECTORY``) for ``*at`` writes that follow no link;
         the caller closes it."""
-        return os.open(self.session.repo, inroot.DIR_FLAGS)
+        return os.open(self.repo_view or self.session.repo, inroot.DIR_FLAGS)
 
     def workdir_owner(self) -> int | None:
         """The host uid of what the executor writes there for its commands (the evaluation's lease)."""
@@ -171,10 +177,14 @@ class BaseEnvironment(ABC):
         """What a task's command may reach in it (``egress``: the proxy's socket and relay, when on);
         ``user``: whose user it runs as in an image (SPEC §23): the agent's (``[agent] user``, else the
         image's User), the verifier's (``[verifier] user``, else the image's User) or the image's."""
+        writable, mounts = self.writable(), tuple(mounts)
+        if self.repo_view is not None:  # bound where the repository is, as the repository would be
+            writable = tuple(path for path in writable if path != self.session.repo)
+            mounts = (Mount(self.repo_view, str(self.session.repo), writable=True), *mounts)
         return SandboxPolicy(
             network=network,
-            writable=self.writable(),
-            mounts=tuple(mounts),
+            writable=writable,
+            mounts=mounts,
             ca_bundle=ca_bundle,
             **self._root_fields(user),
             **egress,

@@ -114,6 +114,8 @@ class Context:
     placed: dict = field(default_factory=dict)
     steps: TaskSteps | None = None  # a task of [[steps]]: their run (pipeline/multistep.py), set by downloading_task
     agent_policy: SandboxPolicy | None = None  # the agent's, once its sandbox is prestarted (steps.py)
+    # The agent's patch made beside the tests: staged at their end by this (agentpatch.AgentPatch.take)
+    take_patch: Callable[[], None] | None = None
 
     def stage(self, **fields) -> None:
         """A step's results for the evaluation's row, written with the next transition or the end

@@ -33,6 +33,7 @@ from evaluations.pipeline import (
     verifier,
 )
 from evaluations.pipeline.agentenv import agent_argv, installing_agent, task_env_for_agent
+from evaluations.pipeline.agentpatch import PATCH_PHASE, AgentPatch
 from evaluations.pipeline.context import (
     Cancelled,
     Context,
@@ -52,7 +53,6 @@ from evaluations.tasks.registry import load_task
 from evaluations.tasks.spec import SETUP_SCRIPT, TaskError, TaskStep
 
 AGENT_PHASE = "agent"  # the agent's command: a sandbox of its own, prestarted (_prestart_agent)
-PATCH_PHASE = "patch"  # the executor's git work on what the agent left: never in the agent's sandbox
 TESTS_PHASE = "tests"
 
 
@@ -292,61 +292,23 @@ def running_agent(ctx: Context) -> None:
     timeout = min(evaluation.timeout_secs or config.agent_timeout_secs, config.agent_timeout_secs)
     policy, ctx.agent_policy = ctx.agent_policy or _agent_policy(ctx), None  # the prestarted sandbox's
     verifier.phase_egress(ctx, verifier.AGENT)  # the agent's network (SPEC §23), from here on
-    early = _EarlyBase(ctx)
+    agent_patch = AgentPatch(ctx)
     try:
-        _run_agent(ctx, agent_argv(ctx, language, prompt), env, timeout, policy, early)
+        _run_agent(ctx, agent_argv(ctx, language, prompt), env, timeout, policy, agent_patch)
+    except BaseException:
+        agent_patch.take()  # one started beside tests that will not run: awaited (a cancel ends it)
+        raise
     finally:
-        ctx.spawner.end_prestart(PATCH_PHASE)  # one the patch did not take: the agent failed
-        early.remove()  # one the patch did not take
-
-
-class _EarlyBase:
-    """The patch's sandbox, prestarted once the agent runs (``start``), and its reading of the base
-    commit (``patch.read_base``), made in it while the agent runs (its thread: ``Spawner.prestart``'s
-    ``then``); taken by the patch once that sandbox's phase has begun (which awaits the thread). A
-    failure here is the patch's to redo and report."""
-
-    def __init__(self, ctx: Context):
-        self.ctx = ctx
-        self.base: patch.PatchBase | None = None
-
-    def start(self) -> None:
-        """Once the agent runs (``Spawner.run``'s ``meanwhile``, so that the agent's own sandbox
-        started alone): the patch's sandbox launched, apart from the agent's, reading the base
-        commit once it runs, where the agent cannot reach it. Nothing for a task without a
-        repository."""
-        ctx = self.ctx
-        if ctx.task.repo is not None:
-            then = self.read if ctx.runtime.isolated else None
-            ctx.prestart(PATCH_PHASE, ctx.executor_policy(network=False), ctx.session.repo, then=then)
-
-    def read(self, run) -> None:
-        ctx = self.ctx
-        try:
-            self.base = patch.read_base(
-                run,
-                repo=ctx.session.repo,
-                base_sha=ctx.base_sha,
-                base_objects=ctx.session.base_objects,
-                env=_git_env(ctx),
-            )
-        except gitrepo.GitError:
-            pass  # made again, and reported, by the patch step
-
-    def take(self) -> patch.PatchBase | None:
-        base, self.base = self.base, None
-        return base
-
-    def remove(self) -> None:
-        if self.base is not None:
-            self.take().remove()
+        if not agent_patch.pending:  # else made beside the tests, taken at their end
+            ctx.spawner.end_prestart(PATCH_PHASE)  # one the patch did not take: the agent failed
+            agent_patch.remove()  # the base's reading the patch did not take
 
 
 def _run_agent(
-    ctx: Context, argv: list[str], env: dict[str, str], timeout: int, policy: SandboxPolicy, early: _EarlyBase
+    ctx: Context, argv: list[str], env: dict[str, str], timeout: int, policy: SandboxPolicy, agent_patch: AgentPatch
 ) -> None:
     with ctx.phase(AGENT_PHASE):  # its own sandbox, ended (every process of it gone) before what follows
-        result = ctx.run(argv, env=env, timeout_secs=timeout, policy=policy, meanwhile=early.start)
+        result = ctx.run(argv, env=env, timeout_secs=timeout, policy=policy, meanwhile=agent_patch.start)
     output = ctx.steps.agent_output(result.output) if ctx.steps is not None else result.output
     produced = {"agent_output": output, "agent_exit_code": result.exit_code}
     failure = None
@@ -360,8 +322,9 @@ def _run_agent(
             produced["agent_patch"] = imageenv.agent_patch(ctx)  # the changes under WorkingDir, against the image
         else:
             ahead = _TestsAhead(ctx)  # HOME and /tmp reset, the tests' sandbox started, while the patch is made
-            produced["agent_patch"] = _agent_patch(ctx, early, ahead)
-            ahead()  # if the patch ran no command
+            if not agent_patch.beside(tests_shared=ahead.policy is not None):  # agentpatch.py
+                produced["agent_patch"] = agent_patch.now(meanwhile=ahead)
+            ahead()  # if the patch ran no command, or runs beside the tests
     finally:  # the output whatever happened, and the patch when there is one
         ctx.stage(**produced)
     services.collect(ctx)  # SPEC §23: [[verifier.collect]], in their services, before the artifacts are read
@@ -373,42 +336,15 @@ def _run_agent(
         raise failure
 
 
-def _git_env(ctx: Context) -> dict[str, str]:
-    return gitrepo.git_env(ctx.session.home, urlguard.git_allow_protocol(False))
-
-
-def _agent_patch(ctx: Context, early: _EarlyBase, meanwhile: Callable[[], None]) -> str:
-    # HOME is never the agent's: repo_patch gives git an empty folder of its own, reads ignore
-    # rules and attributes from the base commit's tree only, and the base's objects from the copy
-    # made at clone time, never from the agent's .git (issue 23).
-    try:
-        # Its git scripts: one sandbox of theirs, prestarted (the base read in it meanwhile: early); its
-        # end awaited with the tests' end. ``meanwhile`` runs while the first of them runs.
-        with ctx.phase(PATCH_PHASE, executor=True, retire=True):
-            text = patch.repo_patch(
-                ctx.command_runner(ctx.executor_policy(network=False), meanwhile=meanwhile),
-                repo=ctx.session.repo,
-                base_sha=ctx.base_sha,
-                base_objects=ctx.session.base_objects,
-                env=_git_env(ctx),
-                exclude=ctx.asset_excludes,
-                max_bytes=ctx.config.max_output_bytes * 8,
-                base=early.take(),
-            )
-    except gitrepo.GitError as exc:
-        text = f"(no patch: {exc})"
-    return text
-
-
 class _TestsAhead:
     """After the agent's end, while its patch is made (SPEC §25): HOME and /tmp reset for the tests,
     and their sandbox prestarted with the policy of their scripts. The patch reads only the
     repository and its own scratch folder, with a HOME and /tmp of its own, so the reset can go on
-    while the patch's first git script runs (``Spawner.run``'s ``meanwhile``), and the tests'
-    sandbox starts while the rest of it runs. Made before the patch: the scrub, which kills the
-    sandbox uid's processes (the patch's git among them), is done then. Called once (the second
-    call does nothing). Only where the tests' sandbox can be shared; a reset that fails is left to
-    running_tests to redo and report."""
+    while the patch's first git script runs (``Spawner.run``'s ``meanwhile``), or while the whole
+    patch runs beside the tests (agentpatch.py), and the tests' sandbox starts meanwhile. Made
+    before the patch: the scrub, which kills the sandbox uid's processes (the patch's git among
+    them), is done then. Called once (the second call does nothing). Only where the tests' sandbox
+    can be shared; a reset that fails is left to running_tests to redo and report."""
 
     def __init__(self, ctx: Context):
         self.ctx = ctx
@@ -422,15 +358,16 @@ class _TestsAhead:
             self.policy = None
 
     def __call__(self) -> None:
-        ctx, policy, self.policy = self.ctx, self.policy, None
-        if policy is None:
+        ctx, shared, self.policy = self.ctx, self.policy is not None, None
+        if not shared:
             return
         try:
             _reset_for_tests(ctx, scrub=False)
         except StepFailed:
             return
         ctx.reset_for_tests = True
-        ctx.prestart(TESTS_PHASE, policy, Path(ctx.workdir))
+        # Made again: with the tests' view of the repository bound, if the patch runs beside them.
+        ctx.prestart(TESTS_PHASE, grading_sandbox.script_policy(ctx), Path(ctx.workdir))
 
 
 def _scrub(ctx: Context) -> None:
@@ -465,6 +402,14 @@ def _shares_tmp(ctx: Context) -> bool:
 
 
 def running_tests(ctx: Context) -> None:
+    try:
+        _run_tests(ctx)
+    finally:
+        if ctx.take_patch is not None:  # made beside the tests (agentpatch.py): staged with their end
+            ctx.take_patch()
+
+
+def _run_tests(ctx: Context) -> None:
     grader = registry.for_task(ctx.task)  # what runs and how it is read (evaluations/grading/)
     tests = static.fill_tests(ctx, ctx.task.tests)
     if not tests and grader.needs_tests(ctx.task):

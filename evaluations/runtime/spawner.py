@@ -330,22 +330,38 @@ class Spawner:
         launched = self._launch_phase_sandbox(key, policy, limits, Path(cwd), Path(init_base), name)
         if launched is not None:
             sandbox = launched[0]
-            early = (lambda: then(EarlyRun(sandbox, self.eval_id, limits))) if then is not None else None
-            self._prestarts[name] = _Prestart(sandbox, lambda: self._await_phase_sandbox(*launched, name), early)
+            run = EarlyRun(sandbox, self.eval_id, limits)
+            self._prestarts[name] = _Prestart(sandbox, lambda: self._await_phase_sandbox(*launched, name), run, then)
+
+    def beside(self, name: str, work: Callable[[EarlyRun], None]) -> bool:
+        """Run ``work`` with an ``EarlyRun`` of the sandbox prestarted for phase ``name``, on a
+        thread of its own, beside the commands that follow in other phases (the agent's patch while
+        the tests run, SPEC §25), once the prestart's own thread is done and if its sandbox runs.
+        ``phase(name)`` waits for it; ``end_prestart`` ends the sandbox first, which ends whatever
+        ``work`` runs. False, and nothing runs, when no sandbox was prestarted for ``name``."""
+        start = self._prestarts.get(name)
+        if start is None:
+            return False
+        start.also(work)
+        return True
 
     def end_prestart(self, name: str | None = None) -> None:
-        """End the sandbox prestarted for phase ``name`` (every one: None) if no phase took it."""
+        """End the sandbox prestarted for phase ``name`` (every one: None) if no phase took it:
+        told to end first, so that no early command of its (``then``, ``beside``) is waited for."""
         for each in [name] if name is not None else list(self._prestarts):
-            sandbox = self._take_prestart(each, ready_only=False)
+            sandbox = self._take_prestart(each, ready_only=False, ending=True)
             if sandbox is not None:
                 self._end_sandbox(sandbox)
 
-    def _take_prestart(self, name: str, *, ready_only: bool = True) -> PhaseSandbox | None:
+    def _take_prestart(self, name: str, *, ready_only: bool = True, ending: bool = False) -> PhaseSandbox | None:
         """The sandbox prestarted for ``name``, once its thread is done; with ``ready_only``, None
-        (and the sandbox ended) unless it is ready for execs and still alive."""
+        (and the sandbox ended) unless it is ready for execs and still alive. ``ending``: its init's
+        socket closed before the wait (its early commands end with it)."""
         start = self._prestarts.pop(name, None)
         if start is None:
             return None
+        if ending:
+            start.sandbox.channel.close()
         sandbox, ready = start.result()
         if not ready_only or (ready and sandbox.clearable and sandbox.alive):
             if start.ran_early:
@@ -914,28 +930,44 @@ class _HeldLaunch:
 
 class _Prestart:
     """A coming phase's sandbox, launched, and a thread awaiting its init (``Spawner.prestart``),
-    then running ``then`` in it, if any."""
+    then running ``then`` in it, if any; then ``also``'s work, each on a thread of its own."""
 
-    def __init__(self, sandbox: PhaseSandbox, wait, then=None):
+    def __init__(self, sandbox: PhaseSandbox, wait, run: EarlyRun, then=None):
         self.sandbox = sandbox
         self.ready = False
+        self.run = run
         self._wait = wait
-        self._then = then
         self.ran_early = False
-        self.thread = threading.Thread(target=self._run, name="phase-prestart", daemon=True)
+        self.thread = threading.Thread(target=self._first, args=(then,), name="phase-prestart", daemon=True)
         self.thread.start()
 
-    def _run(self) -> None:
+    def _first(self, then) -> None:
         self.ready = self._wait()
-        if self.ready and self._then is not None and self.sandbox.clearable:
-            self.ran_early = True
-            try:
-                self._then()
-            except Exception:  # the phase's own commands redo the work (the caller's ``then`` says so)
-                log.exception("a prestarted sandbox's early commands failed")
+        self._early(then)
+
+    def also(self, work) -> None:
+        """``work`` with this sandbox's ``EarlyRun``, once what runs before it is done (its own thread)."""
+        before = self.thread
+
+        def after() -> None:
+            before.join()
+            self._early(work)
+
+        self.thread = threading.Thread(target=after, name="phase-beside", daemon=True)
+        self.thread.start()
+
+    def _early(self, work) -> None:
+        if work is None or not (self.ready and self.sandbox.clearable and self.sandbox.alive):
+            return
+        self.ran_early = True
+        try:
+            work(self.run)
+        except Exception:  # the phase's own commands redo the work (the caller's ``then`` says so)
+            log.exception("a prestarted sandbox's early commands failed")
 
     def result(self) -> tuple[PhaseSandbox, bool]:
-        """The sandbox and whether its init runs, once known (bounded: READY_WAIT_SECS at most)."""
+        """The sandbox and whether its init runs, once known and its early work done (bounded:
+        READY_WAIT_SECS, then the early commands' own timeouts)."""
         self.thread.join()
         return self.sandbox, self.ready
 

@@ -265,6 +265,51 @@ def test_an_early_command_past_its_time_is_a_timeout_and_goes_with_the_phase(bwr
     assert not tagged_alive(bwrap_sp.eval_id)
 
 
+def test_work_beside_runs_in_the_prestarted_sandbox_while_another_phase_runs_its_commands(bwrap_sp):
+    """``beside`` (the agent's patch while the tests run): its commands run on a thread of their own,
+    in the sandbox prestarted for their phase, at the same time as another phase's commands on this
+    thread; the phase waits for them, then runs in the same sandbox."""
+    executor, tests = _policy(bwrap_sp, fresh_tmp=True), _policy(bwrap_sp)
+    folder, early = bwrap_sp.session, []
+    bwrap_sp.spawner.prestart("patch", executor, DEFAULT_LIMITS, folder, init_base=folder.parent)
+    # Each waits for the other's file: neither ends unless both run at once (bounded: 60 s, then exit 1).
+    wait = "for i in $(seq 600); do test -f {0} && break; sleep 0.1; done; test -f {0}"
+    beside = f"touch {folder}/beside-runs; {wait.format(f'{folder}/tests-ran')}"
+
+    def work(run):
+        early.append(run(["bash", "-c", beside], cwd=folder, env=bwrap_sp.env(), timeout_secs=120))
+        early.append(run(["bash", "-c", "touch /tmp/beside; echo $$"], cwd=folder, env=bwrap_sp.env(), timeout_secs=60))
+
+    assert bwrap_sp.spawner.beside("patch", work)
+    assert not bwrap_sp.spawner.beside("agent", work)  # nothing prestarted for it: nothing runs
+    with bwrap_sp.spawner.phase("tests", init_base=folder.parent):
+        ran = _run(
+            bwrap_sp, ["bash", "-c", f"{wait.format(f'{folder}/beside-runs')} && touch {folder}/tests-ran"], tests
+        )
+    assert ran.exit_code == 0, ran.output
+    with bwrap_sp.spawner.phase("patch", init_base=folder.parent, executor=True):
+        assert [(r.exit_code, r.limit) for r in early] == [(0, None), (0, None)], [r.output for r in early]
+        assert _run(bwrap_sp, ["bash", "-c", "ls /tmp/beside"], executor).output == "/tmp/beside\n"  # the same sandbox
+    assert not tagged_alive(bwrap_sp.eval_id)
+
+
+def test_ending_a_prestart_ends_its_work_beside_without_waiting_for_it(bwrap_sp):
+    """A cancel, or an evaluation that ends before the phase comes: the sandbox is told to end first,
+    and the work's command ends with it, not at its own timeout."""
+    folder, early = bwrap_sp.session, []
+    bwrap_sp.spawner.prestart(
+        "patch", _policy(bwrap_sp, fresh_tmp=True), DEFAULT_LIMITS, folder, init_base=folder.parent
+    )
+    command = ["bash", "-c", f"touch {folder}/started; sleep 600"]
+    bwrap_sp.spawner.beside(
+        "patch", lambda run: early.append(run(command, cwd=folder, env=bwrap_sp.env(), timeout_secs=300))
+    )
+    wait_for(lambda: (folder / "started").exists(), timeout=60)
+    bwrap_sp.spawner.end_prestart("patch")
+    assert len(early) == 1 and early[0].limit is None and early[0].exit_code != 0  # ended, not timed out
+    assert not tagged_alive(bwrap_sp.eval_id)
+
+
 @pytest.mark.usefixtures("broken_init")
 def test_a_prestart_without_a_usable_init_runs_no_early_command(bwrap_sp):
     called = []

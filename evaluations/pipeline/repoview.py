@@ -1,0 +1,71 @@
+"""The tests' view of the repository (SPEC §25): an overlay whose lower layer is the repository as the
+agent left it, so that the agent's patch reads that repository while the tests run and write in theirs.
+
+Without it the patch must be made before the tests start (the tests write in the repository the patch
+reads: ``.pytest_cache``, a test patch applied, a file a test edits), one step after the other on the
+evaluation's path. With it:
+
+1. ``mount(session)``: ``<session>/tests-repo``, an overlay of ``<session>/repo`` (a folder, or the
+   workspace cache's overlay: overlays stack, two deep) whose upper layer is in the session
+   (``.layers/tests-repo``, so the disk limit counts what the tests write) and whose root has the
+   repository's owner and mode. Made once every process of the agent is gone: nothing writes the
+   lower layer while the view is mounted (the patch's git writes only its own scratch folder).
+2. The environment binds it at the repository's path for the tests' commands, and the executor
+   writes the tests' support files into it (``BaseEnvironment.view_repo``): the tests see the
+   repository and nothing else changes for them.
+3. ``unmount(session)`` at cleanup (lazily: nothing inside can hold it); its layers go with the
+   session folder, or stay with a kept one.
+
+``mount`` returns None wherever the view cannot be made, and the pipeline keeps the order without
+it: not root, a session folder on a filesystem an upper layer cannot be on (itself an overlay, in a
+container), or overlays stacked too deep (the workspace cache's on an overlay).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import stat
+from pathlib import Path
+
+from evaluations.cache import mounts
+from evaluations.cache.overlay import LAYERS
+from evaluations.safefs import remove_tree_nofollow
+
+log = logging.getLogger(__name__)
+
+VIEW = "tests-repo"  # <session>/tests-repo, its layers in <session>/.layers/tests-repo/{upper,work}
+
+
+def mount(root: Path, repo: Path) -> Path | None:
+    """The view of ``repo`` at ``<root>/tests-repo`` (``root``: the session folder); None if it cannot be made."""
+    if os.geteuid() != 0:
+        return None  # mounting is root's
+    target, layers = root / VIEW, root / LAYERS / VIEW
+    upper, work = layers / "upper", layers / "work"
+    try:
+        owner = os.lstat(repo)
+        if not stat.S_ISDIR(owner.st_mode):
+            return None
+        (root / LAYERS).mkdir(mode=0o700, exist_ok=True)
+        layers.mkdir(mode=0o700)
+        for folder in (upper, work, target):
+            folder.mkdir(mode=0o700)
+        # The overlay's root takes its owner and mode from the upper folder.
+        os.chown(upper, owner.st_uid, owner.st_gid)
+        os.chmod(upper, stat.S_IMODE(owner.st_mode))
+        mounts.mount_overlay(repo, upper, work, target)
+    except OSError as exc:
+        log.info("no view of the repository for the tests (the patch is made before them): %s", exc)
+        for made in (target, layers):
+            try:
+                remove_tree_nofollow(made)
+            except OSError:
+                pass  # the session's removal takes it
+        return None
+    return target
+
+
+def unmount(root: Path) -> None:
+    """Take the view down (its layers stay, in the session folder)."""
+    mounts.unmount(root / VIEW)
