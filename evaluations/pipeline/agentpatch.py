@@ -34,7 +34,8 @@ UNFINISHED = "(no patch: the evaluation ended before its patch was made)"
 
 
 class AgentPatch:
-    """One evaluation's agent patch: ``start``, then ``beside`` or ``now``, then ``remove``."""
+    """One evaluation's agent patch: ``start``; then ``beside`` (and ``take`` at the tests' end, or
+    ``settle`` at cleanup) or ``now``; then ``remove``."""
 
     def __init__(self, ctx: Context):
         self.ctx = ctx
@@ -65,25 +66,28 @@ class AgentPatch:
 
     # -- after the agent's end -----------------------------------------------------------------
 
-    def beside(self, tests_shared: bool) -> bool:
-        """The tests' view of the repository mounted, and the rest of the patch made beside the
-        tests; False (nothing done) where it cannot be: no view (repoview.py), no sandbox of the
-        patch's prestarted, or the tests elsewhere than in the agent's environment's shared sandbox
-        (``tests_shared`` False: an image's; a separate verifier's; a task of [[steps]], whose next
-        step starts from what the tests left; compose services, which may bind the repository)."""
+    def beside(self, tests_shared: bool, ahead: Callable[[], None]) -> bool:
+        """The tests' view of the repository mounted, ``ahead`` called (the tests' HOME and /tmp
+        reset, their sandbox started, with the view bound: before the patch's git takes a CPU), then
+        the rest of the patch started beside the tests; False (nothing done) where it cannot be: no
+        sandbox of the patch's prestarted, no view (repoview.py), or the tests elsewhere than in the
+        agent's environment's shared sandbox (``tests_shared`` False: an image's; a separate
+        verifier's; a task of [[steps]], whose next step starts from what the tests left; compose
+        services, which may bind the repository)."""
         ctx = self.ctx
         if not tests_shared or ctx.steps is not None or ctx.services or ctx.separate_envs() or not ctx.runtime.isolated:
             return False
+        if not ctx.spawner.prestarted(PATCH_PHASE):
+            return False
         view = repoview.mount(ctx.session.root, ctx.session.repo)
         if view is None:
-            return False
-        if not ctx.spawner.beside(PATCH_PHASE, self._make):
-            repoview.unmount(ctx.session.root)
             return False
         ctx.closing.callback(repoview.unmount, ctx.session.root)  # after the tests' sandbox's end
         ctx.closing.callback(self.settle)
         ctx.env.view_repo(view)
         self.pending, ctx.take_patch = True, self.take
+        ahead()
+        ctx.spawner.beside(PATCH_PHASE, self._make)
         return True
 
     def _make(self, run: EarlyRun) -> None:

@@ -322,9 +322,9 @@ def _run_agent(
             produced["agent_patch"] = imageenv.agent_patch(ctx)  # the changes under WorkingDir, against the image
         else:
             ahead = _TestsAhead(ctx)  # HOME and /tmp reset, the tests' sandbox started, while the patch is made
-            if not agent_patch.beside(tests_shared=ahead.policy is not None):  # agentpatch.py
+            if not agent_patch.beside(tests_shared=ahead.policy is not None, ahead=ahead):  # agentpatch.py
                 produced["agent_patch"] = agent_patch.now(meanwhile=ahead)
-            ahead()  # if the patch ran no command, or runs beside the tests
+                ahead()  # if the patch ran no command
     finally:  # the output whatever happened, and the patch when there is one
         ctx.stage(**produced)
     services.collect(ctx)  # SPEC §23: [[verifier.collect]], in their services, before the artifacts are read

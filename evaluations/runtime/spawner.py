@@ -333,6 +333,10 @@ class Spawner:
             run = EarlyRun(sandbox, self.eval_id, limits)
             self._prestarts[name] = _Prestart(sandbox, lambda: self._await_phase_sandbox(*launched, name), run, then)
 
+    def prestarted(self, name: str) -> bool:
+        """Whether a sandbox was prestarted for phase ``name`` and no phase took it yet."""
+        return name in self._prestarts
+
     def beside(self, name: str, work: Callable[[EarlyRun], None]) -> bool:
         """Run ``work`` with an ``EarlyRun`` of the sandbox prestarted for phase ``name``, on a
         thread of its own, beside the commands that follow in other phases (the agent's patch while

@@ -87,6 +87,30 @@ def test_where_no_view_can_be_mounted_the_patch_is_made_before_the_tests(tasks, 
         remove_tree_nofollow(session)
 
 
+def test_the_view_counts_against_the_disk_limits_what_the_tests_write_not_the_repository_again(
+    tasks, e2e_config, monkeypatch
+):
+    """The session's disk walk does not enter the view (a mount: safefs.walk_nofollow stays on one file
+    system): the repository's 2000 files count as when the tests ran in it, and what the tests write
+    counts in the view's upper layer, a folder of the session."""
+    many = {f"many/f{i}.txt": f"{i}\n" for i in range(2000)}
+    url = tasks.task(base_files={**BASE, **many}, tests={"fail_to_pass_add.sh": MESSY_TEST})
+    evaluate(url, SOLVER + NOTES, config=e2e_config, sandbox="bwrap")  # the workspace cache's entry made
+    beside = evaluate(url, SOLVER + NOTES, config=e2e_config, sandbox="bwrap")
+    real = mounts.mount_overlay
+
+    def refuse_the_view(lower, upper, work, target):
+        if target.name == repoview.VIEW:
+            raise mounts.MountError(errno.EINVAL, "refused")
+        real(lower, upper, work, target)
+
+    monkeypatch.setattr(mounts, "mount_overlay", refuse_the_view)
+    before = evaluate(url, SOLVER + NOTES, config=e2e_config, sandbox="bwrap")
+    assert beside.passed and before.passed, (beside.error, before.error)
+    files = beside.resources["peak_files"], before.resources["peak_files"]
+    assert abs(files[0] - files[1]) < 200, (beside.resources, before.resources)  # walked twice: 2000 more
+
+
 def test_a_patch_that_fails_beside_the_tests_is_made_again_and_reported_as_before(tasks, e2e_config, monkeypatch):
     """An agent's patch over its size limit: refused beside the tests, then made again in the patch's
     phase, which says why, as when it was made before them. The tests pass all the same."""
