@@ -95,29 +95,17 @@ export GIT_DIR="$1" GIT_WORK_TREE="$5" GIT_INDEX_FILE="$4" GIT_OPTIONAL_LOCKS=0
 {sh_git(*_PATCH_SETTINGS)} checkout-index -z --stdin "--prefix=$7/" < "$8" || exit 16
 {sh_git(*_PATCH_SETTINGS)} ls-files -z --stage > "$9/stage.base" || exit 15
 """
-# The tracked files as they are now, the new files that the base's rules do not ignore (the work
-# tree's .gitignore files are not read: --exclude-from alone), then the diff: $new added, the
-# gitlinks in $links removed. update-index adds a path as the file or link it is, never a folder,
-# so never a gitlink, and no ignore rule stops it. $1/info/attributes holds the base's attributes.
-_PATCH_ADD_AND_DIFF = f"""
-if [ -s "$links" ]; then
-  {sh_git(*_PATCH_SETTINGS)} update-index --force-remove -z --stdin < "$links" || exit 13
-fi
-if [ -s "$new" ]; then
-  {sh_git(*_PATCH_SETTINGS)} update-index --add --replace -z --stdin < "$new" || exit 13
-fi
-{sh_git(*_PATCH_SETTINGS)} diff --cached --binary --no-renames --no-ext-diff --no-textconv --no-color \\
-    --src-prefix=a/ --dst-prefix=b/ "--output=$s/agent.patch" "$base" -- "$@" || exit 14
-"""
 # The second ($1 private git dir, $2 the work tree, $3 the index, $4 the scratch folder with the
 # base's ignore rules and index (base.gitignore, stage.base), $5 base sha, then the pathspec).
 # The refresh hashes every tracked file without writing it, so `add --update` writes only what
 # changed (git "freshens" an object it would write that an alternate's pack holds by touching the
 # pack; the base's packs are root's, so each would be written again, loose, instead). Then the
-# new files, and the diff, unless the agent made a repository inside the work tree or picked a
-# name git refuses: git lists such a folder (a `.git` folder or file in it) as the folder, with a
-# trailing slash, and `add --update` stages a tracked file replaced by one as a gitlink. Then it
-# exits _PATCH_NEEDS_LISTING and repo_patch lists those files itself.
+# new files, listed before they are added, and the diff. Unless the agent made a repository inside
+# the work tree or picked a name git refuses: git lists such a folder (a `.git` folder or file in
+# it) as the folder, with a trailing slash, which `update-index --add` refuses (exit
+# _PATCH_NEEDS_LISTING), and `add --update` stages a tracked file replaced by one as a gitlink;
+# ``_needs_listing`` reads the two lists for both (no process of its own), and repo_patch then
+# lists those files itself and makes the diff again (_PATCH_SCRIPT).
 _PATCH_NEEDS_LISTING = 30
 _PATCH_LIST_SCRIPT = f"""
 export GIT_DIR="$1" GIT_WORK_TREE="$2" GIT_INDEX_FILE="$3" GIT_OPTIONAL_LOCKS=0
@@ -127,13 +115,12 @@ shift 5
 {sh_git(*_PATCH_SETTINGS)} add --update -- "$@" || exit 13
 {sh_git(*_PATCH_SETTINGS)} ls-files -z --stage -- "$@" > "$s/stage.now" || exit 15
 {sh_git(*_PATCH_SETTINGS)} ls-files -z --others "--exclude-from=$s/base.gitignore" -- "$@" > "$s/others" || exit 15
-grep -z '^160000 ' "$s/stage.base" > "$s/links.base"; [ $? -le 1 ] || exit 18
-grep -z '^160000 ' "$s/stage.now" > "$s/links.now"; [ $? -le 1 ] || exit 18
-grep -qziE '/$|(^|/)[.]git(/|$)|(^|/)[.]gitmodules$' "$s/others"; found=$?
-[ $found -le 1 ] || exit 18
-cmp -s "$s/links.base" "$s/links.now" && [ $found = 1 ] || exit {_PATCH_NEEDS_LISTING}
-new=$s/others links=/dev/null
-{_PATCH_ADD_AND_DIFF}"""
+if [ -s "$s/others" ]; then
+  {sh_git(*_PATCH_SETTINGS)} update-index --add --replace -z --stdin < "$s/others" || exit {_PATCH_NEEDS_LISTING}
+fi
+{sh_git(*_PATCH_SETTINGS)} diff --cached --binary --no-renames --no-ext-diff --no-textconv --no-color \\
+    --src-prefix=a/ --dst-prefix=b/ "--output=$s/agent.patch" "$base" -- "$@" || exit 14
+"""
 # Only when a folder holds a repository ($1 private git dir, $2 an empty work tree, $3 the base's
 # ignore rules, $4 the files found in such folders, $5 those the rules ignore): the base's rules
 # alone, as an excludes file, in a work tree with no .gitignore file (exit 1: none ignored).
@@ -142,14 +129,26 @@ export GIT_DIR="$1" GIT_WORK_TREE="$2" GIT_OPTIONAL_LOCKS=0
 {sh_git(*_PATCH_SETTINGS)} -c "core.excludesFile=$3" check-ignore --no-index -z --stdin < "$4" > "$5" || \\
   [ $? = 1 ] || exit 17
 """
-# After _PATCH_NEEDS_LISTING (the same arguments): the files repo_patch listed (new.list) added,
-# the gitlinks `add --update` made (links) removed, and the diff.
+# After _PATCH_NEEDS_LISTING (the same arguments): the index made again from the base (the list
+# script may have added what the listing leaves out), the tracked files as they are now, then the
+# files repo_patch listed (new.list) added, the gitlinks `add --update` made (links) removed, and
+# the diff.
 _PATCH_SCRIPT = f"""
 export GIT_DIR="$1" GIT_WORK_TREE="$2" GIT_INDEX_FILE="$3" GIT_OPTIONAL_LOCKS=0
 s=$4 base=$5
 shift 5
-new=$s/new.list links=$s/links
-{_PATCH_ADD_AND_DIFF}"""
+{sh_git(*_PATCH_SETTINGS)} read-tree "$base" || exit 12
+{sh_git(*_PATCH_SETTINGS)} update-index -q --refresh > /dev/null || exit 13
+{sh_git(*_PATCH_SETTINGS)} add --update -- "$@" || exit 13
+if [ -s "$s/links" ]; then
+  {sh_git(*_PATCH_SETTINGS)} update-index --force-remove -z --stdin < "$s/links" || exit 13
+fi
+if [ -s "$s/new.list" ]; then
+  {sh_git(*_PATCH_SETTINGS)} update-index --add --replace -z --stdin < "$s/new.list" || exit 13
+fi
+{sh_git(*_PATCH_SETTINGS)} diff --cached --binary --no-renames --no-ext-diff --no-textconv --no-color \\
+    --src-prefix=a/ --dst-prefix=b/ "--output=$s/agent.patch" "$base" -- "$@" || exit 14
+"""
 _PATCH_STAGES = {
     10: "git init",
     11: "writing the private git dir's alternates and attributes",
@@ -315,7 +314,7 @@ def repo_patch(
         scratch, no_home = base.scratch, base.env()
         args = [str(base.git_dir), str(repo), str(base.index), str(scratch), base_sha, *pathspec]
         result = git.script(_PATCH_LIST_SCRIPT, args, stages=_PATCH_STAGES, cwd=repo, extra_env=no_home)
-        if result.exit_code == _PATCH_NEEDS_LISTING:
+        if result.exit_code == _PATCH_NEEDS_LISTING or _needs_listing(scratch):
             _list_new_files(git, repo, scratch, base.git_dir, base.empty, no_home)
             git.script(_PATCH_SCRIPT, args, stages=_PATCH_STAGES, cwd=repo, extra_env=no_home)
         out = scratch / "agent.patch"
@@ -328,6 +327,21 @@ def repo_patch(
     finally:
         if base is not None:
             base.remove()
+
+
+# What makes the list script's diff wrong: a new file's path with a trailing slash (a folder holding a
+# repository), a `.git` component in any case, or a `.gitmodules` (git refuses a link of that name).
+_NEEDS_LISTING_RE = re.compile(rb"/$|(^|/)[.]git(/|$)|(^|/)[.]gitmodules$", re.IGNORECASE)
+
+
+def _needs_listing(scratch: Path) -> bool:
+    """Whether the agent made a repository inside the work tree (the gitlinks of the index differ
+    from the base's, or a new path names one) or picked a name git refuses: then repo_patch lists
+    the new files itself."""
+    stage = {name: _gitlinks(_read_nofollow(scratch / name)) for name in ("stage.base", "stage.now")}
+    if stage["stage.base"] != stage["stage.now"]:
+        return True
+    return any(_NEEDS_LISTING_RE.search(path) for path in _read_nofollow(scratch / "others").split(b"\0") if path)
 
 
 def _list_new_files(git: Git, repo: Path, scratch: Path, git_dir: Path, empty: Path, env: dict) -> None:

@@ -761,6 +761,45 @@ def test_patch_shows_the_files_of_repositories_the_agent_made_as_plain_files(his
     assert "Subproject commit" not in patch and "160000" not in patch
 
 
+def _repository(folder: Path, *files: str) -> None:
+    """``folder`` a repository of its own, ``files`` (written there) committed."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for name in files:
+        (folder / name).write_text(f"{name}\n")
+    git(folder, "init", "--quiet")
+    if files:
+        git(folder, "add", *files)
+        git(folder, "commit", "--quiet", "-m", "hidden")
+
+
+def _gitmodules_link(dest: Path) -> None:
+    (dest / "c.py").write_text("c\n")
+    (dest / ".gitmodules").symlink_to("c.py")
+
+
+@pytest.mark.parametrize(
+    "make, files",
+    [
+        (lambda dest: (dest / "tool.sh").unlink() or _repository(dest / "tool.sh", "inner.sh"), ["tool.sh", "tool.sh/inner.sh"]),
+        (lambda dest: _repository(dest / "sub", "a.py"), ["sub/a.py"]),
+        (lambda dest: _repository(dest / "sub"), []),  # an empty repository: nothing to store
+        (lambda dest: (dest / "x" / ".GIT").mkdir(parents=True) or (dest / "x" / ".GIT" / "d.py").write_text("d\n"), []),
+        (_gitmodules_link, ["c.py"]),
+        (lambda dest: (dest / "lib2").mkdir() or (dest / "lib2" / ".gitmodules").write_text("[x]\n"), ["lib2/.gitmodules"]),
+    ],
+    ids=["tracked-file-made-a-repository", "new-repository", "empty-repository", "dot-GIT", "gitmodules-link", "gitmodules-file"],
+)  # fmt: skip
+def test_each_reason_to_list_the_new_files_alone_gives_the_listed_patch(history, tmp_path, make, files):
+    """The list script's diff stands only when none of these is there (patch._needs_listing: the
+    gitlinks and the new paths read in Python, or git refusing a name); each alone sends the patch
+    through the listing, whose diff is made again from the base."""
+    dest = _clone(history, tmp_path)
+    make(dest)
+    patch = _patch(dest, history.base, tmp_path)
+    assert _files(patch) == files, patch
+    assert "Subproject commit" not in patch and "160000" not in patch
+
+
 def test_patch_reads_the_base_from_the_kept_objects_not_the_agents(tmp_path):
     """Objects the agent writes into its .git under the base's ids (a forged tree) hide nothing:
     on the agent's object store the change vanishes, on the kept copy it is there."""
