@@ -3,7 +3,10 @@
 1. A stream reads the rows when the hub wakes it (a writer announced a change of its
    evaluation or batch) and once per keep-alive tick besides, the safety net for a lost
    datagram; a log stream also polls its log file's size every LOG_POLL_SECS, which costs no query.
-2. Each read closes the thread's database connection: 200 idle streams hold no connection.
+2. A stream keeps the thread's database connection from one read to the next while wakes come
+   within IDLE_SECS of each other (a running evaluation's transitions come milliseconds apart: a
+   connection opened and closed for each read cost the web worker more CPU than the read), and
+   closes it once none came: 200 idle streams hold no connection.
 3. Per evaluation, a read sends the new transitions that do not end it, then the new test
    results, then the ending one: the tests are committed before the evaluation ends, so a
    client sees them before its last step. The status is read before the rows, so an
@@ -42,6 +45,7 @@ OPENING = b": open\n\n"  # sent at once: the client has its headers even when no
 LOG_POLL_SECS = 0.2
 LOG_CHUNK_BYTES = 64 * 1024
 LOG_BURST = 16  # chunks per poll while the evaluation runs: the rows' events are not held back long
+IDLE_SECS = 0.5  # the database connection kept between two reads this long at most (point 2)
 
 
 def frame(event: str, event_id: str, data: dict) -> bytes:
@@ -245,14 +249,11 @@ class EventStream:
         feed, subscription = self.feed, self.subscription
         yield OPENING
         rows_due, sent_since_tick = True, False
-        next_tick = time.monotonic() + self.keepalive_secs
+        next_tick, read_at = time.monotonic() + self.keepalive_secs, 0.0
         while True:
             frames = []
             if rows_due:
-                try:
-                    frames = feed.read_rows()
-                finally:
-                    connection.close()  # an idle stream holds no database connection
+                frames, read_at = feed.read_rows(), time.monotonic()  # on the connection ``_wait`` kept, if any
             yield from frames
             sent = len(frames)
             for chunk in feed.read_log():
@@ -269,7 +270,7 @@ class EventStream:
             wait = next_tick - now
             if feed.logs:
                 wait = 0.0 if feed.log_behind else min(wait, LOG_POLL_SECS)
-            rows_due = subscription.wait(max(0.0, wait))
+            rows_due = _wait(subscription, max(0.0, wait), read_at)
             if subscription.stopping:
                 return  # the process is stopping: the client resumes elsewhere with Last-Event-ID
             if time.monotonic() >= next_tick:
@@ -280,6 +281,22 @@ class EventStream:
 
     def close(self) -> None:
         self.events.close()
+        connection.close()  # kept since the last read, if it was recent (``_wait``)
         self.subscription.close()
         self.feed.close()
         self.slot.release()
+
+
+def _wait(subscription: Subscription, seconds: float, read_at: float) -> bool:
+    """Whether the hub woke the stream within ``seconds``; the database connection kept until
+    IDLE_SECS after the last read (``read_at``), closed once they pass without a wake (an idle
+    stream holds none)."""
+    if connection.connection is not None:
+        kept = max(0.0, read_at + IDLE_SECS - time.monotonic())
+        if seconds <= kept:
+            return subscription.wait(seconds)
+        if kept > 0 and subscription.wait(kept):
+            return True
+        connection.close()
+        seconds -= kept
+    return subscription.wait(seconds)
