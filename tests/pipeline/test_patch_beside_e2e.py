@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import errno
+import os
 import stat
 import threading
 
@@ -45,14 +46,32 @@ def _agent_patch_only(text: str) -> None:
         assert theirs not in text, text
 
 
-def test_the_tests_write_in_a_view_of_their_own_while_the_patch_reads_what_the_agent_left(tasks, e2e_config):
+def _refuse_the_view(monkeypatch) -> None:
+    """The kernel refuses the view's mount (EINVAL, as for overlays stacked too deep); every other
+    overlay is mounted as before."""
+    real = mounts.mount_overlay
+
+    def refusing(lower, upper, work, target):
+        if target.name == repoview.VIEW:
+            raise mounts.MountError(errno.EINVAL, f"overlay at {target}: {os.strerror(errno.EINVAL)}")
+        real(lower, upper, work, target)
+
+    monkeypatch.setattr(mounts, "mount_overlay", refusing)
+
+
+def _messy_tests_kept(tasks, e2e_config):
+    """The messy tests' evaluation, its session folder kept: (the evaluation, that folder)."""
     kept = dataclasses.replace(e2e_config, keep_workspaces=True)
     url = tasks.task(base_files=BASE, tests={"fail_to_pass_add.sh": MESSY_TEST})
     evaluation = evaluate_kept(url, SOLVER + NOTES, config=kept, sandbox="bwrap")
-    session = kept_session(kept, evaluation)
+    assert (evaluation.status, evaluation.passed) == ("completed", True), (evaluation.error, evaluation.test_output)
+    _agent_patch_only(evaluation.agent_patch)
+    return evaluation, kept_session(kept, evaluation)
+
+
+def test_the_tests_write_in_a_view_of_their_own_while_the_patch_reads_what_the_agent_left(tasks, e2e_config):
+    evaluation, session = _messy_tests_kept(tasks, e2e_config)
     try:
-        assert (evaluation.status, evaluation.passed) == ("completed", True), (evaluation.error, evaluation.test_output)
-        _agent_patch_only(evaluation.agent_patch)
         assert mounts.mount_points_below(session) == []  # the view went at cleanup, with the rest
         upper = session / ".layers" / repoview.VIEW / "upper"  # what the tests wrote, and only there
         assert (upper / "made_by_tests.txt").read_text() == "made\n"
@@ -67,21 +86,9 @@ def test_the_tests_write_in_a_view_of_their_own_while_the_patch_reads_what_the_a
 def test_where_no_view_can_be_mounted_the_patch_is_made_before_the_tests(tasks, e2e_config, monkeypatch):
     """Not root, a session folder on an overlay (in a container): the kernel refuses the view's mount,
     and the tests run in the repository once the patch is made, as before."""
-    real = mounts.mount_overlay
-
-    def refuse_the_view(lower, upper, work, target):
-        if target.name == repoview.VIEW:
-            raise mounts.MountError(errno.EINVAL, f"overlay at {target}: {errno.errorcode[errno.EINVAL]}")
-        real(lower, upper, work, target)
-
-    monkeypatch.setattr(mounts, "mount_overlay", refuse_the_view)
-    kept = dataclasses.replace(e2e_config, keep_workspaces=True)
-    url = tasks.task(base_files=BASE, tests={"fail_to_pass_add.sh": MESSY_TEST})
-    evaluation = evaluate_kept(url, SOLVER + NOTES, config=kept, sandbox="bwrap")
-    session = kept_session(kept, evaluation)
+    _refuse_the_view(monkeypatch)
+    evaluation, session = _messy_tests_kept(tasks, e2e_config)
     try:
-        assert (evaluation.status, evaluation.passed) == ("completed", True), (evaluation.error, evaluation.test_output)
-        _agent_patch_only(evaluation.agent_patch)
         assert not (session / repoview.VIEW).exists() and not (session / ".layers" / repoview.VIEW).exists()
     finally:
         remove_tree_nofollow(session)
@@ -97,18 +104,11 @@ def test_the_view_counts_against_the_disk_limits_what_the_tests_write_not_the_re
     url = tasks.task(base_files={**BASE, **many}, tests={"fail_to_pass_add.sh": MESSY_TEST})
     evaluate(url, SOLVER + NOTES, config=e2e_config, sandbox="bwrap")  # the workspace cache's entry made
     beside = evaluate(url, SOLVER + NOTES, config=e2e_config, sandbox="bwrap")
-    real = mounts.mount_overlay
-
-    def refuse_the_view(lower, upper, work, target):
-        if target.name == repoview.VIEW:
-            raise mounts.MountError(errno.EINVAL, "refused")
-        real(lower, upper, work, target)
-
-    monkeypatch.setattr(mounts, "mount_overlay", refuse_the_view)
+    _refuse_the_view(monkeypatch)
     before = evaluate(url, SOLVER + NOTES, config=e2e_config, sandbox="bwrap")
     assert beside.passed and before.passed, (beside.error, before.error)
     files = beside.resources["peak_files"], before.resources["peak_files"]
-    assert abs(files[0] - files[1]) < 200, (beside.resources, before.resources)  # walked twice: 2000 more
+    assert abs(files[0] - files[1]) < 200, (beside.resources, before.resources)  # the view walked: 2000 more
 
 
 def test_a_patch_that_fails_beside_the_tests_is_made_again_and_reported_as_before(tasks, e2e_config, monkeypatch):
