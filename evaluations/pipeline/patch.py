@@ -338,9 +338,9 @@ def _needs_listing(scratch: Path) -> bool:
     """Whether the agent made a repository inside the work tree (the gitlinks of the index differ
     from the base's, or a new path names one) or picked a name git refuses: then repo_patch lists
     the new files itself."""
-    stage = {name: _gitlinks(_read_nofollow(scratch / name)) for name in ("stage.base", "stage.now")}
-    if stage["stage.base"] != stage["stage.now"]:
-        return True
+    base, now = (_gitlink_entries(_read_nofollow(scratch / name)) for name in ("stage.base", "stage.now"))
+    if base != now:
+        return True  # a gitlink added, removed or moved to another commit
     return any(_NEEDS_LISTING_RE.search(path) for path in _read_nofollow(scratch / "others").split(b"\0") if path)
 
 
@@ -384,9 +384,14 @@ def _new_files(repo: Path, listing: bytes) -> tuple[list[bytes], list[bytes]]:
     return new, nested
 
 
+def _gitlink_entries(stage: bytes) -> list[bytes]:
+    """The gitlinks' entries (mode, commit, stage and path) in ``ls-files -z --stage`` output."""
+    return [entry for entry in stage.split(b"\0") if entry.startswith(b"160000 ")]
+
+
 def _gitlinks(stage: bytes) -> set[bytes]:
     """The paths of the gitlinks in ``ls-files -z --stage`` output."""
-    return {entry.partition(b"\t")[2] for entry in stage.split(b"\0") if entry.startswith(b"160000 ")}
+    return {entry.partition(b"\t")[2] for entry in _gitlink_entries(stage)}
 
 
 def _walk_files(repo: Path, top: bytes) -> list[bytes]:

@@ -5,7 +5,7 @@ Without it the patch must be made before the tests start (the tests write in the
 reads: ``.pytest_cache``, a test patch applied, a file a test edits), one step after the other on the
 evaluation's path. With it:
 
-1. ``mount(session)``: ``<session>/tests-repo``, an overlay of ``<session>/repo`` (a folder, or the
+1. ``mount(root, repo)``: ``<root>/tests-repo`` (``root``: the session folder), an overlay of its ``repo`` (a folder, or the
    workspace cache's overlay: overlays stack, two deep) whose upper layer is in the session
    (``.layers/tests-repo``, so the disk limit counts what the tests write) and whose root has the
    repository's owner and mode. Made once every process of the agent is gone: nothing writes the
@@ -13,7 +13,7 @@ evaluation's path. With it:
 2. The environment binds it at the repository's path for the tests' commands, and the executor
    writes the tests' support files into it (``BaseEnvironment.view_repo``): the tests see the
    repository and nothing else changes for them.
-3. ``unmount(session)`` at cleanup (lazily: nothing inside can hold it); its layers go with the
+3. ``unmount(root)`` at cleanup (lazily: nothing inside can hold it); its layers go with the
    session folder, or stay with a kept one.
 
 ``mount`` returns None wherever the view cannot be made, and the pipeline keeps the order without
