@@ -88,7 +88,7 @@ _PATCH_SETTINGS = (
 _PATCH_BASE_SCRIPT = f"""
 {sh_git()} init --quiet --bare --template= -- "$1" || exit 10
 printf '%s\\n' "$2" > "$1/objects/info/alternates" || exit 11
-mkdir "$1/info" && printf '%s\\n' "$6" > "$1/info/attributes" || exit 11
+printf '%s\\n' "$6" > "$1/info/attributes" || exit 11
 export GIT_DIR="$1" GIT_WORK_TREE="$5" GIT_INDEX_FILE="$4" GIT_OPTIONAL_LOCKS=0
 {sh_git(*_PATCH_SETTINGS)} read-tree "$3" || exit 12
 {sh_git(*_PATCH_SETTINGS)} ls-files -z -- ':(top,glob)**/.gitignore' ':(top,glob)**/.gitattributes' > "$8" || exit 15
@@ -230,7 +230,7 @@ def read_base(
     base = PatchBase(tempfile.TemporaryDirectory(prefix=".agent-patch-", dir=repo.parent), repo, base_sha, base_objects)
     try:
         scratch = base.scratch
-        for folder in (scratch, base.home, base.empty):
+        for folder in (scratch, base.home, base.empty, base.git_dir, base.git_dir / "info"):  # info: one exec fewer
             folder.mkdir(exist_ok=True)
             _chown_like(folder, repo_stat)  # git may run as the sandbox uid, which owns the repository
         rules, listed = scratch / "rules", scratch / "rules.list"
