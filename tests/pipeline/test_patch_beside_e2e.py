@@ -108,7 +108,9 @@ def test_the_view_counts_against_the_disk_limits_what_the_tests_write_not_the_re
     before = evaluate(url, SOLVER + NOTES, config=e2e_config, sandbox="bwrap")
     assert beside.passed and before.passed, (beside.error, before.error)
     files = beside.resources["peak_files"], before.resources["peak_files"]
-    assert abs(files[0] - files[1]) < 200, (beside.resources, before.resources)  # the view walked: 2000 more
+    # Walked, the view would add the repository's 2000 files; the peaks differ by a few hundred files
+    # either way from run to run (which command's end saw the most of the patch's scratch folder).
+    assert files[0] - files[1] < 1000, (beside.resources, before.resources)
 
 
 def test_a_patch_that_fails_beside_the_tests_is_made_again_and_reported_as_before(tasks, e2e_config, monkeypatch):
