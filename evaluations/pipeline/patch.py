@@ -158,7 +158,6 @@ _PATCH_STAGES = {
     15: "git ls-files",
     16: "git checkout-index of the base's .gitignore and .gitattributes files",
     17: "git check-ignore",
-    18: "reading the lists of new files and gitlinks",
     _PATCH_NEEDS_LISTING: "",
 }
 # What changes how `git add` stores a file or how `git diff` shows it, unset for every path; only
