@@ -322,7 +322,7 @@ def _run_agent(
             produced["agent_patch"] = imageenv.agent_patch(ctx)  # the changes under WorkingDir, against the image
         else:
             ahead = _TestsAhead(ctx)  # HOME and /tmp reset, the tests' sandbox started, while the patch is made
-            if not agent_patch.beside(tests_shared=ahead.policy is not None, ahead=ahead):  # agentpatch.py
+            if not agent_patch.beside(tests_shared=ahead.shared, ahead=ahead):  # agentpatch.py
                 produced["agent_patch"] = agent_patch.now(meanwhile=ahead)
                 ahead()  # if the patch ran no command
     finally:  # the output whatever happened, and the patch when there is one
@@ -348,17 +348,17 @@ class _TestsAhead:
 
     def __init__(self, ctx: Context):
         self.ctx = ctx
-        self.policy: SandboxPolicy | None = grading_sandbox.script_policy(ctx)
-        if self.policy.image is not None or not ctx.spawner.can_share(self.policy):
-            self.policy = None  # in an image, what the agent left (/logs/agent, artifacts) is read after its patch
+        policy = grading_sandbox.script_policy(ctx)  # made again when called (the view bound by then)
+        self.shared = policy.image is None and ctx.spawner.can_share(policy)
+        if not self.shared:  # in an image, what the agent left (/logs/agent, artifacts) is read after its patch
             return
         try:
             _scrub(ctx)
         except StepFailed:
-            self.policy = None
+            self.shared = False
 
     def __call__(self) -> None:
-        ctx, shared, self.policy = self.ctx, self.policy is not None, None
+        ctx, shared, self.shared = self.ctx, self.shared, False
         if not shared:
             return
         try:
