@@ -58,8 +58,6 @@ _MOUNT_ATTR_RDONLY = 0x1
 _MOUNT_ATTR_NOSUID = 0x2
 _MOUNT_ATTR_NODEV = 0x4
 _MOUNT_ATTR_IDMAP = 0x100000
-_MS_NOSUID = 0x2
-_MS_NODEV = 0x4
 _MNT_DETACH = 0x2
 # Characters overlayfs' option parser gives a meaning to.
 _OPTION_SPECIALS = frozenset(",:\\=\n")
@@ -117,15 +115,20 @@ def bind_idmapped(source: Path, target: Path, ns_fd: int, *, writable: bool = Fa
 
 def mount_overlay(lower: Path, upper: Path, work: Path, target: Path) -> None:
     """``target`` becomes ``lower`` with every change going to ``upper``; nosuid, nodev."""
+    attach_closing(overlay_detached(lower, upper, work), target)
+
+
+def overlay_detached(lower: Path, upper: Path, work: Path) -> int:
+    """The overlay ``mount_overlay`` makes, attached nowhere: a mount descriptor. Files are read and
+    written through it (``openat``) as through the mounted folder; ``attach_closing`` puts it at a
+    path, and closing it unattached unmounts it. Its layers are the overlay's own once it is made:
+    ``lower`` may be unmounted at once."""
     for path in (lower, upper, work):
         if _OPTION_SPECIALS & set(str(path)):
             raise MountError(errno.EINVAL, f"{path}: a character overlayfs options cannot hold")
     # redirect_dir: renaming a folder of the entry works (without it overlayfs answers EXDEV).
-    options = f"lowerdir={lower},upperdir={upper},workdir={work},redirect_dir=on".encode()
-    _check(
-        _libc.mount(b"overlay", os.fsencode(target), b"overlay", ctypes.c_ulong(_MS_NOSUID | _MS_NODEV), options),
-        f"overlay at {target}",
-    )
+    options = [("lowerdir", lower), ("upperdir", upper), ("workdir", work), ("redirect_dir", "on")]
+    return _overlay(options, f"overlay of {lower}")
 
 
 def mount_overlay_layers(
@@ -134,8 +137,8 @@ def mount_overlay_layers(
     """``target`` becomes the layers ``lowers`` (top first) with every change going to ``upper``
     (None: read-only, no upper and no work folder).
 
-    Through the new mount API, one ``lowerdir+`` per layer: ``mount(2)``'s options are one page
-    (4096 bytes), which a long image's layer paths outgrow. nosuid, nodev.
+    One ``lowerdir+`` per layer: ``mount(2)``'s options are one page (4096 bytes), which a long
+    image's layer paths outgrow. nosuid, nodev.
 
     ``redirect_dir=False`` for an upper that becomes an image layer (a build's step): a renamed
     folder is then copied up whole, as Docker's overlay2 does, instead of leaving a
@@ -143,30 +146,40 @@ def mount_overlay_layers(
     would mean nothing once the upper is a layer of its own. ``metacopy`` is off for the same
     reason (a metadata-only copy-up has no data of its own).
     """
+    options = [("lowerdir+", lower) for lower in lowers]
+    if upper is not None:
+        options += [("upperdir", upper), ("workdir", work)]
+        options += [("redirect_dir", "on")] if redirect_dir else [("redirect_dir", "off"), ("metacopy", "off")]
+    attach_closing(_overlay(options, f"overlay at {target}"), target)
+
+
+def _overlay(options: list[tuple[str, object]], what: str) -> int:
+    """An overlay made through the new mount API (``fsopen``, one ``fsconfig`` per option,
+    ``fsmount``): nosuid, nodev; its mount descriptor, attached nowhere."""
     fs = _check(_libc.syscall(_SYS_FSOPEN, b"overlay", _FSOPEN_CLOEXEC), "fsopen overlay")
     try:
-        options = [("lowerdir+", lower) for lower in lowers]
-        if upper is not None:
-            options += [("upperdir", upper), ("workdir", work)]
-            options += [("redirect_dir", "on")] if redirect_dir else [("redirect_dir", "off"), ("metacopy", "off")]
         for key, value in options:
             _check(
                 _libc.syscall(_SYS_FSCONFIG, fs, _FSCONFIG_SET_STRING, key.encode(), os.fsencode(str(value)), 0),
                 f"overlay option {key}={value}",
             )
-        _check(_libc.syscall(_SYS_FSCONFIG, fs, _FSCONFIG_CMD_CREATE, None, None, 0), f"overlay at {target}")
-        mount = _check(
-            _libc.syscall(_SYS_FSMOUNT, fs, _FSMOUNT_CLOEXEC, _MOUNT_ATTR_NOSUID | _MOUNT_ATTR_NODEV), "fsmount overlay"
+        _check(_libc.syscall(_SYS_FSCONFIG, fs, _FSCONFIG_CMD_CREATE, None, None, 0), what)
+        return _check(
+            _libc.syscall(_SYS_FSMOUNT, fs, _FSMOUNT_CLOEXEC, _MOUNT_ATTR_NOSUID | _MOUNT_ATTR_NODEV), f"fsmount {what}"
         )
-        try:
-            _check(
-                _libc.syscall(_SYS_MOVE_MOUNT, mount, b"", _AT_FDCWD, os.fsencode(target), _MOVE_MOUNT_F_EMPTY_PATH),
-                f"attaching the overlay at {target}",
-            )
-        finally:
-            os.close(mount)
     finally:
         os.close(fs)
+
+
+def attach_closing(mount_fd: int, target: Path) -> None:
+    """Attach a detached mount (``overlay_detached``) at ``target``, an empty folder; the descriptor is closed."""
+    try:
+        _check(
+            _libc.syscall(_SYS_MOVE_MOUNT, mount_fd, b"", _AT_FDCWD, os.fsencode(target), _MOVE_MOUNT_F_EMPTY_PATH),
+            f"attaching a mount at {target}",
+        )
+    finally:
+        os.close(mount_fd)
 
 
 def unmount(target: Path) -> None:

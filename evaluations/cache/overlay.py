@@ -8,11 +8,14 @@ editable installs) are rewritten in the overlay: session paths all have one
 length (WORKSPACE_BASE/<uuid>), part of the key.
 
 1. ``mount_folder(entry, name, root, uid)``: ``<root>/<name>`` over the
-   entry's folder, its layers in ``<root>/.layers/<name>/{lower,upper,work}``.
+   entry's folder, its layers in ``<root>/.layers/<name>/{lower,upper,work}``
+   (``make_layers``). ``detached_folder``: the same overlay not attached yet,
+   made ahead of its use (the tests' HOME and venv, while the agent runs).
 2. ``unmount_folder`` and ``unmount_session``: one folder with its layers, or
    every mount below the session (its layers then go with the session folder).
 3. ``rewrite_session_paths``: the building session's path, in the files the
-   entry's manifest lists, becomes this session's.
+   entry's manifest lists, becomes this session's (through the overlay before
+   it is attached).
 4. ``idmapped_bind``: a folder of root's (the mirror) bound for the time of a
    ``with`` block, as the evaluation's uid (cache/mounts.py has the kernel side).
 """
@@ -32,34 +35,66 @@ from evaluations.safefs import open_parent, remove_tree_nofollow
 LAYERS = ".layers"  # <session>/.layers/<folder>/{lower,upper,work}, root's
 
 
-def mount_folder(entry: Entry, name: str, root: Path, uid: int) -> bool:
-    """``<root>/<name>``: a private, writable overlay of the entry's folder, as ``uid``; False if none is needed."""
-    source = entry.folder(name)
-    if name == "venv" and not any(source.iterdir()):
-        return False  # no venv was made (no Python): the folder stays the session's empty, root-owned one
-    layers = root / LAYERS
-    layers.mkdir(mode=0o700, exist_ok=True)
-    base = layers / name
-    base.mkdir(mode=0o700)
-    lower, upper, work = base / "lower", base / "upper", base / "work"
-    for folder in (lower, upper, work):
-        folder.mkdir(mode=0o700)
-    # The overlay's root takes its owner and mode from the upper folder.
-    os.chown(upper, uid, uid)
-    os.chmod(upper, stat.S_IMODE(os.lstat(source).st_mode))
-    target = root / name
-    mounts.bind_idmapped(source, lower, mounts.userns_fd(uid))
-    try:
-        mounts.mount_overlay(lower, upper, work, target)
-    finally:
-        mounts.unmount(lower)  # the overlay keeps its own reference: the entry is reachable only through it
+def mount_folder(entry: Entry, name: str, root: Path, uid: int, *, manifest=None, old: str = "") -> bool:
+    """``<root>/<name>``: a private, writable overlay of the entry's folder, as ``uid``, the session
+    paths its ``manifest`` lists rewritten from ``old`` (``rewrite_session_paths``); False if none
+    is needed."""
+    ready = detached_folder(entry, name, root, uid, layers=name, manifest=manifest, old=old)
+    if ready is None:
+        return False
+    mounts.attach_closing(ready, root / name)
     return True
 
 
-def unmount_folder(root: Path, name: str) -> None:
-    """Take ``<root>/<name>``'s overlay down, with its layers (what the evaluation wrote there goes)."""
+def detached_folder(
+    entry: Entry, name: str, root: Path, uid: int, *, layers: str, manifest=None, old: str = ""
+) -> int | None:
+    """The overlay ``mount_folder`` puts at ``<root>/<name>``, attached nowhere (its mount descriptor:
+    ``mounts.attach_closing`` puts it in place; closed unattached, it is gone), its layers in
+    ``<root>/.layers/<layers>``, its session paths already rewritten; None if none is needed."""
+    source = entry.folder(name)
+    if name == "venv" and not any(source.iterdir()):
+        return None  # no venv was made (no Python): the folder stays the session's empty, root-owned one
+    # The overlay's root takes its owner and mode from the upper folder.
+    lower, upper, work = make_layers(root, layers, (uid, uid), stat.S_IMODE(os.lstat(source).st_mode), lower=True)
+    mounts.bind_idmapped(source, lower, mounts.userns_fd(uid))
+    try:
+        ready = mounts.overlay_detached(lower, upper, work)
+    finally:
+        mounts.unmount(lower)  # the overlay keeps its own reference: the entry is reachable only through it
+    try:
+        if manifest is not None and old != str(root):
+            rewrite_session_paths(ready, uid, name, old=old, new=str(root), manifest=manifest)
+    except BaseException:
+        os.close(ready)
+        raise
+    return ready
+
+
+def make_layers(
+    root: Path, name: str, owner: tuple[int, int], mode: int, *, lower: bool
+) -> tuple[Path | None, Path, Path]:
+    """``<root>/.layers/<name>/{lower,upper,work}`` (``lower``: its mount point, if the caller mounts
+    one), root's, 0700; the upper, which the overlay's root takes its owner and mode from, ``owner``'s
+    with ``mode``. Raises FileExistsError if they are there."""
+    base = root / LAYERS / name
+    (root / LAYERS).mkdir(mode=0o700, exist_ok=True)
+    base.mkdir(mode=0o700)
+    folders = [base / "lower"] if lower else []
+    folders += [base / "upper", base / "work"]
+    for folder in folders:
+        folder.mkdir(mode=0o700)
+    upper = base / "upper"
+    os.chown(upper, *owner)
+    os.chmod(upper, mode)
+    return (folders[0] if lower else None), upper, base / "work"
+
+
+def unmount_folder(root: Path, name: str, layers: str | None = None) -> None:
+    """Take ``<root>/<name>``'s overlay down, with its layers (``.layers/<layers>``, by default
+    ``<name>``'s: what the evaluation wrote there goes)."""
     mounts.unmount(root / name)
-    remove_tree_nofollow(root / LAYERS / name)
+    remove_tree_nofollow(root / LAYERS / (layers or name))
 
 
 def unmount_session(root: Path) -> None:
@@ -69,27 +104,31 @@ def unmount_session(root: Path) -> None:
     mounts.unmount_below(root)
 
 
-def rewrite_session_paths(root: Path, uid: int, name: str, *, old: str, manifest: dict) -> None:
-    """``old`` (the building session's path) becomes ``root`` in the files of ``name`` the manifest lists."""
-    new = str(root)
+def rewrite_session_paths(folder: Path | int, uid: int, name: str, *, old: str, new: str, manifest: dict) -> None:
+    """``old`` (the building session's path) becomes ``new`` (this session's) in the files of ``name``
+    the manifest lists (paths that start with ``name/``); ``folder``: that folder (a path, or a
+    handle of it: a mount not attached yet)."""
     old_b, new_b = os.fsencode(old), os.fsencode(new)
-    for relpath in manifest.get("rewrite", []):
-        if relpath.split("/", 1)[0] == name:
-            _edit_file(root, relpath, lambda data: data.replace(old_b, new_b))
-    for relpath in manifest.get("links", []):
-        if relpath.split("/", 1)[0] == name:
-            dir_fd, name_in_dir = open_parent(root, relpath, create=False)
-            try:
-                target = os.readlink(name_in_dir, dir_fd=dir_fd).replace(old, new)
-                os.unlink(name_in_dir, dir_fd=dir_fd)
-                os.symlink(target, name_in_dir, dir_fd=dir_fd)
-                os.chown(name_in_dir, uid, uid, dir_fd=dir_fd, follow_symlinks=False)
-            finally:
-                os.close(dir_fd)
+    for relpath in _below(manifest.get("rewrite", []), name):
+        _edit_file(folder, relpath, lambda data: data.replace(old_b, new_b))
+    for relpath in _below(manifest.get("links", []), name):
+        dir_fd, name_in_dir = open_parent(folder, relpath, create=False)
+        try:
+            target = os.readlink(name_in_dir, dir_fd=dir_fd).replace(old, new)
+            os.unlink(name_in_dir, dir_fd=dir_fd)
+            os.symlink(target, name_in_dir, dir_fd=dir_fd)
+            os.chown(name_in_dir, uid, uid, dir_fd=dir_fd, follow_symlinks=False)
+        finally:
+            os.close(dir_fd)
 
 
-def _edit_file(root: Path, relpath: str, change) -> None:
-    dir_fd, name = open_parent(root, relpath, create=False)
+def _below(relpaths: list[str], name: str) -> list[str]:
+    """The manifest's paths of folder ``name``, relative to it."""
+    return [relpath.split("/", 1)[1] for relpath in relpaths if "/" in relpath and relpath.split("/", 1)[0] == name]
+
+
+def _edit_file(folder: Path | int, relpath: str, change) -> None:
+    dir_fd, name = open_parent(folder, relpath, create=False)
     try:
         fd = os.open(name, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)  # copied up here
     finally:

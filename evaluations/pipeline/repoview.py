@@ -28,7 +28,7 @@ import os
 import stat
 from pathlib import Path
 
-from evaluations.cache import mounts
+from evaluations.cache import mounts, overlay
 from evaluations.cache.overlay import LAYERS
 from evaluations.safefs import remove_tree_nofollow
 
@@ -42,18 +42,15 @@ def mount(root: Path, repo: Path) -> Path | None:
     if os.geteuid() != 0:
         return None  # mounting is root's
     target, layers = root / VIEW, root / LAYERS / VIEW
-    upper, work = layers / "upper", layers / "work"
     try:
         owner = os.lstat(repo)
         if not stat.S_ISDIR(owner.st_mode):
             return None
-        (root / LAYERS).mkdir(mode=0o700, exist_ok=True)
-        layers.mkdir(mode=0o700)
-        for folder in (upper, work, target):
-            folder.mkdir(mode=0o700)
-        # The overlay's root takes its owner and mode from the upper folder.
-        os.chown(upper, owner.st_uid, owner.st_gid)
-        os.chmod(upper, stat.S_IMODE(owner.st_mode))
+        # The overlay's root takes the repository's owner and mode from the upper folder.
+        _, upper, work = overlay.make_layers(
+            root, VIEW, (owner.st_uid, owner.st_gid), stat.S_IMODE(owner.st_mode), lower=False
+        )
+        target.mkdir(mode=0o700)
         mounts.mount_overlay(repo, upper, work, target)
     except OSError as exc:
         log.info("no view of the repository for the tests (the patch is made before them): %s", exc)

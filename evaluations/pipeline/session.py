@@ -9,6 +9,8 @@ agent/    agent.<ext> and prompt.md, read-only to commands; an agent project's c
 home/     HOME of every command; owned by the sandbox uid
 venv/     the task's Python venv (environments/toolchains.py); the sandbox uid's once written
 tmp/      /tmp (and TMPDIR) of every command, so it counts against the disk quota
+.tmp-tests/  root's while the agent runs: the tests' empty tmp/, made ahead and put in place of the
+          agent's by ``reset_tmp`` (``prepare_tmp``)
 tests/    test scripts, written by the executor after the agent step
 saved/    root only: HOME and venv/ as the install step left them, given back to the tests
 agent-logs/  /logs/agent in an image (SPEC §17): the sandbox uid's; what the agent leaves there is kept
@@ -42,6 +44,7 @@ from evaluations.safefs import copy_tree_nofollow, remove_tree_nofollow
 
 # A session folder on its way out: WORKSPACE_BASE/.retired-<eval_id> (see Session.retire).
 RETIRED_PREFIX = ".retired-"
+NEXT_TMP = ".tmp-tests"  # the tests' tmp/, made while the agent runs (``prepare_tmp``)
 
 
 @dataclass(frozen=True)
@@ -203,10 +206,32 @@ class Session:
             else:
                 self.make_folder(folder, owner=self.uid_owner)
 
+    def prepare_tmp(self) -> Path:
+        """While the agent runs: the tests' empty tmp/, made now as a folder of root's (no command
+        reaches the session folder itself, nor writes a folder of root's); ``reset_tmp`` gives it to
+        the evaluation's uid in place of the agent's. Raises OSError (FileExistsError when made)."""
+        ready = self.root / NEXT_TMP
+        self.make_folder(ready)
+        return ready
+
     def reset_tmp(self) -> None:
-        """Before the tests: an empty /tmp, so nothing the agent left there is found by a test."""
+        """Before the tests: an empty /tmp, so nothing the agent left there is found by a test (the
+        one ``prepare_tmp`` made, if any)."""
         remove_tree_nofollow(self.tmp)
-        self.make_folder(self.tmp, owner=self.uid_owner)
+        ready = self.root / NEXT_TMP
+        try:
+            fd = os.open(ready, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except FileNotFoundError:
+            self.make_folder(self.tmp, owner=self.uid_owner)
+            return
+        try:
+            if os.fstat(fd).st_uid != os.geteuid():
+                raise PermissionError(f"{ready} is not the executor's")
+            if self.uid_owner is not None:
+                os.fchown(fd, *self.uid_owner)
+        finally:
+            os.close(fd)
+        os.rename(ready, self.tmp)
 
     def remove(self) -> None:
         if self.root.is_symlink():

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import io
+import logging
 import os
 import posixpath
 import time
@@ -46,11 +48,13 @@ from evaluations.pipeline.context import (
 from evaluations.pipeline.grading_sandbox import GradingSandbox
 from evaluations.pipeline.imageenv import preparing_environment
 from evaluations.pipeline.multistep import TaskSteps
-from evaluations.runtime import Limit, Mount, SandboxPolicy
+from evaluations.runtime import Limit, Mount, SandboxPolicy, sandbox
 from evaluations.safefs import SafeFSError, clear_way, open_parent, write_file_nofollow
 from evaluations.tasks.language import NoToolchain, with_toolchain
 from evaluations.tasks.registry import load_task
 from evaluations.tasks.spec import SETUP_SCRIPT, TaskError, TaskStep
+
+log = logging.getLogger(__name__)
 
 AGENT_PHASE = "agent"  # the agent's command: a sandbox of its own, prestarted (_prestart_agent)
 TESTS_PHASE = "tests"
@@ -307,8 +311,12 @@ def running_agent(ctx: Context) -> None:
 def _run_agent(
     ctx: Context, argv: list[str], env: dict[str, str], timeout: int, policy: SandboxPolicy, agent_patch: AgentPatch
 ) -> None:
+    def meanwhile() -> None:
+        agent_patch.start()
+        _ready_for_tests(ctx)
+
     with ctx.phase(AGENT_PHASE):  # its own sandbox, ended (every process of it gone) before what follows
-        result = ctx.run(argv, env=env, timeout_secs=timeout, policy=policy, meanwhile=agent_patch.start)
+        result = ctx.run(argv, env=env, timeout_secs=timeout, policy=policy, meanwhile=meanwhile)
     output = ctx.steps.agent_output(result.output) if ctx.steps is not None else result.output
     produced = {"agent_output": output, "agent_exit_code": result.exit_code}
     failure = None
@@ -368,6 +376,30 @@ class _TestsAhead:
         ctx.reset_for_tests = True
         # Made again: with the tests' view of the repository bound, if the patch runs beside them.
         ctx.prestart(TESTS_PHASE, grading_sandbox.script_policy(ctx), Path(ctx.workdir))
+
+
+def _ready_for_tests(ctx: Context) -> None:
+    """While the agent's command runs (once the patch's sandbox is launched): what the tests' reset
+    puts in place made now, so that the reset after the agent's end only swaps it in
+    (``_reset_for_tests``): the workspace cache's HOME and venv as overlays attached nowhere
+    (warm.py ``prepare_reset``), and an empty /tmp with the mount points of the tests' sandbox, a
+    folder of root's until the reset gives it to the evaluation's uid (``Session.prepare_tmp``).
+    The agent's sandbox binds none of it (none of it is below a folder the agent has). Only in the
+    host's environment, where the reset is the executor's own; what cannot be made here the reset
+    makes, as before."""
+    if ctx.task.repo is None or ctx.steps is not None or not ctx.runtime.isolated or os.geteuid() != 0:
+        return
+    policy = grading_sandbox.script_policy(ctx)
+    if policy.image is not None:
+        return
+    ctx.cache.prepare_reset()
+    if _shares_tmp(ctx):
+        return
+    try:
+        tmp = ctx.session.prepare_tmp()
+        sandbox.prepare_mount_points(dataclasses.replace(policy, private_tmp=tmp))
+    except OSError as exc:  # made after the agent's end instead
+        log.info("the tests' /tmp is made after the agent's end: %s", exc)
 
 
 def _scrub(ctx: Context) -> None:

@@ -88,7 +88,8 @@ class WorkspaceCache:
         self.entry: Entry | None = None  # the entry the session's folders are mounted from
         self.build_lock: int | None = None  # held by the evaluation building the key
         self.in_use: int | None = None
-        self.mounted: list[str] = []
+        self.mounted: dict[str, str] = {}  # each folder mounted from the entry: the name of its layers
+        self.ready: dict[str, tuple[int, str]] = {}  # the tests' HOME and venv, made ahead (``prepare_reset``)
         self.manifest: dict | None = None  # the entry's, read once
 
     # -- cloning_repo -------------------------------------------------------------------------
@@ -320,6 +321,24 @@ class WorkspaceCache:
 
     # -- running_tests -------------------------------------------------------------------------
 
+    def prepare_reset(self) -> None:
+        """While the agent runs: the overlays ``reset`` puts in place of HOME and the venv, made now
+        with layers of their own and attached nowhere (cache/overlay.py ``detached_folder``): the
+        agent's sandbox has no way to them, and ``reset`` then only swaps them in. None where they
+        cannot be made (``reset`` makes them then, as without this)."""
+        if "home" not in self.mounted or self.ready:
+            return
+        try:
+            for name in ("venv", "home"):
+                if name in self.mounted:
+                    layers = f"{name}-tests"
+                    ready = self._detached(self.entry, name, layers)
+                    if ready is not None:
+                        self.ready[name] = (ready, layers)
+        except OSError as exc:
+            log.info("the tests' HOME and venv are made after the agent's end: %s", exc)
+            self._drop_ready()
+
     def reset(self) -> None:
         """HOME and the venv as the install step left them, for the tests."""
         if "home" not in self.mounted:
@@ -328,7 +347,11 @@ class WorkspaceCache:
         for name in ("venv", "home"):
             if name in self.mounted:
                 self._unmount(name)
-                self._mount(self.entry, name)
+                ready = self.ready.pop(name, None)
+                if ready is None:
+                    self._mount(self.entry, name)
+                else:
+                    self._attach(name, *ready)
 
     # -- cleanup -------------------------------------------------------------------------------
 
@@ -337,6 +360,7 @@ class WorkspaceCache:
         if self.use is None:  # clone never ran: nothing was taken
             return
         try:
+            self._drop_ready()
             self._unmount_all()
         finally:
             self._unlock()
@@ -352,26 +376,51 @@ class WorkspaceCache:
 
     def _mount(self, entry: Entry, name: str) -> None:
         """``<session>/<name>`` from the entry (cache/overlay.py), its session paths made this session's."""
-        if overlay.mount_folder(entry, name, self.session.root, self.session.uid):
-            self.mounted.append(name)
-            self._rewrite_session_paths(entry, name)
+        ready = self._detached(entry, name, name)
+        if ready is not None:
+            self._attach(name, ready, name)
+
+    def _detached(self, entry: Entry, name: str, layers: str) -> int | None:
+        manifest, old = self._session_paths(entry)
+        root, uid = self.session.root, self.session.uid
+        return overlay.detached_folder(entry, name, root, uid, layers=layers, manifest=manifest, old=old)
+
+    def _attach(self, name: str, ready: int, layers: str) -> None:
+        mounts.attach_closing(ready, self.session.root / name)
+        self.mounted[name] = layers
 
     def _unmount(self, name: str) -> None:
-        overlay.unmount_folder(self.session.root, name)
-        self.mounted.remove(name)
+        overlay.unmount_folder(self.session.root, name, self.mounted.pop(name))
 
     def _unmount_all(self) -> None:
         overlay.unmount_session(self.session.root)
         self.mounted.clear()
 
-    def _rewrite_session_paths(self, entry: Entry, name: str) -> None:
-        """The building session's path, in the few files that recorded it, becomes this session's."""
+    def _drop_ready(self) -> None:
+        """The overlays made ahead and never attached: gone with their descriptors (their layers stay
+        in the session folder, which takes them)."""
+        for ready, _ in self.ready.values():
+            os.close(ready)
+        self.ready.clear()
+
+    def _session_paths(self, entry: Entry) -> tuple[dict | None, str]:
+        """The entry's manifest and the building session's path, which becomes this session's in the
+        few files that recorded it; no manifest where the paths are already this session's."""
         old = entry.meta.get("session_root", "")
         if old == str(self.session.root):
-            return
+            return None, old
         if self.manifest is None:
             self.manifest = self.store.manifest(entry)
-        overlay.rewrite_session_paths(self.session.root, self.session.uid, name, old=old, manifest=self.manifest)
+        return self.manifest, old
+
+    def _rewrite_session_paths(self, entry: Entry, name: str) -> None:
+        """In a copy of the entry's ``name`` (no mount): its session paths made this session's."""
+        manifest, old = self._session_paths(entry)
+        if manifest is not None:
+            root = self.session.root
+            overlay.rewrite_session_paths(
+                root / name, self.session.uid, name, old=old, new=str(root), manifest=manifest
+            )
 
     def _unlock(self) -> None:
         if self.build_lock is not None:
