@@ -110,11 +110,28 @@ def record(
     return _transition(eval_id, step, status, tuple(expect), fields, None) is not None
 
 
+def claim(eval_id, worker_id: str) -> Mark | None:
+    """A pending evaluation made ``worker_id``'s and running (``record``'s change); its transition,
+    which its pipeline closes with its first step (``Progress(claimed=...)``), or None when the row
+    was not pending (another worker got there first)."""
+    fields = {"worker_id": worker_id, "started_at": timezone.now()}
+    return _transition(eval_id, None, Status.RUNNING, (Status.PENDING,), fields, None)
+
+
 class Mark(NamedTuple):
     """A transition as its writer left it: its id, its time (its duration still open)."""
 
     id: int
     at: datetime.datetime
+
+    def encode(self) -> str:
+        """As text, for another process (the claim's, handed to the evaluation's: worker/pool.py)."""
+        return f"{self.id} {self.at.isoformat()}"
+
+    @classmethod
+    def decode(cls, text: str) -> Mark:
+        number, at = text.split(" ", 1)
+        return cls(int(number), datetime.datetime.fromisoformat(at))
 
 
 def _transition(eval_id, step, status, expect: tuple, fields: dict, previous: Mark | None) -> Mark | None:
@@ -191,15 +208,18 @@ class Progress:
        While the row runs its pipeline is the only writer of its transitions (a claim and a cancel
        that ends a row need a pending one; the reaper ends it, after which no change here writes),
        so it knows the row's step and status after its change, and its own last transition: no
-       SELECT. The first one looks up the claim's transition.
+       SELECT.
     3. ``finish`` carries what is staged. A row ended elsewhere (the reaper) takes none of it: its
        shown columns are signed by whoever ended it (``_seal_evaluation``).
+
+    ``claimed``: the claim's transition, as the worker that wrote it hands it over (``claim``): the
+    first ``record`` then needs no SELECT either; without it, that one looks the transition up.
     """
 
-    def __init__(self, eval_id):
+    def __init__(self, eval_id, claimed: Mark | None = None):
         self.eval_id = eval_id
         self.staged: dict = {}
-        self.last: Mark | None = None  # the transition this writer stored last
+        self.last: Mark | None = claimed  # the transition this writer (or its claim) stored last
 
     def stage(self, **fields) -> None:
         self.staged.update(fields)

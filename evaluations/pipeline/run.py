@@ -45,13 +45,16 @@ logger = logging.getLogger("term_executor.pipeline")
 EGRESS_SOCKET = "egress.sock"  # in the session folder: root's, passable only by the evaluation's uid
 
 
-def run_pipeline(eval_id: str, config: Config, *, runtime: Runtime, cancel: CancelState) -> None:
-    """``runtime``: what the worker resolved at start; ``cancel``: set by the evaluation's watchers."""
+def run_pipeline(
+    eval_id: str, config: Config, *, runtime: Runtime, cancel: CancelState, claimed: lifecycle.Mark | None = None
+) -> None:
+    """``runtime``: what the worker resolved at start; ``cancel``: set by the evaluation's watchers;
+    ``claimed``: the claim's transition, as the worker hands it over (lifecycle.Progress)."""
     # Every log line written meanwhile, by any logger or thread of this process, carries the eval_id.
     with evaluation_context(eval_id):
         log = logging.LoggerAdapter(logger, {"eval_id": eval_id})
         try:
-            ctx, lease = _prepare(eval_id, config, runtime, cancel)
+            ctx, lease = _prepare(eval_id, config, runtime, cancel, claimed)
         except Exception as exc:
             log.exception("could not prepare the evaluation")
             error = f"queued: {_prepare_failure(exc)}"  # a uid pool exhausted, a host disk full...
@@ -62,7 +65,7 @@ def run_pipeline(eval_id: str, config: Config, *, runtime: Runtime, cancel: Canc
 
 
 def _prepare(
-    eval_id: str, config: Config, runtime: Runtime, cancel: CancelState
+    eval_id: str, config: Config, runtime: Runtime, cancel: CancelState, claimed: lifecycle.Mark | None
 ) -> tuple[Context, uids.UidLease | None]:
     evaluation = Evaluation.objects.get(id=eval_id)
     lease = lease_uid(config)  # a uid no other evaluation has (runtime/uids.py)
@@ -92,7 +95,7 @@ def _prepare(
             lease.release()  # not marked clean: the next holder scrubs it
         raise
     spawner.make_cgroup_ahead(Limits.of(config, config.agent_timeout_secs))  # made while the task downloads
-    progress = lifecycle.Progress(eval_id)
+    progress = lifecycle.Progress(eval_id, claimed)
     ctx = Context(
         eval_id=eval_id,
         config=config,

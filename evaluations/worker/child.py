@@ -31,6 +31,7 @@ django.setup()
 from django.conf import settings  # noqa: E402
 from django.db import close_old_connections, connections  # noqa: E402
 
+from evaluations.lifecycle import Mark  # noqa: E402
 from evaluations.models import WORKER_LOST, Evaluation  # noqa: E402
 from evaluations.pipeline.cancel import CancelState, Stop, start_watching  # noqa: E402
 from evaluations.pipeline.run import run_pipeline  # noqa: E402
@@ -103,14 +104,16 @@ def _own_connection() -> None:
         connections.close_all()
 
 
-def main(eval_id: str, runtime, alive_channel) -> None:
-    """One evaluation; its process may be kept for another (pool.wait_for_id), its connection with it."""
+def main(eval_id: str, runtime, alive_channel, note: str = "") -> None:
+    """One evaluation; its process may be kept for another (pool.wait_for_id), its connection with it.
+    ``note``: the claim's transition (lifecycle.Mark.encode), which its first step closes."""
+    claimed = Mark.decode(note) if note else None
     state = CancelState()
     stop_watching_worker = start_watching_worker(alive_channel, state)
     _own_connection()
     done = start_watching(eval_id, state)
     try:
-        run_pipeline(eval_id, settings.EXECUTOR, runtime=runtime, cancel=state)
+        run_pipeline(eval_id, settings.EXECUTOR, runtime=runtime, cancel=state, claimed=claimed)
     finally:
         done.set()
         stop_watching_worker()

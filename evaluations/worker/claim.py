@@ -4,40 +4,34 @@
    workers on many hosts take different rows without waiting on each other.
 2. SQLite: find candidates, then a conditional UPDATE ... WHERE status='pending'
    per row; only a changed row is ours ("another worker got there first").
-3. Either way the status change goes through lifecycle.record, which is itself
-   conditional and stores the transition.
+3. Either way the status change goes through lifecycle.claim, which is itself
+   conditional and stores the transition; its mark goes to the evaluation's process
+   (worker/pool.py), whose pipeline closes it with its first step.
 """
 
 from __future__ import annotations
 
 from django.db import connection, transaction
-from django.utils import timezone
 
 from evaluations import lifecycle
 from evaluations.models import Evaluation, Sandbox, SandboxStatus, Status
 
 
-def _take(eval_id, worker_id: str) -> bool:
-    return lifecycle.record(
-        eval_id,
-        status=Status.RUNNING,
-        expect=[Status.PENDING],
-        worker_id=worker_id,
-        started_at=timezone.now(),
-    )
-
-
-def claim(worker_id: str, limit: int) -> list:
-    """Claim up to `limit` pending evaluations, oldest first; return their ids."""
+def claim(worker_id: str, limit: int) -> dict:
+    """Claim up to `limit` pending evaluations, oldest first; return {id: its claim's transition}."""
     if limit <= 0:
-        return []
+        return {}
     pending = Evaluation.objects.filter(status=Status.PENDING).order_by("created_at")
     if connection.vendor == "postgresql":
         with transaction.atomic():
             candidates = list(pending.select_for_update(skip_locked=True).values_list("id", flat=True)[:limit])
-            return [eval_id for eval_id in candidates if _take(eval_id, worker_id)]
-    candidates = list(pending.values_list("id", flat=True)[:limit])
-    return [eval_id for eval_id in candidates if _take(eval_id, worker_id)]
+            return _take(candidates, worker_id)
+    return _take(list(pending.values_list("id", flat=True)[:limit]), worker_id)
+
+
+def _take(candidates: list, worker_id: str) -> dict:
+    taken = {eval_id: lifecycle.claim(eval_id, worker_id) for eval_id in candidates}
+    return {eval_id: mark for eval_id, mark in taken.items() if mark is not None}
 
 
 def claim_sandboxes(worker_id: str, node: str, limit: int) -> list[str]:

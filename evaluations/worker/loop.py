@@ -223,12 +223,13 @@ class Worker:
             logger.error(reason, extra={"eval_id": eval_id})
             reaper.remove_orphan_folders(self.config.workspace_base)
 
-    def start_claimed(self, eval_ids) -> None:
-        """Start a process for each claimed evaluation; one that cannot start fails with the cause
-        (it is ours and running: nothing else would ever end it while we beat)."""
-        for eval_id in eval_ids:
+    def start_claimed(self, claimed: dict) -> None:
+        """Start a process for each claimed evaluation ({id: its claim's transition}, which its
+        pipeline closes); one that cannot start fails with the cause (it is ours and running:
+        nothing else would ever end it while we beat)."""
+        for eval_id, mark in claimed.items():
             try:
-                self.pool.start(eval_id)
+                self.pool.start(eval_id, note=mark.encode())
             except Exception as exc:
                 reason = f"queued: could not start the evaluation process: {exc.__class__.__name__}: {exc}"
                 logger.exception(reason, extra={"eval_id": eval_id})

@@ -120,28 +120,32 @@ class Pool:
     def free(self) -> int:
         return self.capacity - len(self.running)
 
-    def start(self, eval_id) -> None:
-        """Run ``target`` for ``eval_id``: in the spare if a live one waits, else in a process forked now."""
+    def start(self, eval_id, note: str = "") -> None:
+        """Run ``target`` for ``eval_id``: in the spare if a live one waits, else in a process forked
+        now. ``note``: text given to ``target`` beside the id (``note=``; the claim's transition)."""
         eval_id = str(eval_id)
-        if self._hand_to_spare(eval_id):
+        if self._hand_to_spare(eval_id, note):
             return
         if not self.keeps_spare:
-            process, alive_w = self._fork(target=self.target, args=(eval_id,), name=f"eval-{eval_id}")
+            kwargs = {"note": note} if note else {}
+            process, alive_w = self._fork(self.target, (eval_id,), f"eval-{eval_id}", kwargs)
             self.running[eval_id] = Running(eval_id, process, alive_w, os.pidfd_open(process.pid))
             return
         spare = self._fork_spare(f"eval-{eval_id}", waiting=False)  # a spare's life, its id at once: kept after
         try:
-            spare.handoff.send_bytes(eval_id.encode())
+            spare.handoff.send_bytes(_handoff(eval_id, note))
         except BaseException:
             self._end(spare)
             raise
         self.running[eval_id] = Running(eval_id, spare.process, spare.handoff, spare.pidfd, report=spare.report)
 
-    def _fork(self, target, args: tuple, name: str) -> tuple[multiprocessing.Process, Connection]:
-        """A process running ``target(*args, runtime, read end)``; return it and the pipe's write end."""
+    def _fork(self, target, args: tuple, name: str, kwargs=None) -> tuple[multiprocessing.Process, Connection]:
+        """A process running ``target(*args, runtime, read end, **kwargs)``; return it and the pipe's write end."""
         alive_r, alive_w = self.context.Pipe(duplex=False)
         try:
-            process = self.context.Process(target=target, args=(*args, self.runtime, alive_r), name=name, daemon=False)
+            process = self.context.Process(
+                target=target, args=(*args, self.runtime, alive_r), kwargs=kwargs or {}, name=name, daemon=False
+            )
             process.start()  # the forkserver hands the child its own copy of the read end
         except BaseException:
             alive_w.close()
@@ -174,14 +178,14 @@ class Pool:
             report_w.close()
         return Spare(process, handoff, os.pidfd_open(process.pid), report_r)
 
-    def _hand_to_spare(self, eval_id: str) -> bool:
-        """Give ``eval_id`` to a spare, the warm one first, which becomes its process; False if no
-        live spare took it."""
+    def _hand_to_spare(self, eval_id: str, note: str) -> bool:
+        """Give ``eval_id`` (and ``note``) to a spare, the warm one first, which becomes its process;
+        False if no live spare took it."""
         while self.spares:
             spare = self.spares.pop(0)
             if not _has_exited(spare.pidfd):
                 try:
-                    spare.handoff.send_bytes(eval_id.encode())
+                    spare.handoff.send_bytes(_handoff(eval_id, note))
                 except OSError:  # it died meanwhile (EPIPE): its end is closed, nothing was read
                     pass
                 else:
@@ -276,11 +280,11 @@ def wait_for_id(
             ready()
         for ran in range(1, reuses + 1):
             try:
-                eval_id = channel.recv_bytes().decode()
+                eval_id, _, note = channel.recv_bytes().decode().partition("\n")
             except EOFError:
                 return
             name_process(inherited)
-            target(eval_id, runtime, channel)
+            target(eval_id, runtime, channel, **({"note": note} if note else {}))
             if ran == reuses or found is None:
                 return
             if leave is not None:
@@ -384,6 +388,11 @@ def _private_bytes() -> int:
             if line.startswith(("Private_Clean:", "Private_Dirty:")):
                 total += int(line.split()[1]) * 1024
     return total
+
+
+def _handoff(eval_id: str, note: str) -> bytes:
+    """What a spare reads (``wait_for_id``): the id, then the note on a line of its own if any."""
+    return f"{eval_id}\n{note}".encode() if note else eval_id.encode()
 
 
 def _ended_its_evaluation(entry: Running) -> bool:

@@ -21,9 +21,10 @@ def runtime_named(name: str) -> Runtime:
     return Bubblewrap(reachable, cgroups=support) if name == "bwrap" else NoSandbox(reachable, cgroups=support)
 
 
-def run_evaluation(eval_id: str, config, sandbox: str, cancel: CancelState | None = None) -> None:
-    """The pipeline as an evaluation process runs it, with the runtime ``sandbox`` names."""
-    run_pipeline(eval_id, config, runtime=runtime_named(sandbox), cancel=cancel or CancelState())
+def run_evaluation(eval_id: str, config, sandbox: str, cancel: CancelState | None = None, claimed=None) -> None:
+    """The pipeline as an evaluation process runs it, with the runtime ``sandbox`` names (``claimed``:
+    the claim's transition, as the worker hands it over)."""
+    run_pipeline(eval_id, config, runtime=runtime_named(sandbox), cancel=cancel or CancelState(), claimed=claimed)
 
 
 # The package registries, by name: a test that installs from them inside a sandbox allows them

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 from django.conf import settings
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
 
 from evaluations.models import Evaluation, Status
 from evaluations.worker.claim import claim
@@ -41,8 +43,9 @@ def test_a_failure_while_preparing_fails_the_evaluation_with_its_cause(tmp_path)
 
 def evaluate(task_url: str, agent_code: str, config, **fields) -> Evaluation:
     row = Evaluation.objects.create(task_url=task_url, agent_code=agent_code, **fields)
-    assert claim("test-worker", 1) == [row.id]
-    run_evaluation(str(row.id), config, "none")
+    claimed = claim("test-worker", 1)
+    assert list(claimed) == [row.id]
+    run_evaluation(str(row.id), config, "none", claimed=claimed[row.id])
     row.refresh_from_db()
     return row
 
@@ -57,6 +60,28 @@ def test_what_a_failing_step_staged_is_stored_with_its_failure(www, http_server,
     assert row.error.startswith("downloading_task: "), row.error
     assert row.task_sha256 == hashlib.sha256(served).hexdigest()
     assert row.log and row.resources is not None  # staged at cleanup, written by finish
+
+
+@pytest.mark.parametrize("handed_over", [True, False])
+def test_the_first_step_closes_the_claims_transition_and_reads_none_when_it_is_handed_over(
+    www, http_server, e2e_config, handed_over
+):
+    """The worker hands the claim's transition to the evaluation's process (worker/pool.py): the
+    first step's change then reads no transition, and closes the claim's as the lookup does."""
+    (www / "noise.tar.gz").write_bytes(os.urandom(64))
+    row = Evaluation.objects.create(task_url=http_server.url("/noise.tar.gz"), agent_code="x")
+    claimed = claim("test-worker", 1)
+    with CaptureQueriesContext(connection) as queries:
+        run_evaluation(str(row.id), e2e_config, "none", claimed=claimed[row.id] if handed_over else None)
+    reads = [q["sql"] for q in queries if q["sql"].lstrip().upper().startswith("SELECT") and "transition" in q["sql"]]
+    assert bool(reads) is not handed_over, reads
+    steps = list(row.transitions.values_list("step", "status", "duration_ms"))
+    # A row made here, not by the API: no transition of its admission.
+    assert [(step, status) for step, status, _ in steps] == [
+        ("queued", "running"), ("downloading_task", "running"), ("cleanup", "running"), ("done", "failed")
+    ]  # fmt: skip
+    assert steps[0][2] is not None and steps[-1][2] is None  # the claim's closed; the end's open
+    assert row.transitions.get(step="queued", status="running").id == claimed[row.id].id
 
 
 def test_a_cancel_after_the_agent_staged_its_output_keeps_it(tasks, e2e_config):

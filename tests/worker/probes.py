@@ -112,6 +112,39 @@ def write_pid(path: str, runtime, channel) -> None:
         out.write(str(os.getpid()))
 
 
+def write_note(path: str, runtime, channel, note: str = "NONE") -> None:
+    """A Pool target: write the note it was given beside the id (``path``), NONE without one."""
+    with open(path, "w") as out:
+        out.write(note)
+
+
+def pool_notes(folder: str) -> None:
+    """A real Pool: ids with a note (one holding a space and a line break) and one without, handed
+    to a spare and to processes forked for them; report what each target was given."""
+    _setup()
+    from multiprocessing.connection import wait
+
+    from evaluations.worker.pool import Pool
+
+    report = {}
+    for kind, pool in (
+        ("spare", Pool(1, None, target=write_note, spare=True)),
+        ("fork", Pool(1, None, target=write_note)),
+    ):
+        for name, note in (("noted", "12 2026-12-01T04:00:00.123456+00:00"), ("lines", "a\nb"), ("plain", "")):
+            pool.keep_spare()
+            path = os.path.join(folder, f"{kind}-{name}")
+            pool.start(path, note=note)
+            finished = []
+            while not finished:
+                wait(pool.sentinels(), timeout=60)
+                finished = pool.reap()
+            with open(path) as written:
+                report[f"{kind}-{name}"] = [written.read(), [os.path.basename(eval_id) for eval_id, _ in finished]]
+        pool.end_spare()
+    print(json.dumps(report))
+
+
 def pool_spare(folder: str) -> None:
     """A real Pool keeping a spare: an id handed to the spare, one started after the spare died, the
     spare at capacity and at the pool's end; report the pids and what each process ended with."""

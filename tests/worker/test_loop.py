@@ -23,7 +23,7 @@ class PoolThatCannotStart:
     capacity = free = 2
     running: dict = {}
 
-    def start(self, eval_id):
+    def start(self, eval_id, note=""):
         raise OSError(11, "Resource temporarily unavailable")
 
 
@@ -94,7 +94,7 @@ class RecordingPool:
     def reap(self):
         return []  # nothing ended
 
-    def start(self, eval_id):
+    def start(self, eval_id, note=""):
         self.started.append(str(eval_id))
 
     def keep_spare(self):

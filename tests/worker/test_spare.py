@@ -64,6 +64,15 @@ def test_the_pool_hands_an_id_to_its_spare_and_forks_when_the_spare_died(tmp_pat
     assert report["left"] == []
 
 
+def test_the_target_gets_the_note_given_with_the_id_in_a_spare_or_a_process_forked_for_it(tmp_path):
+    """The claim's transition goes with the id to the evaluation's process (Pool.start's ``note``)."""
+    report = run_probe(f"pool_notes({str(tmp_path)!r})", probe_env(tmp_path, NO_DATABASE_URL))
+    for kind in ("spare", "fork"):
+        assert report[f"{kind}-noted"] == ["12 2026-12-01T04:00:00.123456+00:00", [f"{kind}-noted"]]
+        assert report[f"{kind}-lines"] == ["a\nb", [f"{kind}-lines"]]  # the id is the first line alone
+        assert report[f"{kind}-plain"] == ["NONE", [f"{kind}-plain"]]
+
+
 def test_a_claim_runs_in_the_spare_and_a_new_spare_takes_its_place(worker_service, tasks):
     service = worker_service()
     spare = the_spare(service)
