@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -105,6 +106,11 @@ class Context:
     # SPEC §23: the environment's network namespace, once its first process or healthcheck needs one
     # (pipeline/services.py): every task command's sandbox joins it, as a container's processes share one.
     netns: SharedNetwork | None = None
+    # The evaluation's own loopback (run.py ``_prepare``, as root in a sandbox): one network namespace
+    # that its sandboxes join one after another instead of a new one each, where no process of theirs
+    # has a capability over it: the executor's git and a task's commands on the host's system or a
+    # named root (not an image's, whose root keeps a namespace of its own, as a container's root has).
+    loopback: SharedNetwork | None = None
     # SPEC §23: a separate verifier's environment, prepared with the agent's (pipeline/imageenv.py), which
     # becomes ``env`` as the tests begin (pipeline/collect.py), its memory limit, and where each kept
     # artifact goes in it (listed path -> artifacts.Placement). A task of [[steps]]: the running step's
@@ -183,7 +189,7 @@ class Context:
         ``user``: whose user it runs as in an image (kinds.AGENT_USER, VERIFIER_USER, IMAGE_USER; SPEC §23)."""
         ca = self.trusted_ca
         with environment_failure():  # an image's compose volumes (SPEC §23) bound too: kinds.Image.bind_volumes
-            return self.env.sandbox_policy(
+            policy = self.env.sandbox_policy(
                 network=network,
                 mounts=mounts,
                 ca_bundle=ca.host if ca is not None and self.runtime.isolated else None,
@@ -191,6 +197,9 @@ class Context:
                 **self._egress_fields(network),
                 **({"netns": self.netns.path} if self.netns is not None else {}),
             )
+        if policy.netns is None and policy.image is None and self.loopback is not None:
+            policy = dataclasses.replace(policy, netns=self.loopback.path)
+        return policy
 
     def repository_env(self) -> dict[str, str]:
         """git's environment for fetching the task's repository (clone, or into the cache's mirror).
@@ -205,7 +214,11 @@ class Context:
         """The executor's own commands (clone, patch): the host's tools, the whole session writable,
         and a fresh, empty /tmp (never the agent's tmp/: issue 23)."""
         return SandboxPolicy(
-            network=network, writable=(self.session.root,), fresh_tmp=True, **self._egress_fields(network)
+            network=network,
+            writable=(self.session.root,),
+            fresh_tmp=True,
+            **self._egress_fields(network),
+            **({"netns": self.loopback.path} if self.loopback is not None else {}),
         )
 
     def _egress_fields(self, network: bool) -> dict:

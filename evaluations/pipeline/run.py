@@ -37,6 +37,7 @@ from evaluations.pipeline.steps import in_order
 from evaluations.pipeline.warm import WorkspaceCache
 from evaluations.runtime import Limits, Runtime, Spawner, sandbox_uid, uids
 from evaluations.runtime.idmap import image_id_range
+from evaluations.runtime.netns import NetworkUnavailable, SharedNetwork
 from evaluations.runtime.output import utf8_text
 from executor_project.config import Config
 from executor_project.logs import evaluation_context
@@ -69,7 +70,7 @@ def _prepare(
 ) -> tuple[Context, uids.UidLease | None]:
     evaluation = Evaluation.objects.get(id=eval_id)
     lease = lease_uid(config)  # a uid no other evaluation has (runtime/uids.py)
-    session = egress = None
+    session = egress = loopback = None
     try:
         uid = lease.uid if lease else None
         session = Session.create(config.workspace_base, eval_id, uid)
@@ -88,7 +89,10 @@ def _prepare(
             ids = image_id_range(config.image_uid_base, uid, config.sandbox_uid) if uid is not None else None
             proxy = EgressProxy(session.root / EGRESS_SOCKET, egress_policy(config), allowed_uid=uid, id_range=ids)
             egress = proxy.start()
+            loopback = _loopback()
     except BaseException:
+        if loopback is not None:
+            loopback.close()
         if session is not None:
             session.remove()
         if lease is not None:
@@ -108,8 +112,23 @@ def _prepare(
         env=kinds.Host(session, spawner),  # preparing_environment puts the task's own in its place
         progress=progress,
         egress=egress,
+        loopback=loopback,
     )
+    if loopback is not None:
+        ctx.closing.callback(loopback.close)  # once every sandbox of the evaluation has ended (_cleanup)
     return ctx, lease
+
+
+def _loopback() -> SharedNetwork | None:
+    """The evaluation's own network namespace (Context.loopback), as root; None where it cannot be
+    made: each sandbox then makes its own, as bubblewrap does by default."""
+    if os.geteuid() != 0:
+        return None
+    try:
+        return SharedNetwork.create()
+    except NetworkUnavailable as exc:
+        logger.warning("each sandbox makes a network namespace of its own: %s", exc)
+        return None
 
 
 def _prepare_failure(exc: Exception) -> str:
