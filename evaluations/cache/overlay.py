@@ -8,8 +8,8 @@ editable installs) are rewritten in the overlay: session paths all have one
 length (WORKSPACE_BASE/<uuid>), part of the key.
 
 1. ``mount_folder(entry, name, root, uid)``: ``<root>/<name>`` over the
-   entry's folder, its layers in ``<root>/.layers/<name>/{lower,upper,work}``
-   (``make_layers``). ``detached_folder``: the same overlay not attached yet,
+   entry's folder, its layers ``<root>/.layers/<name>.upper`` and ``.work``
+   (``make_layers``), the entry bound at ``.layers/lower`` while it is made. ``detached_folder``: the same overlay not attached yet,
    made ahead of its use (the tests' HOME and venv, while the agent runs).
 2. ``unmount_folder`` and ``unmount_session``: one folder with its layers, or
    every mount below the session (its layers then go with the session folder).
@@ -32,7 +32,8 @@ from evaluations.cache import mounts
 from evaluations.cache.store import Entry
 from evaluations.safefs import open_parent, remove_tree_nofollow
 
-LAYERS = ".layers"  # <session>/.layers/<folder>/{lower,upper,work}, root's
+LAYERS = ".layers"  # <session>/.layers/: <layers>.upper and .work for each overlay, and lower; root's
+LOWER = "lower"  # the mount point each overlay's idmapped lower layer is bound on while it is made
 
 
 def mount_folder(entry: Entry, name: str, root: Path, uid: int, *, manifest=None, old: str = "") -> bool:
@@ -56,7 +57,12 @@ def detached_folder(
     if name == "venv" and not any(source.iterdir()):
         return None  # no venv was made (no Python): the folder stays the session's empty, root-owned one
     # The overlay's root takes its owner and mode from the upper folder.
-    lower, upper, work = make_layers(root, layers, (uid, uid), stat.S_IMODE(os.lstat(source).st_mode), lower=True)
+    upper, work = make_layers(root, layers, (uid, uid), stat.S_IMODE(os.lstat(source).st_mode))
+    lower = root / LAYERS / LOWER  # one mount point for every overlay's lower, one at a time
+    try:
+        lower.mkdir(mode=0o700)
+    except FileExistsError:
+        pass
     mounts.bind_idmapped(source, lower, mounts.userns_fd(uid))
     try:
         ready = mounts.overlay_detached(lower, upper, work)
@@ -71,30 +77,35 @@ def detached_folder(
     return ready
 
 
-def make_layers(
-    root: Path, name: str, owner: tuple[int, int], mode: int, *, lower: bool
-) -> tuple[Path | None, Path, Path]:
-    """``<root>/.layers/<name>/{lower,upper,work}`` (``lower``: its mount point, if the caller mounts
-    one), root's, 0700; the upper, which the overlay's root takes its owner and mode from, ``owner``'s
-    with ``mode``. Raises FileExistsError if they are there."""
-    base = root / LAYERS / name
-    (root / LAYERS).mkdir(mode=0o700, exist_ok=True)
-    base.mkdir(mode=0o700)
-    folders = [base / "lower"] if lower else []
-    folders += [base / "upper", base / "work"]
-    for folder in folders:
-        folder.mkdir(mode=0o700)
-    upper = base / "upper"
+def make_layers(root: Path, name: str, owner: tuple[int, int], mode: int) -> tuple[Path, Path]:
+    """An overlay's upper and work folders, ``<root>/.layers/<name>.upper`` and ``.work`` (two new
+    folders an overlay, side by side: each is an inode to make and to remove), root's, 0700; the
+    upper, which the overlay's root takes its owner and mode from, ``owner``'s with ``mode``.
+    Raises FileExistsError if they are there."""
+    layers = root / LAYERS
+    try:
+        layers.mkdir(mode=0o700)
+    except FileExistsError:
+        pass
+    upper, work = layers / f"{name}.upper", layers / f"{name}.work"
+    upper.mkdir(mode=0o700)
+    work.mkdir(mode=0o700)
     os.chown(upper, *owner)
     os.chmod(upper, mode)
-    return (folders[0] if lower else None), upper, base / "work"
+    return upper, work
+
+
+def remove_layers(root: Path, name: str) -> None:
+    """``make_layers``' folders, with what was written in them."""
+    for suffix in (".upper", ".work"):
+        remove_tree_nofollow(root / LAYERS / f"{name}{suffix}")
 
 
 def unmount_folder(root: Path, name: str, layers: str | None = None) -> None:
-    """Take ``<root>/<name>``'s overlay down, with its layers (``.layers/<layers>``, by default
-    ``<name>``'s: what the evaluation wrote there goes)."""
+    """Take ``<root>/<name>``'s overlay down, with its layers (``layers``', by default ``<name>``'s:
+    what the evaluation wrote there goes)."""
     mounts.unmount(root / name)
-    remove_tree_nofollow(root / LAYERS / (layers or name))
+    remove_layers(root, layers or name)
 
 
 def unmount_session(root: Path) -> None:

@@ -7,7 +7,7 @@ evaluation's path. With it:
 
 1. ``mount(root, repo)``: ``<root>/tests-repo`` (``root``: the session folder), an overlay of its ``repo`` (a folder, or the
    workspace cache's overlay: overlays stack, two deep) whose upper layer is in the session
-   (``.layers/tests-repo``, so the disk limit counts what the tests write) and whose root has the
+   (``.layers/tests-repo.upper``, so the disk limit counts what the tests write) and whose root has the
    repository's owner and mode. Made once every process of the agent is gone: nothing writes the
    lower layer while the view is mounted (the patch's git writes only its own scratch folder).
 2. The environment binds it at the repository's path for the tests' commands, and the executor
@@ -29,36 +29,33 @@ import stat
 from pathlib import Path
 
 from evaluations.cache import mounts, overlay
-from evaluations.cache.overlay import LAYERS
 from evaluations.safefs import remove_tree_nofollow
 
 log = logging.getLogger(__name__)
 
-VIEW = "tests-repo"  # <session>/tests-repo, its layers in <session>/.layers/tests-repo/{upper,work}
+VIEW = "tests-repo"  # <session>/tests-repo, its layers <session>/.layers/tests-repo.upper and .work
 
 
 def mount(root: Path, repo: Path) -> Path | None:
     """The view of ``repo`` at ``<root>/tests-repo`` (``root``: the session folder); None if it cannot be made."""
     if os.geteuid() != 0:
         return None  # mounting is root's
-    target, layers = root / VIEW, root / LAYERS / VIEW
+    target = root / VIEW
     try:
         owner = os.lstat(repo)
         if not stat.S_ISDIR(owner.st_mode):
             return None
         # The overlay's root takes the repository's owner and mode from the upper folder.
-        _, upper, work = overlay.make_layers(
-            root, VIEW, (owner.st_uid, owner.st_gid), stat.S_IMODE(owner.st_mode), lower=False
-        )
+        upper, work = overlay.make_layers(root, VIEW, (owner.st_uid, owner.st_gid), stat.S_IMODE(owner.st_mode))
         target.mkdir(mode=0o700)
         mounts.mount_overlay(repo, upper, work, target)
     except OSError as exc:
         log.info("no view of the repository for the tests (the patch is made before them): %s", exc)
-        for made in (target, layers):
-            try:
-                remove_tree_nofollow(made)
-            except OSError:
-                pass  # the session's removal takes it
+        try:
+            remove_tree_nofollow(target)
+            overlay.remove_layers(root, VIEW)
+        except OSError:
+            pass  # the session's removal takes it
         return None
     return target
 

@@ -73,7 +73,7 @@ def test_the_tests_write_in_a_view_of_their_own_while_the_patch_reads_what_the_a
     evaluation, session = _messy_tests_kept(tasks, e2e_config)
     try:
         assert mounts.mount_points_below(session) == []  # the view went at cleanup, with the rest
-        upper = session / ".layers" / repoview.VIEW / "upper"  # what the tests wrote, and only there
+        upper = session / ".layers" / f"{repoview.VIEW}.upper"  # what the tests wrote, and only there
         assert (upper / "made_by_tests.txt").read_text() == "made\n"
         assert (upper / "calc.py").read_text().endswith("# edited by the tests\n")
         whiteout = (upper / "README.md").lstat()

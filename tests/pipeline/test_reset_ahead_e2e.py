@@ -80,7 +80,10 @@ def test_the_tests_home_venv_and_tmp_are_made_while_the_agent_runs_and_out_of_it
     assert calls == ["repo", "venv", "home", "venv-tests", "home-tests"]
     session = kept_session(kept, evaluation)
     layers = sorted(p.name for p in (session / overlay.LAYERS).iterdir())
-    assert layers == ["home-tests", "repo", "tests-repo", "venv-tests"]  # the agent's HOME and venv layers gone
+    made = [
+        f"{name}.{part}" for name in ("home-tests", "repo", "tests-repo", "venv-tests") for part in ("upper", "work")
+    ]
+    assert layers == sorted([overlay.LOWER, *made])  # the agent's HOME and venv layers gone
     assert not (session / session_module.NEXT_TMP).exists()
 
 
