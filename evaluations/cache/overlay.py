@@ -7,10 +7,12 @@ entry). Files recording the session path (venv launchers, ``.pth`` files of
 editable installs) are rewritten in the overlay: session paths all have one
 length (WORKSPACE_BASE/<uuid>), part of the key.
 
-1. ``mount_folder(entry, name, root, uid)``: ``<root>/<name>`` over the
-   entry's folder, its layers ``<root>/.layers/<name>.upper`` and ``.work``
-   (``make_layers``), the entry bound at ``.layers/lower`` while it is made. ``detached_folder``: the same overlay not attached yet,
-   made ahead of its use (the tests' HOME and venv, while the agent runs).
+1. ``detached_folder(entry, name, root, uid, layers=...)``: an overlay of the
+   entry's folder, attached nowhere until ``mounts.attach_closing`` puts it at
+   ``<root>/<name>`` (so it can be made ahead of its use: the tests' HOME and
+   venv, while the agent runs); its layers ``<root>/.layers/<layers>.upper``
+   and ``.work`` (``make_layers``), the entry bound at ``.layers/lower`` while
+   it is made.
 2. ``unmount_folder`` and ``unmount_session``: one folder with its layers, or
    every mount below the session (its layers then go with the session folder).
 3. ``rewrite_session_paths``: the building session's path, in the files the
@@ -36,23 +38,13 @@ LAYERS = ".layers"  # <session>/.layers/: <layers>.upper and .work for each over
 LOWER = "lower"  # the mount point each overlay's idmapped lower layer is bound on while it is made
 
 
-def mount_folder(entry: Entry, name: str, root: Path, uid: int, *, manifest=None, old: str = "") -> bool:
-    """``<root>/<name>``: a private, writable overlay of the entry's folder, as ``uid``, the session
-    paths its ``manifest`` lists rewritten from ``old`` (``rewrite_session_paths``); False if none
-    is needed."""
-    ready = detached_folder(entry, name, root, uid, layers=name, manifest=manifest, old=old)
-    if ready is None:
-        return False
-    mounts.attach_closing(ready, root / name)
-    return True
-
-
 def detached_folder(
     entry: Entry, name: str, root: Path, uid: int, *, layers: str, manifest=None, old: str = ""
 ) -> int | None:
-    """The overlay ``mount_folder`` puts at ``<root>/<name>``, attached nowhere (its mount descriptor:
-    ``mounts.attach_closing`` puts it in place; closed unattached, it is gone), its layers in
-    ``<root>/.layers/<layers>``, its session paths already rewritten; None if none is needed."""
+    """A private, writable overlay of the entry's folder ``name``, as ``uid``, attached nowhere: its
+    mount descriptor (``mounts.attach_closing`` puts it at ``<root>/<name>``; closed unattached, it
+    is gone); its layers ``make_layers(root, layers)``; the session paths its ``manifest`` lists
+    rewritten from ``old`` through it (``rewrite_session_paths``). None if none is needed."""
     source = entry.folder(name)
     if name == "venv" and not any(source.iterdir()):
         return None  # no venv was made (no Python): the folder stays the session's empty, root-owned one

@@ -386,20 +386,19 @@ def _ready_for_tests(ctx: Context) -> None:
     folder of root's until the reset gives it to the evaluation's uid (``Session.prepare_tmp``).
     The agent's sandbox binds none of it (none of it is below a folder the agent has). Only in the
     host's environment, where the reset is the executor's own; what cannot be made here the reset
-    makes, as before."""
+    makes, as before, and reports (nothing here may end the agent's command)."""
     if ctx.task.repo is None or ctx.steps is not None or not ctx.runtime.isolated or os.geteuid() != 0:
         return
-    policy = grading_sandbox.script_policy(ctx)
-    if policy.image is not None:
-        return
-    ctx.cache.prepare_reset()
-    if _shares_tmp(ctx):
-        return
     try:
-        tmp = ctx.session.prepare_tmp()
-        sandbox.prepare_mount_points(dataclasses.replace(policy, private_tmp=tmp))
-    except OSError as exc:  # made after the agent's end instead
-        log.info("the tests' /tmp is made after the agent's end: %s", exc)
+        policy = grading_sandbox.script_policy(ctx)
+        if policy.image is not None:
+            return
+        ctx.cache.prepare_reset()
+        if not _shares_tmp(ctx):
+            tmp = ctx.session.prepare_tmp()
+            sandbox.prepare_mount_points(dataclasses.replace(policy, private_tmp=tmp))
+    except Exception as exc:  # made (or refused, and reported) after the agent's end instead
+        log.info("the tests' HOME, venv or /tmp are made after the agent's end: %s", exc)
 
 
 def _scrub(ctx: Context) -> None:
