@@ -126,7 +126,7 @@ def test_what_was_made_for_tests_that_never_run_is_let_go(tasks, e2e_config, mon
 
     monkeypatch.setattr(mounts, "overlay_detached", recording)
     url = tasks.task(base_files=BASE, install=INSTALL, tests=_tests())
-    sleeper = SOLVER + "\nimport time; time.sleep(60)\n"
+    sleeper = SOLVER + "\nimport signal; signal.pause()\n"  # until the agent's timeout ends it
     evaluation = evaluate(url, sleeper, config=e2e_config, sandbox="bwrap", timeout_secs=3)
     assert evaluation.error_kind == "agent_timeout", evaluation.error
     assert len(made) == 5  # repo, venv and home for the agent; venv and home for the tests
