@@ -153,7 +153,7 @@ class _Installer:
         ]
         # Its own folders and /tmp writable, not the task's repository, HOME or venv: what
         # running_agent meets there before the agent runs (static assets' paths) is the task's.
-        policy = ctx.task_policy(network=ctx.config.agent_network, mounts=mounts)
+        policy = ctx.task_policy(network=ctx.config.agent_network, mounts=mounts, loopback=True)
         self.policy = dataclasses.replace(policy, writable=(session.tmp,))
         # Nothing the task wrote: not its PATH (venv, npm, Go and Cargo bins: `npm` would be found
         # there), nor its HOME (a usercustomize or .pth in the user site, pip.conf, .npmrc's

@@ -108,8 +108,9 @@ class Context:
     netns: SharedNetwork | None = None
     # The evaluation's own loopback (run.py ``_prepare``, as root in a sandbox): one network namespace
     # that its sandboxes join one after another instead of a new one each, where no process of theirs
-    # has a capability over it: the executor's git and a task's commands on the host's system or a
-    # named root (not an image's, whose root keeps a namespace of its own, as a container's root has).
+    # has a capability over it: the executor's git, and the task's install, the agent's install and the
+    # agent on the host's system or a named root (not an image's, whose root keeps a namespace of its
+    # own, as a container's root has; nor the tests, which get one of their own: ``task_policy``).
     loopback: SharedNetwork | None = None
     # SPEC §23: a separate verifier's environment, prepared with the agent's (pipeline/imageenv.py), which
     # becomes ``env`` as the tests begin (pipeline/collect.py), its memory limit, and where each kept
@@ -183,10 +184,14 @@ class Context:
         return toolchains.host_ca(self.config, sandboxed=self.runtime.isolated)
 
     def task_policy(
-        self, *, network: bool, mounts: Sequence[Mount] = (), user: str = kinds.AGENT_USER
+        self, *, network: bool, mounts: Sequence[Mount] = (), user: str = kinds.AGENT_USER, loopback: bool = False
     ) -> SandboxPolicy:
         """What a task's command may reach: the session's folders its environment binds, in its root;
-        ``user``: whose user it runs as in an image (kinds.AGENT_USER, VERIFIER_USER, IMAGE_USER; SPEC §23)."""
+        ``user``: whose user it runs as in an image (kinds.AGENT_USER, VERIFIER_USER, IMAGE_USER; SPEC §23).
+        ``loopback``: the evaluation's own network namespace (``Context.loopback``), for the phases up to
+        the agent's (its install, its own install, the agent); never the tests', which get one of their
+        own: a socket the agent closed first stays in TIME_WAIT for a minute, and one of a listener
+        without SO_REUSEADDR would refuse a test server its port even with the option."""
         ca = self.trusted_ca
         with environment_failure():  # an image's compose volumes (SPEC §23) bound too: kinds.Image.bind_volumes
             policy = self.env.sandbox_policy(
@@ -197,7 +202,7 @@ class Context:
                 **self._egress_fields(network),
                 **({"netns": self.netns.path} if self.netns is not None else {}),
             )
-        if policy.netns is None and policy.image is None and self.loopback is not None:
+        if loopback and policy.netns is None and policy.image is None and self.loopback is not None:
             policy = dataclasses.replace(policy, netns=self.loopback.path)
         return policy
 

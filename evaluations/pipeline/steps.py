@@ -225,7 +225,7 @@ def installing_deps(ctx: Context) -> None:
     deadline = deadline_in(config.install_timeout_secs)
     ctx.env.make_venv()  # SPEC §11; an image task runs with the image's own python (§21)
     env = {**ctx.base_env(), **static.task_env(ctx)}
-    policy = ctx.task_policy(network=True, mounts=static.mounts(ctx))
+    policy = ctx.task_policy(network=True, mounts=static.mounts(ctx), loopback=True)
     with ctx.phase("install"):  # the task's install commands: one sandbox (SPEC §25)
         for command, filled in zip(ctx.task.install, static.fill(ctx, ctx.task.install), strict=True):
             result = ctx.run(["bash", "-c", filled], env=env, timeout_secs=remaining(deadline), policy=policy)
@@ -266,7 +266,7 @@ def _prestart_agent(ctx: Context) -> None:
 def _agent_policy(ctx: Context) -> SandboxPolicy:
     agent_folder = Mount(ctx.session.agent, str(ctx.session.agent), writable=False)
     mounts = [agent_folder, *static.mounts(ctx), *verifier.agent_mounts(ctx)]  # in an image, /logs/agent
-    return ctx.task_policy(network=verifier.agent_network(ctx), mounts=mounts)
+    return ctx.task_policy(network=verifier.agent_network(ctx), mounts=mounts, loopback=True)
 
 
 def running_agent(ctx: Context) -> None:
