@@ -139,6 +139,16 @@ def report_throughput(table: Table, figures: dict) -> None:
         ">= 85 % of baseline",
         ok(ratio >= 0.85),
     )
+    if "executor_cpu_ms" in figures:  # the reason: CPU an evaluation, the machine's CPUs kept busy (bench/cpu.py)
+        split = figures["executor_cpu_ms"]
+        total = sum(split.values())
+        parts = ", ".join(f"{kind} {split[kind]:.0f}" for kind in ("evaluations", "worker", "web") if kind in split)
+        table.add(
+            f"  CPU an evaluation, concurrency {figures['concurrency']}",
+            f"{total:.0f} ms ({parts})",
+            f"{figures['baseline_cpu_ms']:.0f} ms",
+            f"{total / figures['baseline_cpu_ms']:.2f}x",
+        )
 
 
 def report_spawner(table: Table, figures: dict) -> None:

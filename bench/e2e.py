@@ -13,18 +13,23 @@ target is judged on the streamed figure; the row's own ``created_at`` to
 Throughput: N evaluations posted at once to a worker with
 MAX_CONCURRENT_EVALS=c, timed from the first POST to the moment the client
 sees the last one end (``/status`` polled every 0.2 s); the baseline is the
-same N runs of ``baseline.sh`` through ``xargs -P c``.
+same N runs of ``baseline.sh`` through ``xargs -P c``. Beside each rate, the CPU
+one evaluation cost (bench/cpu.py; the script's: every process it started):
+with the machine's CPUs busy, the rate follows from it.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import resource
 import subprocess
 import time
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
 from pathlib import Path
 
+from bench import cpu
 from bench.common import BASELINE, TERMINAL, Task, get_json, live_service, percentile, run_baseline, submit
 
 POLL_SECS = 0.05
@@ -119,12 +124,14 @@ def latency(root: Path, task: Task, runs: int) -> dict:
     }
 
 
-def executor_throughput(root: Path, task: Task, count: int, concurrency: int) -> float:
-    """Evaluations per second: `count` posted at once, until the client sees the last one end."""
+def executor_throughput(root: Path, task: Task, count: int, concurrency: int) -> tuple[float, dict[str, float]]:
+    """Evaluations per second: `count` posted at once, until the client sees the last one end; and
+    the service's CPU per evaluation meanwhile, by kind (bench/cpu.py)."""
     with live_service(
         root, f"throughput{concurrency}", worker=True, MAX_CONCURRENT_EVALS=concurrency, MAX_QUEUED_EVALS=count
     ) as service:
         port = service.port
+        before = cpu.snapshot(os.getpid())
         started = time.perf_counter()
         with ThreadPoolExecutor(8) as pool:
             ids = list(pool.map(lambda _: submit(port, task), range(count)))
@@ -134,13 +141,17 @@ def executor_throughput(root: Path, task: Task, count: int, concurrency: int) ->
                 break
             time.sleep(0.2)
         elapsed = time.perf_counter() - started
+        spent = cpu.spent(before, cpu.snapshot(os.getpid()))
         if status["passed"] != count:
             failed = get_json(port, f"/evaluate/{ids[0]}")[1]
             raise RuntimeError(f"{count - status['passed']} bench evaluations did not pass: {failed['error']}")
-    return count / elapsed
+    return count / elapsed, {kind: ms / count for kind, ms in spent.items()}
 
 
-def baseline_throughput(task: Task, count: int, concurrency: int) -> float:
+def baseline_throughput(task: Task, count: int, concurrency: int) -> tuple[float, float]:
+    """Runs per second of the script through ``xargs -P``, and the CPU of one run (every process it
+    started, all waited for)."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     started = time.perf_counter()
     subprocess.run(
         ["xargs", "-P", str(concurrency), "-I", "{}", "bash", str(BASELINE), task.url, str(task.agent_file)],
@@ -149,10 +160,20 @@ def baseline_throughput(task: Task, count: int, concurrency: int) -> float:
         check=True,
         capture_output=True,
     )
-    return count / (time.perf_counter() - started)
+    elapsed = time.perf_counter() - started
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    used = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
+    return count / elapsed, used * 1000 / count
 
 
 def throughput(root: Path, task: Task, count: int, concurrency: int) -> dict:
-    baseline = baseline_throughput(task, count, concurrency)
-    executor = executor_throughput(root, task, count, concurrency)
-    return {"count": count, "concurrency": concurrency, "executor": executor, "baseline": baseline}
+    baseline, baseline_cpu = baseline_throughput(task, count, concurrency)
+    executor, executor_cpu = executor_throughput(root, task, count, concurrency)
+    return {
+        "count": count,
+        "concurrency": concurrency,
+        "executor": executor,
+        "baseline": baseline,
+        "executor_cpu_ms": executor_cpu,
+        "baseline_cpu_ms": baseline_cpu,
+    }
