@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Callable
+from pathlib import Path
 from typing import NamedTuple
 
 from django.db import close_old_connections
@@ -47,10 +49,19 @@ EGRESS_SOCKET = "egress.sock"  # in the session folder: root's, passable only by
 
 
 def run_pipeline(
-    eval_id: str, config: Config, *, runtime: Runtime, cancel: CancelState, claimed: lifecycle.Mark | None = None
+    eval_id: str,
+    config: Config,
+    *,
+    runtime: Runtime,
+    cancel: CancelState,
+    claimed: lifecycle.Mark | None = None,
+    remove_later: Callable[[Path], None] | None = None,
 ) -> None:
     """``runtime``: what the worker resolved at start; ``cancel``: set by the evaluation's watchers;
-    ``claimed``: the claim's transition, as the worker hands it over (lifecycle.Progress)."""
+    ``claimed``: the claim's transition, as the worker hands it over (lifecycle.Progress);
+    ``remove_later``: takes the retired session folder (``Session.retire``: closed to every uid but
+    ours) once the evaluation is written, for its caller to remove (``remove_retired``) off the path to
+    the next claim (child.tidy); without it the folder is removed here, before returning."""
     # Every log line written meanwhile, by any logger or thread of this process, carries the eval_id.
     with evaluation_context(eval_id):
         log = logging.LoggerAdapter(logger, {"eval_id": eval_id})
@@ -62,7 +73,16 @@ def run_pipeline(
             lifecycle.finish(eval_id, Status.FAILED, error=error, kind=ErrorKind.INFRASTRUCTURE)
             return
         ending = _steps(ctx, log)
-        _cleanup(ctx, lease, ending, log)
+        retired = _cleanup(ctx, lease, ending, log)
+        if retired is None:
+            return
+        if remove_later is not None:
+            remove_later(retired)
+            return
+        try:
+            remove_retired(retired)
+        except OSError as exc:
+            log.warning("could not remove %s (the reaper will): %s", retired, exc)
 
 
 def _prepare(
@@ -169,7 +189,9 @@ def _steps(ctx: Context, log) -> Ending:
         return Ending(Status.FAILED, error, outcome.of_exception(ctx.step, exc))
 
 
-def _cleanup(ctx: Context, lease: uids.UidLease | None, ending: Ending, log) -> None:
+def _cleanup(ctx: Context, lease: uids.UidLease | None, ending: Ending, log) -> Path | None:
+    """The evaluation's end: its sandboxes gone, its row finished; returns the retired session folder
+    (``Session.retire``), if any, for the caller to remove."""
     eval_id, session, spawner, config = ctx.eval_id, ctx.session, ctx.spawner, ctx.config
     status, error = ending.status, ending.error
     spawner.end_prestart()  # a sandbox started for a phase that never came (its step failed before)
@@ -208,11 +230,7 @@ def _cleanup(ctx: Context, lease: uids.UidLease | None, ending: Ending, log) -> 
         # signed; the live log is not among them, and GET /logs serves it from here on.
         Evaluation.objects.filter(id=eval_id).update(log=Utf8Text(kept_log))
     log.info("finished %s%s", status, f": {error}" if error else "")
-    if retired is not None:
-        try:
-            remove_retired(retired)
-        except OSError as exc:
-            log.warning("could not remove %s (the reaper will): %s", retired, exc)
+    return retired
 
 
 def _keep_usage(ctx: Context, log) -> None:

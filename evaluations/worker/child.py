@@ -17,11 +17,13 @@ forkserver dies, which is no reason to stop.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import select
 import threading
 import uuid
 from collections.abc import Callable
+from pathlib import Path
 
 import django
 
@@ -35,6 +37,7 @@ from evaluations.lifecycle import Mark  # noqa: E402
 from evaluations.models import WORKER_LOST, Evaluation  # noqa: E402
 from evaluations.pipeline.cancel import CancelState, Stop, start_watching  # noqa: E402
 from evaluations.pipeline.run import run_pipeline  # noqa: E402
+from evaluations.pipeline.session import remove_retired  # noqa: E402
 from evaluations.runtime import killer  # noqa: E402
 from evaluations.sandboxes.host import run_sandbox  # noqa: E402
 
@@ -71,7 +74,13 @@ def start_watching_worker(channel, state: CancelState) -> Callable[[], None]:
     return stop
 
 
+logger = logging.getLogger("term_executor.worker")
+
 _ready_pid: int | None = None  # the spare's pid, once ``ready`` opened its connection
+# The session folders this process's evaluations retired (closed to every uid but ours), removed by
+# ``tidy``: in a kept process once its report is sent, while the worker claims the next id.
+_retired: list[Path] = []
+_removing: threading.Thread | None = None  # tidy's removal under way
 
 
 def ready() -> None:
@@ -106,21 +115,57 @@ def _own_connection() -> None:
 
 def main(eval_id: str, runtime, alive_channel, note: str = "") -> None:
     """One evaluation; its process may be kept for another (pool.wait_for_id), its connection with it.
-    ``note``: the claim's transition (lifecycle.Mark.encode), which its first step closes."""
+    ``note``: the claim's transition (lifecycle.Mark.encode), which its first step closes.
+
+    In a spare (``ready`` ran) the retired session folder is left to ``tidy``, which the pool calls
+    once it has reported the evaluation's end: its removal (a few ms, most of it waiting on the disk)
+    is then not between the row's end and the next claim (bench/RESULTS.md, issue 38, stop 58); a
+    process forked for one evaluation removes it before it returns."""
     claimed = Mark.decode(note) if note else None
     state = CancelState()
     stop_watching_worker = start_watching_worker(alive_channel, state)
     _own_connection()
     done = start_watching(eval_id, state)
+    later = _retired.append if _ready_pid == os.getpid() else None
     try:
-        run_pipeline(eval_id, settings.EXECUTOR, runtime=runtime, cancel=state, claimed=claimed)
+        run_pipeline(eval_id, settings.EXECUTOR, runtime=runtime, cancel=state, claimed=claimed, remove_later=later)
     finally:
         done.set()
         stop_watching_worker()
 
 
+def tidy(*, wait: bool = False) -> None:
+    """Remove the session folders this process's evaluations retired (``main``), on a thread of its
+    own: most of a removal is waiting on the disk, which then overlaps the next evaluation's start
+    instead of holding it up (bench/RESULTS.md, issue 38, stop 58). ``wait``: here and now, the last
+    removal awaited too (before the process exits). One that cannot be removed is left to the reaper
+    (a warning says why), as is what a process killed meanwhile left."""
+    global _removing
+    if _removing is not None and (wait or not _removing.is_alive()):
+        _removing.join()
+        _removing = None
+    folders = list(_retired)
+    _retired.clear()
+    if not folders:
+        return
+    if wait or _removing is not None:
+        _remove(folders)
+        return
+    _removing = threading.Thread(target=_remove, args=(folders,), name="remove-retired", daemon=True)
+    _removing.start()
+
+
+def _remove(folders: list[Path]) -> None:
+    for folder in folders:
+        try:
+            remove_retired(folder)
+        except OSError as exc:
+            logger.warning("could not remove %s (the reaper will): %s", folder, exc)
+
+
 def leave() -> None:
-    """Before an evaluation process (or a spare that ran none) exits: its connection closed."""
+    """Before an evaluation process (or a spare that ran none) exits, and before a kept one's checks
+    (pool.ProcessState): its connection closed."""
     connections.close_all()
 
 

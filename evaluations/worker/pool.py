@@ -91,11 +91,22 @@ class Running:
 
 class Pool:
     def __init__(
-        self, capacity: int, runtime, target=None, *, spare: bool = False, ready=None, leave=None, reuses: int = 1
+        self,
+        capacity: int,
+        runtime,
+        target=None,
+        *,
+        spare: bool = False,
+        ready=None,
+        leave=None,
+        tidy=None,
+        reuses: int = 1,
     ):
         """``target(eval_id, runtime, alive_channel)`` runs in each process: child.main unless a test says.
         ``ready()``: what a spare does before it waits for its id (child.ready with child.main);
-        ``leave()``: what it does before it exits (child.leave).
+        ``leave()``: what it does before it exits (child.leave); ``tidy()``: what a spare's evaluation
+        left for later, started once its end is reported (``tidy(wait=True)`` before the process
+        exits: child.tidy).
 
         ``runtime``: the resolved ``evaluations.runtime.Runtime``, handed to every evaluation.
         ``spare``: keep a process ready for the next id while there is room (``keep_spare``); then
@@ -106,11 +117,12 @@ class Pool:
         self.context = multiprocessing.get_context("forkserver")
         start_forkserver()
         if target is None:
-            from evaluations.worker.child import leave, ready
+            from evaluations.worker.child import leave, ready, tidy
             from evaluations.worker.child import main as target
         self.target = target
         self.ready = ready
         self.leave = leave
+        self.tidy = tidy
         self.reuses = reuses if spare else 1
         self.running: dict[str, Running] = {}
         self.keeps_spare = spare
@@ -169,7 +181,7 @@ class Pool:
         (``waiting``: named a spare meanwhile; not one sent its id at once)."""
         report_r, report_w = self.context.Pipe(duplex=False)
         try:
-            args = (self.target, self.ready, self.leave, report_w, self.reuses, waiting)
+            args = (self.target, self.ready, self.leave, self.tidy, report_w, self.reuses, waiting)
             process, handoff = self._fork(target=wait_for_id, args=args, name=name)
         except BaseException:
             report_r.close()
@@ -257,15 +269,15 @@ class Pool:
 
 
 def wait_for_id(
-    target, ready, leave, report: Connection, reuses: int, named: bool, runtime, channel: Connection
+    target, ready, leave, tidy, report: Connection, reuses: int, named: bool, runtime, channel: Connection
 ) -> None:
     """A spare's life: ``ready()`` (its own database connection: child.ready), then block until the
     worker hands it an id, then be that id's process (``target``, the same channel as its liveness
     pipe); the end of the pipe first means exit, nothing read or written. Then, up to ``reuses``
     evaluations in all, while each left the process as it was before ``ready`` (``ProcessState``,
-    read after ``leave``): the ended id on ``report``, ``ready()`` again (while the worker claims the
-    next id, which waits in the pipe), and wait for the next.
-    ``leave()`` before it exits, however.
+    read after ``leave``): the ended id on ``report``, ``tidy()`` and ``ready()`` again (while the
+    worker claims the next id, which waits in the pipe), and wait for the next.
+    ``tidy(wait=True)`` and ``leave()`` before it exits, however.
 
     It is named SPARE_NAME (``ps``) while it waits (``named``: a process forked with its id is not
     a spare yet), and takes back its inherited name with the id, so that its evaluation looks as
@@ -298,9 +310,13 @@ def wait_for_id(
                 report.send_bytes(eval_id.encode())  # first: the worker claims the next id meanwhile
             except OSError:  # the worker is gone: its pipe's end comes next
                 return
+            if tidy is not None:
+                tidy()
             if ready is not None:
                 ready()
     finally:
+        if tidy is not None:
+            tidy(wait=True)
         if leave is not None:
             leave()
 

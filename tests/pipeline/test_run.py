@@ -15,8 +15,11 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
 from evaluations.models import Evaluation, Status
+from evaluations.pipeline.cancel import CancelState
+from evaluations.pipeline.run import run_pipeline
+from evaluations.pipeline.session import RETIRED_PREFIX, remove_retired
 from evaluations.worker.claim import claim
-from tests.helpers.runtimes import run_evaluation
+from tests.helpers.runtimes import run_evaluation, runtime_named
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -92,3 +95,30 @@ def test_a_cancel_after_the_agent_staged_its_output_keeps_it(tasks, e2e_config):
     assert "halfway there" in row.agent_output
     steps = list(row.transitions.values_list("step", flat=True))
     assert steps[-3:] == ["running_agent", "cleanup", "done"]
+
+
+def test_the_retired_session_goes_to_remove_later_once_the_row_is_written(www, http_server, e2e_config):
+    """A kept evaluation process removes its session folder off the path to the next claim
+    (child.tidy): run_pipeline hands it over, closed, once the row has ended; without
+    ``remove_later`` it is gone when run_pipeline returns."""
+    (www / "noise.tar.gz").write_bytes(os.urandom(64))
+    handed = []
+    ids = []
+
+    def remove_later(folder: Path) -> None:
+        st = os.stat(folder)
+        handed.append((folder, Evaluation.objects.get(id=ids[-1]).status, st.st_mode & 0o777, st.st_uid))
+
+    for later in (remove_later, None):
+        row = Evaluation.objects.create(task_url=http_server.url("/noise.tar.gz"), agent_code="x")
+        ids.append(row.id)
+        claimed = claim("test-worker", 1)
+        runtime = runtime_named("none")
+        run_pipeline(str(row.id), e2e_config, runtime=runtime, cancel=CancelState(), claimed=claimed[row.id],
+                     remove_later=later)  # fmt: skip
+        assert not (e2e_config.workspace_base / str(row.id)).exists()
+    [(folder, status, mode, owner)] = handed
+    assert folder == e2e_config.workspace_base / f"{RETIRED_PREFIX}{ids[0]}"
+    assert status == Status.FAILED and mode == 0o700 and owner == os.geteuid()  # ended first; ours alone
+    remove_retired(folder)
+    assert sorted(e2e_config.workspace_base.iterdir()) == []  # the second one removed its own

@@ -277,3 +277,51 @@ def pool_reuse(folder: str, names: list[str], reuses: int) -> None:
         )
     pool.end_spare()
     print(json.dumps({"runs": runs, "left": [child.pid for child in _forkserver_children()]}))
+
+
+def tidy_after_report(wait: bool = False) -> None:
+    """A Pool ``tidy``: blocks on the FIFO named by TIDY_FIFO until the pool's holder has read the
+    evaluation's report and opened it (``wait``, at the process's end: appends a line, no FIFO)."""
+    if wait:
+        with open(os.environ["TIDY_LOG"], "a") as log:
+            log.write("wait\n")
+        return
+    with open(os.environ["TIDY_FIFO"]) as fifo:
+        line = fifo.readline()
+    with open(os.environ["TIDY_LOG"], "a") as log:
+        log.write(line)
+
+
+def pool_tidy(folder: str) -> None:
+    """A real Pool keeping its process (reuses 2), whose ``tidy`` waits until the report was read:
+    two ids run one after the other in the same process, then the pool ends; report the pids, what
+    the tidies logged, and whether the report came while the tidy still waited."""
+    _setup()
+    from multiprocessing.connection import wait
+
+    from evaluations.worker.pool import Pool
+
+    fifo, log = os.path.join(folder, "tidy.fifo"), os.path.join(folder, "tidy.log")
+    os.mkfifo(fifo)
+    os.environ.update(TIDY_FIFO=fifo, TIDY_LOG=log)  # the forkserver, started below, hands them on
+    pool = Pool(1, None, target=write_pid, spare=True, reuses=2, tidy=tidy_after_report)
+    pool.keep_spare()
+    pids = []
+    for name in ("first", "second"):
+        path = os.path.join(folder, name)
+        pool.start(path)
+        finished = []
+        while not finished:  # a tidy before the report would block forever: no report, a timeout
+            if not wait(pool.sentinels(), timeout=60):
+                print(json.dumps({"error": f"no report of {name}"}))
+                pool.kill_all()
+                return
+            finished = pool.reap()
+        with open(path) as written:
+            pids.append(int(written.read()))
+        if name == "first":
+            with open(fifo, "w") as go:  # the kept process's tidy has it open: it waits for this line
+                go.write(f"tidied {name}\n")
+    pool.end_spare()  # the second reached its reuses: it tidied (wait) before it exited
+    with open(log) as written:
+        print(json.dumps({"pids": pids, "log": written.read().splitlines()}))

@@ -3,7 +3,9 @@ handed the next claim, replaced after; the worker's stop or death ends it."""
 
 from __future__ import annotations
 
+import logging
 import signal
+import subprocess
 import threading
 from datetime import datetime
 from itertools import pairwise
@@ -71,6 +73,15 @@ def test_the_target_gets_the_note_given_with_the_id_in_a_spare_or_a_process_fork
         assert report[f"{kind}-noted"] == ["12 2026-12-01T04:00:00.123456+00:00", [f"{kind}-noted"]]
         assert report[f"{kind}-lines"] == ["a\nb", [f"{kind}-lines"]]  # the id is the first line alone
         assert report[f"{kind}-plain"] == ["NONE", [f"{kind}-plain"]]
+
+
+def test_a_kept_process_tidies_after_its_report_and_waits_for_its_tidy_before_it_exits(tmp_path):
+    """The retired session's removal (child.tidy) is off the path to the next claim: the report goes
+    first, and a process that ends (its reuses reached) waits for the removal before it exits."""
+    report = run_probe(f"pool_tidy({str(tmp_path)!r})", probe_env(tmp_path, NO_DATABASE_URL))
+    assert "error" not in report, report
+    assert report["pids"][0] == report["pids"][1]  # kept for the second
+    assert report["log"] == ["tidied first", "wait"]
 
 
 def test_a_claim_runs_in_the_spare_and_a_new_spare_takes_its_place(worker_service, tasks):
@@ -233,3 +244,34 @@ def test_a_process_runs_at_most_its_reuses_then_exits(tmp_path):
     assert pids[0] == pids[1] != pids[2] == pids[3]
     assert [run["spare_warm"] for run in report["runs"]] == [True, False, True, False]
     assert report["left"] == []
+
+
+def test_a_kept_process_removes_its_retired_sessions_on_a_thread_and_all_before_it_exits(tmp_path, caplog):
+    """child.tidy: the folders its evaluations retired, removed on a thread (``wait``: here, the
+    thread joined first); a folder it cannot remove (a mount inside: the walk does not cross it)
+    is left to the reaper, with a warning, and the others still go."""
+    from evaluations.cache import mounts
+    from evaluations.pipeline.session import RETIRED_PREFIX
+    from evaluations.worker import child
+
+    folders = []
+    for number in range(4):
+        folder = tmp_path / f"{RETIRED_PREFIX}{number}"
+        (folder / "repo" / "deep").mkdir(parents=True)
+        (folder / "repo" / "deep" / "file").write_text("x")
+        folders.append(folder)
+    stuck = folders[2] / "repo" / "deep"
+    subprocess.run(["mount", "-t", "tmpfs", "tmpfs", str(stuck)], check=True)
+    try:
+        child._retired.extend(folders[:2])
+        child.tidy()
+        assert child._retired == [] and child._removing is not None and child._removing.name == "remove-retired"
+        child._retired.extend(folders[2:])
+        with caplog.at_level(logging.WARNING, logger="term_executor.worker"):
+            child.tidy(wait=True)
+        assert child._removing is None and child._retired == []
+        assert sorted(tmp_path.iterdir()) == [folders[2]]
+        [message] = [record.getMessage() for record in caplog.records]
+        assert message.startswith(f"could not remove {folders[2]} (the reaper will): "), message
+    finally:
+        mounts.unmount(stuck)
