@@ -5,7 +5,8 @@ Every figure is measured in this run, beside its baseline, on this machine:
 - latency    one trivial evaluation, POST to its end as a client following its event stream sees
              it (and as one polling every 50 ms does, a figure that moves in 50 ms steps)
              vs bench/baseline.sh doing the same download, clone, agent and tests;
-- throughput 200 evaluations at MAX_CONCURRENT_EVALS=2 and 4 vs the script under xargs -P 2 / -P 4;
+- throughput 200 evaluations at MAX_CONCURRENT_EVALS=2 and 4 vs the script under xargs -P 2 / -P 4,
+             and the CPU one evaluation cost in each (bench/cpu.py; the script's: all it started);
 - spawner    one command through the spawner (no sandbox, bubblewrap) vs subprocess.run;
 - http       GET /evaluate/{id}, POST /evaluate admitted and refused, 32 clients, gunicorn as
              bin/serve starts it, vs a minimal WSGI app under the same gunicorn;
