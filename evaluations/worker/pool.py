@@ -141,7 +141,7 @@ class Pool:
         if not self.keeps_spare:
             kwargs = {"note": note} if note else {}
             process, alive_w = self._fork(self.target, (eval_id,), f"eval-{eval_id}", kwargs)
-            self.running[eval_id] = Running(eval_id, process, alive_w, os.pidfd_open(process.pid))
+            self.running[eval_id] = Running(eval_id, process, alive_w, _pidfd(process))
             return
         spare = self._fork_spare(f"eval-{eval_id}", waiting=False)  # a spare's life, its id at once: kept after
         try:
@@ -188,7 +188,7 @@ class Pool:
             raise
         finally:
             report_w.close()
-        return Spare(process, handoff, os.pidfd_open(process.pid), report_r)
+        return Spare(process, handoff, _pidfd(process), report_r)
 
     def _hand_to_spare(self, eval_id: str, note: str) -> bool:
         """Give ``eval_id`` (and ``note``) to a spare, the warm one first, which becomes its process;
@@ -422,6 +422,19 @@ def _ended_its_evaluation(entry: Running) -> bool:
         entry.report = None
         return False
     return ended == entry.eval_id and not _has_exited(entry.pidfd)
+
+
+def _pidfd(process) -> int:
+    """A descriptor that is readable once ``process`` has exited: its pidfd; or, when it is gone
+    already (our processes are the forkserver's children, which reaps one that ended at once before
+    we ask: ESRCH), one readable now (a pipe whose write end is closed). Its exit code is then the
+    forkserver's report (``_exit_code``), as for any other."""
+    try:
+        return os.pidfd_open(process.pid)
+    except ProcessLookupError:
+        read, write = os.pipe2(os.O_CLOEXEC)
+        os.close(write)
+        return read
 
 
 def _has_exited(pidfd: int) -> bool:
